@@ -1,0 +1,471 @@
+//! The hand-written training step: one driver over the three strategy axes, calling the layer
+//! maths in [`crate::maths`]. What each layer keeps for backward is the [`LayerSaved`] struct.
+
+use crate::buffer::{AppendBuffer, GradBuffer};
+use crate::config::{Config, Family};
+use crate::error::{CandleContext, Result};
+use crate::maths::{self, BnStats};
+use crate::params::{bn_name, conv_name, mlp_bias, mlp_weight, Params};
+use crate::probe::{Event, Probe, SavedTensor};
+use crate::step::StepResult;
+use crate::variant::{Concat, Intermediates, Strategy};
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+
+/// The name of the features buffer in saved-state declarations.
+pub const FEATURES: &str = "features";
+
+/// What one layer keeps for backward.
+#[derive(Debug)]
+pub struct LayerSaved {
+    /// The layer's input, the concatenation of earlier features `[C_i, M]`: its own tensor for
+    /// `cat-store`, a view of the buffer for `buffer-*`, absent for `cat-recompute` (it is
+    /// re-concatenated from the pieces in backward).
+    pub x: Option<Tensor>,
+    pub inner: Inner,
+}
+
+/// The family-specific part of [`LayerSaved`].
+#[derive(Debug)]
+pub enum Inner {
+    /// mlp: the layer output after the optional ReLU `[k, M]` (the ReLU mask). For `cat` it is
+    /// the piece appended (shared with the pieces list), for `buffer` a view of the buffer.
+    Mlp { out: Tensor },
+    /// bc, `store`: every intermediate backward reads.
+    BcStore {
+        stats1: BnStats,
+        /// ReLU1 output `[C_i, M]`: Conv1×1's input and ReLU1's mask.
+        r: Tensor,
+        /// Conv1×1 output `[B, M]`: BN2's input.
+        z: Tensor,
+        stats2: BnStats,
+        /// ReLU2 output `[B, M]`: Conv3×3's input and ReLU2's mask.
+        s: Tensor,
+    },
+    /// bc, `recompute`: only the batch statistics; BN → ReLU → Conv1×1 → BN → ReLU are rerun in
+    /// backward with these exact statistics (so the running stats are not touched again and the
+    /// recomputed values are bitwise those of forward).
+    BcRecompute { stats1: BnStats, stats2: BnStats },
+}
+
+impl LayerSaved {
+    /// Describes the live saved tensors (names, shapes, and which are views of the buffer).
+    /// `pieces` is true when a pieces list holds the layer outputs (`cat-recompute`).
+    pub fn describe(&self, i: usize, concat: Concat, pieces: bool, out: &mut Vec<SavedTensor>) {
+        let tensor = |name: String, t: &Tensor, view: bool| {
+            if view {
+                SavedTensor::view(name, t.dims().to_vec(), FEATURES)
+            } else {
+                SavedTensor::owned(name, t.dims().to_vec())
+            }
+        };
+        let in_buffer = concat == Concat::Buffer;
+        if let Some(x) = &self.x {
+            out.push(tensor(format!("layer{i}.x"), x, in_buffer));
+        }
+        let stats = |out: &mut Vec<SavedTensor>, which: &str, s: &BnStats| {
+            out.push(tensor(format!("layer{i}.{which}.mean"), &s.mean, false));
+            out.push(tensor(format!("layer{i}.{which}.invstd"), &s.invstd, false));
+        };
+        match &self.inner {
+            Inner::Mlp { out: o } => {
+                let name = format!("layer{i}.out");
+                out.push(if pieces {
+                    SavedTensor::view(name, o.dims().to_vec(), &format!("pieces.{}", i + 1))
+                } else {
+                    tensor(name, o, in_buffer)
+                });
+            }
+            Inner::BcStore {
+                stats1,
+                r,
+                z,
+                stats2,
+                s,
+            } => {
+                stats(out, "bn1", stats1);
+                out.push(tensor(format!("layer{i}.r"), r, false));
+                out.push(tensor(format!("layer{i}.z"), z, false));
+                stats(out, "bn2", stats2);
+                out.push(tensor(format!("layer{i}.s"), s, false));
+            }
+            Inner::BcRecompute { stats1, stats2 } => {
+                stats(out, "bn1", stats1);
+                stats(out, "bn2", stats2);
+            }
+        }
+    }
+}
+
+/// The intermediates of one bc layer's forward.
+struct BcForward {
+    stats1: BnStats,
+    r: Tensor,
+    z: Tensor,
+    stats2: BnStats,
+    s: Tensor,
+    /// Biased batch variances of BN1 and BN2, for the running-stat update (forward only).
+    vars: Option<(Tensor, Tensor)>,
+}
+
+/// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input. With `stats` given (recompute),
+/// the saved batch statistics are used instead of measured again.
+fn bc_front(
+    cfg: &Config,
+    params: &Params,
+    i: usize,
+    x: &Tensor,
+    relu: crate::variant::Relu,
+    stats: Option<(&BnStats, &BnStats)>,
+) -> Result<BcForward> {
+    let (stats1, var1) = match stats {
+        Some((s1, _)) => (s1.clone(), None),
+        None => {
+            let (s, v) = maths::bn_stats(x)?;
+            (s, Some(v))
+        }
+    };
+    let a = maths::bn_apply(
+        x,
+        &stats1,
+        params.get(&bn_name(i, 1, "weight"))?,
+        params.get(&bn_name(i, 1, "bias"))?,
+    )?;
+    let r = maths::relu_fwd(a, relu)?;
+    let w1 = conv1_matrix(cfg, params, i)?;
+    let z = maths::dense_fwd(&w1, None, &r)?;
+    let (stats2, var2) = match stats {
+        Some((_, s2)) => (s2.clone(), None),
+        None => {
+            let (s, v) = maths::bn_stats(&z)?;
+            (s, Some(v))
+        }
+    };
+    let b = maths::bn_apply(
+        &z,
+        &stats2,
+        params.get(&bn_name(i, 2, "weight"))?,
+        params.get(&bn_name(i, 2, "bias"))?,
+    )?;
+    let s = maths::relu_fwd(b, relu)?;
+    Ok(BcForward {
+        stats1,
+        r,
+        z,
+        stats2,
+        s,
+        vars: var1.zip(var2),
+    })
+}
+
+/// Conv1×1 weight `[B, C_i, 1, 1]` as the matrix `[B, C_i]` (a zero-copy reshape).
+fn conv1_matrix(cfg: &Config, params: &Params, i: usize) -> Result<Tensor> {
+    params
+        .get(&conv_name(i, 1))?
+        .reshape((cfg.bottleneck(), cfg.c_in(i)))
+        .ctx("conv1 weight")
+}
+
+/// Forward features: one tensor per concatenation, or one append buffer.
+enum Features {
+    Cat {
+        current: Tensor,
+        /// `[x0, y0, y1, …]`, kept only for `cat-recompute`.
+        pieces: Option<Vec<Tensor>>,
+    },
+    Buffer(AppendBuffer),
+}
+
+impl Features {
+    fn current(&self, cfg: &Config, i: usize) -> Result<Tensor> {
+        match self {
+            Features::Cat { current, .. } => Ok(current.clone()),
+            Features::Buffer(b) => b.prefix(cfg.c_in(i)),
+        }
+    }
+
+    /// Appends layer output `y [k, M]`; returns the tensor now holding it (for the mlp mask).
+    fn push(&mut self, cfg: &Config, i: usize, y: Tensor) -> Result<Tensor> {
+        match self {
+            Features::Cat { current, pieces } => {
+                *current = Tensor::cat(&[&*current, &y], 0).ctx("concatenate features")?;
+                if let Some(p) = pieces {
+                    p.push(y.clone());
+                }
+                Ok(y)
+            }
+            Features::Buffer(b) => {
+                b.append(&y)?;
+                drop(y);
+                b.rows(cfg.c_in(i), cfg.growth)
+            }
+        }
+    }
+}
+
+/// Backward gradients of the features: a fresh tensor per layer, or one gradient buffer.
+enum Grads {
+    Cat(Tensor),
+    Buffer(GradBuffer),
+}
+
+/// One training step of a hand-written strategy.
+pub fn step_manual(
+    strategy: Strategy,
+    cfg: &Config,
+    params: &Params,
+    input: &Tensor,
+    grad_output: &Tensor,
+    probe: &mut dyn Probe,
+) -> Result<StepResult> {
+    let (c_total, m, k) = (cfg.c_total(), cfg.m(), cfg.growth);
+    let mut running = BTreeMap::new();
+    let x0 = maths::to_channel_major(cfg, input)?;
+    let mut feats = match strategy.concat {
+        Concat::Cat => Features::Cat {
+            pieces: (strategy.intermediates == Intermediates::Recompute).then(|| vec![x0.clone()]),
+            current: x0,
+        },
+        Concat::Buffer => {
+            let mut b = AppendBuffer::new(FEATURES, c_total, m, cfg.dtype, input.device())?;
+            b.append(&x0)?;
+            drop(x0);
+            Features::Buffer(b)
+        }
+    };
+
+    // ---- forward ----
+    let mut saved: Vec<LayerSaved> = Vec::with_capacity(cfg.depth);
+    for i in 0..cfg.depth {
+        let x = feats.current(cfg, i)?;
+        let keep_x = match (strategy.concat, strategy.intermediates) {
+            (Concat::Cat, Intermediates::Recompute) => None,
+            _ => Some(x.clone()),
+        };
+        let layer = match cfg.family {
+            Family::Mlp => {
+                let w = params.get(&mlp_weight(i))?;
+                let b = params.get(&mlp_bias(i))?;
+                let y = maths::dense_fwd(w, Some(b), &x)?;
+                let y = if cfg.activation {
+                    maths::relu_fwd(y, strategy.relu)?
+                } else {
+                    y
+                };
+                drop(x);
+                let out = feats.push(cfg, i, y)?;
+                LayerSaved {
+                    x: keep_x,
+                    inner: Inner::Mlp { out },
+                }
+            }
+            Family::Bc => {
+                let f = bc_front(cfg, params, i, &x, strategy.relu, None)?;
+                drop(x);
+                let (var1, var2) = f.vars.as_ref().ok_or_else(|| crate::Error::BufferMisuse {
+                    buffer: "bn statistics",
+                    reason: "forward ran without measuring batch variances".to_string(),
+                })?;
+                for (norm, stats, var) in [(1, &f.stats1, var1), (2, &f.stats2, var2)] {
+                    let rm = bn_name(i, norm, "running_mean");
+                    let rv = bn_name(i, norm, "running_var");
+                    let (new_m, new_v) = maths::bn_running_update(
+                        cfg,
+                        params.get(&rm)?,
+                        params.get(&rv)?,
+                        stats,
+                        var,
+                    )?;
+                    running.insert(rm, new_m);
+                    running.insert(rv, new_v);
+                }
+                let y = maths::conv3x3_fwd(cfg, &f.s, params.get(&conv_name(i, 2))?)?;
+                feats.push(cfg, i, y)?;
+                let inner = match strategy.intermediates {
+                    Intermediates::Store => Inner::BcStore {
+                        stats1: f.stats1,
+                        r: f.r,
+                        z: f.z,
+                        stats2: f.stats2,
+                        s: f.s,
+                    },
+                    Intermediates::Recompute => Inner::BcRecompute {
+                        stats1: f.stats1,
+                        stats2: f.stats2,
+                    },
+                };
+                LayerSaved { x: keep_x, inner }
+            }
+        };
+        saved.push(layer);
+        probe.event(Event::ForwardLayer(i));
+    }
+    let (output, pieces) = match feats {
+        Features::Cat { current, pieces } => (current, pieces),
+        Features::Buffer(b) => (b.into_full()?, None),
+    };
+    {
+        let mut described = Vec::new();
+        if strategy.concat == Concat::Buffer {
+            described.push(SavedTensor::owned(FEATURES, output.dims().to_vec()));
+        }
+        if let Some(p) = &pieces {
+            for (j, t) in p.iter().enumerate() {
+                described.push(SavedTensor::owned(format!("pieces.{j}"), t.dims().to_vec()));
+            }
+        }
+        for (i, s) in saved.iter().enumerate() {
+            s.describe(i, strategy.concat, pieces.is_some(), &mut described);
+        }
+        probe.event(Event::ForwardEnd { saved: &described });
+    }
+
+    // ---- backward ----
+    let upstream = maths::to_channel_major(cfg, grad_output)?;
+    let mut grads = match strategy.concat {
+        Concat::Cat => Grads::Cat(upstream),
+        Concat::Buffer => Grads::Buffer(GradBuffer::from_upstream("feature gradients", upstream)?),
+    };
+    let mut param_grads = BTreeMap::new();
+    for i in (0..cfg.depth).rev() {
+        let c_in = cfg.c_in(i);
+        let layer = saved.pop().ok_or_else(|| crate::Error::BufferMisuse {
+            buffer: "saved state",
+            reason: format!("no saved state for layer {i}"),
+        })?;
+        let gy = match &mut grads {
+            Grads::Cat(g) => g.narrow(0, c_in, k).ctx("grad of layer output")?,
+            Grads::Buffer(b) => b.seal_top(k)?,
+        };
+        let x = match layer.x {
+            Some(x) => x,
+            None => {
+                let p = pieces.as_ref().ok_or_else(|| crate::Error::BufferMisuse {
+                    buffer: "pieces",
+                    reason: "cat-recompute lost its pieces".to_string(),
+                })?;
+                Tensor::cat(&p[..=i], 0).ctx("recompute concatenation")?
+            }
+        };
+        let dx = match layer.inner {
+            Inner::Mlp { out } => {
+                let gy = if cfg.activation {
+                    maths::relu_bwd(gy, &out, strategy.relu)?
+                } else {
+                    gy
+                };
+                drop(out);
+                let w = params.get(&mlp_weight(i))?;
+                param_grads.insert(mlp_weight(i), maths::dense_bwd_weight(&gy, &x)?);
+                param_grads.insert(mlp_bias(i), maths::dense_bwd_bias(&gy)?);
+                drop(x);
+                maths::dense_bwd_input(w, &gy)?
+            }
+            Inner::BcStore {
+                stats1,
+                r,
+                z,
+                stats2,
+                s,
+            } => bc_backward(
+                cfg,
+                params,
+                i,
+                strategy,
+                gy,
+                x,
+                stats1,
+                r,
+                z,
+                stats2,
+                s,
+                &mut param_grads,
+            )?,
+            Inner::BcRecompute { stats1, stats2 } => {
+                let f = bc_front(cfg, params, i, &x, strategy.relu, Some((&stats1, &stats2)))?;
+                bc_backward(
+                    cfg,
+                    params,
+                    i,
+                    strategy,
+                    gy,
+                    x,
+                    stats1,
+                    f.r,
+                    f.z,
+                    stats2,
+                    f.s,
+                    &mut param_grads,
+                )?
+            }
+        };
+        grads = match grads {
+            Grads::Cat(g) => {
+                let prefix = g.narrow(0, 0, c_in).ctx("grad of layer input")?;
+                let next = (prefix + dx).ctx("accumulate input gradient")?;
+                drop(g);
+                Grads::Cat(next)
+            }
+            Grads::Buffer(mut b) => {
+                b.accumulate_prefix(&dx)?;
+                Grads::Buffer(b)
+            }
+        };
+        probe.event(Event::BackwardLayer(i));
+    }
+    let grad_input_cm = match grads {
+        Grads::Cat(g) => g,
+        Grads::Buffer(b) => b.into_open()?,
+    };
+    probe.event(Event::BackwardEnd);
+    drop(pieces);
+    Ok(StepResult {
+        output: maths::to_canonical(cfg, &output)?,
+        grad_input: maths::to_canonical(cfg, &grad_input_cm)?,
+        grads: param_grads,
+        running,
+    })
+}
+
+/// bc layer backward from its (saved or recomputed) intermediates; consumes and frees each as
+/// soon as it has been read. Returns the gradient of the layer input `[C_i, M]`.
+#[allow(clippy::too_many_arguments)]
+fn bc_backward(
+    cfg: &Config,
+    params: &Params,
+    i: usize,
+    strategy: Strategy,
+    gy: Tensor,
+    x: Tensor,
+    stats1: BnStats,
+    r: Tensor,
+    z: Tensor,
+    stats2: BnStats,
+    s: Tensor,
+    param_grads: &mut BTreeMap<String, Tensor>,
+) -> Result<Tensor> {
+    let (ds, dw2) = maths::conv3x3_bwd(cfg, &gy, &s, params.get(&conv_name(i, 2))?)?;
+    drop(gy);
+    param_grads.insert(conv_name(i, 2), dw2);
+    let db = maths::relu_bwd(ds, &s, strategy.relu)?;
+    drop(s);
+    let (dz, dg2, dbeta2) = maths::bn_bwd(&db, &z, &stats2, params.get(&bn_name(i, 2, "weight"))?)?;
+    drop((db, z));
+    param_grads.insert(bn_name(i, 2, "weight"), dg2);
+    param_grads.insert(bn_name(i, 2, "bias"), dbeta2);
+    let w1 = conv1_matrix(cfg, params, i)?;
+    let dw1 = maths::dense_bwd_weight(&dz, &r)?;
+    param_grads.insert(
+        conv_name(i, 1),
+        dw1.reshape((cfg.bottleneck(), cfg.c_in(i), 1, 1))
+            .ctx("conv1 dW")?,
+    );
+    let dr = maths::dense_bwd_input(&w1, &dz)?;
+    drop(dz);
+    let da = maths::relu_bwd(dr, &r, strategy.relu)?;
+    drop(r);
+    let (dx, dg1, dbeta1) = maths::bn_bwd(&da, &x, &stats1, params.get(&bn_name(i, 1, "weight"))?)?;
+    param_grads.insert(bn_name(i, 1, "weight"), dg1);
+    param_grads.insert(bn_name(i, 1, "bias"), dbeta1);
+    Ok(dx)
+}

@@ -1,0 +1,34 @@
+//! densebench-impls: every way of implementing a DenseNet dense block, each computing one
+//! training step with a hand-written backward (or candle's autograd), behind one interface.
+//!
+//! - [`config`]: families, sizes, validation; [`params`]: PyTorch-named parameters.
+//! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops.
+//! - [`buffer`]: the append-only feature buffer and gradient buffer.
+//! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
+//!   [`autograd`]: the forum's code through candle's autograd.
+//! - [`step`]: the interface the harness drives; [`probe`]: layer-boundary hooks.
+//! - [`compare`]: gradient errors; [`case`]: safetensors case files; [`memory`]: what each
+//!   variant keeps for backward, predicted from the config.
+
+pub mod autograd;
+pub mod block;
+pub mod buffer;
+pub mod case;
+pub mod compare;
+pub mod config;
+pub mod error;
+pub mod kernels;
+pub mod maths;
+pub mod memory;
+pub mod params;
+pub mod probe;
+pub mod step;
+pub mod variant;
+
+pub use case::Case;
+pub use config::{Config, Family};
+pub use error::{Error, Result};
+pub use params::Params;
+pub use probe::{Event, NoProbe, Probe, SavedTensor};
+pub use step::{step, StepResult};
+pub use variant::{Concat, Intermediates, Relu, Strategy, Variant};
