@@ -1,66 +1,10 @@
-//! densebench: the benchmark harness binary — CLI entry point dispatching to subcommands.
+//! densebench: the benchmark harness binary. It installs the counting allocator (CPU peak
+//! memory) and hands over to the library's command line.
 
-mod alloc;
-mod compare;
-mod plots;
-mod report;
-mod row;
-mod run;
-mod step_cmd;
-mod sweep;
-
-use clap::{Parser, Subcommand};
-use std::process::ExitCode;
-
-/// Every measured allocation of the process passes through this counter (CPU peak memory).
+/// Every allocation of the process passes through this counter.
 #[global_allocator]
-static GLOBAL: alloc::Counting = alloc::Counting::new();
+static GLOBAL: densebench::alloc::Counting = densebench::alloc::Counting::new();
 
-/// densebench: dense-block memory strategies, measured on identical inputs and weights.
-#[derive(Parser)]
-#[command(name = "densebench", version, about, long_about = None)]
-struct Cli {
-    #[command(subcommand)]
-    command: Option<Command>,
-}
-
-#[derive(Subcommand)]
-enum Command {
-    /// Measure one configuration of one variant in an isolated child process; print one row.
-    Run(run::Args),
-    /// Run a sweep (default: harness/sweeps/default.toml) into a result CSV.
-    BenchAll(sweep::Args),
-    /// One training step from a safetensors case file, results written to safetensors.
-    Step(step_cmd::Args),
-    /// Compare two result CSVs: ratios NEW/BASE per metric, regressions flagged.
-    Compare(compare::Args),
-    /// Regenerate every figure (SVG and PNG) from a result CSV.
-    Plots(plots::Args),
-    /// Write a markdown report from a result CSV.
-    Report(report::Args),
-    /// Internal: the measuring child process (spawned by `run` and `bench-all`).
-    #[command(hide = true)]
-    Child(run::ChildArgs),
-}
-
-fn main() -> ExitCode {
-    let cli = Cli::parse();
-    let result = match cli.command {
-        // `cargo run --release` with no arguments runs the main job: the default sweep.
-        None => sweep::run(sweep::Args::default_sweep()),
-        Some(Command::Run(a)) => run::run(a),
-        Some(Command::BenchAll(a)) => sweep::run(a),
-        Some(Command::Step(a)) => step_cmd::run(a),
-        Some(Command::Compare(a)) => compare::run(a),
-        Some(Command::Plots(a)) => plots::run(a),
-        Some(Command::Report(a)) => report::run(a),
-        Some(Command::Child(a)) => run::child(a),
-    };
-    match result {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("densebench: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+fn main() -> std::process::ExitCode {
+    densebench::cli::main()
 }

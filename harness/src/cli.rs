@@ -1,0 +1,57 @@
+//! The command line: clap definitions and dispatch to each subcommand's module.
+
+use crate::{compare, plots, report, run, step_cmd, sweep};
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+use std::process::ExitCode;
+
+/// densebench: dense-block memory strategies, measured on identical inputs and weights.
+#[derive(Parser)]
+#[command(name = "densebench", version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure one configuration of one variant in an isolated child process; print one row.
+    Run(run::Args),
+    /// Run a sweep (default: harness/sweeps/default.toml) into a result CSV.
+    BenchAll(sweep::Args),
+    /// One training step from a safetensors case file, results written to safetensors.
+    Step(step_cmd::Args),
+    /// Compare two result CSVs: ratios NEW/BASE per metric, regressions flagged.
+    Compare(compare::Args),
+    /// Regenerate every figure (SVG and PNG) from a result CSV.
+    Plots(plots::Args),
+    /// Write a markdown report from a result CSV.
+    Report(report::Args),
+    /// Internal: the measuring child process (spawned by `run` and `bench-all`).
+    #[command(hide = true)]
+    Child(run::ChildArgs),
+}
+
+/// Parses the command line and runs it; errors are printed with their whole cause chain.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        // `cargo run --release` with no arguments runs the main job: the default sweep.
+        None => sweep::run(sweep::Args::default_sweep()),
+        Some(Command::Run(a)) => run::run(a),
+        Some(Command::BenchAll(a)) => sweep::run(a),
+        Some(Command::Step(a)) => step_cmd::run(a),
+        Some(Command::Compare(a)) => compare::run(a),
+        Some(Command::Plots(a)) => plots::run(a),
+        Some(Command::Report(a)) => report::run(a),
+        Some(Command::Child(a)) => run::child(a),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("densebench: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
