@@ -4,8 +4,6 @@ use crate::{compare, plots, report, run, step_cmd, sweep};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
-use std::process::ExitCode;
-
 /// densebench: dense-block memory strategies, measured on identical inputs and weights.
 #[derive(Parser)]
 #[command(name = "densebench", version, about, long_about = None)]
