@@ -78,6 +78,47 @@ impl Case {
         })
     }
 
+    /// The same case in another dtype. Widening f32 → f64 is exact, so an f64 step on the
+    /// widened case is the exact-arithmetic reference for the f32 case.
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<Case> {
+        let cfg = Config {
+            dtype,
+            ..self.cfg.clone()
+        };
+        let tensors = self
+            .params
+            .tensors
+            .iter()
+            .map(|(k, v)| Ok((k.clone(), v.to_dtype(dtype).ctx(k)?)))
+            .collect::<Result<_>>()?;
+        Ok(Case {
+            params: Params { tensors },
+            input: self.input.to_dtype(dtype).ctx("input")?,
+            grad_output: self.grad_output.to_dtype(dtype).ctx("grad_output")?,
+            cfg,
+        })
+    }
+
+    /// Runs one step of `variant` on this case.
+    pub fn step(&self, variant: crate::Variant) -> Result<StepResult> {
+        crate::step(
+            variant,
+            &self.cfg,
+            &self.params,
+            &self.input,
+            &self.grad_output,
+            &mut crate::NoProbe,
+        )
+    }
+
+    /// The reference results: `autograd` (independent of every hand-written backward) run in
+    /// f64 on this case widened to f64 — exact-arithmetic truth up to f64 rounding, whatever
+    /// the case's own dtype.
+    pub fn reference(&self) -> Result<StepResult> {
+        self.to_dtype(candle_core::DType::F64)?
+            .step(crate::Variant::Autograd)
+    }
+
     pub fn save(&self, path: &Path) -> Result<()> {
         let mut map: HashMap<String, Tensor> = self
             .params

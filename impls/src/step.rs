@@ -24,6 +24,24 @@ pub struct StepResult {
     pub running: BTreeMap<String, Tensor>,
 }
 
+impl StepResult {
+    /// The same results in another dtype (e.g. f32 results widened to compare with an f64
+    /// reference; widening is exact).
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<StepResult> {
+        let conv = |m: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), v.to_dtype(dtype)?)))
+                .collect()
+        };
+        Ok(StepResult {
+            output: self.output.to_dtype(dtype)?,
+            grad_input: self.grad_input.to_dtype(dtype)?,
+            grads: conv(&self.grads)?,
+            running: conv(&self.running)?,
+        })
+    }
+}
+
 /// One training step of `variant`: forward, then backward of `sum(output · grad_output)`.
 ///
 /// `input` and `grad_output` are in canonical layout and are never written to. The probe sees

@@ -1,0 +1,77 @@
+//! Case files: save a case, load it, step, and compare with the in-memory step; results files
+//! round-trip; the saved-state declaration matches what a step really keeps.
+
+use candle_core::{DType, Device};
+use impls::case::{load_result, save_result};
+use impls::compare::compare;
+use impls::memory::declare_saved;
+use impls::{Case, Config, Event, Family, Probe, SavedTensor, Variant};
+
+#[test]
+fn case_round_trip_gives_bitwise_the_same_step() {
+    let dir = tempfile::tempdir().unwrap();
+    for family in Family::ALL {
+        for dtype in [DType::F32, DType::F64] {
+            let cfg = Config {
+                dtype,
+                seed: 0,
+                ..Config::tiny(family)
+            };
+            let case = Case::random(&cfg, &Device::Cpu).unwrap();
+            let path = dir.path().join(format!("{family}-{dtype:?}.safetensors"));
+            case.save(&path).unwrap();
+            let loaded = Case::load(&path, true, &Device::Cpu).unwrap();
+            assert_eq!(
+                loaded.cfg.describe(),
+                cfg.describe(),
+                "config inferred from the tensors"
+            );
+            for v in Variant::for_config(&cfg) {
+                let a = case.step(v).unwrap();
+                let b = loaded.step(v).unwrap();
+                assert!(compare(&b, &a).unwrap().overall.bitwise, "{v}");
+                let out = dir.path().join("result.safetensors");
+                save_result(&a, &out).unwrap();
+                let back = load_result(&cfg, &out, &Device::Cpu).unwrap();
+                assert!(
+                    compare(&back, &a).unwrap().overall.bitwise,
+                    "{v} result round trip"
+                );
+            }
+        }
+    }
+}
+
+struct Saved(Vec<SavedTensor>);
+impl Probe for Saved {
+    fn event(&mut self, e: Event<'_>) {
+        if let Event::ForwardEnd { saved } = e {
+            self.0 = saved.to_vec();
+        }
+    }
+}
+
+#[test]
+fn declared_saved_state_matches_the_live_one() {
+    for family in Family::ALL {
+        let cfg = Config::tiny(family);
+        let case = Case::random(&cfg, &Device::Cpu).unwrap();
+        for v in Variant::for_config(&cfg) {
+            let Some(declared) = declare_saved(v, &cfg) else {
+                assert_eq!(v, Variant::Autograd);
+                continue;
+            };
+            let mut probe = Saved(Vec::new());
+            impls::step(
+                v,
+                &cfg,
+                &case.params,
+                &case.input,
+                &case.grad_output,
+                &mut probe,
+            )
+            .unwrap();
+            assert_eq!(probe.0, declared, "{v} on {}", cfg.describe());
+        }
+    }
+}
