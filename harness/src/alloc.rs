@@ -1,16 +1,149 @@
-//! PLACEHOLDER (being written): counting global allocator.
+//! Counting global allocator: live bytes, their peak, and an optional limit, all lock-free.
+//!
+//! The `densebench` binary installs [`Counting`] as its `#[global_allocator]`, so every heap
+//! allocation of the process (candle's CPU tensors included) passes through three atomics:
+//! [`current`] live bytes, their [`peak`] since the last [`reset_peak`], and a byte limit set by
+//! [`set_limit`]. An allocation that would take the live bytes above the limit returns null, so
+//! Rust aborts the process with "memory allocation of N bytes failed"; the parent process
+//! classifies that abort as `oom` (see [`crate::child`]).
+//!
+//! Counts are of requested sizes (`Layout::size`), not of what the system allocator rounds them
+//! up to: that is what a variant asks for, and it is exact and deterministic. The library (and
+//! therefore the integration tests) can be used without the allocator installed; then the
+//! counters stay at zero and [`installed`] says so.
+
 use std::alloc::{GlobalAlloc, Layout, System};
+use std::ptr::null_mut;
+use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+
+static CURRENT: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+/// `usize::MAX` means "no limit".
+static LIMIT: AtomicUsize = AtomicUsize::new(usize::MAX);
+
+/// The counting allocator: the system allocator plus three atomics.
 pub struct Counting;
+
 impl Counting {
     pub const fn new() -> Self {
         Counting
     }
 }
+
+impl Default for Counting {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Adds `size` live bytes unless that would pass the limit; updates the peak.
+#[inline]
+fn reserve(size: usize) -> bool {
+    let now = CURRENT.fetch_add(size, Relaxed).saturating_add(size);
+    if now > LIMIT.load(Relaxed) {
+        CURRENT.fetch_sub(size, Relaxed);
+        return false;
+    }
+    // A plain load first: most allocations do not raise the peak, and a load is cheaper than
+    // a read-modify-write on a shared cache line.
+    if now > PEAK.load(Relaxed) {
+        PEAK.fetch_max(now, Relaxed);
+    }
+    true
+}
+
+#[inline]
+fn release(size: usize) {
+    CURRENT.fetch_sub(size, Relaxed);
+}
+
+// SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
+// counters are only bookkeeping, and a refused allocation returns null as the trait allows.
 unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, l: Layout) -> *mut u8 {
-        System.alloc(l)
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        if !reserve(layout.size()) {
+            return null_mut();
+        }
+        let p = System.alloc(layout);
+        if p.is_null() {
+            release(layout.size());
+        }
+        p
     }
-    unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
-        System.dealloc(p, l)
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        if !reserve(layout.size()) {
+            return null_mut();
+        }
+        let p = System.alloc_zeroed(layout);
+        if p.is_null() {
+            release(layout.size());
+        }
+        p
     }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        System.dealloc(ptr, layout);
+        release(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let old = layout.size();
+        if new_size > old {
+            if !reserve(new_size - old) {
+                return null_mut();
+            }
+            let p = System.realloc(ptr, layout, new_size);
+            if p.is_null() {
+                release(new_size - old);
+            }
+            p
+        } else {
+            let p = System.realloc(ptr, layout, new_size);
+            if !p.is_null() {
+                release(old - new_size);
+            }
+            p
+        }
+    }
+}
+
+/// Live heap bytes now.
+pub fn current() -> usize {
+    CURRENT.load(Relaxed)
+}
+
+/// Highest live heap bytes since the process started or the last [`reset_peak`].
+pub fn peak() -> usize {
+    PEAK.load(Relaxed)
+}
+
+/// Starts a new peak measurement from the current live bytes.
+pub fn reset_peak() {
+    PEAK.store(CURRENT.load(Relaxed), Relaxed);
+}
+
+/// Refuses any allocation that would take live bytes above `limit` (`None`: no limit).
+pub fn set_limit(limit: Option<usize>) {
+    LIMIT.store(limit.unwrap_or(usize::MAX), Relaxed);
+}
+
+/// The limit in force, if any.
+pub fn limit() -> Option<usize> {
+    match LIMIT.load(Relaxed) {
+        usize::MAX => None,
+        l => Some(l),
+    }
+}
+
+/// Whether [`Counting`] is this process's global allocator: a probe allocation must show up in
+/// [`current`]. (In the `densebench` binary it is; in a test binary it is not.)
+pub fn installed() -> bool {
+    /// Large enough to dominate any concurrent frees of other threads at start-up.
+    const PROBE_BYTES: usize = 1 << 20;
+    let before = current();
+    let probe = std::hint::black_box(vec![1u8; PROBE_BYTES]);
+    let after = current();
+    drop(probe);
+    after >= before + PROBE_BYTES
 }

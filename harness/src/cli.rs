@@ -1,6 +1,6 @@
 //! The command line: clap definitions and dispatch to each subcommand's module.
 
-use crate::{compare, plots, report, run, step_cmd, sweep};
+use crate::{child, compare, plots, report, run, step_cmd, sweep};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -28,7 +28,7 @@ enum Command {
     Report(report::Args),
     /// Internal: the measuring child process (spawned by `run` and `bench-all`).
     #[command(hide = true)]
-    Child(run::ChildArgs),
+    Child(child::Args),
 }
 
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
@@ -43,7 +43,7 @@ pub fn main() -> ExitCode {
         Some(Command::Compare(a)) => compare::run(a),
         Some(Command::Plots(a)) => plots::run(a),
         Some(Command::Report(a)) => report::run(a),
-        Some(Command::Child(a)) => run::child(a),
+        Some(Command::Child(a)) => child::child(a),
     };
     match result {
         Ok(code) => code,

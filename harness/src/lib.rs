@@ -3,9 +3,17 @@
 //! [`cli::main`].
 
 pub mod alloc;
+pub mod child;
 pub mod cli;
 pub mod compare;
+pub mod device;
+pub mod estimates;
+pub mod gpu;
+pub mod job;
+pub mod measure;
 pub mod plots;
+pub mod progress;
+pub mod reference;
 pub mod report;
 pub mod row;
 pub mod run;

@@ -33,10 +33,15 @@ impl Float for f64 {
     const ZERO: Self = 0.0;
 }
 
+/// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN.
+fn is_positive<T: Float>(x: T) -> bool {
+    x.partial_cmp(&T::ZERO) == Some(std::cmp::Ordering::Greater)
+}
+
 fn relu_slice<T: Float>(xs: &mut [T]) {
     xs.par_chunks_mut(PAR_CHUNK).for_each(|c| {
         for x in c {
-            if !(*x > T::ZERO) {
+            if !is_positive(*x) {
                 *x = T::ZERO;
             }
         }
@@ -50,7 +55,7 @@ fn relu_bwd_into<T: Float>(dst: &mut [T], g: &[T], out: &[T]) {
         .zip(g.par_chunks(PAR_CHUNK).zip(out.par_chunks(PAR_CHUNK)))
         .for_each(|(d, (g, o))| {
             for ((d, g), o) in d.iter_mut().zip(g).zip(o) {
-                *d = if *o > T::ZERO { *g } else { T::ZERO };
+                *d = if is_positive(*o) { *g } else { T::ZERO };
             }
         });
 }
@@ -60,7 +65,7 @@ fn relu_bwd_inplace_slice<T: Float>(g: &mut [T], out: &[T]) {
         .zip(out.par_chunks(PAR_CHUNK))
         .for_each(|(g, o)| {
             for (g, o) in g.iter_mut().zip(o) {
-                if !(*o > T::ZERO) {
+                if !is_positive(*o) {
                     *g = T::ZERO;
                 }
             }
@@ -98,6 +103,10 @@ impl InplaceOp1 for ReluInplace {
         }
         Ok(())
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> candle_core::Result<()> {
+        crate::kernels_cuda::relu_inplace(self.name(), s, l)
+    }
 }
 
 struct ReluBwd;
@@ -129,6 +138,16 @@ impl CustomOp2 for ReluBwd {
         };
         Ok((res, lg.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        g: &candle_core::CudaStorage,
+        lg: &Layout,
+        out: &candle_core::CudaStorage,
+        lo: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::kernels_cuda::relu_bwd(self.name(), g, lg, out, lo)
+    }
 }
 
 struct ReluBwdInplace;
@@ -156,6 +175,17 @@ impl InplaceOp2 for ReluBwdInplace {
         }
         Ok(())
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        g: &mut candle_core::CudaStorage,
+        lg: &Layout,
+        out: &candle_core::CudaStorage,
+        lo: &Layout,
+    ) -> candle_core::Result<()> {
+        use crate::kernels_cuda::{inplace2, Inplace2};
+        inplace2(Inplace2::ReluBwd, self.name(), g, lg, out, lo)
+    }
 }
 
 struct AddAssign;
@@ -182,6 +212,17 @@ impl InplaceOp2 for AddAssign {
             (other, _) => return Err(unsupported(self.name(), other)),
         }
         Ok(())
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        ld: &Layout,
+        src: &candle_core::CudaStorage,
+        ls: &Layout,
+    ) -> candle_core::Result<()> {
+        use crate::kernels_cuda::{inplace2, Inplace2};
+        inplace2(Inplace2::AddAssign, self.name(), dst, ld, src, ls)
     }
 }
 

@@ -17,7 +17,10 @@ pub mod case;
 pub mod compare;
 pub mod config;
 pub mod error;
+pub mod fused;
 pub mod kernels;
+#[cfg(feature = "cuda")]
+mod kernels_cuda;
 pub mod maths;
 pub mod memory;
 pub mod params;

@@ -8,6 +8,7 @@
 
 use crate::config::{Config, BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
+use crate::fused;
 use crate::kernels;
 use crate::variant::Relu;
 use candle_core::Tensor;
@@ -26,15 +27,10 @@ impl BnStats {
     }
 }
 
-/// Per-channel batch mean and biased variance of `x [C, M]` (two-pass, as PyTorch on CPU).
+/// Per-channel batch mean and biased variance of `x [C, M]` (two-pass, f64 accumulation).
 /// Returns the stats for normalisation and the biased variance for the running-stat update.
 pub fn bn_stats(x: &Tensor) -> Result<(BnStats, Tensor)> {
-    let m = x.dims()[1] as f64;
-    let mean = (x.sum_keepdim(1).ctx("bn mean")? / m).ctx("bn mean")?;
-    let var = {
-        let xc = x.broadcast_sub(&mean).ctx("bn centre")?;
-        (xc.sqr().ctx("bn var")?.sum_keepdim(1).ctx("bn var")? / m).ctx("bn var")?
-    };
+    let (mean, var) = fused::bn_stats(x)?;
     let invstd = ((&var + BN_EPS)
         .ctx("bn eps")?
         .sqrt()
@@ -67,7 +63,7 @@ pub fn bn_running_update(
 }
 
 /// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with per-channel
-/// `scale = γ·invstd`, `shift = β − mean·scale`: one full-size temporary instead of four.
+/// `scale = γ·invstd`, `shift = β − mean·scale`: one pass, one new tensor.
 pub fn bn_apply(x: &Tensor, stats: &BnStats, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
     let c = x.dims()[0];
     let scale = gamma
@@ -80,14 +76,14 @@ pub fn bn_apply(x: &Tensor, stats: &BnStats, gamma: &Tensor, beta: &Tensor) -> R
         .ctx("bn shift")?
         .sub(&stats.mean.mul(&scale).ctx("bn shift")?)
         .ctx("bn shift")?;
-    x.broadcast_mul(&scale)
-        .ctx("bn apply")?
-        .broadcast_add(&shift)
-        .ctx("bn apply")
+    fused::affine_rows(x, &scale, &shift)
 }
 
 /// Gradients of [`bn_apply`] with batch statistics, given its input `x` and the saved stats:
-/// `dx = γ·invstd·(gy − mean(gy) − x̂·mean(gy·x̂))`, `dγ = Σ gy·x̂`, `dβ = Σ gy`.
+/// `dx = γ·invstd·(gy − Σgy/M − x̂·Σ(gy·x̂)/M)`, `dγ = Σ gy·x̂`, `dβ = Σ gy`, with
+/// `x̂ = (x − mean)·invstd`. Expanded per channel as `dx = A·gy + B·x + C` with
+/// `A = γ·invstd`, `B = −A·invstd·Σ(gy·x̂)/M`, `C = A·(mean·invstd·Σ(gy·x̂) − Σgy)/M`, so the
+/// kernel makes one reduction pass and one output pass and no temporaries.
 /// Returns `(dx [C, M], dγ [C], dβ [C])`.
 pub fn bn_bwd(
     gy: &Tensor,
@@ -96,39 +92,33 @@ pub fn bn_bwd(
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (c, m) = (x.dims()[0], x.dims()[1] as f64);
-    let xhat = x
-        .broadcast_sub(&stats.mean)
-        .ctx("bn bwd x̂")?
-        .broadcast_mul(&stats.invstd)
-        .ctx("bn bwd x̂")?;
-    let dbeta = gy.sum_keepdim(1).ctx("bn bwd dβ")?;
-    let dgamma = gy
-        .mul(&xhat)
-        .ctx("bn bwd dγ")?
-        .sum_keepdim(1)
-        .ctx("bn bwd dγ")?;
-    let scale = gamma
+    let (sg, sgx) = fused::bn_bwd_reduce(gy, x, &stats.mean, &stats.invstd)?;
+    let a = gamma
         .reshape((c, 1))
         .ctx("bn bwd")?
         .mul(&stats.invstd)
-        .ctx("bn bwd")?;
-    let dx = {
-        let t = xhat
-            .broadcast_mul(&(&dgamma / m).ctx("bn bwd")?)
-            .ctx("bn bwd dx")?;
-        drop(xhat);
-        let u = gy
-            .broadcast_sub(&(&dbeta / m).ctx("bn bwd")?)
-            .ctx("bn bwd dx")?
-            .sub(&t)
-            .ctx("bn bwd dx")?;
-        drop(t);
-        u.broadcast_mul(&scale).ctx("bn bwd dx")?
+        .ctx("bn bwd A")?;
+    let b = (a
+        .mul(&stats.invstd)
+        .ctx("bn bwd B")?
+        .mul(&sgx)
+        .ctx("bn bwd B")?
+        * (-1.0 / m))
+        .ctx("bn bwd B")?;
+    let cc = {
+        let t = stats
+            .mean
+            .mul(&stats.invstd)
+            .ctx("bn bwd C")?
+            .mul(&sgx)
+            .ctx("bn bwd C")?;
+        (a.mul(&t.sub(&sg).ctx("bn bwd C")?).ctx("bn bwd C")? / m).ctx("bn bwd C")?
     };
+    let dx = fused::bn_bwd_dx(gy, x, &a, &b, &cc)?;
     Ok((
         dx,
-        dgamma.flatten_all().ctx("bn bwd dγ")?,
-        dbeta.flatten_all().ctx("bn bwd dβ")?,
+        sgx.flatten_all().ctx("bn bwd dγ")?,
+        sg.flatten_all().ctx("bn bwd dβ")?,
     ))
 }
 
@@ -175,53 +165,66 @@ pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
     w.t().ctx("dense dx")?.matmul(gy).ctx("dense dx")
 }
 
-/// Conv3×3 (padding 1, no bias) on a channel-major bottleneck `s [B, N·H·W]` with a PyTorch
-/// weight `[k, B, 3, 3]`; returns channel-major `[k, N·H·W]`.
-pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let (n, h) = (cfg.batch, cfg.size);
-    let b = s.dims()[0];
-    let k = w.dims()[0];
-    // [B, N, H, W] transposed is an NCHW view; candle's conv reads it through its strides.
-    let x = s
-        .reshape((b, n, h, h))
-        .ctx("conv2 input")?
-        .transpose(0, 1)
-        .ctx("conv2 input")?;
-    let y = x.conv2d(w, 1, 1, 1, 1).ctx("conv2 forward")?;
-    y.transpose(0, 1)
-        .ctx("conv2 output")?
+/// Offsets of the forward taps: tap j = (dy, dx) reads input pixel (y + dy − 1, x + dx − 1).
+fn fwd_offsets() -> [(isize, isize); 9] {
+    fused::TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1))
+}
+
+/// Offsets of the backward taps: the gradient flows from output pixel (y − dy + 1, x − dx + 1).
+fn bwd_offsets() -> [(isize, isize); 9] {
+    fused::TAPS.map(|(dy, dx)| (1 - dy as isize, 1 - dx as isize))
+}
+
+fn grid(cfg: &Config) -> fused::Grid {
+    fused::Grid {
+        n: cfg.batch,
+        h: cfg.size,
+        w: cfg.size,
+    }
+}
+
+/// A PyTorch 3×3 weight `[k, B, 3, 3]` as the tap-stacked matrix `[9k, B]`: row `j·k + o` is
+/// `W[o, :, dy_j, dx_j]`.
+fn taps_matrix(w: &Tensor) -> Result<Tensor> {
+    let (k, b) = (w.dims()[0], w.dims()[1]);
+    w.permute((2, 3, 0, 1))
+        .ctx("conv2 taps")?
         .contiguous()
-        .ctx("conv2 output")?
-        .reshape((k, n * h * h))
-        .ctx("conv2 output")
+        .ctx("conv2 taps")?
+        .reshape((9 * k, b))
+        .ctx("conv2 taps")
+}
+
+/// Conv3×3 (padding 1, stride 1, no bias) on a channel-major bottleneck `s [B, M]` with a
+/// PyTorch weight `[k, B, 3, 3]`; returns channel-major `[k, M]`.
+///
+/// As one matmul and one gather: `P = W_taps [9k, B] @ s` gives every tap's contribution at
+/// its source pixel, then `y = Σ_j shift(P_j, tap_j)`. Transients: `P` (9k·M) only — an im2col
+/// would hold 9·B·M.
+pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
+    let p = taps_matrix(w)?.matmul(s).ctx("conv2 forward")?;
+    fused::shift_sum(&p, grid(cfg), fwd_offsets())
 }
 
 /// Gradients of [`conv3x3_fwd`]: `(ds [B, M], dW [k, B, 3, 3])`.
 ///
-/// `ds` is the transposed convolution of `gy` with `W` (what candle's autograd does for conv2d);
-/// `dW` correlates the input with `gy` with batch and channels swapped — exactly the
-/// channel-major layout both are already in, so no transposes are copied.
+/// With `G = shift_stack(gy) [9k, M]` (block j is gy shifted back by tap j):
+/// `ds = W_tapsᵀ @ G` and `dW_taps = G @ sᵀ`. Transients: `G` (9k·M).
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
-    let (n, h) = (cfg.batch, cfg.size);
-    let b = s.dims()[0];
-    let k = w.dims()[0];
-    let g4 = gy.reshape((k, n, h, h)).ctx("conv2 bwd")?;
-    let ds = g4
-        .transpose(0, 1)
+    let (k, b) = (w.dims()[0], w.dims()[1]);
+    let taps = taps_matrix(w)?;
+    let g = fused::shift_stack(gy, grid(cfg), bwd_offsets())?;
+    let ds = taps
+        .t()
         .ctx("conv2 bwd ds")?
-        .conv_transpose2d(w, 1, 0, 1, 1)
-        .ctx("conv2 bwd ds")?
-        .transpose(0, 1)
-        .ctx("conv2 bwd ds")?
-        .contiguous()
-        .ctx("conv2 bwd ds")?
-        .reshape((b, n * h * h))
+        .matmul(&g)
         .ctx("conv2 bwd ds")?;
-    let s4 = s.reshape((b, n, h, h)).ctx("conv2 bwd dW")?;
-    let dw = s4
-        .conv2d(&g4, 1, 1, 1, 1)
+    let dw_taps = g.matmul(&s.t().ctx("conv2 bwd dW")?).ctx("conv2 bwd dW")?;
+    drop(g);
+    let dw = dw_taps
+        .reshape((3, 3, k, b))
         .ctx("conv2 bwd dW")?
-        .transpose(0, 1)
+        .permute((2, 3, 0, 1))
         .ctx("conv2 bwd dW")?
         .contiguous()
         .ctx("conv2 bwd dW")?;

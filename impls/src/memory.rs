@@ -76,3 +76,222 @@ pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>>
 pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<usize> {
     declare_saved(variant, cfg).map(|s| saved_bytes(&s, cfg.dtype_size()))
 }
+
+/// Live-bytes bookkeeping for the predicted trace of one step.
+#[derive(Debug, Default)]
+struct Trace {
+    live: i128,
+    peak: i128,
+    /// Bytes per element.
+    s: i128,
+}
+
+impl Trace {
+    fn alloc(&mut self, elems: usize) {
+        self.live += elems as i128 * self.s;
+        self.peak = self.peak.max(self.live);
+    }
+    fn free(&mut self, elems: usize) {
+        self.live -= elems as i128 * self.s;
+    }
+}
+
+/// Allowance for the bytes gemm allocates per matrix product to pack its operands, on top of
+/// the output. Measured here with the counting allocator: 9 KiB for small products, 38 KiB for
+/// [48, 200] @ [200, 65536], 264 KiB for [64, 4000] @ [4000, 4096] in f32 (twice in f64); it
+/// depends on the shapes and the CPU's cache sizes, so the model carries one middle allowance
+/// (only one product runs at a time). Under 1% of any default-sweep peak.
+pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
+
+/// Predicted peak bytes of one training step above the baseline (parameters, input and
+/// upstream gradient allocated), or `None` for `autograd` (candle's graph is not modelled).
+///
+/// The prediction replays, allocation by allocation, what [`crate::block::step_manual`] does:
+/// every full-size tensor (`[C, M]`, `[B, M]`, `[9k, M]`, `[k, M]`) and every parameter gradient;
+/// per-channel vectors (`[C, 1]` statistics) are ignored — they are O(C) next to O(C·M).
+/// Written out as formulas (s = bytes per element, M = N·H·W, C_i = C0 + i·k, B = bn_size·k):
+///
+/// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
+///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
+/// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
+///   (`copy`: 2·C_i·M, `inplace`: C_i·M), then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's tap
+///   products 9k·M;
+/// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
+///   layer i: the recomputed front (`recompute`), Conv3×3's shifted gradient 9k·M, then
+///   `dr`, `da`, `dx` of C_i·M each (`inplace` ReLU saves one), and for `cat` the new input
+///   gradient C_i·M before the old C_{i+1}·M is freed.
+///
+/// The tests check this against the counting allocator on small configs (exact on CPU).
+pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    let Variant::Manual(st) = variant else {
+        return None;
+    };
+    let copy = st.relu == crate::variant::Relu::Copy;
+    let cat = st.concat == Concat::Cat;
+    let recompute = st.intermediates == Intermediates::Recompute;
+    let (m, k, b, l) = (cfg.m(), cfg.growth, cfg.bottleneck(), cfg.depth);
+    let (c0, ct) = (cfg.channels, cfg.c_total());
+    let mut t = Trace {
+        s: cfg.dtype_size() as i128,
+        ..Trace::default()
+    };
+    // ---- forward ----
+    t.alloc(c0 * m); // input → channel-major copy
+    if !cat {
+        t.alloc(ct * m); // the buffer
+        t.free(c0 * m); // copied in, dropped
+    }
+    for i in 0..l {
+        let c = cfg.c_in(i);
+        match cfg.family {
+            Family::Mlp => {
+                t.alloc(k * m); // W @ x
+                t.alloc(k * m); // + bias
+                t.free(k * m);
+                if cfg.activation && copy {
+                    t.alloc(k * m);
+                    t.free(k * m);
+                }
+                if cat {
+                    t.alloc((c + k) * m); // new concatenation
+                    if recompute && i > 0 {
+                        // previous concatenation (pieces keep y; the first is the input piece)
+                        t.free(c * m);
+                    }
+                } else {
+                    t.free(k * m); // appended, dropped
+                }
+            }
+            Family::Bc => {
+                t.alloc(c * m); // BN1 output
+                if copy {
+                    t.alloc(c * m); // ReLU copy
+                    t.free(c * m);
+                }
+                t.alloc(b * m); // z = Conv1×1
+                t.alloc(b * m); // BN2 output
+                if copy {
+                    t.alloc(b * m);
+                    t.free(b * m);
+                }
+                t.alloc(9 * k * b); // tap-stacked weight
+                t.alloc(9 * k * m); // tap products
+                t.alloc(k * m); // y
+                t.free(9 * k * m);
+                t.free(9 * k * b);
+                if cat {
+                    t.alloc((c + k) * m); // new concatenation
+                    if recompute {
+                        if i > 0 {
+                            t.free(c * m); // previous concatenation (the first is a piece)
+                        }
+                    } else {
+                        t.free(k * m); // y (the concatenation holds it)
+                    }
+                } else {
+                    t.free(k * m); // appended, dropped
+                }
+                if recompute {
+                    t.free((c + 2 * b) * m); // r, z, s not kept
+                }
+            }
+        }
+    }
+    // ---- backward ----
+    t.alloc(ct * m); // upstream gradient → channel-major (the gradient buffer for `buffer`)
+    for i in (0..l).rev() {
+        let c = cfg.c_in(i);
+        let recat = cat && recompute;
+        if recat {
+            t.alloc(c * m); // re-concatenate the layer input
+        }
+        match cfg.family {
+            Family::Mlp => {
+                if cfg.activation && copy {
+                    t.alloc(k * m); // ReLU backward copy
+                }
+                if cat && !recompute {
+                    t.free(k * m); // saved output
+                }
+                t.alloc(k * c + k); // dW, db (kept)
+                if cat {
+                    t.free(c * m); // the layer input (saved or re-concatenated)
+                }
+                t.alloc(c * m); // dx
+                if cfg.activation && copy {
+                    t.free(k * m);
+                }
+            }
+            Family::Bc => {
+                if recompute {
+                    t.alloc(c * m); // BN1 output
+                    if copy {
+                        t.alloc(c * m);
+                        t.free(c * m);
+                    }
+                    t.alloc(b * m); // z
+                    t.alloc(b * m); // BN2 output
+                    if copy {
+                        t.alloc(b * m);
+                        t.free(b * m);
+                    }
+                }
+                t.alloc(9 * k * b); // tap-stacked weight
+                t.alloc(9 * k * m); // shifted gradients
+                t.alloc(b * m); // ds
+                t.alloc(9 * k * b); // dW2 taps
+                t.free(9 * k * m);
+                t.alloc(9 * k * b); // dW2 (kept)
+                t.free(2 * 9 * k * b);
+                if copy {
+                    t.alloc(b * m); // ReLU2 backward copy
+                    t.free(b * m); // ds
+                }
+                t.free(b * m); // s
+                t.alloc(b * m); // dz
+                t.free(2 * b * m); // BN2 grad input, z
+                t.alloc(2 * b); // dγ2, dβ2 (kept)
+                t.alloc(b * c); // dW1 (kept)
+                t.alloc(c * m); // dr
+                t.free(b * m); // dz
+                if copy {
+                    t.alloc(c * m); // ReLU1 backward copy
+                    t.free(c * m); // dr
+                }
+                t.free(c * m); // r
+                t.alloc(c * m); // dx
+                t.alloc(2 * c); // dγ1, dβ1 (kept)
+                t.free(c * m); // BN1 grad input
+                if cat {
+                    t.free(c * m); // the layer input (saved or re-concatenated)
+                }
+            }
+        }
+        if cat {
+            t.alloc(c * m); // new input gradient = prefix + dx
+            t.free(c * m); // dx
+            t.free((c + k) * m); // previous gradient
+        } else {
+            t.free(c * m); // dx accumulated in place, dropped
+        }
+    }
+    Some(t.peak.max(0) as u64 + GEMM_PACKING_ALLOWANCE_BYTES)
+}
+
+/// Floating-point operations of one training step's matrix products and convolutions (the
+/// model's work: forward plus the two backward products per layer; a multiply-add counts 2).
+/// Recomputation is not counted, so GFLOP/s compares variants on the same useful work.
+/// Element-wise ops (BN, ReLU, bias) are O(C·M) and left out.
+pub fn flops(cfg: &Config) -> u64 {
+    let (m, k, b) = (cfg.m() as u64, cfg.growth as u64, cfg.bottleneck() as u64);
+    (0..cfg.depth)
+        .map(|i| {
+            let c = cfg.c_in(i) as u64;
+            let forward = match cfg.family {
+                Family::Mlp => 2 * k * c * m,
+                Family::Bc => 2 * b * c * m + 2 * 9 * b * k * m,
+            };
+            3 * forward
+        })
+        .sum()
+}

@@ -1,0 +1,190 @@
+//! Devices in one place: parsing `cpu` / `cuda:N`, opening them, describing them for the row,
+//! synchronising before a clock is read, and reading the memory counters a measurement uses.
+//!
+//! CUDA availability and descriptions come from [`crate::gpu`] (the `cuda` cargo feature):
+//! without it, asking for a CUDA device fails with one clear line ([`NO_CUDA`]), which `run`
+//! prints and `bench-all` turns into an `error` row. Measuring on CUDA is the CUDA issue's:
+//! the GPU memory meter (`gpu::PoolPeak`, the default pool's `USED_MEM_HIGH`) belongs in
+//! [`MemoryMeter`] next to the CPU one; until it is there, [`MemoryMeter::for_device`] refuses.
+
+use crate::alloc;
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use std::fmt;
+use std::str::FromStr;
+
+/// The one line a CUDA request gets from a build without CUDA support.
+pub const NO_CUDA: &str = "built without CUDA support: rebuild with --features cuda";
+
+/// A device as named on the command line and in the CSV.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceSpec {
+    Cpu,
+    Cuda(usize),
+}
+
+impl FromStr for DeviceSpec {
+    type Err = anyhow::Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "cpu" => Ok(DeviceSpec::Cpu),
+            "cuda" => Ok(DeviceSpec::Cuda(0)),
+            _ => match s.strip_prefix("cuda:") {
+                Some(n) => n
+                    .parse::<usize>()
+                    .map(DeviceSpec::Cuda)
+                    .with_context(|| format!("device `{s}`: `{n}` is not a device ordinal")),
+                None => bail!("unknown device `{s}`: expected `cpu` or `cuda:N`"),
+            },
+        }
+    }
+}
+
+impl fmt::Display for DeviceSpec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DeviceSpec::Cpu => f.write_str("cpu"),
+            DeviceSpec::Cuda(n) => write!(f, "cuda:{n}"),
+        }
+    }
+}
+
+impl DeviceSpec {
+    /// Errs, with one line, when this build or machine cannot use the device ([`NO_CUDA`]
+    /// without the `cuda` feature).
+    pub fn check_available(&self) -> Result<()> {
+        match self {
+            DeviceSpec::Cpu => Ok(()),
+            DeviceSpec::Cuda(n) => crate::gpu::check_available(*n).map(|_| ()),
+        }
+    }
+
+    /// The candle device.
+    pub fn open(&self) -> Result<Device> {
+        self.check_available()?;
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => {
+                Device::new_cuda(*n).with_context(|| format!("opening candle's device cuda:{n}"))
+            }
+        }
+    }
+
+    /// What the row's `device_desc` says: CPU model and thread count, or the GPU's description.
+    pub fn describe(&self, threads: usize) -> String {
+        match self {
+            DeviceSpec::Cpu => format!("{} ({threads} threads)", cpu_model()),
+            DeviceSpec::Cuda(n) => match crate::gpu::check_available(*n) {
+                Ok(info) => info.describe(),
+                Err(e) => format!("cuda:{n} (unavailable: {e})"),
+            },
+        }
+    }
+}
+
+/// The CPU model from /proc/cpuinfo (`model name`), or the architecture when unreadable.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Threads the compute libraries use when none are asked for: candle's default (which also
+/// reads `RAYON_NUM_THREADS`).
+pub fn default_threads() -> usize {
+    candle_core::utils::get_num_threads()
+}
+
+/// Waits for queued work so a clock read after it measures the work (a no-op on CPU).
+pub fn synchronize(device: &Device) -> Result<()> {
+    device
+        .synchronize()
+        .context("synchronising the device before reading the clock")
+}
+
+/// Live/peak memory counters of a device, in bytes.
+pub enum MemoryMeter {
+    /// The counting global allocator (see [`crate::alloc`]).
+    CpuAllocator,
+}
+
+impl MemoryMeter {
+    pub fn for_device(spec: DeviceSpec) -> Result<Self> {
+        spec.check_available()?;
+        if let DeviceSpec::Cuda(n) = spec {
+            // TODO(CUDA issue): a `Gpu(gpu::PoolPeak)` meter; synchronise before reading it.
+            bail!("cuda:{n}: GPU memory metering is not wired into the harness yet");
+        }
+        if !alloc::installed() {
+            bail!(
+                "the counting allocator is not this process's global allocator: \
+                 measurements must run in the `densebench` binary"
+            );
+        }
+        Ok(MemoryMeter::CpuAllocator)
+    }
+
+    pub fn current(&self) -> u64 {
+        match self {
+            MemoryMeter::CpuAllocator => alloc::current() as u64,
+        }
+    }
+
+    pub fn peak(&self) -> u64 {
+        match self {
+            MemoryMeter::CpuAllocator => alloc::peak() as u64,
+        }
+    }
+
+    pub fn reset_peak(&self) {
+        match self {
+            MemoryMeter::CpuAllocator => alloc::reset_peak(),
+        }
+    }
+}
+
+/// Peak resident set size of this process in bytes (getrusage; Linux reports KiB).
+pub fn peak_rss_bytes() -> Option<u64> {
+    // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is always valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    if rc != 0 {
+        return None;
+    }
+    let kib = u64::try_from(usage.ru_maxrss).ok()?;
+    Some(kib * 1024)
+}
+
+/// Total physical memory in bytes (from /proc/meminfo), if readable.
+pub fn total_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cpu));
+        assert_eq!(
+            "cuda:1".parse::<DeviceSpec>().ok(),
+            Some(DeviceSpec::Cuda(1))
+        );
+        assert!("gpu".parse::<DeviceSpec>().is_err());
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+        // Without the cuda feature the error is the one documented line.
+        let e = DeviceSpec::Cuda(0).open().err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some(NO_CUDA));
+    }
+}

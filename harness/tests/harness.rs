@@ -1,0 +1,468 @@
+//! End-to-end tests of the measurement harness through the real `densebench` binary: the quick
+//! sweep, out-of-memory and unavailable-device rows, kill and resume, bad input, the `run` and
+//! `step` subcommands. Every test uses tiny configs and its own temp dir and reference cache.
+
+use densebench::row::{read_rows, Row};
+use densebench::sweep;
+use impls::{Case, Config, Family, NoProbe, Variant};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_densebench");
+
+fn densebench(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the densebench binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn path_str(p: &Path) -> &str {
+    p.to_str().expect("temp paths are UTF-8")
+}
+
+/// `bench-all` with a temp output and cache; returns the output path and the process output.
+fn bench_all(dir: &Path, out: &str, extra: &[&str]) -> (PathBuf, Output) {
+    let out = dir.join(out);
+    let cache = dir.join("cache");
+    let mut args = vec![
+        "bench-all",
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    args.extend_from_slice(extra);
+    let o = densebench(&args);
+    (out, o)
+}
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("writing a test file");
+    p
+}
+
+/// The keys a sweep text expands to (memory limit irrelevant for keys).
+fn expected_keys(text: &str) -> BTreeSet<String> {
+    sweep::parse(text, "test", Some(1 << 30))
+        .expect("the sweep parses")
+        .into_iter()
+        .map(|j| j.key)
+        .collect()
+}
+
+#[test]
+fn quick_sweep_end_to_end() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, o) = bench_all(dir.path(), "quick.csv", &["--quick"]);
+    assert!(o.status.success(), "quick sweep failed: {}", stderr(&o));
+    let rows = read_rows(&out).expect("the sweep wrote a valid result CSV");
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    let unique: BTreeSet<String> = keys.iter().map(|k| k.to_string()).collect();
+    // Exactly one row per job of the quick sweep, and every variant that applies to each config.
+    assert_eq!(keys.len(), unique.len(), "duplicate keys");
+    assert_eq!(unique, expected_keys(sweep::QUICK_SWEEP));
+    let mut variants_per_config: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for r in &rows {
+        assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
+        // The tolerance is the dtype's (see measure.rs); the reference is checked, named, f64.
+        assert_eq!(
+            r.grad_ok,
+            Some(true),
+            "{}: max_rel_err {:?}",
+            r.key,
+            r.max_rel_err
+        );
+        assert!(
+            r.reference.ends_with("/f64"),
+            "{}: reference {}",
+            r.key,
+            r.reference
+        );
+        // A step allocates at least its output and input gradient beyond the baseline.
+        assert!(r.peak_bytes.unwrap_or(0) > 0, "{}: no peak", r.key);
+        assert!(r.median_ns.unwrap_or(0) > 0, "{}: no time", r.key);
+        assert!(
+            r.timeline_points().map(|p| !p.is_empty()).unwrap_or(false),
+            "{}: no timeline",
+            r.key
+        );
+        let config = r
+            .key
+            .split_once('/')
+            .map(|(_, c)| c.to_string())
+            .unwrap_or_default();
+        variants_per_config
+            .entry(config)
+            .or_default()
+            .insert(r.variant.clone());
+    }
+    for r in &rows {
+        let cfg = row_config(r);
+        let all: BTreeSet<String> = Variant::for_config(&cfg)
+            .iter()
+            .map(Variant::name)
+            .collect();
+        let config = r
+            .key
+            .split_once('/')
+            .map(|(_, c)| c.to_string())
+            .unwrap_or_default();
+        assert_eq!(variants_per_config[&config], all, "variants of {config}");
+    }
+}
+
+fn row_config(r: &Row) -> Config {
+    Config {
+        family: Family::parse(&r.family).expect("family"),
+        batch: r.batch,
+        channels: r.channels,
+        growth: r.growth,
+        depth: r.depth,
+        bn_size: r.bn_size,
+        size: r.size,
+        activation: r.activation,
+        dtype: impls::config::parse_dtype(&r.dtype).expect("dtype"),
+        seed: r.seed,
+    }
+}
+
+/// Group 1 cannot fit its 10 MB limit: the naive mlp step concatenates ≈ 19 MB
+/// (Σ_i (64 + 64·i)·2048·4 bytes over 8 layers) above a baseline of ≈ 7 MB. Group 2 is tiny and
+/// unlimited and must still run; group 3 asks for a GPU this build does not have.
+const OOM_SWEEP: &str = r#"
+[defaults]
+steps = 1
+warmup = 0
+
+[[group]]
+name = "too-big"
+family = "mlp"
+batch = 2048
+channels = 64
+growth = 64
+depth = 8
+variants = ["cat-store-copy"]
+mem_limit = 10_000_000
+
+[[group]]
+name = "fits"
+family = "mlp"
+batch = 8
+channels = 4
+growth = 2
+depth = 2
+variants = ["cat-store-copy", "buffer-store-copy"]
+
+[[group]]
+name = "gpu"
+family = "mlp"
+batch = 8
+channels = 4
+growth = 2
+depth = 2
+variants = ["buffer-store-copy"]
+device = "cuda:0"
+"#;
+
+#[test]
+fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sweep_file = write(dir.path(), "oom.toml", OOM_SWEEP);
+    let (out, o) = bench_all(dir.path(), "oom.csv", &["--sweep", path_str(&sweep_file)]);
+    assert!(o.status.success(), "sweep failed: {}", stderr(&o));
+    let rows = read_rows(&out).expect("valid CSV");
+    assert_eq!(rows.len(), 4, "one row per job");
+    let by_key: BTreeMap<&str, &Row> = rows.iter().map(|r| (r.key.as_str(), r)).collect();
+    let big = by_key["cat-store-copy/mlp/2048/64/64/8/1/1/on/f32/0/cpu"];
+    assert_eq!(big.status, "oom", "{}", big.error);
+    assert!(big.error.contains("memory allocation of"), "{}", big.error);
+    assert!(big.peak_bytes.is_none());
+    for v in ["cat-store-copy", "buffer-store-copy"] {
+        let r = by_key[format!("{v}/mlp/8/4/2/2/1/1/on/f32/0/cpu").as_str()];
+        assert_eq!(
+            (r.status.as_str(), r.grad_ok),
+            ("ok", Some(true)),
+            "{}",
+            r.error
+        );
+    }
+    let gpu = by_key["buffer-store-copy/mlp/8/4/2/2/1/1/on/f32/0/cuda:0"];
+    assert_eq!(gpu.status, "error");
+    assert_eq!(gpu.error, densebench::device::NO_CUDA);
+}
+
+/// Eight quick mlp jobs (each a child process of tens of milliseconds).
+const RESUME_SWEEP: &str = r#"
+[defaults]
+steps = 1
+warmup = 0
+[[group]]
+family = "mlp"
+batch = 16
+channels = 8
+growth = 4
+depth = [1, 2, 3, 4]
+variants = ["cat-store-copy", "buffer-store-copy"]
+"#;
+
+fn data_lines(p: &Path) -> usize {
+    std::fs::read_to_string(p)
+        .map(|t| t.lines().count().saturating_sub(1))
+        .unwrap_or(0)
+}
+
+#[test]
+fn killed_sweep_resumes_to_exactly_one_row_per_configuration() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sweep_file = write(dir.path(), "resume.toml", RESUME_SWEEP);
+    let out = dir.path().join("resume.csv");
+    let cache = dir.path().join("cache");
+    let args = [
+        "bench-all",
+        "--sweep",
+        path_str(&sweep_file),
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn bench-all");
+    // Kill it as soon as the first row is on disk.
+    let start = Instant::now();
+    while data_lines(&out) < 1 && start.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    child.kill().expect("kill the sweep");
+    child.wait().expect("reap the sweep");
+    let before = read_rows(&out).expect("a killed sweep leaves a valid CSV");
+    assert!(
+        !before.is_empty() && before.len() < 8,
+        "killed after {} rows",
+        before.len()
+    );
+    // A torn row (a kill in the middle of a write) is cut off by --resume.
+    let mut text = std::fs::read_to_string(&out).expect("read");
+    text.push_str("cat-store-copy/mlp/16/8/4/4,trunc");
+    std::fs::write(&out, text).expect("write");
+    // Without --resume an existing file is refused, untouched.
+    let refused = densebench(&args);
+    assert!(!refused.status.success());
+    assert!(
+        stderr(&refused).contains("--resume"),
+        "{}",
+        stderr(&refused)
+    );
+    let mut resume_args = args.to_vec();
+    resume_args.push("--resume");
+    let o = densebench(&resume_args);
+    assert!(o.status.success(), "resume failed: {}", stderr(&o));
+    let rows = read_rows(&out).expect("valid CSV after resume");
+    let keys: Vec<String> = rows.iter().map(|r| r.key.clone()).collect();
+    let unique: BTreeSet<String> = keys.iter().cloned().collect();
+    assert_eq!(
+        keys.len(),
+        unique.len(),
+        "a key was measured twice: {keys:?}"
+    );
+    assert_eq!(unique, expected_keys(RESUME_SWEEP));
+    // The rows from before the kill are kept as they were.
+    assert_eq!(&rows[..before.len()], &before[..]);
+    // Resuming a complete file runs nothing.
+    let again = densebench(&resume_args);
+    assert!(again.status.success());
+    assert_eq!(read_rows(&out).map(|r| r.len()).ok(), Some(8));
+}
+
+#[test]
+fn bad_input_gives_one_clear_error_before_any_work() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cases: Vec<(&str, &str, &str)> = vec![
+        ("syntax.toml", "[[group]\nfamily = 'mlp'", "malformed"),
+        (
+            "unknown-field.toml",
+            "[[group]]\nfamily = 'mlp'\nbatch = 1\nchannels = 1\ngrowth = 1\ndepth = 1\ndepht = 2",
+            "depht",
+        ),
+        (
+            "variant.toml",
+            "[[group]]\nfamily = 'mlp'\nbatch = 1\nchannels = 1\ngrowth = 1\ndepth = 1\nvariants = ['buffer-stor-copy']",
+            "buffer-stor-copy",
+        ),
+        (
+            "missing.toml",
+            "[[group]]\nfamily = 'bc'\nbatch = 1\nchannels = 1\ngrowth = 1",
+            "`depth` is missing",
+        ),
+    ];
+    for (name, text, needle) in cases {
+        let f = write(dir.path(), name, text);
+        let (out, o) = bench_all(
+            dir.path(),
+            &format!("{name}.csv"),
+            &["--sweep", path_str(&f)],
+        );
+        let err = stderr(&o);
+        assert!(!o.status.success(), "{name} was accepted");
+        assert!(err.contains(needle) && err.contains(name), "{name}: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+        assert!(!out.exists(), "{name}: output written before validation");
+    }
+    // An output path that cannot be written.
+    let blocker = write(dir.path(), "a-file", "x");
+    let bad_out = blocker.join("out.csv");
+    let o = densebench(&["bench-all", "--quick", "--out", path_str(&bad_out)]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains(path_str(&blocker)), "{}", stderr(&o));
+    // A CSV with missing and extra columns is refused by --resume, naming the columns.
+    let csv = write(dir.path(), "bad.csv", "key,variant,colour\nx,y,z\n");
+    let o = densebench(&["bench-all", "--quick", "--resume", "--out", path_str(&csv)]);
+    let err = stderr(&o);
+    assert!(!o.status.success());
+    assert!(
+        err.contains("missing columns") && err.contains("peak_bytes") && err.contains("colour"),
+        "{err}"
+    );
+    // CUDA without the feature: one line, from `run`.
+    let o = densebench(&[
+        "run",
+        "--family",
+        "mlp",
+        "--variant",
+        "autograd",
+        "--depth",
+        "1",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "2",
+        "--device",
+        "cuda:0",
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains(densebench::device::NO_CUDA),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn run_prints_one_checked_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let o = densebench(&[
+        "run",
+        "--family",
+        "bc",
+        "--variant",
+        "buffer-recompute-inplace",
+        "--depth",
+        "3",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--bn-size",
+        "2",
+        "--size",
+        "3",
+        "--dtype",
+        "f64",
+        "--seed",
+        "7",
+        "--steps",
+        "2",
+        "--format",
+        "json",
+        "--cache-dir",
+        path_str(&cache),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let row: Row = serde_json::from_str(text.trim()).expect("one JSON row");
+    assert_eq!(
+        row.key,
+        "buffer-recompute-inplace/bc/2/3/2/3/2/3/on/f64/7/cpu"
+    );
+    assert_eq!(row.reference, "autograd/f64");
+    assert_eq!(row.grad_ok, Some(true));
+    // bc has a per-layer backward: forward and backward boundaries for each of the 3 layers.
+    let labels: Vec<String> = row
+        .timeline_points()
+        .expect("timeline")
+        .into_iter()
+        .map(|p| p.0)
+        .collect();
+    assert_eq!(labels, ["f0", "f1", "f2", "b2", "b1", "b0"]);
+    // The buffer variants keep less than their peak (the peak adds gradients and transients).
+    assert!(row.saved_bytes <= row.peak_bytes);
+}
+
+#[test]
+fn step_round_trip_matches_the_library() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (family, activation) in [(Family::Bc, "on"), (Family::Mlp, "off")] {
+        let mut cfg = Config::tiny(family);
+        cfg.activation = activation == "on";
+        let device = candle_core::Device::Cpu;
+        let case = Case::random(&cfg, &device).expect("case");
+        let case_path = dir.path().join(format!("{family}.case.safetensors"));
+        let out = dir.path().join(format!("{family}.result.safetensors"));
+        case.save(&case_path).expect("save case");
+        let variant = Variant::parse("cat-recompute-copy").expect("variant");
+        let o = densebench(&[
+            "step",
+            "--case",
+            path_str(&case_path),
+            "--variant",
+            &variant.name(),
+            "--out",
+            path_str(&out),
+            "--activation",
+            activation,
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        // The case file carries no seed; the config read back equals ours but for it.
+        let loaded = impls::case::load_result(&case.cfg, &out, &device).expect("result file");
+        let here = impls::step(
+            variant,
+            &cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .expect("in-memory step");
+        let c = impls::compare::compare(&loaded, &here).expect("compare");
+        // Same code, same inputs, same dtype (f64): the only freedom is the thread split of
+        // reductions, so allow a few ulps.
+        assert!(c.overall.max_rel <= 1e-13, "{family}: {:?}", c.overall);
+    }
+    // A missing case file names it.
+    let o = densebench(&[
+        "step",
+        "--case",
+        "nope.safetensors",
+        "--variant",
+        "autograd",
+        "--out",
+        "x",
+    ]);
+    assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
+}

@@ -1,0 +1,430 @@
+//! The last mile, end to end through the `densebench` binary: `plots`, `compare` and `report`
+//! on small synthetic result CSVs built from `densebench::row::Row` values.
+
+use densebench::row::Row;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_densebench");
+
+/// Every variant name, in the stable order; `mlp` has no `buffer-recompute-*`.
+const VARIANTS: [&str; 9] = [
+    "autograd",
+    "cat-store-copy",
+    "cat-store-inplace",
+    "cat-recompute-copy",
+    "cat-recompute-inplace",
+    "buffer-store-copy",
+    "buffer-store-inplace",
+    "buffer-recompute-copy",
+    "buffer-recompute-inplace",
+];
+
+fn variants_of(family: &str) -> Vec<&'static str> {
+    VARIANTS
+        .iter()
+        .copied()
+        .filter(|v| !(family == "mlp" && v.starts_with("buffer-recompute")))
+        .collect()
+}
+
+/// A plausible row: quadratic memory for `cat-store-*` and `autograd`, linear for the rest;
+/// recompute saves memory and costs time; a layer-boundary timeline rising through forward, falling in backward.
+fn row(family: &str, variant: &str, depth: usize) -> Row {
+    let (batch, channels, growth, bn_size, size, unit) = if family == "bc" {
+        // One channel of a 64×32×32 f32 feature map.
+        (64, 24, 12, 4, 32, 64 * 32 * 32 * 4u64)
+    } else {
+        // One channel of a batch of 4096 f32 features.
+        (4096, 256, 64, 0, 1, 4096 * 4u64)
+    };
+    let l = depth as u64;
+    let (c0, k) = (channels as u64, growth as u64);
+    let c_total = c0 + l * k;
+    let sum_c_in = l * c0 + k * l * (l - 1) / 2;
+    let quadratic = variant.starts_with("cat-store") || variant == "autograd";
+    let mut chans = if quadratic {
+        3 * sum_c_in + 2 * c_total
+    } else if variant.contains("recompute") {
+        2 * c_total + l * k
+    } else {
+        2 * c_total + 4 * l * k
+    };
+    if variant.ends_with("inplace") {
+        chans = chans * 9 / 10;
+    }
+    if variant == "autograd" {
+        chans = chans * 13 / 10;
+    }
+    let peak = chans * unit;
+    let mut t = 1_000_000 * (sum_c_in + 10 * l);
+    if variant.contains("recompute") {
+        t = t * 115 / 100;
+    }
+    if variant.starts_with("buffer") {
+        t = t * 95 / 100;
+    }
+    let timeline: Vec<String> = (0..depth)
+        .map(|i| format!("f{i}={}", peak * (i as u64 + 1) / (l + 2)))
+        .chain(
+            (0..depth)
+                .rev()
+                .map(|i| format!("b{i}={}", peak * (i as u64 + 1) / (l + 3))),
+        )
+        .collect();
+    let exact = variant == "autograd" || variant == "buffer-store-copy";
+    Row {
+        schema: densebench::row::SCHEMA_VERSION,
+        key: format!("{variant}/{family}/{depth}"),
+        variant: variant.to_string(),
+        family: family.to_string(),
+        batch,
+        channels,
+        growth,
+        depth,
+        bn_size,
+        size,
+        activation: true,
+        dtype: "f32".to_string(),
+        seed: 0,
+        device: "cpu".to_string(),
+        device_desc: "Synthetic CPU".to_string(),
+        threads: 2,
+        densebench_version: "0.1.0".to_string(),
+        git_rev: "abc1234".to_string(),
+        timestamp: format!("2025-01-01T00:00:{:02}Z", depth % 60),
+        status: "ok".to_string(),
+        steps: 5,
+        warmup: 1,
+        baseline_bytes: Some(1 << 20),
+        peak_bytes: Some(peak),
+        saved_bytes: Some(peak / 2),
+        predicted_peak_bytes: (variant != "autograd").then_some(peak * 101 / 100),
+        median_ns: Some(t),
+        min_ns: Some(t * 97 / 100),
+        max_ns: Some(t * 105 / 100),
+        reference: "autograd".to_string(),
+        max_abs_err: Some(if exact { 0.0 } else { 3e-6 }),
+        max_rel_err: Some(if exact { 0.0 } else { 2e-7 }),
+        bitwise_equal: Some(exact),
+        grad_ok: Some(true),
+        timeline: timeline.join(";"),
+        ..Row::default()
+    }
+}
+
+/// Both families at two depths each, every applicable variant.
+fn synthetic(depths: &[usize]) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for family in ["bc", "mlp"] {
+        for &d in depths {
+            for v in variants_of(family) {
+                rows.push(row(family, v, d));
+            }
+        }
+    }
+    rows
+}
+
+fn write_csv(path: &Path, rows: &[Row]) {
+    let mut w = csv::Writer::from_path(path).unwrap();
+    for r in rows {
+        w.serialize(r).unwrap();
+    }
+    w.flush().unwrap();
+}
+
+fn densebench(args: &[&str], cwd: &Path) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn setup(rows: &[Row]) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("results.csv");
+    write_csv(&csv, rows);
+    (dir, csv)
+}
+
+#[test]
+fn plots_writes_svg_and_png_naming_every_variant() {
+    let mut rows = synthetic(&[4, 8]);
+    let mut failed = row("bc", "autograd", 12);
+    failed.status = "oom".to_string();
+    failed.error = "out of memory".to_string();
+    failed.peak_bytes = None;
+    rows.push(failed);
+    let (dir, csv) = setup(&rows);
+    let out = dir.path().join("figs");
+    let o = densebench(
+        &[
+            "plots",
+            csv.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert!(o.status.success(), "plots failed:\n{log}");
+    // The skipped row is reported, not silently dropped.
+    assert!(log.contains("autograd L=12: oom"), "{log}");
+    let stems = [
+        "memory-vs-depth-bc-N64-C24-k12-bn4-32",
+        "time-vs-depth-bc-N64-C24-k12-bn4-32",
+        "memory-vs-time-bc-N64-C24-k12-bn4-32-L8",
+        "timeline-bc-N64-C24-k12-bn4-32-L8",
+        "measured-vs-predicted-bc",
+        "grad-error-bc",
+        "memory-vs-depth-mlp-N4096-C256-k64-relu",
+        "memory-vs-time-mlp-N4096-C256-k64-relu-L4",
+        "grad-error-mlp",
+    ];
+    for stem in stems {
+        for ext in ["svg", "png"] {
+            let p = out.join(format!("{stem}.{ext}"));
+            let len = std::fs::metadata(&p)
+                .unwrap_or_else(|e| panic!("{} missing ({e}):\n{log}", p.display()))
+                .len();
+            // A frame with only a title is about 1 KB of SVG, and a blank 1280×800 canvas a few
+            // KB of PNG; a drawn figure (axes, series, legend) is well above both.
+            let min = if ext == "svg" { 5_000 } else { 20_000 };
+            assert!(len > min, "{} is only {len} bytes", p.display());
+            assert!(log.contains(&format!("{stem}.{ext}")), "not listed:\n{log}");
+        }
+        let png = std::fs::read(out.join(format!("{stem}.png"))).unwrap();
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n", "{stem}.png is not a PNG");
+    }
+    for family in ["bc", "mlp"] {
+        let stem = if family == "bc" {
+            "memory-vs-depth-bc-N64-C24-k12-bn4-32"
+        } else {
+            "memory-vs-depth-mlp-N4096-C256-k64-relu"
+        };
+        let svg = std::fs::read_to_string(out.join(format!("{stem}.svg"))).unwrap();
+        for v in variants_of(family) {
+            assert!(svg.contains(v), "{stem}.svg has no series `{v}`");
+        }
+        // The growth exponents are in the legend: quadratic naive, linear buffer variant.
+        assert!(
+            svg.contains("cat-store-copy  p = 1."),
+            "{stem}: no exponent"
+        );
+        let grad = std::fs::read_to_string(out.join(format!("grad-error-{family}.svg"))).unwrap();
+        assert!(
+            grad.contains("0 (bitwise equal)"),
+            "grad-error-{family}: zero floor unlabelled"
+        );
+    }
+    // mlp has no buffer-recompute variants: none may be drawn.
+    let mlp =
+        std::fs::read_to_string(out.join("memory-vs-depth-mlp-N4096-C256-k64-relu.svg")).unwrap();
+    assert!(!mlp.contains("buffer-recompute"));
+}
+
+/// The regression test a CI would run: 20% more memory in one row against a 10% threshold.
+#[test]
+fn compare_flags_an_injected_memory_regression() {
+    let base = synthetic(&[4, 8]);
+    let mut new = base.clone();
+    let hit = new
+        .iter_mut()
+        .find(|r| r.family == "bc" && r.variant == "buffer-store-copy" && r.depth == 8)
+        .unwrap();
+    hit.peak_bytes = hit.peak_bytes.map(|p| p * 12 / 10);
+    hit.timestamp = "2025-02-02T00:00:00Z".to_string();
+    hit.git_rev = "def5678".to_string();
+    let (dir, base_csv) = setup(&base);
+    let new_csv = dir.path().join("new.csv");
+    write_csv(&new_csv, &new);
+    let args = [
+        "compare",
+        base_csv.to_str().unwrap(),
+        new_csv.to_str().unwrap(),
+        "--max-regression",
+        "10",
+    ];
+    let o = densebench(&args, dir.path());
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "expected exit 1:\n{log}");
+    let flagged: Vec<&str> = log.lines().filter(|l| l.contains("REGRESSION")).collect();
+    assert_eq!(flagged.len(), 1, "exactly one regression:\n{log}");
+    assert!(flagged[0].contains("buffer-store-copy") && flagged[0].contains("1.200"));
+    // 20% is within a 25% threshold: exit 0.
+    let mut loose = args.to_vec();
+    loose[4] = "25";
+    let o = densebench(&loose, dir.path());
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
+    // The same comparison as markdown and CSV keeps the verdict.
+    let mut md = args.to_vec();
+    md.extend(["--format", "markdown"]);
+    let o = densebench(&md, dir.path());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(text(&o).contains("| bc N=64 C0=24 k=12 bn=4 32x32 f32 | 8 | buffer-store-copy |"));
+    let mut c = args.to_vec();
+    c.extend(["--format", "csv"]);
+    let o = densebench(&c, dir.path());
+    assert_eq!(o.status.code(), Some(1));
+    let csv_out = String::from_utf8_lossy(&o.stdout).to_string();
+    assert!(csv_out.starts_with("family,config,depth,variant,metric,base,new,ratio,verdict"));
+    assert_eq!(csv_out.matches(",regression").count(), 1, "{csv_out}");
+}
+
+#[test]
+fn compare_passes_on_identical_files() {
+    let rows = synthetic(&[4, 8]);
+    let (dir, csv) = setup(&rows);
+    let p = csv.to_str().unwrap();
+    let o = densebench(&["compare", p, p, "--max-regression", "0"], dir.path());
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains(&format!("{} rows matched", rows.len())),
+        "{log}"
+    );
+    assert!(
+        !log.contains("REGRESSION") && !log.contains("warning"),
+        "{log}"
+    );
+}
+
+#[test]
+fn compare_lists_rows_on_one_side_and_warns_on_devices() {
+    let base = synthetic(&[4, 8]);
+    let mut new: Vec<Row> = base
+        .iter()
+        .filter(|r| !(r.family == "mlp" && r.variant == "cat-recompute-copy" && r.depth == 4))
+        .cloned()
+        .collect();
+    new.push(row("bc", "buffer-recompute-copy", 16));
+    for r in &mut new {
+        r.device_desc = "Other CPU".to_string();
+    }
+    let (dir, base_csv) = setup(&base);
+    let new_csv = dir.path().join("new.csv");
+    write_csv(&new_csv, &new);
+    let o = densebench(
+        &[
+            "compare",
+            base_csv.to_str().unwrap(),
+            new_csv.to_str().unwrap(),
+            "--max-regression",
+            "10",
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    // One-sided rows are listed but are not regressions; the device change is a warning.
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(log.contains("only in BASE (1)"), "{log}");
+    assert!(
+        log.contains("mlp N=4096 C0=256 k=64 relu=on f32 L=4 cat-recompute-copy"),
+        "{log}"
+    );
+    assert!(log.contains("only in NEW (1)"), "{log}");
+    assert!(log.contains("bc N=64 C0=24 k=12 bn=4 32x32 f32 L=16 buffer-recompute-copy"));
+    assert!(log.contains("warning: devices differ"), "{log}");
+    assert!(
+        log.contains("Synthetic CPU") && log.contains("Other CPU"),
+        "{log}"
+    );
+}
+
+#[test]
+fn compare_rejects_another_schema_naming_the_column() {
+    let rows = synthetic(&[4]);
+    let (dir, csv) = setup(&rows);
+    // Drop the `peak_bytes` column from a copy.
+    let mut r = csv::Reader::from_path(&csv).unwrap();
+    let headers = r.headers().unwrap().clone();
+    let drop = headers.iter().position(|h| h == "peak_bytes").unwrap();
+    let bad = dir.path().join("old.csv");
+    let mut w = csv::Writer::from_path(&bad).unwrap();
+    let keep = |rec: &csv::StringRecord| {
+        rec.iter()
+            .enumerate()
+            .filter(|(i, _)| *i != drop)
+            .map(|(_, s)| s.to_string())
+            .collect::<Vec<_>>()
+    };
+    w.write_record(keep(&headers)).unwrap();
+    for rec in r.records() {
+        w.write_record(keep(&rec.unwrap())).unwrap();
+    }
+    w.flush().unwrap();
+    let o = densebench(
+        &["compare", csv.to_str().unwrap(), bad.to_str().unwrap()],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(log.contains("missing columns [peak_bytes]"), "{log}");
+    assert!(log.contains("old.csv"), "{log}");
+}
+
+#[test]
+fn report_names_every_variant_and_links_the_figures() {
+    let rows = synthetic(&[4, 8]);
+    let (dir, csv) = setup(&rows);
+    let o = densebench(
+        &[
+            "report",
+            csv.to_str().unwrap(),
+            "--out",
+            "results/REPORT.md",
+            "--plots",
+            "plots",
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(dir.path().join("results/REPORT.md")).unwrap();
+    for v in VARIANTS {
+        assert!(md.contains(&format!("`{v}`")), "report lacks `{v}`");
+    }
+    // Links are relative to the report's folder.
+    assert!(md.contains("](../plots/memory-vs-depth-bc-N64-C24-k12-bn4-32.png)"));
+    assert!(
+        md.contains("5453 MB") && md.contains("1655 MB"),
+        "published numbers"
+    );
+    assert!(
+        md.contains("All 32 ok rows were checked"),
+        "gradient verdict"
+    );
+    // Ratio of the synthetic model: buffer-store-copy at bc L=8 keeps 2·c_total + 4·L·k =
+    // 2·120 + 384 = 624 channels against naive's 3·Σc_in + 2·c_total = 3·528 + 240 = 1824,
+    // i.e. 0.34×.
+    assert!(
+        md.contains("624 (0.34×)") || md.contains("(0.34×)"),
+        "ratio to naive missing:\n{md}"
+    );
+}
+
+/// Not a test: writes a realistic-size synthetic CSV to look at the figures by eye
+/// (`cargo test -p densebench --test last_mile -- --ignored --nocapture`).
+#[test]
+#[ignore]
+fn write_synthetic_reference() {
+    let mut rows = synthetic(&[16, 32, 48]);
+    rows.retain(|r| r.family == "bc");
+    rows.extend(
+        synthetic(&[8, 16, 32, 64])
+            .into_iter()
+            .filter(|r| r.family == "mlp"),
+    );
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join("synthetic.csv");
+    write_csv(&path, &rows);
+    println!("{}", path.display());
+}

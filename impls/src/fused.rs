@@ -1,0 +1,520 @@
+//! Fused CPU kernels for the two ops that dominate a bc layer: BatchNorm (statistics, apply,
+//! backward) and the 3×3 convolution's shifted views. Each makes one pass over its input and
+//! allocates exactly its output — no hidden full-size temporaries, so memory is predictable.
+//!
+//! Every public function dispatches on the device: CPU tensors use the fused kernels, other
+//! devices the same maths composed from candle ops (the `generic_*` functions, also used by the
+//! tests to cross-check the kernels). Reductions accumulate in f64 whatever the dtype.
+
+use crate::error::{CandleContext, Result};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+trait Float: Copy + Send + Sync + 'static {
+    fn f64(self) -> f64;
+    fn of(v: f64) -> Self;
+    const ZERO: Self;
+}
+impl Float for f32 {
+    fn f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn of(v: f64) -> Self {
+        v as f32
+    }
+    const ZERO: Self = 0.0;
+}
+impl Float for f64 {
+    fn f64(self) -> f64 {
+        self
+    }
+    fn of(v: f64) -> Self {
+        v
+    }
+    const ZERO: Self = 0.0;
+}
+
+fn slice<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
+    let (a, b) = l.contiguous_offsets().ok_or_else(|| {
+        candle_core::Error::Msg(format!(
+            "{op}: operand must be contiguous, got strides {:?}",
+            l.stride()
+        ))
+    })?;
+    Ok(&v[a..b])
+}
+
+fn bad_dtype(op: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
+}
+
+/// Per-row mean and biased variance of `x [C, M]` → `[C, 2]`, two passes in f64.
+struct BnStatsOp;
+impl CustomOp1 for BnStatsOp {
+    fn name(&self) -> &'static str {
+        "bn-stats"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = l.shape().dims2()?;
+        fn go<T: Float>(x: &[T], m: usize) -> Vec<T> {
+            x.par_chunks(m)
+                .flat_map_iter(|row| {
+                    let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
+                    let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
+                    [T::of(mean), T::of(var)]
+                })
+                .collect()
+        }
+        let out = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(go(slice(v, l, self.name())?, m)),
+            CpuStorage::F64(v) => CpuStorage::F64(go(slice(v, l, self.name())?, m)),
+            _ => return Err(bad_dtype(self.name())),
+        };
+        Ok((out, Shape::from((c, 2))))
+    }
+}
+
+/// `y = x·scale + shift` per row, with `coef [C, 2] = (scale, shift)`.
+struct AffineRowsOp;
+impl CustomOp2 for AffineRowsOp {
+    fn name(&self) -> &'static str {
+        "bn-apply"
+    }
+    fn cpu_fwd(
+        &self,
+        s: &CpuStorage,
+        l: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, m) = l.shape().dims2()?;
+        fn go<T: Float + std::ops::Mul<Output = T> + std::ops::Add<Output = T>>(
+            x: &[T],
+            coef: &[T],
+            m: usize,
+        ) -> Vec<T> {
+            let mut out = vec![T::ZERO; x.len()];
+            out.par_chunks_mut(m)
+                .zip(x.par_chunks(m))
+                .zip(coef.par_chunks(2))
+                .for_each(|((o, x), c)| {
+                    for (o, x) in o.iter_mut().zip(x) {
+                        *o = *x * c[0] + c[1];
+                    }
+                });
+            out
+        }
+        let out = match (s, cs) {
+            (CpuStorage::F32(v), CpuStorage::F32(c)) => {
+                CpuStorage::F32(go(slice(v, l, self.name())?, slice(c, cl, self.name())?, m))
+            }
+            (CpuStorage::F64(v), CpuStorage::F64(c)) => {
+                CpuStorage::F64(go(slice(v, l, self.name())?, slice(c, cl, self.name())?, m))
+            }
+            _ => return Err(bad_dtype(self.name())),
+        };
+        Ok((out, l.shape().clone()))
+    }
+}
+
+/// BN backward reductions: `[C, 2] = (Σ gy, Σ gy·x̂)` with `x̂ = (x − mean)·invstd`,
+/// `stats [C, 2] = (mean, invstd)`; f64 accumulators.
+struct BnBwdReduceOp;
+impl CustomOp3 for BnBwdReduceOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-reduce"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ss: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(g: &[T], x: &[T], st: &[T], m: usize) -> Vec<T> {
+            g.par_chunks(m)
+                .zip(x.par_chunks(m))
+                .zip(st.par_chunks(2))
+                .flat_map_iter(|((g, x), st)| {
+                    let (mean, invstd) = (st[0].f64(), st[1].f64());
+                    let (mut sg, mut sgx) = (0f64, 0f64);
+                    for (g, x) in g.iter().zip(x) {
+                        let g = g.f64();
+                        sg += g;
+                        sgx += g * (x.f64() - mean) * invstd;
+                    }
+                    [T::of(sg), T::of(sgx)]
+                })
+                .collect()
+        }
+        let n = self.name();
+        let out = match (gs, xs, ss) {
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(s)) => {
+                CpuStorage::F32(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(s, sl, n)?, m))
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(s)) => {
+                CpuStorage::F64(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(s, sl, n)?, m))
+            }
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, Shape::from((c, 2))))
+    }
+}
+
+/// `dx = A·gy + B·x + C` per row with `coef [C, 3] = (A, B, C)`, evaluated in f64.
+struct BnBwdDxOp;
+impl CustomOp3 for BnBwdDxOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-dx"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (_, m) = gl.shape().dims2()?;
+        fn go<T: Float>(g: &[T], x: &[T], coef: &[T], m: usize) -> Vec<T> {
+            let mut out = vec![T::ZERO; g.len()];
+            out.par_chunks_mut(m)
+                .zip(g.par_chunks(m).zip(x.par_chunks(m)))
+                .zip(coef.par_chunks(3))
+                .for_each(|((o, (g, x)), c)| {
+                    let (a, b, cc) = (c[0].f64(), c[1].f64(), c[2].f64());
+                    for ((o, g), x) in o.iter_mut().zip(g).zip(x) {
+                        *o = T::of(a * g.f64() + b * x.f64() + cc);
+                    }
+                });
+            out
+        }
+        let n = self.name();
+        let out = match (gs, xs, cs) {
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(c)) => {
+                CpuStorage::F32(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(c, cl, n)?, m))
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(c)) => {
+                CpuStorage::F64(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(c, cl, n)?, m))
+            }
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, gl.shape().clone()))
+    }
+}
+
+/// The nine (dy, dx) ∈ {0,1,2}² taps of a 3×3 kernel, in PyTorch weight order (j = 3·dy + dx).
+pub const TAPS: [(usize, usize); 9] = [
+    (0, 0),
+    (0, 1),
+    (0, 2),
+    (1, 0),
+    (1, 1),
+    (1, 2),
+    (2, 0),
+    (2, 1),
+    (2, 2),
+];
+
+/// Spatial geometry of a channel-major map `[C, N·H·W]`.
+#[derive(Debug, Clone, Copy)]
+pub struct Grid {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+}
+
+/// Copies image plane `src` shifted by (oy, ox) into `dst` (zero where the source is outside):
+/// `dst[y, x] = src[y + oy, x + ox]`; with `ADD`, adds instead of writing.
+fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
+    dst: &mut [T],
+    src: &[T],
+    g: Grid,
+    oy: isize,
+    ox: isize,
+) {
+    let (h, w) = (g.h as isize, g.w as isize);
+    for y in 0..h {
+        let sy = y + oy;
+        let drow = &mut dst[(y * w) as usize..((y + 1) * w) as usize];
+        if sy < 0 || sy >= h {
+            if !ADD {
+                drow.fill(T::ZERO);
+            }
+            continue;
+        }
+        let srow = &src[(sy * w) as usize..((sy + 1) * w) as usize];
+        let x0 = (-ox).max(0);
+        let x1 = (w - ox).min(w);
+        if !ADD {
+            drow[..x0.max(0) as usize].fill(T::ZERO);
+            drow[x1.max(x0) as usize..].fill(T::ZERO);
+        }
+        for x in x0..x1 {
+            let v = srow[(x + ox) as usize];
+            let d = &mut drow[x as usize];
+            *d = if ADD { *d + v } else { v };
+        }
+    }
+}
+
+/// `out [9C, M]`: block j is `t` shifted by `offsets[j]` (zero padded).
+struct ShiftStackOp {
+    grid: Grid,
+    offsets: [(isize, isize); 9],
+}
+impl CustomOp1 for ShiftStackOp {
+    fn name(&self) -> &'static str {
+        "shift-stack"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = l.shape().dims2()?;
+        let plane = self.grid.h * self.grid.w;
+        fn run<T: Float + std::ops::Add<Output = T>>(
+            t: &[T],
+            c: usize,
+            m: usize,
+            plane: usize,
+            op: &ShiftStackOp,
+        ) -> Vec<T> {
+            let mut out = vec![T::ZERO; 9 * c * m];
+            out.par_chunks_mut(m).enumerate().for_each(|(row, dst)| {
+                let (j, ch) = (row / c, row % c);
+                let (oy, ox) = op.offsets[j];
+                let src = &t[ch * m..(ch + 1) * m];
+                for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
+                    shift_plane::<T, false>(d, s, op.grid, oy, ox);
+                }
+            });
+            out
+        }
+        let out = match s {
+            CpuStorage::F32(v) => {
+                CpuStorage::F32(run(slice(v, l, self.name())?, c, m, plane, self))
+            }
+            CpuStorage::F64(v) => {
+                CpuStorage::F64(run(slice(v, l, self.name())?, c, m, plane, self))
+            }
+            _ => return Err(bad_dtype(self.name())),
+        };
+        Ok((out, Shape::from((9 * c, m))))
+    }
+}
+
+/// `out [C, M] = Σ_j shift(p[jC..(j+1)C], offsets[j])`, j in order 0..9.
+struct ShiftSumOp {
+    grid: Grid,
+    offsets: [(isize, isize); 9],
+}
+impl CustomOp1 for ShiftSumOp {
+    fn name(&self) -> &'static str {
+        "shift-sum"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c9, m) = l.shape().dims2()?;
+        let c = c9 / 9;
+        let plane = self.grid.h * self.grid.w;
+        fn run<T: Float + std::ops::Add<Output = T>>(
+            p: &[T],
+            c: usize,
+            m: usize,
+            plane: usize,
+            op: &ShiftSumOp,
+        ) -> Vec<T> {
+            let mut out = vec![T::ZERO; c * m];
+            out.par_chunks_mut(m).enumerate().for_each(|(ch, dst)| {
+                for (j, &(oy, ox)) in op.offsets.iter().enumerate() {
+                    let src = &p[(j * c + ch) * m..(j * c + ch + 1) * m];
+                    for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
+                        shift_plane::<T, true>(d, s, op.grid, oy, ox);
+                    }
+                }
+            });
+            out
+        }
+        let out = match s {
+            CpuStorage::F32(v) => {
+                CpuStorage::F32(run(slice(v, l, self.name())?, c, m, plane, self))
+            }
+            CpuStorage::F64(v) => {
+                CpuStorage::F64(run(slice(v, l, self.name())?, c, m, plane, self))
+            }
+            _ => return Err(bad_dtype(self.name())),
+        };
+        Ok((out, Shape::from((c, m))))
+    }
+}
+
+fn is_cpu(t: &Tensor) -> bool {
+    t.device().is_cpu()
+}
+
+/// Per-row (mean, biased variance) of `x [C, M]`, each `[C, 1]`.
+pub fn bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    if is_cpu(x) && x.is_contiguous() {
+        let mv = x.apply_op1_no_bwd(&BnStatsOp).ctx("bn stats")?;
+        Ok((
+            mv.narrow(1, 0, 1).ctx("bn mean")?,
+            mv.narrow(1, 1, 1).ctx("bn var")?,
+        ))
+    } else {
+        generic_bn_stats(x)
+    }
+}
+
+/// [`bn_stats`] from candle ops (any device).
+pub fn generic_bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
+    let m = x.dims()[1] as f64;
+    let mean = (x.sum_keepdim(1).ctx("bn mean")? / m).ctx("bn mean")?;
+    let xc = x.broadcast_sub(&mean).ctx("bn centre")?;
+    let var = (xc.sqr().ctx("bn var")?.sum_keepdim(1).ctx("bn var")? / m).ctx("bn var")?;
+    Ok((mean, var))
+}
+
+/// `x [C, M] · scale [C, 1] + shift [C, 1]`, one new tensor.
+pub fn affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    if is_cpu(x) && x.is_contiguous() {
+        let coef = Tensor::cat(&[scale, shift], 1).ctx("bn coef")?;
+        x.apply_op2_no_bwd(&coef, &AffineRowsOp).ctx("bn apply")
+    } else {
+        generic_affine_rows(x, scale, shift)
+    }
+}
+
+pub fn generic_affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    x.broadcast_mul(scale)
+        .ctx("bn apply")?
+        .broadcast_add(shift)
+        .ctx("bn apply")
+}
+
+/// BN backward reductions `(Σ gy, Σ gy·x̂)`, each `[C, 1]`.
+pub fn bn_bwd_reduce(
+    gy: &Tensor,
+    x: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() {
+        let st = Tensor::cat(&[mean, invstd], 1).ctx("bn bwd stats")?;
+        let r = gy
+            .apply_op3_no_bwd(x, &st, &BnBwdReduceOp)
+            .ctx("bn bwd reduce")?;
+        Ok((
+            r.narrow(1, 0, 1).ctx("bn bwd")?,
+            r.narrow(1, 1, 1).ctx("bn bwd")?,
+        ))
+    } else {
+        generic_bn_bwd_reduce(gy, x, mean, invstd)
+    }
+}
+
+pub fn generic_bn_bwd_reduce(
+    gy: &Tensor,
+    x: &Tensor,
+    mean: &Tensor,
+    invstd: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let xhat = x
+        .broadcast_sub(mean)
+        .ctx("bn bwd x̂")?
+        .broadcast_mul(invstd)
+        .ctx("bn bwd x̂")?;
+    let sg = gy.sum_keepdim(1).ctx("bn bwd Σgy")?;
+    let sgx = gy
+        .mul(&xhat)
+        .ctx("bn bwd")?
+        .sum_keepdim(1)
+        .ctx("bn bwd Σgy·x̂")?;
+    Ok((sg, sgx))
+}
+
+/// `A·gy + B·x + C` per row (`a`, `b`, `c` each `[C, 1]`), one new tensor.
+pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
+    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() {
+        let coef = Tensor::cat(&[a, b, c], 1).ctx("bn bwd coef")?;
+        gy.apply_op3_no_bwd(x, &coef, &BnBwdDxOp).ctx("bn bwd dx")
+    } else {
+        generic_bn_bwd_dx(gy, x, a, b, c)
+    }
+}
+
+pub fn generic_bn_bwd_dx(
+    gy: &Tensor,
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+) -> Result<Tensor> {
+    let t = gy.broadcast_mul(a).ctx("bn bwd dx")?;
+    let u = x.broadcast_mul(b).ctx("bn bwd dx")?;
+    (t + u).ctx("bn bwd dx")?.broadcast_add(c).ctx("bn bwd dx")
+}
+
+/// `[9C, M]`: block j holds `t [C, M]` shifted by `offsets[j]`: `out_j[c, n, y, x] =
+/// t[c, n, y + oy_j, x + ox_j]`, zero outside the image.
+pub fn shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
+    if is_cpu(t) && t.is_contiguous() {
+        t.apply_op1_no_bwd(&ShiftStackOp { grid, offsets })
+            .ctx("shift stack")
+    } else {
+        generic_shift_stack(t, grid, offsets)
+    }
+}
+
+/// One shifted copy from candle ops: pad by one on every side, then narrow.
+fn generic_shift(t: &Tensor, grid: Grid, (oy, ox): (isize, isize)) -> Result<Tensor> {
+    let c = t.dims()[0];
+    let t4 = t.reshape((c, grid.n, grid.h, grid.w)).ctx("shift")?;
+    let p = t4
+        .pad_with_zeros(2, 1, 1)
+        .ctx("shift pad")?
+        .pad_with_zeros(3, 1, 1)
+        .ctx("shift pad")?;
+    p.narrow(2, (1 + oy) as usize, grid.h)
+        .ctx("shift")?
+        .narrow(3, (1 + ox) as usize, grid.w)
+        .ctx("shift")?
+        .contiguous()
+        .ctx("shift")?
+        .reshape((c, grid.n * grid.h * grid.w))
+        .ctx("shift")
+}
+
+pub fn generic_shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
+    let parts = offsets
+        .iter()
+        .map(|&o| generic_shift(t, grid, o))
+        .collect::<Result<Vec<_>>>()?;
+    Tensor::cat(&parts, 0).ctx("shift stack")
+}
+
+/// `[C, M] = Σ_j shift(p_j, offsets[j])` where `p [9C, M]` stacks the nine `p_j`.
+pub fn shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
+    if is_cpu(p) && p.is_contiguous() {
+        p.apply_op1_no_bwd(&ShiftSumOp { grid, offsets })
+            .ctx("shift sum")
+    } else {
+        generic_shift_sum(p, grid, offsets)
+    }
+}
+
+pub fn generic_shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
+    let c = p.dims()[0] / 9;
+    let mut acc: Option<Tensor> = None;
+    for (j, &o) in offsets.iter().enumerate() {
+        let s = generic_shift(&p.narrow(0, j * c, c).ctx("shift sum")?, grid, o)?;
+        acc = Some(match acc {
+            None => s,
+            Some(a) => (a + s).ctx("shift sum")?,
+        });
+    }
+    acc.ok_or_else(|| crate::Error::Unsupported {
+        device: "any".to_string(),
+        what: "shift sum of zero taps".to_string(),
+    })
+}

@@ -1,0 +1,88 @@
+//! The fused CPU kernels against the same maths composed from candle ops (the path other
+//! devices take), in f64 on odd shapes so every border of the shifted views is exercised.
+
+use candle_core::{Device, Tensor};
+use impls::fused::{self, Grid, TAPS};
+
+/// f64 results of two summation orders of the same sums of O(1) terms: ~1e-15 apart.
+const TOL: f64 = 1e-12;
+
+fn close(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.dims(), b.dims(), "{what}: shapes");
+    let d = (a - b)
+        .unwrap()
+        .abs()
+        .unwrap()
+        .max_all()
+        .unwrap()
+        .to_scalar::<f64>()
+        .unwrap();
+    assert!(d <= TOL, "{what}: max |fused − generic| = {d:e}");
+}
+
+fn rand(shape: (usize, usize), seed: u64) -> Tensor {
+    let n = shape.0 * shape.1;
+    Tensor::from_vec(
+        impls::params::uniform(seed, "t", n, -2.0, 2.0),
+        shape,
+        &Device::Cpu,
+    )
+    .unwrap()
+}
+
+#[test]
+fn fused_kernels_match_generic_candle_ops() {
+    let (c, grid) = (5, Grid { n: 2, h: 3, w: 4 });
+    let m = grid.n * grid.h * grid.w;
+    let x = rand((c, m), 1);
+    let gy = rand((c, m), 2);
+    let (mean, var) = fused::bn_stats(&x).unwrap();
+    let (gm, gv) = fused::generic_bn_stats(&x).unwrap();
+    close(&mean, &gm, "bn mean");
+    close(&var, &gv, "bn var");
+    let (scale, shift) = (rand((c, 1), 3), rand((c, 1), 4));
+    close(
+        &fused::affine_rows(&x, &scale, &shift).unwrap(),
+        &fused::generic_affine_rows(&x, &scale, &shift).unwrap(),
+        "bn apply",
+    );
+    let invstd = (var + 1e-5).unwrap().sqrt().unwrap().recip().unwrap();
+    let (a1, b1) = fused::bn_bwd_reduce(&gy, &x, &mean, &invstd).unwrap();
+    let (a2, b2) = fused::generic_bn_bwd_reduce(&gy, &x, &mean, &invstd).unwrap();
+    close(&a1, &a2, "Σgy");
+    close(&b1, &b2, "Σgy·x̂");
+    let (ca, cb, cc) = (rand((c, 1), 5), rand((c, 1), 6), rand((c, 1), 7));
+    close(
+        &fused::bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap(),
+        &fused::generic_bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap(),
+        "bn dx",
+    );
+    for sign in [1isize, -1] {
+        let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
+        close(
+            &fused::shift_stack(&x, grid, offsets).unwrap(),
+            &fused::generic_shift_stack(&x, grid, offsets).unwrap(),
+            "shift stack",
+        );
+        let p = rand((9 * c, m), 8);
+        close(
+            &fused::shift_sum(&p, grid, offsets).unwrap(),
+            &fused::generic_shift_sum(&p, grid, offsets).unwrap(),
+            "shift sum",
+        );
+    }
+    // A hand-checked value: shifting by (+1, 0) moves row y+1 up to row y and zeroes the last.
+    let t = Tensor::arange(0f64, 12.0, &Device::Cpu)
+        .unwrap()
+        .reshape((1, 12))
+        .unwrap();
+    let g = Grid { n: 1, h: 3, w: 4 };
+    let mut offs = [(0isize, 0isize); 9];
+    offs[0] = (1, 0);
+    let s = fused::shift_stack(&t, g, offs)
+        .unwrap()
+        .narrow(0, 0, 1)
+        .unwrap();
+    let v = s.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    assert_eq!(v, [4., 5., 6., 7., 8., 9., 10., 11., 0., 0., 0., 0.]);
+}

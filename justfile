@@ -1,0 +1,37 @@
+# densebench tasks. Each recipe is a thin wrapper over cargo: copy the command if you do not
+# have `just` (install it with `cargo install just`). `just --list` shows them all.
+# Extra arguments after a recipe's parameters go to the densebench subcommand, e.g.
+# `just bench-all --out results/reference-cpu.csv` or `just compare A B --format markdown`.
+
+# Default sweep into a new results/bench-<timestamp>.csv
+bench-all *ARGS:
+    cargo run --release -- bench-all {{ARGS}}
+
+# Built-in quick sweep (tiny configs, under a minute)
+bench-quick *ARGS:
+    cargo run --release -- bench-all --quick {{ARGS}}
+
+# NEW/BASE per metric; exits 1 on a regression beyond 10%
+compare A B *ARGS:
+    cargo run --release -- compare {{A}} {{B}} --max-regression 10 {{ARGS}}
+
+# Every figure of a result CSV as SVG and PNG into plots/
+plots CSV="results/reference-cpu.csv":
+    cargo run --release -- plots {{CSV}} --out plots
+
+# Markdown report of a result CSV into results/REPORT.md, linking plots/
+report CSV="results/reference-cpu.csv":
+    cargo run --release -- report {{CSV}} --out results/REPORT.md --plots plots
+
+# Every test of the workspace
+test:
+    cargo test --workspace
+
+# rustfmt and clippy, warnings as errors
+lint:
+    cargo fmt --all --check
+    cargo clippy --workspace --all-targets -- -D warnings
+
+# What CI runs (.ci/run)
+ci:
+    bash .ci/run
