@@ -1,6 +1,6 @@
 //! The command line: clap definitions and dispatch to each subcommand's module.
 
-use crate::{child, compare, plots, report, run, step_cmd, sweep};
+use crate::{child, compare, max_depth, plots, report, run, step_cmd, sweep};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -26,6 +26,8 @@ enum Command {
     Plots(plots::Args),
     /// Write a markdown report from a result CSV.
     Report(report::Args),
+    /// How deep a block fits in a memory budget, per variant (model, confirmed by measured runs).
+    MaxDepth(max_depth::Args),
     /// Internal: the measuring child process (spawned by `run` and `bench-all`).
     #[command(hide = true)]
     Child(child::Args),
@@ -43,6 +45,7 @@ pub fn main() -> ExitCode {
         Some(Command::Compare(a)) => compare::run(a),
         Some(Command::Plots(a)) => plots::run(a),
         Some(Command::Report(a)) => report::run(a),
+        Some(Command::MaxDepth(a)) => max_depth::run(a),
         Some(Command::Child(a)) => child::child(a),
     };
     match result {

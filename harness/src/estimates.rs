@@ -4,16 +4,16 @@
 
 use impls::{Config, Variant};
 
-/// Predicted `peak_bytes` of one training step of `variant` on `cfg`.
-// TODO(issue 5): `impls::memory::predict_peak_bytes(variant, cfg)` once the model exists.
-pub fn predicted_peak_bytes(_variant: Variant, _cfg: &Config) -> Option<u64> {
-    None
+/// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
+/// `impls::memory::predict_peak_bytes`; `None` for `autograd`).
+pub fn predicted_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    impls::memory::predict_peak_bytes(variant, cfg)
 }
 
-/// Floating-point operations of one training step (matmuls and convolutions, both passes).
-// TODO(issue 5): `impls::memory::flops(cfg)` once the model exists.
-pub fn flops(_cfg: &Config) -> Option<u64> {
-    None
+/// Floating-point operations of one training step (matmuls and convolutions, both passes;
+/// recomputation not counted, so GFLOP/s compares variants on the same useful work).
+pub fn flops(cfg: &Config) -> Option<u64> {
+    Some(impls::memory::flops(cfg))
 }
 
 /// Achieved rate: `flops / median_ns` (FLOP per ns = GFLOP/s).
@@ -24,10 +24,42 @@ pub fn gflops_per_s(flops: Option<u64>, median_ns: Option<u64>) -> Option<f64> {
     }
 }
 
-/// This machine's measured matmul rate, for the `machine_gflops` column.
-// TODO(issue 5): measure once per run (a large square matmul in a child process).
-pub fn machine_gflops() -> Option<f64> {
-    None
+/// Side of the square matmul that measures the machine's rate: 2·1024³ FLOP, large enough for
+/// gemm's steady state, small enough to take well under a second on 2 cores.
+const RATE_MATMUL_SIDE: usize = 1024;
+/// Repetitions; the best is kept (the machine's rate, not its noise).
+const RATE_REPEATS: usize = 5;
+
+/// This machine's matmul rate in GFLOP/s for `dtype` (candle's CPU matmul, all compute threads,
+/// best of [`RATE_REPEATS`]), measured once per process and dtype, for the `machine_gflops`
+/// column: a row's `gflops_per_s` over it says how close the step comes to the matmul rate.
+pub fn machine_gflops(dtype: candle_core::DType) -> Option<f64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static RATES: OnceLock<Mutex<HashMap<candle_core::DType, Option<f64>>>> = OnceLock::new();
+    let rates = RATES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut rates = rates.lock().ok()?;
+    *rates
+        .entry(dtype)
+        .or_insert_with(|| measure_matmul_rate(dtype))
+}
+
+fn measure_matmul_rate(dtype: candle_core::DType) -> Option<f64> {
+    use candle_core::{Device, Tensor};
+    let n = RATE_MATMUL_SIDE;
+    let a = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
+    let b = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
+    let _ = a.matmul(&b).ok()?; // warm-up: thread pool and packing buffers
+    let best = (0..RATE_REPEATS)
+        .filter_map(|_| {
+            let t = std::time::Instant::now();
+            let c = a.matmul(&b).ok()?;
+            let ns = t.elapsed().as_nanos() as f64;
+            drop(c);
+            Some(ns)
+        })
+        .fold(f64::INFINITY, f64::min);
+    (best.is_finite() && best > 0.0).then(|| 2.0 * (n as f64).powi(3) / best)
 }
 
 /// Declared bytes kept for backward (from `impls::memory`), `None` for autograd.

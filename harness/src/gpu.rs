@@ -138,10 +138,10 @@ mod imp {
         pub fn source(&self) -> PeakSource {
             match self.never {}
         }
-        pub fn reset(&mut self) -> Result<u64> {
+        pub fn reset(&self) -> Result<u64> {
             match self.never {}
         }
-        pub fn read(&mut self) -> Result<u64> {
+        pub fn read(&self) -> Result<u64> {
             match self.never {}
         }
         pub fn current(&self) -> Result<u64> {
@@ -157,6 +157,7 @@ mod imp {
     use super::{parse_driver_release, GpuError, GpuInfo, PeakSource, SAMPLE_INTERVAL};
     use anyhow::Result;
     use cudarc::driver::{result, sys, DriverError};
+    use std::cell::RefCell;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
     use std::sync::Arc;
     use std::thread::JoinHandle;
@@ -355,13 +356,14 @@ mod imp {
         /// The sampler, running between `reset` and `read`.
         Sampled {
             ordinal: usize,
-            running: Option<Sampler>,
+            running: RefCell<Option<Sampler>>,
         },
     }
 
     /// The peak GPU memory of one measured step. Usage:
-    /// `let mut p = PoolPeak::new(n)?; sync; let base = p.reset()?; step; sync; let peak = p.read()?;`
-    /// and the step's own peak is `peak - base`.
+    /// `let p = PoolPeak::new(n)?; sync; let base = p.reset()?; step; sync; let peak = p.read()?;`
+    /// and the step's own peak is `peak - base`. Not `Send` (it holds the driver's pool handle):
+    /// create and use it on the thread that opened the candle device.
     pub struct PoolPeak {
         meter: Meter,
     }
@@ -379,7 +381,7 @@ mod imp {
             } else {
                 Meter::Sampled {
                     ordinal,
-                    running: None,
+                    running: RefCell::new(None),
                 }
             };
             Ok(PoolPeak { meter })
@@ -395,8 +397,8 @@ mod imp {
         /// Starts a measurement: resets the pool's high watermark to zero (or starts the
         /// sampler) and returns the bytes in use now, the baseline. Synchronise the device
         /// first so that no queued free or allocation lands on the wrong side.
-        pub fn reset(&mut self) -> Result<u64> {
-            match &mut self.meter {
+        pub fn reset(&self) -> Result<u64> {
+            match &self.meter {
                 Meter::Pool(pool) => {
                     let mut zero: u64 = 0;
                     // SAFETY: USED_MEM_HIGH is a cuuint64_t; the driver only accepts 0 for it.
@@ -418,7 +420,7 @@ mod imp {
                         old.finish()?;
                     }
                     let base = used_now().map_err(driver("cuMemGetInfo"))?;
-                    *running = Some(Sampler::start(*ordinal)?);
+                    running.replace(Some(Sampler::start(*ordinal)?));
                     Ok(base)
                 }
             }
@@ -426,11 +428,11 @@ mod imp {
 
         /// Ends a measurement: synchronises the current context (if any) and returns the peak
         /// bytes in use since [`PoolPeak::reset`], never below the bytes in use now.
-        pub fn read(&mut self) -> Result<u64> {
+        pub fn read(&self) -> Result<u64> {
             if let Ok(Some(_)) = result::ctx::get_current() {
                 result::ctx::synchronize().map_err(driver("cuCtxSynchronize"))?;
             }
-            match &mut self.meter {
+            match &self.meter {
                 Meter::Pool(pool) => {
                     use sys::CUmemPool_attribute as A;
                     let high = pool_attr(*pool, A::CU_MEMPOOL_ATTR_USED_MEM_HIGH)?;

@@ -10,6 +10,7 @@ pub mod device;
 pub mod estimates;
 pub mod gpu;
 pub mod job;
+pub mod max_depth;
 pub mod measure;
 pub mod plots;
 pub mod progress;

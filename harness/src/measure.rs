@@ -12,16 +12,25 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
 
-/// Largest norm-wise relative error (max |a − b| / max |ref|, see `impls::compare`) accepted
-/// against the reference, per dtype. Chosen from measured errors with a wide margin: the
-/// hand-written variants sum in a different order than candle's autograd (matmul splits, BN
-/// reductions, the order gradients are accumulated), which gives relative errors of a few ulps
-/// times the reduction depth: observed ≲ 1e-6 in f32 and ≲ 1e-14 in f64 on the quick and
-/// default sweeps (see results/README.md). A wrong gradient (a missing term, a stale saved
-/// tensor) is off by O(1), many orders of magnitude above these.
+/// Floor of the norm-wise relative error (max |a − b| / max |ref|, see `impls::compare`)
+/// accepted against the f64 reference, per dtype. On well-conditioned blocks the hand-written
+/// variants are within a few ulps times the reduction depth of it: observed ≤ 4e-6 in f32 and
+/// ≤ 4e-14 in f64 on the quick and default sweeps. A wrong gradient (a missing term, a stale
+/// saved tensor) is off by O(1).
 pub const F32_REL_TOLERANCE: f64 = 1e-4;
 /// See [`F32_REL_TOLERANCE`].
 pub const F64_REL_TOLERANCE: f64 = 1e-10;
+
+/// Deep `bc` blocks are ill-conditioned in f32: BN backward through many layers amplifies
+/// rounding, so *any* f32 implementation is far from the exact result (measured on
+/// DenseNet-BC-100's block, N=64, 32×32, L=16: candle's autograd in f32 is 3.4e-2 from f64,
+/// the hand-written naive variant 4.8e-2, while both agree to 3e-14 in f64). The reference child
+/// therefore also runs the reference variant in the row's dtype and records its error (the
+/// "noise" of that dtype on this block); a row passes when its error is within the floor above
+/// or within this factor of that noise. Measured ratios (variant error / autograd-f32 error) are
+/// 0.7–1.4 where the noise dominates; a bug stays O(1) and is caught unless the dtype is too
+/// coarse to tell anything on the block (noise ≳ 0.2), which the row's error column then shows.
+pub const NOISE_FACTOR: f64 = 4.0;
 
 /// The tolerance for a dtype.
 pub fn rel_tolerance(dtype: DType) -> f64 {
@@ -78,12 +87,17 @@ pub struct Errors {
     pub grad_params_max_abs: f64,
     pub running_max_abs: f64,
     pub bitwise_equal: bool,
-    /// `max_rel` within [`rel_tolerance`] of the dtype.
+    /// The tolerance applied: [`rel_tolerance`] of the dtype, or [`NOISE_FACTOR`] times the
+    /// reference variant's own error in this dtype, whichever is larger.
+    pub tolerance: f64,
+    /// `max_rel` within `tolerance`.
     pub grad_ok: bool,
 }
 
 impl Errors {
-    pub fn from_comparison(c: &Comparison, reference: Variant, dtype: DType) -> Errors {
+    /// `noise`: the reference variant's own relative error in `dtype` (0 when unknown).
+    pub fn from_comparison(c: &Comparison, reference: Variant, dtype: DType, noise: f64) -> Errors {
+        let tolerance = rel_tolerance(dtype).max(NOISE_FACTOR * noise);
         let TensorError {
             max_abs,
             max_rel,
@@ -98,8 +112,9 @@ impl Errors {
             grad_params_max_abs: c.grad_params.max_abs,
             running_max_abs: c.running.max_abs,
             bitwise_equal: bitwise,
+            tolerance,
             // NaN compares false: a NaN error is never ok.
-            grad_ok: max_rel <= rel_tolerance(dtype),
+            grad_ok: max_rel <= tolerance,
         }
     }
 }
@@ -268,7 +283,8 @@ pub fn measure(
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
             let c = impls::compare::compare(result, &reference)
                 .map_err(|e| anyhow!("comparing with the reference: {e}"))?;
-            Some(Errors::from_comparison(&c, ref_variant, cfg.dtype))
+            let noise = read_noise(&noise_path(path))?.map_or(0.0, |n| n.max_rel_err);
+            Some(Errors::from_comparison(&c, ref_variant, cfg.dtype, noise))
         }
         _ => None,
     };
@@ -329,12 +345,66 @@ pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Pa
         up(&case.input, "input")?,
         up(&case.grad_output, "grad_output")?,
     );
-    drop(case);
     let result = impls::step(variant, &wide, &params, &input, &grad_output, &mut NoProbe)
         .map_err(|e| anyhow!("{variant} step in {}: {e}", REFERENCE_DTYPE.as_str()))?;
+    drop((params, input, grad_output));
     let result = cast_result(result, cfg.dtype).context("rounding the reference back")?;
+    if cfg.dtype != REFERENCE_DTYPE {
+        // The same variant in the row's dtype: how far that dtype alone lands from the exact
+        // result on this block (see NOISE_FACTOR).
+        let low = impls::step(
+            variant,
+            cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .map_err(|e| anyhow!("{variant} step in {}: {e}", cfg.dtype.as_str()))?;
+        let c = impls::compare::compare(&low, &result).map_err(|e| {
+            anyhow!(
+                "comparing {variant} in {} with f64: {e}",
+                cfg.dtype.as_str()
+            )
+        })?;
+        let noise = Noise {
+            variant: variant.name(),
+            dtype: cfg.dtype.as_str().to_string(),
+            max_rel_err: c.overall.max_rel,
+        };
+        let text = serde_json::to_string(&noise).context("serialising the reference noise")?;
+        let np = noise_path(out);
+        std::fs::write(&np, text).with_context(|| format!("writing {}", np.display()))?;
+    }
     impls::case::save_result(&result, out)
         .map_err(|e| anyhow!("writing the reference result {}: {e}", out.display()))
+}
+
+/// The reference variant's own error in the row's dtype against its f64 result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Noise {
+    pub variant: String,
+    pub dtype: String,
+    pub max_rel_err: f64,
+}
+
+/// Where the noise of a reference result file is kept: `<file>.noise.json`.
+pub fn noise_path(reference: &Path) -> std::path::PathBuf {
+    let mut p = reference.as_os_str().to_owned();
+    p.push(".noise.json");
+    std::path::PathBuf::from(p)
+}
+
+/// Reads a noise file; `None` when there is none (f64 rows).
+pub fn read_noise(path: &Path) -> Result<Option<Noise>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .with_context(|| format!("{} is not a reference noise file", path.display()))
 }
 
 #[cfg(test)]

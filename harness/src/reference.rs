@@ -16,6 +16,7 @@
 
 use crate::child::{self, Outcome};
 use crate::job::{config_key, Settings};
+use crate::measure;
 use anyhow::{Context, Result};
 use impls::{Config, Variant};
 use std::collections::HashMap;
@@ -122,15 +123,23 @@ impl Cache {
         args.extend(["--save-result".to_string(), tmp.display().to_string()]);
         // One step, no warm-up: the reference is not timed.
         let outcome = child::spawn(&args, s)?;
+        let (tmp_noise, noise) = (measure::noise_path(&tmp), measure::noise_path(path));
         let result = match outcome {
-            Outcome::Ok(_) => std::fs::rename(&tmp, path)
-                .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
+            // The noise file first: a result file on disk implies its noise file is complete.
+            Outcome::Ok(_) => (if tmp_noise.exists() {
+                std::fs::rename(&tmp_noise, &noise)
+            } else {
+                Ok(())
+            })
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
             Outcome::Oom(m) => Err(anyhow::anyhow!("oom: {m}")),
             Outcome::Timeout(t) => Err(anyhow::anyhow!("timeout after {} s", t.as_secs())),
             Outcome::Error(m) => Err(anyhow::anyhow!("error: {m}")),
         };
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&tmp_noise);
         }
         result
     }

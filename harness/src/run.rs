@@ -67,7 +67,11 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
     row.declared_saved_bytes = estimates::declared_saved_bytes(variant, cfg);
     row.predicted_peak_bytes = estimates::predicted_peak_bytes(variant, cfg);
     row.flops = estimates::flops(cfg);
-    row.machine_gflops = estimates::machine_gflops();
+    row.machine_gflops = if s.device == DeviceSpec::Cpu {
+        estimates::machine_gflops(cfg.dtype)
+    } else {
+        None
+    };
     if let Err(e) = s.device.check_available() {
         row.error = e.to_string();
         return Ok(row);
@@ -86,17 +90,17 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
     row.status = outcome.status().to_string();
     row.error = match &outcome {
         Outcome::Ok(stdout) => {
-            fill(&mut row, stdout)?;
+            let tolerance = fill(&mut row, stdout)?;
             match (&reference, row.grad_ok) {
                 (Err(why), _) => {
                     row.status = "error".to_string();
                     format!("measured, but unchecked: {why}")
                 }
-                (Ok(r), Some(false)) => format!(
+                (Ok(_), Some(false)) => format!(
                     "gradients differ from {}: max_rel_err {:e} > tolerance {:e}",
-                    r.variant,
+                    row.reference,
                     row.max_rel_err.unwrap_or(f64::NAN),
-                    crate::measure::rel_tolerance(cfg.dtype)
+                    tolerance.unwrap_or(f64::NAN)
                 ),
                 _ => String::new(),
             }
@@ -110,8 +114,8 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
     Ok(row)
 }
 
-/// Copies the child's measurement into the row.
-fn fill(row: &mut Row, stdout: &str) -> Result<()> {
+/// Copies the child's measurement into the row; returns the gradient tolerance applied.
+fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
     let m = child::parse_measurement(stdout)?;
     row.threads = m.threads;
     row.baseline_bytes = Some(m.baseline_bytes);
@@ -129,6 +133,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
     row.max_ns = Some(m.total.max_ns);
     row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
     row.timeline = m.timeline;
+    let tolerance = m.errors.as_ref().map(|e| e.tolerance);
     if let Some(e) = m.errors {
         row.reference = e.reference;
         row.max_abs_err = Some(e.max_abs);
@@ -140,7 +145,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
         row.bitwise_equal = Some(e.bitwise_equal);
         row.grad_ok = Some(e.grad_ok);
     }
-    Ok(())
+    Ok(tolerance)
 }
 
 /// Writes one row as CSV (with header) or JSON.

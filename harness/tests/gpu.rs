@@ -109,7 +109,7 @@ fn gpu_pool_peak_sees_a_candle_allocation_and_its_free() {
     let Some(dev) = cuda_device("gpu_pool_peak_sees_a_candle_allocation_and_its_free") else {
         return;
     };
-    let mut peak = PoolPeak::new(0).expect("meter");
+    let peak = PoolPeak::new(0).expect("meter");
     dev.synchronize().expect("sync");
     let base = peak.reset().expect("reset");
     // 16 Mi f32 = 64 MiB, allocated through candle, then freed before the read.
@@ -188,7 +188,7 @@ fn gpu_inplace_add_allocates_nothing() {
     let Some(dev) = cuda_device("gpu_inplace_add_allocates_nothing") else {
         return;
     };
-    let mut peak = PoolPeak::new(0).expect("meter");
+    let peak = PoolPeak::new(0).expect("meter");
     if peak.source() != PeakSource::Pool {
         println!("skipped: no memory pools, the sampler cannot resolve a zero-byte difference");
         return;
