@@ -347,7 +347,13 @@ pub fn step_manual(
                 Tensor::cat(&p[..=i], 0).ctx("recompute concatenation")?
             }
         };
-        let dx = match layer.inner {
+        // bc on a gradient buffer: BN1's backward adds its input gradient straight into the
+        // buffer's prefix (no [C_i, M] temporary); everything else returns it.
+        let into = match (&mut grads, cfg.family) {
+            (Grads::Buffer(b), Family::Bc) => Some(b.prefix_for_accumulation(c_in)?),
+            _ => None,
+        };
+        let dx: Option<Tensor> = match layer.inner {
             Inner::Mlp { out } => {
                 let gy = if cfg.activation {
                     maths::relu_bwd(gy, &out, strategy.relu)?
@@ -359,7 +365,7 @@ pub fn step_manual(
                 param_grads.insert(mlp_weight(i), maths::dense_bwd_weight(&gy, &x)?);
                 param_grads.insert(mlp_bias(i), maths::dense_bwd_bias(&gy)?);
                 drop(x);
-                maths::dense_bwd_input(w, &gy)?
+                Some(maths::dense_bwd_input(w, &gy)?)
             }
             Inner::BcStore {
                 stats1,
@@ -379,6 +385,7 @@ pub fn step_manual(
                 z,
                 stats2,
                 s,
+                into,
                 &mut param_grads,
             )?,
             Inner::BcRecompute { stats1, stats2 } => {
@@ -395,18 +402,26 @@ pub fn step_manual(
                     f.z,
                     stats2,
                     f.s,
+                    into,
                     &mut param_grads,
                 )?
             }
         };
-        grads = match grads {
-            Grads::Cat(g) => {
+        grads = match (grads, dx) {
+            (Grads::Cat(g), Some(dx)) => {
                 let prefix = g.narrow(0, 0, c_in).ctx("grad of layer input")?;
                 let next = (prefix + dx).ctx("accumulate input gradient")?;
                 drop(g);
                 Grads::Cat(next)
             }
-            Grads::Buffer(mut b) => {
+            (Grads::Cat(_), None) => {
+                return Err(crate::Error::BufferMisuse {
+                    buffer: "feature gradients",
+                    reason: format!("layer {i} returned no input gradient"),
+                })
+            }
+            (Grads::Buffer(b), None) => Grads::Buffer(b),
+            (Grads::Buffer(mut b), Some(dx)) => {
                 b.accumulate_prefix(&dx)?;
                 Grads::Buffer(b)
             }
@@ -428,7 +443,9 @@ pub fn step_manual(
 }
 
 /// bc layer backward from its (saved or recomputed) intermediates; consumes and frees each as
-/// soon as it has been read. Returns the gradient of the layer input `[C_i, M]`.
+/// soon as it has been read. Returns the gradient of the layer input `[C_i, M]`, or, given
+/// `into` (a view of the gradient buffer's prefix), adds it there **in place** and returns
+/// `None`.
 #[allow(clippy::too_many_arguments)]
 fn bc_backward(
     cfg: &Config,
@@ -442,8 +459,9 @@ fn bc_backward(
     z: Tensor,
     stats2: BnStats,
     s: Tensor,
+    into: Option<Tensor>,
     param_grads: &mut BTreeMap<String, Tensor>,
-) -> Result<Tensor> {
+) -> Result<Option<Tensor>> {
     let (ds, dw2) = maths::conv3x3_bwd(cfg, &gy, &s, params.get(&conv_name(i, 2))?)?;
     drop(gy);
     param_grads.insert(conv_name(i, 2), dw2);
@@ -464,7 +482,17 @@ fn bc_backward(
     drop(dz);
     let da = maths::relu_bwd(dr, &r, strategy.relu)?;
     drop(r);
-    let (dx, dg1, dbeta1) = maths::bn_bwd(&da, &x, &stats1, params.get(&bn_name(i, 1, "weight"))?)?;
+    let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
+    let (dx, dg1, dbeta1) = match into {
+        Some(dst) => {
+            let (dg, db) = maths::bn_bwd_accumulate(&da, &x, &stats1, gamma1, &dst)?;
+            (None, dg, db)
+        }
+        None => {
+            let (dx, dg, db) = maths::bn_bwd(&da, &x, &stats1, gamma1)?;
+            (Some(dx), dg, db)
+        }
+    };
     param_grads.insert(bn_name(i, 1, "weight"), dg1);
     param_grads.insert(bn_name(i, 1, "bias"), dbeta1);
     Ok(dx)

@@ -185,6 +185,13 @@ impl GradBuffer {
     /// is sealed: its gradient was already handed out and must not change.
     pub fn accumulate_prefix(&mut self, delta: &Tensor) -> Result<()> {
         let rows = delta.dims().first().copied().unwrap_or(0);
+        let prefix = self.prefix_for_accumulation(rows)?;
+        kernels::add_assign(&prefix, delta)
+    }
+
+    /// A view of rows `[0, rows)` for an in-place accumulation the caller performs (e.g. a fused
+    /// kernel adding its result straight into the buffer). Errs if any of those rows is sealed.
+    pub fn prefix_for_accumulation(&mut self, rows: usize) -> Result<Tensor> {
         if rows > self.open {
             return Err(Error::BufferMisuse {
                 buffer: self.name,
@@ -194,8 +201,7 @@ impl GradBuffer {
                 ),
             });
         }
-        let prefix = self.storage.narrow(0, 0, rows).ctx(self.name)?;
-        kernels::add_assign(&prefix, delta)
+        self.storage.narrow(0, 0, rows).ctx(self.name)
     }
 
     /// The gradient of rows `[0, open)`: after the last layer, the block input's gradient.

@@ -7,7 +7,7 @@
 //! tests to cross-check the kernels). Reductions accumulate in f64 whatever the dtype.
 
 use crate::error::{CandleContext, Result};
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 trait Float: Copy + Send + Sync + 'static {
@@ -204,6 +204,67 @@ impl CustomOp3 for BnBwdDxOp {
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
+    }
+}
+
+/// `dst += T(A·gy + B·x + C)` per row, **in place**: the same rounding as [`BnBwdDxOp`]
+/// followed by an add, so results are bitwise those of the two-step path.
+struct BnBwdDxAccumulateOp {
+    /// `(A, B, C)` per row, already in f64.
+    coef: Vec<[f64; 3]>,
+}
+impl InplaceOp3 for BnBwdDxAccumulateOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-dx-accumulate"
+    }
+    fn cpu_fwd(
+        &self,
+        ds: &mut CpuStorage,
+        dl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<()> {
+        let (_, m) = gl.shape().dims2()?;
+        fn go<T: Float + std::ops::Add<Output = T>>(
+            d: &mut [T],
+            g: &[T],
+            x: &[T],
+            coef: &[[f64; 3]],
+            m: usize,
+        ) {
+            d.par_chunks_mut(m)
+                .zip(g.par_chunks(m).zip(x.par_chunks(m)))
+                .zip(coef.par_iter())
+                .for_each(|((d, (g, x)), &[a, b, c])| {
+                    for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
+                        *d = *d + T::of(a * g.f64() + b * x.f64() + c);
+                    }
+                });
+        }
+        let n = self.name();
+        let (da, db) = dl.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{n}: destination must be contiguous"))
+        })?;
+        match (ds, gs, xs) {
+            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x)) => go(
+                &mut d[da..db],
+                slice(g, gl, n)?,
+                slice(x, xl, n)?,
+                &self.coef,
+                m,
+            ),
+            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x)) => go(
+                &mut d[da..db],
+                slice(g, gl, n)?,
+                slice(x, xl, n)?,
+                &self.coef,
+                m,
+            ),
+            _ => return Err(bad_dtype(n)),
+        }
+        Ok(())
     }
 }
 
@@ -453,6 +514,33 @@ pub fn generic_bn_bwd_dx(
     let t = gy.broadcast_mul(a).ctx("bn bwd dx")?;
     let u = x.broadcast_mul(b).ctx("bn bwd dx")?;
     (t + u).ctx("bn bwd dx")?.broadcast_add(c).ctx("bn bwd dx")
+}
+
+/// `dst += A·gy + B·x + C` per row, **writing into `dst`** (a view of the gradient buffer):
+/// [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary. Bitwise the same
+/// as the two-step path.
+pub fn bn_bwd_dx_accumulate(
+    dst: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+    c: &Tensor,
+) -> Result<()> {
+    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() && dst.is_contiguous() {
+        let coef = Tensor::cat(&[a, b, c], 1)
+            .and_then(|t| t.to_dtype(candle_core::DType::F64))
+            .and_then(|t| t.to_vec2::<f64>())
+            .ctx("bn bwd coef")?
+            .into_iter()
+            .map(|r| [r[0], r[1], r[2]])
+            .collect();
+        dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef })
+            .ctx("bn bwd dx accumulate")
+    } else {
+        let dx = generic_bn_bwd_dx(gy, x, a, b, c)?;
+        crate::kernels::add_assign(dst, &dx)
+    }
 }
 
 /// `[9C, M]`: block j holds `t [C, M]` shifted by `offsets[j]`: `out_j[c, n, y, x] =

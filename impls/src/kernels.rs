@@ -35,29 +35,29 @@ impl Float for f64 {
 
 /// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN.
 fn is_positive<T: Float>(x: T) -> bool {
-    x.partial_cmp(&T::ZERO) == Some(std::cmp::Ordering::Greater)
+    x > T::ZERO
 }
+
+// The loops below are written as selects (`if p { a } else { b }` on values), not as branches
+// around a store: ReLU inputs are positive about half the time at random, and a mispredicted
+// branch per element made these kernels 4× slower than a plain copy.
 
 fn relu_slice<T: Float>(xs: &mut [T]) {
     xs.par_chunks_mut(PAR_CHUNK).for_each(|c| {
         for x in c {
-            if !is_positive(*x) {
-                *x = T::ZERO;
-            }
+            *x = if is_positive(*x) { *x } else { T::ZERO };
         }
     });
 }
 
 /// `dst[i] = out[i] > 0 ? g[i] : 0`: the ReLU derivative taken from the output, the only thing
 /// an in-place ReLU leaves behind.
-fn relu_bwd_into<T: Float>(dst: &mut [T], g: &[T], out: &[T]) {
-    dst.par_chunks_mut(PAR_CHUNK)
-        .zip(g.par_chunks(PAR_CHUNK).zip(out.par_chunks(PAR_CHUNK)))
-        .for_each(|(d, (g, o))| {
-            for ((d, g), o) in d.iter_mut().zip(g).zip(o) {
-                *d = if is_positive(*o) { *g } else { T::ZERO };
-            }
-        });
+fn relu_bwd_new<T: Float>(g: &[T], out: &[T]) -> Vec<T> {
+    g.par_iter()
+        .zip(out.par_iter())
+        .with_min_len(PAR_CHUNK)
+        .map(|(g, o)| if is_positive(*o) { *g } else { T::ZERO })
+        .collect()
 }
 
 fn relu_bwd_inplace_slice<T: Float>(g: &mut [T], out: &[T]) {
@@ -65,9 +65,7 @@ fn relu_bwd_inplace_slice<T: Float>(g: &mut [T], out: &[T]) {
         .zip(out.par_chunks(PAR_CHUNK))
         .for_each(|(g, o)| {
             for (g, o) in g.iter_mut().zip(o) {
-                if !is_positive(*o) {
-                    *g = T::ZERO;
-                }
+                *g = if is_positive(*o) { *g } else { T::ZERO };
             }
         });
 }
@@ -125,14 +123,10 @@ impl CustomOp2 for ReluBwd {
         let (oa, ob) = contiguous_range(lo, self.name())?;
         let res = match (g, out) {
             (CpuStorage::F32(g), CpuStorage::F32(o)) => {
-                let mut d = vec![0f32; gb - ga];
-                relu_bwd_into(&mut d, &g[ga..gb], &o[oa..ob]);
-                CpuStorage::F32(d)
+                CpuStorage::F32(relu_bwd_new(&g[ga..gb], &o[oa..ob]))
             }
             (CpuStorage::F64(g), CpuStorage::F64(o)) => {
-                let mut d = vec![0f64; gb - ga];
-                relu_bwd_into(&mut d, &g[ga..gb], &o[oa..ob]);
-                CpuStorage::F64(d)
+                CpuStorage::F64(relu_bwd_new(&g[ga..gb], &o[oa..ob]))
             }
             (other, _) => return Err(unsupported(self.name(), other)),
         };

@@ -91,6 +91,33 @@ pub fn bn_bwd(
     stats: &BnStats,
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    let dx = fused::bn_bwd_dx(gy, x, &coef[0], &coef[1], &coef[2])?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// [`bn_bwd`] that adds `dx` into `dst` (**in place**, a view of the gradient buffer) instead
+/// of returning it: no `[C, M]` temporary, bitwise the same sums. Returns `(dγ, dβ)`.
+pub fn bn_bwd_accumulate(
+    gy: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    dst: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    fused::bn_bwd_dx_accumulate(dst, gy, x, &coef[0], &coef[1], &coef[2])?;
+    Ok((dgamma, dbeta))
+}
+
+/// The reductions of BN backward and the per-channel `(A, B, C)` of `dx = A·gy + B·x + C`;
+/// returns them with `(dγ, dβ)`.
+fn bn_bwd_coef(
+    gy: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+) -> Result<([Tensor; 3], Tensor, Tensor)> {
     let (c, m) = (x.dims()[0], x.dims()[1] as f64);
     let (sg, sgx) = fused::bn_bwd_reduce(gy, x, &stats.mean, &stats.invstd)?;
     let a = gamma
@@ -114,9 +141,8 @@ pub fn bn_bwd(
             .ctx("bn bwd C")?;
         (a.mul(&t.sub(&sg).ctx("bn bwd C")?).ctx("bn bwd C")? / m).ctx("bn bwd C")?
     };
-    let dx = fused::bn_bwd_dx(gy, x, &a, &b, &cc)?;
     Ok((
-        dx,
+        [a, b, cc],
         sgx.flatten_all().ctx("bn bwd dγ")?,
         sg.flatten_all().ctx("bn bwd dβ")?,
     ))

@@ -259,7 +259,9 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
                     t.free(c * m); // dr
                 }
                 t.free(c * m); // r
-                t.alloc(c * m); // dx
+                if cat {
+                    t.alloc(c * m); // dx
+                } // buffer: BN1's backward adds dx straight into the gradient buffer
                 t.alloc(2 * c); // dγ1, dβ1 (kept)
                 t.free(c * m); // BN1 grad input
                 if cat {
@@ -271,7 +273,7 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
             t.alloc(c * m); // new input gradient = prefix + dx
             t.free(c * m); // dx
             t.free((c + k) * m); // previous gradient
-        } else {
+        } else if cfg.family == Family::Mlp {
             t.free(c * m); // dx accumulated in place, dropped
         }
     }

@@ -57,6 +57,15 @@ fn fused_kernels_match_generic_candle_ops() {
         &fused::generic_bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap(),
         "bn dx",
     );
+    // In-place accumulation: dst + (A·gy + B·x + C), against the two-step path bit for bit.
+    let dst = rand((c, m), 9);
+    let expected = (&dst + fused::bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap()).unwrap();
+    fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &ca, &cb, &cc).unwrap();
+    assert_eq!(
+        dst.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+        expected.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
+        "fused accumulate differs from dx then add"
+    );
     for sign in [1isize, -1] {
         let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
         close(
