@@ -35,3 +35,20 @@ lint:
 # What CI runs (.ci/run)
 ci:
     bash .ci/run
+
+# How deep each variant fits in a memory budget (model, confirmed by measured runs)
+max-depth FAMILY="bc" BUDGET="1GiB" *ARGS:
+    cargo run --release -- max-depth --family {{FAMILY}} --budget {{BUDGET}} {{ARGS}}
+
+# Install Debian's CUDA toolkit if missing, then build and clippy-check with --features cuda
+check-cuda:
+    bash scripts/check-cuda.sh
+
+# Criterion benches (default set ~5-10 min on 2 cores; DENSEBENCH_BENCH_FULL=1 for the slow
+# configurations); extra arguments go to criterion, e.g. `just bench layout` to filter
+bench *ARGS:
+    cargo bench -p densebench --bench bench_main -- {{ARGS}}
+
+# criterion's estimates (target/criterion) into results/criterion.csv
+criterion-import *ARGS:
+    cargo run --release -- criterion-import {{ARGS}}

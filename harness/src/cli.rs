@@ -1,6 +1,8 @@
 //! The command line: clap definitions and dispatch to each subcommand's module.
 
-use crate::{child, compare, max_depth, plots, report, run, step_cmd, sweep};
+use crate::{
+    child, compare, criterion_import, max_depth, merge, plan, plots, report, run, step_cmd, sweep,
+};
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
 
@@ -18,6 +20,10 @@ enum Command {
     Run(run::Args),
     /// Run a sweep (default: harness/sweeps/default.toml) into a result CSV.
     BenchAll(sweep::Args),
+    /// Show how a sweep splits into shards (`bench-all --shard I/N`): keys and predicted costs.
+    Plan(plan::Args),
+    /// Combine result CSVs (shard files) by key; report keys of the sweep still missing.
+    Merge(merge::Args),
     /// One training step from a safetensors case file, results written to safetensors.
     Step(step_cmd::Args),
     /// Compare two result CSVs: ratios NEW/BASE per metric, regressions flagged.
@@ -28,6 +34,8 @@ enum Command {
     Report(report::Args),
     /// How deep a block fits in a memory budget, per variant (model, confirmed by measured runs).
     MaxDepth(max_depth::Args),
+    /// Import criterion's estimates (target/criterion, from `cargo bench`) into a companion CSV.
+    CriterionImport(criterion_import::Args),
     /// Internal: the measuring child process (spawned by `run` and `bench-all`).
     #[command(hide = true)]
     Child(child::Args),
@@ -41,11 +49,14 @@ pub fn main() -> ExitCode {
         None => sweep::run(sweep::Args::default_sweep()),
         Some(Command::Run(a)) => run::run(a),
         Some(Command::BenchAll(a)) => sweep::run(a),
+        Some(Command::Plan(a)) => plan::run(a),
+        Some(Command::Merge(a)) => merge::run(a),
         Some(Command::Step(a)) => step_cmd::run(a),
         Some(Command::Compare(a)) => compare::run(a),
         Some(Command::Plots(a)) => plots::run(a),
         Some(Command::Report(a)) => report::run(a),
         Some(Command::MaxDepth(a)) => max_depth::run(a),
+        Some(Command::CriterionImport(a)) => criterion_import::run(a),
         Some(Command::Child(a)) => child::child(a),
     };
     match result {

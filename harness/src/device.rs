@@ -113,14 +113,17 @@ pub fn synchronize(device: &Device) -> Result<()> {
 pub enum MemoryMeter {
     /// The counting global allocator (see [`crate::alloc`]).
     CpuAllocator,
+    /// The CUDA device's default memory pool high watermark (or a `cuMemGetInfo` sampler where
+    /// pools are unsupported), see [`crate::gpu::PoolPeak`]. Read it on the thread that opened
+    /// the device, after synchronising.
+    Gpu(crate::gpu::PoolPeak),
 }
 
 impl MemoryMeter {
     pub fn for_device(spec: DeviceSpec) -> Result<Self> {
         spec.check_available()?;
         if let DeviceSpec::Cuda(n) = spec {
-            // TODO(CUDA issue): a `Gpu(gpu::PoolPeak)` meter; synchronise before reading it.
-            bail!("cuda:{n}: GPU memory metering is not wired into the harness yet");
+            return Ok(MemoryMeter::Gpu(crate::gpu::PoolPeak::new(n)?));
         }
         if !alloc::installed() {
             bail!(
@@ -131,21 +134,37 @@ impl MemoryMeter {
         Ok(MemoryMeter::CpuAllocator)
     }
 
-    pub fn current(&self) -> u64 {
+    /// Live bytes now.
+    pub fn current(&self) -> Result<u64> {
         match self {
-            MemoryMeter::CpuAllocator => alloc::current() as u64,
+            MemoryMeter::CpuAllocator => Ok(alloc::current() as u64),
+            MemoryMeter::Gpu(p) => p.current(),
         }
     }
 
-    pub fn peak(&self) -> u64 {
+    /// Highest live bytes since the last [`MemoryMeter::reset_peak`].
+    pub fn peak(&self) -> Result<u64> {
         match self {
-            MemoryMeter::CpuAllocator => alloc::peak() as u64,
+            MemoryMeter::CpuAllocator => Ok(alloc::peak() as u64),
+            MemoryMeter::Gpu(p) => p.read(),
         }
     }
 
-    pub fn reset_peak(&self) {
+    pub fn reset_peak(&self) -> Result<()> {
         match self {
-            MemoryMeter::CpuAllocator => alloc::reset_peak(),
+            MemoryMeter::CpuAllocator => {
+                alloc::reset_peak();
+                Ok(())
+            }
+            MemoryMeter::Gpu(p) => p.reset().map(|_| ()),
+        }
+    }
+
+    /// Why this meter's peak is less than exact, if it is (a row warning).
+    pub fn warning(&self) -> Option<&'static str> {
+        match self {
+            MemoryMeter::CpuAllocator => None,
+            MemoryMeter::Gpu(p) => p.warning(),
         }
     }
 }

@@ -135,6 +135,9 @@ pub struct Measurement {
     pub timeline: String,
     /// `None` when no reference was given.
     pub errors: Option<Errors>,
+    /// Why the memory columns are less than exact (GPU without memory pools), if they are.
+    #[serde(default)]
+    pub warning: Option<String>,
 }
 
 /// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
@@ -146,20 +149,37 @@ struct Recorder<'a> {
     /// (forward?, layer, live bytes above baseline).
     points: Vec<(bool, usize, i64)>,
     forward_end: Option<(Instant, i64)>,
+    /// The first failure to read the meter during the step (GPU only), reported after it.
+    error: Option<String>,
 }
 
 impl Recorder<'_> {
-    fn live(&self) -> i64 {
-        self.meter.current() as i64 - self.baseline as i64
+    fn live(&mut self) -> i64 {
+        match self.meter.current() {
+            Ok(b) => b as i64 - self.baseline as i64,
+            Err(e) => {
+                self.error.get_or_insert_with(|| format!("{e:#}"));
+                0
+            }
+        }
     }
 }
 
 impl Probe for Recorder<'_> {
     fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::ForwardLayer(i) => self.points.push((true, i, self.live())),
-            Event::BackwardLayer(i) => self.points.push((false, i, self.live())),
-            Event::ForwardEnd { .. } => self.forward_end = Some((Instant::now(), self.live())),
+            Event::ForwardLayer(i) => {
+                let live = self.live();
+                self.points.push((true, i, live));
+            }
+            Event::BackwardLayer(i) => {
+                let live = self.live();
+                self.points.push((false, i, live));
+            }
+            Event::ForwardEnd { .. } => {
+                let now = Instant::now();
+                self.forward_end = Some((now, self.live()));
+            }
             Event::BackwardEnd => {}
         }
     }
@@ -195,10 +215,11 @@ fn measured_step(
         baseline: 0,
         points: Vec::with_capacity(2 * case.cfg.depth + 2),
         forward_end: None,
+        error: None,
     };
     device::synchronize(device)?;
-    rec.baseline = meter.current();
-    meter.reset_peak();
+    rec.baseline = meter.current()?;
+    meter.reset_peak()?;
     let start = Instant::now();
     let result = impls::step(
         variant,
@@ -211,7 +232,10 @@ fn measured_step(
     .map_err(|e| anyhow!("{variant} step: {e}"))?;
     device::synchronize(device)?;
     let end = Instant::now();
-    let peak = meter.peak().saturating_sub(rec.baseline);
+    let peak = meter.peak()?.saturating_sub(rec.baseline);
+    if let Some(e) = rec.error.take() {
+        bail!("reading device memory during the step: {e}");
+    }
     let (fwd_end, saved) = rec
         .forward_end
         .with_context(|| format!("{variant} never reported the end of its forward pass"))?;
@@ -299,6 +323,7 @@ pub fn measure(
         total,
         timeline: worst.timeline.clone(),
         errors,
+        warning: meter.warning().map(str::to_string),
     })
 }
 

@@ -5,8 +5,13 @@
 //! The reference is `autograd` (candle's autograd: shares no backward code with the hand-written
 //! variants). When it cannot be computed (it keeps every op input alive and is the first to run
 //! out of memory or time at large depth), the explicit naive variant `cat-store-copy` is the
-//! fallback; the row's `reference` column says which was used. A failure is remembered for the
-//! rest of the process so the next variant of the same config does not retry it.
+//! fallback, then the most frugal hand-written variant (`buffer-recompute-copy` for bc,
+//! `buffer-store-copy` for mlp: a different storage and gradient path from naive's, and linear
+//! memory, so deep blocks still get a checked reference); the row's `reference` column says
+//! which was used. A candidate that cannot fit the memory limit is skipped without running it:
+//! hand-written variants by the memory model, `autograd` by [`AUTOGRAD_OVER_NAIVE`] times
+//! naive's model. A failure is remembered for the rest of the process so the next variant of the
+//! same config does not retry it.
 //!
 //! Cache: `<dir>/<build id>/<config key with / as _>.<variant>.safetensors`, where the default
 //! `<dir>` is `densebench-cache` next to the executable (so `target/release/densebench-cache`),
@@ -25,9 +30,44 @@ use std::path::{Path, PathBuf};
 /// Environment variable overriding the default cache directory.
 pub const CACHE_ENV: &str = "DENSEBENCH_CACHE_DIR";
 
-/// The reference variants, in order of preference.
-pub fn candidates() -> [Variant; 2] {
-    [Variant::Autograd, Variant::NAIVE]
+/// The reference variants for `cfg`, in order of preference.
+pub fn candidates(cfg: &Config) -> [Variant; 3] {
+    let frugal = match cfg.family {
+        impls::Family::Bc => "buffer-recompute-copy",
+        impls::Family::Mlp => "buffer-store-copy",
+    };
+    [
+        Variant::Autograd,
+        Variant::NAIVE,
+        Variant::parse(frugal).unwrap_or(Variant::NAIVE),
+    ]
+}
+
+/// Upper bound on `autograd`'s peak over naive's, used only to skip a reference run that
+/// cannot fit: measured 3.8× on bc (BC-100 block, L=16: candle keeps every BN op's inputs) and
+/// 1.3–2.1× on mlp (L=64…8).
+pub const AUTOGRAD_OVER_NAIVE: [(impls::Family, f64); 2] =
+    [(impls::Family::Bc, 4.0), (impls::Family::Mlp, 2.5)];
+
+/// The reference step's predicted footprint (in f64, the reference dtype): static tensors plus
+/// the modelled peak; `None` when unknown.
+fn predicted_reference_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    let wide = Config {
+        dtype: measure::REFERENCE_DTYPE,
+        ..cfg.clone()
+    };
+    let static_bytes = crate::max_depth::static_bytes(&wide);
+    match variant {
+        Variant::Autograd => {
+            let factor = AUTOGRAD_OVER_NAIVE
+                .iter()
+                .find(|(f, _)| *f == cfg.family)
+                .map(|(_, x)| *x)?;
+            let naive = impls::memory::predict_peak_bytes(Variant::NAIVE, &wide)?;
+            Some(static_bytes + (naive as f64 * factor) as u64)
+        }
+        v => impls::memory::predict_peak_bytes(v, &wide).map(|p| p + static_bytes),
+    }
 }
 
 /// A reference result on disk.
@@ -102,10 +142,22 @@ impl Cache {
             return Err(why.clone());
         }
         let mut why = Vec::new();
-        for variant in candidates() {
+        for variant in candidates(cfg) {
             let path = self.path(cfg, s, variant);
             if path.is_file() {
                 return Ok(Reference { path, variant });
+            }
+            if let (Some(need), Some(limit)) =
+                (predicted_reference_bytes(variant, cfg), s.mem_limit)
+            {
+                if need > limit {
+                    why.push(format!(
+                        "{variant}: skipped, needs about {} MiB in f64, over the {} MiB limit",
+                        need >> 20,
+                        limit >> 20
+                    ));
+                    continue;
+                }
             }
             match self.compute(cfg, s, variant, &path) {
                 Ok(()) => return Ok(Reference { path, variant }),

@@ -133,6 +133,10 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
     row.max_ns = Some(m.total.max_ns);
     row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
     row.timeline = m.timeline;
+    if let Some(w) = m.warning {
+        // No schema column for it: the device description carries it, next to the device.
+        row.device_desc = format!("{} [warning: {w}]", row.device_desc);
+    }
     let tolerance = m.errors.as_ref().map(|e| e.tolerance);
     if let Some(e) = m.errors {
         row.reference = e.reference;

@@ -6,15 +6,20 @@
 //! path); an existing output file is never overwritten silently (`--resume` continues it,
 //! `--force` replaces it); the CSV is valid whenever the sweep is killed (header plus whole
 //! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing.
+//!
+//! Beyond one machine: `--shard I/N` keeps only shard I of the sweep ([`crate::shard`]: whole
+//! configurations, balanced by predicted cost, the same split on every node), after which
+//! `--resume` works per shard file; `--devices cuda:0,cuda:1,…` runs one worker thread (one
+//! child at a time) per device, whole configurations per device, rows appended under a lock.
 
 use crate::child::resolve_threads;
 use crate::device::DeviceSpec;
-use crate::estimates;
 use crate::job::{self, Settings};
 use crate::progress::Progress;
 use crate::reference::{self, Cache};
 use crate::row::{self, Row};
 use crate::run;
+use crate::shard::{self, ShardSpec};
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Variant};
 use serde::Deserialize;
@@ -57,6 +62,16 @@ pub struct Args {
     /// $DENSEBENCH_CACHE_DIR).
     #[arg(long)]
     pub cache_dir: Option<PathBuf>,
+    /// Run only shard I of N (counting from 1, e.g. `2/3`): a deterministic part of the sweep,
+    /// whole configurations balanced by predicted cost (`densebench plan` shows the split).
+    /// Give each shard its own --out; --resume continues that shard's file.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<ShardSpec>,
+    /// Run on these devices concurrently, one child per device (e.g. `cuda:0,cuda:1`), instead
+    /// of the sweep's `device`: a multi-GPU node without Slurm. Rows are keyed by the first
+    /// device (the GPUs are taken as identical); `device_desc` names the one a row ran on.
+    #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
+    pub devices: Vec<DeviceSpec>,
 }
 
 impl Args {
@@ -145,7 +160,7 @@ pub struct Job {
     pub variant: Variant,
     pub cfg: Config,
     pub settings: Settings,
-    /// Estimated relative cost (for the ETA).
+    /// Predicted cost in FLOP-equivalents ([`shard::job_cost`]): shard balance and the ETA.
     pub cost: f64,
 }
 
@@ -305,8 +320,7 @@ fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
                                         for variant in vs {
                                             jobs.push(Job {
                                                 key: job::key(variant, &cfg, device),
-                                                cost: estimates::relative_cost(variant, &cfg)
-                                                    * (settings.steps + settings.warmup) as f64,
+                                                cost: shard::job_cost(variant, &cfg, &settings),
                                                 variant,
                                                 cfg: cfg.clone(),
                                                 settings: settings.clone(),
@@ -346,7 +360,8 @@ fn repair_torn_line(path: &Path) -> Result<bool> {
     Ok(true)
 }
 
-fn csv_line(row: &Row) -> Result<Vec<u8>> {
+/// One row as a CSV line (no header), exactly as `bench-all` appends it.
+pub fn csv_line(row: &Row) -> Result<Vec<u8>> {
     let mut w = csv::WriterBuilder::new()
         .has_headers(false)
         .from_writer(Vec::new());
@@ -430,9 +445,10 @@ impl Output {
     }
 }
 
-/// The sweep's text and its name for messages.
-fn load_sweep(a: &Args) -> Result<(String, String)> {
-    match (&a.sweep, a.quick) {
+/// The sweep's text and its name for messages: `sweep` if given, else the built-in quick
+/// (`quick`) or default sweep.
+pub fn load_sweep(sweep: Option<&Path>, quick: bool) -> Result<(String, String)> {
+    match (sweep, quick) {
         (Some(p), _) => Ok((
             std::fs::read_to_string(p)
                 .with_context(|| format!("reading sweep file {}", p.display()))?,
@@ -449,50 +465,235 @@ fn load_sweep(a: &Args) -> Result<(String, String)> {
     }
 }
 
-fn default_out(quick: bool) -> PathBuf {
+/// Checks a `--devices` list: no device twice, and `cpu` only alone (two CPU children at once
+/// would measure each other's contention, not the variants).
+pub fn check_devices(devices: &[DeviceSpec]) -> Result<()> {
+    let mut seen = HashSet::new();
+    for d in devices {
+        if !seen.insert(*d) {
+            bail!("--devices lists {d} twice: one child per device");
+        }
+    }
+    if devices.len() > 1 && devices.contains(&DeviceSpec::Cpu) {
+        bail!(
+            "--devices: `cpu` can only be used alone (concurrent CPU children would share the \
+             cores and measure each other); list GPUs, e.g. cuda:0,cuda:1"
+        );
+    }
+    Ok(())
+}
+
+/// Moves every job to `device` (what `--devices` does with its first device): keys are
+/// recomputed, and jobs that now share a key (the same config on two devices in the sweep file)
+/// are measured once.
+pub fn retarget(jobs: Vec<Job>, device: DeviceSpec) -> Vec<Job> {
+    let mut seen = HashSet::new();
+    jobs.into_iter()
+        .filter_map(|mut j| {
+            j.settings.device = device;
+            j.key = job::key(j.variant, &j.cfg, device);
+            seen.insert(j.key.clone()).then_some(j)
+        })
+        .collect()
+}
+
+fn default_out(quick: bool, shard: Option<ShardSpec>) -> PathBuf {
     let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
     let stem = if quick { "quick" } else { "bench" };
-    PathBuf::from("results").join(format!("{stem}-{stamp}.csv"))
+    let part = shard
+        .map(|s| format!("-shard{}of{}", s.index, s.count))
+        .unwrap_or_default();
+    PathBuf::from("results").join(format!("{stem}-{stamp}{part}.csv"))
+}
+
+/// What the workers share: the output file, the progress display and the tallies. Held under
+/// one lock while a row is appended, so rows from concurrent devices never interleave.
+struct Shared {
+    out: Output,
+    progress: Progress,
+    started: usize,
+    finished: usize,
+    counts: std::collections::BTreeMap<String, usize>,
+    out_of_tolerance: Vec<String>,
+}
+
+/// The work items of a sweep run: with one worker, every job in sweep order (one item); with
+/// several, whole configurations (all variants of a config run on one device, and its
+/// reference is computed once), most expensive first (longest-processing-time list scheduling).
+fn work_items<'a>(todo: &[&'a Job], workers: usize) -> Vec<Vec<&'a Job>> {
+    if workers <= 1 {
+        return vec![todo.to_vec()];
+    }
+    let owned: Vec<Job> = todo.iter().map(|j| (*j).clone()).collect();
+    let mut groups = shard::groups(&owned);
+    groups.sort_by(|a, b| b.cost.total_cmp(&a.cost));
+    groups
+        .into_iter()
+        .map(|g| g.jobs.into_iter().map(|i| todo[i]).collect())
+        .collect()
+}
+
+/// One worker: takes items off the queue and measures their jobs on `device` (the job's own
+/// device when `None`), appending each row under the lock. Stops early when another worker
+/// failed (`stop`).
+fn worker(
+    device: Option<DeviceSpec>,
+    queue: &std::sync::Mutex<std::collections::VecDeque<Vec<&Job>>>,
+    shared: &std::sync::Mutex<Shared>,
+    stop: &std::sync::atomic::AtomicBool,
+    cache_dir: &Path,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    let lock_err = || anyhow!("a sweep worker panicked while holding the output lock");
+    let mut refs = Cache::new(cache_dir)?;
+    loop {
+        let item = match queue.lock() {
+            Ok(mut q) => q.pop_front(),
+            Err(_) => return Err(lock_err()),
+        };
+        let Some(item) = item else { return Ok(()) };
+        for j in item {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let mut settings = j.settings.clone();
+            if let Some(d) = device {
+                settings.device = d;
+            }
+            {
+                let mut sh = shared.lock().map_err(|_| lock_err())?;
+                sh.started += 1;
+                let n = sh.started;
+                let on = device.map(|d| format!(" on {d}")).unwrap_or_default();
+                sh.progress
+                    .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
+            }
+            let measured = run::measure_row(j.variant, &j.cfg, &settings, &mut refs)
+                .with_context(|| format!("measuring {}", j.key));
+            let mut row = match measured {
+                Ok(row) => row,
+                Err(e) => {
+                    stop.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+            };
+            if settings.device != j.settings.device {
+                // Keyed by the sweep's (logical) device; the physical one is in device_desc.
+                row.key = j.key.clone();
+                row.device = j.settings.device.to_string();
+                row.device_desc = format!("ran on {}: {}", settings.device, row.device_desc);
+            }
+            let mut sh = shared.lock().map_err(|_| lock_err())?;
+            sh.out.append(&row)?;
+            sh.finished += 1;
+            let n = sh.finished;
+            sh.progress.finish(n, &row, j.cost);
+            *sh.counts.entry(row.status.clone()).or_default() += 1;
+            if row.grad_ok == Some(false) {
+                sh.out_of_tolerance.push(row.key.clone());
+            }
+        }
+    }
 }
 
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
 /// gradients are out of tolerance; rows that ran out of memory or time are results, not failures.
 pub fn run(a: Args) -> Result<ExitCode> {
-    let (text, source) = load_sweep(&a)?;
-    let jobs = parse(&text, &source, a.mem_limit)?;
-    let out_path = a.out.clone().unwrap_or_else(|| default_out(a.quick));
+    check_devices(&a.devices)?;
+    let (text, source) = load_sweep(a.sweep.as_deref(), a.quick)?;
+    let mut jobs = parse(&text, &source, a.mem_limit)?;
+    if let Some(&first) = a.devices.first() {
+        jobs = retarget(jobs, first);
+    }
+    let mut source = source;
+    if let Some(s) = a.shard {
+        let total = jobs.len();
+        jobs = shard::select(jobs, s);
+        source = format!("{source}, shard {s} ({} of {total} jobs)", jobs.len());
+    }
+    let out_path = a
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(a.quick, a.shard));
     let note = |m: &str| eprintln!("{m}");
-    let (mut out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
-    let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?)?;
+    let (out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
+    let cache_dir = reference::default_dir(a.cache_dir.as_deref())?;
+    let mine: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
+    if foreign > 0 {
+        eprintln!(
+            "densebench bench-all: note: {foreign} rows of {} are not jobs of this run ({source}); \
+             they are kept as they are (another shard's file, or another sweep?)",
+            out_path.display()
+        );
+    }
     let todo: Vec<&Job> = jobs.iter().filter(|j| !done.contains(&j.key)).collect();
     eprintln!(
-        "densebench bench-all: {source}: {} jobs, {} already in {}, {} to run → {}",
+        "densebench bench-all: {source}: {} jobs, {} already in {}, {} to run → {}{}",
         jobs.len(),
         jobs.len() - todo.len(),
         out_path.display(),
         todo.len(),
-        out_path.display()
+        out_path.display(),
+        if a.devices.len() > 1 {
+            format!(
+                " on {} devices concurrently ({})",
+                a.devices.len(),
+                a.devices
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            String::new()
+        }
     );
     let start = Instant::now();
-    let mut progress = Progress::new(todo.len(), todo.iter().map(|j| j.cost).sum());
-    let mut counts: std::collections::BTreeMap<String, usize> = Default::default();
-    let mut out_of_tolerance = Vec::new();
-    for (i, j) in todo.iter().enumerate() {
-        progress.start(i + 1, &format!("{} {}", j.cfg.describe(), j.variant));
-        let row = run::measure_row(j.variant, &j.cfg, &j.settings, &mut refs)
-            .with_context(|| format!("measuring {}", j.key))?;
-        out.append(&row)?;
-        progress.finish(i + 1, &row, j.cost);
-        *counts.entry(row.status.clone()).or_default() += 1;
-        if row.grad_ok == Some(false) {
-            out_of_tolerance.push(row.key.clone());
-        }
-    }
-    progress.done();
-    let counts: Vec<String> = counts.iter().map(|(k, v)| format!("{k}: {v}")).collect();
+    let workers: Vec<Option<DeviceSpec>> = if a.devices.is_empty() {
+        vec![None]
+    } else {
+        a.devices.iter().copied().map(Some).collect()
+    };
+    let queue = std::sync::Mutex::new(work_items(&todo, workers.len()).into());
+    let shared = std::sync::Mutex::new(Shared {
+        out,
+        progress: Progress::new(todo.len(), todo.iter().map(|j| j.cost).sum()),
+        started: 0,
+        finished: 0,
+        counts: Default::default(),
+        out_of_tolerance: Vec::new(),
+    });
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|&d| {
+                let (queue, shared, stop, cache_dir) = (&queue, &shared, &stop, &cache_dir);
+                scope.spawn(move || worker(d, queue, shared, stop, cache_dir))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a sweep worker panicked")))
+            })
+            .collect()
+    });
+    let shared = shared
+        .into_inner()
+        .map_err(|_| anyhow!("a sweep worker panicked while holding the output lock"))?;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    shared.progress.done();
+    let counts: Vec<String> = shared
+        .counts
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
     eprintln!(
         "densebench bench-all: {} rows written to {} in {:.1} s ({})",
-        todo.len(),
+        shared.finished,
         out_path.display(),
         start.elapsed().as_secs_f64(),
         if counts.is_empty() {
@@ -501,10 +702,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             counts.join(", ")
         }
     );
-    if !out_of_tolerance.is_empty() {
+    if !shared.out_of_tolerance.is_empty() {
         eprintln!(
             "densebench bench-all: gradients out of tolerance: {}",
-            out_of_tolerance.join(", ")
+            shared.out_of_tolerance.join(", ")
         );
         return Ok(ExitCode::FAILURE);
     }

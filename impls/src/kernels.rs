@@ -2,8 +2,10 @@
 //! in-place accumulation. Every in-place write is documented on the function that does it.
 //!
 //! They are candle custom ops so they run on candle tensors and respect views (a narrowed prefix
-//! of a buffer is written through its layout's offset). The CPU versions are here; without a
-//! device port the op returns candle's typed "no cuda implementation" error, never a panic.
+//! of a buffer is written through its layout's offset). The CPU versions are here; the CUDA
+//! versions (NVRTC kernels, `cuda` feature) are in `kernels_cuda.rs`, so the variants keep their
+//! in-place memory behaviour on a GPU. Without a port an op returns candle's typed "no cuda
+//! implementation" error, never a panic.
 
 use crate::error::{CandleContext, Result};
 use candle_core::backend::BackendStorage;

@@ -1,0 +1,439 @@
+//! Sharding, planning and merging: the split of a sweep into shards (every key in exactly one
+//! shard, balanced, deterministic), `bench-all --shard` end to end on the quick sweep, `merge`
+//! (conflicts refused, identical rows deduplicated, `--prefer newest`, missing keys reported,
+//! idempotent, OUT protected) and `--devices` on a build or machine without CUDA.
+
+use densebench::device::DeviceSpec;
+use densebench::merge::{self, write_rows, Input, Prefer};
+use densebench::row::{read_rows, Row};
+use densebench::shard::{self, ShardSpec};
+use densebench::sweep::{self, Job};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const BIN: &str = env!("CARGO_BIN_EXE_densebench");
+
+fn densebench(args: &[&str]) -> Output {
+    Command::new(BIN)
+        .args(args)
+        .output()
+        .expect("the densebench binary runs")
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("temp paths are UTF-8")
+}
+
+fn jobs(text: &str) -> Vec<Job> {
+    sweep::parse(text, "test", Some(1 << 30)).expect("the sweep parses")
+}
+
+/// Many configurations of very different cost: what a research group's sweep looks like.
+const WIDE_SWEEP: &str = r#"
+[[group]]
+family = "mlp"
+batch = [64, 256, 1024]
+channels = [16, 64]
+growth = 16
+depth = [2, 4, 8, 16, 24]
+[[group]]
+family = "bc"
+batch = [2, 8]
+channels = 8
+growth = 4
+size = [8, 16]
+depth = [2, 4, 8]
+"#;
+
+#[test]
+fn every_key_is_in_exactly_one_shard() {
+    for text in [sweep::DEFAULT_SWEEP, sweep::QUICK_SWEEP, WIDE_SWEEP] {
+        let all = jobs(text);
+        let keys: BTreeSet<String> = all.iter().map(|j| j.key.clone()).collect();
+        for n in 1..=7 {
+            let mut seen: BTreeMap<String, usize> = BTreeMap::new();
+            for i in 1..=n {
+                let spec = ShardSpec { index: i, count: n };
+                for j in shard::select(all.clone(), spec) {
+                    *seen.entry(j.key).or_default() += 1;
+                }
+            }
+            assert_eq!(
+                seen.keys().cloned().collect::<BTreeSet<_>>(),
+                keys,
+                "{n} shards lose or invent keys"
+            );
+            assert!(seen.values().all(|&c| c == 1), "{n} shards duplicate keys");
+        }
+    }
+}
+
+#[test]
+fn shards_are_balanced_by_predicted_cost() {
+    for text in [sweep::DEFAULT_SWEEP, sweep::QUICK_SWEEP, WIDE_SWEEP] {
+        let all = jobs(text);
+        let groups = shard::groups(&all);
+        let largest = groups.iter().map(|g| g.cost).fold(0.0, f64::max);
+        for n in 1..=7 {
+            let parts = shard::partition(&all, n);
+            let costs: Vec<f64> = parts.iter().map(|p| p.cost).collect();
+            let mean = costs.iter().sum::<f64>() / n as f64;
+            let max = costs.iter().copied().fold(0.0, f64::max);
+            // Graham's bound for greedy list scheduling: when the largest shard got its last
+            // item it was the least loaded (≤ the final mean), and an item costs at most one
+            // whole configuration with its reference.
+            assert!(
+                max <= mean + largest * (1.0 + 1e-12),
+                "{n} shards: max {max:e} > mean {mean:e} + largest config {largest:e}"
+            );
+            // The shard costs add up to the jobs' costs plus one reference per (shard, config).
+            let jobs_cost: f64 = all.iter().map(|j| j.cost).sum();
+            let refs: f64 = parts
+                .iter()
+                .flat_map(|p| p.configs.iter())
+                .map(|&g| shard::reference_cost(&all[groups[g].jobs[0]].cfg))
+                .sum();
+            let total: f64 = costs.iter().sum();
+            assert!(
+                (total - jobs_cost - refs).abs() <= 1e-9 * total,
+                "shard costs do not add up"
+            );
+        }
+    }
+    // With many configurations, LPT is close to perfect: within 5% of the mean for up to 6
+    // shards on the wide sweep (30 mlp + 12 bc configs), where splitting by count is far off.
+    let all = jobs(WIDE_SWEEP);
+    for n in 2..=6 {
+        let parts = shard::partition(&all, n);
+        let mean = parts.iter().map(|p| p.cost).sum::<f64>() / n as f64;
+        let max = parts.iter().map(|p| p.cost).fold(0.0, f64::max);
+        assert!(max <= 1.05 * mean, "{n} shards: max {max:e}, mean {mean:e}");
+    }
+}
+
+#[test]
+fn shards_are_deterministic_and_independent_of_the_machine() {
+    for text in [sweep::DEFAULT_SWEEP, WIDE_SWEEP] {
+        // The memory limit (machine-dependent by default) and a retarget to another device do
+        // not change which configurations a shard holds.
+        let a = sweep::parse(text, "a", Some(1 << 30)).expect("parses");
+        let b = sweep::parse(text, "b", Some(7 << 20)).expect("parses");
+        let c = sweep::retarget(a.clone(), DeviceSpec::Cuda(0));
+        for n in [1, 2, 3, 5] {
+            let pa = shard::partition(&a, n);
+            assert_eq!(pa, shard::partition(&a, n), "not deterministic");
+            let jobs_of = |p: &[shard::Part]| p.iter().map(|p| p.jobs.clone()).collect::<Vec<_>>();
+            assert_eq!(jobs_of(&pa), jobs_of(&shard::partition(&b, n)));
+            assert_eq!(jobs_of(&pa), jobs_of(&shard::partition(&c, n)));
+            // Within a shard, jobs keep sweep order.
+            for p in &pa {
+                assert!(p.jobs.windows(2).all(|w| w[0] < w[1]));
+            }
+        }
+    }
+}
+
+/// A synthetic row of `key` (only the cells merge looks at).
+fn row(key: &str, ts: &str, median_ns: u64) -> Row {
+    Row {
+        schema: densebench::row::SCHEMA_VERSION,
+        key: key.to_string(),
+        variant: key.split('/').next().unwrap_or_default().to_string(),
+        timestamp: ts.to_string(),
+        status: "ok".to_string(),
+        median_ns: Some(median_ns),
+        ..Row::default()
+    }
+}
+
+fn csv(dir: &Path, name: &str, rows: &[Row]) -> PathBuf {
+    let p = dir.join(name);
+    write_rows(&p, rows).expect("writing a test CSV");
+    p
+}
+
+fn keys_of(p: &Path) -> Vec<String> {
+    read_rows(p)
+        .expect("a valid result CSV")
+        .into_iter()
+        .map(|r| r.key)
+        .collect()
+}
+
+const T1: &str = "2025-01-01T10:00:00Z";
+const T2: &str = "2025-01-01T11:00:00Z";
+
+#[test]
+fn merge_refuses_conflicts_dedups_identical_rows_and_prefers_newest() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let a = csv(d, "a.csv", &[row("x/1", T1, 10), row("y/1", T1, 20)]);
+    // y/1 copied identically, z/1 new.
+    let b = csv(d, "b.csv", &[row("y/1", T1, 20), row("z/1", T1, 30)]);
+    let out = d.join("out.csv");
+    let o = densebench(&["merge", s(&out), s(&a), s(&b)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(keys_of(&out), ["x/1", "y/1", "z/1"]);
+    assert!(
+        stderr(&o).contains("1 identical duplicates"),
+        "{}",
+        stderr(&o)
+    );
+
+    // x/1 measured again, later, with another value: refused, naming the key and column.
+    let c = csv(d, "c.csv", &[row("x/1", T2, 11)]);
+    let out2 = d.join("out2.csv");
+    let o = densebench(&["merge", s(&out2), s(&a), s(&c)]);
+    assert_eq!(o.status.code(), Some(1));
+    let e = stderr(&o);
+    assert!(
+        e.contains("x/1") && e.contains("median_ns") && e.contains("--prefer newest"),
+        "{e}"
+    );
+    assert!(!out2.exists(), "a refused merge wrote its output");
+
+    // --prefer newest keeps the later row, whichever file comes first.
+    for order in [[&a, &c], [&c, &a]] {
+        let o = densebench(&[
+            "merge",
+            s(&out2),
+            s(order[0]),
+            s(order[1]),
+            "--prefer",
+            "newest",
+            "--force",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let rows = read_rows(&out2).expect("valid");
+        let x = rows.iter().find(|r| r.key == "x/1").map(|r| r.median_ns);
+        assert_eq!(x, Some(Some(11)), "the newest x/1 (T2, 11 ns) wins");
+        assert_eq!(rows.len(), 2);
+    }
+
+    // The library API says the same.
+    let inputs = [
+        Input {
+            name: "a".into(),
+            rows: vec![row("k", T2, 1)],
+        },
+        Input {
+            name: "b".into(),
+            rows: vec![row("k", T1, 2), row("k", T2, 1)],
+        },
+    ];
+    assert!(merge::merge_rows(&inputs, None).is_err());
+    let m = merge::merge_rows(&inputs, Some(Prefer::Newest)).expect("resolves");
+    assert_eq!(
+        (m.rows.len(), m.identical_duplicates, m.resolved.len()),
+        (1, 1, 1)
+    );
+}
+
+#[test]
+fn merge_is_idempotent_and_protects_its_output() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let a = csv(d, "a.csv", &[row("x/1", T1, 10), row("y/1", T1, 20)]);
+    let b = csv(d, "b.csv", &[row("z/1", T1, 30), row("x/1", T2, 12)]);
+    let out = d.join("merged.csv");
+    let o = densebench(&["merge", s(&out), s(&a), s(&b), "--prefer", "newest"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let first = std::fs::read(&out).expect("merged");
+    // OUT exists and is not an input: refused, untouched.
+    let o = densebench(&["merge", s(&out), s(&a)]);
+    assert_eq!(o.status.code(), Some(1));
+    assert!(stderr(&o).contains("--force"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&out).expect("still there"), first);
+    // OUT as an input, in any position: the same bytes again.
+    for args in [
+        vec![s(&out), s(&out), s(&a), s(&b)],
+        vec![s(&out), s(&a), s(&b), s(&out)],
+    ] {
+        let mut full = vec!["merge"];
+        full.extend(args);
+        full.extend(["--prefer", "newest"]);
+        let o = densebench(&full);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert_eq!(
+            std::fs::read(&out).expect("merged"),
+            first,
+            "not idempotent"
+        );
+    }
+}
+
+#[test]
+fn merge_reports_missing_keys_per_shard() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let all = jobs(sweep::QUICK_SWEEP);
+    let spec = ShardSpec { index: 2, count: 3 };
+    let shard2: BTreeSet<String> = shard::select(all.clone(), spec)
+        .into_iter()
+        .map(|j| j.key)
+        .collect();
+    // Every key except shard 2's, in reverse order.
+    let rows: Vec<Row> = all
+        .iter()
+        .rev()
+        .filter(|j| !shard2.contains(&j.key))
+        .map(|j| row(&j.key, T1, 1))
+        .collect();
+    let part = csv(d, "part.csv", &rows);
+    let out = d.join("out.csv");
+    let o = densebench(&["merge", s(&out), s(&part), "--quick", "--shards", "3"]);
+    let e = stderr(&o);
+    assert_eq!(
+        o.status.code(),
+        Some(i32::from(merge::EXIT_INCOMPLETE)),
+        "{e}"
+    );
+    assert!(
+        e.contains(&format!("{} of the {} keys", shard2.len(), all.len())),
+        "{e}"
+    );
+    assert!(e.contains("shard 2/3") && !e.contains("shard 1/3"), "{e}");
+    for k in &shard2 {
+        assert!(e.contains(k.as_str()), "missing key {k} not reported");
+    }
+    // Rows are written in the sweep's order whatever order the inputs had.
+    let want: Vec<String> = all
+        .iter()
+        .filter(|j| !shard2.contains(&j.key))
+        .map(|j| j.key.clone())
+        .collect();
+    assert_eq!(keys_of(&out), want);
+}
+
+fn bench(dir: &Path, out: &str, extra: &[&str]) -> (PathBuf, Output) {
+    let out = dir.join(out);
+    let cache = dir.join("cache");
+    let mut args = vec!["bench-all", "--out", s(&out), "--cache-dir", s(&cache)];
+    args.extend_from_slice(extra);
+    let o = densebench(&args);
+    (out, o)
+}
+
+fn key_status(p: &Path) -> BTreeMap<String, String> {
+    read_rows(p)
+        .expect("valid result CSV")
+        .into_iter()
+        .map(|r| (r.key, r.status))
+        .collect()
+}
+
+#[test]
+fn three_shards_merge_to_the_whole_quick_sweep() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let mut files = Vec::new();
+    for i in 1..=3 {
+        let shard = format!("{i}/3");
+        let (out, o) = bench(d, &format!("shard{i}.csv"), &["--quick", "--shard", &shard]);
+        assert!(o.status.success(), "shard {shard}: {}", stderr(&o));
+        assert!(
+            stderr(&o).contains(&format!("shard {shard}")),
+            "{}",
+            stderr(&o)
+        );
+        files.push(out);
+    }
+    // A retried shard (--resume) adds nothing.
+    let before = std::fs::read(&files[1]).expect("shard 2");
+    let (_, o) = bench(d, "shard2.csv", &["--quick", "--shard", "2/3", "--resume"]);
+    assert!(
+        o.status.success() && stderr(&o).contains("0 to run"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&files[1]).expect("shard 2"), before);
+    // Resuming a shard file with another shard's spec keeps its rows and says so.
+    let (_, o) = bench(d, "shard2.csv", &["--quick", "--shard", "1/3", "--resume"]);
+    assert!(
+        stderr(&o).contains("not jobs of this run"),
+        "{}",
+        stderr(&o)
+    );
+    std::fs::write(&files[1], &before).expect("restoring shard 2");
+
+    let merged = d.join("merged.csv");
+    let mut args = vec!["merge", s(&merged)];
+    args.extend(files.iter().map(|f| s(f)));
+    args.extend(["--quick", "--shards", "3"]);
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("complete"), "{}", stderr(&o));
+    let want: BTreeMap<String, String> = jobs(sweep::QUICK_SWEEP)
+        .into_iter()
+        .map(|j| (j.key, "ok".to_string()))
+        .collect();
+    assert_eq!(key_status(&merged), want);
+}
+
+#[test]
+fn plan_lists_every_key_once_per_shard() {
+    let o = densebench(&["plan", "--quick", "--shards", "3", "--format", "tsv"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let all = jobs(sweep::QUICK_SWEEP);
+    let mut lines = text.lines();
+    assert_eq!(lines.next(), Some("shard\tkey\tcost_gflop_eq"));
+    let listed: BTreeMap<String, usize> = lines
+        .map(|l| {
+            let f: Vec<&str> = l.split('\t').collect();
+            (f[1].to_string(), f[0].parse().expect("shard number"))
+        })
+        .collect();
+    assert_eq!(listed.len(), all.len());
+    for i in 1..=3 {
+        let spec = ShardSpec { index: i, count: 3 };
+        for j in shard::select(all.clone(), spec) {
+            assert_eq!(listed.get(&j.key), Some(&i), "{} not in shard {i}", j.key);
+        }
+    }
+    let o = densebench(&["plan", "--quick", "--shards", "3"]);
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(text.matches("\nshard ").count(), 3, "{text}");
+    let o = densebench(&["bench-all", "--quick", "--shard", "0/3"]);
+    assert!(stderr(&o).contains("count from 1"), "{}", stderr(&o));
+}
+
+#[test]
+fn devices_without_cuda_give_error_rows_keyed_by_the_first_device() {
+    if DeviceSpec::Cuda(0).check_available().is_ok() {
+        eprintln!("skipped: CUDA is available here, so cuda devices would measure, not fail");
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (out, o) = bench(
+        dir.path(),
+        "dev.csv",
+        &["--quick", "--devices", "cuda:0,cuda:1"],
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = read_rows(&out).expect("valid CSV");
+    let keys: BTreeSet<String> = rows.iter().map(|r| r.key.clone()).collect();
+    let want: BTreeSet<String> = sweep::retarget(jobs(sweep::QUICK_SWEEP), DeviceSpec::Cuda(0))
+        .into_iter()
+        .map(|j| j.key)
+        .collect();
+    assert_eq!(keys.len(), rows.len(), "duplicate rows");
+    assert_eq!(keys, want);
+    for r in &rows {
+        assert_eq!(
+            (r.status.as_str(), r.device.as_str()),
+            ("error", "cuda:0"),
+            "{}",
+            r.key
+        );
+    }
+    let o = densebench(&["bench-all", "--quick", "--devices", "cpu,cuda:0"]);
+    assert!(stderr(&o).contains("only be used alone"), "{}", stderr(&o));
+    let o = densebench(&["bench-all", "--quick", "--devices", "cuda:1,cuda:1"]);
+    assert!(stderr(&o).contains("twice"), "{}", stderr(&o));
+}
