@@ -1,5 +1,6 @@
-//! Prints every variant's max abs / rel error against `autograd` and whether it is bitwise
-//! equal to `cat-store-copy`, for one mlp and one bc config (small enough to run in seconds).
+//! Prints every variant's max abs / rel error against the reference — `autograd` run in f64 on
+//! the same case — and whether it is bitwise equal to `cat-store-copy`, for one mlp and one bc
+//! config (small enough to run in seconds).
 //!
 //! `cargo run --release -p densebench-impls --example errors [f32|f64]`
 
@@ -47,11 +48,11 @@ fn main() -> impls::Result<()> {
                 &mut NoProbe,
             )
         };
-        let reference = run(Variant::Autograd)?;
+        let reference = case.reference()?;
         let naive = run(Variant::NAIVE)?;
         for v in Variant::for_config(&cfg) {
             let r = run(v)?;
-            let e = compare(&r, &reference)?.overall;
+            let e = compare(&r.to_dtype(candle_core::DType::F64)?, &reference)?.overall;
             let b = compare(&r, &naive)?.overall.bitwise;
             println!(
                 "{:<26} {:>12.3e} {:>12.3e} {:>22}",
