@@ -52,3 +52,7 @@ bench *ARGS:
 # criterion's estimates (target/criterion) into results/criterion.csv
 criterion-import *ARGS:
     cargo run --release -- criterion-import {{ARGS}}
+
+# Real single-node Slurm test (root; apt-installs slurm-wlm, munge); see docs/slurm.md
+slurm-test:
+    cargo build --release && bash scripts/slurm/single-node-test.sh

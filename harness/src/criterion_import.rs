@@ -121,6 +121,9 @@ pub struct CriterionRow {
     pub std_dev_ns: Option<f64>,
     pub samples: Option<usize>,
     pub iterations: Option<u64>,
+    /// When criterion wrote `estimates.json` (its modification time), RFC 3339 UTC: tells
+    /// benchmarks of an older `cargo bench` (still in the folder) from the latest ones.
+    pub measured_at: String,
     pub estimates_file: String,
 }
 
@@ -295,9 +298,18 @@ fn read_benchmark(root: &Path, run_dir: &Path) -> Result<CriterionRow> {
         std_dev_ns: est.std_dev.as_ref().map(|e| e.point_estimate),
         samples,
         iterations,
+        measured_at: modified_utc(&estimates_path)?,
         estimates_file: estimates_path.display().to_string(),
         group,
     })
+}
+
+fn modified_utc(path: &Path) -> Result<String> {
+    let modified = std::fs::metadata(path)
+        .and_then(|m| m.modified())
+        .with_context(|| format!("reading the modification time of {}", path.display()))?;
+    Ok(chrono::DateTime::<chrono::Utc>::from(modified)
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
 }
 
 /// Writes the rows (header first) to `path`, creating its folder; replaces an existing file.

@@ -253,13 +253,16 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
+/// A sweep's name and its keys in order, each with its shard (1-based) when a count was given.
+pub type SweepKeys = (String, Vec<(String, Option<usize>)>);
+
 /// The keys of a sweep in its order, and, with `shards`, each key's shard (1-based).
 pub fn sweep_keys(
     sweep_file: Option<&Path>,
     quick: bool,
     devices: &[DeviceSpec],
     shards: Option<usize>,
-) -> Result<(String, Vec<(String, Option<usize>)>)> {
+) -> Result<SweepKeys> {
     let (text, source) = sweep::load_sweep(sweep_file, quick)?;
     let mut jobs = sweep::parse(&text, &source, None)?;
     if let Some(&first) = devices.first() {

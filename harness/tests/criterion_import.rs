@@ -138,6 +138,15 @@ fn imports_every_latest_run_in_order_with_its_numbers() {
         .estimates_file
         .ends_with("cat_store_copy_dir/8/new/estimates.json"));
 
+    // The file was written moments ago: its RFC 3339 UTC time is within the hour.
+    let written = chrono::DateTime::parse_from_rfc3339(&cat.measured_at).unwrap();
+    let age = chrono::Utc::now().signed_duration_since(written);
+    assert!(
+        age.num_minutes().abs() < 60,
+        "measured_at {}",
+        cat.measured_at
+    );
+
     let buffer = &rows[3];
     assert_eq!((buffer.samples, buffer.iterations), (None, None));
 }
@@ -155,7 +164,7 @@ fn csv_has_the_documented_header_and_one_line_per_benchmark() {
     assert_eq!(
         lines[0],
         "group,family,config,variant,depth,param,median_ns,median_lo_ns,median_hi_ns,mean_ns,\
-         mean_lo_ns,mean_hi_ns,std_dev_ns,samples,iterations,estimates_file"
+         mean_lo_ns,mean_hi_ns,std_dev_ns,samples,iterations,measured_at,estimates_file"
     );
     assert_eq!(lines.len(), 1 + rows.len());
     // Empty cells where a value does not exist (no depth for layouts, no sample.json).

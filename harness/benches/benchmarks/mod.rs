@@ -9,7 +9,7 @@ use densebench::device::DeviceSpec;
 use std::time::{Duration, Instant};
 
 /// Set to `1` to run the slow configurations too (deeper blocks, every manual variant of
-/// DenseNet-BC-100's block): about 20 minutes more on 2 cores.
+/// DenseNet-BC-100's block): roughly 10 minutes more on 2 cores.
 pub const FULL_ENV: &str = "DENSEBENCH_BENCH_FULL";
 /// The device to bench on, `cpu` (default) or `cuda:N` (needs `--features cuda`).
 pub const DEVICE_ENV: &str = "DENSEBENCH_BENCH_DEVICE";

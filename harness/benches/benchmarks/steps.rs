@@ -34,9 +34,9 @@ const BC_SMALL_SIZE: usize = 8;
 const BC_SMALL_DEPTHS: &[usize] = &[8, 16];
 const BC_SMALL_DEPTHS_FULL: &[usize] = &[32];
 
-/// Variants of DenseNet-BC-100's block (N=64, 32×32, L=16; 3–5 s per step) in the default set:
-/// the naive one and the linear-memory one (shared buffer + recompute + in-place ReLU), the two
-/// ends of the trade-off. The full set runs every manual variant. `autograd` is never run at this
+/// Variants of DenseNet-BC-100's block (N=64, 32×32, L=16; about 2 s per step on 2 cores, up to
+/// 5 s when loaded) in the default set: the naive one and the linear-memory one (shared buffer +
+/// recompute + in-place ReLU), the two ends of the trade-off. The full set runs every manual variant. `autograd` is never run at this
 /// size (about 50 s per step, so 10 samples take over 9 minutes); harness rows cover it.
 const BC100_DEFAULT_VARIANTS: &[&str] = &["cat-store-copy", "buffer-recompute-inplace"];
 
