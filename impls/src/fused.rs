@@ -48,29 +48,48 @@ fn bad_dtype(op: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
 }
 
+/// A one-input kernel written once, generic over the float type (candle's `Map1` pattern):
+/// [`map1`] does the dtype dispatch and the layout checks.
+trait Kernel1 {
+    const NAME: &'static str;
+    fn run<T: Float + std::ops::Add<Output = T>>(
+        &self,
+        x: &[T],
+        rows: usize,
+        cols: usize,
+    ) -> Vec<T>;
+}
+
+fn map1<K: Kernel1>(k: &K, s: &CpuStorage, l: &Layout) -> candle_core::Result<CpuStorage> {
+    let (rows, cols) = l.shape().dims2()?;
+    Ok(match s {
+        CpuStorage::F32(v) => CpuStorage::F32(k.run(slice(v, l, K::NAME)?, rows, cols)),
+        CpuStorage::F64(v) => CpuStorage::F64(k.run(slice(v, l, K::NAME)?, rows, cols)),
+        _ => return Err(bad_dtype(K::NAME)),
+    })
+}
+
 /// Per-row mean and biased variance of `x [C, M]` → `[C, 2]`, two passes in f64.
 struct BnStatsOp;
+impl Kernel1 for BnStatsOp {
+    const NAME: &'static str = "bn-stats";
+    fn run<T: Float>(&self, x: &[T], _rows: usize, m: usize) -> Vec<T> {
+        x.par_chunks(m)
+            .flat_map_iter(|row| {
+                let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
+                let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
+                [T::of(mean), T::of(var)]
+            })
+            .collect()
+    }
+}
 impl CustomOp1 for BnStatsOp {
     fn name(&self) -> &'static str {
-        "bn-stats"
+        Self::NAME
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (c, m) = l.shape().dims2()?;
-        fn go<T: Float>(x: &[T], m: usize) -> Vec<T> {
-            x.par_chunks(m)
-                .flat_map_iter(|row| {
-                    let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
-                    let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
-                    [T::of(mean), T::of(var)]
-                })
-                .collect()
-        }
-        let out = match s {
-            CpuStorage::F32(v) => CpuStorage::F32(go(slice(v, l, self.name())?, m)),
-            CpuStorage::F64(v) => CpuStorage::F64(go(slice(v, l, self.name())?, m)),
-            _ => return Err(bad_dtype(self.name())),
-        };
-        Ok((out, Shape::from((c, 2))))
+        let c = l.shape().dims2()?.0;
+        Ok((map1(self, s, l)?, Shape::from((c, 2))))
     }
 }
 
@@ -328,41 +347,29 @@ struct ShiftStackOp {
     grid: Grid,
     offsets: [(isize, isize); 9],
 }
+impl Kernel1 for ShiftStackOp {
+    const NAME: &'static str = "shift-stack";
+    fn run<T: Float + std::ops::Add<Output = T>>(&self, t: &[T], c: usize, m: usize) -> Vec<T> {
+        let plane = self.grid.h * self.grid.w;
+        let mut out = vec![T::ZERO; 9 * c * m];
+        out.par_chunks_mut(m).enumerate().for_each(|(row, dst)| {
+            let (j, ch) = (row / c, row % c);
+            let (oy, ox) = self.offsets[j];
+            let src = &t[ch * m..(ch + 1) * m];
+            for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
+                shift_plane::<T, false>(d, s, self.grid, oy, ox);
+            }
+        });
+        out
+    }
+}
 impl CustomOp1 for ShiftStackOp {
     fn name(&self) -> &'static str {
-        "shift-stack"
+        Self::NAME
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = l.shape().dims2()?;
-        let plane = self.grid.h * self.grid.w;
-        fn run<T: Float + std::ops::Add<Output = T>>(
-            t: &[T],
-            c: usize,
-            m: usize,
-            plane: usize,
-            op: &ShiftStackOp,
-        ) -> Vec<T> {
-            let mut out = vec![T::ZERO; 9 * c * m];
-            out.par_chunks_mut(m).enumerate().for_each(|(row, dst)| {
-                let (j, ch) = (row / c, row % c);
-                let (oy, ox) = op.offsets[j];
-                let src = &t[ch * m..(ch + 1) * m];
-                for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
-                    shift_plane::<T, false>(d, s, op.grid, oy, ox);
-                }
-            });
-            out
-        }
-        let out = match s {
-            CpuStorage::F32(v) => {
-                CpuStorage::F32(run(slice(v, l, self.name())?, c, m, plane, self))
-            }
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(run(slice(v, l, self.name())?, c, m, plane, self))
-            }
-            _ => return Err(bad_dtype(self.name())),
-        };
-        Ok((out, Shape::from((9 * c, m))))
+        Ok((map1(self, s, l)?, Shape::from((9 * c, m))))
     }
 }
 
@@ -371,42 +378,29 @@ struct ShiftSumOp {
     grid: Grid,
     offsets: [(isize, isize); 9],
 }
+impl Kernel1 for ShiftSumOp {
+    const NAME: &'static str = "shift-sum";
+    fn run<T: Float + std::ops::Add<Output = T>>(&self, p: &[T], c9: usize, m: usize) -> Vec<T> {
+        let (c, plane) = (c9 / 9, self.grid.h * self.grid.w);
+        let mut out = vec![T::ZERO; c * m];
+        out.par_chunks_mut(m).enumerate().for_each(|(ch, dst)| {
+            for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
+                let src = &p[(j * c + ch) * m..(j * c + ch + 1) * m];
+                for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
+                    shift_plane::<T, true>(d, s, self.grid, oy, ox);
+                }
+            }
+        });
+        out
+    }
+}
 impl CustomOp1 for ShiftSumOp {
     fn name(&self) -> &'static str {
-        "shift-sum"
+        Self::NAME
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c9, m) = l.shape().dims2()?;
-        let c = c9 / 9;
-        let plane = self.grid.h * self.grid.w;
-        fn run<T: Float + std::ops::Add<Output = T>>(
-            p: &[T],
-            c: usize,
-            m: usize,
-            plane: usize,
-            op: &ShiftSumOp,
-        ) -> Vec<T> {
-            let mut out = vec![T::ZERO; c * m];
-            out.par_chunks_mut(m).enumerate().for_each(|(ch, dst)| {
-                for (j, &(oy, ox)) in op.offsets.iter().enumerate() {
-                    let src = &p[(j * c + ch) * m..(j * c + ch + 1) * m];
-                    for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
-                        shift_plane::<T, true>(d, s, op.grid, oy, ox);
-                    }
-                }
-            });
-            out
-        }
-        let out = match s {
-            CpuStorage::F32(v) => {
-                CpuStorage::F32(run(slice(v, l, self.name())?, c, m, plane, self))
-            }
-            CpuStorage::F64(v) => {
-                CpuStorage::F64(run(slice(v, l, self.name())?, c, m, plane, self))
-            }
-            _ => return Err(bad_dtype(self.name())),
-        };
-        Ok((out, Shape::from((c, m))))
+        Ok((map1(self, s, l)?, Shape::from((c9 / 9, m))))
     }
 }
 
