@@ -66,28 +66,3 @@ fn measure_matmul_rate(dtype: candle_core::DType) -> Option<f64> {
 pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
     impls::memory::declared_saved_bytes(variant, cfg).map(|b| b as u64)
 }
-
-/// A rough relative cost of one step, for the sweep's ETA only: multiply-adds of the layers'
-/// matmuls and convolutions (forward; backward is about twice that, a constant factor).
-// TODO(issue 5/7): use the FLOP model (and predicted time) once it exists.
-pub fn relative_cost(variant: Variant, cfg: &Config) -> f64 {
-    let m = cfg.m() as f64;
-    let (k, b) = (cfg.growth as f64, cfg.bottleneck() as f64);
-    let macs: f64 = (0..cfg.depth)
-        .map(|i| {
-            let c = cfg.c_in(i) as f64;
-            match cfg.family {
-                impls::Family::Mlp => m * c * k,
-                // Conv1×1 (c → b), Conv3×3 (b → k), plus BN/ReLU passes over c and b channels.
-                impls::Family::Bc => m * (c * b + 9.0 * b * k + 10.0 * (c + b)),
-            }
-        })
-        .sum();
-    // candle's autograd is the slowest path (every op through the graph, NCHW convolutions).
-    let factor = if variant == Variant::Autograd {
-        3.0
-    } else {
-        1.0
-    };
-    (macs * factor).max(1.0)
-}

@@ -42,7 +42,7 @@ pub enum Prefer {
 /// `densebench merge` arguments.
 #[derive(clap::Args, Debug, Clone)]
 #[command(
-    after_help = "Exit status: 0 merged (and complete, with --sweep or --quick); 2 merged, \
+    after_help = "Exit status: 0 merged (and complete, when a sweep is given); 2 merged, \
                         but keys of the sweep are missing (listed); 1 nothing written: an input \
                         is unreadable, rows conflict, or OUT exists."
 )]
