@@ -503,7 +503,7 @@ fn published_section(groups: &[Group], out: &mut String) {
             .min_by_key(|r| r.peak_bytes);
         let fastest_linear = at
             .iter()
-            .filter(|r| is_linear_memory(&r.variant) && r.median_ns.is_some())
+            .filter(|r| is_linear_memory(&r.variant, &r.family) && r.median_ns.is_some())
             .min_by_key(|r| r.median_ns);
         let mut picks: Vec<(&str, &Row)> = Vec::new();
         if let Some(f) = frugal {

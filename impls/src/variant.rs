@@ -152,12 +152,16 @@ impl Variant {
             })
     }
 
-    /// True for the variants whose feature memory grows linearly in depth.
-    pub fn is_linear_memory(&self) -> bool {
+    /// True for the variants whose memory grows linearly in depth: everything they keep per
+    /// layer is O(k) channels. `recompute` keeps only the features and BN statistics; a
+    /// `buffer-store` mlp layer keeps views of the buffer; but a `buffer-store` bc layer still
+    /// keeps its ReLU1 output `[C_i, M]`, which grows with i — quadratic overall.
+    pub fn is_linear_memory(&self, family: Family) -> bool {
         match self {
             Variant::Autograd => false,
             Variant::Manual(s) => {
-                s.concat == Concat::Buffer || s.intermediates == Intermediates::Recompute
+                s.intermediates == Intermediates::Recompute
+                    || (family == Family::Mlp && s.concat == Concat::Buffer)
             }
         }
     }

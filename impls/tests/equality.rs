@@ -189,6 +189,15 @@ fn variant_list_is_complete_and_names_round_trip() {
         assert_eq!(Variant::parse(&v.name()).ok(), Some(v));
     }
     assert!(Variant::parse("buffer").is_err());
+    // Linear memory: recompute everywhere; buffer-store only for mlp (a bc layer still keeps its
+    // ReLU1 output [C_i, M], which grows with i).
+    let buffer_store = Variant::parse("buffer-store-copy").unwrap();
+    assert!(buffer_store.is_linear_memory(Family::Mlp));
+    assert!(!buffer_store.is_linear_memory(Family::Bc));
+    assert!(Variant::parse("cat-recompute-inplace")
+        .unwrap()
+        .is_linear_memory(Family::Bc));
+    assert!(!Variant::NAIVE.is_linear_memory(Family::Mlp));
     assert!(Variant::for_config(&bc)
         .iter()
         .any(|v| matches!(v, Variant::Manual(s) if s.concat == Concat::Buffer)));

@@ -237,12 +237,13 @@ pub fn variant_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String
     present
 }
 
-/// True when the variant's feature memory grows linearly in depth (by its axes); unknown
-/// names are treated as not linear.
-pub fn is_linear_memory(variant: &str) -> bool {
-    impls::Variant::parse(variant)
-        .map(|v| v.is_linear_memory())
-        .unwrap_or(false)
+/// True when the variant's memory grows linearly in depth for this family (by its axes, see
+/// `impls::Variant::is_linear_memory`); unknown names are treated as not linear.
+pub fn is_linear_memory(variant: &str, family: &str) -> bool {
+    match (impls::Variant::parse(variant), impls::Family::parse(family)) {
+        (Ok(v), Ok(f)) => v.is_linear_memory(f),
+        _ => false,
+    }
 }
 
 /// A colour per variant, the same in every figure: reds for `cat-store`, purples for

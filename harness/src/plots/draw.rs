@@ -425,12 +425,22 @@ where
         ] {
             let Some((x0, y0)) = start else { continue };
             let end = (dmax, y0 * (dmax / x0).powf(slope));
-            log.draw_series(DashedLineSeries::new(
-                vec![(x0, y0), end],
-                6,
-                5,
-                BLACK.mix(0.45).stroke_width(1),
-            ))?;
+            // Dashes cut in log space: plotters' dashed series interpolates in data space,
+            // which bends a power law on log axes.
+            let at = |t: f64| {
+                let x = x0 * (dmax / x0).powf(t);
+                (x, y0 * (x / x0).powf(slope))
+            };
+            for dash in (0..GUIDE_DASHES).step_by(2) {
+                let (t0, t1) = (
+                    dash as f64 / GUIDE_DASHES as f64,
+                    (dash + 1) as f64 / GUIDE_DASHES as f64,
+                );
+                log.draw_series(LineSeries::new(
+                    vec![at(t0), at(t1)],
+                    BLACK.mix(0.45).stroke_width(1),
+                ))?;
+            }
             log.draw_series(std::iter::once(
                 EmptyElement::at(end)
                     + Text::new(
@@ -464,6 +474,9 @@ where
         ],
     )
 }
+
+/// Segments of a guide line on log axes (every other one drawn).
+const GUIDE_DASHES: usize = 31;
 
 /// Figure 2: median step time against depth with min–max whiskers; the time axis on a log
 /// scale when the times spread over more than [`LOG_SPREAD`]×.
