@@ -10,22 +10,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_densebench");
-
-fn densebench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("the densebench binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn path_str(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
+mod common;
+use common::{densebench, path_str, stderr, BIN};
 
 /// `bench-all` with a temp output and cache; returns the output path and the process output.
 fn bench_all(dir: &Path, out: &str, extra: &[&str]) -> (PathBuf, Output) {

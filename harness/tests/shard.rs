@@ -10,24 +10,10 @@ use densebench::shard::{self, ShardSpec};
 use densebench::sweep::{self, Job};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Output;
 
-const BIN: &str = env!("CARGO_BIN_EXE_densebench");
-
-fn densebench(args: &[&str]) -> Output {
-    Command::new(BIN)
-        .args(args)
-        .output()
-        .expect("the densebench binary runs")
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("temp paths are UTF-8")
-}
+mod common;
+use common::{densebench, path_str as s, stderr};
 
 fn jobs(text: &str) -> Vec<Job> {
     sweep::parse(text, "test", Some(1 << 30)).expect("the sweep parses")
