@@ -1,7 +1,8 @@
-//! The command line: clap definitions and dispatch to each subcommand's module.
+//! The command line: clap definitions and dispatch to each subcommand's file in `commands/`;
+//! nothing else.
 
-use crate::{
-    child, compare, criterion_import, max_depth, merge, plan, plots, report, run, step_cmd, sweep,
+use crate::commands::{
+    bench_all, child, compare, criterion_import, max_depth, merge, plan, plots, report, run, step,
 };
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -19,13 +20,13 @@ enum Command {
     /// Measure one configuration of one variant in an isolated child process; print one row.
     Run(run::Args),
     /// Run a sweep (default: harness/sweeps/default.toml) into a result CSV.
-    BenchAll(sweep::Args),
+    BenchAll(bench_all::Args),
     /// Show how a sweep splits into shards (`bench-all --shard I/N`): keys and predicted costs.
     Plan(plan::Args),
     /// Combine result CSVs (shard files) by key; report keys of the sweep still missing.
     Merge(merge::Args),
     /// One training step from a safetensors case file, results written to safetensors.
-    Step(step_cmd::Args),
+    Step(step::Args),
     /// Compare two result CSVs: ratios NEW/BASE per metric, regressions flagged.
     Compare(compare::Args),
     /// Regenerate every figure (SVG and PNG) from a result CSV.
@@ -46,18 +47,18 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         // `cargo run --release` with no arguments runs the main job: the default sweep.
-        None => sweep::run(sweep::Args::default_sweep()),
+        None => bench_all::run(bench_all::Args::default_sweep()),
         Some(Command::Run(a)) => run::run(a),
-        Some(Command::BenchAll(a)) => sweep::run(a),
+        Some(Command::BenchAll(a)) => bench_all::run(a),
         Some(Command::Plan(a)) => plan::run(a),
         Some(Command::Merge(a)) => merge::run(a),
-        Some(Command::Step(a)) => step_cmd::run(a),
+        Some(Command::Step(a)) => step::run(a),
         Some(Command::Compare(a)) => compare::run(a),
         Some(Command::Plots(a)) => plots::run(a),
         Some(Command::Report(a)) => report::run(a),
         Some(Command::MaxDepth(a)) => max_depth::run(a),
         Some(Command::CriterionImport(a)) => criterion_import::run(a),
-        Some(Command::Child(a)) => child::child(a),
+        Some(Command::Child(a)) => child::run(a),
     };
     match result {
         Ok(code) => code,

@@ -3,7 +3,7 @@
 
 /// Every allocation of the process passes through this counter.
 #[global_allocator]
-static GLOBAL: densebench::alloc::Counting = densebench::alloc::Counting::new();
+static GLOBAL: densebench::measure::alloc::Counting = densebench::measure::alloc::Counting::new();
 
 fn main() -> std::process::ExitCode {
     densebench::cli::main()

@@ -1,8 +1,9 @@
 //! Sweep progress on stderr: a progress bar (current configuration, count, ETA) on a terminal,
 //! one plain line per event otherwise (logs, CI, tests). Progress is weighted by each job's
 //! estimated cost, so the ETA does not assume a depth-64 block costs what a depth-4 one does.
+//! It knows nothing of rows or jobs (callers pass their one-line summaries), so any floor may
+//! use it.
 
-use crate::row::Row;
 use indicatif::{ProgressBar, ProgressStyle};
 use std::io::IsTerminal;
 use std::time::{Duration, Instant};
@@ -18,7 +19,8 @@ pub struct Progress {
     done_cost: f64,
 }
 
-fn human_bytes(b: Option<u64>) -> String {
+/// Bytes for people: KiB, MiB or GiB with one or two decimals, `-` when unknown.
+pub fn human_bytes(b: Option<u64>) -> String {
     match b {
         None => "-".to_string(),
         Some(b) if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
@@ -27,7 +29,8 @@ fn human_bytes(b: Option<u64>) -> String {
     }
 }
 
-fn human_ns(ns: Option<u64>) -> String {
+/// Nanoseconds for people: ms or s, `-` when unknown.
+pub fn human_ns(ns: Option<u64>) -> String {
     match ns {
         None => "-".to_string(),
         Some(ns) if ns >= 1_000_000_000 => format!("{:.2} s", ns as f64 / 1e9),
@@ -38,28 +41,6 @@ fn human_ns(ns: Option<u64>) -> String {
 fn human_duration(d: Duration) -> String {
     let s = d.as_secs();
     format!("{}:{:02}", s / 60, s % 60)
-}
-
-/// One line summarising a finished row.
-pub fn summary(row: &Row) -> String {
-    let mut s = format!(
-        "{} {}: peak {} median {}",
-        row.key,
-        row.status,
-        human_bytes(row.peak_bytes),
-        human_ns(row.median_ns)
-    );
-    if let (Some(e), Some(ok)) = (row.max_rel_err, row.grad_ok) {
-        s.push_str(&format!(
-            " rel_err {e:.1e} vs {}{}",
-            row.reference,
-            if ok { "" } else { " (OUT OF TOLERANCE)" }
-        ));
-    }
-    if !row.error.is_empty() {
-        s.push_str(&format!(" — {}", row.error));
-    }
-    s
 }
 
 impl Progress {
@@ -103,10 +84,10 @@ impl Progress {
         human_duration(Duration::from_secs_f64(left))
     }
 
-    /// A job is done with `row`; `cost` is its estimated cost.
-    pub fn finish(&mut self, index: usize, row: &Row, cost: f64) {
+    /// A job is done, `summary` says how (one line); `cost` is its estimated cost.
+    pub fn finish(&mut self, index: usize, summary: &str, cost: f64) {
         self.done_cost += cost;
-        let line = format!("[{index}/{}] {}", self.total_jobs, summary(row));
+        let line = format!("[{index}/{}] {summary}", self.total_jobs);
         match &self.bar {
             Some(bar) => {
                 bar.println(line);

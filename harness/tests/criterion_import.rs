@@ -2,7 +2,7 @@
 //! writes (`estimates.json`, `sample.json`, `benchmark.json` under `<group>/<fn>/<param>/new/`),
 //! imported through the library and through the binary, and the errors for broken trees.
 
-use densebench::criterion_import::{import, write_csv};
+use densebench::results::criterion::{import, write_csv};
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;

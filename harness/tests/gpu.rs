@@ -5,7 +5,7 @@
 //! --test gpu -- --nocapture`.
 
 use candle_core::{DType, Device, Tensor};
-use densebench::gpu::{self, GpuInfo, PeakSource, PoolPeak};
+use densebench::measure::gpu::{self, GpuInfo, PeakSource, PoolPeak};
 use std::process::Command;
 
 const BIN: &str = env!("CARGO_BIN_EXE_densebench");

@@ -2,8 +2,8 @@
 //! sweep, out-of-memory and unavailable-device rows, kill and resume, bad input, the `run` and
 //! `step` subcommands. Every test uses tiny configs and its own temp dir and reference cache.
 
-use densebench::row::{read_rows, Row};
-use densebench::sweep;
+use densebench::plan::sweep;
+use densebench::results::row::{read_rows, Row};
 use impls::{Case, Config, Family, NoProbe, Variant};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -184,10 +184,10 @@ fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
     assert_eq!(gpu.status, "error");
     // Without the cuda feature: the documented line; with it, on a machine without a GPU, the
     // line `check_available` gives (e.g. "device cuda:0 does not exist (0 devices)").
-    let expected = densebench::gpu::check_available(0)
+    let expected = densebench::measure::gpu::check_available(0)
         .err()
         .map(|e| e.to_string())
-        .unwrap_or_else(|| densebench::device::NO_CUDA.to_string());
+        .unwrap_or_else(|| densebench::measure::device::NO_CUDA.to_string());
     assert_eq!(gpu.error, expected);
 }
 
@@ -347,10 +347,10 @@ fn bad_input_gives_one_clear_error_before_any_work() {
     assert!(!o.status.success());
     assert!(
         stderr(&o).contains(
-            &densebench::gpu::check_available(0)
+            &densebench::measure::gpu::check_available(0)
                 .err()
                 .map(|e| e.to_string())
-                .unwrap_or_else(|| densebench::device::NO_CUDA.to_string())
+                .unwrap_or_else(|| densebench::measure::device::NO_CUDA.to_string())
         ),
         "{}",
         stderr(&o)

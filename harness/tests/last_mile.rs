@@ -1,7 +1,7 @@
 //! The last mile, end to end through the `densebench` binary: `plots`, `compare` and `report`
-//! on small synthetic result CSVs built from `densebench::row::Row` values.
+//! on small synthetic result CSVs built from `densebench::results::row::Row` values.
 
-use densebench::row::Row;
+use densebench::results::row::Row;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -74,7 +74,7 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
         .collect();
     let exact = variant == "autograd" || variant == "buffer-store-copy";
     Row {
-        schema: densebench::row::SCHEMA_VERSION,
+        schema: densebench::results::row::SCHEMA_VERSION,
         key: format!("{variant}/{family}/{depth}"),
         variant: variant.to_string(),
         family: family.to_string(),

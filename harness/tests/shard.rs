@@ -3,11 +3,12 @@
 //! (conflicts refused, identical rows deduplicated, `--prefer newest`, missing keys reported,
 //! idempotent, OUT protected) and `--devices` on a build or machine without CUDA.
 
-use densebench::device::DeviceSpec;
-use densebench::merge::{self, write_rows, Input, Prefer};
-use densebench::row::{read_rows, Row};
-use densebench::shard::{self, ShardSpec};
-use densebench::sweep::{self, Job};
+use densebench::measure::device::{DeviceOps, DeviceSpec};
+use densebench::plan::shard::{self, ShardSpec};
+use densebench::plan::sweep::{self, Job};
+use densebench::results::merge::{self, Input, Prefer};
+use densebench::results::row::{read_rows, Row};
+use densebench::results::store::write_rows;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -127,7 +128,7 @@ fn shards_are_deterministic_and_independent_of_the_machine() {
 /// A synthetic row of `key` (only the cells merge looks at).
 fn row(key: &str, ts: &str, median_ns: u64) -> Row {
     Row {
-        schema: densebench::row::SCHEMA_VERSION,
+        schema: densebench::results::row::SCHEMA_VERSION,
         key: key.to_string(),
         variant: key.split('/').next().unwrap_or_default().to_string(),
         timestamp: ts.to_string(),
@@ -276,7 +277,7 @@ fn merge_reports_missing_keys_per_shard() {
     let e = stderr(&o);
     assert_eq!(
         o.status.code(),
-        Some(i32::from(merge::EXIT_INCOMPLETE)),
+        Some(i32::from(densebench::commands::merge::EXIT_INCOMPLETE)),
         "{e}"
     );
     assert!(

@@ -7,7 +7,7 @@
 //! root, no apt-get, Slurm not installable or not starting) or when `DENSEBENCH_SKIP_SLURM=1`.
 //! As root with apt access (CI) it installs slurm-wlm and munge and runs: about 40 s.
 
-use densebench::row::read_rows;
+use densebench::results::row::read_rows;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 use std::process::Command;

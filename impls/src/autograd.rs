@@ -9,7 +9,7 @@ use crate::config::{Config, Family, BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Error, Result};
 use crate::params::{bn_name, conv_name, mlp_bias, mlp_weight, Kind, Params};
 use crate::probe::{Event, Probe, SavedTensor};
-use crate::step::StepResult;
+use crate::result::StepResult;
 use candle_core::{Tensor, Var};
 use std::collections::BTreeMap;
 

@@ -7,7 +7,7 @@ use crate::error::{CandleContext, Result};
 use crate::maths::{self, BnStats};
 use crate::params::{bn_name, conv_name, mlp_bias, mlp_weight, Params};
 use crate::probe::{Event, Probe, SavedTensor};
-use crate::step::StepResult;
+use crate::result::StepResult;
 use crate::variant::{Concat, Intermediates, Strategy};
 use candle_core::Tensor;
 use std::collections::BTreeMap;

@@ -1,7 +1,7 @@
 //! Gradient equality: how far one step's results are from a reference's, tensor by tensor.
 
 use crate::error::{CandleContext, Error, Result};
-use crate::step::StepResult;
+use crate::result::StepResult;
 use candle_core::{DType, Tensor};
 use std::collections::BTreeMap;
 

@@ -6,7 +6,7 @@
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
 //!   [`autograd`]: the forum's code through candle's autograd.
-//! - [`step`]: the interface the harness drives; [`probe`]: layer-boundary hooks.
+//! - [`step`]: the interface the harness drives, [`result`]: what a step returns; [`probe`]: layer-boundary hooks.
 //! - [`compare`]: gradient errors; [`case`]: safetensors case files; [`memory`]: what each
 //!   variant keeps for backward, predicted from the config.
 
@@ -25,6 +25,7 @@ pub mod maths;
 pub mod memory;
 pub mod params;
 pub mod probe;
+pub mod result;
 pub mod step;
 pub mod variant;
 
@@ -33,5 +34,6 @@ pub use config::{Config, Family};
 pub use error::{Error, Result};
 pub use params::Params;
 pub use probe::{Event, NoProbe, Probe, SavedTensor};
-pub use step::{step, StepResult};
+pub use result::StepResult;
+pub use step::step;
 pub use variant::{Concat, Intermediates, Relu, Strategy, Variant};

@@ -5,7 +5,7 @@ pub mod layout;
 pub mod steps;
 
 use candle_core::Device;
-use densebench::device::DeviceSpec;
+use densebench::measure::device::{DeviceOps, DeviceSpec};
 use std::time::{Duration, Instant};
 
 /// Set to `1` to run the slow configurations too (deeper blocks, every manual variant of
@@ -33,7 +33,7 @@ pub fn device() -> Device {
 /// (as the harness does: freeing the step's results is not part of the step).
 pub fn time_iters<T>(device: &Device, iters: u64, mut f: impl FnMut() -> T) -> Duration {
     let sync = || {
-        densebench::device::synchronize(device).unwrap_or_else(|e| panic!("{e:#}"));
+        densebench::measure::device::synchronize(device).unwrap_or_else(|e| panic!("{e:#}"));
     };
     let mut total = Duration::ZERO;
     for _ in 0..iters {

@@ -1,6 +1,6 @@
 //! One training step (`impls::step`: forward, backward, every gradient) of each variant on a few
 //! canonical configurations. One criterion group per family and config, named by
-//! `densebench::criterion_import::group_name` (e.g. `bc-N16-C24-k12-bn4-8x8`); the benchmark id
+//! `densebench::results::criterion::group_name` (e.g. `bc-N16-C24-k12-bn4-8x8`); the benchmark id
 //! is the variant's stable name and the depth. The case (parameters, input, upstream gradient)
 //! is built once per config, outside the timed region, and shared by every variant.
 //!
@@ -11,7 +11,7 @@
 use super::{device, full, time_iters};
 use candle_core::{DType, Device};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
-use densebench::criterion_import::group_name;
+use densebench::results::criterion::group_name;
 use impls::{Case, Config, Family, NoProbe, Variant};
 use std::time::Duration;
 

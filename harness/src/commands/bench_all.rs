@@ -1,0 +1,164 @@
+//! `densebench bench-all` (and `densebench` with no subcommand): a sweep file expanded into
+//! jobs ([`crate::plan::sweep`]), every job measured in its own child process and appended to the
+//! result CSV as soon as it exists ([`crate::results::runner`]).
+//!
+//! Guarantees: everything is validated before any work (sweep file, variant names, output
+//! path); an existing output file is never overwritten silently (`--resume` continues it,
+//! `--force` replaces it); the CSV is valid whenever the sweep is killed (header plus whole
+//! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing.
+//!
+//! Beyond one machine: `--shard I/N` keeps only shard I of the sweep ([`crate::plan::shard`]:
+//! whole configurations, balanced by predicted cost, the same split on every node), after which
+//! `--resume` works per shard file; `--devices cuda:0,cuda:1,…` runs one worker thread (one
+//! child at a time) per device, whole configurations per device, rows appended under a lock.
+
+use crate::measure::device::check_devices;
+use crate::measure::reference;
+use crate::plan::device::DeviceSpec;
+use crate::plan::job;
+use crate::plan::shard::{self, ShardSpec};
+use crate::plan::sweep::{load_sweep, parse, retarget, Job};
+use crate::results::runner;
+use crate::results::store::Output;
+use anyhow::Result;
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+/// `densebench bench-all` arguments.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Args {
+    /// Sweep file (TOML; format in harness/sweeps/README.md). Default: the built-in
+    /// harness/sweeps/default.toml.
+    #[arg(long, conflicts_with = "quick")]
+    pub sweep: Option<PathBuf>,
+    /// Output CSV. Default: a new results/bench-YYYYmmdd-HHMMSS.csv (results/quick-… with
+    /// --quick). An existing file is refused unless --resume or --force is given.
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// The built-in quick sweep (tiny configs, under a minute; for tests and CI).
+    #[arg(long)]
+    pub quick: bool,
+    /// Continue an existing output file: configurations whose key it already holds are skipped.
+    #[arg(long, conflicts_with = "force")]
+    pub resume: bool,
+    /// Replace an existing output file.
+    #[arg(long)]
+    pub force: bool,
+    /// Memory limit of every child in bytes (suffixes K, M, G, KiB, MiB, GiB), overriding the
+    /// sweep file; default 75% of RAM.
+    #[arg(long, value_parser = job::parse_bytes)]
+    pub mem_limit: Option<u64>,
+    /// Reference cache directory (default: `densebench-cache` next to the executable, or
+    /// $DENSEBENCH_CACHE_DIR).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+    /// Run only shard I of N (counting from 1, e.g. `2/3`): a deterministic part of the sweep,
+    /// whole configurations balanced by predicted cost (`densebench plan` shows the split).
+    /// Give each shard its own --out; --resume continues that shard's file.
+    #[arg(long, value_name = "I/N")]
+    pub shard: Option<ShardSpec>,
+    /// Run on these devices concurrently, one child per device (e.g. `cuda:0,cuda:1`), instead
+    /// of the sweep's `device`: a multi-GPU node without Slurm. Rows are keyed by the first
+    /// device (the GPUs are taken as identical); `device_desc` names the one a row ran on.
+    #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
+    pub devices: Vec<DeviceSpec>,
+}
+
+impl Args {
+    /// What `densebench` with no subcommand runs: the default sweep into a new timestamped file.
+    pub fn default_sweep() -> Self {
+        Args::default()
+    }
+}
+
+fn default_out(quick: bool, shard: Option<ShardSpec>) -> PathBuf {
+    let stamp = chrono::Local::now().format("%Y%m%d-%H%M%S");
+    let stem = if quick { "quick" } else { "bench" };
+    let part = shard
+        .map(|s| format!("-shard{}of{}", s.index, s.count))
+        .unwrap_or_default();
+    PathBuf::from("results").join(format!("{stem}-{stamp}{part}.csv"))
+}
+
+/// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
+/// gradients are out of tolerance; rows that ran out of memory or time are results, not failures.
+pub fn run(a: Args) -> Result<ExitCode> {
+    check_devices(&a.devices)?;
+    let (text, source) = load_sweep(a.sweep.as_deref(), a.quick)?;
+    let mut jobs = parse(&text, &source, a.mem_limit)?;
+    if let Some(&first) = a.devices.first() {
+        jobs = retarget(jobs, first);
+    }
+    let mut source = source;
+    if let Some(s) = a.shard {
+        let total = jobs.len();
+        jobs = shard::select(jobs, s);
+        source = format!("{source}, shard {s} ({} of {total} jobs)", jobs.len());
+    }
+    let out_path = a
+        .out
+        .clone()
+        .unwrap_or_else(|| default_out(a.quick, a.shard));
+    let note = |m: &str| eprintln!("{m}");
+    let (out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
+    let cache_dir = reference::default_dir(a.cache_dir.as_deref())?;
+    let mine: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
+    if foreign > 0 {
+        eprintln!(
+            "densebench bench-all: note: {foreign} rows of {} are not jobs of this run ({source}); \
+             they are kept as they are (another shard's file, or another sweep?)",
+            out_path.display()
+        );
+    }
+    let todo: Vec<&Job> = jobs.iter().filter(|j| !done.contains(&j.key)).collect();
+    eprintln!(
+        "densebench bench-all: {source}: {} jobs, {} already in {}, {} to run → {}{}",
+        jobs.len(),
+        jobs.len() - todo.len(),
+        out_path.display(),
+        todo.len(),
+        out_path.display(),
+        if a.devices.len() > 1 {
+            format!(
+                " on {} devices concurrently ({})",
+                a.devices.len(),
+                a.devices
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+        } else {
+            String::new()
+        }
+    );
+    let start = Instant::now();
+    let shared = runner::run(&todo, &a.devices, out, &cache_dir)?;
+    let counts: Vec<String> = shared
+        .counts
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect();
+    eprintln!(
+        "densebench bench-all: {} rows written to {} in {:.1} s ({})",
+        shared.finished,
+        out_path.display(),
+        start.elapsed().as_secs_f64(),
+        if counts.is_empty() {
+            "nothing to do".to_string()
+        } else {
+            counts.join(", ")
+        }
+    );
+    if !shared.out_of_tolerance.is_empty() {
+        eprintln!(
+            "densebench bench-all: gradients out of tolerance: {}",
+            shared.out_of_tolerance.join(", ")
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,199 @@
+//! `densebench merge OUT.csv IN.csv…`: combines result CSVs (the shard files of a sweep, earlier
+//! merges) into one, by row key (`variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`).
+//!
+//! - Rows with the same key and identical cells (a row copied into two files) are kept once.
+//! - Rows with the same key and different cells (two measurements of one configuration) are a
+//!   conflict: nothing is written and the keys, files and differing columns are named, unless
+//!   `--prefer newest` keeps the row with the latest `timestamp` (on a tie, the one whose CSV
+//!   line sorts last, so the choice never depends on the order of the inputs).
+//! - With `--sweep FILE` (or `--quick`, `--default-sweep`), keys of the sweep that no input holds are listed (per
+//!   shard with `--shards N`: the array indices to resubmit) and the exit status is
+//!   [`EXIT_INCOMPLETE`]; rows are written in the sweep's order, rows outside the sweep after
+//!   them. Without a sweep, rows keep the order in which their keys first appear.
+//! - OUT is written whole under a temporary name and renamed. An existing OUT is refused unless
+//!   it is one of the inputs (its rows take part, so `merge all.csv all.csv shard-*.csv` adds
+//!   new shards to it) or `--force` is given. Merging the output again with the same inputs
+//!   gives the same bytes (idempotent).
+
+use crate::plan::device::DeviceSpec;
+use crate::plan::sweep::sweep_keys;
+use crate::results::merge::{merge_rows, Input, Prefer};
+use crate::results::row;
+use crate::results::store::{same_file, write_rows};
+use anyhow::{bail, Context, Result};
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// Exit status when OUT was written but keys of the sweep are missing.
+pub const EXIT_INCOMPLETE: u8 = 2;
+
+/// `densebench merge` arguments.
+#[derive(clap::Args, Debug, Clone)]
+#[command(
+    after_help = "Exit status: 0 merged (and complete, when a sweep is given); 2 merged, \
+                        but keys of the sweep are missing (listed); 1 nothing written: an input \
+                        is unreadable, rows conflict, or OUT exists."
+)]
+pub struct Args {
+    /// The merged result CSV. Refused if it exists, unless it is also one of the inputs or
+    /// --force is given.
+    pub out: PathBuf,
+    /// Result CSVs to merge (shard files, earlier merges).
+    #[arg(required = true)]
+    pub inputs: Vec<PathBuf>,
+    /// The sweep file the inputs were run from: list its keys that no input holds, and write the
+    /// rows in its order.
+    #[arg(long, conflicts_with = "quick")]
+    pub sweep: Option<PathBuf>,
+    /// The built-in quick sweep (as `bench-all --quick`) is the sweep.
+    #[arg(long, conflicts_with = "default_sweep")]
+    pub quick: bool,
+    /// The built-in default sweep (as plain `bench-all`) is the sweep.
+    #[arg(long, conflicts_with = "sweep")]
+    pub default_sweep: bool,
+    /// With a sweep: the shard count it ran with, so missing keys are listed per shard (the
+    /// Slurm array indices to resubmit).
+    #[arg(long, value_name = "N")]
+    pub shards: Option<usize>,
+    /// With a sweep: the `--devices` list it ran with (rows are keyed by the first device).
+    #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
+    pub devices: Vec<DeviceSpec>,
+    /// Rows of one key with different values: keep the newest (by `timestamp`) instead of
+    /// refusing.
+    #[arg(long, value_enum)]
+    pub prefer: Option<Prefer>,
+    /// Overwrite OUT when it exists and is not one of the inputs.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// `densebench merge`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    if a.shards == Some(0) {
+        bail!("--shards must be at least 1");
+    }
+    let has_sweep = a.sweep.is_some() || a.quick || a.default_sweep;
+    if (a.shards.is_some() || !a.devices.is_empty()) && !has_sweep {
+        bail!(
+            "--shards and --devices describe a sweep: give it with --sweep FILE, --quick or \
+             --default-sweep"
+        );
+    }
+    let out_is_input = a.inputs.iter().any(|i| same_file(i, &a.out));
+    if a.out.exists() && !out_is_input && !a.force {
+        bail!(
+            "output file {} already exists and is not one of the inputs: pass --force to \
+             overwrite it, or list it as an input to merge into it",
+            a.out.display()
+        );
+    }
+    let expected = if has_sweep {
+        Some(sweep_keys(
+            a.sweep.as_deref(),
+            a.quick,
+            &a.devices,
+            a.shards,
+        )?)
+    } else {
+        None
+    };
+    let mut inputs = Vec::new();
+    for p in &a.inputs {
+        let rows = row::read_rows(p).with_context(|| {
+            format!(
+                "merging {} (a shard killed in the middle of a write is repaired by running it \
+                 again with --resume)",
+                p.display()
+            )
+        })?;
+        inputs.push(Input {
+            name: p.display().to_string(),
+            rows,
+        });
+    }
+    let read: usize = inputs.iter().map(|i| i.rows.len()).sum();
+    let mut merged = merge_rows(&inputs, a.prefer)?;
+    let mut missing: Vec<(String, Option<usize>)> = Vec::new();
+    let mut outside = 0;
+    if let Some((_, keys)) = &expected {
+        let rank: HashMap<&str, usize> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, (k, _))| (k.as_str(), i))
+            .collect();
+        // Sweep order; rows outside the sweep after it, in first-appearance order (stable sort).
+        merged
+            .rows
+            .sort_by_key(|r| rank.get(r.key.as_str()).copied().unwrap_or(usize::MAX));
+        let have: std::collections::HashSet<&str> =
+            merged.rows.iter().map(|r| r.key.as_str()).collect();
+        outside = merged
+            .rows
+            .iter()
+            .filter(|r| !rank.contains_key(r.key.as_str()))
+            .count();
+        missing = keys
+            .iter()
+            .filter(|(k, _)| !have.contains(k.as_str()))
+            .cloned()
+            .collect();
+    }
+    write_rows(&a.out, &merged.rows)?;
+    eprintln!(
+        "densebench merge: {} inputs, {read} rows → {} rows in {} ({} identical duplicates \
+         dropped{})",
+        inputs.len(),
+        merged.rows.len(),
+        a.out.display(),
+        merged.identical_duplicates,
+        if merged.resolved.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} keys with differing rows resolved to the newest",
+                merged.resolved.len()
+            )
+        }
+    );
+    let Some((source, keys)) = expected else {
+        return Ok(ExitCode::SUCCESS);
+    };
+    if outside > 0 {
+        eprintln!("densebench merge: note: {outside} rows are not keys of {source}");
+    }
+    if missing.is_empty() {
+        eprintln!(
+            "densebench merge: complete: all {} keys of {source}",
+            keys.len()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    eprintln!(
+        "densebench merge: INCOMPLETE: {} of the {} keys of {source} are missing:",
+        missing.len(),
+        keys.len()
+    );
+    let mut per_shard: BTreeMap<Option<usize>, Vec<String>> = BTreeMap::new();
+    for (k, s) in missing {
+        per_shard.entry(s).or_default().push(k);
+    }
+    for (s, ks) in &per_shard {
+        if let (Some(s), Some(n)) = (s, a.shards) {
+            eprintln!("  shard {s}/{n} ({} missing):", ks.len());
+        }
+        for k in ks {
+            eprintln!("    {k}");
+        }
+    }
+    if let Some(n) = a.shards {
+        let idx: Vec<String> = per_shard.keys().flatten().map(|s| s.to_string()).collect();
+        eprintln!(
+            "densebench merge: rerun shard(s) {} of {n} with --resume (Slurm: resubmit array \
+             index {}), then merge again",
+            idx.join(","),
+            idx.join(",")
+        );
+    }
+    Ok(ExitCode::from(EXIT_INCOMPLETE))
+}

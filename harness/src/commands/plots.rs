@@ -1,0 +1,65 @@
+//! `densebench plots RESULTS.csv`: regenerates every figure (SVG and PNG) of a result CSV
+//! ([`crate::outputs::plots::render_all`]) and says what it skipped.
+
+use crate::outputs::plots::{data, render_all};
+use crate::results::row::{read_rows, Row};
+use anyhow::{bail, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Result CSV written by `bench-all` or `run`.
+    pub csv: PathBuf,
+    /// Folder the figures are written to (created if missing); each figure as .svg and .png.
+    #[arg(long, default_value = "plots")]
+    pub out: PathBuf,
+}
+
+/// `densebench plots`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    let rows = read_rows(&a.csv)?;
+    let (groups, replaced) = data::group_rows(&rows);
+    let ok = rows.iter().filter(|r| r.is_ok()).count();
+    if ok == 0 {
+        bail!(
+            "{}: no rows with status ok ({} rows in all); nothing to plot",
+            a.csv.display(),
+            rows.len()
+        );
+    }
+    println!(
+        "plots: {ok} ok rows of {} in {}",
+        rows.len(),
+        a.csv.display()
+    );
+    if replaced > 0 {
+        println!(
+            "note: {replaced} row(s) repeat an earlier (config, depth, variant); the last one is plotted"
+        );
+    }
+    let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
+    if !skipped.is_empty() {
+        println!(
+            "skipped {} row(s) whose status is not ok (listed in the figures' footers):",
+            skipped.len()
+        );
+        for r in &skipped {
+            println!("  {} {}", r.config_label(), data::skipped_note(r));
+        }
+    }
+    for g in &groups {
+        if g.depths().len() == 1 {
+            println!(
+                "note: {} has one depth only: no figures against depth",
+                g.label
+            );
+        }
+    }
+    let files = render_all(&rows, &a.out)?;
+    println!("wrote {} files:", files.len());
+    for f in &files {
+        println!("  {}", f.display());
+    }
+    Ok(ExitCode::SUCCESS)
+}

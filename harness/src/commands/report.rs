@@ -1,0 +1,39 @@
+//! `densebench report RESULTS.csv`: writes the markdown report of one result CSV
+//! ([`crate::outputs::report::render`]).
+
+use crate::outputs::report::render;
+use crate::results::row::read_rows;
+use anyhow::{Context, Result};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+#[derive(clap::Args, Debug, Clone)]
+pub struct Args {
+    /// Result CSV written by `bench-all` or `run`.
+    pub csv: PathBuf,
+    /// Markdown file to write (its folder is created if missing).
+    #[arg(long, default_value = "results/REPORT.md")]
+    pub out: PathBuf,
+    /// Folder holding the figures written by `densebench plots` (linked relative to the report).
+    #[arg(long, default_value = "plots")]
+    pub plots: PathBuf,
+}
+
+/// `densebench report`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    let rows = read_rows(&a.csv)?;
+    let text = render(&rows, &a.csv, &a.out, &a.plots)?;
+    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)
+            .with_context(|| format!("creating the report folder {}", dir.display()))?;
+    }
+    std::fs::write(&a.out, text)
+        .with_context(|| format!("writing the report {}", a.out.display()))?;
+    println!(
+        "wrote {} ({} rows from {})",
+        a.out.display(),
+        rows.len(),
+        a.csv.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

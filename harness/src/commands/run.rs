@@ -1,0 +1,111 @@
+//! `densebench run`: one configuration of one variant, measured in an isolated child process
+//! ([`crate::results::record::measure_row`]), printed as one result row.
+
+use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::measure::reference::{self, Cache};
+use crate::plan::job::{self, ConfigArgs, Settings};
+use crate::results::record::measure_row;
+use crate::results::row::Row;
+use anyhow::{anyhow, Context, Result};
+use clap::ValueEnum;
+use impls::Variant;
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+/// How `run` prints its row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// A CSV header and one row (the results/README.md schema).
+    Csv,
+    /// One JSON object with the same fields.
+    Json,
+}
+
+/// `densebench run` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Variant name, e.g. `cat-store-copy`, `buffer-recompute-inplace`, `autograd`.
+    #[arg(long)]
+    pub variant: String,
+    /// Measured steps: time columns are median, min and max over them.
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    /// Unmeasured warm-up steps before them (settle the allocator and gemm scratch).
+    #[arg(long, default_value_t = 1)]
+    pub warmup: usize,
+    /// Compute threads of the child (0: candle's default, the physical cores).
+    #[arg(long, default_value_t = 0)]
+    pub threads: usize,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Csv)]
+    pub format: Format,
+    /// Memory limit of the child in bytes (suffixes K, M, G, KiB, MiB, GiB); default 75% of RAM.
+    #[arg(long, value_parser = job::parse_bytes)]
+    pub mem_limit: Option<u64>,
+    /// Time limit of each child process in seconds.
+    #[arg(long, default_value_t = job::DEFAULT_TIMEOUT_SECS)]
+    pub timeout: u64,
+    /// Reference cache directory (default: `densebench-cache` next to the executable, or
+    /// $DENSEBENCH_CACHE_DIR).
+    #[arg(long)]
+    pub cache_dir: Option<PathBuf>,
+}
+
+/// Writes one row as CSV (with header) or JSON.
+pub fn print_row(row: &Row, format: Format, out: &mut impl Write) -> Result<()> {
+    match format {
+        Format::Csv => {
+            let mut w = csv::Writer::from_writer(out);
+            w.serialize(row).context("writing the CSV row")?;
+            w.flush().context("writing the CSV row")?;
+        }
+        Format::Json => {
+            serde_json::to_writer(&mut *out, row).context("writing the JSON row")?;
+            writeln!(out).context("writing the JSON row")?;
+        }
+    }
+    Ok(())
+}
+
+/// `densebench run`. Exit status 0 when the row is `ok` with gradients within tolerance, 1
+/// otherwise (the row is printed either way).
+pub fn run(a: Args) -> Result<ExitCode> {
+    let cfg = a.config.to_config()?;
+    let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
+    variant.check(&cfg).map_err(|e| anyhow!("--variant: {e}"))?;
+    let device: DeviceSpec = a.device.parse().context("--device")?;
+    device.check_available()?;
+    anyhow::ensure!(a.steps >= 1, "--steps must be at least 1, got 0");
+    let s = Settings {
+        device,
+        threads: job::resolve_threads(a.threads),
+        steps: a.steps,
+        warmup: a.warmup,
+        mem_limit: a.mem_limit.or_else(job::default_mem_limit),
+        timeout: Duration::from_secs(a.timeout),
+    };
+    let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?)?;
+    let row = measure_row(variant, &cfg, &s, &mut refs)?;
+    print_row(&row, a.format, &mut std::io::stdout().lock())?;
+    if !row.is_ok() || row.grad_ok != Some(true) {
+        eprintln!(
+            "densebench: {}: {} {}",
+            row.key,
+            row.status,
+            if row.error.is_empty() {
+                "(no checked reference)"
+            } else {
+                &row.error
+            }
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,60 @@
+//! `densebench step`: one training step of one variant on a safetensors case file (parameters
+//! under PyTorch `state_dict` names, `input`, `grad_output`), its results written to a
+//! safetensors result file (`output`, `grad.input`, `grad.<param>`, updated running stats), so
+//! a block saved from PyTorch can be run here and its gradients compared there.
+
+use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::plan::job::OnOff;
+use anyhow::{anyhow, Context, Result};
+use impls::{Case, NoProbe, Variant};
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `densebench step` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    /// Case file: the block's parameters, `input` and `grad_output` (family and sizes are read
+    /// from the tensors).
+    #[arg(long)]
+    pub case: PathBuf,
+    /// Variant to run, e.g. `buffer-recompute-inplace` or `autograd`.
+    #[arg(long)]
+    pub variant: String,
+    /// Result file to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// ReLU after each Linear (mlp only; the tensors cannot show it).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub activation: OnOff,
+    /// `cpu` or `cuda:N`.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
+}
+
+pub fn run(a: Args) -> Result<ExitCode> {
+    let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
+    let spec: DeviceSpec = a.device.parse().context("--device")?;
+    let device = spec.open()?;
+    let case = Case::load(&a.case, a.activation.is_on(), &device)
+        .map_err(|e| anyhow!("loading case {}: {e}", a.case.display()))?;
+    variant
+        .check(&case.cfg)
+        .map_err(|e| anyhow!("--variant: {e}"))?;
+    let result = impls::step(
+        variant,
+        &case.cfg,
+        &case.params,
+        &case.input,
+        &case.grad_output,
+        &mut NoProbe,
+    )
+    .map_err(|e| anyhow!("{variant} on {}: {e}", case.cfg.describe()))?;
+    impls::case::save_result(&result, &a.out)
+        .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))?;
+    eprintln!(
+        "densebench step: {variant} on {} → {}",
+        case.cfg.describe(),
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

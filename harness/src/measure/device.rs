@@ -1,0 +1,190 @@
+//! Devices at run time: checking and opening a named device ([`DeviceSpec`], whose name lives in
+//! `plan::device`), describing it for the row, synchronising before a clock is read, and reading
+//! the memory counters a measurement uses.
+//!
+//! CUDA availability and descriptions come from [`crate::measure::gpu`] (the `cuda` cargo feature):
+//! without it, asking for a CUDA device fails with one clear line ([`NO_CUDA`]), which `run`
+//! prints and `bench-all` turns into an `error` row. Measuring on CUDA is the CUDA issue's:
+//! the GPU memory meter (`gpu::PoolPeak`, the default pool's `USED_MEM_HIGH`) belongs in
+//! [`MemoryMeter`] next to the CPU one; until it is there, [`MemoryMeter::for_device`] refuses.
+
+use crate::measure::alloc;
+pub use crate::plan::device::{DeviceSpec, NO_CUDA};
+use anyhow::{bail, Context, Result};
+use candle_core::Device;
+use std::collections::HashSet;
+
+/// What a build and machine can do with a named device: check it, open it, describe it.
+pub trait DeviceOps {
+    /// Errs, with one line, when this build or machine cannot use the device ([`NO_CUDA`]
+    /// without the `cuda` feature).
+    fn check_available(&self) -> Result<()>;
+    /// The candle device.
+    fn open(&self) -> Result<Device>;
+    /// What the row's `device_desc` says: CPU model and thread count, or the GPU's description.
+    fn describe(&self, threads: usize) -> String;
+}
+
+impl DeviceOps for DeviceSpec {
+    fn check_available(&self) -> Result<()> {
+        match self {
+            DeviceSpec::Cpu => Ok(()),
+            DeviceSpec::Cuda(n) => crate::measure::gpu::check_available(*n).map(|_| ()),
+        }
+    }
+
+    fn open(&self) -> Result<Device> {
+        self.check_available()?;
+        match self {
+            DeviceSpec::Cpu => Ok(Device::Cpu),
+            DeviceSpec::Cuda(n) => {
+                Device::new_cuda(*n).with_context(|| format!("opening candle's device cuda:{n}"))
+            }
+        }
+    }
+
+    fn describe(&self, threads: usize) -> String {
+        match self {
+            DeviceSpec::Cpu => format!("{} ({threads} threads)", cpu_model()),
+            DeviceSpec::Cuda(n) => match crate::measure::gpu::check_available(*n) {
+                Ok(info) => info.describe(),
+                Err(e) => format!("cuda:{n} (unavailable: {e})"),
+            },
+        }
+    }
+}
+
+/// The CPU model from /proc/cpuinfo (`model name`), or the architecture when unreadable.
+pub fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|text| {
+            text.lines()
+                .find(|l| l.starts_with("model name"))
+                .and_then(|l| l.split_once(':'))
+                .map(|(_, v)| v.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// Threads the compute libraries use when none are asked for: candle's default (which also
+/// reads `RAYON_NUM_THREADS`).
+pub fn default_threads() -> usize {
+    candle_core::utils::get_num_threads()
+}
+
+/// Waits for queued work so a clock read after it measures the work (a no-op on CPU).
+pub fn synchronize(device: &Device) -> Result<()> {
+    device
+        .synchronize()
+        .context("synchronising the device before reading the clock")
+}
+
+/// Live/peak memory counters of a device, in bytes.
+pub enum MemoryMeter {
+    /// The counting global allocator (see [`crate::measure::alloc`]).
+    CpuAllocator,
+    /// The CUDA device's default memory pool high watermark (or a `cuMemGetInfo` sampler where
+    /// pools are unsupported), see [`crate::measure::gpu::PoolPeak`]. Read it on the thread that opened
+    /// the device, after synchronising.
+    Gpu(crate::measure::gpu::PoolPeak),
+}
+
+impl MemoryMeter {
+    pub fn for_device(spec: DeviceSpec) -> Result<Self> {
+        spec.check_available()?;
+        if let DeviceSpec::Cuda(n) = spec {
+            return Ok(MemoryMeter::Gpu(crate::measure::gpu::PoolPeak::new(n)?));
+        }
+        if !alloc::installed() {
+            bail!(
+                "the counting allocator is not this process's global allocator: \
+                 measurements must run in the `densebench` binary"
+            );
+        }
+        Ok(MemoryMeter::CpuAllocator)
+    }
+
+    /// Live bytes now.
+    pub fn current(&self) -> Result<u64> {
+        match self {
+            MemoryMeter::CpuAllocator => Ok(alloc::current() as u64),
+            MemoryMeter::Gpu(p) => p.current(),
+        }
+    }
+
+    /// Highest live bytes since the last [`MemoryMeter::reset_peak`].
+    pub fn peak(&self) -> Result<u64> {
+        match self {
+            MemoryMeter::CpuAllocator => Ok(alloc::peak() as u64),
+            MemoryMeter::Gpu(p) => p.read(),
+        }
+    }
+
+    pub fn reset_peak(&self) -> Result<()> {
+        match self {
+            MemoryMeter::CpuAllocator => {
+                alloc::reset_peak();
+                Ok(())
+            }
+            MemoryMeter::Gpu(p) => p.reset().map(|_| ()),
+        }
+    }
+
+    /// Why this meter's peak is less than exact, if it is (a row warning).
+    pub fn warning(&self) -> Option<&'static str> {
+        match self {
+            MemoryMeter::CpuAllocator => None,
+            MemoryMeter::Gpu(p) => p.warning(),
+        }
+    }
+}
+
+/// Peak resident set size of this process in bytes (getrusage; Linux reports KiB).
+pub fn peak_rss_bytes() -> Option<u64> {
+    // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is always valid.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    let rc = unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut usage) };
+    if rc != 0 {
+        return None;
+    }
+    let kib = u64::try_from(usage.ru_maxrss).ok()?;
+    Some(kib * 1024)
+}
+
+/// Checks a `--devices` list: no device twice, and `cpu` only alone (two CPU children at once
+/// would measure each other's contention, not the variants).
+pub fn check_devices(devices: &[DeviceSpec]) -> Result<()> {
+    let mut seen = HashSet::new();
+    for d in devices {
+        if !seen.insert(*d) {
+            bail!("--devices lists {d} twice: one child per device");
+        }
+    }
+    if devices.len() > 1 && devices.contains(&DeviceSpec::Cpu) {
+        bail!(
+            "--devices: `cpu` can only be used alone (concurrent CPU children would share the \
+             cores and measure each other); list GPUs, e.g. cuda:0,cuda:1"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_devices() {
+        assert_eq!("cpu".parse::<DeviceSpec>().ok(), Some(DeviceSpec::Cpu));
+        assert_eq!(
+            "cuda:1".parse::<DeviceSpec>().ok(),
+            Some(DeviceSpec::Cuda(1))
+        );
+        assert!("gpu".parse::<DeviceSpec>().is_err());
+        assert!("cuda:x".parse::<DeviceSpec>().is_err());
+        // Without the cuda feature the error is the one documented line.
+        let e = DeviceSpec::Cuda(0).open().err().map(|e| e.to_string());
+        assert_eq!(e.as_deref(), Some(NO_CUDA));
+    }
+}

@@ -1,0 +1,87 @@
+//! Analytic columns of a row that come from the config, not from the measurement: predicted
+//! peak memory, FLOPs of a step, achieved and machine GFLOP/s. Each is one small function so
+//! the memory model can be plugged in without touching the measurement code.
+
+use impls::{Config, Variant};
+
+/// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
+/// `impls::memory::predict_peak_bytes`; `None` for `autograd`).
+pub fn predicted_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    impls::memory::predict_peak_bytes(variant, cfg)
+}
+
+/// Floating-point operations of one training step (matmuls and convolutions, both passes;
+/// recomputation not counted, so GFLOP/s compares variants on the same useful work).
+pub fn flops(cfg: &Config) -> Option<u64> {
+    Some(impls::memory::flops(cfg))
+}
+
+/// Achieved rate: `flops / median_ns` (FLOP per ns = GFLOP/s).
+pub fn gflops_per_s(flops: Option<u64>, median_ns: Option<u64>) -> Option<f64> {
+    match (flops, median_ns) {
+        (Some(f), Some(ns)) if ns > 0 => Some(f as f64 / ns as f64),
+        _ => None,
+    }
+}
+
+/// Side of the square matmul that measures the machine's rate: 2·1024³ FLOP, large enough for
+/// gemm's steady state, small enough to take well under a second on 2 cores.
+const RATE_MATMUL_SIDE: usize = 1024;
+/// Repetitions; the best is kept (the machine's rate, not its noise).
+const RATE_REPEATS: usize = 5;
+
+/// This machine's matmul rate in GFLOP/s for `dtype` (candle's CPU matmul, all compute threads,
+/// best of [`RATE_REPEATS`]), measured once per process and dtype, for the `machine_gflops`
+/// column: a row's `gflops_per_s` over it says how close the step comes to the matmul rate.
+pub fn machine_gflops(dtype: candle_core::DType) -> Option<f64> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static RATES: OnceLock<Mutex<HashMap<candle_core::DType, Option<f64>>>> = OnceLock::new();
+    let rates = RATES.get_or_init(|| Mutex::new(HashMap::new()));
+    let mut rates = rates.lock().ok()?;
+    *rates
+        .entry(dtype)
+        .or_insert_with(|| measure_matmul_rate(dtype))
+}
+
+fn measure_matmul_rate(dtype: candle_core::DType) -> Option<f64> {
+    use candle_core::{Device, Tensor};
+    let n = RATE_MATMUL_SIDE;
+    let a = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
+    let b = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
+    let _ = a.matmul(&b).ok()?; // warm-up: thread pool and packing buffers
+    let best = (0..RATE_REPEATS)
+        .filter_map(|_| {
+            let t = std::time::Instant::now();
+            let c = a.matmul(&b).ok()?;
+            let ns = t.elapsed().as_nanos() as f64;
+            drop(c);
+            Some(ns)
+        })
+        .fold(f64::INFINITY, f64::min);
+    (best.is_finite() && best > 0.0).then(|| 2.0 * (n as f64).powi(3) / best)
+}
+
+/// Declared bytes kept for backward (from `impls::memory`), `None` for autograd.
+pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    impls::memory::declared_saved_bytes(variant, cfg).map(|b| b as u64)
+}
+
+/// Bytes of everything allocated before a step: parameters and BN buffers, input, upstream
+/// gradient (the baseline, as the model counts it).
+pub fn static_bytes(cfg: &Config) -> u64 {
+    let elems: usize = impls::params::specs(cfg)
+        .iter()
+        .map(|s| s.shape.iter().product::<usize>())
+        .sum::<usize>()
+        + cfg.input_shape().iter().product::<usize>()
+        + cfg.output_shape().iter().product::<usize>();
+    (elems * cfg.dtype_size()) as u64
+}
+
+/// Allocator headroom of a measured run above the budget: room for the process's runtime
+/// overhead, so that a step that fits is never cut short (a quarter of the budget, at least
+/// 64 MiB).
+pub fn overhead_margin(budget: u64) -> u64 {
+    (budget / 4).max(64 << 20)
+}

@@ -1,0 +1,198 @@
+//! Reference results: one training step of the reference variant on a config and seed, computed
+//! in its own child process (so it never inflates a measured peak) and cached as a safetensors
+//! result file.
+//!
+//! The reference is `autograd` (candle's autograd: shares no backward code with the hand-written
+//! variants). When it cannot be computed (it keeps every op input alive and is the first to run
+//! out of memory or time at large depth), the explicit naive variant `cat-store-copy` is the
+//! fallback, then the most frugal hand-written variant (`buffer-recompute-copy` for bc,
+//! `buffer-store-copy` for mlp: a different storage and gradient path from naive's, and linear
+//! memory, so deep blocks still get a checked reference); the row's `reference` column says
+//! which was used. A candidate that cannot fit the memory limit is skipped without running it:
+//! hand-written variants by the memory model, `autograd` by [`AUTOGRAD_OVER_NAIVE`] times
+//! naive's model. A failure is remembered for the rest of the process so the next variant of the
+//! same config does not retry it.
+//!
+//! Cache: `<dir>/<build id>/<config key with / as _>.<variant>.safetensors`, where the default
+//! `<dir>` is `densebench-cache` next to the executable (so `target/release/densebench-cache`),
+//! overridable with `--cache-dir` or `DENSEBENCH_CACHE_DIR`, and `<build id>` is a hash of the
+//! executable, so a rebuilt binary never uses a reference computed by different code. Files are
+//! written under a temporary name and renamed, so a killed run never leaves a partial file.
+
+use crate::measure::child::{self, Outcome};
+use crate::measure::step as measure;
+use crate::plan::job::{config_key, Settings};
+use anyhow::{Context, Result};
+use impls::{Config, Variant};
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+/// Environment variable overriding the default cache directory.
+pub const CACHE_ENV: &str = "DENSEBENCH_CACHE_DIR";
+
+/// The reference variants for `cfg`, in order of preference.
+pub fn candidates(cfg: &Config) -> [Variant; 3] {
+    let frugal = match cfg.family {
+        impls::Family::Bc => "buffer-recompute-copy",
+        impls::Family::Mlp => "buffer-store-copy",
+    };
+    [
+        Variant::Autograd,
+        Variant::NAIVE,
+        Variant::parse(frugal).unwrap_or(Variant::NAIVE),
+    ]
+}
+
+/// Upper bound on `autograd`'s peak over naive's, used only to skip a reference run that
+/// cannot fit: measured 3.8× on bc (BC-100 block, L=16: candle keeps every BN op's inputs) and
+/// 1.3–2.1× on mlp (L=64…8).
+pub const AUTOGRAD_OVER_NAIVE: [(impls::Family, f64); 2] =
+    [(impls::Family::Bc, 4.0), (impls::Family::Mlp, 2.5)];
+
+/// The reference step's predicted footprint (in f64, the reference dtype): static tensors plus
+/// the modelled peak; `None` when unknown.
+fn predicted_reference_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    let wide = Config {
+        dtype: measure::REFERENCE_DTYPE,
+        ..cfg.clone()
+    };
+    let static_bytes = crate::measure::estimates::static_bytes(&wide);
+    match variant {
+        Variant::Autograd => {
+            let factor = AUTOGRAD_OVER_NAIVE
+                .iter()
+                .find(|(f, _)| *f == cfg.family)
+                .map(|(_, x)| *x)?;
+            let naive = impls::memory::predict_peak_bytes(Variant::NAIVE, &wide)?;
+            Some(static_bytes + (naive as f64 * factor) as u64)
+        }
+        v => impls::memory::predict_peak_bytes(v, &wide).map(|p| p + static_bytes),
+    }
+}
+
+/// A reference result on disk.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Reference {
+    pub path: PathBuf,
+    pub variant: Variant,
+}
+
+/// Computes and caches references.
+pub struct Cache {
+    dir: PathBuf,
+    /// Config key → why no reference could be computed.
+    failures: HashMap<String, String>,
+}
+
+/// FNV-1a over the executable's bytes: cheap, stable, and enough to tell builds apart.
+fn build_id() -> Result<String> {
+    let exe = std::env::current_exe().context("finding the densebench executable")?;
+    let bytes =
+        std::fs::read(&exe).with_context(|| format!("reading {} to hash it", exe.display()))?;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    Ok(format!("{h:016x}"))
+}
+
+/// The cache directory: `explicit`, else `$DENSEBENCH_CACHE_DIR`, else next to the executable.
+pub fn default_dir(explicit: Option<&Path>) -> Result<PathBuf> {
+    if let Some(d) = explicit {
+        return Ok(d.to_path_buf());
+    }
+    if let Some(d) = std::env::var_os(CACHE_ENV) {
+        return Ok(PathBuf::from(d));
+    }
+    let exe = std::env::current_exe().context("finding the densebench executable")?;
+    let dir = exe
+        .parent()
+        .with_context(|| format!("{} has no parent directory", exe.display()))?;
+    Ok(dir.join("densebench-cache"))
+}
+
+impl Cache {
+    /// A cache under `root` (see [`default_dir`]); creates the directory.
+    pub fn new(root: &Path) -> Result<Cache> {
+        let dir = root.join(build_id()?);
+        std::fs::create_dir_all(&dir)
+            .with_context(|| format!("creating the reference cache {}", dir.display()))?;
+        Ok(Cache {
+            dir,
+            failures: HashMap::new(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    fn path(&self, cfg: &Config, s: &Settings, variant: Variant) -> PathBuf {
+        let key = config_key(cfg, s.device).replace('/', "_");
+        self.dir
+            .join(format!("{key}.{}.safetensors", variant.name()))
+    }
+
+    /// The reference for `cfg`: cached, or computed now in a child process under the same
+    /// settings (threads, memory and time limits). `Err` says why none could be computed.
+    pub fn get(&mut self, cfg: &Config, s: &Settings) -> std::result::Result<Reference, String> {
+        let key = config_key(cfg, s.device);
+        if let Some(why) = self.failures.get(&key) {
+            return Err(why.clone());
+        }
+        let mut why = Vec::new();
+        for variant in candidates(cfg) {
+            let path = self.path(cfg, s, variant);
+            if path.is_file() {
+                return Ok(Reference { path, variant });
+            }
+            if let (Some(need), Some(limit)) =
+                (predicted_reference_bytes(variant, cfg), s.mem_limit)
+            {
+                if need > limit {
+                    why.push(format!(
+                        "{variant}: skipped, needs about {} MiB in f64, over the {} MiB limit",
+                        need >> 20,
+                        limit >> 20
+                    ));
+                    continue;
+                }
+            }
+            match self.compute(cfg, s, variant, &path) {
+                Ok(()) => return Ok(Reference { path, variant }),
+                Err(e) => why.push(format!("{variant}: {e}")),
+            }
+        }
+        let why = format!("no reference could be computed ({})", why.join("; "));
+        self.failures.insert(key, why.clone());
+        Err(why)
+    }
+
+    fn compute(&self, cfg: &Config, s: &Settings, variant: Variant, path: &Path) -> Result<()> {
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let mut args = child::flags(variant, cfg, s);
+        args.extend(["--save-result".to_string(), tmp.display().to_string()]);
+        // One step, no warm-up: the reference is not timed.
+        let outcome = child::spawn(&args, s)?;
+        let (tmp_noise, noise) = (measure::noise_path(&tmp), measure::noise_path(path));
+        let result = match outcome {
+            // The noise file first: a result file on disk implies its noise file is complete.
+            Outcome::Ok(_) => (if tmp_noise.exists() {
+                std::fs::rename(&tmp_noise, &noise)
+            } else {
+                Ok(())
+            })
+            .and_then(|()| std::fs::rename(&tmp, path))
+            .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
+            Outcome::Oom(m) => Err(anyhow::anyhow!("oom: {m}")),
+            Outcome::Timeout(t) => Err(anyhow::anyhow!("timeout after {} s", t.as_secs())),
+            Outcome::Error(m) => Err(anyhow::anyhow!("error: {m}")),
+        };
+        if result.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+            let _ = std::fs::remove_file(&tmp_noise);
+        }
+        result
+    }
+}

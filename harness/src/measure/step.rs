@@ -1,0 +1,458 @@
+//! The measurement itself, run inside the child process: build the case, warm up, then time
+//! and meter the measured steps, record the memory timeline, and compare the last step's results
+//! with the reference. The result is a [`Measurement`], printed by the child as one JSON line
+//! and merged into the row by the parent.
+
+use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter};
+use anyhow::{anyhow, bail, Context, Result};
+use candle_core::{DType, Device};
+use impls::compare::{Comparison, TensorError};
+use impls::{Case, Config, Event, NoProbe, Probe, StepResult, Variant};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+use std::time::Instant;
+
+/// Floor of the norm-wise relative error (max |a − b| / max |ref|, see `impls::compare`)
+/// accepted against the f64 reference, per dtype. On well-conditioned blocks the hand-written
+/// variants are within a few ulps times the reduction depth of it: observed ≤ 4e-6 in f32 and
+/// ≤ 4e-14 in f64 on the quick and default sweeps. A wrong gradient (a missing term, a stale
+/// saved tensor) is off by O(1).
+pub const F32_REL_TOLERANCE: f64 = 1e-4;
+/// See [`F32_REL_TOLERANCE`].
+pub const F64_REL_TOLERANCE: f64 = 1e-10;
+
+/// Deep `bc` blocks are ill-conditioned in f32: BN backward through many layers amplifies
+/// rounding, so *any* f32 implementation is far from the exact result (measured on
+/// DenseNet-BC-100's block, N=64, 32×32, L=16: candle's autograd in f32 is 3.4e-2 from f64,
+/// the hand-written naive variant 4.8e-2, while both agree to 3e-14 in f64). The reference child
+/// therefore also runs the reference variant in the row's dtype and records its error (the
+/// "noise" of that dtype on this block); a row passes when its error is within the floor above
+/// or within this factor of that noise. Measured ratios (variant error / autograd-f32 error) are
+/// 0.7–1.4 where the noise dominates; a bug stays O(1) and is caught unless the dtype is too
+/// coarse to tell anything on the block (noise ≳ 0.2), which the row's error column then shows.
+pub const NOISE_FACTOR: f64 = 4.0;
+
+/// The tolerance for a dtype.
+pub fn rel_tolerance(dtype: DType) -> f64 {
+    match dtype {
+        DType::F64 => F64_REL_TOLERANCE,
+        _ => F32_REL_TOLERANCE,
+    }
+}
+
+/// Median, min and max of a set of durations, in ns.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    pub median_ns: u64,
+    pub min_ns: u64,
+    pub max_ns: u64,
+}
+
+impl Stats {
+    /// The median of an even count is the mean of the two middle values.
+    pub fn of(samples: &[u64]) -> Stats {
+        let mut s = samples.to_vec();
+        s.sort_unstable();
+        let n = s.len();
+        if n == 0 {
+            return Stats::default();
+        }
+        let median = if n % 2 == 1 {
+            s[n / 2]
+        } else {
+            (s[n / 2 - 1] + s[n / 2]) / 2
+        };
+        Stats {
+            median_ns: median,
+            min_ns: s[0],
+            max_ns: s[n - 1],
+        }
+    }
+}
+
+/// The `reference` column: the variant and the dtype it was computed in, e.g. `autograd/f64`.
+pub fn reference_label(v: Variant) -> String {
+    format!("{v}/{}", REFERENCE_DTYPE.as_str())
+}
+
+/// Errors against the reference.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Errors {
+    /// The reference, see [`reference_label`].
+    pub reference: String,
+    pub max_abs: f64,
+    pub max_rel: f64,
+    pub output_max_abs: f64,
+    pub grad_input_max_abs: f64,
+    pub grad_params_max_abs: f64,
+    pub running_max_abs: f64,
+    pub bitwise_equal: bool,
+    /// The tolerance applied: [`rel_tolerance`] of the dtype, or [`NOISE_FACTOR`] times the
+    /// reference variant's own error in this dtype, whichever is larger.
+    pub tolerance: f64,
+    /// `max_rel` within `tolerance`.
+    pub grad_ok: bool,
+}
+
+impl Errors {
+    /// `noise`: the reference variant's own relative error in `dtype` (0 when unknown).
+    pub fn from_comparison(c: &Comparison, reference: Variant, dtype: DType, noise: f64) -> Errors {
+        let tolerance = rel_tolerance(dtype).max(NOISE_FACTOR * noise);
+        let TensorError {
+            max_abs,
+            max_rel,
+            bitwise,
+        } = c.overall;
+        Errors {
+            reference: reference_label(reference),
+            max_abs,
+            max_rel,
+            output_max_abs: c.output.max_abs,
+            grad_input_max_abs: c.grad_input.max_abs,
+            grad_params_max_abs: c.grad_params.max_abs,
+            running_max_abs: c.running.max_abs,
+            bitwise_equal: bitwise,
+            tolerance,
+            // NaN compares false: a NaN error is never ok.
+            grad_ok: max_rel <= tolerance,
+        }
+    }
+}
+
+/// What the child measured.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Measurement {
+    /// Compute threads the child ran with.
+    pub threads: usize,
+    pub baseline_bytes: u64,
+    pub peak_bytes: u64,
+    pub saved_bytes: u64,
+    pub peak_rss_bytes: Option<u64>,
+    pub forward: Stats,
+    pub backward: Stats,
+    pub total: Stats,
+    /// `f0=…;…;b0=…`, live bytes above the baseline at layer boundaries.
+    pub timeline: String,
+    /// `None` when no reference was given.
+    pub errors: Option<Errors>,
+    /// Why the memory columns are less than exact (GPU without memory pools), if they are.
+    #[serde(default)]
+    pub warning: Option<String>,
+}
+
+/// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
+/// end of forward. Its buffer is reserved before the baseline is read, so recording allocates
+/// nothing during the step.
+struct Recorder<'a> {
+    meter: &'a MemoryMeter,
+    baseline: u64,
+    /// (forward?, layer, live bytes above baseline).
+    points: Vec<(bool, usize, i64)>,
+    forward_end: Option<(Instant, i64)>,
+    /// The first failure to read the meter during the step (GPU only), reported after it.
+    error: Option<String>,
+}
+
+impl Recorder<'_> {
+    fn live(&mut self) -> i64 {
+        match self.meter.current() {
+            Ok(b) => b as i64 - self.baseline as i64,
+            Err(e) => {
+                self.error.get_or_insert_with(|| format!("{e:#}"));
+                0
+            }
+        }
+    }
+}
+
+impl Probe for Recorder<'_> {
+    fn event(&mut self, event: Event<'_>) {
+        match event {
+            Event::ForwardLayer(i) => {
+                let live = self.live();
+                self.points.push((true, i, live));
+            }
+            Event::BackwardLayer(i) => {
+                let live = self.live();
+                self.points.push((false, i, live));
+            }
+            Event::ForwardEnd { .. } => {
+                let now = Instant::now();
+                self.forward_end = Some((now, self.live()));
+            }
+            Event::BackwardEnd => {}
+        }
+    }
+}
+
+fn timeline_string(points: &[(bool, usize, i64)]) -> String {
+    points
+        .iter()
+        .map(|(fwd, i, b)| format!("{}{i}={b}", if *fwd { 'f' } else { 'b' }))
+        .collect::<Vec<_>>()
+        .join(";")
+}
+
+/// One measured step: its result and what was recorded.
+struct StepRecord {
+    baseline: u64,
+    peak: u64,
+    saved: u64,
+    forward_ns: u64,
+    backward_ns: u64,
+    total_ns: u64,
+    timeline: String,
+}
+
+fn measured_step(
+    variant: Variant,
+    case: &Case,
+    device: &Device,
+    meter: &MemoryMeter,
+) -> Result<(StepResult, StepRecord)> {
+    let mut rec = Recorder {
+        meter,
+        baseline: 0,
+        points: Vec::with_capacity(2 * case.cfg.depth + 2),
+        forward_end: None,
+        error: None,
+    };
+    device::synchronize(device)?;
+    rec.baseline = meter.current()?;
+    meter.reset_peak()?;
+    let start = Instant::now();
+    let result = impls::step(
+        variant,
+        &case.cfg,
+        &case.params,
+        &case.input,
+        &case.grad_output,
+        &mut rec,
+    )
+    .map_err(|e| anyhow!("{variant} step: {e}"))?;
+    device::synchronize(device)?;
+    let end = Instant::now();
+    let peak = meter.peak()?.saturating_sub(rec.baseline);
+    if let Some(e) = rec.error.take() {
+        bail!("reading device memory during the step: {e}");
+    }
+    let (fwd_end, saved) = rec
+        .forward_end
+        .with_context(|| format!("{variant} never reported the end of its forward pass"))?;
+    let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let record = StepRecord {
+        baseline: rec.baseline,
+        peak,
+        saved: u64::try_from(saved).unwrap_or(0),
+        forward_ns: ns(fwd_end - start),
+        backward_ns: ns(end - fwd_end),
+        total_ns: ns(end - start),
+        timeline: timeline_string(&rec.points),
+    };
+    Ok((result, record))
+}
+
+/// Measures `variant` on `cfg`: `warmup` unmeasured steps, then `steps` measured ones. Memory
+/// columns come from the measured step with the highest peak; times are over all measured
+/// steps. With a reference result file, the last step's results are compared with it.
+pub fn measure(
+    variant: Variant,
+    cfg: &Config,
+    spec: DeviceSpec,
+    steps: usize,
+    warmup: usize,
+    reference: Option<(&Path, Variant)>,
+) -> Result<Measurement> {
+    if steps == 0 {
+        bail!("--steps must be at least 1");
+    }
+    let device = spec.open()?;
+    let meter = MemoryMeter::for_device(spec)?;
+    let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
+    // Warm-up settles the allocator and gemm's thread-local scratch before the baseline.
+    for _ in 0..warmup {
+        let r = impls::step(
+            variant,
+            cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .map_err(|e| anyhow!("{variant} warm-up step: {e}"))?;
+        drop(r);
+    }
+    let mut records = Vec::with_capacity(steps);
+    let mut last: Option<StepResult> = None;
+    for _ in 0..steps {
+        // The previous step's results must not count in this step's baseline.
+        drop(last.take());
+        let (result, record) = measured_step(variant, &case, &device, &meter)?;
+        records.push(record);
+        last = Some(result);
+    }
+    let times = |f: fn(&StepRecord) -> u64| Stats::of(&records.iter().map(f).collect::<Vec<_>>());
+    let (forward, backward, total) = (
+        times(|r| r.forward_ns),
+        times(|r| r.backward_ns),
+        times(|r| r.total_ns),
+    );
+    let worst = records
+        .iter()
+        .max_by_key(|r| r.peak)
+        .context("no measured step")?;
+    let errors = match (reference, &last) {
+        (Some((path, ref_variant)), Some(result)) => {
+            let reference = impls::case::load_result(cfg, path, &device)
+                .map_err(|e| anyhow!("loading the reference result: {e}"))?;
+            let c = impls::compare::compare(result, &reference)
+                .map_err(|e| anyhow!("comparing with the reference: {e}"))?;
+            let noise = read_noise(&noise_path(path))?.map_or(0.0, |n| n.max_rel_err);
+            Some(Errors::from_comparison(&c, ref_variant, cfg.dtype, noise))
+        }
+        _ => None,
+    };
+    Ok(Measurement {
+        threads: device::default_threads(),
+        baseline_bytes: worst.baseline,
+        peak_bytes: worst.peak,
+        saved_bytes: worst.saved,
+        peak_rss_bytes: device::peak_rss_bytes(),
+        forward,
+        backward,
+        total,
+        timeline: worst.timeline.clone(),
+        errors,
+        warning: meter.warning().map(str::to_string),
+    })
+}
+
+/// The dtype references are computed in. f64 because candle's autograd in f32 is not accurate
+/// enough to judge anything at realistic sizes: on DenseNet-BC-100's block (N=64, 32×32, L=2)
+/// its f32 input gradient is 8.4e-2 (norm-wise relative) away from the f64 result, while the
+/// hand-written f32 variants are within 6e-7 of it (BN backward over N·H·W = 65536 values
+/// cancels badly in candle's f32 reductions).
+pub const REFERENCE_DTYPE: DType = DType::F64;
+
+fn cast_result(r: StepResult, dtype: DType) -> candle_core::Result<StepResult> {
+    let cast_map = |m: std::collections::BTreeMap<String, candle_core::Tensor>| {
+        m.into_iter()
+            .map(|(k, t)| t.to_dtype(dtype).map(|t| (k, t)))
+            .collect::<candle_core::Result<_>>()
+    };
+    Ok(StepResult {
+        output: r.output.to_dtype(dtype)?,
+        grad_input: r.grad_input.to_dtype(dtype)?,
+        grads: cast_map(r.grads)?,
+        running: cast_map(r.running)?,
+    })
+}
+
+/// One unmeasured step of `variant` on the case of `cfg`, computed in [`REFERENCE_DTYPE`] from
+/// the case's values (exactly representable there), its results rounded back to the config's
+/// dtype and saved to `out`: the reference.
+pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Path) -> Result<()> {
+    let device = spec.open()?;
+    let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
+    let wide = Config {
+        dtype: REFERENCE_DTYPE,
+        ..cfg.clone()
+    };
+    let up = |t: &candle_core::Tensor, name: &str| {
+        t.to_dtype(REFERENCE_DTYPE)
+            .with_context(|| format!("casting {name} to {}", REFERENCE_DTYPE.as_str()))
+    };
+    let mut params = case.params.clone();
+    for (name, t) in params.tensors.iter_mut() {
+        *t = up(t, name)?;
+    }
+    let (input, grad_output) = (
+        up(&case.input, "input")?,
+        up(&case.grad_output, "grad_output")?,
+    );
+    let result = impls::step(variant, &wide, &params, &input, &grad_output, &mut NoProbe)
+        .map_err(|e| anyhow!("{variant} step in {}: {e}", REFERENCE_DTYPE.as_str()))?;
+    drop((params, input, grad_output));
+    let result = cast_result(result, cfg.dtype).context("rounding the reference back")?;
+    if cfg.dtype != REFERENCE_DTYPE {
+        // The same variant in the row's dtype: how far that dtype alone lands from the exact
+        // result on this block (see NOISE_FACTOR).
+        let low = impls::step(
+            variant,
+            cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .map_err(|e| anyhow!("{variant} step in {}: {e}", cfg.dtype.as_str()))?;
+        let c = impls::compare::compare(&low, &result).map_err(|e| {
+            anyhow!(
+                "comparing {variant} in {} with f64: {e}",
+                cfg.dtype.as_str()
+            )
+        })?;
+        let noise = Noise {
+            variant: variant.name(),
+            dtype: cfg.dtype.as_str().to_string(),
+            max_rel_err: c.overall.max_rel,
+        };
+        let text = serde_json::to_string(&noise).context("serialising the reference noise")?;
+        let np = noise_path(out);
+        std::fs::write(&np, text).with_context(|| format!("writing {}", np.display()))?;
+    }
+    impls::case::save_result(&result, out)
+        .map_err(|e| anyhow!("writing the reference result {}: {e}", out.display()))
+}
+
+/// The reference variant's own error in the row's dtype against its f64 result.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Noise {
+    pub variant: String,
+    pub dtype: String,
+    pub max_rel_err: f64,
+}
+
+/// Where the noise of a reference result file is kept: `<file>.noise.json`.
+pub fn noise_path(reference: &Path) -> std::path::PathBuf {
+    let mut p = reference.as_os_str().to_owned();
+    p.push(".noise.json");
+    std::path::PathBuf::from(p)
+}
+
+/// Reads a noise file; `None` when there is none (f64 rows).
+pub fn read_noise(path: &Path) -> Result<Option<Noise>> {
+    if !path.exists() {
+        return Ok(None);
+    }
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    serde_json::from_str(&text)
+        .map(Some)
+        .with_context(|| format!("{} is not a reference noise file", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stats_median_min_max() {
+        // Odd count: the middle value; even count: the mean of the two middle values.
+        assert_eq!(
+            Stats::of(&[5, 1, 3]),
+            Stats {
+                median_ns: 3,
+                min_ns: 1,
+                max_ns: 5
+            }
+        );
+        assert_eq!(Stats::of(&[4, 1, 3, 10]).median_ns, 3);
+    }
+
+    #[test]
+    fn timeline_format() {
+        let s = timeline_string(&[(true, 0, 10), (true, 1, 20), (false, 1, 15), (false, 0, -2)]);
+        assert_eq!(s, "f0=10;f1=20;b1=15;b0=-2");
+    }
+}

@@ -1,0 +1,432 @@
+//! Views of result rows shared by `plots` and `report`: grouping by configuration, the stable
+//! variant order and colours, human units, the growth-exponent fit, the Pareto front and the
+//! choice of one headline configuration per family.
+
+use crate::results::row::Row;
+use std::collections::BTreeMap;
+
+/// Bytes per MiB: every memory axis and table is in MiB.
+pub const MIB: f64 = 1024.0 * 1024.0;
+/// Nanoseconds per millisecond: every time axis and table is in ms.
+pub const NS_PER_MS: f64 = 1e6;
+/// The variant every ratio is taken against.
+pub const NAIVE: &str = "cat-store-copy";
+
+pub fn mib(bytes: u64) -> f64 {
+    bytes as f64 / MIB
+}
+
+pub fn ms(ns: u64) -> f64 {
+    ns as f64 / NS_PER_MS
+}
+
+/// Everything that identifies a configuration except the depth and the variant: rows with equal
+/// keys belong on one memory-vs-depth line chart.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ConfigKey {
+    pub family: String,
+    pub batch: usize,
+    pub channels: usize,
+    pub growth: usize,
+    pub bn_size: usize,
+    pub size: usize,
+    pub activation: bool,
+    pub dtype: String,
+    pub seed: u64,
+    pub device: String,
+}
+
+impl ConfigKey {
+    pub fn of(row: &Row) -> Self {
+        Self {
+            family: row.family.clone(),
+            batch: row.batch,
+            channels: row.channels,
+            growth: row.growth,
+            bn_size: row.bn_size,
+            size: row.size,
+            activation: row.activation,
+            dtype: row.dtype.clone(),
+            seed: row.seed,
+            device: row.device.clone(),
+        }
+    }
+
+    /// A file-name fragment, e.g. `bc-N64-C24-k12-bn4-32` or `mlp-N4096-C256-k64-relu`; the
+    /// dtype and device are appended only when they are not the defaults (`f32`, `cpu`).
+    pub fn slug(&self) -> String {
+        let mut s = if self.family == "bc" {
+            format!(
+                "bc-N{}-C{}-k{}-bn{}-{}",
+                self.batch, self.channels, self.growth, self.bn_size, self.size
+            )
+        } else {
+            format!(
+                "{}-N{}-C{}-k{}-{}",
+                sanitize(&self.family),
+                self.batch,
+                self.channels,
+                self.growth,
+                if self.activation { "relu" } else { "linear" }
+            )
+        };
+        if self.dtype != "f32" {
+            s.push('-');
+            s.push_str(&sanitize(&self.dtype));
+        }
+        if self.device != "cpu" {
+            s.push('-');
+            s.push_str(&sanitize(&self.device));
+        }
+        s
+    }
+}
+
+/// Keeps `[A-Za-z0-9_-]`, drops everything else (`cuda:0` → `cuda0`).
+pub fn sanitize(s: &str) -> String {
+    s.chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '-' || *c == '_')
+        .collect()
+}
+
+/// One configuration with all its rows (every depth, every variant).
+#[derive(Debug, Clone)]
+pub struct Group {
+    pub key: ConfigKey,
+    /// A unique file-name fragment (the slug, plus `-s{seed}` when two groups share a slug).
+    pub slug: String,
+    /// `bc N=64 C0=24 k=12 bn=4 32x32 f32`.
+    pub label: String,
+    /// `cpu: AMD EPYC …, 2 threads`.
+    pub device_label: String,
+    /// Status `ok`, one per (depth, variant): the last one in file order wins.
+    pub ok: Vec<Row>,
+    /// Every row whose status is not `ok`.
+    pub skipped: Vec<Row>,
+}
+
+impl Group {
+    /// Depths with at least one ok row, ascending.
+    pub fn depths(&self) -> Vec<usize> {
+        let mut d: Vec<usize> = self.ok.iter().map(|r| r.depth).collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// The ok rows of one variant, by ascending depth.
+    pub fn variant_rows(&self, variant: &str) -> Vec<&Row> {
+        let mut rows: Vec<&Row> = self.ok.iter().filter(|r| r.variant == variant).collect();
+        rows.sort_by_key(|r| r.depth);
+        rows
+    }
+
+    /// The ok rows at one depth, in variant order.
+    pub fn at_depth(&self, depth: usize) -> Vec<&Row> {
+        let order = variant_order(self.ok.iter().map(|r| r.variant.as_str()));
+        let mut rows: Vec<&Row> = self.ok.iter().filter(|r| r.depth == depth).collect();
+        rows.sort_by_key(|r| order.iter().position(|v| *v == r.variant));
+        rows
+    }
+
+    /// The variants with ok rows, in the stable order.
+    pub fn variants(&self) -> Vec<String> {
+        variant_order(self.ok.iter().map(|r| r.variant.as_str()))
+    }
+
+    pub fn row(&self, variant: &str, depth: usize) -> Option<&Row> {
+        self.ok
+            .iter()
+            .find(|r| r.variant == variant && r.depth == depth)
+    }
+
+    /// `variant L=depth (status: error)` for each skipped row.
+    pub fn skipped_notes(&self) -> Vec<String> {
+        self.skipped.iter().map(skipped_note).collect()
+    }
+}
+
+/// `cat-store-copy bc N=64 … L=48: oom (error text)`.
+pub fn skipped_note(r: &Row) -> String {
+    let mut s = format!("{} L={}: {}", r.variant, r.depth, r.status);
+    if !r.error.is_empty() {
+        s.push_str(&format!(" ({})", r.error.trim()));
+    }
+    s
+}
+
+/// Groups rows by configuration, sorted by key. Rows with a duplicate (config, depth, variant)
+/// replace the earlier one; the number replaced is returned for a warning.
+pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
+    let mut map: BTreeMap<ConfigKey, (Vec<Row>, Vec<Row>)> = BTreeMap::new();
+    let mut replaced = 0;
+    for r in rows {
+        let entry = map.entry(ConfigKey::of(r)).or_default();
+        if r.is_ok() {
+            if let Some(pos) = entry
+                .0
+                .iter()
+                .position(|o| o.variant == r.variant && o.depth == r.depth)
+            {
+                entry.0.remove(pos);
+                replaced += 1;
+            }
+            entry.0.push(r.clone());
+        } else {
+            entry.1.push(r.clone());
+        }
+    }
+    let mut groups: Vec<Group> = map
+        .into_iter()
+        .map(|(key, (ok, skipped))| {
+            let first = ok.first().or(skipped.first());
+            let label = first.map(Row::config_label).unwrap_or_default();
+            let device_label = first.map(device_label).unwrap_or_default();
+            Group {
+                slug: key.slug(),
+                key,
+                label,
+                device_label,
+                ok,
+                skipped,
+            }
+        })
+        .collect();
+    // Make slugs unique: configs that differ only in seed get `-s{seed}`.
+    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+    for g in &groups {
+        *counts.entry(g.slug.clone()).or_default() += 1;
+    }
+    for g in &mut groups {
+        if counts.get(&g.slug).copied().unwrap_or(0) > 1 {
+            g.slug = format!("{}-s{}", g.slug, g.key.seed);
+        }
+    }
+    (groups, replaced)
+}
+
+/// `cpu: AMD EPYC 7B13, 2 threads`.
+pub fn device_label(r: &Row) -> String {
+    let mut s = r.device.clone();
+    if !r.device_desc.is_empty() {
+        s.push_str(": ");
+        s.push_str(r.device_desc.trim());
+    }
+    // Some descriptions already say "(2 threads)": do not repeat it.
+    if r.threads > 0 && !r.device_desc.contains("thread") {
+        s.push_str(&format!(
+            ", {} thread{}",
+            r.threads,
+            if r.threads == 1 { "" } else { "s" }
+        ));
+    }
+    s
+}
+
+/// The stable variant order (that of `impls::Variant::all()`, i.e. legends and tables), then
+/// any unknown names alphabetically. Deduplicated.
+pub fn variant_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
+    let known: Vec<String> = impls::Variant::all().iter().map(|v| v.name()).collect();
+    let mut present: Vec<String> = names.into_iter().map(str::to_string).collect();
+    present.sort_by(|a, b| {
+        let ia = known.iter().position(|k| k == a).unwrap_or(usize::MAX);
+        let ib = known.iter().position(|k| k == b).unwrap_or(usize::MAX);
+        ia.cmp(&ib).then_with(|| a.cmp(b))
+    });
+    present.dedup();
+    present
+}
+
+/// True when the variant's memory grows linearly in depth for this family (by its axes, see
+/// `impls::Variant::is_linear_memory`); unknown names are treated as not linear.
+pub fn is_linear_memory(variant: &str, family: &str) -> bool {
+    match (impls::Variant::parse(variant), impls::Family::parse(family)) {
+        (Ok(v), Ok(f)) => v.is_linear_memory(f),
+        _ => false,
+    }
+}
+
+/// A colour per variant, the same in every figure: reds for `cat-store`, purples for
+/// `cat-recompute`, blues for `buffer-store`, greens for `buffer-recompute`, grey for `autograd`.
+pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
+    match variant {
+        "autograd" => (100, 100, 100),
+        "cat-store-copy" => (214, 39, 40),
+        "cat-store-inplace" => (255, 127, 14),
+        "cat-recompute-copy" => (148, 103, 189),
+        "cat-recompute-inplace" => (227, 119, 194),
+        "buffer-store-copy" => (31, 119, 180),
+        "buffer-store-inplace" => (23, 190, 207),
+        "buffer-recompute-copy" => (44, 160, 44),
+        "buffer-recompute-inplace" => (150, 150, 20),
+        _ => {
+            // Unknown variants: a colour from a hash of the name, stable across runs.
+            let h = variant
+                .bytes()
+                .fold(17u32, |h, b| h.wrapping_mul(31).wrapping_add(u32::from(b)));
+            (
+                (h & 0x7f) as u8 + 40,
+                ((h >> 8) & 0x7f) as u8 + 40,
+                ((h >> 16) & 0x7f) as u8 + 40,
+            )
+        }
+    }
+}
+
+/// The growth exponent p of `peak ≈ c·L^p`: least-squares slope of ln(peak) on ln(L). `None`
+/// with fewer than two distinct depths or any non-positive value.
+pub fn growth_exponent(points: &[(f64, f64)]) -> Option<f64> {
+    if points.iter().any(|&(x, y)| x <= 0.0 || y <= 0.0) {
+        return None;
+    }
+    let logs: Vec<(f64, f64)> = points.iter().map(|&(x, y)| (x.ln(), y.ln())).collect();
+    let n = logs.len() as f64;
+    if logs.len() < 2 {
+        return None;
+    }
+    let mx = logs.iter().map(|p| p.0).sum::<f64>() / n;
+    let my = logs.iter().map(|p| p.1).sum::<f64>() / n;
+    let sxx: f64 = logs.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+    let sxy: f64 = logs.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+    // Relative tolerance: all depths equal means no slope to fit.
+    if sxx <= f64::EPSILON * n {
+        return None;
+    }
+    Some(sxy / sxx)
+}
+
+/// The growth exponent of one variant's peak memory over the depths of a group.
+pub fn variant_exponent(group: &Group, variant: &str) -> Option<f64> {
+    let pts: Vec<(f64, f64)> = group
+        .variant_rows(variant)
+        .iter()
+        .filter_map(|r| r.peak_bytes.map(|p| (r.depth as f64, p as f64)))
+        .collect();
+    growth_exponent(&pts)
+}
+
+/// Indices of the points on the Pareto front when both coordinates are to be minimised,
+/// sorted by the first coordinate. A point is on the front when no other point is at least as
+/// good in both and better in one.
+pub fn pareto_front(points: &[(f64, f64)]) -> Vec<usize> {
+    let mut front: Vec<usize> = (0..points.len())
+        .filter(|&i| {
+            let (a, b) = points[i];
+            !points
+                .iter()
+                .any(|&(x, y)| x <= a && y <= b && (x < a || y < b))
+        })
+        .collect();
+    front.sort_by(|&i, &j| {
+        points[i]
+            .0
+            .total_cmp(&points[j].0)
+            .then(points[i].1.total_cmp(&points[j].1))
+    });
+    front
+}
+
+/// The published shape of DenseNet-BC-100's dense block and the forum's mlp, which the
+/// headline figures and the published comparison prefer when the CSV has them.
+fn is_canonical(key: &ConfigKey, depth: usize) -> bool {
+    match key.family.as_str() {
+        "bc" => {
+            key.batch == 64
+                && key.channels == 24
+                && key.growth == 12
+                && key.bn_size == 4
+                && key.size == 32
+                && depth == 16
+        }
+        "mlp" => key.batch == 4096 && key.channels == 256 && key.growth == 64 && depth == 32,
+        _ => false,
+    }
+}
+
+/// The one configuration (group and depth) per family shown in the memory/time and timeline
+/// figures and the published comparison: the canonical shape when present (DenseNet-BC-100's
+/// block, L=16; the forum's mlp, L=32), else the (group, depth) with the most variants that have
+/// both peak and time, the deepest on a tie. Families in sorted order.
+pub fn headline(groups: &[Group]) -> Vec<(usize, usize)> {
+    // Per family: (canonical, variants with peak and time, depth) and the (group, depth) it won.
+    type Score = (bool, usize, usize);
+    let mut best: BTreeMap<String, (Score, usize, usize)> = BTreeMap::new();
+    for (gi, g) in groups.iter().enumerate() {
+        for d in g.depths() {
+            let complete = g
+                .at_depth(d)
+                .iter()
+                .filter(|r| r.peak_bytes.is_some() && r.median_ns.is_some())
+                .count();
+            if complete == 0 {
+                continue;
+            }
+            let score = (is_canonical(&g.key, d), complete, d);
+            let e = best.entry(g.key.family.clone()).or_insert((score, gi, d));
+            if score > e.0 {
+                *e = (score, gi, d);
+            }
+        }
+    }
+    best.into_values().map(|(_, gi, d)| (gi, d)).collect()
+}
+
+/// `12.3` with a precision that suits the magnitude (3 significant digits at least).
+pub fn fmt_num(v: f64) -> String {
+    let a = v.abs();
+    if a == 0.0 {
+        "0".to_string()
+    } else if a >= 100.0 {
+        format!("{v:.0}")
+    } else if a >= 10.0 {
+        format!("{v:.1}")
+    } else if a >= 1.0 {
+        format!("{v:.2}")
+    } else if a >= 0.01 {
+        format!("{v:.3}")
+    } else {
+        format!("{v:.2e}")
+    }
+}
+
+/// `1.2e-7`, for errors.
+pub fn fmt_err(v: f64) -> String {
+    if v == 0.0 {
+        "0".to_string()
+    } else {
+        format!("{v:.1e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exponent_of_exact_powers() {
+        // y = 3·x² exactly: the log-log slope is 2 up to rounding.
+        let pts: Vec<(f64, f64)> = [8.0, 16.0, 32.0]
+            .iter()
+            .map(|&x| (x, 3.0 * x * x))
+            .collect();
+        let p = growth_exponent(&pts).unwrap_or(f64::NAN);
+        assert!((p - 2.0).abs() < 1e-12, "p = {p}");
+        assert_eq!(growth_exponent(&pts[..1]), None, "one depth has no slope");
+    }
+
+    #[test]
+    fn pareto_drops_dominated_points() {
+        // (2,2) is dominated by (1,1); (1,3) is dominated by (1,1) (equal time, more memory).
+        let pts = [(1.0, 1.0), (2.0, 2.0), (0.5, 4.0), (1.0, 3.0), (3.0, 0.5)];
+        assert_eq!(pareto_front(&pts), vec![2, 0, 4]);
+    }
+
+    #[test]
+    fn order_is_stable_and_unknown_last() {
+        let o = variant_order(["zeta", "buffer-store-copy", "autograd", "cat-store-copy"]);
+        assert_eq!(
+            o,
+            vec!["autograd", "cat-store-copy", "buffer-store-copy", "zeta"]
+        );
+    }
+}

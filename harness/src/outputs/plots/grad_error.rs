@@ -1,0 +1,169 @@
+//! Figure 6, `grad-error-<family>`: the worst relative gradient error of each row, log scale.
+
+use super::data::{self};
+use super::style::*;
+use crate::results::row::Row;
+use anyhow::Result;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// Figure 6: the worst relative gradient error of each row, per variant, log scale; exact
+/// zeros drawn at a floor one decade below the smallest non-zero error.
+pub fn grad_error<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    family: &str,
+    rows: &[&Row],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let checked: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| r.max_rel_err.is_some())
+        .collect();
+    let min_pos = checked
+        .iter()
+        .filter_map(|r| r.max_rel_err)
+        .filter(|&e| e > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    // Exact zeros have no logarithm: draw them one decade below the smallest non-zero error (or
+    // at 1e-9, below any f32 rounding error, when every error is zero).
+    let floor = if min_pos.is_finite() {
+        10f64.powf(min_pos.log10().floor() - 1.0)
+    } else {
+        1e-9
+    };
+    let max_err = checked
+        .iter()
+        .filter_map(|r| r.max_rel_err)
+        .fold(floor * 10.0, f64::max);
+    let bad = checked.iter().filter(|r| r.grad_ok == Some(false)).count();
+    let bitwise = checked
+        .iter()
+        .filter(|r| r.max_rel_err == Some(0.0) || r.bitwise_equal == Some(true))
+        .count();
+    let mut references: Vec<&str> = checked.iter().map(|r| r.reference.as_str()).collect();
+    references.sort_unstable();
+    references.dedup();
+    let reference = if references.is_empty() {
+        "the reference".to_string()
+    } else {
+        references.join(", ")
+    };
+    let unchecked = rows.len() - checked.len();
+    let mut footer = Vec::new();
+    if unchecked > 0 {
+        footer.push(format!(
+            "{unchecked} ok row(s) have no gradient check (empty max_rel_err) and are not drawn"
+        ));
+    }
+    let f = frame(
+        root,
+        &format!("Gradient error vs {reference} — {family}"),
+        &format!(
+            "{} · {} rows checked: {} within tolerance, {bitwise} bitwise equal",
+            devices_of(rows),
+            checked.len(),
+            checked.len() - bad
+        ),
+        &footer,
+    )?;
+    let order = data::variant_order(checked.iter().map(|r| r.variant.as_str()));
+    let n = order.len().max(1);
+    let names = order.clone();
+    let label_of = move |v: &f64| {
+        let i = v.round();
+        if (v - i).abs() > 1e-6 || i < 0.0 {
+            return String::new();
+        }
+        // Row 0 at the top: the variant order reads downwards as in the legend.
+        let idx = names.len() as f64 - 1.0 - i;
+        if idx < 0.0 {
+            return String::new();
+        }
+        names.get(idx as usize).cloned().unwrap_or_default()
+    };
+    let x_label = move |v: &f64| {
+        if *v <= floor * 1.001 {
+            "0".to_string()
+        } else {
+            format!("{v:.0e}")
+        }
+    };
+    let mut chart = ChartBuilder::on(&f.plot)
+        .margin(20)
+        .x_label_area_size(55)
+        .y_label_area_size(200)
+        .build_cartesian_2d(
+            ((floor / 2.0)..(max_err * 3.0))
+                .log_scale()
+                .with_key_points(log_ticks(floor, max_err * 3.0)),
+            -0.5..(n as f64 - 0.5),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("max relative error (log scale; 0 = bitwise equal)")
+        .y_desc("")
+        .axis_desc_style(font(AXIS_PT))
+        .label_style(font(LABEL_PT))
+        .y_labels(n + 1)
+        .y_label_formatter(&label_of)
+        .x_label_formatter(&x_label)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    chart.draw_series(DashedLineSeries::new(
+        vec![(floor, -0.5), (floor, n as f64 - 0.5)],
+        4,
+        4,
+        LIGHT.stroke_width(1),
+    ))?;
+    let mut entries = Vec::new();
+    for (yi, v) in order.iter().enumerate() {
+        let vr: Vec<&&Row> = checked.iter().filter(|r| &r.variant == v).collect();
+        // Spread a variant's rows vertically (deterministically) so coincident errors stay
+        // visible as separate points.
+        let row_y = (n - 1 - yi) as f64;
+        let step = (0.6 / vr.len().max(1) as f64).min(0.08);
+        let spread = |i: usize| row_y + (i as f64 - (vr.len() as f64 - 1.0) / 2.0) * step;
+        let good: Vec<(f64, f64)> = vr
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.grad_ok != Some(false))
+            .map(|(i, r)| (r.max_rel_err.unwrap_or(0.0).max(floor), spread(i)))
+            .collect();
+        let fail: Vec<(f64, f64)> = vr
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.grad_ok == Some(false))
+            .map(|(i, r)| (r.max_rel_err.unwrap_or(0.0).max(floor), spread(i)))
+            .collect();
+        markers(&mut chart, &good, shape_of(v), rgb(v), 5)?;
+        markers(&mut chart, &fail, Shape::Cross, RED, 6)?;
+        let worst = vr.iter().filter_map(|r| r.max_rel_err).fold(0.0, f64::max);
+        let label = if worst == 0.0 {
+            format!("{v}  0 (bitwise equal)")
+        } else {
+            format!("{v}  ≤ {worst:.1e}")
+        };
+        entries.push(Entry::variant(v, label, false));
+    }
+    if bad > 0 {
+        entries.push(Entry {
+            label: "outside tolerance (grad_ok false)".to_string(),
+            color: RED,
+            shape: Some(Shape::Cross),
+            line: false,
+        });
+    }
+    legend(
+        &f.legend,
+        &entries,
+        &[
+            "one point per config and depth;".to_string(),
+            "worst over output, input grad,".to_string(),
+            "parameter grads, running stats".to_string(),
+            format!("0 (bitwise equal) drawn at {floor:.0e}"),
+        ],
+    )
+}

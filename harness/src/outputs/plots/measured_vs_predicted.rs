@@ -1,0 +1,120 @@
+//! Figure 5, `measured-vs-predicted-<family>`: measured against the model's predicted peak.
+
+use super::data::{self, mib};
+use super::style::*;
+use crate::results::row::Row;
+use anyhow::Result;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+
+/// Figure 5: measured peak against the analytic prediction, log–log, with y = x and ±5%.
+pub fn measured_vs_predicted<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    family: &str,
+    rows: &[&Row],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let rows: Vec<&Row> = rows
+        .iter()
+        .copied()
+        .filter(|r| {
+            matches!((r.peak_bytes, r.predicted_peak_bytes), (Some(m), Some(p)) if m > 0 && p > 0)
+        })
+        .collect();
+    let vals: Vec<f64> = rows
+        .iter()
+        .flat_map(|r| [r.peak_bytes, r.predicted_peak_bytes])
+        .flatten()
+        .map(mib)
+        .collect();
+    let lo = vals.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = vals.iter().copied().fold(0.0, f64::max);
+    let (lo, hi) = if lo.is_finite() && hi > 0.0 {
+        (lo / 1.5, hi * 1.5)
+    } else {
+        (0.1, 10.0)
+    };
+    let within = rows
+        .iter()
+        .filter(|r| {
+            let ratio =
+                r.peak_bytes.unwrap_or(0) as f64 / r.predicted_peak_bytes.unwrap_or(1) as f64;
+            (ratio - 1.0).abs() <= 0.05
+        })
+        .count();
+    let f = frame(
+        root,
+        &format!("Measured vs predicted peak memory — {family}"),
+        &format!(
+            "{} · {within} of {} rows within ±5% of the prediction",
+            devices_of(&rows),
+            rows.len()
+        ),
+        &[],
+    )?;
+    let mut chart = ChartBuilder::on(&f.plot)
+        .margin(20)
+        .x_label_area_size(55)
+        .y_label_area_size(85)
+        .build_cartesian_2d(
+            (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+            (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("predicted peak (MiB, log scale)")
+        .y_desc("measured peak (MiB, log scale)")
+        .axis_desc_style(font(AXIS_PT))
+        .label_style(font(LABEL_PT))
+        .x_label_formatter(&tick)
+        .y_label_formatter(&tick)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    chart.draw_series(LineSeries::new(
+        vec![(lo, lo), (hi, hi)],
+        BLACK.stroke_width(1),
+    ))?;
+    for k in [0.95, 1.05] {
+        chart.draw_series(DashedLineSeries::new(
+            vec![(lo, lo * k), (hi, hi * k)],
+            4,
+            4,
+            LIGHT.stroke_width(1),
+        ))?;
+    }
+    let order = data::variant_order(rows.iter().map(|r| r.variant.as_str()));
+    let mut entries = Vec::new();
+    for v in &order {
+        let vr: Vec<&&Row> = rows.iter().filter(|r| &r.variant == v).collect();
+        let pts: Vec<(f64, f64)> = vr
+            .iter()
+            .map(|r| {
+                (
+                    mib(r.predicted_peak_bytes.unwrap_or(0)),
+                    mib(r.peak_bytes.unwrap_or(0)),
+                )
+            })
+            .collect();
+        markers(&mut chart, &pts, shape_of(v), rgb(v), 5)?;
+        let ratios: Vec<f64> = pts.iter().map(|p| p.1 / p.0).collect();
+        let rlo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+        let rhi = ratios.iter().copied().fold(0.0, f64::max);
+        let label = if (rhi - rlo).abs() < 0.005 {
+            format!("{v}  {rlo:.2}")
+        } else {
+            format!("{v}  {rlo:.2}–{rhi:.2}")
+        };
+        entries.push(Entry::variant(v, label, false));
+    }
+    legend(
+        &f.legend,
+        &entries,
+        &[
+            "numbers: measured / predicted".to_string(),
+            "solid: y = x; dashed: ±5%".to_string(),
+            "one point per config and depth".to_string(),
+        ],
+    )
+}

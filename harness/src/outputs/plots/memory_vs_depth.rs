@@ -1,0 +1,174 @@
+//! Figure 1, `memory-vs-depth-<config>`: peak memory against depth, one line per variant, with
+//! the fitted growth exponent and slope guides (Pleiss et al.'s quadratic-vs-linear figure).
+
+use super::data::{mib, variant_exponent, Group};
+use super::style::*;
+use anyhow::Result;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// Figure 1: peak memory against depth, one line per variant, with the fitted growth exponent;
+/// linear axes on the left (Pleiss et al.'s figure), log–log on the right, where the slope is
+/// the exponent and dashed guides show slope 2 and slope 1.
+pub fn memory_vs_depth<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Group) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let f = frame(
+        root,
+        &format!("Peak memory vs depth — {}", g.label),
+        &format!(
+            "{} · one training step, allocator peak above baseline",
+            g.device_label
+        ),
+        &skipped_footer(g.skipped_notes()),
+    )?;
+    let depths = g.depths();
+    let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
+    let dmin = depths.first().copied().unwrap_or(1) as f64;
+    let dmax = depths.last().copied().unwrap_or(1) as f64;
+    let peaks: Vec<f64> = g.ok.iter().filter_map(|r| r.peak_bytes).map(mib).collect();
+    let ymax = peaks.iter().copied().fold(0.0, f64::max);
+    let ymin_pos = peaks
+        .iter()
+        .copied()
+        .filter(|v| *v > 0.0)
+        .fold(f64::INFINITY, f64::min);
+    let series: Vec<(String, Vec<(f64, f64)>)> = g
+        .variants()
+        .into_iter()
+        .map(|v| {
+            let pts = g
+                .variant_rows(&v)
+                .iter()
+                .filter_map(|r| r.peak_bytes.map(|p| (r.depth as f64, mib(p))))
+                .collect();
+            (v, pts)
+        })
+        .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+        .collect();
+    let (w, _) = f.plot.dim_in_pixel();
+    let (left, right) = f.plot.split_horizontally(w * 55 / 100);
+    let mut chart = ChartBuilder::on(&left)
+        .margin(20)
+        .caption("linear axes", font(LABEL_PT).color(&GREY))
+        .x_label_area_size(55)
+        .y_label_area_size(85)
+        .build_cartesian_2d(
+            Ticked {
+                range: padded(dmin, dmax, 0.05),
+                ticks: ticks.clone(),
+            },
+            from_zero(0.0, ymax),
+        )?;
+    chart
+        .configure_mesh()
+        .x_desc("depth L (layers in the block)")
+        .y_desc("peak memory (MiB)")
+        .axis_desc_style(font(AXIS_PT))
+        .label_style(font(LABEL_PT))
+        .x_label_formatter(&|v| format!("{v:.0}"))
+        .y_label_formatter(&tick)
+        .light_line_style(WHITE.mix(0.0))
+        .draw()?;
+    for (v, pts) in &series {
+        let c = rgb(v);
+        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
+        markers(&mut chart, pts, shape_of(v), c, 5)?;
+    }
+    if ymin_pos.is_finite() && dmax > dmin {
+        let (lo, hi) = (ymin_pos / 1.3, ymax * 1.3);
+        let xr = (dmin / 1.08)..(dmax * 1.08);
+        let mut log = ChartBuilder::on(&right)
+            .margin(20)
+            .caption(
+                "log–log axes: slope = growth exponent",
+                font(LABEL_PT).color(&GREY),
+            )
+            .x_label_area_size(55)
+            .y_label_area_size(70)
+            .build_cartesian_2d(
+                xr.log_scale().with_key_points(ticks),
+                (lo..hi).log_scale().with_key_points(log_ticks(lo, hi)),
+            )?;
+        log.configure_mesh()
+            .x_desc("depth L (log)")
+            .y_desc("peak memory (MiB, log)")
+            .axis_desc_style(font(AXIS_PT))
+            .label_style(font(LABEL_PT))
+            .x_label_formatter(&|v| format!("{v:.0}"))
+            .y_label_formatter(&tick)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()?;
+        for (v, pts) in &series {
+            let c = rgb(v);
+            log.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
+            markers(&mut log, pts, shape_of(v), c, 4)?;
+        }
+        // Guides through the first point of the largest and of the smallest series: slope 2
+        // (quadratic) above, slope 1 (linear) below.
+        let first = |pick: fn(f64, f64) -> bool| {
+            series
+                .iter()
+                .filter_map(|(_, p)| p.first().copied())
+                .reduce(|a, b| if pick(a.1, b.1) { a } else { b })
+        };
+        for (start, slope, label) in [
+            (first(|a, b| a > b), 2.0, "∝ L²"),
+            (first(|a, b| a < b), 1.0, "∝ L"),
+        ] {
+            let Some((x0, y0)) = start else { continue };
+            let end = (dmax, y0 * (dmax / x0).powf(slope));
+            // Dashes cut in log space: plotters' dashed series interpolates in data space,
+            // which bends a power law on log axes.
+            let at = |t: f64| {
+                let x = x0 * (dmax / x0).powf(t);
+                (x, y0 * (x / x0).powf(slope))
+            };
+            for dash in (0..GUIDE_DASHES).step_by(2) {
+                let (t0, t1) = (
+                    dash as f64 / GUIDE_DASHES as f64,
+                    (dash + 1) as f64 / GUIDE_DASHES as f64,
+                );
+                log.draw_series(LineSeries::new(
+                    vec![at(t0), at(t1)],
+                    BLACK.mix(0.45).stroke_width(1),
+                ))?;
+            }
+            log.draw_series(std::iter::once(
+                EmptyElement::at(end)
+                    + Text::new(
+                        label,
+                        (6, 0),
+                        font(LABEL_PT)
+                            .color(&GREY)
+                            .pos(Pos::new(HPos::Left, VPos::Center)),
+                    ),
+            ))?;
+        }
+    }
+    let entries: Vec<Entry> = series
+        .iter()
+        .map(|(v, _)| {
+            let label = match variant_exponent(g, v) {
+                Some(p) => format!("{v}  p = {p:.2}"),
+                None => v.clone(),
+            };
+            Entry::variant(v, label, true)
+        })
+        .collect();
+    legend(
+        &f.legend,
+        &entries,
+        &[
+            "p: fitted growth exponent, peak ∝ L^p".to_string(),
+            "(least squares on log peak vs log L)".to_string(),
+            "quadratic ≈ 2, linear ≈ 1".to_string(),
+            "dashed guides: slope 2 and slope 1".to_string(),
+        ],
+    )
+}
+
+/// Segments of a guide line on log axes (every other one drawn).
+const GUIDE_DASHES: usize = 31;

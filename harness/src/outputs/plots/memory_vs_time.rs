@@ -1,0 +1,204 @@
+//! Figure 3, `memory-vs-time-<config>-L<depth>`: each variant a point (time, peak memory), the
+//! Pareto front marked.
+
+use super::data::{self, mib, ms, pareto_front, Group, NAIVE};
+use super::style::*;
+use crate::results::row::Row;
+use anyhow::Result;
+use plotters::coord::ranged1d::ValueFormatter;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// Figure 3: peak memory against median time at one depth; the Pareto front ringed, joined
+/// and labelled.
+pub fn memory_vs_time<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    g: &Group,
+    depth: usize,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let rows: Vec<&Row> = g
+        .at_depth(depth)
+        .into_iter()
+        .filter(|r| matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
+        .collect();
+    let pts: Vec<(f64, f64)> = rows
+        .iter()
+        .map(|r| (ms(r.median_ns.unwrap_or(0)), mib(r.peak_bytes.unwrap_or(0))))
+        .collect();
+    let front = pareto_front(&pts);
+    let skipped: Vec<String> = g
+        .skipped
+        .iter()
+        .filter(|r| r.depth == depth)
+        .map(data::skipped_note)
+        .collect();
+    let f = frame(
+        root,
+        &format!("Memory vs time — {} L={depth}", g.label),
+        &format!(
+            "{} · each variant one point; lower-left is better",
+            g.device_label
+        ),
+        &skipped_footer(skipped),
+    )?;
+    let span = |sel: fn(&(f64, f64)) -> f64| {
+        let lo = pts.iter().map(sel).fold(f64::INFINITY, f64::min);
+        let hi = pts.iter().map(sel).fold(0.0, f64::max);
+        if lo.is_finite() && lo > 0.0 {
+            (lo, hi)
+        } else {
+            (1.0, 1.0)
+        }
+    };
+    let (xmin, xmax) = span(|p| p.0);
+    let (ymin, ymax) = span(|p| p.1);
+    let (log_x, log_y) = (xmax / xmin > LOG_SPREAD, ymax / ymin > LOG_SPREAD);
+    // Linear time is zoomed to the data (the differences are what matter); linear memory starts
+    // at zero so its ratios read off the axis.
+    let x_lin = padded(xmin, xmax, 0.12);
+    let (x_lo, x_hi) = (xmin / 1.3, xmax * 1.3);
+    let y_lin = from_zero(0.0, ymax * 1.05);
+    let (y_lo, y_hi) = (ymin / 1.3, ymax * 1.3);
+    let x_desc = if log_x {
+        "median step time (ms, log scale)"
+    } else {
+        "median step time (ms)"
+    };
+    let y_desc = if log_y {
+        "peak memory (MiB, log scale)"
+    } else {
+        "peak memory (MiB)"
+    };
+    // Where a point sits along the x axis (0 left, 1 right), for placing its label.
+    let xfrac = move |x: f64| {
+        if log_x {
+            (x / x_lo).ln() / (x_hi / x_lo).ln()
+        } else {
+            (x - x_lin.start) / (x_lin.end - x_lin.start)
+        }
+    };
+    let body = Scatter {
+        rows: &rows,
+        pts: &pts,
+        front: &front,
+        x_desc,
+        y_desc,
+        xfrac: &xfrac,
+    };
+    let builder = || {
+        let mut b = ChartBuilder::on(&f.plot);
+        b.margin(20).x_label_area_size(55).y_label_area_size(85);
+        b
+    };
+    let x_log = || {
+        (x_lo..x_hi)
+            .log_scale()
+            .with_key_points(log_ticks(x_lo, x_hi))
+    };
+    let y_log = || {
+        (y_lo..y_hi)
+            .log_scale()
+            .with_key_points(log_ticks(y_lo, y_hi))
+    };
+    match (log_x, log_y) {
+        (false, false) => body.draw(&mut builder().build_cartesian_2d(x_lin.clone(), y_lin)?)?,
+        (true, false) => body.draw(&mut builder().build_cartesian_2d(x_log(), y_lin)?)?,
+        (false, true) => body.draw(&mut builder().build_cartesian_2d(x_lin.clone(), y_log())?)?,
+        (true, true) => body.draw(&mut builder().build_cartesian_2d(x_log(), y_log())?)?,
+    }
+    let naive = rows.iter().find(|r| r.variant == NAIVE);
+    let mut entries = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let mut label = r.variant.clone();
+        if let (Some(n), Some(p), Some(t)) = (naive, r.peak_bytes, r.median_ns) {
+            if let (Some(np), Some(nt)) = (n.peak_bytes, n.median_ns) {
+                if np > 0 && nt > 0 {
+                    label = format!(
+                        "{label}  {:.2}× / {:.2}×",
+                        p as f64 / np as f64,
+                        t as f64 / nt as f64
+                    );
+                }
+            }
+        }
+        if front.contains(&i) {
+            label.push_str("  *");
+        }
+        entries.push(Entry::variant(&r.variant, label, false));
+    }
+    legend(
+        &f.legend,
+        &entries,
+        &[
+            format!("ratios: peak / time vs {NAIVE}"),
+            "* ringed, dashed: Pareto front".to_string(),
+            "(no other variant is both faster".to_string(),
+            " and smaller)".to_string(),
+        ],
+    )
+}
+
+/// The points, front and labels of the memory/time figure, drawn on linear or log axes.
+struct Scatter<'a> {
+    rows: &'a [&'a Row],
+    pts: &'a [(f64, f64)],
+    front: &'a [usize],
+    x_desc: &'a str,
+    y_desc: &'a str,
+    xfrac: &'a dyn Fn(f64) -> f64,
+}
+
+impl Scatter<'_> {
+    fn draw<DB, X, Y>(&self, chart: &mut Chart<'_, DB, X, Y>) -> Result<()>
+    where
+        DB: DrawingBackend,
+        DB::ErrorType: 'static,
+        X: Ranged<ValueType = f64> + ValueFormatter<f64>,
+        Y: Ranged<ValueType = f64> + ValueFormatter<f64>,
+    {
+        chart
+            .configure_mesh()
+            .x_desc(self.x_desc)
+            .y_desc(self.y_desc)
+            .axis_desc_style(font(AXIS_PT))
+            .label_style(font(LABEL_PT))
+            .x_label_formatter(&tick)
+            .y_label_formatter(&tick)
+            .light_line_style(WHITE.mix(0.0))
+            .draw()?;
+        let (pts, front) = (self.pts, self.front);
+        // The front as a staircase: each step holds memory until the next, cheaper point.
+        let mut stair = Vec::new();
+        for (n, &i) in front.iter().enumerate() {
+            if n > 0 {
+                stair.push((pts[i].0, pts[front[n - 1]].1));
+            }
+            stair.push(pts[i]);
+        }
+        chart.draw_series(DashedLineSeries::new(stair, 8, 5, BLACK.stroke_width(1)))?;
+        for (i, r) in self.rows.iter().enumerate() {
+            markers(chart, &pts[i..=i], shape_of(&r.variant), rgb(&r.variant), 7)?;
+        }
+        for (n, &i) in front.iter().enumerate() {
+            let p = pts[i];
+            chart.draw_series(std::iter::once(Circle::new(p, 12, BLACK.stroke_width(2))))?;
+            // Labels right of the point, or left of it in the right third of the axis;
+            // alternate above and below so neighbours on the front do not collide.
+            let (dx, hpos) = if (self.xfrac)(p.0) > 0.66 {
+                (-16, HPos::Right)
+            } else {
+                (16, HPos::Left)
+            };
+            let dy = if n % 2 == 0 { -16 } else { 16 };
+            let style = font(LABEL_PT).pos(Pos::new(hpos, VPos::Center));
+            chart.draw_series(std::iter::once(
+                EmptyElement::at(p) + Text::new(self.rows[i].variant.clone(), (dx, dy), style),
+            ))?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,240 @@
+//! Every figure of a result set, as SVG and PNG, rendered in parallel; one file per figure
+//! beside this one, their shared frame, legend and styling in `style.rs`.
+//!
+//! Figures (file stems are deterministic, built from the configuration):
+//! 1. `memory-vs-depth-<config>`: peak memory against depth, one line per variant, with the
+//!    fitted growth exponent (Pleiss et al.'s quadratic-vs-linear figure);
+//! 2. `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
+//! 3. `memory-vs-time-<config>-L<depth>`: each variant a point, the Pareto front marked, at
+//!    every depth of one headline configuration per family;
+//! 4. `timeline-<config>-L<depth>`: live bytes through forward and backward, layer by layer;
+//! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
+//! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
+//!
+//! PNG text is drawn with DejaVu Sans, embedded from `harness/assets/` (licence beside it), so
+//! rendering needs no system fonts. Rows whose status is not `ok` are left out and listed.
+
+pub mod data;
+mod grad_error;
+mod measured_vs_predicted;
+mod memory_vs_depth;
+mod memory_vs_time;
+mod style;
+mod time_vs_depth;
+mod timeline;
+
+use crate::results::row::Row;
+use anyhow::{bail, Context, Result};
+use data::Group;
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use rayon::prelude::*;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+/// DejaVu Sans (Bitstream Vera licence, `harness/assets/LICENSE-DejaVu.txt`).
+static FONT_TTF: &[u8] = include_bytes!("../../../assets/DejaVuSans.ttf");
+
+/// What a figure shows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    MemoryVsDepth,
+    TimeVsDepth,
+    MemoryVsTime,
+    Timeline,
+    MeasuredVsPredicted,
+    GradError,
+}
+
+/// The rows a figure is drawn from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Target {
+    /// All depths of one configuration (an index into the groups).
+    Group(usize),
+    /// One depth of one configuration.
+    GroupDepth(usize, usize),
+    /// Every ok row of one family.
+    Family(String),
+}
+
+/// One planned figure: written as `<stem>.svg` and `<stem>.png`.
+#[derive(Debug, Clone)]
+pub struct Figure {
+    pub kind: Kind,
+    pub stem: String,
+    /// A one-line description (for stdout and the report).
+    pub title: String,
+    pub target: Target,
+    /// One of the few figures a reader should see first (embedded in the report): memory vs
+    /// depth, memory vs time at the headline depth, gradient errors.
+    pub key: bool,
+}
+
+/// The figures a set of groups yields, in a stable order: per configuration memory and time
+/// against depth (when it has two depths or more), then per family the memory/time and
+/// timeline figures at the headline configuration, measured vs predicted and gradient errors.
+pub fn plan(groups: &[Group]) -> Vec<Figure> {
+    let mut figs = Vec::new();
+    for (gi, g) in groups.iter().enumerate() {
+        if g.depths().len() < 2 {
+            continue;
+        }
+        if g.ok.iter().any(|r| r.peak_bytes.is_some()) {
+            figs.push(Figure {
+                kind: Kind::MemoryVsDepth,
+                stem: format!("memory-vs-depth-{}", g.slug),
+                title: format!("Peak memory vs depth, {}", g.label),
+                target: Target::Group(gi),
+                key: true,
+            });
+        }
+        if g.ok.iter().any(|r| r.median_ns.is_some()) {
+            figs.push(Figure {
+                kind: Kind::TimeVsDepth,
+                stem: format!("time-vs-depth-{}", g.slug),
+                title: format!("Step time vs depth, {}", g.label),
+                target: Target::Group(gi),
+                key: false,
+            });
+        }
+    }
+    for (gi, depth) in data::headline(groups) {
+        let g = &groups[gi];
+        for d in g.depths() {
+            let complete = g
+                .at_depth(d)
+                .iter()
+                .filter(|r| r.peak_bytes.is_some() && r.median_ns.is_some())
+                .count();
+            if complete >= 2 {
+                figs.push(Figure {
+                    kind: Kind::MemoryVsTime,
+                    stem: format!("memory-vs-time-{}-L{d}", g.slug),
+                    title: format!("Memory vs time (Pareto front), {} L={d}", g.label),
+                    target: Target::GroupDepth(gi, d),
+                    key: d == depth,
+                });
+            }
+        }
+        if g.at_depth(depth).iter().any(|r| !r.timeline.is_empty()) {
+            figs.push(Figure {
+                kind: Kind::Timeline,
+                stem: format!("timeline-{}-L{depth}", g.slug),
+                title: format!("Memory timeline, {} L={depth}", g.label),
+                target: Target::GroupDepth(gi, depth),
+                key: false,
+            });
+        }
+    }
+    let mut families: Vec<&str> = groups.iter().map(|g| g.key.family.as_str()).collect();
+    families.sort_unstable();
+    families.dedup();
+    for fam in families {
+        let rows = family_rows(groups, fam);
+        let slug = data::sanitize(fam);
+        if rows
+            .iter()
+            .any(|r| r.predicted_peak_bytes.is_some() && r.peak_bytes.is_some())
+        {
+            figs.push(Figure {
+                kind: Kind::MeasuredVsPredicted,
+                stem: format!("measured-vs-predicted-{slug}"),
+                title: format!("Measured vs predicted peak memory, {fam}"),
+                target: Target::Family(fam.to_string()),
+                key: false,
+            });
+        }
+        if rows.iter().any(|r| r.max_rel_err.is_some()) {
+            figs.push(Figure {
+                kind: Kind::GradError,
+                stem: format!("grad-error-{slug}"),
+                title: format!("Gradient error per variant, {fam}"),
+                target: Target::Family(fam.to_string()),
+                key: true,
+            });
+        }
+    }
+    figs
+}
+
+/// Every ok row of one family, across configurations.
+fn family_rows<'a>(groups: &'a [Group], family: &str) -> Vec<&'a Row> {
+    groups
+        .iter()
+        .filter(|g| g.key.family == family)
+        .flat_map(|g| g.ok.iter())
+        .collect()
+}
+
+/// Registers the embedded font as plotters' `sans-serif` family, once per process.
+fn register_font() -> Result<()> {
+    static REGISTERED: OnceLock<bool> = OnceLock::new();
+    let ok = *REGISTERED.get_or_init(|| {
+        plotters::style::register_font("sans-serif", FontStyle::Normal, FONT_TTF).is_ok()
+    });
+    if !ok {
+        bail!("the embedded font harness/assets/DejaVuSans.ttf is not a valid TrueType font");
+    }
+    Ok(())
+}
+
+fn draw_figure<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    fig: &Figure,
+    groups: &[Group],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    match (&fig.kind, &fig.target) {
+        (Kind::MemoryVsDepth, Target::Group(gi)) => {
+            memory_vs_depth::memory_vs_depth(root, &groups[*gi])
+        }
+        (Kind::TimeVsDepth, Target::Group(gi)) => time_vs_depth::time_vs_depth(root, &groups[*gi]),
+        (Kind::MemoryVsTime, Target::GroupDepth(gi, d)) => {
+            memory_vs_time::memory_vs_time(root, &groups[*gi], *d)
+        }
+        (Kind::Timeline, Target::GroupDepth(gi, d)) => timeline::timeline(root, &groups[*gi], *d),
+        (Kind::MeasuredVsPredicted, Target::Family(f)) => {
+            measured_vs_predicted::measured_vs_predicted(root, f, &family_rows(groups, f))
+        }
+        (Kind::GradError, Target::Family(f)) => {
+            grad_error::grad_error(root, f, &family_rows(groups, f))
+        }
+        (k, t) => bail!("figure {}: kind {k:?} cannot be drawn from {t:?}", fig.stem),
+    }
+}
+
+/// Writes one figure as SVG and PNG; returns both paths.
+fn render(fig: &Figure, groups: &[Group], out: &Path) -> Result<Vec<PathBuf>> {
+    let svg = out.join(format!("{}.svg", fig.stem));
+    {
+        let root = SVGBackend::new(&svg, style::SIZE).into_drawing_area();
+        draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", svg.display()))?;
+        root.present()
+            .with_context(|| format!("writing {}", svg.display()))?;
+    }
+    let png = out.join(format!("{}.png", fig.stem));
+    {
+        let root = BitMapBackend::new(&png, style::SIZE).into_drawing_area();
+        draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", png.display()))?;
+        root.present()
+            .with_context(|| format!("writing {}", png.display()))?;
+    }
+    Ok(vec![svg, png])
+}
+
+/// Renders every planned figure of `rows` into `out` (in parallel); returns the files written,
+/// in plan order. Rows whose status is not `ok` are left out.
+pub fn render_all(rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
+    register_font()?;
+    let (groups, _) = data::group_rows(rows);
+    let figs = plan(&groups);
+    std::fs::create_dir_all(out)
+        .with_context(|| format!("creating the plots folder {}", out.display()))?;
+    let files: Vec<Vec<PathBuf>> = figs
+        .par_iter()
+        .map(|f| render(f, &groups, out))
+        .collect::<Result<_>>()?;
+    Ok(files.into_iter().flatten().collect())
+}

@@ -1,0 +1,329 @@
+//! What every figure shares, written once: canvas size, fonts, colours and marker shapes per
+//! variant, the frame (title, subtitle, legend panel on the right, footer notes), tick and range
+//! helpers. Each figure is its own file beside this one, generic over the backend (SVG or PNG).
+
+use super::data::{self, fmt_num, variant_rgb};
+use crate::results::row::Row;
+use anyhow::Result;
+use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
+use plotters::coord::Shift;
+use plotters::prelude::*;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
+
+/// Canvas size in pixels, the same for every figure and both formats.
+pub const SIZE: (u32, u32) = (1280, 800);
+/// Width of the legend panel at the right of every figure.
+pub(super) const LEGEND_W: u32 = 360;
+/// Height of the title block (title and subtitle).
+pub(super) const HEAD_H: u32 = 76;
+/// Height of one footer line.
+pub(super) const FOOT_LINE_H: u32 = 20;
+/// At most this many footer lines, then "… and n more".
+pub(super) const FOOT_MAX: usize = 4;
+/// Height of one legend entry.
+pub(super) const LEGEND_ROW_H: i32 = 26;
+pub(super) const FONT: &str = "sans-serif";
+pub(super) const TITLE_PT: f64 = 24.0;
+pub(super) const SUBTITLE_PT: f64 = 16.0;
+pub(super) const LABEL_PT: f64 = 15.0;
+pub(super) const AXIS_PT: f64 = 17.0;
+pub(super) const LEGEND_PT: f64 = 15.0;
+pub(super) const NOTE_PT: f64 = 14.0;
+pub(super) const GREY: RGBColor = RGBColor(90, 90, 90);
+pub(super) const LIGHT: RGBColor = RGBColor(150, 150, 150);
+
+pub(super) fn font(pt: f64) -> TextStyle<'static> {
+    TextStyle::from((FONT, pt).into_font())
+}
+
+/// An axis tick label: whole numbers without decimals, others with `fmt_num`'s precision.
+pub(super) fn tick(v: &f64) -> String {
+    if v.abs() >= 1.0 && (v - v.round()).abs() < 1e-9 * v.abs() {
+        return format!("{v:.0}");
+    }
+    let s = fmt_num(*v);
+    if s.contains('.') && !s.contains('e') {
+        s.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        s
+    }
+}
+
+pub(super) fn rgb(variant: &str) -> RGBColor {
+    let (r, g, b) = variant_rgb(variant);
+    RGBColor(r, g, b)
+}
+
+/// Marker shapes: squares for autograd, triangles for in-place ReLU, circles for the rest.
+#[derive(Clone, Copy)]
+pub(super) enum Shape {
+    Circle,
+    Triangle,
+    Square,
+    Cross,
+}
+
+pub(super) fn shape_of(variant: &str) -> Shape {
+    if variant == "autograd" {
+        Shape::Square
+    } else if variant.ends_with("-inplace") {
+        Shape::Triangle
+    } else {
+        Shape::Circle
+    }
+}
+
+/// One legend row: a line and/or a marker in the variant's colour, then the label.
+pub(super) struct Entry {
+    pub(super) label: String,
+    pub(super) color: RGBColor,
+    pub(super) shape: Option<Shape>,
+    pub(super) line: bool,
+}
+
+impl Entry {
+    pub(super) fn variant(v: &str, label: String, line: bool) -> Self {
+        Self {
+            label,
+            color: rgb(v),
+            shape: Some(shape_of(v)),
+            line,
+        }
+    }
+}
+
+/// The drawing areas of one figure's frame.
+pub(super) struct Frame<DB: DrawingBackend> {
+    pub(super) plot: DrawingArea<DB, Shift>,
+    pub(super) legend: DrawingArea<DB, Shift>,
+}
+
+/// Fills the canvas, writes the title and subtitle, the footer notes at the bottom, and splits
+/// the rest into the plot (left) and the legend panel (right).
+pub(super) fn frame<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    subtitle: &str,
+    footer: &[String],
+) -> Result<Frame<DB>>
+where
+    DB::ErrorType: 'static,
+{
+    root.fill(&WHITE)?;
+    let (w, h) = root.dim_in_pixel();
+    let (head, body) = root.split_vertically(HEAD_H);
+    let centre = Pos::new(HPos::Center, VPos::Top);
+    head.draw_text(title, &font(TITLE_PT).pos(centre), (w as i32 / 2, 12))?;
+    head.draw_text(
+        subtitle,
+        &font(SUBTITLE_PT).color(&GREY).pos(centre),
+        (w as i32 / 2, 46),
+    )?;
+    let mut lines: Vec<String> = footer.iter().take(FOOT_MAX).cloned().collect();
+    if footer.len() > FOOT_MAX {
+        lines.push(format!("… and {} more", footer.len() - FOOT_MAX));
+    }
+    let foot_h = if lines.is_empty() {
+        0
+    } else {
+        lines.len() as u32 * FOOT_LINE_H + 12
+    };
+    let (body, foot) = body.split_vertically(h - HEAD_H - foot_h);
+    let left = Pos::new(HPos::Left, VPos::Top);
+    for (i, line) in lines.iter().enumerate() {
+        foot.draw_text(
+            line,
+            &font(NOTE_PT).color(&GREY).pos(left),
+            (24, 4 + (i as u32 * FOOT_LINE_H) as i32),
+        )?;
+    }
+    let (plot, legend) = body.split_horizontally(w - LEGEND_W);
+    Ok(Frame { plot, legend })
+}
+
+/// Draws the legend entries from the top of the panel, then the notes below them.
+pub(super) fn legend<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    entries: &[Entry],
+    notes: &[String],
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    let mid = Pos::new(HPos::Left, VPos::Center);
+    let mut y = 30;
+    for e in entries {
+        if e.line {
+            area.draw(&PathElement::new(
+                vec![(8, y), (40, y)],
+                e.color.stroke_width(2),
+            ))?;
+        }
+        if let Some(shape) = e.shape {
+            pixel_marker(area, (24, y), shape, e.color, 5)?;
+        }
+        area.draw_text(&e.label, &font(LEGEND_PT).pos(mid), (50, y))?;
+        y += LEGEND_ROW_H;
+    }
+    y += 8;
+    for n in notes {
+        area.draw_text(n, &font(NOTE_PT).color(&GREY).pos(mid), (8, y))?;
+        y += LEGEND_ROW_H - 6;
+    }
+    Ok(())
+}
+
+/// One marker at a pixel position of a plain drawing area (the legend).
+pub(super) fn pixel_marker<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    at: (i32, i32),
+    shape: Shape,
+    color: RGBColor,
+    size: i32,
+) -> Result<()>
+where
+    DB::ErrorType: 'static,
+{
+    match shape {
+        Shape::Circle => area.draw(&Circle::new(at, size, color.filled()))?,
+        Shape::Triangle => area.draw(&TriangleMarker::new(at, size + 1, color.filled()))?,
+        Shape::Square => area.draw(&Rectangle::new(
+            [(at.0 - size, at.1 - size), (at.0 + size, at.1 + size)],
+            color.filled(),
+        ))?,
+        Shape::Cross => area.draw(&Cross::new(at, size, color.stroke_width(2)))?,
+    }
+    Ok(())
+}
+
+pub(super) type Chart<'a, DB, X, Y> = ChartContext<'a, DB, Cartesian2d<X, Y>>;
+
+/// Markers of one shape at data positions.
+pub(super) fn markers<DB, X, Y>(
+    chart: &mut Chart<'_, DB, X, Y>,
+    pts: &[(f64, f64)],
+    shape: Shape,
+    color: RGBColor,
+    size: i32,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let style = color.filled();
+    match shape {
+        Shape::Circle => {
+            chart.draw_series(pts.iter().map(|&p| Circle::new(p, size, style)))?;
+        }
+        Shape::Triangle => {
+            chart.draw_series(pts.iter().map(|&p| TriangleMarker::new(p, size + 1, style)))?;
+        }
+        Shape::Square => {
+            chart.draw_series(pts.iter().map(|&p| {
+                EmptyElement::at(p) + Rectangle::new([(-size, -size), (size, size)], style)
+            }))?;
+        }
+        Shape::Cross => {
+            chart.draw_series(
+                pts.iter()
+                    .map(|&p| Cross::new(p, size + 1, color.stroke_width(3))),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+/// A linear f64 axis with its ticks exactly at given values (e.g. the measured depths).
+/// plotters' `with_key_points` on a plain f64 range loses the ability to format labels, so this
+/// is the few lines it takes to do it directly.
+pub(super) struct Ticked {
+    pub(super) range: std::ops::Range<f64>,
+    pub(super) ticks: Vec<f64>,
+}
+
+impl Ranged for Ticked {
+    type FormatOption = DefaultFormatting;
+    type ValueType = f64;
+
+    fn map(&self, v: &f64, limit: (i32, i32)) -> i32 {
+        let (lo, hi) = (self.range.start, self.range.end);
+        let frac = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+        limit.0 + (f64::from(limit.1 - limit.0) * frac).round() as i32
+    }
+
+    fn key_points<Hint: KeyPointHint>(&self, hint: Hint) -> Vec<f64> {
+        if hint.weight().allow_light_points() {
+            Vec::new()
+        } else {
+            self.ticks.clone()
+        }
+    }
+
+    fn range(&self) -> std::ops::Range<f64> {
+        self.range.clone()
+    }
+}
+
+/// A linear range around `lo..hi` with `pad` of its width on each side (never empty).
+pub(super) fn padded(lo: f64, hi: f64, pad: f64) -> std::ops::Range<f64> {
+    let w = if hi > lo { hi - lo } else { hi.abs().max(1.0) };
+    (lo - w * pad)..(hi + w * pad)
+}
+
+/// A range from zero (or below, for negative values) to just above the maximum.
+pub(super) fn from_zero(lo: f64, hi: f64) -> std::ops::Range<f64> {
+    let hi = if hi > 0.0 { hi } else { 1.0 };
+    let lo = lo.min(0.0);
+    (lo - (hi - lo) * 0.02)..(hi + (hi - lo) * 0.08)
+}
+
+pub(super) fn skipped_footer(notes: Vec<String>) -> Vec<String> {
+    if notes.is_empty() {
+        return notes;
+    }
+    let mut out = vec![format!(
+        "Not plotted ({} row(s) with status other than ok):",
+        notes.len()
+    )];
+    out.extend(notes.into_iter().map(|n| format!("  {n}")));
+    out
+}
+
+/// Tick positions for a log axis: 1, 2 and 5 times each power of ten inside `lo..hi` (only
+/// the powers of ten when that gives more than a dozen, every integer multiple when it gives
+/// fewer than three).
+pub(super) fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    let decades = |mults: &[f64]| -> Vec<f64> {
+        let (e0, e1) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        (e0..=e1)
+            .flat_map(|e| mults.iter().map(move |m| m * 10f64.powi(e)))
+            .filter(|v| *v >= lo && *v <= hi)
+            .collect()
+    };
+    let t = decades(&[1.0, 2.0, 5.0]);
+    if t.len() > 12 {
+        decades(&[1.0])
+    } else if t.len() < 3 {
+        decades(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
+    } else {
+        t
+    }
+}
+
+/// Above this max/min spread an axis of the memory/time figure is drawn on a log scale, so an
+/// outlier (typically `autograd`) does not squeeze every other variant into one corner.
+pub(super) const LOG_SPREAD: f64 = 4.0;
+
+/// Devices of a set of rows, for a family-level subtitle.
+pub(super) fn devices_of(rows: &[&Row]) -> String {
+    let mut d: Vec<String> = rows.iter().map(|r| data::device_label(r)).collect();
+    d.sort();
+    d.dedup();
+    match d.len() {
+        0 => String::new(),
+        1 => d.remove(0),
+        n => format!("{n} devices"),
+    }
+}

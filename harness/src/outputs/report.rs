@@ -1,0 +1,606 @@
+//! The markdown report of one result set: the machine and versions, per configuration tables
+//! of peak memory and median step time per variant and depth with ratios to the naive
+//! `cat-store-copy`, the gradient check of every variant, links to the figures, and the measured
+//! ratios beside the published ones with the caveats of comparing a CPU allocator peak of one
+//! block to GPU numbers of whole networks.
+
+use crate::outputs::compare::markdown_table;
+use crate::outputs::plots;
+use crate::outputs::plots::data::{
+    self, fmt_err, fmt_num, headline, is_linear_memory, mib, ms, variant_exponent, Group, NAIVE,
+};
+use crate::results::row::Row;
+use anyhow::{Context, Result};
+use std::fmt::Write as _;
+use std::path::{Component, Path, PathBuf};
+
+/// `p` made absolute against the current directory, with `.` and `..` resolved lexically.
+fn normalized(p: &Path) -> Result<PathBuf> {
+    let abs = if p.is_absolute() {
+        p.to_path_buf()
+    } else {
+        std::env::current_dir()
+            .context("reading the current directory")?
+            .join(p)
+    };
+    let mut out = PathBuf::new();
+    for c in abs.components() {
+        match c {
+            Component::CurDir => {}
+            Component::ParentDir => {
+                out.pop();
+            }
+            other => out.push(other.as_os_str()),
+        }
+    }
+    Ok(out)
+}
+
+/// The path of `to` relative to the folder `from_dir`, with `/` separators (for markdown links).
+pub fn relative_path(from_dir: &Path, to: &Path) -> Result<String> {
+    let (f, t) = (normalized(from_dir)?, normalized(to)?);
+    let fc: Vec<Component> = f.components().collect();
+    let tc: Vec<Component> = t.components().collect();
+    let common = fc.iter().zip(&tc).take_while(|(a, b)| a == b).count();
+    let mut parts: Vec<String> = vec!["..".to_string(); fc.len() - common];
+    parts.extend(
+        tc[common..]
+            .iter()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned()),
+    );
+    Ok(if parts.is_empty() {
+        ".".to_string()
+    } else {
+        parts.join("/")
+    })
+}
+
+fn distinct(rows: &[Row], f: impl Fn(&Row) -> String) -> Vec<String> {
+    let mut v: Vec<String> = rows.iter().map(f).filter(|s| !s.is_empty()).collect();
+    v.sort();
+    v.dedup();
+    v
+}
+
+fn ratio(a: Option<u64>, b: Option<u64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) if b > 0 => Some(a as f64 / b as f64),
+        _ => None,
+    }
+}
+
+/// `+14%` / `−3%` from a time ratio.
+fn overhead(r: f64) -> String {
+    let pct = (r - 1.0) * 100.0;
+    if pct >= 0.0 {
+        format!("+{pct:.0}%")
+    } else {
+        format!("−{:.0}%", -pct)
+    }
+}
+
+/// A table of one metric: a row per variant, a column per depth, each cell the value and its
+/// ratio to the naive variant at that depth.
+fn depth_table(
+    g: &Group,
+    value: impl Fn(&Row) -> Option<u64>,
+    to_unit: fn(u64) -> f64,
+    with_exponent: bool,
+) -> String {
+    let depths = g.depths();
+    let mut headers: Vec<String> = vec!["variant".to_string()];
+    headers.extend(depths.iter().map(|d| format!("L={d}")));
+    if with_exponent {
+        headers.push("growth p".to_string());
+    }
+    let rows: Vec<Vec<String>> = g
+        .variants()
+        .iter()
+        .map(|v| {
+            let mut cells = vec![format!("`{v}`")];
+            for &d in &depths {
+                let val = g.row(v, d).and_then(&value);
+                let naive = g.row(NAIVE, d).and_then(&value);
+                cells.push(match (val, ratio(val, naive)) {
+                    (Some(x), Some(r)) if v != NAIVE => {
+                        format!("{} ({r:.2}×)", fmt_num(to_unit(x)))
+                    }
+                    (Some(x), _) => fmt_num(to_unit(x)),
+                    (None, _) => "–".to_string(),
+                });
+            }
+            if with_exponent {
+                cells.push(
+                    variant_exponent(g, v)
+                        .map(|p| format!("{p:.2}"))
+                        .unwrap_or_else(|| "–".to_string()),
+                );
+            }
+            cells
+        })
+        .collect();
+    let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+    markdown_table(&h, &rows, &[0])
+}
+
+/// Measured over predicted peak per variant and depth.
+fn prediction_table(g: &Group) -> String {
+    let depths = g.depths();
+    let mut headers: Vec<String> = vec!["variant".to_string()];
+    headers.extend(depths.iter().map(|d| format!("L={d}")));
+    let rows: Vec<Vec<String>> = g
+        .variants()
+        .iter()
+        .map(|v| {
+            let mut cells = vec![format!("`{v}`")];
+            for &d in &depths {
+                let r = g.row(v, d);
+                cells.push(
+                    r.and_then(|r| ratio(r.peak_bytes, r.predicted_peak_bytes))
+                        .map(|x| format!("{x:.3}"))
+                        .unwrap_or_else(|| "–".to_string()),
+                );
+            }
+            cells
+        })
+        .collect();
+    let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+    markdown_table(&h, &rows, &[0])
+}
+
+fn machine_section(rows: &[Row], out: &mut String) {
+    let _ = writeln!(out, "## Machine and versions\n");
+    let list = |v: Vec<String>| {
+        if v.is_empty() {
+            "(not recorded)".to_string()
+        } else {
+            v.join("; ")
+        }
+    };
+    let devices = distinct(rows, |r| {
+        if r.device_desc.is_empty() {
+            r.device.clone()
+        } else {
+            format!("{} ({})", r.device, r.device_desc.trim())
+        }
+    });
+    let mut ts: Vec<&str> = rows
+        .iter()
+        .map(|r| r.timestamp.as_str())
+        .filter(|t| !t.is_empty())
+        .collect();
+    // RFC 3339 timestamps in UTC sort lexically in time order.
+    ts.sort_unstable();
+    let _ = writeln!(out, "- device: {}", list(devices));
+    let _ = writeln!(
+        out,
+        "- threads: {}",
+        list(distinct(rows, |r| r.threads.to_string()))
+    );
+    let _ = writeln!(
+        out,
+        "- densebench version: {}",
+        list(distinct(rows, |r| r.densebench_version.clone()))
+    );
+    let _ = writeln!(
+        out,
+        "- git revision: {}",
+        list(distinct(rows, |r| r.git_rev.clone()))
+    );
+    let _ = writeln!(
+        out,
+        "- measured: {}",
+        match (ts.first(), ts.last()) {
+            (Some(a), Some(b)) if a != b => format!("{a} to {b}"),
+            (Some(a), _) => a.to_string(),
+            _ => "(no timestamps)".to_string(),
+        }
+    );
+    let _ = writeln!(
+        out,
+        "- dtype: {}; timed steps per row: {}; warm-up steps: {}",
+        list(distinct(rows, |r| r.dtype.clone())),
+        list(distinct(rows, |r| r.steps.to_string())),
+        list(distinct(rows, |r| r.warmup.to_string()))
+    );
+    let _ = writeln!(out);
+}
+
+fn family_sections(groups: &[Group], out: &mut String) {
+    let mut families: Vec<&str> = groups.iter().map(|g| g.key.family.as_str()).collect();
+    families.dedup();
+    for fam in families {
+        let _ = writeln!(out, "## Results: `{fam}`\n");
+        for g in groups.iter().filter(|g| g.key.family == fam) {
+            let _ = writeln!(out, "### {}\n", g.label);
+            let _ = writeln!(
+                out,
+                "{} · seed {} · ratios in parentheses are to `{NAIVE}` at the same depth.\n",
+                g.device_label, g.key.seed
+            );
+            if g.ok.is_empty() {
+                let _ = writeln!(out, "No row of this configuration has status ok.\n");
+            } else {
+                let _ = writeln!(
+                    out,
+                    "Peak memory above baseline (MiB) for one training step; growth p is the \
+                     least-squares exponent of peak ∝ L^p:\n"
+                );
+                out.push_str(&depth_table(g, |r| r.peak_bytes, mib, true));
+                let _ = writeln!(out, "\nMedian step time, forward + backward (ms):\n");
+                out.push_str(&depth_table(g, |r| r.median_ns, ms, false));
+                if g.ok.iter().any(|r| r.predicted_peak_bytes.is_some()) {
+                    let _ = writeln!(out, "\nMeasured / predicted peak:\n");
+                    out.push_str(&prediction_table(g));
+                }
+                let _ = writeln!(out);
+            }
+            if !g.skipped.is_empty() {
+                let _ = writeln!(out, "Rows not measured (status not ok):\n");
+                for n in g.skipped_notes() {
+                    let _ = writeln!(out, "- {n}");
+                }
+                let _ = writeln!(out);
+            }
+        }
+    }
+}
+
+fn gradient_section(groups: &[Group], out: &mut String) {
+    let _ = writeln!(out, "## Gradient check\n");
+    let ok: Vec<&Row> = groups.iter().flat_map(|g| g.ok.iter()).collect();
+    let checked: Vec<&&Row> = ok.iter().filter(|r| r.max_rel_err.is_some()).collect();
+    let failed: Vec<&&Row> = checked
+        .iter()
+        .copied()
+        .filter(|r| r.grad_ok == Some(false))
+        .collect();
+    let mut refs: Vec<&str> = checked.iter().map(|r| r.reference.as_str()).collect();
+    refs.sort_unstable();
+    refs.dedup();
+    let refs = if refs.is_empty() {
+        "the reference".to_string()
+    } else {
+        refs.iter()
+            .map(|r| format!("`{r}`"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let verdict = if checked.len() == ok.len() && failed.is_empty() {
+        format!(
+            "All {} ok rows were checked against {refs} (output, input gradient, every parameter \
+             gradient, BN running stats) and all are within tolerance.",
+            ok.len()
+        )
+    } else {
+        format!(
+            "{} of {} ok rows were checked against {refs}; {} are outside tolerance{}.",
+            checked.len(),
+            ok.len(),
+            failed.len(),
+            if checked.len() < ok.len() {
+                format!("; {} carry no check", ok.len() - checked.len())
+            } else {
+                String::new()
+            }
+        )
+    };
+    let _ = writeln!(out, "{verdict}\n");
+    for f in &failed {
+        let _ = writeln!(
+            out,
+            "- outside tolerance: {} L={} `{}`: max rel err {}",
+            f.config_label(),
+            f.depth,
+            f.variant,
+            f.max_rel_err.map(fmt_err).unwrap_or_default()
+        );
+    }
+    if !failed.is_empty() {
+        let _ = writeln!(out);
+    }
+    let mut families: Vec<&str> = groups.iter().map(|g| g.key.family.as_str()).collect();
+    families.dedup();
+    for fam in families {
+        let fam_rows: Vec<&Row> = ok.iter().copied().filter(|r| r.family == fam).collect();
+        let order = data::variant_order(fam_rows.iter().map(|r| r.variant.as_str()));
+        let rows: Vec<Vec<String>> = order
+            .iter()
+            .map(|v| {
+                let vr: Vec<&&Row> = fam_rows.iter().filter(|r| &r.variant == v).collect();
+                let n_checked = vr.iter().filter(|r| r.max_rel_err.is_some()).count();
+                let max = |f: fn(&Row) -> Option<f64>| {
+                    vr.iter()
+                        .filter_map(|r| f(r))
+                        .reduce(f64::max)
+                        .map(fmt_err)
+                        .unwrap_or_else(|| "–".to_string())
+                };
+                vec![
+                    format!("`{v}`"),
+                    format!("{n_checked} / {}", vr.len()),
+                    max(|r| r.max_abs_err),
+                    max(|r| r.max_rel_err),
+                    format!(
+                        "{} / {n_checked}",
+                        vr.iter().filter(|r| r.bitwise_equal == Some(true)).count()
+                    ),
+                    format!(
+                        "{} / {n_checked}",
+                        vr.iter().filter(|r| r.grad_ok == Some(true)).count()
+                    ),
+                ]
+            })
+            .collect();
+        let _ = writeln!(out, "`{fam}` (worst over every configuration and depth):\n");
+        out.push_str(&markdown_table(
+            &[
+                "variant",
+                "rows checked",
+                "max abs err",
+                "max rel err",
+                "bitwise equal",
+                "within tolerance",
+            ],
+            &rows,
+            &[0],
+        ));
+        let _ = writeln!(out);
+    }
+}
+
+fn figures_section(
+    groups: &[Group],
+    csv: &Path,
+    report: &Path,
+    plots_dir: &Path,
+    out: &mut String,
+) -> Result<()> {
+    let _ = writeln!(out, "## Figures\n");
+    let figs = plots::plan(groups);
+    if figs.is_empty() {
+        let _ = writeln!(out, "This CSV yields no figures.\n");
+        return Ok(());
+    }
+    let report_dir = match report.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let rel = relative_path(&report_dir, plots_dir)?;
+    let missing = figs
+        .iter()
+        .filter(|f| !plots_dir.join(format!("{}.png", f.stem)).exists())
+        .count();
+    if missing > 0 {
+        let _ = writeln!(
+            out,
+            "{missing} of {} figures are not in `{}` yet: run `densebench plots {} --out {}`.\n",
+            figs.len(),
+            plots_dir.display(),
+            csv.display(),
+            plots_dir.display()
+        );
+    }
+    let _ = writeln!(
+        out,
+        "The key figures (PNG; each links its SVG), then every figure. Memory-vs-time figures \
+         mark the Pareto front (no other variant both faster and smaller); timelines show live \
+         bytes at each layer boundary of forward and backward.\n"
+    );
+    for f in figs.iter().filter(|f| f.key) {
+        let _ = writeln!(
+            out,
+            "![{t}]({rel}/{s}.png)\n\n*{t}* ([SVG]({rel}/{s}.svg))\n",
+            t = f.title,
+            s = f.stem
+        );
+    }
+    let _ = writeln!(out, "All figures:\n");
+    for f in &figs {
+        let _ = writeln!(
+            out,
+            "- {t}: [PNG]({rel}/{s}.png), [SVG]({rel}/{s}.svg)",
+            t = f.title,
+            s = f.stem
+        );
+    }
+    let _ = writeln!(out);
+    Ok(())
+}
+
+/// The published numbers: (source, setting, naive, efficient, memory ratio, time).
+const PUBLISHED: [[&str; 6]; 4] = [
+    [
+        "LuaTorch DenseNet, optMemory 0 → 4",
+        "DenseNet-BC-100, k=12, CIFAR, batch 64; GPU; whole network",
+        "5453 MB",
+        "1655 MB",
+        "0.30×",
+        "+14% (0.153 → 0.175 s)",
+    ],
+    [
+        "efficient_densenet_pytorch",
+        "DenseNet-BC-100, batch 64; GPU; whole network",
+        "2.863 GB",
+        "1.605 GB",
+        "0.56×",
+        "+25%",
+    ],
+    [
+        "torchvision `memory_efficient=True`",
+        "DenseNet, batch 8, 224×224; GPU; whole network",
+        "1668 MB",
+        "1115 MB",
+        "0.67×",
+        "+40%",
+    ],
+    [
+        "Pleiss et al. 2017",
+        "feature-map memory quadratic → linear in depth",
+        "",
+        "",
+        "",
+        "+15–20%",
+    ],
+];
+
+fn published_section(groups: &[Group], out: &mut String) {
+    let _ = writeln!(out, "## Measured beside the published numbers\n");
+    let mut rows: Vec<Vec<String>> = PUBLISHED
+        .iter()
+        .map(|r| r.iter().map(|s| s.to_string()).collect())
+        .collect();
+    let mut exponents = Vec::new();
+    for (gi, depth) in headline(groups) {
+        let g = &groups[gi];
+        let setting = format!("{} L={depth}; {}; one block", g.label, g.device_label);
+        let Some(naive) = g.row(NAIVE, depth) else {
+            rows.push(vec![
+                format!("densebench (`{}`)", g.key.family),
+                setting,
+                format!("no `{NAIVE}` row"),
+                String::new(),
+                String::new(),
+                String::new(),
+            ]);
+            continue;
+        };
+        let at = g.at_depth(depth);
+        let frugal = at
+            .iter()
+            .filter(|r| r.peak_bytes.is_some())
+            .min_by_key(|r| r.peak_bytes);
+        let fastest_linear = at
+            .iter()
+            .filter(|r| is_linear_memory(&r.variant, &r.family) && r.median_ns.is_some())
+            .min_by_key(|r| r.median_ns);
+        let mut picks: Vec<(&str, &Row)> = Vec::new();
+        if let Some(f) = frugal {
+            picks.push(("most frugal", f));
+        }
+        if let Some(f) = fastest_linear {
+            if frugal.map(|x| x.variant != f.variant).unwrap_or(true) {
+                picks.push(("fastest linear-memory", f));
+            }
+        }
+        for (what, r) in picks {
+            rows.push(vec![
+                format!("densebench {what}: `{}`", r.variant),
+                setting.clone(),
+                naive
+                    .peak_bytes
+                    .map(|b| format!("{} MiB", fmt_num(mib(b))))
+                    .unwrap_or_else(|| "–".into()),
+                r.peak_bytes
+                    .map(|b| format!("{} MiB", fmt_num(mib(b))))
+                    .unwrap_or_else(|| "–".into()),
+                ratio(r.peak_bytes, naive.peak_bytes)
+                    .map(|x| format!("{x:.2}×"))
+                    .unwrap_or_else(|| "–".into()),
+                ratio(r.median_ns, naive.median_ns)
+                    .map(overhead)
+                    .unwrap_or_else(|| "–".into()),
+            ]);
+        }
+        if let (Some(pn), Some(f)) = (variant_exponent(g, NAIVE), frugal) {
+            if let Some(pf) = variant_exponent(g, &f.variant) {
+                exponents.push(format!(
+                    "- {}: peak ∝ L^p with p = {pn:.2} for `{NAIVE}` and p = {pf:.2} for `{}` \
+                     over L = {} (Pleiss et al.: quadratic vs linear).",
+                    g.label,
+                    f.variant,
+                    g.depths()
+                        .iter()
+                        .map(|d| d.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            }
+        }
+    }
+    out.push_str(&markdown_table(
+        &[
+            "source",
+            "setting",
+            "naive memory",
+            "efficient memory",
+            "memory ratio",
+            "time",
+        ],
+        &rows,
+        &[0, 1],
+    ));
+    let _ = writeln!(out);
+    if !exponents.is_empty() {
+        let _ = writeln!(out, "Growth with depth:\n");
+        for e in exponents {
+            let _ = writeln!(out, "{e}");
+        }
+        let _ = writeln!(out);
+    }
+    let _ = writeln!(
+        out,
+        "Read the ratios with these caveats:\n\n\
+         - **Allocator peak vs GPU usage.** densebench's CPU peak is the exact high-water mark of \
+         live bytes seen by a counting global allocator (on GPU, the memory pool's used-memory \
+         high-water mark). The published numbers are GPU memory through a caching allocator, \
+         which rounds blocks up and keeps freed blocks reserved, so they include fragmentation \
+         and cache that an exact live-byte count has none of.\n\
+         - **Workspaces.** cuDNN convolutions take workspaces whose size depends on the chosen \
+         algorithm, and GPU kernels differ from candle's CPU ones (CPU `conv2d` copies its input \
+         to NHWC, a transient the size of the input). Neither side's transients exist on the \
+         other.\n\
+         - **One block vs a whole network.** The published figures are for whole networks (three \
+         dense blocks, transitions, classifier, parameters, optimizer state, framework context); \
+         densebench measures one dense block's training step above a baseline that already \
+         holds parameters, input and upstream gradient. Memory common to both strategies dilutes \
+         a whole-network ratio, so a block's ratio is expected to be smaller (more savings).\n\
+         - **candle's autograd keeps more than PyTorch's.** candle keeps every op's inputs alive \
+         until the graph is dropped, while PyTorch frees what no backward needs; the `autograd` \
+         variant therefore shows candle's memory, not PyTorch's. Ratios here are taken against \
+         `{NAIVE}`, the hand-written naive block that saves what PyTorch's would.\n\
+         - **Time.** CPU time with a few threads weighs recomputation differently from a GPU, \
+         where BN and ReLU are memory-bound and cheap to recompute; the time overheads are \
+         indicative of this machine only.\n"
+    );
+}
+
+/// The whole report as markdown. `csv` is named in the text; `report` is where it will be
+/// written (figure links are relative to its folder); `plots_dir` holds the figures.
+pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Result<String> {
+    let (groups, replaced) = data::group_rows(rows);
+    let ok = rows.iter().filter(|r| r.is_ok()).count();
+    let mut out = String::new();
+    let _ = writeln!(out, "# densebench report\n");
+    let _ = writeln!(
+        out,
+        "Generated by `densebench report {}` from {} rows ({ok} ok, {} not ok). Memory is the \
+         peak of one training step above the baseline, in MiB; time is the median step \
+         (forward + backward), in ms; every ratio is to the naive `{NAIVE}` at the same \
+         configuration and depth.\n",
+        csv.display(),
+        rows.len(),
+        rows.len() - ok
+    );
+    if replaced > 0 {
+        let _ = writeln!(
+            out,
+            "{replaced} row(s) repeat an earlier (configuration, depth, variant); the last one \
+             is used.\n"
+        );
+    }
+    machine_section(rows, &mut out);
+    published_section(&groups, &mut out);
+    family_sections(&groups, &mut out);
+    gradient_section(&groups, &mut out);
+    figures_section(&groups, csv, report, plots_dir, &mut out)?;
+    let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
+    if !skipped.is_empty() {
+        let _ = writeln!(out, "## Rows not measured\n");
+        for r in skipped {
+            let _ = writeln!(out, "- {} {}", r.config_label(), data::skipped_note(r));
+        }
+        let _ = writeln!(out);
+    }
+    Ok(out)
+}

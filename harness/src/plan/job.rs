@@ -1,0 +1,313 @@
+//! One unit of work: a variant on a config with its measurement settings, its stable key and
+//! the command-line flags that describe it (shared by `run` and the hidden child); the
+//! densebench version and git revision every row and reference carries.
+
+use crate::plan::device::DeviceSpec;
+use anyhow::{anyhow, bail, Context, Result};
+use clap::ValueEnum;
+use impls::{Config, Family, Variant};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// One measurement of a sweep.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub key: String,
+    pub variant: Variant,
+    pub cfg: Config,
+    pub settings: Settings,
+    /// Predicted cost in FLOP-equivalents ([`crate::plan::shard::job_cost`]): shard balance and
+    /// the ETA.
+    pub cost: f64,
+}
+
+/// `on` / `off` for boolean flags such as `--activation`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum OnOff {
+    On,
+    Off,
+}
+
+impl OnOff {
+    pub fn is_on(self) -> bool {
+        self == OnOff::On
+    }
+
+    pub fn from_bool(b: bool) -> Self {
+        if b {
+            OnOff::On
+        } else {
+            OnOff::Off
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        if self.is_on() {
+            "on"
+        } else {
+            "off"
+        }
+    }
+}
+
+/// The block configuration as command-line flags (used by `run` and the child).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ConfigArgs {
+    /// Block family: `mlp` (Linear + ReLU layers) or `bc` (DenseNet-BC layers).
+    #[arg(long)]
+    pub family: String,
+    /// Number of layers L.
+    #[arg(long)]
+    pub depth: usize,
+    /// Batch size N.
+    #[arg(long)]
+    pub batch: usize,
+    /// Growth rate k (channels each layer adds).
+    #[arg(long)]
+    pub growth: usize,
+    /// Input channels C0.
+    #[arg(long)]
+    pub channels: usize,
+    /// Bottleneck factor (bc only): Conv1×1 outputs bn_size·k channels.
+    #[arg(long, default_value_t = 4)]
+    pub bn_size: usize,
+    /// Spatial size H = W (bc only).
+    #[arg(long, default_value_t = 32)]
+    pub size: usize,
+    /// ReLU after each Linear (mlp only; bc always has its ReLUs).
+    #[arg(long, value_enum, default_value_t = OnOff::On)]
+    pub activation: OnOff,
+    /// Element type: f32 or f64.
+    #[arg(long, default_value = "f32")]
+    pub dtype: String,
+    /// Seed of the parameters, input and upstream gradient.
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+impl ConfigArgs {
+    /// The validated config (fields that do not apply to the family normalised, see
+    /// [`normalize`]).
+    pub fn to_config(&self) -> Result<Config> {
+        let family = Family::parse(&self.family).map_err(|e| anyhow!("--family: {e}"))?;
+        let dtype = impls::config::parse_dtype(&self.dtype).map_err(|e| anyhow!("--dtype: {e}"))?;
+        let cfg = normalize(Config {
+            family,
+            batch: self.batch,
+            channels: self.channels,
+            growth: self.growth,
+            depth: self.depth,
+            bn_size: self.bn_size,
+            size: self.size,
+            activation: self.activation.is_on(),
+            dtype,
+            seed: self.seed,
+        });
+        cfg.validate().map_err(|e| anyhow!("{e}"))?;
+        Ok(cfg)
+    }
+
+    pub fn from_config(cfg: &Config) -> Self {
+        ConfigArgs {
+            family: cfg.family.name().to_string(),
+            depth: cfg.depth,
+            batch: cfg.batch,
+            growth: cfg.growth,
+            channels: cfg.channels,
+            bn_size: cfg.bn_size,
+            size: cfg.size,
+            activation: OnOff::from_bool(cfg.activation),
+            dtype: cfg.dtype.as_str().to_string(),
+            seed: cfg.seed,
+        }
+    }
+
+    /// The flags that reproduce these arguments.
+    pub fn to_flags(&self) -> Vec<String> {
+        [
+            ("--family", self.family.clone()),
+            ("--depth", self.depth.to_string()),
+            ("--batch", self.batch.to_string()),
+            ("--growth", self.growth.to_string()),
+            ("--channels", self.channels.to_string()),
+            ("--bn-size", self.bn_size.to_string()),
+            ("--size", self.size.to_string()),
+            ("--activation", self.activation.name().to_string()),
+            ("--dtype", self.dtype.clone()),
+            ("--seed", self.seed.to_string()),
+        ]
+        .into_iter()
+        .flat_map(|(k, v)| [k.to_string(), v])
+        .collect()
+    }
+}
+
+/// Fields that do not apply to a family get one canonical value, so that one block has one
+/// key: mlp has `bn_size = 1`, `size = 1` (as a case file infers), bc always has its ReLUs.
+pub fn normalize(mut cfg: Config) -> Config {
+    match cfg.family {
+        Family::Mlp => {
+            cfg.bn_size = 1;
+            cfg.size = 1;
+        }
+        Family::Bc => cfg.activation = true,
+    }
+    cfg
+}
+
+/// `key` without the variant: `family/N/C0/k/L/bn/size/act/dtype/seed/device`.
+pub fn config_key(cfg: &Config, device: DeviceSpec) -> String {
+    format!(
+        "{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}",
+        cfg.family.name(),
+        cfg.batch,
+        cfg.channels,
+        cfg.growth,
+        cfg.depth,
+        cfg.bn_size,
+        cfg.size,
+        OnOff::from_bool(cfg.activation).name(),
+        cfg.dtype.as_str(),
+        cfg.seed,
+        device
+    )
+}
+
+/// The stable identity of a row: `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`, e.g.
+/// `buffer-store-copy/mlp/4096/256/64/32/1/1/on/f32/0/cpu`. Shards, resumes and merges use it.
+pub fn key(variant: Variant, cfg: &Config, device: DeviceSpec) -> String {
+    format!("{}/{}", variant.name(), config_key(cfg, device))
+}
+
+/// How one measurement is run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    pub device: DeviceSpec,
+    /// Compute threads of the child (resolved: never 0).
+    pub threads: usize,
+    /// Measured steps (median, min, max are over these).
+    pub steps: usize,
+    /// Unmeasured steps before them.
+    pub warmup: usize,
+    /// The child's allocator limit in bytes.
+    pub mem_limit: Option<u64>,
+    /// Wall-clock limit of each child process.
+    pub timeout: Duration,
+}
+
+/// Default memory limit of a child: this fraction of physical memory (the sweep runs one
+/// child at a time, and the parent and the OS need the rest).
+pub const DEFAULT_MEM_FRACTION: f64 = 0.75;
+/// Default wall-clock limit of one child process, in seconds.
+pub const DEFAULT_TIMEOUT_SECS: u64 = 600;
+
+/// [`DEFAULT_MEM_FRACTION`] of physical memory, if it can be read.
+pub fn default_mem_limit() -> Option<u64> {
+    total_memory_bytes().map(|b| (b as f64 * DEFAULT_MEM_FRACTION) as u64)
+}
+
+/// Total physical memory in bytes (from /proc/meminfo), if readable.
+pub fn total_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// Parses a byte count: an integer with an optional suffix `K`, `M`, `G`, `T` (powers of 1000)
+/// or `KiB`, `MiB`, `GiB`, `TiB` (powers of 1024), e.g. `1500000`, `2GiB`, `512M`.
+pub fn parse_bytes(s: &str) -> Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (digits, suffix) = t.split_at(split);
+    let n: u64 = digits
+        .parse()
+        .with_context(|| format!("`{s}` is not a byte count (e.g. 1500000, 512M, 2GiB)"))?;
+    let mult: u64 = match suffix.trim() {
+        "" | "B" => 1,
+        "K" | "KB" => 1_000,
+        "M" | "MB" => 1_000_000,
+        "G" | "GB" => 1_000_000_000,
+        "T" | "TB" => 1_000_000_000_000,
+        "KiB" => 1 << 10,
+        "MiB" => 1 << 20,
+        "GiB" => 1 << 30,
+        "TiB" => 1 << 40,
+        other => bail!("`{s}`: unknown byte suffix `{other}` (use K, M, G, T, KiB, MiB, GiB, TiB)"),
+    };
+    n.checked_mul(mult)
+        .with_context(|| format!("`{s}` overflows a 64-bit byte count"))
+}
+
+/// This build's version.
+pub const VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// `git rev-parse --short HEAD` of the source tree this binary was built from, with `+dirty`
+/// when tracked files differ from it; `unknown` outside a git checkout. Computed once.
+pub fn git_rev() -> &'static str {
+    static REV: OnceLock<String> = OnceLock::new();
+    REV.get_or_init(|| {
+        let dir = env!("CARGO_MANIFEST_DIR");
+        let git = |args: &[&str]| {
+            std::process::Command::new("git")
+                .args(args)
+                .current_dir(dir)
+                .stderr(std::process::Stdio::null())
+                .output()
+                .ok()
+                .filter(|o| o.status.success())
+                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        };
+        match git(&["rev-parse", "--short", "HEAD"]) {
+            Some(rev) if !rev.is_empty() => {
+                let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
+                    .is_some_and(|s| !s.is_empty());
+                if dirty {
+                    format!("{rev}+dirty")
+                } else {
+                    rev
+                }
+            }
+            _ => "unknown".to_string(),
+        }
+    })
+}
+
+/// Resolves a requested thread count (0: the compute library's default, candle's, which
+/// also reads `RAYON_NUM_THREADS`).
+pub fn resolve_threads(requested: usize) -> usize {
+    if requested == 0 {
+        candle_core::utils::get_num_threads()
+    } else {
+        requested
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn byte_counts() {
+        assert_eq!(parse_bytes("1500").ok(), Some(1500));
+        assert_eq!(parse_bytes("2GiB").ok(), Some(2 << 30));
+        assert_eq!(parse_bytes("512M").ok(), Some(512_000_000));
+        assert!(parse_bytes("12XB").is_err());
+        assert!(parse_bytes("lots").is_err());
+    }
+
+    #[test]
+    fn key_normalises_fields_the_family_ignores() {
+        let mut a = Config::tiny(Family::Mlp);
+        a.size = 9;
+        let mut b = a.clone();
+        b.size = 3;
+        let (a, b) = (normalize(a), normalize(b));
+        let v = Variant::NAIVE;
+        assert_eq!(key(v, &a, DeviceSpec::Cpu), key(v, &b, DeviceSpec::Cpu));
+        assert_eq!(
+            key(v, &a, DeviceSpec::Cpu),
+            "cat-store-copy/mlp/2/3/2/3/1/1/on/f64/7/cpu"
+        );
+    }
+}

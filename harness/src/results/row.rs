@@ -1,0 +1,211 @@
+//! The result CSV schema: one flat, self-describing row per measurement, shared by the writer
+//! (run, bench-all) and every reader (compare, plots, report). Documented in results/README.md.
+
+use crate::progress::{human_bytes, human_ns};
+use anyhow::{bail, Context, Result};
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// Bumped whenever a column is added, removed or changes meaning.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// One measurement. Units are in the column names; `None` is an empty cell (e.g. the timings of
+/// a row whose status is not `ok`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub schema: u32,
+    /// Stable identity of (variant, config): `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`.
+    pub key: String,
+    pub variant: String,
+    pub family: String,
+    pub batch: usize,
+    pub channels: usize,
+    pub growth: usize,
+    pub depth: usize,
+    pub bn_size: usize,
+    pub size: usize,
+    pub activation: bool,
+    pub dtype: String,
+    pub seed: u64,
+    /// `cpu` or `cuda:N`.
+    pub device: String,
+    /// CPU model or GPU name (and driver/CUDA versions on GPU).
+    pub device_desc: String,
+    /// Compute threads the child ran with.
+    pub threads: usize,
+    pub densebench_version: String,
+    pub git_rev: String,
+    /// RFC 3339, UTC, when the row was measured.
+    pub timestamp: String,
+    /// `ok`, `oom`, `timeout` or `error`.
+    pub status: String,
+    /// Why the status is not `ok` (empty when it is).
+    pub error: String,
+    pub steps: usize,
+    pub warmup: usize,
+    /// Live bytes before the step: parameters, input, upstream gradient (after warm-up).
+    pub baseline_bytes: Option<u64>,
+    /// Peak live bytes during one training step above `baseline_bytes`.
+    pub peak_bytes: Option<u64>,
+    /// Live bytes at the end of forward above `baseline_bytes` (what is kept for backward,
+    /// including the output).
+    pub saved_bytes: Option<u64>,
+    /// Bytes the variant declares it keeps for backward (empty for `autograd`).
+    pub declared_saved_bytes: Option<u64>,
+    /// Analytic prediction of `peak_bytes` from the config.
+    pub predicted_peak_bytes: Option<u64>,
+    /// Peak resident set size of the child process.
+    pub peak_rss_bytes: Option<u64>,
+    pub fwd_median_ns: Option<u64>,
+    pub fwd_min_ns: Option<u64>,
+    pub fwd_max_ns: Option<u64>,
+    pub bwd_median_ns: Option<u64>,
+    pub bwd_min_ns: Option<u64>,
+    pub bwd_max_ns: Option<u64>,
+    /// Whole step (forward + backward).
+    pub median_ns: Option<u64>,
+    pub min_ns: Option<u64>,
+    pub max_ns: Option<u64>,
+    /// Floating-point operations of one step (matmuls and convolutions, forward and backward).
+    pub flops: Option<u64>,
+    /// `flops / median_ns`.
+    pub gflops_per_s: Option<f64>,
+    /// This machine's measured matmul rate, for comparison.
+    pub machine_gflops: Option<f64>,
+    /// The variant the errors are measured against.
+    pub reference: String,
+    /// Worst over output, input gradient, parameter gradients and running stats.
+    pub max_abs_err: Option<f64>,
+    /// Norm-wise: max |a − b| / max |ref|, worst over the same tensors.
+    pub max_rel_err: Option<f64>,
+    pub output_max_abs_err: Option<f64>,
+    pub grad_input_max_abs_err: Option<f64>,
+    pub grad_params_max_abs_err: Option<f64>,
+    pub running_max_abs_err: Option<f64>,
+    /// Every compared tensor bitwise equal to the reference.
+    pub bitwise_equal: Option<bool>,
+    /// Errors within the tolerance for the dtype.
+    pub grad_ok: Option<bool>,
+    /// Live bytes above baseline at layer boundaries: `f0=…;f1=…;…;b15=…;…;b0=…`
+    /// (`fI`: after layer I's forward, `bI`: after layer I's backward).
+    pub timeline: String,
+}
+
+impl Row {
+    /// One line summarising a finished row (progress output).
+    pub fn summary(&self) -> String {
+        let row = self;
+        let mut s = format!(
+            "{} {}: peak {} median {}",
+            row.key,
+            row.status,
+            human_bytes(row.peak_bytes),
+            human_ns(row.median_ns)
+        );
+        if let (Some(e), Some(ok)) = (row.max_rel_err, row.grad_ok) {
+            s.push_str(&format!(
+                " rel_err {e:.1e} vs {}{}",
+                row.reference,
+                if ok { "" } else { " (OUT OF TOLERANCE)" }
+            ));
+        }
+        if !row.error.is_empty() {
+            s.push_str(&format!(" — {}", row.error));
+        }
+        s
+    }
+
+    /// The column names, in order.
+    pub fn columns() -> Vec<String> {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        // Serializing a default row cannot fail: every field is a plain value.
+        if w.serialize(Row::default()).is_err() {
+            return Vec::new();
+        }
+        let bytes = w.into_inner().unwrap_or_default();
+        let text = String::from_utf8_lossy(&bytes);
+        text.lines()
+            .next()
+            .map(|h| h.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    pub fn is_ok(&self) -> bool {
+        self.status == "ok"
+    }
+
+    /// The timeline as (label, bytes) pairs in recorded order.
+    pub fn timeline_points(&self) -> Result<Vec<(String, i64)>> {
+        if self.timeline.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.timeline
+            .split(';')
+            .map(|item| {
+                let (label, bytes) = item
+                    .split_once('=')
+                    .with_context(|| format!("timeline item `{item}` is not label=bytes"))?;
+                let bytes = bytes
+                    .parse::<i64>()
+                    .with_context(|| format!("timeline item `{item}`: bytes is not an integer"))?;
+                Ok((label.to_string(), bytes))
+            })
+            .collect()
+    }
+
+    /// A short config label without the variant, e.g. `bc N=64 C0=24 k=12 bn=4 32x32 f32`.
+    pub fn config_label(&self) -> String {
+        if self.family == "bc" {
+            format!(
+                "bc N={} C0={} k={} bn={} {}x{} {}",
+                self.batch,
+                self.channels,
+                self.growth,
+                self.bn_size,
+                self.size,
+                self.size,
+                self.dtype
+            )
+        } else {
+            format!(
+                "mlp N={} C0={} k={} relu={} {}",
+                self.batch,
+                self.channels,
+                self.growth,
+                if self.activation { "on" } else { "off" },
+                self.dtype
+            )
+        }
+    }
+}
+
+/// Reads a result CSV, checking the header against the schema: missing or extra columns are an
+/// error naming them.
+pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
+    let mut rdr = csv::Reader::from_path(path)
+        .with_context(|| format!("opening result CSV {}", path.display()))?;
+    let headers: Vec<String> = rdr
+        .headers()
+        .with_context(|| format!("reading the header of {}", path.display()))?
+        .iter()
+        .map(str::to_string)
+        .collect();
+    let expected = Row::columns();
+    let missing: Vec<&String> = expected.iter().filter(|c| !headers.contains(c)).collect();
+    let extra: Vec<&String> = headers.iter().filter(|c| !expected.contains(c)).collect();
+    if !missing.is_empty() || !extra.is_empty() {
+        bail!(
+            "{}: not a densebench schema-{SCHEMA_VERSION} result CSV: missing columns [{}], extra columns [{}]",
+            path.display(),
+            missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
+            extra.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    let mut rows = Vec::new();
+    for (i, rec) in rdr.deserialize::<Row>().enumerate() {
+        // Line i + 2: the header is line 1.
+        let row = rec.with_context(|| format!("{}: line {}", path.display(), i + 2))?;
+        rows.push(row);
+    }
+    Ok(rows)
+}

@@ -1,0 +1,169 @@
+//! Runs a sweep's jobs into the results store: one worker thread per device (one child at a
+//! time each), whole configurations per worker, each row appended under one lock as soon as it
+//! exists, progress weighted by predicted cost.
+
+use crate::measure::reference::Cache;
+use crate::plan::device::DeviceSpec;
+use crate::plan::shard;
+use crate::plan::sweep::Job;
+use crate::progress::Progress;
+use crate::results::record::measure_row;
+use crate::results::store::Output;
+use anyhow::{anyhow, Context, Result};
+use std::path::Path;
+
+/// What the workers share: the output file, the progress display and the tallies. Held under
+/// one lock while a row is appended, so rows from concurrent devices never interleave.
+struct Shared {
+    out: Output,
+    progress: Progress,
+    started: usize,
+    finished: usize,
+    counts: std::collections::BTreeMap<String, usize>,
+    out_of_tolerance: Vec<String>,
+}
+
+/// The work items of a sweep run: with one worker, every job in sweep order (one item); with
+/// several, whole configurations (all variants of a config run on one device, and its
+/// reference is computed once), most expensive first (longest-processing-time list scheduling).
+fn work_items<'a>(todo: &[&'a Job], workers: usize) -> Vec<Vec<&'a Job>> {
+    if workers <= 1 {
+        return vec![todo.to_vec()];
+    }
+    let owned: Vec<Job> = todo.iter().map(|j| (*j).clone()).collect();
+    let mut groups = shard::groups(&owned);
+    groups.sort_by(|a, b| b.cost.total_cmp(&a.cost));
+    groups
+        .into_iter()
+        .map(|g| g.jobs.into_iter().map(|i| todo[i]).collect())
+        .collect()
+}
+
+/// One worker: takes items off the queue and measures their jobs on `device` (the job's own
+/// device when `None`), appending each row under the lock. Stops early when another worker
+/// failed (`stop`).
+fn worker(
+    device: Option<DeviceSpec>,
+    queue: &std::sync::Mutex<std::collections::VecDeque<Vec<&Job>>>,
+    shared: &std::sync::Mutex<Shared>,
+    stop: &std::sync::atomic::AtomicBool,
+    cache_dir: &Path,
+) -> Result<()> {
+    use std::sync::atomic::Ordering;
+    let lock_err = || anyhow!("a sweep worker panicked while holding the output lock");
+    let mut refs = Cache::new(cache_dir)?;
+    loop {
+        let item = match queue.lock() {
+            Ok(mut q) => q.pop_front(),
+            Err(_) => return Err(lock_err()),
+        };
+        let Some(item) = item else { return Ok(()) };
+        for j in item {
+            if stop.load(Ordering::SeqCst) {
+                return Ok(());
+            }
+            let mut settings = j.settings.clone();
+            if let Some(d) = device {
+                settings.device = d;
+            }
+            {
+                let mut sh = shared.lock().map_err(|_| lock_err())?;
+                sh.started += 1;
+                let n = sh.started;
+                let on = device.map(|d| format!(" on {d}")).unwrap_or_default();
+                sh.progress
+                    .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
+            }
+            let measured = measure_row(j.variant, &j.cfg, &settings, &mut refs)
+                .with_context(|| format!("measuring {}", j.key));
+            let mut row = match measured {
+                Ok(row) => row,
+                Err(e) => {
+                    stop.store(true, Ordering::SeqCst);
+                    return Err(e);
+                }
+            };
+            if settings.device != j.settings.device {
+                // Keyed by the sweep's (logical) device; the physical one is in device_desc.
+                row.key = j.key.clone();
+                row.device = j.settings.device.to_string();
+                row.device_desc = format!("ran on {}: {}", settings.device, row.device_desc);
+            }
+            let mut sh = shared.lock().map_err(|_| lock_err())?;
+            sh.out.append(&row)?;
+            sh.finished += 1;
+            let n = sh.finished;
+            sh.progress.finish(n, &row.summary(), j.cost);
+            *sh.counts.entry(row.status.clone()).or_default() += 1;
+            if row.grad_ok == Some(false) {
+                sh.out_of_tolerance.push(row.key.clone());
+            }
+        }
+    }
+}
+
+/// What a finished run says: rows written, rows per status, keys out of tolerance.
+pub struct Summary {
+    pub finished: usize,
+    pub counts: std::collections::BTreeMap<String, usize>,
+    pub out_of_tolerance: Vec<String>,
+}
+
+/// Measures `todo` into `out`: one worker per device of `devices` (the job's own device when
+/// empty), each row appended as soon as it exists. Errs when a job could not be measured at all
+/// (no child could be started) or the store could not be written; the rows before stay.
+pub fn run(
+    todo: &[&Job],
+    devices: &[DeviceSpec],
+    out: Output,
+    cache_dir: &Path,
+) -> Result<Summary> {
+    let workers: Vec<Option<DeviceSpec>> = if devices.is_empty() {
+        vec![None]
+    } else {
+        devices.iter().copied().map(Some).collect()
+    };
+    let queue = std::sync::Mutex::new(work_items(todo, workers.len()).into());
+    let shared = std::sync::Mutex::new(Shared {
+        out,
+        progress: Progress::new(todo.len(), todo.iter().map(|j| j.cost).sum()),
+        started: 0,
+        finished: 0,
+        counts: Default::default(),
+        out_of_tolerance: Vec::new(),
+    });
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let results: Vec<Result<()>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = workers
+            .iter()
+            .map(|&d| {
+                let (queue, shared, stop, cache_dir) = (&queue, &shared, &stop, &cache_dir);
+                scope.spawn(move || worker(d, queue, shared, stop, cache_dir))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(anyhow!("a sweep worker panicked")))
+            })
+            .collect()
+    });
+    let shared = shared
+        .into_inner()
+        .map_err(|_| anyhow!("a sweep worker panicked while holding the output lock"))?;
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    let Shared {
+        progress,
+        finished,
+        counts,
+        out_of_tolerance,
+        ..
+    } = shared;
+    progress.done();
+    Ok(Summary {
+        finished,
+        counts,
+        out_of_tolerance,
+    })
+}

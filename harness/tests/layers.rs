@@ -1,0 +1,364 @@
+//! The shape of the code, held by a test: `harness/src` is a house of floors (`commands` over
+//! `outputs` over `results` over `measure` over `plan`, with `progress` importing nothing of
+//! the crate), a floor imports only floors below it, no command imports another command, and
+//! neither crate of the workspace has an import cycle between its modules.
+//!
+//! Imports are read from the sources: every `use` tree and every inline `crate::…`, `super::…`
+//! and `self::…` path outside comments and outside the `#[cfg(test)]` module at the end of a
+//! file, resolved to the module (file) it names.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+/// A module path inside its crate, e.g. `["results", "row"]`; the crate root is `[]`.
+type ModPath = Vec<String>;
+
+/// Every module file under `src`: its module path and its source (comments and the trailing test
+/// module removed).
+fn modules(src: &Path) -> BTreeMap<ModPath, String> {
+    let mut out = BTreeMap::new();
+    let mut stack = vec![src.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).unwrap_or_else(|e| panic!("{}: {e}", dir.display()));
+        for e in entries {
+            let path = e.expect("directory entry").path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if path.extension().and_then(|x| x.to_str()) != Some("rs") {
+                continue;
+            }
+            let rel: PathBuf = path.strip_prefix(src).expect("under src").to_path_buf();
+            let mut parts: Vec<String> = rel
+                .iter()
+                .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_string())
+                .collect();
+            match parts.last().map(String::as_str) {
+                // The binary's root is its own crate; it reaches the library as `densebench::`.
+                Some("main") if parts.len() == 1 => continue,
+                Some("lib") if parts.len() == 1 => parts.clear(),
+                Some("mod") => {
+                    parts.pop();
+                }
+                _ => {}
+            }
+            let text = std::fs::read_to_string(&path).expect("readable source");
+            out.insert(parts, strip(&text));
+        }
+    }
+    out
+}
+
+/// The source without `//` comments (doc comments name modules in links, they import nothing)
+/// and without the test module that ends a file by convention.
+fn strip(text: &str) -> String {
+    let mut kept = String::new();
+    for line in text.lines() {
+        let t = line.trim_start();
+        if t.starts_with("#[cfg(test)]") && line.starts_with('#') {
+            break;
+        }
+        if t.starts_with("//") {
+            continue;
+        }
+        kept.push_str(line);
+        kept.push('\n');
+    }
+    kept
+}
+
+/// Expands a `use` tree (`a::{b, c::{d, e}}`) into full paths.
+fn expand(tree: &str) -> Vec<String> {
+    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    let Some(open) = tree.find('{') else {
+        return vec![tree];
+    };
+    let prefix = &tree[..open];
+    let inner = &tree[open + 1..tree.rfind('}').unwrap_or(tree.len())];
+    let mut items = Vec::new();
+    let (mut depth, mut start) = (0, 0);
+    for (i, c) in inner.char_indices() {
+        match c {
+            '{' => depth += 1,
+            '}' => depth -= 1,
+            ',' if depth == 0 => {
+                items.push(&inner[start..i]);
+                start = i + 1;
+            }
+            _ => {}
+        }
+    }
+    items.push(&inner[start..]);
+    items
+        .into_iter()
+        .filter(|s| !s.is_empty())
+        .flat_map(expand)
+        .map(|s| format!("{prefix}{s}"))
+        .collect()
+}
+
+/// Every path the module's source refers to that starts with `crate`, `super` or `self`.
+fn referenced_paths(src: &str) -> Vec<String> {
+    let mut paths = Vec::new();
+    // `use` trees, which may span lines and group with braces.
+    let mut rest = src;
+    while let Some(i) = rest.find("use ") {
+        let before = rest[..i].chars().last();
+        let tail = &rest[i + 4..];
+        rest = tail;
+        if before.is_some_and(|c| c.is_alphanumeric() || c == '_') {
+            continue;
+        }
+        if let Some(end) = tail.find(';') {
+            paths.extend(expand(&tail[..end]));
+        }
+    }
+    // Inline paths, e.g. `crate::measure::gpu::check_available(n)`.
+    for root in ["crate::", "super::"] {
+        let mut at = 0;
+        while let Some(i) = src[at..].find(root) {
+            let start = at + i;
+            let path: String = src[start..]
+                .chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_' || *c == ':')
+                .collect();
+            paths.push(path.trim_end_matches(':').to_string());
+            at = start + root.len();
+        }
+    }
+    paths
+}
+
+/// The module a path names: resolved against the importing module, then cut to the longest
+/// prefix that is a module of the crate. `None` for paths outside the crate.
+fn resolve(from: &ModPath, path: &str, known: &BTreeSet<ModPath>) -> Option<ModPath> {
+    let segs: Vec<&str> = path
+        .split("::")
+        .map(|s| s.split(" as ").next().unwrap_or(s))
+        .collect();
+    // `self` and `super` are relative to the module the file defines.
+    let mut base: ModPath = match segs.first().copied() {
+        Some("crate") => Vec::new(),
+        Some("self") => from.clone(),
+        Some("super") => {
+            let mut b = from.clone();
+            b.pop();
+            b
+        }
+        _ => return None,
+    };
+    let mut rest = &segs[1..];
+    while rest.first() == Some(&"super") {
+        base.pop();
+        rest = &rest[1..];
+    }
+    let mut best = None;
+    let mut cur = base.clone();
+    if known.contains(&cur) {
+        best = Some(cur.clone());
+    }
+    for s in rest {
+        cur.push((*s).to_string());
+        if known.contains(&cur) {
+            best = Some(cur.clone());
+        }
+    }
+    best
+}
+
+/// Module → the modules it imports (itself, its ancestors and the crate root left out).
+fn graph(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+    let mods = modules(src);
+    let known: BTreeSet<ModPath> = mods.keys().cloned().collect();
+    let mut g = BTreeMap::new();
+    for (m, text) in &mods {
+        let mut deps = BTreeSet::new();
+        for p in referenced_paths(text) {
+            if let Some(target) = resolve(m, &p, &known) {
+                if !target.is_empty() && &target != m && !m.starts_with(&target) {
+                    deps.insert(target);
+                }
+            }
+        }
+        g.insert(m.clone(), deps);
+    }
+    g
+}
+
+fn name(m: &ModPath) -> String {
+    if m.is_empty() {
+        "crate".to_string()
+    } else {
+        m.join("::")
+    }
+}
+
+/// The first import cycle found, as a list of modules, or `None`.
+fn find_cycle(g: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Option<Vec<String>> {
+    #[derive(Clone, Copy, PartialEq)]
+    enum Mark {
+        New,
+        Active,
+        Done,
+    }
+    fn visit(
+        m: &ModPath,
+        g: &BTreeMap<ModPath, BTreeSet<ModPath>>,
+        marks: &mut BTreeMap<ModPath, Mark>,
+        stack: &mut Vec<ModPath>,
+    ) -> Option<Vec<String>> {
+        marks.insert(m.clone(), Mark::Active);
+        stack.push(m.clone());
+        for d in g.get(m).into_iter().flatten() {
+            match marks.get(d).copied().unwrap_or(Mark::New) {
+                Mark::Active => {
+                    let from = stack.iter().position(|x| x == d).unwrap_or(0);
+                    let mut cyc: Vec<String> = stack[from..].iter().map(name).collect();
+                    cyc.push(name(d));
+                    return Some(cyc);
+                }
+                Mark::New => {
+                    if let Some(c) = visit(d, g, marks, stack) {
+                        return Some(c);
+                    }
+                }
+                Mark::Done => {}
+            }
+        }
+        stack.pop();
+        marks.insert(m.clone(), Mark::Done);
+        None
+    }
+    let mut marks = BTreeMap::new();
+    for m in g.keys() {
+        if marks.get(m).copied().unwrap_or(Mark::New) == Mark::New {
+            if let Some(c) = visit(m, g, &mut marks, &mut Vec::new()) {
+                return Some(c);
+            }
+        }
+    }
+    None
+}
+
+/// The floor of a harness module: higher floors may import lower ones, never the reverse.
+fn floor(m: &ModPath) -> Option<u8> {
+    match m.first().map(String::as_str) {
+        Some("progress") => Some(0),
+        Some("plan") => Some(1),
+        Some("measure") => Some(2),
+        Some("results") => Some(3),
+        Some("outputs") => Some(4),
+        Some("commands") => Some(5),
+        Some("cli") | None => Some(6),
+        Some(_) => None,
+    }
+}
+
+fn src_dir(krate: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("..")
+        .join(krate)
+        .join("src")
+}
+
+#[test]
+fn every_harness_module_sits_on_a_known_floor() {
+    let g = graph(&src_dir("harness"));
+    let lost: Vec<String> = g.keys().filter(|m| floor(m).is_none()).map(name).collect();
+    assert!(
+        lost.is_empty(),
+        "modules outside the floors (put them in plan/, measure/, results/, outputs/ or \
+         commands/, and teach this test their floor): {lost:?}"
+    );
+}
+
+#[test]
+fn no_import_goes_up_a_floor_and_no_command_imports_another() {
+    let g = graph(&src_dir("harness"));
+    let mut bad = Vec::new();
+    for (m, deps) in &g {
+        for d in deps {
+            let (Some(fm), Some(fd)) = (floor(m), floor(d)) else {
+                continue;
+            };
+            if fd > fm {
+                bad.push(format!(
+                    "{} (floor {fm}) imports {} (floor {fd})",
+                    name(m),
+                    name(d)
+                ));
+            }
+            if fm == 5 && fd == 5 && m.len() > 1 && d.len() > 1 {
+                bad.push(format!("command {} imports command {}", name(m), name(d)));
+            }
+            if fm == 0 {
+                bad.push(format!(
+                    "{} must import nothing of the crate, imports {}",
+                    name(m),
+                    name(d)
+                ));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "upward imports:\n{}", bad.join("\n"));
+}
+
+#[test]
+fn no_import_cycles_in_the_workspace() {
+    for krate in ["harness", "impls"] {
+        let g = graph(&src_dir(krate));
+        assert!(g.len() > 5, "{krate}: found only {} modules", g.len());
+        if let Some(c) = find_cycle(&g) {
+            panic!("{krate}: import cycle {}", c.join(" → "));
+        }
+    }
+}
+
+/// The checker itself: a planted upward import, a planted cycle and a grouped `use` are seen.
+#[test]
+fn the_checker_sees_what_it_must() {
+    let known: BTreeSet<ModPath> = [
+        vec![],
+        vec!["plan".into()],
+        vec!["plan".into(), "job".into()],
+        vec!["results".into(), "row".into()],
+        vec!["results".into()],
+    ]
+    .into_iter()
+    .collect();
+    let from: ModPath = vec!["plan".into(), "job".into()];
+    let paths = referenced_paths(
+        "use crate::{results::row::{Row, X}, plan::job};\nfn f() { crate::results::row::g(); }\n",
+    );
+    let targets: BTreeSet<String> = paths
+        .iter()
+        .filter_map(|p| resolve(&from, p, &known))
+        .map(|m| name(&m))
+        .collect();
+    assert!(
+        targets.contains("results::row"),
+        "{targets:?} from {paths:?}"
+    );
+    assert!(floor(&["results".into()].to_vec()) > floor(&from));
+    let mut g: BTreeMap<ModPath, BTreeSet<ModPath>> = BTreeMap::new();
+    g.insert(vec!["a".into()], [vec!["b".into()]].into_iter().collect());
+    g.insert(vec!["b".into()], [vec!["a".into()]].into_iter().collect());
+    assert!(find_cycle(&g).is_some());
+    g.insert(vec!["b".into()], BTreeSet::new());
+    assert!(find_cycle(&g).is_none());
+    assert_eq!(
+        resolve(
+            &vec!["outputs".into(), "plots".into(), "grad_error".into()],
+            "super::style::frame",
+            &[vec!["outputs".into(), "plots".into(), "style".into()]]
+                .into_iter()
+                .collect()
+        ),
+        Some(vec![
+            "outputs".to_string(),
+            "plots".to_string(),
+            "style".to_string()
+        ])
+    );
+}

@@ -1,0 +1,38 @@
+//! What one training step produces ([`StepResult`]): the type every step implementation returns
+//! and the step dispatcher, comparisons and case files read. Its own module so that those
+//! implementations (`block`, `autograd`) and the dispatcher (`step`) need not import each other.
+
+use crate::error::Result;
+use candle_core::Tensor;
+use std::collections::BTreeMap;
+
+/// Everything one training step produces, in canonical (PyTorch) layouts.
+#[derive(Debug, Clone)]
+pub struct StepResult {
+    /// Block output `[N, C_total(, H, W)]` (may be a strided view of the variant's storage).
+    pub output: Tensor,
+    /// Gradient of the block input `[N, C0(, H, W)]`.
+    pub grad_input: Tensor,
+    /// Gradient of every trained parameter, by its `state_dict` name.
+    pub grads: BTreeMap<String, Tensor>,
+    /// Updated BN running stats by name (empty for mlp).
+    pub running: BTreeMap<String, Tensor>,
+}
+
+impl StepResult {
+    /// The same results in another dtype (e.g. f32 results widened to compare with an f64
+    /// reference; widening is exact).
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<StepResult> {
+        let conv = |m: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), v.to_dtype(dtype)?)))
+                .collect()
+        };
+        Ok(StepResult {
+            output: self.output.to_dtype(dtype)?,
+            grad_input: self.grad_input.to_dtype(dtype)?,
+            grads: conv(&self.grads)?,
+            running: conv(&self.running)?,
+        })
+    }
+}
