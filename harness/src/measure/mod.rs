@@ -6,6 +6,7 @@
 //! measurement knows nothing of rows, files or figures.
 
 pub mod alloc;
+pub mod capacity;
 pub mod child;
 pub mod device;
 pub mod estimates;

@@ -1,0 +1,211 @@
+//! Capacity: how deep a block fits in a memory budget, per variant — the analytic model's
+//! answer confirmed by measured runs at the answer (must fit) and one layer deeper (must not);
+//! `autograd`, which has no model, by measured runs alone (doubling, then bisection). The
+//! library side of `densebench max-depth`.
+//!
+//! "Fits" means the block's memory stays within the budget: its static tensors (parameters and
+//! BN buffers, input, upstream gradient) plus the measured peak of one training step above
+//! them. Each measured run is an isolated child whose allocator limit is the budget plus
+//! [`crate::measure::estimates::overhead_margin`], so a run far beyond the budget fails fast.
+
+use crate::measure::child::{self, Outcome};
+use crate::measure::estimates::static_bytes;
+use crate::plan::job::Settings;
+use anyhow::{anyhow, bail, Result};
+use impls::{Config, Variant};
+use serde::Serialize;
+
+/// One variant's answer.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answer {
+    pub variant: String,
+    pub family: String,
+    pub budget_bytes: u64,
+    /// Deepest block that fits (0: not even one layer).
+    pub max_depth: usize,
+    /// Model's footprint (baseline + predicted peak) at `max_depth`; empty for autograd.
+    pub predicted_total_bytes: Option<u64>,
+    /// Measured footprint at `max_depth`.
+    pub measured_total_bytes: Option<u64>,
+    /// Measured footprint one layer deeper (empty when it ran out of memory at the budget).
+    pub measured_next_total_bytes: Option<u64>,
+    /// `max_depth` over naive's (`cat-store-copy`).
+    pub depth_ratio_to_naive: Option<f64>,
+    /// `model`, `model+measured`, or `measured` (autograd).
+    pub method: String,
+    /// Where the model and the measurement disagreed, what was done.
+    pub note: String,
+}
+
+/// Model footprint at `depth`, or `None` for variants without a model.
+fn model_total(v: Variant, cfg: &Config, depth: usize) -> Option<u64> {
+    let c = Config {
+        depth,
+        ..cfg.clone()
+    };
+    impls::memory::predict_peak_bytes(v, &c).map(|p| p + static_bytes(&c))
+}
+
+/// A measured run's verdict.
+enum Probe {
+    Fits(u64),
+    TooBig(Option<u64>),
+}
+
+/// Searches the deepest block that fits a budget, counting the measured runs it made.
+pub struct Searcher<'a> {
+    settings: &'a Settings,
+    budget: u64,
+    pub runs: usize,
+}
+
+impl<'a> Searcher<'a> {
+    /// A searcher whose runs use `settings` (its memory limit the budget plus a margin).
+    pub fn new(settings: &'a Settings, budget: u64) -> Self {
+        Searcher {
+            settings,
+            budget,
+            runs: 0,
+        }
+    }
+
+    fn measure(&mut self, v: Variant, cfg: &Config, depth: usize) -> Result<Probe> {
+        let c = Config {
+            depth,
+            ..cfg.clone()
+        };
+        c.validate().map_err(|e| anyhow!("{e}"))?;
+        self.runs += 1;
+        eprintln!("densebench max-depth: measuring {v} at L={depth}");
+        match child::spawn(&child::flags(v, &c, self.settings), self.settings)? {
+            Outcome::Ok(stdout) => {
+                let m = child::parse_measurement(&stdout)?;
+                let total = static_bytes(&c) + m.peak_bytes;
+                Ok(if total <= self.budget {
+                    Probe::Fits(total)
+                } else {
+                    Probe::TooBig(Some(total))
+                })
+            }
+            Outcome::Oom(_) => Ok(Probe::TooBig(None)),
+            Outcome::Timeout(t) => bail!(
+                "{v} at L={depth} did not finish in {} s (raise --timeout)",
+                t.as_secs()
+            ),
+            Outcome::Error(e) => bail!("{v} at L={depth}: {e}"),
+        }
+    }
+
+    /// Largest depth in [1, max] for which `fits` holds, assuming it is monotone; 0 if none.
+    fn bisect(max: usize, mut fits: impl FnMut(usize) -> Result<bool>) -> Result<usize> {
+        if !fits(1)? {
+            return Ok(0);
+        }
+        // Doubling, then bisection between the last fit and the first miss.
+        let (mut lo, mut hi) = (1, 2);
+        while hi <= max && fits(hi)? {
+            lo = hi;
+            hi *= 2;
+        }
+        let mut hi = hi.min(max + 1);
+        while hi - lo > 1 {
+            let mid = lo + (hi - lo) / 2;
+            if fits(mid)? {
+                lo = mid;
+            } else {
+                hi = mid;
+            }
+        }
+        Ok(lo)
+    }
+
+    pub fn answer(
+        &mut self,
+        v: Variant,
+        cfg: &Config,
+        max: usize,
+        confirm: bool,
+    ) -> Result<Answer> {
+        let budget = self.budget;
+        let mut ans = Answer {
+            variant: v.name(),
+            family: cfg.family.name().to_string(),
+            budget_bytes: budget,
+            max_depth: 0,
+            predicted_total_bytes: None,
+            measured_total_bytes: None,
+            measured_next_total_bytes: None,
+            depth_ratio_to_naive: None,
+            method: String::new(),
+            note: String::new(),
+        };
+        if model_total(v, cfg, 1).is_some() {
+            let mut depth = Self::bisect(max, |l| {
+                Ok(model_total(v, cfg, l).is_some_and(|t| t <= budget))
+            })?;
+            ans.method = "model".to_string();
+            if confirm {
+                ans.method = "model+measured".to_string();
+                // Walk down while the answer does not fit, up while the next one does.
+                let mut notes = Vec::new();
+                loop {
+                    if depth == 0 {
+                        break;
+                    }
+                    match self.measure(v, cfg, depth)? {
+                        Probe::Fits(t) => {
+                            ans.measured_total_bytes = Some(t);
+                            break;
+                        }
+                        Probe::TooBig(_) => {
+                            notes.push(format!("model said L={depth} fits, measured it does not"));
+                            depth -= 1;
+                        }
+                    }
+                }
+                while depth < max {
+                    match self.measure(v, cfg, depth + 1)? {
+                        Probe::TooBig(t) => {
+                            ans.measured_next_total_bytes = t;
+                            break;
+                        }
+                        Probe::Fits(t) => {
+                            notes.push(format!(
+                                "model said L={} does not fit, measured it does",
+                                depth + 1
+                            ));
+                            depth += 1;
+                            ans.measured_total_bytes = Some(t);
+                        }
+                    }
+                }
+                ans.note = notes.join("; ");
+            }
+            ans.max_depth = depth;
+            ans.predicted_total_bytes = model_total(v, cfg, depth.max(1)).filter(|_| depth > 0);
+        } else {
+            ans.method = "measured".to_string();
+            let mut seen: Vec<(usize, Probe)> = Vec::new();
+            let depth = Self::bisect(max, |l| {
+                let p = self.measure(v, cfg, l)?;
+                let fits = matches!(p, Probe::Fits(_));
+                seen.push((l, p));
+                Ok(fits)
+            })?;
+            ans.max_depth = depth;
+            for (l, p) in seen {
+                match p {
+                    Probe::Fits(t) if l == depth => ans.measured_total_bytes = Some(t),
+                    Probe::TooBig(t) if l == depth + 1 => ans.measured_next_total_bytes = t,
+                    _ => {}
+                }
+            }
+            if confirm && depth > 0 && depth < max && ans.measured_total_bytes.is_none() {
+                if let Probe::Fits(t) = self.measure(v, cfg, depth)? {
+                    ans.measured_total_bytes = Some(t);
+                }
+            }
+        }
+        Ok(ans)
+    }
+}
