@@ -73,9 +73,9 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
         )
         .collect();
     let exact = variant == "autograd" || variant == "buffer-store-copy";
-    Row {
+    let mut r = Row {
         schema: densebench::results::row::SCHEMA_VERSION,
-        key: format!("{variant}/{family}/{depth}"),
+        key: String::new(),
         variant: variant.to_string(),
         family: family.to_string(),
         batch,
@@ -110,7 +110,10 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
         grad_ok: Some(true),
         timeline: timeline.join(";"),
         ..Row::default()
-    }
+    };
+    // The key its fields give, as every reader checks.
+    r.key = densebench::results::row::key_of_fields(&r);
+    r
 }
 
 /// Both families at two depths each, every applicable variant.
@@ -321,11 +324,12 @@ fn compare_lists_rows_on_one_side_and_warns_on_devices() {
             new_csv.to_str().unwrap(),
             "--max-regression",
             "10",
+            "--allow-missing",
         ],
         dir.path(),
     );
     let log = text(&o);
-    // One-sided rows are listed but are not regressions; the device change is a warning.
+    // One-sided rows are listed; accepted with --allow-missing; the device change is a warning.
     assert_eq!(o.status.code(), Some(0), "{log}");
     assert!(log.contains("only in BASE (1)"), "{log}");
     assert!(
@@ -337,6 +341,21 @@ fn compare_lists_rows_on_one_side_and_warns_on_devices() {
     assert!(log.contains("warning: devices differ"), "{log}");
     assert!(
         log.contains("Synthetic CPU") && log.contains("Other CPU"),
+        "{log}"
+    );
+    // Without --allow-missing a row of BASE missing from NEW fails the comparison.
+    let o = densebench(
+        &[
+            "compare",
+            base_csv.to_str().unwrap(),
+            new_csv.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("1 row(s) of BASE are missing from NEW") && log.contains("--allow-missing"),
         "{log}"
     );
 }

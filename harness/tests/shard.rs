@@ -125,12 +125,38 @@ fn shards_are_deterministic_and_independent_of_the_machine() {
     }
 }
 
-/// A synthetic row of `key` (only the cells merge looks at).
+/// The full key of a short test label `NAME/DEPTH` (e.g. `x/1`): a small mlp config whose
+/// variant is NAME, so that the row's fields give its key as every reader checks.
+fn k(label: &str) -> String {
+    let (v, d) = label.split_once('/').unwrap_or((label, "1"));
+    format!("{v}/mlp/4/3/2/{d}/1/1/on/f32/0/cpu")
+}
+
+/// A synthetic row of a full key or a short label (only the cells merge looks at, and the
+/// config fields its key is made of).
 fn row(key: &str, ts: &str, median_ns: u64) -> Row {
+    let full = if key.split('/').count() == 12 {
+        key.to_string()
+    } else {
+        k(key)
+    };
+    let p: Vec<&str> = full.split('/').collect();
+    let n = |i: usize| p[i].parse::<usize>().expect("a number in the key");
     Row {
         schema: densebench::results::row::SCHEMA_VERSION,
-        key: key.to_string(),
-        variant: key.split('/').next().unwrap_or_default().to_string(),
+        key: full.clone(),
+        variant: p[0].to_string(),
+        family: p[1].to_string(),
+        batch: n(2),
+        channels: n(3),
+        growth: n(4),
+        depth: n(5),
+        bn_size: n(6),
+        size: n(7),
+        activation: p[8] == "on",
+        dtype: p[9].to_string(),
+        seed: n(10) as u64,
+        device: p[11].to_string(),
         timestamp: ts.to_string(),
         status: "ok".to_string(),
         median_ns: Some(median_ns),
@@ -165,7 +191,7 @@ fn merge_refuses_conflicts_dedups_identical_rows_and_prefers_newest() {
     let out = d.join("out.csv");
     let o = densebench(&["merge", s(&out), s(&a), s(&b)]);
     assert!(o.status.success(), "{}", stderr(&o));
-    assert_eq!(keys_of(&out), ["x/1", "y/1", "z/1"]);
+    assert_eq!(keys_of(&out), [k("x/1"), k("y/1"), k("z/1")]);
     assert!(
         stderr(&o).contains("1 identical duplicates"),
         "{}",
@@ -179,7 +205,7 @@ fn merge_refuses_conflicts_dedups_identical_rows_and_prefers_newest() {
     assert_eq!(o.status.code(), Some(1));
     let e = stderr(&o);
     assert!(
-        e.contains("x/1") && e.contains("median_ns") && e.contains("--prefer newest"),
+        e.contains(&k("x/1")) && e.contains("median_ns") && e.contains("--prefer newest"),
         "{e}"
     );
     assert!(!out2.exists(), "a refused merge wrote its output");
@@ -197,7 +223,7 @@ fn merge_refuses_conflicts_dedups_identical_rows_and_prefers_newest() {
         ]);
         assert!(o.status.success(), "{}", stderr(&o));
         let rows = read_rows(&out2).expect("valid");
-        let x = rows.iter().find(|r| r.key == "x/1").map(|r| r.median_ns);
+        let x = rows.iter().find(|r| r.key == k("x/1")).map(|r| r.median_ns);
         assert_eq!(x, Some(Some(11)), "the newest x/1 (T2, 11 ns) wins");
         assert_eq!(rows.len(), 2);
     }

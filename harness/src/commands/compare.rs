@@ -4,8 +4,9 @@
 //! when the two files come from different devices.
 //!
 //! Exit status: 0 no regression beyond the threshold (or no threshold given); 1 at least one
-//! regression beyond it (a metric worse by more than PCT%, or a row ok in BASE and not in NEW);
-//! 2 a file could not be read or is not a result CSV of this schema.
+//! regression beyond it (a metric worse by more than PCT%, or a row ok in BASE and not in NEW),
+//! or rows of BASE missing from NEW (unless `--allow-missing`); 2 a file could not be read, is
+//! not a result CSV of this schema, or has a row whose key disagrees with its fields.
 
 use crate::outputs::compare::{
     compare_rows, render_human, summary, write_csv, Metric, EXIT_REGRESSION,
@@ -23,7 +24,9 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 #[command(
     after_help = "Exit status: 0 no regression beyond --max-regression (or none given); 1 a \
                   regression beyond it (a metric worse by more than PCT%, or a row ok in BASE \
-                  and failed in NEW); 2 an input could not be read or has another schema."
+                  and failed in NEW), or rows of BASE missing from NEW without \
+                  --allow-missing; 2 an input could not be read, has another schema, or has a \
+                  row whose key disagrees with its fields."
 )]
 pub struct Args {
     /// The baseline result CSV.
@@ -37,6 +40,11 @@ pub struct Args {
     /// A metric to compare; repeat for several. Default: peak_bytes and median_ns.
     #[arg(long = "metric", value_enum, value_name = "METRIC")]
     pub metrics: Vec<Metric>,
+    /// Accept rows of BASE that NEW lacks (listed either way). Without it a missing row fails the
+    /// comparison (exit 1): a NEW run that silently dropped configurations is not "no
+    /// regression".
+    #[arg(long)]
+    pub allow_missing: bool,
     /// Output format: aligned text, a markdown table to paste into a report, or CSV.
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
@@ -99,7 +107,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
             );
         }
     }
-    let failed = a.max_regression.is_some() && (c.regressions() > 0 || !c.broke.is_empty());
+    let missing = !c.only_base.is_empty() && !a.allow_missing;
+    if missing {
+        eprintln!(
+            "densebench compare: FAIL: {} row(s) of BASE are missing from NEW (listed above); \
+             pass --allow-missing to accept that",
+            c.only_base.len()
+        );
+    }
+    let failed =
+        missing || (a.max_regression.is_some() && (c.regressions() > 0 || !c.broke.is_empty()));
     Ok(if failed {
         ExitCode::from(EXIT_REGRESSION)
     } else {

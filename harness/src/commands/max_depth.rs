@@ -6,6 +6,7 @@ use crate::measure::capacity::Searcher;
 use crate::measure::device::DeviceSpec;
 use crate::measure::estimates::overhead_margin;
 use crate::plan::job::{self, normalize, OnOff, Settings};
+use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Family, Variant};
 use std::io::Write;
@@ -122,11 +123,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
             })
             .collect::<Result<_>>()?
     };
-    if let Some(out) = &a.out {
-        if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        }
-    }
     let settings = Settings {
         device: DeviceSpec::Cpu,
         threads: job::resolve_threads(a.threads),
@@ -197,14 +193,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         )?;
     }
     if let Some(path) = &a.out {
-        let mut w =
-            csv::Writer::from_path(path).with_context(|| format!("creating {}", path.display()))?;
+        let mut w = csv::Writer::from_writer(Vec::new());
         for x in &answers {
             w.serialize(x)
-                .with_context(|| format!("writing {}", path.display()))?;
+                .with_context(|| format!("serialising a row for {}", path.display()))?;
         }
-        w.flush()
-            .with_context(|| format!("writing {}", path.display()))?;
+        let bytes = w
+            .into_inner()
+            .map_err(|e| anyhow!("serialising {}: {e}", path.display()))?;
+        write_bytes_atomic(path, &bytes)?;
         writeln!(out, "wrote {}", path.display())?;
     }
     Ok(ExitCode::SUCCESS)

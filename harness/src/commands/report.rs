@@ -3,6 +3,7 @@
 
 use crate::outputs::report::render;
 use crate::results::row::read_rows;
+use crate::results::store::{refuse_input_as_output, write_bytes_atomic};
 use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -21,13 +22,10 @@ pub struct Args {
 
 /// `densebench report`.
 pub fn run(a: Args) -> Result<ExitCode> {
+    refuse_input_as_output(&a.out, "--out", &[&a.csv])?;
     let rows = read_rows(&a.csv)?;
     let text = render(&rows, &a.csv, &a.out, &a.plots)?;
-    if let Some(dir) = a.out.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir)
-            .with_context(|| format!("creating the report folder {}", dir.display()))?;
-    }
-    std::fs::write(&a.out, text)
+    write_bytes_atomic(&a.out, text.as_bytes())
         .with_context(|| format!("writing the report {}", a.out.display()))?;
     println!(
         "wrote {} ({} rows from {})",

@@ -5,6 +5,7 @@
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::plan::job::OnOff;
+use crate::results::store::{refuse_input_as_output, write_atomic};
 use anyhow::{anyhow, Context, Result};
 use impls::{Case, NoProbe, Variant};
 use std::path::PathBuf;
@@ -32,6 +33,7 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
+    refuse_input_as_output(&a.out, "--out", &[&a.case])?;
     let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
     let spec: DeviceSpec = a.device.parse().context("--device")?;
     let device = spec.open()?;
@@ -49,8 +51,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         &mut NoProbe,
     )
     .map_err(|e| anyhow!("{variant} on {}: {e}", case.cfg.describe()))?;
-    impls::case::save_result(&result, &a.out)
-        .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))?;
+    write_atomic(&a.out, |tmp| {
+        impls::case::save_result(&result, tmp)
+            .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
+    })?;
     eprintln!(
         "densebench step: {variant} on {} → {}",
         case.cfg.describe(),

@@ -10,6 +10,7 @@
 //! is required, so a criterion upgrade that adds fields still imports. The CSV schema is in
 //! results/README.md ("criterion.csv").
 
+use crate::results::store::write_bytes_atomic;
 use anyhow::{bail, Context, Result};
 use impls::{Config, Family, Variant};
 use serde::{Deserialize, Serialize};
@@ -288,19 +289,15 @@ fn modified_utc(path: &Path) -> Result<String> {
 
 /// Writes the rows (header first) to `path`, creating its folder; replaces an existing file.
 pub fn write_csv(rows: &[CriterionRow], path: &Path) -> Result<()> {
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating folder {}", parent.display()))?;
-    }
-    let mut w =
-        csv::Writer::from_path(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut w = csv::Writer::from_writer(Vec::new());
     for r in rows {
         w.serialize(r)
-            .with_context(|| format!("writing {}", path.display()))?;
+            .with_context(|| format!("serialising a row for {}", path.display()))?;
     }
-    w.flush()
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(())
+    let bytes = w
+        .into_inner()
+        .map_err(|e| anyhow::anyhow!("serialising {}: {e}", path.display()))?;
+    write_bytes_atomic(path, &bytes)
 }
 
 #[cfg(test)]

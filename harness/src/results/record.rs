@@ -91,6 +91,10 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
         Outcome::Timeout(t) => format!("killed after the {} s time limit", t.as_secs()),
         Outcome::Error(m) => m.clone(),
     };
+    // A NaN or infinite error is never within tolerance, whatever the child concluded.
+    if row.has_non_finite_error() {
+        row.grad_ok = Some(false);
+    }
     // One line per cell: a message with newlines would still be valid CSV, but not greppable.
     row.error = row.error.replace(['\n', '\r'], " | ");
     Ok(row)

@@ -2,7 +2,7 @@
 //! (run, bench-all) and every reader (compare, plots, report). Documented in results/README.md.
 
 use crate::progress::{human_bytes, human_ns};
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -179,13 +179,93 @@ impl Row {
     }
 }
 
-/// Reads a result CSV, checking the header against the schema: missing or extra columns are an
-/// error naming them.
+/// The key a row's own fields give: `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`
+/// (what `plan::job::key` writes for the config the row was measured on).
+pub fn key_of_fields(r: &Row) -> String {
+    format!(
+        "{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}",
+        r.variant,
+        r.family,
+        r.batch,
+        r.channels,
+        r.growth,
+        r.depth,
+        r.bn_size,
+        r.size,
+        if r.activation { "on" } else { "off" },
+        r.dtype,
+        r.seed,
+        r.device
+    )
+}
+
+impl Row {
+    /// The gradient-error columns, by name.
+    pub fn error_columns(&self) -> [(&'static str, Option<f64>); 6] {
+        [
+            ("max_abs_err", self.max_abs_err),
+            ("max_rel_err", self.max_rel_err),
+            ("output_max_abs_err", self.output_max_abs_err),
+            ("grad_input_max_abs_err", self.grad_input_max_abs_err),
+            ("grad_params_max_abs_err", self.grad_params_max_abs_err),
+            ("running_max_abs_err", self.running_max_abs_err),
+        ]
+    }
+
+    /// Whether any gradient error is NaN (or infinite): such a row's gradients are not within
+    /// any tolerance, whatever its `grad_ok` cell says.
+    pub fn has_non_finite_error(&self) -> bool {
+        self.error_columns()
+            .iter()
+            .any(|(_, v)| v.is_some_and(|v| !v.is_finite()))
+    }
+}
+
+/// A CSV error in words: the line and the column by name, never "field 24".
+fn csv_error(path: &Path, headers: &[String], e: &csv::Error) -> anyhow::Error {
+    let line = e.position().map(|p| p.line());
+    let at = match line {
+        Some(l) => format!("{} line {l}", path.display()),
+        None => path.display().to_string(),
+    };
+    match e.kind() {
+        csv::ErrorKind::Deserialize { err, .. } => {
+            let column = err
+                .field()
+                .and_then(|i| headers.get(i as usize))
+                .map_or_else(String::new, |c| format!(", column `{c}`"));
+            let what = match err.kind() {
+                csv::DeserializeErrorKind::ParseInt(e) => format!("expected an integer ({e})"),
+                csv::DeserializeErrorKind::ParseFloat(e) => format!("expected a number ({e})"),
+                csv::DeserializeErrorKind::ParseBool(_) => "expected true or false".to_string(),
+                csv::DeserializeErrorKind::UnexpectedEndOfRow => {
+                    "the row ends before this column".to_string()
+                }
+                other => other.to_string(),
+            };
+            anyhow!("{at}{column}: {what}")
+        }
+        csv::ErrorKind::UnequalLengths {
+            expected_len, len, ..
+        } => anyhow!(
+            "{at}: the row has {len} fields, the header has {expected_len} (a torn or edited \
+             line?)"
+        ),
+        csv::ErrorKind::Utf8 { .. } => anyhow!("{at}: not UTF-8 text"),
+        _ => anyhow!("{at}: {e}"),
+    }
+}
+
+/// Reads a result CSV and checks it: the header against the schema (missing or extra columns
+/// are named), every row's `schema` against this densebench's, every row's `key` against its own
+/// fields. A NaN in any gradient error makes the row's `grad_ok` false. Errors name the file,
+/// the line and the column.
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     let mut rdr = csv::Reader::from_path(path)
         .with_context(|| format!("opening result CSV {}", path.display()))?;
     let headers: Vec<String> = rdr
         .headers()
+        .map_err(|e| csv_error(path, &[], &e))
         .with_context(|| format!("reading the header of {}", path.display()))?
         .iter()
         .map(str::to_string)
@@ -202,9 +282,37 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
         );
     }
     let mut rows = Vec::new();
-    for (i, rec) in rdr.deserialize::<Row>().enumerate() {
-        // Line i + 2: the header is line 1.
-        let row = rec.with_context(|| format!("{}: line {}", path.display(), i + 2))?;
+    let mut record = csv::StringRecord::new();
+    loop {
+        match rdr.read_record(&mut record) {
+            Ok(false) => break,
+            Ok(true) => {}
+            Err(e) => return Err(csv_error(path, &headers, &e)),
+        }
+        let line = record.position().map_or(0, |p| p.line());
+        let mut row: Row = record
+            .deserialize(Some(&csv::StringRecord::from(headers.clone())))
+            .map_err(|e| csv_error(path, &headers, &e))?;
+        if row.schema != SCHEMA_VERSION {
+            bail!(
+                "{} line {line}, column `schema`: {} is not a schema this densebench reads \
+                 (it reads schema {SCHEMA_VERSION})",
+                path.display(),
+                row.schema
+            );
+        }
+        let own = key_of_fields(&row);
+        if row.key != own {
+            bail!(
+                "{} line {line}, column `key`: `{}` disagrees with the row's own fields, which \
+                 give `{own}` (an edited or mixed-up row?)",
+                path.display(),
+                row.key
+            );
+        }
+        if row.has_non_finite_error() {
+            row.grad_ok = Some(false);
+        }
         rows.push(row);
     }
     Ok(rows)

@@ -1,33 +1,238 @@
-//! The results store: the one place result CSVs are opened, resumed and appended to. A sweep
-//! appends each row as one flushed, synced write, so a kill leaves whole rows.
+//! The results store: every file densebench writes goes through here, so that an interrupted,
+//! concurrent or mistyped run can never destroy or falsify results.
+//!
+//! - **One writer per file.** A writer holds an exclusive advisory lock on `.NAME.lock` beside
+//!   the output for as long as it writes; a second writer fails at once, naming the pid that
+//!   holds it ([`WriterLock`]).
+//! - **Sweeps append whole rows.** [`Output`] checks an existing file's header before it resumes
+//!   or appends (a file that is not a densebench result CSV of a known schema is refused and left
+//!   byte for byte unchanged), repairs a torn last row only (a complete row without its newline is
+//!   kept), and appends each row as one flushed, synced write; a failed append is cut back, so a
+//!   full disk leaves whole rows.
+//! - **Everything else is replaced atomically** ([`write_atomic`]): written to a temporary file
+//!   in the same folder, synced, renamed over the old one, the folder synced. A failure (a full
+//!   disk: ENOSPC, EFBIG) leaves the previous file intact and says so in one line.
+//! - **An output is never one of the command's inputs** ([`refuse_input_as_output`]), through
+//!   any path or link.
 
 use crate::results::row::{self, Row};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashSet;
-use std::fs::{File, OpenOptions};
-use std::io::Write;
+use std::fs::{File, OpenOptions, TryLockError};
+use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
-/// The result CSV being written: every row appended and flushed as one write.
-pub struct Output {
-    file: File,
-    path: PathBuf,
+/// How many bytes of a file's start are read to find its header line.
+const HEADER_PROBE_BYTES: u64 = 64 * 1024;
+
+/// How often acquiring a lock is retried when its file was replaced under us (a writer that
+/// finished removed it between our open and our lock).
+const LOCK_ATTEMPTS: usize = 8;
+
+/// `path` with its file name replaced by `.NAME` + `suffix` (hidden, in the same folder, so a
+/// rename stays on one filesystem).
+fn sibling(path: &Path, suffix: &str) -> Result<PathBuf> {
+    let name = path
+        .file_name()
+        .with_context(|| format!("output {} has no file name", path.display()))?;
+    Ok(path.with_file_name(format!(".{}{suffix}", name.to_string_lossy())))
 }
 
-/// Cuts a torn last line (a row cut short by a kill) off a result file; returns whether it did.
-fn repair_torn_line(path: &Path) -> Result<bool> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
-    if bytes.is_empty() || bytes.ends_with(b"\n") {
-        return Ok(false);
+/// A write failure in words: a full disk (or a file-size limit) says so plainly, with the
+/// promise the store keeps about the previous file.
+fn io_failure(e: std::io::Error, what: &str, path: &Path, kept: &str) -> anyhow::Error {
+    match e.raw_os_error() {
+        Some(libc::ENOSPC) | Some(libc::EDQUOT) => anyhow!(
+            "{what} {}: no space left on the device; {kept}",
+            path.display()
+        ),
+        Some(libc::EFBIG) => anyhow!(
+            "{what} {}: file too large (a file-size limit was reached); {kept}",
+            path.display()
+        ),
+        _ => anyhow!("{what} {}: {e}; {kept}", path.display()),
     }
-    let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .with_context(|| format!("opening {} to repair it", path.display()))?;
-    f.set_len(keep as u64)
-        .with_context(|| format!("truncating the torn last line of {}", path.display()))?;
-    Ok(true)
+}
+
+/// Exclusive right to write one output file, held until dropped.
+pub struct WriterLock {
+    path: PathBuf,
+    file: File,
+}
+
+impl WriterLock {
+    /// Takes the lock of `output` or fails at once, naming the process that holds it.
+    pub fn acquire(output: &Path) -> Result<WriterLock> {
+        let path = sibling(output, ".lock")?;
+        for _ in 0..LOCK_ATTEMPTS {
+            let mut file = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(false)
+                .open(&path)
+                .with_context(|| format!("creating the lock file {}", path.display()))?;
+            match file.try_lock() {
+                Ok(()) => {}
+                Err(TryLockError::WouldBlock) => {
+                    let mut holder = String::new();
+                    let _ = file.read_to_string(&mut holder);
+                    let holder = holder.trim();
+                    bail!(
+                        "{} is being written by densebench {} (lock {}): wait for it to finish \
+                         or stop it; two writers would interleave rows",
+                        output.display(),
+                        if holder.is_empty() {
+                            "(pid unknown)".to_string()
+                        } else {
+                            format!("pid {holder}")
+                        },
+                        path.display()
+                    );
+                }
+                Err(TryLockError::Error(e)) => {
+                    return Err(e).with_context(|| format!("locking {}", path.display()))
+                }
+            }
+            // The holder before us removes the file while it still holds the lock; if that
+            // happened between our open and our lock, we locked a file nobody else will see.
+            let ours = file.metadata().map(|m| (m.dev(), m.ino()));
+            let now = std::fs::metadata(&path).map(|m| (m.dev(), m.ino()));
+            match (ours, now) {
+                (Ok(a), Ok(b)) if a == b => {}
+                _ => continue,
+            }
+            file.set_len(0)
+                .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
+                .and_then(|()| file.flush())
+                .with_context(|| format!("writing the lock file {}", path.display()))?;
+            return Ok(WriterLock { path, file });
+        }
+        bail!(
+            "could not lock {}: its lock file {} kept changing (another writer starting and \
+             stopping?)",
+            output.display(),
+            path.display()
+        )
+    }
+}
+
+impl Drop for WriterLock {
+    fn drop(&mut self) {
+        // Removed while still locked (see `acquire`); the lock goes with the descriptor.
+        let _ = std::fs::remove_file(&self.path);
+        let _ = self.file.unlock();
+    }
+}
+
+/// Creates the folder of `path` if it has one and it is missing.
+fn create_parent(path: &Path) -> Result<()> {
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent)
+            .with_context(|| format!("creating the output folder {}", parent.display()))?;
+    }
+    Ok(())
+}
+
+/// Syncs a folder so a rename in it survives a crash (best effort: not every filesystem lets a
+/// folder be opened for it).
+fn sync_dir(path: &Path) {
+    let dir = match path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        Some(d) => d.to_path_buf(),
+        None => PathBuf::from("."),
+    };
+    if let Ok(d) = File::open(dir) {
+        let _ = d.sync_all();
+    }
+}
+
+/// Replaces `path` atomically with what `write` puts into the temporary file it is given (a
+/// hidden sibling of `path` with the same extension, so libraries that pick a format by
+/// extension still do). Holds `path`'s writer lock meanwhile. On any failure the temporary file
+/// is removed and the previous `path` is left as it was.
+pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+    if path.is_dir() {
+        bail!("output {} is a folder, not a file", path.display());
+    }
+    create_parent(path)?;
+    let _lock = WriterLock::acquire(path)?;
+    let ext = path
+        .extension()
+        .map(|e| format!(".{}", e.to_string_lossy()))
+        .unwrap_or_default();
+    let tmp = sibling(path, &format!(".tmp{}{ext}", std::process::id()))?;
+    let kept = format!("the previous {} is unchanged", path.display());
+    let result = write(&tmp)
+        .and_then(|()| {
+            File::open(&tmp)
+                .and_then(|f| f.sync_all())
+                .map_err(|e| io_failure(e, "syncing", &tmp, &kept))
+        })
+        .and_then(|()| {
+            std::fs::rename(&tmp, path).map_err(|e| io_failure(e, "replacing", path, &kept))
+        });
+    if let Err(e) = result {
+        let _ = std::fs::remove_file(&tmp);
+        // A write error deep in a library (csv, plotters) still names the device's complaint;
+        // add the promise the store keeps.
+        let text = format!("{e:#}");
+        if text.contains(&kept) {
+            return Err(e);
+        }
+        return Err(e.context(format!("writing {} failed; {kept}", path.display())));
+    }
+    sync_dir(path);
+    Ok(())
+}
+
+/// [`write_atomic`] of a byte buffer, with a full disk reported as such.
+pub fn write_bytes_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    write_atomic(path, |tmp| {
+        let kept = format!("the previous {} is unchanged", path.display());
+        File::create(tmp)
+            .and_then(|mut f| f.write_all(bytes).and_then(|()| f.flush()))
+            .map_err(|e| io_failure(e, "writing", path, &kept))
+    })
+}
+
+/// Identity of an existing file (device and inode), or of the file a not-yet-existing path
+/// would create (its folder's identity and its name).
+fn identity(p: &Path) -> Option<(u64, u64, Option<std::ffi::OsString>)> {
+    if let Ok(m) = std::fs::metadata(p) {
+        return Some((m.dev(), m.ino(), None));
+    }
+    let parent = p.parent().filter(|d| !d.as_os_str().is_empty());
+    let dir = std::fs::metadata(parent.unwrap_or(Path::new("."))).ok()?;
+    Some((
+        dir.dev(),
+        dir.ino(),
+        p.file_name().map(|n| n.to_os_string()),
+    ))
+}
+
+/// Refuses an output that is one of the command's inputs (the same file through any path, hard
+/// or symbolic link): writing it would destroy the input before, or while, it is read.
+pub fn refuse_input_as_output(output: &Path, flag: &str, inputs: &[&Path]) -> Result<()> {
+    let out = identity(output);
+    for input in inputs {
+        if out.is_some() && identity(input) == out {
+            bail!(
+                "{flag} {} is the input {}: refusing to overwrite an input; write to another file",
+                output.display(),
+                input.display()
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Whether two paths name the same existing file (through any path or link).
+pub fn same_file(a: &Path, b: &Path) -> bool {
+    match (std::fs::metadata(a), std::fs::metadata(b)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// One row as a CSV line (no header), exactly as `bench-all` appends it.
@@ -40,40 +245,172 @@ pub fn csv_line(row: &Row) -> Result<Vec<u8>> {
         .map_err(|e| anyhow!("serialising a row: {e}"))
 }
 
+/// The header line of the current schema, with its newline.
+pub fn header_line() -> Result<Vec<u8>> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(Row::columns())
+        .context("writing the header")?;
+    w.into_inner()
+        .map_err(|e| anyhow!("writing the header: {e}"))
+}
+
+/// The whole file of `rows`: header and one line per row.
+pub fn csv_bytes(rows: &[Row]) -> Result<Vec<u8>> {
+    let mut bytes = header_line()?;
+    for r in rows {
+        bytes.extend(csv_line(r)?);
+    }
+    Ok(bytes)
+}
+
+/// Writes `rows` as a result CSV to `path`, atomically ([`write_atomic`]).
+pub fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
+    let bytes = csv_bytes(rows)?;
+    write_bytes_atomic(path, &bytes)
+}
+
+/// Refuses, without changing a byte, a file whose first line is not the header of the result
+/// schema this densebench writes.
+fn check_header(path: &Path, file: &mut File) -> Result<()> {
+    let mut start = Vec::new();
+    file.seek(SeekFrom::Start(0))
+        .and_then(|_| file.take(HEADER_PROBE_BYTES).read_to_end(&mut start))
+        .with_context(|| format!("reading the header of {}", path.display()))?;
+    let first = start.split(|&b| b == b'\n').next().unwrap_or_default();
+    let expected = header_line()?;
+    let expected = expected.strip_suffix(b"\n").unwrap_or(&expected);
+    if first == expected {
+        return Ok(());
+    }
+    let shown = String::from_utf8_lossy(&first[..first.len().min(80)]).into_owned();
+    let got: Vec<String> = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(first)
+        .records()
+        .next()
+        .and_then(|r| r.ok())
+        .map(|r| r.iter().map(str::to_string).collect())
+        .unwrap_or_default();
+    let want = Row::columns();
+    let missing: Vec<&str> = want
+        .iter()
+        .filter(|c| !got.contains(c))
+        .map(String::as_str)
+        .collect();
+    let extra: Vec<&str> = got
+        .iter()
+        .filter(|c| !want.contains(c))
+        .map(String::as_str)
+        .collect();
+    let columns = if missing.is_empty() && extra.is_empty() {
+        "the same columns in another order".to_string()
+    } else {
+        format!(
+            "missing columns [{}], extra columns [{}]",
+            missing.join(", "),
+            extra.join(", ")
+        )
+    };
+    bail!(
+        "{} is not a densebench schema-{} result CSV (its first line is `{shown}`{}: {columns}): \
+         refusing to resume or append to it; the file was not changed",
+        path.display(),
+        row::SCHEMA_VERSION,
+        if first.len() > 80 { "…" } else { "" }
+    )
+}
+
+/// What to do with the last line of a file that does not end in a newline: a complete row is
+/// kept (its newline is added), anything else is a row torn by a kill and is cut off.
+fn repair_last_line(path: &Path, file: &mut File, note: &dyn Fn(&str)) -> Result<()> {
+    let len = file
+        .metadata()
+        .with_context(|| format!("reading {}", path.display()))?
+        .len();
+    if len == 0 {
+        return Ok(());
+    }
+    let mut last = [0u8; 1];
+    file.seek(SeekFrom::Start(len - 1))
+        .and_then(|_| file.read_exact(&mut last))
+        .with_context(|| format!("reading {}", path.display()))?;
+    if last[0] == b'\n' {
+        return Ok(());
+    }
+    let mut bytes = Vec::new();
+    file.seek(SeekFrom::Start(0))
+        .and_then(|_| file.read_to_end(&mut bytes))
+        .with_context(|| format!("reading {}", path.display()))?;
+    let start = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let tail = &bytes[start..];
+    let mut probe = header_line()?;
+    probe.extend_from_slice(tail);
+    probe.push(b'\n');
+    let complete = csv::Reader::from_reader(probe.as_slice())
+        .deserialize::<Row>()
+        .next()
+        .is_some_and(|r| r.is_ok());
+    let kept = format!("{} is unchanged", path.display());
+    if complete {
+        file.seek(SeekFrom::End(0))
+            .and_then(|_| file.write_all(b"\n"))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_failure(e, "completing the last row of", path, &kept))?;
+        note(&format!(
+            "{}: its last row had no newline; kept it and added one",
+            path.display()
+        ));
+    } else {
+        file.set_len(start as u64)
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_failure(e, "cutting the torn last line of", path, &kept))?;
+        note(&format!(
+            "{}: cut off a torn last line (a row interrupted by a kill)",
+            path.display()
+        ));
+    }
+    Ok(())
+}
+
+/// The result CSV a sweep writes: locked for this process, every row appended as one write.
+pub struct Output {
+    file: File,
+    path: PathBuf,
+    _lock: WriterLock,
+}
+
 impl Output {
     /// Opens `path` for a sweep. Returns the output and the keys it already holds (with
-    /// `resume`). Errs, before any work, when the file exists without `resume`/`force`, is not
-    /// a result CSV, or cannot be written.
+    /// `resume`). Errs, before any work and without changing the file, when another process is
+    /// writing it, when it exists without `resume`/`force`, when it is not a result CSV of this
+    /// schema, or cannot be written.
     pub fn open(
         path: &Path,
         resume: bool,
         force: bool,
-        progress: &dyn Fn(&str),
+        note: &dyn Fn(&str),
     ) -> Result<(Output, HashSet<String>)> {
-        let existing = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
         if path.is_dir() {
-            bail!("output {} is a directory, not a CSV file", path.display());
+            bail!("output {} is a folder, not a CSV file", path.display());
         }
-        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            std::fs::create_dir_all(parent).with_context(|| {
-                format!("cannot create the output directory {}", parent.display())
-            })?;
-        }
+        create_parent(path)?;
+        let lock = WriterLock::acquire(path)?;
+        let existing = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
         let mut done = HashSet::new();
         let file = if existing && resume {
-            if repair_torn_line(path)? {
-                progress(&format!(
-                    "{}: cut off a torn last line (a row interrupted by a kill)",
-                    path.display()
-                ));
-            }
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .with_context(|| format!("cannot open the output file {}", path.display()))?;
+            check_header(path, &mut f)?;
+            repair_last_line(path, &mut f, note)?;
             for r in row::read_rows(path)? {
                 done.insert(r.key);
             }
-            OpenOptions::new()
-                .append(true)
-                .open(path)
-                .with_context(|| format!("cannot append to the output file {}", path.display()))?
+            f.seek(SeekFrom::End(0))
+                .with_context(|| format!("cannot append to {}", path.display()))?;
+            f
         } else {
             if existing && !force {
                 bail!(
@@ -82,79 +419,130 @@ impl Output {
                     path.display()
                 );
             }
-            let mut f = File::create(path)
-                .with_context(|| format!("cannot write the output file {}", path.display()))?;
-            let mut w = csv::Writer::from_writer(Vec::new());
-            w.write_record(Row::columns())
-                .context("writing the header")?;
-            let header = w
-                .into_inner()
-                .map_err(|e| anyhow!("writing the header: {e}"))?;
-            f.write_all(&header)
-                .and_then(|()| f.flush())
-                .with_context(|| format!("writing the header of {}", path.display()))?;
+            // A new file (or `--force`): the header replaces whatever was there atomically, so
+            // a failure leaves the old file, and the lock is already ours.
+            let header = header_line()?;
+            let tmp = sibling(path, &format!(".tmp{}", std::process::id()))?;
+            let kept = format!("{} is unchanged", path.display());
+            let made = File::create(&tmp)
+                .and_then(|mut f| f.write_all(&header).and_then(|()| f.sync_all()))
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .map_err(|e| io_failure(e, "writing the header of", path, &kept));
+            if let Err(e) = made {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+            sync_dir(path);
+            let mut f = OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(path)
+                .with_context(|| format!("cannot open the output file {}", path.display()))?;
+            f.seek(SeekFrom::End(0))
+                .with_context(|| format!("cannot append to {}", path.display()))?;
             f
         };
         Ok((
             Output {
                 file,
                 path: path.to_path_buf(),
+                _lock: lock,
             },
             done,
         ))
     }
 
-    /// Appends one row as a single write, flushed and synced: a kill leaves whole rows.
+    /// Appends one row as a single write, flushed and synced: a kill leaves whole rows, and a
+    /// write that fails (a full disk) is cut back so the file still ends with a whole row.
     pub fn append(&mut self, row: &Row) -> Result<()> {
         let line = csv_line(row)?;
-        self.file
+        let before = self
+            .file
+            .seek(SeekFrom::End(0))
+            .with_context(|| format!("appending a row to {}", self.path.display()))?;
+        let written = self
+            .file
             .write_all(&line)
             .and_then(|()| self.file.flush())
-            .and_then(|()| self.file.sync_data())
-            .with_context(|| format!("appending a row to {}", self.path.display()))
+            .and_then(|()| self.file.sync_data());
+        if let Err(e) = written {
+            let _ = self.file.set_len(before);
+            let _ = self.file.seek(SeekFrom::Start(before));
+            return Err(io_failure(
+                e,
+                "appending a row to",
+                &self.path,
+                "the rows before it are intact; free space and continue with --resume",
+            ));
+        }
+        Ok(())
     }
 }
 
-/// Writes `rows` as a result CSV to `path`, under a temporary name renamed into place.
-pub fn write_rows(path: &Path, rows: &[Row]) -> Result<()> {
-    let mut w = csv::Writer::from_writer(Vec::new());
-    w.write_record(Row::columns())
-        .context("writing the header")?;
-    let mut bytes = w
-        .into_inner()
-        .map_err(|e| anyhow!("writing the header: {e}"))?;
-    for r in rows {
-        bytes.extend(csv_line(r)?);
-    }
-    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating the output directory {}", parent.display()))?;
-    }
-    let name = path
-        .file_name()
-        .with_context(|| format!("output {} has no file name", path.display()))?;
-    let tmp = path.with_file_name(format!(
-        ".{}.tmp{}",
-        name.to_string_lossy(),
-        std::process::id()
-    ));
-    let written = std::fs::File::create(&tmp)
-        .and_then(|mut f| f.write_all(&bytes).and_then(|()| f.sync_all()))
-        .with_context(|| format!("writing {}", tmp.display()));
-    if let Err(e) = written.and_then(|()| {
-        std::fs::rename(&tmp, path)
-            .with_context(|| format!("renaming {} to {}", tmp.display(), path.display()))
-    }) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    Ok(())
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-/// Whether two paths name the same file (both must exist to compare canonical paths).
-pub fn same_file(a: &Path, b: &Path) -> bool {
-    match (a.canonicalize(), b.canonicalize()) {
-        (Ok(a), Ok(b)) => a == b,
-        _ => a == b,
+    #[test]
+    fn a_second_writer_is_refused_with_the_holders_pid() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("r.csv");
+        let held = WriterLock::acquire(&out).expect("first lock");
+        // A second descriptor in the same process conflicts like another process would.
+        let e = WriterLock::acquire(&out).err().map(|e| e.to_string());
+        let pid = std::process::id().to_string();
+        assert!(
+            e.as_deref()
+                .is_some_and(|e| e.contains("being written by densebench") && e.contains(&pid)),
+            "{e:?}"
+        );
+        drop(held);
+        assert!(WriterLock::acquire(&out).is_ok(), "released on drop");
+        assert!(
+            !dir.path().join(".r.csv.lock").exists(),
+            "lock file removed"
+        );
+    }
+
+    #[test]
+    fn an_output_that_is_an_input_is_refused_through_any_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let input = dir.path().join("in.csv");
+        std::fs::write(&input, "x").expect("write");
+        let link = dir.path().join("link.csv");
+        std::os::unix::fs::symlink(&input, &link).expect("symlink");
+        let dotted = dir.path().join(".").join("in.csv");
+        for out in [&input, &link, &dotted] {
+            assert!(
+                refuse_input_as_output(out, "--out", &[&input]).is_err(),
+                "{out:?}"
+            );
+        }
+        let other = dir.path().join("other.csv");
+        assert!(refuse_input_as_output(&other, "--out", &[&input]).is_ok());
+    }
+
+    #[test]
+    fn atomic_writes_leave_the_old_file_when_the_writer_fails() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("report.md");
+        std::fs::write(&out, "old").expect("write");
+        let e = write_atomic(&out, |tmp| {
+            std::fs::write(tmp, "half").expect("write tmp");
+            bail!("the renderer failed")
+        });
+        assert!(e.is_err());
+        assert_eq!(std::fs::read_to_string(&out).ok().as_deref(), Some("old"));
+        let left: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("read dir")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
+        assert_eq!(
+            left,
+            vec![std::ffi::OsString::from("report.md")],
+            "no temporaries left"
+        );
+        write_bytes_atomic(&out, b"new").expect("replaced");
+        assert_eq!(std::fs::read_to_string(&out).ok().as_deref(), Some("new"));
     }
 }

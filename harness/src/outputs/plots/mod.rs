@@ -24,6 +24,7 @@ mod time_vs_depth;
 mod timeline;
 
 use crate::results::row::Row;
+use crate::results::store::write_atomic;
 use anyhow::{bail, Context, Result};
 use data::Group;
 use plotters::coord::Shift;
@@ -208,19 +209,19 @@ where
 /// Writes one figure as SVG and PNG; returns both paths.
 fn render(fig: &Figure, groups: &[Group], out: &Path) -> Result<Vec<PathBuf>> {
     let svg = out.join(format!("{}.svg", fig.stem));
-    {
-        let root = SVGBackend::new(&svg, style::SIZE).into_drawing_area();
+    write_atomic(&svg, |tmp| {
+        let root = SVGBackend::new(tmp, style::SIZE).into_drawing_area();
         draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", svg.display()))?;
         root.present()
-            .with_context(|| format!("writing {}", svg.display()))?;
-    }
+            .with_context(|| format!("writing {}", svg.display()))
+    })?;
     let png = out.join(format!("{}.png", fig.stem));
-    {
-        let root = BitMapBackend::new(&png, style::SIZE).into_drawing_area();
+    write_atomic(&png, |tmp| {
+        let root = BitMapBackend::new(tmp, style::SIZE).into_drawing_area();
         draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", png.display()))?;
         root.present()
-            .with_context(|| format!("writing {}", png.display()))?;
-    }
+            .with_context(|| format!("writing {}", png.display()))
+    })?;
     Ok(vec![svg, png])
 }
 
