@@ -174,9 +174,20 @@ pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Res
         });
     if let Err(e) = result {
         let _ = std::fs::remove_file(&tmp);
-        // A write error deep in a library (csv, plotters) still names the device's complaint;
-        // add the promise the store keeps.
+        // A write error deep in a library (plotters, safetensors) keeps only the OS's words:
+        // recognise a full disk there too, and add the promise the store keeps.
         let text = format!("{e:#}");
+        if let Some(errno) = [libc::ENOSPC, libc::EDQUOT, libc::EFBIG]
+            .into_iter()
+            .find(|n| text.contains(&format!("(os error {n})")))
+        {
+            return Err(io_failure(
+                std::io::Error::from_raw_os_error(errno),
+                "writing",
+                path,
+                &kept,
+            ));
+        }
         if text.contains(&kept) {
             return Err(e);
         }

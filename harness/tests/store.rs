@@ -1,0 +1,400 @@
+//! The results store under hostile conditions, through the real binary: files that are not
+//! result CSVs, rows torn or merely missing their newline, two writers at once, outputs that are
+//! inputs, a full disk (a file-size limit), rows that lie about their schema or key, NaN errors,
+//! and a bounded fuzz of the CSV reader. Each case asserts the exact outcome: a clear error with
+//! every input byte for byte unchanged, or the correct result.
+
+mod common;
+
+use common::{densebench, path_str, stderr};
+use densebench::results::row::{key_of_fields, read_rows, Row, SCHEMA_VERSION};
+use densebench::results::store::{csv_bytes, write_rows};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A complete, valid row (a small mlp config) with a measured time and checked gradients.
+fn good_row(variant: &str, depth: usize) -> Row {
+    let mut r = Row {
+        schema: SCHEMA_VERSION,
+        variant: variant.to_string(),
+        family: "mlp".to_string(),
+        batch: 4,
+        channels: 3,
+        growth: 2,
+        depth,
+        bn_size: 1,
+        size: 1,
+        activation: true,
+        dtype: "f32".to_string(),
+        device: "cpu".to_string(),
+        device_desc: "test CPU".to_string(),
+        threads: 1,
+        timestamp: "2026-01-01T00:00:00Z".to_string(),
+        status: "ok".to_string(),
+        steps: 1,
+        warmup: 1,
+        peak_bytes: Some(1000 * depth as u64),
+        median_ns: Some(1_000_000),
+        reference: "autograd (f64)".to_string(),
+        max_abs_err: Some(1e-7),
+        max_rel_err: Some(1e-7),
+        grad_ok: Some(true),
+        ..Row::default()
+    };
+    r.key = key_of_fields(&r);
+    r
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).expect("writing a test file");
+    p
+}
+
+/// `bench-all --quick` into `out` with a private reference cache.
+fn quick(dir: &Path, out: &Path, extra: &[&str]) -> std::process::Output {
+    let cache = dir.join("cache");
+    let mut args = vec![
+        "bench-all",
+        "--quick",
+        "--out",
+        path_str(out),
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    args.extend_from_slice(extra);
+    densebench(&args)
+}
+
+#[test]
+fn resume_refuses_a_file_that_is_not_a_result_csv_and_leaves_it_unchanged() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (name, bytes) in [
+        // A one-line note without a final newline: once cut as a "torn row", now untouched.
+        ("notes.txt", &b"remember to buy milk"[..]),
+        ("other.csv", &b"a,b,c\n1,2,3\n4,5"[..]),
+    ] {
+        let f = write(dir.path(), name, bytes);
+        let o = quick(dir.path(), &f, &["--resume"]);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "{name}: accepted");
+        assert!(
+            e.contains("not a densebench schema-") && e.contains("not changed"),
+            "{name}: {e}"
+        );
+        assert_eq!(
+            std::fs::read(&f).expect("still there"),
+            bytes,
+            "{name} changed"
+        );
+    }
+}
+
+#[test]
+fn resume_keeps_a_complete_last_row_without_newline_and_cuts_only_a_torn_one() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows = [good_row("cat-store-copy", 1), good_row("autograd", 1)];
+    let full = csv_bytes(&rows).expect("csv");
+    // The last row complete but without its newline: it must survive a resume.
+    let f = write(dir.path(), "no-newline.csv", &full[..full.len() - 1]);
+    let cache = dir.path().join("cache");
+    // A sweep of exactly these two keys: nothing is left to run, so the file is only repaired.
+    let sweep = write(
+        dir.path(),
+        "two.toml",
+        b"[[group]]\nfamily = 'mlp'\nbatch = 4\nchannels = 3\ngrowth = 2\ndepth = 1\n\
+          variants = ['cat-store-copy', 'autograd']\nsteps = 1\n",
+    );
+    let o = densebench(&[
+        "bench-all",
+        "--sweep",
+        path_str(&sweep),
+        "--out",
+        path_str(&f),
+        "--resume",
+        "--cache-dir",
+        path_str(&cache),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("kept it"), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&f).expect("file"),
+        full,
+        "the complete row was lost"
+    );
+    // A torn last row (cut mid-line) is removed, and the sweep measures it again.
+    let torn = write(dir.path(), "torn.csv", &full[..full.len() - 20]);
+    let o = densebench(&[
+        "bench-all",
+        "--sweep",
+        path_str(&sweep),
+        "--out",
+        path_str(&torn),
+        "--resume",
+        "--cache-dir",
+        path_str(&cache),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("torn last line"), "{}", stderr(&o));
+    let keys: Vec<String> = read_rows(&torn)
+        .expect("valid")
+        .into_iter()
+        .map(|r| r.key)
+        .collect();
+    assert_eq!(keys, [rows[0].key.clone(), rows[1].key.clone()]);
+}
+
+#[test]
+fn a_second_writer_of_the_same_output_fails_at_once_naming_the_first() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("results.csv");
+    let cache = dir.path().join("cache");
+    let mut first = Command::new(common::BIN)
+        .args([
+            "bench-all",
+            "--quick",
+            "--out",
+            path_str(&out),
+            "--cache-dir",
+            path_str(&cache),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("first writer starts");
+    let lock = dir.path().join(".results.csv.lock");
+    let start = Instant::now();
+    while !lock.exists() && start.elapsed() < Duration::from_secs(30) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(lock.exists(), "the first writer never took its lock");
+    let begun = Instant::now();
+    let o = quick(dir.path(), &out, &["--resume"]);
+    let e = stderr(&o);
+    let _ = first.kill();
+    let _ = first.wait();
+    assert!(!o.status.success(), "a second writer was let in");
+    assert!(
+        e.contains("being written by densebench pid") && e.contains(&first.id().to_string()),
+        "{e}"
+    );
+    assert!(begun.elapsed() < Duration::from_secs(10), "it waited");
+}
+
+#[test]
+fn outputs_that_are_inputs_are_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows = [good_row("cat-store-copy", 1)];
+    let csv = dir.path().join("x.csv");
+    write_rows(&csv, &rows).expect("csv");
+    let before = std::fs::read(&csv).expect("csv");
+    let link = dir.path().join("link.csv");
+    std::os::unix::fs::symlink(&csv, &link).expect("symlink");
+    for out in [&csv, &link] {
+        let o = densebench(&["report", path_str(&csv), "--out", path_str(out)]);
+        assert!(!o.status.success());
+        assert!(
+            stderr(&o).contains("refusing to overwrite an input"),
+            "{}",
+            stderr(&o)
+        );
+    }
+    let case = write(dir.path(), "case.safetensors", b"not really a case");
+    let o = densebench(&[
+        "step",
+        "--case",
+        path_str(&case),
+        "--variant",
+        "cat-store-copy",
+        "--out",
+        path_str(&case),
+    ]);
+    assert!(
+        stderr(&o).contains("refusing to overwrite an input"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&csv).expect("csv"), before);
+    assert_eq!(std::fs::read(&case).expect("case"), b"not really a case");
+}
+
+/// Runs `densebench ARGS` with a file-size limit of `kib` KiB (SIGXFSZ ignored, so a write past
+/// it fails with EFBIG as on a full disk).
+fn with_fsize_limit(kib: u64, args: &[&str]) -> std::process::Output {
+    let mut cmd = Command::new("bash");
+    cmd.arg("-c")
+        .arg(format!("trap '' XFSZ; ulimit -f {kib}; exec \"$0\" \"$@\""))
+        .arg(common::BIN)
+        .args(args);
+    cmd.output().expect("bash runs")
+}
+
+#[test]
+fn a_full_disk_leaves_the_previous_files_intact_with_one_clear_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows: Vec<Row> = (1..=4)
+        .flat_map(|d| {
+            [
+                good_row("cat-store-copy", d),
+                good_row("buffer-store-copy", d),
+            ]
+        })
+        .collect();
+    let csv = dir.path().join("x.csv");
+    write_rows(&csv, &rows).expect("csv");
+    // The report grows past 1 KiB: the write fails, the old report stays.
+    let report = write(dir.path(), "REPORT.md", b"the old report\n");
+    let o = with_fsize_limit(1, &["report", path_str(&csv), "--out", path_str(&report)]);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(
+        e.contains("file too large") && e.contains("unchanged"),
+        "{e}"
+    );
+    assert_eq!(e.lines().count(), 1, "one line: {e}");
+    assert_eq!(std::fs::read(&report).expect("report"), b"the old report\n");
+    // Merge: the merged file would exceed the limit.
+    let merged = write(dir.path(), "merged.csv", b"old merge");
+    let o = with_fsize_limit(1, &["merge", path_str(&merged), path_str(&csv), "--force"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("file too large"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&merged).expect("merged"), b"old merge");
+    // Plots: a figure cannot be written; an older figure of the same name survives.
+    let plots = dir.path().join("plots");
+    std::fs::create_dir_all(&plots).expect("plots dir");
+    let fig = write(&plots, "grad-error-mlp.svg", b"<svg>old</svg>");
+    let o = with_fsize_limit(1, &["plots", path_str(&csv), "--out", path_str(&plots)]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("file too large"), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&fig).expect("figure"), b"<svg>old</svg>");
+    let tmp: Vec<String> = std::fs::read_dir(dir.path())
+        .expect("dir")
+        .chain(std::fs::read_dir(&plots).expect("plots"))
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".tmp"))
+        .collect();
+    assert!(tmp.is_empty(), "temporary files left: {tmp:?}");
+    // A sweep whose rows no longer fit: it stops with the message, the file ends in whole rows.
+    let out = dir.path().join("sweep.csv");
+    let o = with_fsize_limit(
+        4,
+        &[
+            "bench-all",
+            "--quick",
+            "--out",
+            path_str(&out),
+            "--cache-dir",
+            path_str(&dir.path().join("cache")),
+        ],
+    );
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("file too large"), "{}", stderr(&o));
+    let bytes = std::fs::read(&out).expect("sweep csv");
+    assert!(bytes.ends_with(b"\n"), "a torn row was left");
+    assert!(
+        read_rows(&out).is_ok_and(|r| !r.is_empty()),
+        "rows before it lost"
+    );
+}
+
+#[test]
+fn rows_that_lie_about_schema_or_key_are_refused_and_nan_errors_are_never_ok() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good = dir.path().join("good.csv");
+    write_rows(&good, &[good_row("cat-store-copy", 1)]).expect("csv");
+    let mut future = good_row("cat-store-copy", 1);
+    future.schema = 99;
+    let mut mixed = good_row("cat-store-copy", 1);
+    mixed.depth = 7;
+    for (name, row, needle) in [
+        ("future.csv", future, "column `schema`: 99"),
+        ("mixed.csv", mixed, "column `key`"),
+    ] {
+        let p = dir.path().join(name);
+        std::fs::write(&p, csv_bytes(&[row]).expect("csv")).expect("write");
+        for args in [
+            vec!["compare", path_str(&good), path_str(&p)],
+            vec![
+                "report",
+                path_str(&p),
+                "--out",
+                path_str(&dir.path().join("r.md")),
+            ],
+            vec!["merge", path_str(&dir.path().join("m.csv")), path_str(&p)],
+        ] {
+            let o = densebench(&args);
+            assert!(!o.status.success(), "{name} accepted by {args:?}");
+            assert!(
+                stderr(&o).contains(needle),
+                "{name} {args:?}: {}",
+                stderr(&o)
+            );
+        }
+    }
+    // A cell of the wrong type names its column, not a field number.
+    let bad = write(
+        dir.path(),
+        "typed.csv",
+        &csv_bytes(&[good_row("cat-store-copy", 1)])
+            .map(|b| {
+                String::from_utf8(b)
+                    .expect("utf8")
+                    .replace(",1000,", ",lots,")
+            })
+            .expect("csv")
+            .into_bytes(),
+    );
+    let e = read_rows(&bad).err().map(|e| format!("{e:#}"));
+    assert!(
+        e.as_deref()
+            .is_some_and(|e| e.contains("column `peak_bytes`") && !e.contains("field")),
+        "{e:?}"
+    );
+    // NaN in an error column: grad_ok is false wherever it is read.
+    let mut nan = good_row("cat-store-copy", 1);
+    nan.max_rel_err = Some(f64::NAN);
+    let p = dir.path().join("nan.csv");
+    std::fs::write(&p, csv_bytes(&[nan]).expect("csv")).expect("write");
+    let rows = read_rows(&p).expect("readable");
+    assert_eq!(rows[0].grad_ok, Some(false));
+}
+
+#[test]
+fn the_csv_reader_never_panics_on_random_or_mutated_input() {
+    use proptest::prelude::*;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let valid = csv_bytes(&[good_row("cat-store-copy", 1), good_row("autograd", 2)]).expect("csv");
+    let p = dir.path().join("fuzz.csv");
+    let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
+        cases: 200,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    });
+    let strategy = (
+        proptest::collection::vec(any::<u8>(), 0..400),
+        proptest::collection::vec((0usize..4096, any::<u8>()), 0..8),
+        any::<bool>(),
+    );
+    runner
+        .run(&strategy, |(random, edits, mutate)| {
+            let bytes = if mutate {
+                let mut b = valid.clone();
+                for (at, v) in edits {
+                    let i = at % b.len();
+                    b[i] = v;
+                }
+                b
+            } else {
+                random
+            };
+            std::fs::write(&p, &bytes).expect("write");
+            // Any outcome is fine but a panic: Ok rows or an error naming the file.
+            if let Err(e) = read_rows(&p) {
+                let text = format!("{e:#}");
+                prop_assert!(text.contains("fuzz.csv"), "{}", text);
+            }
+            Ok(())
+        })
+        .expect("read_rows never panics and every error names the file");
+}
