@@ -160,8 +160,8 @@ fn loader_never_panics_nor_allocates_beyond_its_limit() {
     }
 
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
-        // ~2 ms each (a file written and loaded): a couple of seconds in all.
-        cases: 1000,
+        // ~5 ms each (a file written and loaded): about 3 s in all.
+        cases: 600,
         failure_persistence: None,
         ..ProptestConfig::default()
     });
