@@ -218,6 +218,50 @@ fn ignored_extra(cfg: &Config, name: &str) -> bool {
         )
 }
 
+/// The error for an expected tensor the header does not declare.
+fn missing(name: &str, shape: &[usize], cfg: &Config) -> Error {
+    Error::MissingTensor {
+        name: name.to_string(),
+        context: format!(
+            " (expected shape {shape:?}, dtype {} for {})",
+            cfg.dtype.as_str(),
+            cfg.describe()
+        ),
+    }
+}
+
+/// Errs with the first tensor of `fixed`, then of the layers (as `rename` names a parameter),
+/// that the header does not declare. Runs layer by layer before the full list of expected
+/// tensors is built, so a header naming few tensors of a deep block cannot make the loader
+/// allocate far more than the header itself (the list is built only once the header is known
+/// to hold at least as many entries).
+fn check_declared(
+    h: &Header,
+    cfg: &Config,
+    fixed: &[(String, Vec<usize>)],
+    rename: impl Fn(&params::Spec) -> String,
+) -> Result<()> {
+    let per_layer = params::layer_specs(cfg, 0).len() as u128;
+    let total = cfg.depth as u128 * per_layer + fixed.len() as u128;
+    if h.entries.len() as u128 >= total {
+        return Ok(());
+    }
+    for (name, shape) in fixed {
+        if !h.entries.contains_key(name) {
+            return Err(missing(name, shape, cfg));
+        }
+    }
+    for i in 0..cfg.depth {
+        for spec in params::layer_specs(cfg, i) {
+            let name = rename(&spec);
+            if !h.entries.contains_key(&name) {
+                return Err(missing(&name, &spec.shape, cfg));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// Checks that the header declares exactly `expected` (name, shape) in `dtype`, besides
 /// PyTorch's ignored extras; then that the load fits `max_bytes`; then reads the tensors.
 fn read_expected(
@@ -230,15 +274,10 @@ fn read_expected(
     let want = st_name(cfg.dtype);
     let mut data_bytes = 0u128;
     for (name, shape) in expected {
-        let e = entry(
-            h,
-            name,
-            &format!(
-                " (expected shape {shape:?}, dtype {} for {})",
-                cfg.dtype.as_str(),
-                cfg.describe()
-            ),
-        )?;
+        let e = h
+            .entries
+            .get(name)
+            .ok_or_else(|| missing(name, shape, cfg))?;
         if e.shape != *shape {
             return Err(Error::ShapeMismatch {
                 name: name.clone(),
@@ -423,11 +462,13 @@ impl Case {
                 ("input".to_string(), cfg.input_shape()),
                 ("grad_output".to_string(), cfg.output_shape()),
             ];
+            check_declared(&h, &cfg, &expected, |s| s.name.clone())?;
             expected.extend(params::specs(&cfg).into_iter().map(|s| (s.name, s.shape)));
-            let mut map = to_device(
-                read_expected(&mut file, &h, &cfg, &expected, max_bytes)?,
-                device,
-            )?;
+            let read = read_expected(&mut file, &h, &cfg, &expected, max_bytes)?;
+            // The header and the list are no longer needed: free them before the tensors are
+            // sorted into parameters.
+            drop((h, expected));
+            let mut map = to_device(read, device)?;
             let mut take = |name: &str| {
                 map.remove(name).ok_or_else(|| Error::MissingTensor {
                     name: name.to_string(),
@@ -461,6 +502,14 @@ pub fn save_result(result: &StepResult, path: &Path) -> Result<()> {
     save_map(&map, path)
 }
 
+/// The name of a parameter's entry in a result file: `grad.<param>`, or the running stat itself.
+fn result_name(spec: &params::Spec) -> String {
+    match spec.kind {
+        params::Kind::Param => format!("grad.{}", spec.name),
+        params::Kind::RunningStat => spec.name.clone(),
+    }
+}
+
 /// Reads a result file written by [`save_result`] for `cfg`, checking every tensor. No byte
 /// limit: see [`load_result_with_limit`].
 pub fn load_result(cfg: &Config, path: &Path, device: &Device) -> Result<StepResult> {
@@ -480,22 +529,16 @@ pub fn load_result_with_limit(
     let (mut file, len) = open(path)?;
     in_file(path, || {
         let h = header::read_header(&mut file, len, max_bytes)?;
-        let specs = params::specs(cfg);
         let mut expected: Vec<(String, Vec<usize>)> = vec![
             ("output".to_string(), cfg.output_shape()),
             ("grad.input".to_string(), cfg.input_shape()),
         ];
-        for spec in &specs {
-            let name = match spec.kind {
-                params::Kind::Param => format!("grad.{}", spec.name),
-                params::Kind::RunningStat => spec.name.clone(),
-            };
-            expected.push((name, spec.shape.clone()));
-        }
-        let mut map = to_device(
-            read_expected(&mut file, &h, cfg, &expected, max_bytes)?,
-            device,
-        )?;
+        check_declared(&h, cfg, &expected, result_name)?;
+        let specs = params::specs(cfg);
+        expected.extend(specs.iter().map(|s| (result_name(s), s.shape.clone())));
+        let read = read_expected(&mut file, &h, cfg, &expected, max_bytes)?;
+        drop((h, expected));
+        let mut map = to_device(read, device)?;
         let mut take = |name: &str| {
             map.remove(name).ok_or_else(|| Error::MissingTensor {
                 name: name.to_string(),

@@ -144,8 +144,23 @@ fn loader_never_panics_nor_allocates_beyond_its_limit() {
     })
     .collect();
     let path = dir.path().join("fuzz.safetensors");
-    // The unmutated files load, and within the limit the loader computes for them.
-    for b in &bases {
+    // The unmutated files load, and within the limit the loader computes for them; deep
+    // blocks too, whose headers (≈ 280 KB and 40 KB for 300 layers) outweigh their tensors.
+    let deep: Vec<Vec<u8>> = [Family::Bc, Family::Mlp]
+        .into_iter()
+        .map(|family| {
+            let cfg = Config {
+                depth: 300,
+                growth: 1,
+                size: 2,
+                ..Config::tiny(family)
+            };
+            let p = dir.path().join("deep.safetensors");
+            Case::random(&cfg, &Device::Cpu).unwrap().save(&p).unwrap();
+            std::fs::read(&p).unwrap()
+        })
+        .collect();
+    for b in bases.iter().chain(&deep) {
         std::fs::write(&path, b).unwrap();
         let (r, peak) = load(&path, None);
         let case = r.expect("a valid file loads");
@@ -157,7 +172,47 @@ fn loader_never_panics_nor_allocates_beyond_its_limit() {
             "{}: peak {peak} > charged {charged}",
             case.cfg.describe()
         );
+        eprintln!(
+            "{}: {data} bytes of data, {json} of header, peak {peak}: {:.1} bytes per header byte",
+            case.cfg.describe(),
+            (peak as f64 - data as f64) / json as f64
+        );
     }
+
+    // A deep bc block's header naming only the conv1 weights (20 000 layers, ≈ 1.5 MB of
+    // JSON): refused as missing its BatchNorm tensors, within the header's own charge — the
+    // list of 200 000 expected tensors (≈ 25 MB) is never built.
+    let depth = 20_000;
+    let mut header = String::from("{");
+    let mut pos = 0usize;
+    let mut entry = |name: &str, shape: &str, bytes: usize| {
+        header.push_str(&format!(
+            r#""{name}":{{"dtype":"F32","shape":{shape},"data_offsets":[{pos},{}]}},"#,
+            pos + bytes
+        ));
+        pos += bytes;
+    };
+    entry("input", "[2,3,3,3]", 4 * 54);
+    // C0 + L·k = 3 + 20 000·2 channels.
+    entry("grad_output", "[2,40003,3,3]", 4 * 2 * 40003 * 9);
+    entry("denselayer1.conv2.weight", "[2,4,3,3]", 4 * 72);
+    for i in 1..=depth {
+        entry(&format!("denselayer{i}.conv1.weight"), "[4,3,1,1]", 4 * 12);
+    }
+    header.pop();
+    header.push('}');
+    let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.resize(bytes.len() + pos, 0);
+    std::fs::write(&path, &bytes).unwrap();
+    let limit = header.len() as u64 * HEADER_MEMORY_FACTOR + LOAD_OVERHEAD_BYTES;
+    let (r, peak) = load(&path, Some(limit));
+    assert!(peak as u64 <= limit, "peak {peak} > limit {limit}");
+    let e = r.expect_err("norm1 tensors are missing").to_string();
+    assert!(
+        e.contains("tensor `denselayer1.norm1.weight` is missing"),
+        "{e}"
+    );
 
     let mut runner = proptest::test_runner::TestRunner::new(ProptestConfig {
         // ~5 ms each (a file written and loaded): about 3 s in all.

@@ -530,7 +530,8 @@ fn result_files_are_checked_from_their_header_too() {
     save_result(&result, &p).unwrap();
     let back = load_result(&cfg, &p, &Device::Cpu).unwrap();
     assert!(compare(&back, &result).unwrap().overall.bitwise);
-    // Read with the wrong config: the first tensor whose shape differs is named.
+    // Read with the wrong config: a deeper block lacks layer 4's tensors; a wider growth finds
+    // every name but the first tensor's shape differs (C0 + L·k = 3 + 3·3 = 12 channels).
     let deeper = Config {
         depth: 4,
         ..cfg.clone()
@@ -541,7 +542,19 @@ fn result_files_are_checked_from_their_header_too() {
     assert_names(
         &e,
         &p,
-        &["tensor `output` has shape [2, 9, 3, 3], expected [2, 11, 3, 3]"],
+        &["tensor `grad.denselayer4.norm1.weight` is missing"],
+    );
+    let wider = Config {
+        growth: 3,
+        ..cfg.clone()
+    };
+    let e = load_result(&wider, &p, &Device::Cpu)
+        .unwrap_err()
+        .to_string();
+    assert_names(
+        &e,
+        &p,
+        &["tensor `output` has shape [2, 9, 3, 3], expected [2, 12, 3, 3]"],
     );
     // In the wrong dtype.
     let f64 = Config {
