@@ -48,6 +48,26 @@ pub enum Error {
     /// An operation the chosen device cannot run (e.g. an in-place kernel without a CUDA port).
     #[error("unsupported on {device}: {what}")]
     Unsupported { device: String, what: String },
+    /// A case or result file whose bytes are not a well-formed safetensors file: `what` is the
+    /// part at fault (`header`, ``tensor `input` ``, `data`).
+    #[error("{what}: {reason}")]
+    BadFile { what: String, reason: String },
+    /// Something that would need more bytes than a named limit allows; refused before the
+    /// bytes are allocated or read.
+    #[error("{what} needs {needed} bytes, more than {limit_name} = {limit} bytes")]
+    OverLimit {
+        what: String,
+        needed: u128,
+        limit_name: String,
+        limit: u128,
+    },
+    /// Any error met while reading a file, with the file's path in front.
+    #[error("{path}: {source}")]
+    InFile {
+        path: String,
+        #[source]
+        source: Box<Error>,
+    },
     /// File I/O around case files.
     #[error("{path}: {source}")]
     Io {

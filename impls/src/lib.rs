@@ -6,9 +6,11 @@
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
 //!   [`autograd`]: the forum's code through candle's autograd.
-//! - [`step`]: the interface the harness drives, [`result`]: what a step returns; [`probe`]: layer-boundary hooks.
-//! - [`compare`]: gradient errors; [`case`]: safetensors case files; [`memory`]: what each
-//!   variant keeps for backward, predicted from the config.
+//! - [`step`]: the interface the harness drives, [`result`]: what a step returns; [`probe`]:
+//!   layer-boundary hooks.
+//! - [`compare`]: gradient errors; [`case`]: safetensors case files, each checked from its
+//!   header ([`header`]) before its data are read; [`memory`]: what each variant keeps for
+//!   backward, predicted from the config.
 
 pub mod autograd;
 pub mod block;
@@ -18,6 +20,7 @@ pub mod compare;
 pub mod config;
 pub mod error;
 pub mod fused;
+pub mod header;
 pub mod kernels;
 #[cfg(feature = "cuda")]
 mod kernels_cuda;
@@ -26,6 +29,7 @@ pub mod memory;
 pub mod params;
 pub mod probe;
 pub mod result;
+mod size;
 pub mod step;
 pub mod variant;
 

@@ -39,8 +39,13 @@ pub struct Spec {
     init: Init,
 }
 
-/// Every named tensor of a block, in a stable order.
+/// Every named tensor of a block, in a stable order: layer by layer ([`layer_specs`]).
 pub fn specs(cfg: &Config) -> Vec<Spec> {
+    (0..cfg.depth).flat_map(|i| layer_specs(cfg, i)).collect()
+}
+
+/// The named tensors of layer `i`, in a stable order.
+pub fn layer_specs(cfg: &Config, i: usize) -> Vec<Spec> {
     let mut out = Vec::new();
     let mut push = |name: String, shape: Vec<usize>, kind: Kind, init: Init| {
         out.push(Spec {
@@ -51,54 +56,52 @@ pub fn specs(cfg: &Config) -> Vec<Spec> {
         })
     };
     let k = cfg.growth;
-    for i in 0..cfg.depth {
-        let c = cfg.c_in(i);
-        match cfg.family {
-            Family::Mlp => {
-                push(mlp_weight(i), vec![k, c], Kind::Param, Init::FanIn(c));
-                push(mlp_bias(i), vec![k], Kind::Param, Init::FanIn(c));
-            }
-            Family::Bc => {
-                let b = cfg.bottleneck();
-                for (norm, ch) in [(1, c), (2, b)] {
-                    push(
-                        bn_name(i, norm, "weight"),
-                        vec![ch],
-                        Kind::Param,
-                        Init::Uniform(0.5, 1.5),
-                    );
-                    push(
-                        bn_name(i, norm, "bias"),
-                        vec![ch],
-                        Kind::Param,
-                        Init::Uniform(-0.5, 0.5),
-                    );
-                    push(
-                        bn_name(i, norm, "running_mean"),
-                        vec![ch],
-                        Kind::RunningStat,
-                        Init::Uniform(-0.1, 0.1),
-                    );
-                    push(
-                        bn_name(i, norm, "running_var"),
-                        vec![ch],
-                        Kind::RunningStat,
-                        Init::Uniform(0.5, 1.5),
-                    );
-                }
+    let c = cfg.c_in(i);
+    match cfg.family {
+        Family::Mlp => {
+            push(mlp_weight(i), vec![k, c], Kind::Param, Init::FanIn(c));
+            push(mlp_bias(i), vec![k], Kind::Param, Init::FanIn(c));
+        }
+        Family::Bc => {
+            let b = cfg.bottleneck();
+            for (norm, ch) in [(1, c), (2, b)] {
                 push(
-                    conv_name(i, 1),
-                    vec![b, c, 1, 1],
+                    bn_name(i, norm, "weight"),
+                    vec![ch],
                     Kind::Param,
-                    Init::FanIn(c),
+                    Init::Uniform(0.5, 1.5),
                 );
                 push(
-                    conv_name(i, 2),
-                    vec![k, b, 3, 3],
+                    bn_name(i, norm, "bias"),
+                    vec![ch],
                     Kind::Param,
-                    Init::FanIn(9 * b),
+                    Init::Uniform(-0.5, 0.5),
+                );
+                push(
+                    bn_name(i, norm, "running_mean"),
+                    vec![ch],
+                    Kind::RunningStat,
+                    Init::Uniform(-0.1, 0.1),
+                );
+                push(
+                    bn_name(i, norm, "running_var"),
+                    vec![ch],
+                    Kind::RunningStat,
+                    Init::Uniform(0.5, 1.5),
                 );
             }
+            push(
+                conv_name(i, 1),
+                vec![b, c, 1, 1],
+                Kind::Param,
+                Init::FanIn(c),
+            );
+            push(
+                conv_name(i, 2),
+                vec![k, b, 3, 3],
+                Kind::Param,
+                Init::FanIn(9 * b),
+            );
         }
     }
     out

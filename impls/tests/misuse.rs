@@ -174,7 +174,7 @@ fn invalid_configs_name_the_field() {
                 channels: usize::MAX,
                 ..base.clone()
             },
-            "depth",
+            "channels",
         ),
     ];
     for (cfg, field) in cases {

@@ -4,7 +4,7 @@
 //! a block saved from PyTorch can be run here and its gradients compared there.
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
-use crate::plan::job::OnOff;
+use crate::plan::job::{self, OnOff};
 use crate::results::store::{refuse_input_as_output, write_atomic};
 use anyhow::{anyhow, Context, Result};
 use impls::{Case, NoProbe, Variant};
@@ -30,6 +30,10 @@ pub struct Args {
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// Memory limit in bytes (suffixes K, M, G, KiB, MiB, GiB), as for `run`; default 75% of
+    /// RAM. The case file is checked from its header against it before its data are read.
+    #[arg(long, value_parser = job::parse_bytes)]
+    pub mem_limit: Option<u64>,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -37,8 +41,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
     let spec: DeviceSpec = a.device.parse().context("--device")?;
     let device = spec.open()?;
-    let case = Case::load(&a.case, a.activation.is_on(), &device)
-        .map_err(|e| anyhow!("loading case {}: {e}", a.case.display()))?;
+    let limit = a.mem_limit.or_else(job::default_mem_limit);
+    let case = Case::load_with_limit(&a.case, a.activation.is_on(), &device, limit)
+        .map_err(|e| anyhow!("{e}"))?;
     variant
         .check(&case.cfg)
         .map_err(|e| anyhow!("--variant: {e}"))?;

@@ -303,7 +303,10 @@ pub fn measure(
         .context("no measured step")?;
     let errors = match (reference, &last) {
         (Some((path, ref_variant)), Some(result)) => {
-            let reference = impls::case::load_result(cfg, path, &device)
+            // Checked from its header, within what the child's memory limit has left.
+            let headroom = crate::measure::alloc::limit()
+                .map(|l| l.saturating_sub(crate::measure::alloc::current()) as u64);
+            let reference = impls::case::load_result_with_limit(cfg, path, &device, headroom)
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
             let c = impls::compare::compare(result, &reference)
                 .map_err(|e| anyhow!("comparing with the reference: {e}"))?;
