@@ -25,8 +25,10 @@
  *   long long mc_peak(void)       highest live bytes since start or the last reset
  *   void      mc_reset_peak(void) peak := current
  *   long long mc_allocations(void) number of successful allocation calls (diagnostic)
- *   void      mc_set_limit(long long) live-byte limit (<= 0: none); also MC_LIMIT_BYTES=N
- *   long long mc_limit(void)
+ *   void      mc_set_limit(long long) live-byte limit (<= 0: none); also MC_LIMIT_BYTES=N;
+ *                                 one shot: the first refused allocation lifts it
+ *   long long mc_limit(void)      the limit in force (0 after a refusal)
+ *   long long mc_refused(void)    allocations refused by the limit
  *   int       mc_installed(void)  1 (the symbol existing at all is the test)
  *
  * Build: gcc -O2 -shared -fPIC -o libmalloc_count.so malloc_count.c
@@ -49,9 +51,15 @@ extern void *__libc_pvalloc(size_t size);
 static long long current_bytes = 0;
 static long long peak_bytes = 0;
 static long long allocations = 0;
-/* Live-byte limit; an allocation that would pass it fails (NULL / ENOMEM) like densebench's
- * allocator limit. <= 0 means no limit. Set from MC_LIMIT_BYTES at load time or mc_set_limit. */
+/* Live-byte limit; the first allocation that would pass it fails (NULL / ENOMEM), like an
+ * allocation past densebench's allocator limit, and the limit is then lifted (one shot) so that
+ * the process can still report the failure: Python's error handling and shutdown allocate, and
+ * a process that cannot allocate at all dies with a pile of secondary errors. The refusal is
+ * counted (mc_refused), so the caller can tell the limit was hit even if the failed allocation
+ * was caught and retried somewhere. <= 0 means no limit. Set by mc_set_limit (or MC_LIMIT_BYTES
+ * in the environment at load time). */
 static long long limit_bytes = 0;
+static long long refused = 0;
 
 #define EXPORT __attribute__((visibility("default")))
 
@@ -65,6 +73,8 @@ static inline void *account_add(void *p) {
     if (limit > 0 && now > limit) {
         __atomic_sub_fetch(&current_bytes, n, __ATOMIC_RELAXED);
         __libc_free(p);
+        __atomic_add_fetch(&refused, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&limit_bytes, 0, __ATOMIC_RELAXED);
         errno = ENOMEM;
         return NULL;
     }
@@ -108,6 +118,8 @@ EXPORT void *realloc(void *old, size_t size) {
     long long limit = __atomic_load_n(&limit_bytes, __ATOMIC_RELAXED);
     if (limit > 0 && (long long)size > before &&
         __atomic_load_n(&current_bytes, __ATOMIC_RELAXED) + ((long long)size - before) > limit) {
+        __atomic_add_fetch(&refused, 1, __ATOMIC_RELAXED);
+        __atomic_store_n(&limit_bytes, 0, __ATOMIC_RELAXED);
         errno = ENOMEM;
         return NULL; /* old block untouched, as realloc's contract says */
     }
@@ -180,6 +192,8 @@ EXPORT void mc_set_limit(long long bytes) {
 }
 
 EXPORT long long mc_limit(void) { return __atomic_load_n(&limit_bytes, __ATOMIC_RELAXED); }
+
+EXPORT long long mc_refused(void) { return __atomic_load_n(&refused, __ATOMIC_RELAXED); }
 
 EXPORT int mc_installed(void) { return 1; }
 

@@ -159,7 +159,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--mem-limit",
         type=positive_int,
         default=None,
-        help="live-byte limit: CPU allocations past it fail (exit 4); on CUDA a memory fraction",
+        help="CPU: limit on the process's live heap bytes (PyTorch's own ~150 MB included), set "
+        "after PyTorch is imported; an allocation past it fails and the peer exits 4. "
+        "CUDA: torch.cuda.set_per_process_memory_fraction(limit / device memory)",
     )
     a = p.parse_args(argv)
     if a.variant not in VARIANTS[a.family]:
@@ -229,7 +231,9 @@ def bootstrap(a: argparse.Namespace, argv: list[str]) -> None:
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = threads
     python = sys.executable
-    if not torch_findable() and os.path.exists(VENV_PYTHON) and not in_venv(VENV_DIR):
+    if not torch_findable():
+        if not os.path.exists(VENV_PYTHON) or in_venv(VENV_DIR):
+            raise PeerError(NO_TORCH_LINE, EXIT_NO_TORCH)
         python = VENV_PYTHON
     need_shim = a.device == "cpu" and not shim_loaded()
     if python == sys.executable and not need_shim:
@@ -244,7 +248,7 @@ def bootstrap(a: argparse.Namespace, argv: list[str]) -> None:
     env = dict(os.environ)
     env[REEXEC_ENV] = "1"
     if need_shim:
-        if not os.path.exists(SHIM_PATH):
+        if not os.path.exists(SHIM_PATH) or os.path.getmtime(SHIM_PATH) < os.path.getmtime(SHIM_SOURCE):
             build_shim()
         env["LD_PRELOAD"] = ":".join(x for x in (SHIM_PATH, env.get("LD_PRELOAD")) if x)
     sys.stdout.flush()
@@ -266,7 +270,7 @@ class CpuMeter:
         import ctypes
 
         lib = ctypes.CDLL(None)
-        for fn in ("mc_current", "mc_peak", "mc_limit"):
+        for fn in ("mc_current", "mc_peak", "mc_limit", "mc_refused"):
             getattr(lib, fn).restype = ctypes.c_longlong
         lib.mc_set_limit.argtypes = [ctypes.c_longlong]
         self.lib = lib
@@ -275,6 +279,9 @@ class CpuMeter:
 
     def sync(self) -> None:
         pass
+
+    def refused(self) -> int:
+        return int(self.lib.mc_refused())
 
     def current(self) -> int:
         return int(self.lib.mc_current())
@@ -842,28 +849,51 @@ def run(a: argparse.Namespace) -> dict:
     }
 
 
+def limit_refusals() -> int:
+    """Allocations the shim refused at the --mem-limit (0 without the shim)."""
+    if not shim_loaded():
+        return 0
+    import ctypes
+
+    f = ctypes.CDLL(None).mc_refused
+    f.restype = ctypes.c_longlong
+    return int(f())
+
+
+def oom_message(limit: int | None) -> str:
+    return f"out of memory: an allocation would have passed --mem-limit {limit} bytes (live heap bytes of the process, counted by the malloc_count shim)"
+
+
+def fail(message: str, code: int) -> int:
+    """One line on stderr, then exit at once: no atexit handlers (PyTorch registers some that
+    print) can add lines after it."""
+    sys.stderr.write(f"pytorch_peer: error: {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     a = parse_args(argv)
     try:
         bootstrap(a, argv)
-        if not torch_findable():
-            raise PeerError(NO_TORCH_LINE, EXIT_NO_TORCH)
         row = run(a)
     except PeerError as e:
-        sys.stderr.write(f"pytorch_peer: error: {e}\n")
-        return e.code
-    except MemoryError as e:
-        sys.stderr.write(f"pytorch_peer: error: out of memory (Python MemoryError: {e})\n")
-        return EXIT_OOM
-    except RuntimeError as e:
-        text = " ".join(str(e).split())
-        oom = any(
+        return fail(str(e), e.code)
+    except (MemoryError, RuntimeError) as e:
+        # The shim's limit is one shot: a refused allocation lifts it, so this handler can run.
+        if a.device == "cpu" and limit_refusals():
+            return fail(oom_message(a.mem_limit), EXIT_OOM)
+        text = " ".join(str(e).split()) or type(e).__name__
+        oom = isinstance(e, MemoryError) or any(
             s in text
             for s in ("out of memory", "can't allocate memory", "not enough memory", "OutOfMemory")
         )
-        sys.stderr.write(f"pytorch_peer: error: {'out of memory: ' if oom else ''}{text[:500]}\n")
-        return EXIT_OOM if oom else EXIT_ERROR
+        return fail(("out of memory: " if oom else "") + text[:500], EXIT_OOM if oom else EXIT_ERROR)
+    if a.device == "cpu" and limit_refusals():
+        # An allocation failed at the limit but was caught and retried inside a library.
+        return fail(oom_message(a.mem_limit), EXIT_OOM)
     sys.stdout.write(json.dumps(row, separators=(",", ":")) + "\n")
     sys.stdout.flush()
     return 0
