@@ -691,6 +691,7 @@ class Stepper:
         self.baseline = self.meter.current()
         self.meter.reset_peak()
         self.recording = measure
+        c0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
         out = self.forward()
         self.meter.sync()
@@ -699,6 +700,7 @@ class Stepper:
         out.backward(self.g)
         self.meter.sync()
         t2 = time.perf_counter_ns()
+        c2 = time.process_time_ns()
         self.recording = False
         peak = self.meter.peak() - self.baseline
         return {
@@ -709,6 +711,7 @@ class Stepper:
             "fwd": t1 - t0,
             "bwd": t2 - t1,
             "total": t2 - t0,
+            "cpu": c2 - c0,
             "timeline": ";".join(f"f{i}={b}" for i, b in self.timeline),
         }
 
@@ -803,7 +806,9 @@ def run(a: argparse.Namespace) -> dict:
         )
 
     worst = max(records, key=lambda r: r["peak"])
-    total, fwd, bwd = (stats([r[k] for r in records]) for k in ("total", "fwd", "bwd"))
+    total, fwd, bwd, cpu = (
+        stats([r[k] for r in records]) for k in ("total", "fwd", "bwd", "cpu")
+    )
     return {
         "framework": "pytorch",
         "framework_version": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
@@ -837,6 +842,9 @@ def run(a: argparse.Namespace) -> dict:
         "bwd_median_ns": bwd["median"],
         "bwd_min_ns": bwd["min"],
         "bwd_max_ns": bwd["max"],
+        "cpu_median_ns": cpu["median"],
+        "cpu_min_ns": cpu["min"],
+        "cpu_max_ns": cpu["max"],
         "step_ns": [r["total"] for r in records],
         "step_peak_bytes": [r["peak"] for r in records],
         "timeline": worst["timeline"],
