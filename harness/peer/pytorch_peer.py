@@ -122,7 +122,9 @@ class OneLineParser(argparse.ArgumentParser):
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = OneLineParser(
         prog="pytorch_peer.py",
-        description="One PyTorch training step of a dense block on a densebench case file.",
+        description="One PyTorch training step of a dense block on a densebench case file. "
+        "`pytorch_peer.py --check` alone: print the PyTorch versions as JSON (exit 0) or say "
+        "that PyTorch is not importable (exit 3).",
     )
     p.add_argument("--case", required=True, help="densebench case file (safetensors)")
     p.add_argument("--family", required=True, choices=("bc", "mlp"))
@@ -881,8 +883,39 @@ def fail(message: str, code: int) -> int:
     os._exit(code)
 
 
+def check(argv: list[str]) -> int:
+    """`--check`: is PyTorch importable (here or in the setup's venv)? One JSON line with the
+    versions and CUDA devices and exit 0, or the not-importable line and exit 3. For the
+    harness to fail fast before a sweep with `--peer pytorch`."""
+    if not torch_findable():
+        if os.path.exists(VENV_PYTHON) and not in_venv(VENV_DIR) and not os.environ.get(REEXEC_ENV):
+            env = dict(os.environ, **{REEXEC_ENV: "1"})
+            os.execve(VENV_PYTHON, [VENV_PYTHON, os.path.abspath(__file__), *argv], env)
+        return fail(NO_TORCH_LINE, EXIT_NO_TORCH)
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        return fail(f"{NO_TORCH_LINE} ({e})", EXIT_NO_TORCH)
+    cuda = torch.cuda.is_available()
+    info = {
+        "framework": "pytorch",
+        "framework_version": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
+        "python": sys.executable,
+        "cuda_available": cuda,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else [],
+        "torch_cuda": torch.version.cuda,
+    }
+    sys.stdout.write(json.dumps(info, separators=(",", ":")) + "\n")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--check"]:
+        return check(argv)
     a = parse_args(argv)
     try:
         bootstrap(a, argv)

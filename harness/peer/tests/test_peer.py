@@ -302,6 +302,27 @@ def test_frugal_variants_use_less_memory(c: Ctx):
     assert peaks[("bc", "pytorch-naive")] >= 8 * (8 + 64) * 256 * 4, peaks
 
 
+def test_check_reports_versions(c: Ctx):
+    r = c.peer("--check")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["framework"] == "pytorch" and info["framework_version"].startswith("torch ")
+
+
+def test_comparison_catches_a_perturbed_gradient(c: Ctx):
+    # The f64 agreement test must be able to fail: one parameter-gradient element moved by
+    # 1e-8 of the tensor's scale is 1e-8 relative, far above the 1e-10 tolerance.
+    case = c.case("perturb.st", "mlp", batch=5, channels=4, growth=3, depth=2)
+    c.peer_ok(case, "mlp", "pytorch-naive", c.path("perturb-out.st"))
+    ours = c.load(c.path("perturb-out.st"))
+    ref = {k: v.clone() for k, v in ours.items()}
+    assert max(rel_errors(ours, ref).values()) == 0.0
+    g = ours["grad.layers.1.weight"]
+    g.view(-1)[0] += 1e-8 * g.abs().max()
+    errs = rel_errors(ours, ref)
+    assert errs["grad.layers.1.weight"] > F64_TOLERANCE, errs
+
+
 def test_result_file_layout(c: Ctx):
     # The result file has exactly densebench's names: output, grad.input, grad.<param>, and
     # the running stats (no num_batches_tracked), in NCHW.
