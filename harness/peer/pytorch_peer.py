@@ -1,0 +1,944 @@
+#!/usr/bin/env python3
+"""The PyTorch peer: one training step of PyTorch's own dense block on a densebench case file.
+
+densebench's harness spawns this program as a child process, one result row per call, on the
+exact case file its own variants are measured on (parameters and BN state under PyTorch
+`state_dict` names, `input`, `grad_output`; see impls/src/case.rs). It
+
+1. builds torchvision's `_DenseBlock` (family `bc`: `pytorch-naive` = memory_efficient=False,
+   `pytorch-memory-efficient` = True, drop_rate 0) or the forum's Linear block (family `mlp`:
+   `pytorch-naive`, `pytorch-checkpoint` = `torch.utils.checkpoint` per layer,
+   use_reentrant=False), loads the case's weights, BN running stats, input and upstream gradient;
+2. runs `--warmup` unmeasured and `--steps` measured training steps (forward, then backward of
+   `sum(output * grad_output)`), each from the same state: the BN running stats are restored
+   from the case before every step and the gradients dropped, so every step is the same step
+   and the written running stats are those after exactly one step (the last measured one);
+3. measures each step's time (device synchronised before every clock read) and its peak memory
+   above the baseline read just before it (CPU: the malloc-counting LD_PRELOAD shim
+   `malloc_count.c`; GPU: `torch.cuda.max_memory_allocated` after `reset_peak_memory_stats`);
+4. writes the last step's output, input gradient, every parameter gradient and updated running
+   stats to `--out` in the names and layouts `densebench step --out` writes (`output`,
+   `grad.input`, `grad.<param>`, `<bn>.running_mean|running_var`; NCHW / [N, C]);
+5. prints one JSON object on one line on stdout (see README.md for every key).
+
+Errors: one line on stderr and a non-zero exit: 2 bad arguments or case file, 3 PyTorch not
+importable, 4 out of memory (the `--mem-limit` or the device), 1 anything else.
+
+Only the standard library is needed until PyTorch is imported; the safetensors files are read
+and written by a few lines of code here (no `safetensors`/`numpy` dependency), so the peer runs
+with any importable torch + torchvision, e.g. a GPU machine's preinstalled one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+PEER_DIR = os.path.dirname(os.path.abspath(__file__))
+VENV_DIR = os.path.join(PEER_DIR, ".venv-peer")
+VENV_PYTHON = os.path.join(VENV_DIR, "bin", "python")
+SHIM_SOURCE = os.path.join(PEER_DIR, "malloc_count.c")
+SHIM_PATH = os.path.join(PEER_DIR, "build", "libmalloc_count.so")
+# Set in the environment of the re-executed process: a second re-exec would be a loop.
+REEXEC_ENV = "DENSEBENCH_PEER_REEXEC"
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_NO_TORCH = 3
+EXIT_OOM = 4
+
+NO_TORCH_LINE = (
+    "PyTorch is not importable: run `just peer-setup` "
+    "(or pip install -r harness/peer/requirements.txt)"
+)
+
+VARIANTS = {
+    "bc": ("pytorch-naive", "pytorch-memory-efficient"),
+    "mlp": ("pytorch-naive", "pytorch-checkpoint"),
+}
+
+# BatchNorm constants: PyTorch's defaults, the same as densebench's (impls/src/config.rs).
+BN_EPS = 1e-5
+BN_MOMENTUM = 0.1
+
+
+class PeerError(Exception):
+    """A failure reported as one stderr line with an exit code."""
+
+    def __init__(self, message: str, code: int = EXIT_ERROR):
+        super().__init__(message)
+        self.code = code
+
+
+# --------------------------------------------------------------------------------------------
+# Command line
+# --------------------------------------------------------------------------------------------
+
+
+def positive_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if v < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {v}")
+    return v
+
+
+def device_arg(text: str) -> str:
+    if text == "cpu":
+        return text
+    if text.startswith("cuda:") and text[5:].isdigit():
+        return text
+    raise argparse.ArgumentTypeError(f"expected `cpu` or `cuda:N`, got {text!r}")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but an argument error is one line on stderr (exit 2), like every other error."""
+
+    def error(self, message: str):  # type: ignore[override]
+        sys.stderr.write(f"pytorch_peer: error: {message}\n")
+        sys.exit(EXIT_USAGE)
+
+
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    p = OneLineParser(
+        prog="pytorch_peer.py",
+        description="One PyTorch training step of a dense block on a densebench case file. "
+        "`pytorch_peer.py --check` alone: print the PyTorch versions as JSON (exit 0) or say "
+        "that PyTorch is not importable (exit 3).",
+    )
+    p.add_argument("--case", required=True, help="densebench case file (safetensors)")
+    p.add_argument("--family", required=True, choices=("bc", "mlp"))
+    p.add_argument(
+        "--variant",
+        required=True,
+        choices=sorted({v for vs in VARIANTS.values() for v in vs}),
+        help="bc: pytorch-naive | pytorch-memory-efficient; mlp: pytorch-naive | pytorch-checkpoint",
+    )
+    p.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda:N")
+    p.add_argument(
+        "--dtype",
+        default="f32",
+        choices=("f32", "f64"),
+        help="dtype of the step; the case is converted to it (f32 → f64 is exact)",
+    )
+    p.add_argument("--warmup", default=1, type=non_negative_int, help="unmeasured steps")
+    p.add_argument("--steps", default=1, type=positive_int, help="measured steps")
+    p.add_argument("--threads", default=1, type=positive_int, help="CPU compute threads")
+    p.add_argument(
+        "--math",
+        default="ieee",
+        choices=("ieee", "tf32"),
+        help="fp32 matmul/convolution precision on CUDA (ieee: full fp32; tf32: TF32 tensor cores)",
+    )
+    p.add_argument(
+        "--activation",
+        default="on",
+        choices=("on", "off"),
+        help="ReLU after each Linear (mlp only; the tensors cannot show it)",
+    )
+    p.add_argument("--out", required=True, help="result file to write (safetensors)")
+    p.add_argument(
+        "--mem-limit",
+        type=positive_int,
+        default=None,
+        help="CPU: limit on the process's live heap bytes (PyTorch's own ~150 MB included), set "
+        "after PyTorch is imported; an allocation past it fails and the peer exits 4. "
+        "CUDA: torch.cuda.set_per_process_memory_fraction(limit / device memory)",
+    )
+    a = p.parse_args(argv)
+    if a.variant not in VARIANTS[a.family]:
+        p.error(
+            f"--variant {a.variant} is not a {a.family} variant "
+            f"(expected one of {', '.join(VARIANTS[a.family])})"
+        )
+    if a.family == "bc" and a.activation == "off":
+        p.error("--activation off applies to mlp only (a bc layer always has its ReLUs)")
+    if a.math == "tf32" and (a.device == "cpu" or a.dtype == "f64"):
+        p.error("--math tf32 applies to f32 on a CUDA device only")
+    return a
+
+
+# --------------------------------------------------------------------------------------------
+# Bootstrap: the right interpreter, the counting shim preloaded, thread counts set
+# --------------------------------------------------------------------------------------------
+
+
+def torch_findable() -> bool:
+    return all(importlib.util.find_spec(m) is not None for m in ("torch", "torchvision"))
+
+
+def in_venv(venv: str) -> bool:
+    return os.path.realpath(sys.prefix) == os.path.realpath(venv)
+
+
+def shim_loaded() -> bool:
+    import ctypes
+
+    try:
+        return bool(ctypes.CDLL(None).mc_installed())
+    except AttributeError:
+        return False
+
+
+def build_shim() -> None:
+    """Compiles the shim next to this file (setup.sh does the same; this is a fallback)."""
+    os.makedirs(os.path.dirname(SHIM_PATH), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(SHIM_PATH))
+    os.close(fd)
+    cc = os.environ.get("CC", "gcc")
+    try:
+        r = subprocess.run(
+            [cc, "-O2", "-shared", "-fPIC", "-o", tmp, SHIM_SOURCE],
+            capture_output=True,
+            text=True,
+        )
+    except OSError as e:
+        os.unlink(tmp)
+        raise PeerError(
+            f"the malloc-counting shim {SHIM_PATH} is not built and {cc} cannot run ({e}): "
+            "run harness/peer/setup.sh",
+            EXIT_ERROR,
+        ) from None
+    if r.returncode != 0:
+        os.unlink(tmp)
+        last = (r.stderr.strip().splitlines() or ["no output"])[-1]
+        raise PeerError(f"building {SHIM_PATH} failed: {last}", EXIT_ERROR)
+    os.replace(tmp, SHIM_PATH)  # atomic: concurrent peers never see a half-written file
+
+
+def bootstrap(a: argparse.Namespace, argv: list[str]) -> None:
+    """Re-executes this script once if it needs another interpreter (the setup's venv, when the
+    current one has no torch) or the counting shim preloaded (CPU). Sets thread counts."""
+    threads = str(a.threads)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = threads
+    python = sys.executable
+    if not torch_findable():
+        if not os.path.exists(VENV_PYTHON) or in_venv(VENV_DIR):
+            raise PeerError(NO_TORCH_LINE, EXIT_NO_TORCH)
+        python = VENV_PYTHON
+    need_shim = a.device == "cpu" and not shim_loaded()
+    if python == sys.executable and not need_shim:
+        return
+    if os.environ.get(REEXEC_ENV):
+        if need_shim:
+            raise PeerError(
+                f"re-executed with LD_PRELOAD={SHIM_PATH} but the shim's symbols are not "
+                "visible (is another LD_PRELOAD overriding malloc?)"
+            )
+        return
+    env = dict(os.environ)
+    env[REEXEC_ENV] = "1"
+    if need_shim:
+        if not os.path.exists(SHIM_PATH) or os.path.getmtime(SHIM_PATH) < os.path.getmtime(SHIM_SOURCE):
+            build_shim()
+        env["LD_PRELOAD"] = ":".join(x for x in (SHIM_PATH, env.get("LD_PRELOAD")) if x)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(python, [python, os.path.abspath(__file__), *argv], env)
+
+
+# --------------------------------------------------------------------------------------------
+# Memory meters
+# --------------------------------------------------------------------------------------------
+
+
+class CpuMeter:
+    """Live heap bytes and their peak from the LD_PRELOAD shim (see malloc_count.c)."""
+
+    name = "malloc_count LD_PRELOAD shim: live heap bytes (malloc_usable_size), peak reset per step"
+
+    def __init__(self, limit: int | None):
+        import ctypes
+
+        lib = ctypes.CDLL(None)
+        for fn in ("mc_current", "mc_peak", "mc_limit", "mc_refused"):
+            getattr(lib, fn).restype = ctypes.c_longlong
+        lib.mc_set_limit.argtypes = [ctypes.c_longlong]
+        self.lib = lib
+        if limit is not None:
+            lib.mc_set_limit(limit)
+
+    def sync(self) -> None:
+        pass
+
+    def refused(self) -> int:
+        return int(self.lib.mc_refused())
+
+    def current(self) -> int:
+        return int(self.lib.mc_current())
+
+    def peak(self) -> int:
+        return int(self.lib.mc_peak())
+
+    def reset_peak(self) -> None:
+        self.lib.mc_reset_peak()
+
+
+class CudaMeter:
+    """PyTorch's caching allocator's allocated bytes and their peak on one device."""
+
+    name = "torch.cuda.max_memory_allocated above memory_allocated, peak reset per step"
+
+    def __init__(self, torch, device, limit: int | None):
+        self.torch = torch
+        self.device = device
+        if limit is not None:
+            total = torch.cuda.get_device_properties(device).total_memory
+            torch.cuda.set_per_process_memory_fraction(min(1.0, limit / total), device)
+
+    def sync(self) -> None:
+        self.torch.cuda.synchronize(self.device)
+
+    def current(self) -> int:
+        return int(self.torch.cuda.memory_allocated(self.device))
+
+    def peak(self) -> int:
+        return int(self.torch.cuda.max_memory_allocated(self.device))
+
+    def reset_peak(self) -> None:
+        self.torch.cuda.reset_peak_memory_stats(self.device)
+
+
+# --------------------------------------------------------------------------------------------
+# safetensors, read and written here (the format: u64 LE header length, JSON header, raw bytes)
+# --------------------------------------------------------------------------------------------
+
+SAFETENSORS_DTYPES = {
+    "F64": "float64",
+    "F32": "float32",
+    "F16": "float16",
+    "BF16": "bfloat16",
+    "I64": "int64",
+    "I32": "int32",
+    "U8": "uint8",
+}
+
+
+def read_safetensors(torch, path: str) -> dict:
+    """Every tensor of a safetensors file, on the CPU, by name."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise PeerError(f"reading case file {path}: {e.strerror or e}", EXIT_USAGE) from None
+    if len(data) < 8:
+        raise PeerError(f"case file {path}: not a safetensors file (too short)", EXIT_USAGE)
+    (n,) = struct.unpack("<Q", data[:8])
+    try:
+        header = json.loads(data[8 : 8 + n])
+    except ValueError as e:
+        raise PeerError(f"case file {path}: bad safetensors header ({e})", EXIT_USAGE) from None
+    body = memoryview(data)[8 + n :]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        dt = SAFETENSORS_DTYPES.get(info["dtype"])
+        if dt is None:
+            raise PeerError(
+                f"case file {path}: tensor {name} has dtype {info['dtype']}, not supported",
+                EXIT_USAGE,
+            )
+        lo, hi = info["data_offsets"]
+        dtype = getattr(torch, dt)
+        t = torch.frombuffer(bytearray(body[lo:hi]), dtype=dtype) if hi > lo else torch.empty(
+            0, dtype=dtype
+        )
+        out[name] = t.reshape(info["shape"])
+    return out
+
+
+def write_safetensors(torch, tensors: dict, path: str) -> None:
+    """Writes CPU tensors (little-endian host) as safetensors, names sorted like candle's."""
+    names = {v: k for k, v in SAFETENSORS_DTYPES.items()}
+    header = {}
+    chunks = []
+    offset = 0
+    for name in sorted(tensors):
+        t = tensors[name].detach().to("cpu").contiguous()
+        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        header[name] = {
+            "dtype": names[str(t.dtype).replace("torch.", "")],
+            "shape": list(t.shape),
+            "data_offsets": [offset, offset + len(raw)],
+        }
+        chunks.append(raw)
+        offset += len(raw)
+    head = json.dumps(header, separators=(",", ":")).encode()
+    head += b" " * (-len(head) % 8)  # 8-byte alignment of the data, as the format recommends
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "wb") as f:
+            f.write(struct.pack("<Q", len(head)))
+            f.write(head)
+            for c in chunks:
+                f.write(c)
+        os.replace(tmp, path)
+    except OSError as e:
+        raise PeerError(f"writing result file {path}: {e.strerror or e}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# The case: config read from the tensors, as impls/src/case.rs does
+# --------------------------------------------------------------------------------------------
+
+
+def mlp_weight(i: int) -> str:
+    return f"layers.{i}.weight"
+
+
+def conv_name(i: int, conv: int) -> str:
+    return f"denselayer{i + 1}.conv{conv}.weight"
+
+
+def bn_name(i: int, norm: int, what: str) -> str:
+    return f"denselayer{i + 1}.norm{norm}.{what}"
+
+
+def read_config(tensors: dict, family: str, path: str) -> dict:
+    """N, C0, k, L, bn_size, H, W from the case's tensors; errs naming what does not fit."""
+
+    def get(name: str):
+        if name not in tensors:
+            raise PeerError(f"case file {path}: no tensor {name}", EXIT_USAGE)
+        return tensors[name]
+
+    x = get("input")
+    has_mlp = mlp_weight(0) in tensors
+    has_bc = conv_name(0, 1) in tensors
+    found = "mlp" if has_mlp else "bc" if has_bc else None
+    if found != family:
+        raise PeerError(
+            f"case file {path} holds a {found or 'unknown'}-family block "
+            f"({'layers.0.weight' if has_mlp else 'denselayer1.conv1.weight'} "
+            f"{'present' if found else 'absent'}), but --family {family} was given",
+            EXIT_USAGE,
+        )
+    if family == "mlp":
+        depth = 0
+        while mlp_weight(depth) in tensors:
+            depth += 1
+        if x.dim() != 2:
+            raise PeerError(f"case file {path}: input has shape {list(x.shape)}, expected [N, C0]", EXIT_USAGE)
+        n, c0 = x.shape
+        k = get(mlp_weight(0)).shape[0]
+        cfg = dict(batch=n, channels=c0, growth=k, depth=depth, bn_size=1, height=1, width=1)
+    else:
+        depth = 0
+        while conv_name(depth, 1) in tensors:
+            depth += 1
+        if x.dim() != 4:
+            raise PeerError(
+                f"case file {path}: input has shape {list(x.shape)}, expected NCHW [N, C0, H, W]",
+                EXIT_USAGE,
+            )
+        n, c0, h, w = x.shape
+        k = get(conv_name(0, 2)).shape[0]
+        b = get(conv_name(0, 1)).shape[0]
+        if k == 0 or b % k:
+            raise PeerError(
+                f"case file {path}: conv1 has {b} output channels, not a multiple of the growth "
+                f"rate {k}",
+                EXIT_USAGE,
+            )
+        cfg = dict(batch=n, channels=c0, growth=k, depth=depth, bn_size=b // k, height=h, width=w)
+    cfg = {key: int(v) for key, v in cfg.items()}
+    c_total = cfg["channels"] + cfg["depth"] * cfg["growth"]
+    want = [cfg["batch"], c_total] + ([cfg["height"], cfg["width"]] if family == "bc" else [])
+    go = get("grad_output")
+    if list(go.shape) != want:
+        raise PeerError(
+            f"case file {path}: grad_output has shape {list(go.shape)}, expected {want} "
+            "(the block output in NCHW / [N, C] layout)",
+            EXIT_USAGE,
+        )
+    if go.dtype != x.dtype:
+        raise PeerError(f"case file {path}: grad_output is {go.dtype}, input {x.dtype}", EXIT_USAGE)
+    return cfg
+
+
+# --------------------------------------------------------------------------------------------
+# The blocks
+# --------------------------------------------------------------------------------------------
+
+
+def forum_block_class(torch):
+    nn = torch.nn
+
+    class ForumDenseBlock(nn.Module):
+        """The forum's block: layer i is Linear(C0 + i·k → k), optional ReLU, and
+        `x = cat([x, layer(x)], 1)` after each layer. `checkpoint` wraps each layer (Linear and
+        ReLU) in torch.utils.checkpoint (use_reentrant=False): its output is recomputed in
+        backward instead of kept."""
+
+        def __init__(self, c0: int, k: int, depth: int, activation: bool, checkpoint: bool):
+            super().__init__()
+            self.layers = nn.ModuleList(nn.Linear(c0 + i * k, k) for i in range(depth))
+            self.activation = activation
+            self.checkpoint = checkpoint
+
+        def layer(self, i: int, x):
+            y = self.layers[i](x)
+            return torch.relu(y) if self.activation else y
+
+        def forward(self, x, probe=None):
+            from torch.utils.checkpoint import checkpoint
+
+            for i in range(len(self.layers)):
+                if self.checkpoint:
+                    y = checkpoint(self.layer, i, x, use_reentrant=False)
+                else:
+                    y = self.layer(i, x)
+                x = torch.cat([x, y], 1)
+                if probe is not None:
+                    probe(i)
+            return x
+
+    return ForumDenseBlock
+
+
+def build_block(torch, family: str, variant: str, cfg: dict, activation: bool):
+    if family == "bc":
+        from torchvision.models.densenet import _DenseBlock
+
+        return _DenseBlock(
+            num_layers=cfg["depth"],
+            num_input_features=cfg["channels"],
+            bn_size=cfg["bn_size"],
+            growth_rate=cfg["growth"],
+            drop_rate=0.0,
+            memory_efficient=(variant == "pytorch-memory-efficient"),
+        )
+    cls = forum_block_class(torch)
+    return cls(
+        cfg["channels"],
+        cfg["growth"],
+        cfg["depth"],
+        activation,
+        checkpoint=(variant == "pytorch-checkpoint"),
+    )
+
+
+def load_state(torch, block, tensors: dict, path: str) -> None:
+    """Copies every parameter and BN buffer of the block from the case, checking shapes."""
+    state = block.state_dict()
+    want = {k for k in state if not k.endswith("num_batches_tracked")}
+    missing = sorted(want - tensors.keys())
+    if missing:
+        raise PeerError(
+            f"case file {path}: missing {len(missing)} tensors of the block, e.g. {missing[0]}",
+            EXIT_USAGE,
+        )
+    extra = sorted(
+        k
+        for k in tensors.keys() - state.keys()
+        if k not in ("input", "grad_output") and not k.endswith("num_batches_tracked")
+    )
+    if extra:
+        raise PeerError(
+            f"case file {path}: {len(extra)} tensors the block does not have, e.g. {extra[0]}",
+            EXIT_USAGE,
+        )
+    new_state = {}
+    for k, v in state.items():
+        src = tensors.get(k)
+        if src is None:  # num_batches_tracked: keep the module's own
+            new_state[k] = v
+            continue
+        if list(src.shape) != list(v.shape):
+            raise PeerError(
+                f"case file {path}: {k} has shape {list(src.shape)}, the block expects "
+                f"{list(v.shape)}",
+                EXIT_USAGE,
+            )
+        new_state[k] = src.to(v.dtype)
+    block.load_state_dict(new_state, strict=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Measuring
+# --------------------------------------------------------------------------------------------
+
+
+def median_ns(xs: list[int]) -> int:
+    """The median; of an even count, the mean of the middle two (densebench's rule)."""
+    return int(statistics.median(xs)) if len(xs) % 2 else int(round(statistics.median(xs)))
+
+
+def stats(xs: list[int]) -> dict:
+    return {"median": median_ns(xs), "min": min(xs), "max": max(xs)}
+
+
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name") and ":" in line:
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.machine()
+
+
+def peak_rss_bytes() -> int | None:
+    try:
+        import resource
+
+        return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) * 1024
+    except (ImportError, OSError):
+        return None
+
+
+def set_math(torch, math: str) -> str:
+    """Sets the CUDA fp32 matmul/convolution precision; returns what is in force."""
+    prec = "tf32" if math == "tf32" else "ieee"
+    matmul = getattr(torch.backends.cuda.matmul, "fp32_precision", None)
+    if matmul is not None:  # PyTorch >= 2.9: the fp32_precision API
+        torch.backends.cuda.matmul.fp32_precision = prec
+        torch.backends.cudnn.conv.fp32_precision = prec
+    else:
+        torch.backends.cuda.matmul.allow_tf32 = math == "tf32"
+        torch.backends.cudnn.allow_tf32 = math == "tf32"
+    return math
+
+
+class Stepper:
+    """Runs identical training steps: state restored, gradients dropped, before each one."""
+
+    def __init__(self, torch, block, x, grad_output, meter, device, family):
+        self.torch = torch
+        self.block = block
+        self.x = x
+        self.g = grad_output
+        self.meter = meter
+        self.device = device
+        self.family = family
+        self.params = list(block.parameters())
+        # The case's BN running stats (and num_batches_tracked), restored before every step.
+        self.initial_buffers = [(b, b.detach().clone()) for b in block.buffers()]
+        self.timeline: list[tuple[int, int]] = []
+        self.recording = False
+        self.baseline = 0
+        # Training-mode BatchNorm forward calls per module in the last step: each one updates
+        # that module's running stats, so more than one per step is a double update.
+        self.bn_calls: dict[str, int] = {}
+        if family == "bc":
+            for i, layer in enumerate(block.values()):
+                layer.register_forward_hook(self._hook(i))
+            for name, m in block.named_modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.register_forward_pre_hook(self._bn_hook(name))
+
+    def _hook(self, i: int):
+        def hook(_module, _inputs, _output):
+            self._probe(i)
+
+        return hook
+
+    def _bn_hook(self, name: str):
+        def hook(module, _inputs):
+            if module.training:
+                self.bn_calls[name] = self.bn_calls.get(name, 0) + 1
+
+        return hook
+
+    def _probe(self, i: int) -> None:
+        # Only in the forward pass proper (checkpointed recomputation also runs the layers).
+        if self.recording and self.torch.is_grad_enabled():
+            self.meter.sync()
+            self.timeline.append((i, self.meter.current() - self.baseline))
+
+    def reset(self) -> None:
+        with self.torch.no_grad():
+            for buf, init in self.initial_buffers:
+                buf.copy_(init)
+        for p in self.params:
+            p.grad = None
+        self.x.grad = None
+
+    def forward(self):
+        if self.family == "mlp":
+            return self.block(self.x, probe=self._probe)
+        return self.block(self.x)
+
+    def step(self, measure: bool) -> dict:
+        """One step; returns its output and, when measured, its numbers."""
+        self.reset()
+        self.meter.sync()
+        self.timeline = []
+        self.bn_calls = {}
+        self.baseline = self.meter.current()
+        self.meter.reset_peak()
+        self.recording = measure
+        c0 = time.process_time_ns()
+        t0 = time.perf_counter_ns()
+        out = self.forward()
+        self.meter.sync()
+        t1 = time.perf_counter_ns()
+        saved = self.meter.current() - self.baseline
+        out.backward(self.g)
+        self.meter.sync()
+        t2 = time.perf_counter_ns()
+        c2 = time.process_time_ns()
+        self.recording = False
+        peak = self.meter.peak() - self.baseline
+        return {
+            "output": out,
+            "baseline": self.baseline,
+            "peak": peak,
+            "saved": saved,
+            "fwd": t1 - t0,
+            "bwd": t2 - t1,
+            "total": t2 - t0,
+            "cpu": c2 - c0,
+            "timeline": ";".join(f"f{i}={b}" for i, b in self.timeline),
+        }
+
+
+def run(a: argparse.Namespace) -> dict:
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        raise PeerError(f"{NO_TORCH_LINE} ({e})", EXIT_NO_TORCH) from None
+
+    torch.set_num_threads(a.threads)
+    dtype = {"f32": torch.float32, "f64": torch.float64}[a.dtype]
+    if a.device == "cpu":
+        meter = CpuMeter(a.mem_limit)
+        device = torch.device("cpu")
+        device_desc = f"{cpu_model()} ({a.threads} threads)"
+    else:
+        if not torch.cuda.is_available():
+            raise PeerError(
+                f"--device {a.device}: CUDA is not available to PyTorch {torch.__version__} "
+                f"(torch.version.cuda = {torch.version.cuda})"
+            )
+        index = int(a.device.split(":")[1])
+        if index >= torch.cuda.device_count():
+            raise PeerError(
+                f"--device {a.device}: PyTorch sees {torch.cuda.device_count()} CUDA device(s)"
+            )
+        device = torch.device(a.device)
+        torch.cuda.set_device(device)
+        meter = CudaMeter(torch, device, a.mem_limit)
+        props = torch.cuda.get_device_properties(device)
+        device_desc = (
+            f"{props.name} (sm_{props.major}{props.minor}, {props.total_memory / 2**30:.1f} GiB; "
+            f"PyTorch CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})"
+        )
+    math = set_math(torch, a.math) if device.type == "cuda" else a.math
+
+    tensors = read_safetensors(torch, a.case)
+    cfg = read_config(tensors, a.family, a.case)
+    case_dtype = {torch.float32: "f32", torch.float64: "f64"}.get(tensors["input"].dtype)
+    if case_dtype is None:
+        raise PeerError(f"case file {a.case}: input is {tensors['input'].dtype}, expected f32 or f64", EXIT_USAGE)
+
+    block = build_block(torch, a.family, a.variant, cfg, a.activation == "on")
+    block = block.to(dtype=dtype)
+    load_state(torch, block, tensors, a.case)
+    block = block.to(device=device)
+    block.train()
+    x = tensors["input"].to(device=device, dtype=dtype).requires_grad_(True)
+    g = tensors["grad_output"].to(device=device, dtype=dtype)
+    del tensors
+
+    stepper = Stepper(torch, block, x, g, meter, device, a.family)
+    # Warm-up settles the allocator, oneDNN/MKL scratch, cuDNN/cuBLAS handles and workspaces.
+    for _ in range(a.warmup):
+        r = stepper.step(measure=False)
+        del r
+    records = []
+    last = None
+    for _ in range(a.steps):
+        last = None  # the previous step's output must not count in this step's baseline
+        r = stepper.step(measure=True)
+        last = r.pop("output")
+        records.append(r)
+
+    # The last measured step's results: the state was restored before it, so its running
+    # stats are those after exactly one step from the case's.
+    result = {"output": last.detach(), "grad.input": x.grad}
+    for name, p in block.named_parameters():
+        if p.grad is None:
+            raise PeerError(f"{a.variant}: parameter {name} got no gradient")
+        result[f"grad.{name}"] = p.grad
+    for name, b in block.named_buffers():
+        if not name.endswith("num_batches_tracked"):
+            result[name] = b
+    write_safetensors(torch, result, a.out)
+
+    # How often each BN module updated its running stats in the last step (bc). torchvision's
+    # memory_efficient recomputes norm1 inside torch.utils.checkpoint during backward, which
+    # updates norm1's running stats a second time (pytorch/pytorch#96136); the result file holds
+    # what PyTorch leaves, so the comparison with densebench's reference shows it.
+    updates = sorted(set(stepper.bn_calls.values()))
+    double = sorted(n for n, c in stepper.bn_calls.items() if c > 1)
+    warning = ""
+    if double:
+        warning = (
+            f"PyTorch updated the running stats of {len(double)} of {len(stepper.bn_calls)} "
+            f"BatchNorm modules {max(stepper.bn_calls.values())} times in one step "
+            f"(e.g. {double[0]}: recomputed in backward by torch.utils.checkpoint, "
+            "pytorch/pytorch#96136); the result holds PyTorch's running stats as they are"
+        )
+
+    worst = max(records, key=lambda r: r["peak"])
+    total, fwd, bwd, cpu = (
+        stats([r[k] for r in records]) for k in ("total", "fwd", "bwd", "cpu")
+    )
+    return {
+        "framework": "pytorch",
+        "framework_version": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
+        "torch_version": torch.__version__,
+        "torchvision_version": torchvision.__version__,
+        "variant": a.variant,
+        "family": a.family,
+        **{k: cfg[k] for k in ("batch", "channels", "growth", "depth", "bn_size")},
+        "size": cfg["height"] if cfg["height"] == cfg["width"] else f"{cfg['height']}x{cfg['width']}",
+        "height": cfg["height"],
+        "width": cfg["width"],
+        "activation": a.family == "bc" or a.activation == "on",
+        "dtype": a.dtype,
+        "case_dtype": case_dtype,
+        "device": a.device,
+        "device_desc": device_desc,
+        "threads": a.threads if device.type == "cpu" else torch.get_num_threads(),
+        "math": math,
+        "warmup": a.warmup,
+        "steps": a.steps,
+        "peak_bytes": worst["peak"],
+        "baseline_bytes": worst["baseline"],
+        "saved_bytes": worst["saved"],
+        "peak_rss_bytes": peak_rss_bytes(),
+        "median_ns": total["median"],
+        "min_ns": total["min"],
+        "max_ns": total["max"],
+        "fwd_median_ns": fwd["median"],
+        "fwd_min_ns": fwd["min"],
+        "fwd_max_ns": fwd["max"],
+        "bwd_median_ns": bwd["median"],
+        "bwd_min_ns": bwd["min"],
+        "bwd_max_ns": bwd["max"],
+        "cpu_median_ns": cpu["median"],
+        "cpu_min_ns": cpu["min"],
+        "cpu_max_ns": cpu["max"],
+        "step_ns": [r["total"] for r in records],
+        "step_peak_bytes": [r["peak"] for r in records],
+        "timeline": worst["timeline"],
+        "memory_meter": meter.name,
+        "running_stats": "restored from the case before every step; written after the last measured step (one update)",
+        "bn_updates_per_step": max(updates) if updates else 0,
+        "warning": warning,
+        "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if device.type == "cuda" else None,
+        "out": a.out,
+    }
+
+
+def limit_refusals() -> int:
+    """Allocations the shim refused at the --mem-limit (0 without the shim)."""
+    if not shim_loaded():
+        return 0
+    import ctypes
+
+    f = ctypes.CDLL(None).mc_refused
+    f.restype = ctypes.c_longlong
+    return int(f())
+
+
+def oom_message(limit: int | None) -> str:
+    return f"out of memory: an allocation would have passed --mem-limit {limit} bytes (live heap bytes of the process, counted by the malloc_count shim)"
+
+
+def fail(message: str, code: int) -> int:
+    """One line on stderr, then exit at once: no atexit handlers (PyTorch registers some that
+    print) can add lines after it."""
+    sys.stderr.write(f"pytorch_peer: error: {message}\n")
+    sys.stderr.flush()
+    sys.stdout.flush()
+    os._exit(code)
+
+
+def check(argv: list[str]) -> int:
+    """`--check`: is PyTorch importable (here or in the setup's venv)? One JSON line with the
+    versions and CUDA devices and exit 0, or the not-importable line and exit 3. For the
+    harness to fail fast before a sweep with `--peer pytorch`."""
+    if not torch_findable():
+        if os.path.exists(VENV_PYTHON) and not in_venv(VENV_DIR) and not os.environ.get(REEXEC_ENV):
+            env = dict(os.environ, **{REEXEC_ENV: "1"})
+            os.execve(VENV_PYTHON, [VENV_PYTHON, os.path.abspath(__file__), *argv], env)
+        return fail(NO_TORCH_LINE, EXIT_NO_TORCH)
+    try:
+        import torch
+        import torchvision
+    except ImportError as e:
+        return fail(f"{NO_TORCH_LINE} ({e})", EXIT_NO_TORCH)
+    cuda = torch.cuda.is_available()
+    info = {
+        "framework": "pytorch",
+        "framework_version": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
+        "python": sys.executable,
+        "cuda_available": cuda,
+        "cuda_devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        if cuda
+        else [],
+        "torch_cuda": torch.version.cuda,
+    }
+    sys.stdout.write(json.dumps(info, separators=(",", ":")) + "\n")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv == ["--check"]:
+        return check(argv)
+    a = parse_args(argv)
+    try:
+        bootstrap(a, argv)
+        row = run(a)
+    except PeerError as e:
+        return fail(str(e), e.code)
+    except (MemoryError, RuntimeError) as e:
+        # The shim's limit is one shot: a refused allocation lifts it, so this handler can run.
+        if a.device == "cpu" and limit_refusals():
+            return fail(oom_message(a.mem_limit), EXIT_OOM)
+        text = " ".join(str(e).split()) or type(e).__name__
+        oom = isinstance(e, MemoryError) or any(
+            s in text
+            for s in ("out of memory", "can't allocate memory", "not enough memory", "OutOfMemory")
+        )
+        return fail(("out of memory: " if oom else "") + text[:500], EXIT_OOM if oom else EXIT_ERROR)
+    if a.device == "cpu" and limit_refusals():
+        # An allocation failed at the limit but was caught and retried inside a library.
+        return fail(oom_message(a.mem_limit), EXIT_OOM)
+    sys.stdout.write(json.dumps(row, separators=(",", ":")) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

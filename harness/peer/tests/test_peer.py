@@ -1,0 +1,377 @@
+#!/usr/bin/env python3
+"""Tests of the PyTorch peer, runnable with plain `python3 harness/peer/tests/test_peer.py`.
+
+Without an importable PyTorch (neither the running python nor harness/peer/.venv-peer has
+torch + torchvision) it prints "skipped: PyTorch not importable" and exits 0: CI does not install
+PyTorch. With it, it checks:
+
+- the malloc-counting shim: torch.empty(100 MB) raises the counted peak by 100 MB;
+- the command line: one-line errors and their exit codes (2 for arguments and case files, 3 for
+  a missing PyTorch, 4 for out of memory);
+- every peer variant in f64 on tiny cases of both families (bc also non-square, mlp with the
+  activation on and off) against densebench's own `step` (variants `autograd` and
+  `cat-store-copy`, f64) on the same case file: output, input gradient, every parameter gradient
+  and running stat within 1e-10 norm-wise relative error — except the running stats of
+  torchvision's memory_efficient norm1 layers, which PyTorch updates twice per step
+  (pytorch/pytorch#96136): the test asserts that they are exactly the twice-updated values, so
+  it fails if PyTorch ever fixes it (then the peer's warning and the README must change);
+- the peer's memory ordering: memory_efficient/checkpoint peak below naive.
+
+The densebench comparison needs the release binary (`cargo build --release`; or
+DENSEBENCH_BIN=path); without it those checks are reported as skipped, the rest still run.
+The last line is "N passed, N failed[, N skipped]"; the exit status is 1 if anything failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PEER_DIR = os.path.dirname(HERE)
+REPO = os.path.dirname(os.path.dirname(PEER_DIR))
+PEER = os.path.join(PEER_DIR, "pytorch_peer.py")
+sys.path.insert(0, PEER_DIR)
+sys.path.insert(0, HERE)
+
+import pytorch_peer  # noqa: E402  (standard library only until torch is imported)
+
+# f64 agreement of two independent implementations (PyTorch's autograd and candle's): both
+# are exact up to f64 rounding, and on these tiny blocks the rounding differences are ~1e-15;
+# 1e-10 is densebench's own f64 tolerance (`F64_REL_TOLERANCE`).
+F64_TOLERANCE = 1e-10
+# torch.empty(100 MB) must raise the counted peak by 100 MB plus the tensor's bookkeeping
+# (a few KiB: page rounding of the mmap-backed block, the TensorImpl) — 1 MiB is generous.
+SHIM_SLACK = 1 << 20
+
+
+def peer_python() -> str | None:
+    """A python that can import torch + torchvision: this one, else the setup's venv."""
+    if pytorch_peer.torch_findable():
+        return sys.executable
+    venv = pytorch_peer.VENV_PYTHON
+    if os.path.exists(venv):
+        r = subprocess.run([venv, "-c", "import torch, torchvision"], capture_output=True)
+        if r.returncode == 0:
+            return venv
+    return None
+
+
+def densebench_bin() -> str | None:
+    path = os.environ.get("DENSEBENCH_BIN") or os.path.join(REPO, "target", "release", "densebench")
+    return path if os.path.exists(path) else None
+
+
+class Skip(Exception):
+    pass
+
+
+class Ctx:
+    def __init__(self, python: str, tmp: str):
+        self.python = python
+        self.tmp = tmp
+        self.dense = densebench_bin()
+        import torch  # noqa: F401  (only reached when this python has torch: see main)
+
+        self.torch = torch
+
+    def path(self, name: str) -> str:
+        return os.path.join(self.tmp, name)
+
+    def case(self, name: str, family: str, **kw) -> str:
+        from casegen import make_case
+
+        path = self.path(name)
+        pytorch_peer.write_safetensors(self.torch, make_case(self.torch, family, **kw), path)
+        return path
+
+    def peer(self, *args: str, python: str | None = None, env=None, script: str = PEER):
+        r = subprocess.run(
+            [python or self.python, script, *args], capture_output=True, text=True, env=env
+        )
+        return r
+
+    def peer_ok(self, case: str, family: str, variant: str, out: str, *extra: str) -> dict:
+        r = self.peer("--case", case, "--family", family, "--variant", variant, "--dtype", "f64",
+                      "--warmup", "1", "--steps", "2", "--out", out, *extra)
+        assert r.returncode == 0, f"peer exited {r.returncode}: {r.stderr.strip()}"
+        lines = r.stdout.strip().splitlines()
+        assert len(lines) == 1, f"expected one JSON line on stdout, got {len(lines)}"
+        return json.loads(lines[0])
+
+    def densebench(self, case: str, variant: str, out: str, activation: str = "on") -> None:
+        if self.dense is None:
+            raise Skip("densebench binary not built (cargo build --release, or DENSEBENCH_BIN)")
+        r = subprocess.run([self.dense, "step", "--case", case, "--variant", variant,
+                            "--activation", activation, "--out", out],
+                           capture_output=True, text=True)
+        assert r.returncode == 0, f"densebench step {variant} failed: {r.stderr.strip()}"
+
+    def load(self, path: str) -> dict:
+        return pytorch_peer.read_safetensors(self.torch, path)
+
+
+def rel_errors(ours: dict, ref: dict) -> dict:
+    """Norm-wise relative error per tensor: max|a - b| / max|ref| (densebench's measure)."""
+    assert sorted(ours) == sorted(ref), (
+        f"tensor names differ: only ours {sorted(set(ours) - set(ref))[:3]}, "
+        f"only reference {sorted(set(ref) - set(ours))[:3]}"
+    )
+    out = {}
+    for name in ref:
+        a, b = ours[name], ref[name]
+        assert list(a.shape) == list(b.shape), f"{name}: shape {list(a.shape)} vs {list(b.shape)}"
+        assert a.dtype == b.dtype, f"{name}: dtype {a.dtype} vs {b.dtype}"
+        scale = b.abs().max().item()
+        out[name] = (a - b).abs().max().item() / (scale if scale > 0 else 1.0)
+    return out
+
+
+# Worst relative error per (family, variant, reference) for the report.
+MEASURED: dict[str, float] = {}
+
+
+def check_against_densebench(c: Ctx, family: str, variant: str, case: str, tag: str,
+                             activation: str = "on") -> None:
+    out = c.path(f"{tag}-{variant}.st")
+    extra = ["--activation", activation] if family == "mlp" else []
+    row = c.peer_ok(case, family, variant, out, *extra)
+    assert row["framework"] == "pytorch" and row["dtype"] == "f64"
+    ours = c.load(out)
+    for ref_variant in ("autograd", "cat-store-copy"):
+        ref_path = c.path(f"{tag}-{ref_variant}.st")
+        if not os.path.exists(ref_path):
+            c.densebench(case, ref_variant, ref_path, activation)
+        ref = c.load(ref_path)
+        errs = rel_errors(ours, ref)
+        if variant == "pytorch-memory-efficient":
+            # norm1 is recomputed by torch.utils.checkpoint in backward: its running stats get
+            # a second update from the same batch statistics. Check that this is exactly what
+            # happened — r2 = (1-m)·r1 + m·s with s = (r1 - (1-m)·r0)/m — then exclude them.
+            init = c.load(case)
+            m = pytorch_peer.BN_MOMENTUM
+            doubled = [n for n in errs if ".norm1.running_" in n]
+            assert doubled, "no norm1 running stats in the result"
+            for n in doubled:
+                r0, r1 = init[n], ref[n]
+                s = (r1 - (1 - m) * r0) / m
+                r2 = (1 - m) * r1 + m * s
+                e = (ours[n] - r2).abs().max().item() / r2.abs().max().item()
+                assert e <= F64_TOLERANCE, f"{n}: not the twice-updated running stat ({e:.2e})"
+                errs.pop(n)
+            assert row["bn_updates_per_step"] == 2 and "96136" in row["warning"]
+        else:
+            assert row["warning"] == "", row["warning"]
+        worst = max(errs, key=errs.get)
+        MEASURED[f"{tag} {variant} vs {ref_variant}/f64"] = errs[worst]
+        assert errs[worst] <= F64_TOLERANCE, (
+            f"{variant} vs densebench {ref_variant}: {worst} relative error {errs[worst]:.3e} "
+            f"> {F64_TOLERANCE}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------
+# The tests
+# ---------------------------------------------------------------------------------------------
+
+
+def test_shim_counts_a_100mb_tensor(c: Ctx):
+    code = (
+        "import ctypes, torch\n"
+        "lib = ctypes.CDLL(None)\n"
+        "lib.mc_current.restype = lib.mc_peak.restype = ctypes.c_longlong\n"
+        "lib.mc_reset_peak(); base = lib.mc_current()\n"
+        "t = torch.empty(100_000_000, dtype=torch.uint8)\n"
+        "grew = lib.mc_peak() - base; live = lib.mc_current() - base\n"
+        "del t\n"
+        "print(grew, live, lib.mc_current() - base)\n"
+    )
+    env = dict(os.environ, LD_PRELOAD=pytorch_peer.SHIM_PATH)
+    if not os.path.exists(pytorch_peer.SHIM_PATH):
+        pytorch_peer.build_shim()
+    r = subprocess.run([c.python, "-c", code], capture_output=True, text=True, env=env)
+    assert r.returncode == 0, r.stderr
+    grew, live, after = map(int, r.stdout.split())
+    assert 100_000_000 <= grew <= 100_000_000 + SHIM_SLACK, f"peak grew by {grew}"
+    assert 100_000_000 <= live <= 100_000_000 + SHIM_SLACK, f"live grew by {live}"
+    assert abs(after) <= SHIM_SLACK, f"freeing the tensor left {after} bytes counted"
+
+
+def test_shim_limit_gives_oom_exit(c: Ctx):
+    case = c.case("oom.st", "mlp", batch=256, channels=64, growth=32, depth=8)
+    r = c.peer("--case", case, "--family", "mlp", "--variant", "pytorch-naive", "--warmup", "0",
+               "--out", c.path("oom-out.st"), "--mem-limit", "300000")
+    assert r.returncode == pytorch_peer.EXIT_OOM, (r.returncode, r.stderr)
+    assert len(r.stderr.strip().splitlines()) == 1 and "out of memory" in r.stderr
+
+
+def test_argument_errors_are_one_line(c: Ctx):
+    case = c.case("args.st", "mlp", batch=4, channels=3, growth=2, depth=2)
+    cases = [
+        (["--family", "mlp", "--variant", "pytorch-memory-efficient"], "not a mlp variant"),
+        (["--family", "bc", "--variant", "pytorch-naive"], "mlp-family block"),
+        (["--family", "mlp", "--variant", "pytorch-naive", "--math", "tf32"], "tf32"),
+        (["--family", "mlp", "--variant", "pytorch-naive", "--steps", "0"], "at least 1"),
+    ]
+    for args, needle in cases:
+        r = c.peer("--case", case, "--out", c.path("x.st"), *args)
+        assert r.returncode == pytorch_peer.EXIT_USAGE, (args, r.returncode, r.stderr)
+        lines = r.stderr.strip().splitlines()
+        assert len(lines) == 1 and needle in lines[0], (args, r.stderr)
+        assert r.stdout == "", r.stdout
+    r = c.peer("--case", c.path("missing.st"), "--family", "mlp", "--variant", "pytorch-naive",
+               "--out", c.path("x.st"))
+    assert r.returncode == pytorch_peer.EXIT_USAGE and "missing.st" in r.stderr, r.stderr
+
+
+def test_missing_torch_exits_3(c: Ctx):
+    # A copy of the peer with no venv beside it, run by a python without torch.
+    bare = shutil.which("python3")
+    probe = subprocess.run([bare, "-c", "import torch"], capture_output=True) if bare else None
+    if bare is None or probe.returncode == 0:
+        raise Skip("no python3 without torch on PATH to run the peer with")
+    d = os.path.join(c.tmp, "bare")
+    os.makedirs(d, exist_ok=True)
+    script = os.path.join(d, "pytorch_peer.py")
+    shutil.copy(PEER, script)
+    case = c.case("bare.st", "mlp", batch=4, channels=3, growth=2, depth=2)
+    r = c.peer("--case", case, "--family", "mlp", "--variant", "pytorch-naive",
+               "--out", c.path("x.st"), python=bare, script=script)
+    assert r.returncode == pytorch_peer.EXIT_NO_TORCH, (r.returncode, r.stderr)
+    assert r.stderr.strip() == "pytorch_peer: error: " + pytorch_peer.NO_TORCH_LINE, r.stderr
+
+
+def test_bc_matches_densebench_f64(c: Ctx):
+    case = c.case("bc.st", "bc", batch=2, channels=3, growth=2, depth=3, bn_size=2,
+                  height=3, width=3)
+    for v in ("pytorch-naive", "pytorch-memory-efficient"):
+        check_against_densebench(c, "bc", v, case, "bc")
+
+
+def test_bc_nonsquare_naive_vs_memory_efficient(c: Ctx):
+    # densebench refuses H != W today (issue 12 item 5); PyTorch's two variants must agree.
+    case = c.case("bc-ns.st", "bc", batch=2, channels=4, growth=3, depth=3, bn_size=2,
+                  height=3, width=5)
+    a = c.peer_ok(case, "bc", "pytorch-naive", c.path("ns-a.st"))
+    b = c.peer_ok(case, "bc", "pytorch-memory-efficient", c.path("ns-b.st"))
+    assert (a["height"], a["width"], a["size"]) == (3, 5, "3x5"), a
+    ra, rb = c.load(c.path("ns-a.st")), c.load(c.path("ns-b.st"))
+    assert list(ra["output"].shape) == [2, 4 + 9, 3, 5]
+    for name, e in rel_errors(rb, ra).items():
+        if ".norm1.running_" not in name:
+            assert e <= F64_TOLERANCE, f"{name}: {e:.2e}"
+    if c.dense is not None:
+        r = subprocess.run([c.dense, "step", "--case", case, "--variant", "autograd", "--out",
+                            c.path("ns-d.st")], capture_output=True, text=True)
+        if r.returncode != 0:
+            # Until densebench accepts H != W (issue 12 item 5) it must say so plainly.
+            assert "square" in r.stderr, r.stderr
+        else:
+            check_against_densebench(c, "bc", "pytorch-naive", case, "bc-3x5")
+
+
+def test_mlp_matches_densebench_f64(c: Ctx):
+    for act in ("on", "off"):
+        case = c.case(f"mlp-{act}.st", "mlp", batch=5, channels=4, growth=3, depth=4)
+        for v in ("pytorch-naive", "pytorch-checkpoint"):
+            check_against_densebench(c, "mlp", v, case, f"mlp-relu-{act}", activation=act)
+
+
+def test_frugal_variants_use_less_memory(c: Ctx):
+    bc = c.case("bc-mem.st", "bc", batch=8, channels=8, growth=8, depth=8, bn_size=4,
+                height=16, width=16, dtype="f32")
+    mlp = c.case("mlp-mem.st", "mlp", batch=512, channels=64, growth=32, depth=8, dtype="f32")
+    peaks = {}
+    for fam, case, variants in (("bc", bc, ("pytorch-naive", "pytorch-memory-efficient")),
+                                ("mlp", mlp, ("pytorch-naive", "pytorch-checkpoint"))):
+        for v in variants:
+            r = c.peer("--case", case, "--family", fam, "--variant", v, "--dtype", "f32",
+                       "--warmup", "1", "--steps", "1", "--out", c.path("mem.st"))
+            assert r.returncode == 0, r.stderr
+            row = json.loads(r.stdout)
+            assert row["peak_bytes"] > 0 and row["median_ns"] > 0
+            peaks[(fam, v)] = row["peak_bytes"]
+    assert peaks[("bc", "pytorch-memory-efficient")] < peaks[("bc", "pytorch-naive")], peaks
+    assert peaks[("mlp", "pytorch-checkpoint")] < peaks[("mlp", "pytorch-naive")], peaks
+    # The output alone is [N, C0 + L·k, H, W] in f32: every variant's peak holds it.
+    assert peaks[("bc", "pytorch-naive")] >= 8 * (8 + 64) * 256 * 4, peaks
+
+
+def test_check_reports_versions(c: Ctx):
+    r = c.peer("--check")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["framework"] == "pytorch" and info["framework_version"].startswith("torch ")
+
+
+def test_comparison_catches_a_perturbed_gradient(c: Ctx):
+    # The f64 agreement test must be able to fail: one parameter-gradient element moved by
+    # 1e-8 of the tensor's scale is 1e-8 relative, far above the 1e-10 tolerance.
+    case = c.case("perturb.st", "mlp", batch=5, channels=4, growth=3, depth=2)
+    c.peer_ok(case, "mlp", "pytorch-naive", c.path("perturb-out.st"))
+    ours = c.load(c.path("perturb-out.st"))
+    ref = {k: v.clone() for k, v in ours.items()}
+    assert max(rel_errors(ours, ref).values()) == 0.0
+    g = ours["grad.layers.1.weight"]
+    g.view(-1)[0] += 1e-8 * g.abs().max()
+    errs = rel_errors(ours, ref)
+    assert errs["grad.layers.1.weight"] > F64_TOLERANCE, errs
+
+
+def test_result_file_layout(c: Ctx):
+    # The result file has exactly densebench's names: output, grad.input, grad.<param>, and
+    # the running stats (no num_batches_tracked), in NCHW.
+    case = c.case("layout.st", "bc", batch=2, channels=3, growth=2, depth=2, bn_size=2,
+                  height=4, width=4)
+    c.peer_ok(case, "bc", "pytorch-naive", c.path("layout-out.st"))
+    r = c.load(c.path("layout-out.st"))
+    assert list(r["output"].shape) == [2, 7, 4, 4] and list(r["grad.input"].shape) == [2, 3, 4, 4]
+    assert "grad.denselayer2.conv2.weight" in r and "denselayer2.norm2.running_var" in r
+    assert not any("num_batches_tracked" in n for n in r)
+    # The output's first C0 channels are the input itself (the block concatenates it).
+    inp = c.load(case)["input"]
+    assert c.torch.equal(r["output"][:, :3], inp)
+
+
+TESTS = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
+
+
+def main() -> int:
+    python = peer_python()
+    if python is None:
+        print("skipped: PyTorch not importable (run harness/peer/setup.sh)")
+        return 0
+    if python != sys.executable and not os.environ.get("PEER_TEST_REEXEC"):
+        env = dict(os.environ, PEER_TEST_REEXEC="1")
+        return subprocess.run([python, os.path.abspath(__file__), *sys.argv[1:]], env=env).returncode
+    passed = failed = skipped = 0
+    with tempfile.TemporaryDirectory(prefix="peer-test-") as tmp:
+        c = Ctx(python, tmp)
+        only = sys.argv[1:]
+        for t in TESTS:
+            if only and not any(o in t.__name__ for o in only):
+                continue
+            try:
+                t(c)
+                print(f"ok      {t.__name__}")
+                passed += 1
+            except Skip as e:
+                print(f"skipped {t.__name__}: {e}")
+                skipped += 1
+            except Exception:
+                print(f"FAILED  {t.__name__}")
+                traceback.print_exc()
+                failed += 1
+    for k, v in MEASURED.items():
+        print(f"  max relative error {k}: {v:.2e}")
+    print(f"{passed} passed, {failed} failed, {skipped} skipped")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
