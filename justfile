@@ -23,6 +23,11 @@ plots CSV="results/reference-cpu.csv":
 report CSV="results/reference-cpu.csv":
     cargo run --release -- report {{CSV}} --out results/REPORT.md --plots plots
 
+# PyTorch for the peer rows: uses an importable torch+torchvision, else makes harness/peer/.venv-peer
+# (pinned in harness/peer/requirements.txt; ~5 GiB) and builds the CPU allocation counter
+peer-setup:
+    bash harness/peer/setup.sh
+
 # Every test of the workspace
 test:
     cargo test --workspace

@@ -99,12 +99,21 @@ impl GpuInfo {
     }
 }
 
-/// Parses the driver release from the first line of /proc/driver/nvidia/version, e.g.
-/// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023`.
+/// Parses the driver release from the first line of /proc/driver/nvidia/version: the first
+/// word after `Kernel Module` made of digits and dots, e.g. `535.104.05` in
+/// `NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 01:15:15 UTC 2023`
+/// or `580.159.04` in the open driver's
+/// `NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build …`.
 pub fn parse_driver_release(proc_version: &str) -> Option<String> {
     let line = proc_version.lines().next()?;
     let rest = line.split("Kernel Module").nth(1)?;
-    rest.split_whitespace().next().map(str::to_string)
+    rest.split_whitespace()
+        .find(|w| {
+            w.contains('.')
+                && w.chars().all(|c| c.is_ascii_digit() || c == '.')
+                && w.chars().next().is_some_and(|c| c.is_ascii_digit())
+        })
+        .map(str::to_string)
 }
 
 /// Where a [`PoolPeak`]'s numbers come from.
@@ -521,6 +530,10 @@ mod tests {
         let text = "NVRM version: NVIDIA UNIX x86_64 Kernel Module  535.104.05  Sat Aug 19 \
                     01:15:15 UTC 2023\nGCC version:  gcc version 12.2.0\n";
         assert_eq!(parse_driver_release(text).as_deref(), Some("535.104.05"));
+        // The open kernel module (driver 580 on an H100) puts words before the version.
+        let open = "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release \
+                    Build  (dvs-builder@U22-I3-AF03-09-1)  Thu Sep 18 2025\n";
+        assert_eq!(parse_driver_release(open).as_deref(), Some("580.159.04"));
         assert_eq!(parse_driver_release("garbage"), None);
     }
 

@@ -30,7 +30,11 @@ pub fn identity_row(variant: Variant, cfg: &Config, s: &Settings) -> Row {
         seed: cfg.seed,
         device: s.device.to_string(),
         device_desc: s.device.describe(s.threads),
-        threads: s.threads,
+        threads: if s.device == DeviceSpec::Cpu {
+            s.threads
+        } else {
+            0
+        },
         densebench_version: VERSION.to_string(),
         git_rev: git_rev().to_string(),
         timestamp: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
@@ -103,7 +107,12 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
 /// Copies the child's measurement into the row; returns the gradient tolerance applied.
 fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
     let m = child::parse_measurement(stdout)?;
-    row.threads = m.threads;
+    // CPU threads are what a CPU row ran with; a GPU row's compute is the GPU's (0, documented).
+    row.threads = if row.device == DeviceSpec::Cpu.to_string() {
+        m.threads
+    } else {
+        0
+    };
     row.baseline_bytes = Some(m.baseline_bytes);
     row.peak_bytes = Some(m.peak_bytes);
     row.saved_bytes = Some(m.saved_bytes);
