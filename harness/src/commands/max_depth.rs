@@ -5,6 +5,8 @@
 use crate::measure::capacity::Searcher;
 use crate::measure::device::DeviceSpec;
 use crate::measure::estimates::overhead_margin;
+use crate::measure::interrupt;
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Family, Variant};
@@ -57,11 +59,11 @@ pub struct Args {
     /// Also write the table as CSV to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compute threads of each measured run (0: all physical cores).
-    #[arg(long, default_value_t = 0)]
+    /// Compute threads of each measured run (0: all physical cores; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = bounds::flags::threads)]
     pub threads: usize,
-    /// Time limit of each measured run in seconds.
-    #[arg(long, default_value_t = 1800)]
+    /// Time limit of each measured run in seconds (1 to 604800, one week).
+    #[arg(long, default_value_t = 1800, value_parser = bounds::flags::timeout)]
     pub timeout: u64,
 }
 
@@ -105,9 +107,9 @@ fn mib(b: Option<u64>) -> String {
     )
 }
 
-/// `densebench max-depth`.
-pub fn run(a: Args) -> Result<ExitCode> {
-    let cfg = block(&a)?;
+/// The block and the variants asked for, validated (every error is the user's input).
+fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
+    let cfg = block(a)?;
     anyhow::ensure!(a.max_depth >= 1, "--max-depth must be at least 1");
     anyhow::ensure!(a.budget > 0, "--budget must be positive");
     let variants: Vec<Variant> = if a.variants.is_empty() {
@@ -122,6 +124,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
             })
             .collect::<Result<_>>()?
     };
+    Ok((cfg, variants))
+}
+
+/// `densebench max-depth`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    interrupt::install()?;
+    let (cfg, variants) = validate(&a).bad_input()?;
     if let Some(out) = &a.out {
         if let Some(dir) = out.parent().filter(|d| !d.as_os_str().is_empty()) {
             std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;

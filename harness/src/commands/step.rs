@@ -4,6 +4,7 @@
 //! a block saved from PyTorch can be run here and its gradients compared there.
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::plan::bounds::ResultExt;
 use crate::plan::job::OnOff;
 use anyhow::{anyhow, Context, Result};
 use impls::{Case, NoProbe, Variant};
@@ -32,14 +33,19 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
-    let spec: DeviceSpec = a.device.parse().context("--device")?;
-    let device = spec.open()?;
+    // Every error before the step is the user's input (exit status 2).
+    let variant = Variant::parse(&a.variant)
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
+    let spec: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    let device = spec.open().bad_input()?;
     let case = Case::load(&a.case, a.activation.is_on(), &device)
-        .map_err(|e| anyhow!("loading case {}: {e}", a.case.display()))?;
+        .map_err(|e| anyhow!("loading case {}: {e}", a.case.display()))
+        .bad_input()?;
     variant
         .check(&case.cfg)
-        .map_err(|e| anyhow!("--variant: {e}"))?;
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
     let result = impls::step(
         variant,
         &case.cfg,
