@@ -10,7 +10,7 @@
 //! ([`crate::plan::bounds`]), and the sweep's size is counted before it is expanded: a sweep
 //! that would expand to more than [`MAX_JOBS`] jobs fails at once, with the count.
 
-use crate::plan::bounds::{self, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
+use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
 use crate::plan::job::{self, resolve_threads, Settings};
 use crate::plan::shard;
@@ -624,21 +624,22 @@ pub fn retarget(jobs: Vec<Job>, device: DeviceSpec) -> Vec<Job> {
 /// A sweep's name and its keys in order, each with its shard (1-based) when a count was given.
 pub type SweepKeys = (String, Vec<(String, Option<usize>)>);
 
-/// The keys of a sweep in its order, and, with `shards`, each key's shard (1-based).
+/// The keys of a sweep in its order, and, with `shards`, each key's shard (1-based). Every
+/// error is the user's input (a bad sweep, a shard count out of bounds: exit status 2).
 pub fn sweep_keys(
     sweep_file: Option<&Path>,
     quick: bool,
     devices: &[DeviceSpec],
     shards: Option<usize>,
 ) -> Result<SweepKeys> {
-    let (text, source) = load_sweep(sweep_file, quick)?;
-    let mut jobs = parse(&text, &source, None)?;
+    let (text, source) = load_sweep(sweep_file, quick).bad_input()?;
+    let mut jobs = parse(&text, &source, None).bad_input()?;
     if let Some(&first) = devices.first() {
         jobs = retarget(jobs, first);
     }
     let mut shard_of: HashMap<usize, usize> = HashMap::new();
     if let Some(n) = shards {
-        bounds::check_shards("--shards", n)?;
+        bounds::check_shards("--shards", n).bad_input()?;
         for (i, part) in shard::partition(&jobs, n).iter().enumerate() {
             for &j in &part.jobs {
                 shard_of.insert(j, i + 1);
@@ -692,6 +693,36 @@ mod tests {
         // mlp with the activation on: autograd + 6 manual variants (no buffer-recompute-*);
         // off: autograd + cat-store-copy, cat-recompute-copy, buffer-store-copy. Two depths.
         assert_eq!(jobs.map(|j| j.len()), Ok(2 * (7 + 4)));
+    }
+
+    #[test]
+    fn sweep_size_is_counted_before_expansion_without_overflow() {
+        // Nine axes of 150 values: 150^9 ≈ 3.8e19 configurations overflow u64; the count must
+        // say so instead of wrapping to a small number (which would pass the limit).
+        let list = |v: &str| format!("[{}]", vec![v; 150].join(", "));
+        let text = format!(
+            "[[group]]\nfamily = 'mlp'\nbatch = {b}\nchannels = {b}\ngrowth = {b}\ndepth = {b}\n\
+             bn_size = {b}\nsize = {b}\nseed = {b}\nactivation = {a}\ndtype = {d}\n",
+            b = list("1"),
+            a = list("true"),
+            d = list("'f32'")
+        );
+        let e = err(&text);
+        assert!(
+            e.contains("more than 10^19 jobs") && e.contains("100000"),
+            "{e}"
+        );
+        // Two groups each under the limit whose sum is over it: the total counts.
+        let depths = (1..=60_000).map(|i| i.to_string()).collect::<Vec<_>>();
+        let half = |batch: usize| {
+            format!(
+                "[[group]]\nfamily = 'mlp'\nbatch = {batch}\nchannels = 1\ngrowth = 1\n\
+                 depth = [{}]\nvariants = ['cat-store-copy']\n",
+                depths.join(",")
+            )
+        };
+        let e = err(&format!("{}{}", half(1), half(2)));
+        assert!(e.contains("expands to 120000 jobs"), "{e}");
     }
 
     #[test]
