@@ -334,15 +334,35 @@ macro_rules! merged {
     };
 }
 
-/// The axes of a group's cartesian product with their lengths, variants last (`"all"` counted
-/// as every variant there is: an upper bound, since some do not apply to every config).
+/// The axes of a group's cartesian product with their lengths, variants last. `"all"` counts
+/// the variants that apply to the family, with the activation that has the most (exact for one
+/// activation value, an upper bound for mlp with both); an unknown family counts every variant.
 fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
     fn len<T>(v: Option<Set<Vec<T>>>) -> usize {
         v.map_or(1, |s| s.value.len())
     }
+    let all = || {
+        let family = merged!(g, d, family).and_then(|f| Family::parse(&f.value).ok());
+        let activations = merged!(g, d, activation).map_or(vec![true], |a| a.value);
+        match family {
+            Some(family) => [true, false]
+                .into_iter()
+                .filter(|a| activations.contains(a))
+                .map(|activation| {
+                    Variant::for_config(&Config {
+                        activation,
+                        ..Config::tiny(family)
+                    })
+                    .len()
+                })
+                .max()
+                .unwrap_or(0),
+            None => Variant::all().len(),
+        }
+    };
     let variants = match merged!(g, d, variants) {
         Some(v) if v.value != ["all"] => v.value.len(),
-        _ => Variant::all().len(),
+        _ => all(),
     };
     vec![
         ("batch", len(merged!(g, d, batch))),
