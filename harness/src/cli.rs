@@ -9,6 +9,7 @@ use crate::commands::{
 use crate::measure::interrupt;
 use crate::plan::bounds;
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 /// densebench: dense-block memory strategies, measured on identical inputs and weights.
@@ -71,7 +72,11 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             if let Some(stop) = interrupt::interrupted(&e) {
-                eprintln!("densebench: {stop}: its child processes were killed");
+                // Not eprintln!: after SIGHUP the terminal may be gone.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "densebench: {stop}: its child processes were killed"
+                );
                 return ExitCode::from(stop.exit_status());
             }
             eprintln!("densebench: error: {e:#}");

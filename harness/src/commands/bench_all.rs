@@ -26,6 +26,7 @@ use crate::results::runner;
 use crate::results::store::Output;
 use anyhow::Result;
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -155,7 +156,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let start = Instant::now();
     let shared = runner::run(&todo, &a.devices, out, &cache_dir, a.retries)?;
     if let Some(stop) = shared.interrupted {
-        eprintln!(
+        // Not eprintln!: after SIGHUP the terminal may be gone, and a failed write must not panic.
+        let _ = writeln!(
+            std::io::stderr(),
             "densebench bench-all: {stop} after {} of {} rows: the running children were killed \
              and their temporary files removed, {} holds whole rows only; run the same command \
              with --resume to continue",

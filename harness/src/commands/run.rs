@@ -117,7 +117,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(row) => row,
         Err(e) => match interrupt::interrupted(&e) {
             Some(stop) => {
-                eprintln!("densebench run: {stop}: the child was killed; no row was printed");
+                // Not eprintln!: after SIGHUP the terminal may be gone.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "densebench run: {stop}: the child was killed; no row was printed"
+                );
                 return Ok(ExitCode::from(stop.exit_status()));
             }
             None => return Err(e),

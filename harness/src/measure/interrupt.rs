@@ -16,6 +16,7 @@ use anyhow::{Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::BTreeSet;
 use std::fmt;
+use std::io::Write;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -135,7 +136,9 @@ pub fn install() -> Result<()> {
                             .is_ok();
                         kill_all();
                         if !first {
-                            eprintln!(
+                            // Not eprintln!: after SIGHUP the terminal may be gone.
+                            let _ = writeln!(
+                                std::io::stderr(),
                                 "densebench: {} again: exiting now (the children are killed; \
                                  --resume continues a sweep)",
                                 signal_name(signal)
