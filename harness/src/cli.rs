@@ -1,10 +1,15 @@
-//! The command line: clap definitions and dispatch to each subcommand's file in `commands/`;
-//! nothing else.
+//! The command line: clap definitions and dispatch to each subcommand's file in `commands/`,
+//! and the exit status of an error: 2 for bad input (clap's usage errors, and errors marked
+//! [`BadInput`](crate::plan::bounds::BadInput)), 128 + the signal for a run stopped by one, 1
+//! for everything else.
 
 use crate::commands::{
     bench_all, child, compare, criterion_import, max_depth, merge, plan, plots, report, run, step,
 };
+use crate::measure::interrupt;
+use crate::plan::bounds;
 use clap::{Parser, Subcommand};
+use std::io::Write;
 use std::process::ExitCode;
 
 /// densebench: dense-block memory strategies, measured on identical inputs and weights.
@@ -42,6 +47,9 @@ enum Command {
     Child(child::Args),
 }
 
+/// Exit status for bad input and usage, as clap's own usage errors.
+const BAD_INPUT: u8 = 2;
+
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -63,8 +71,20 @@ pub fn main() -> ExitCode {
     match result {
         Ok(code) => code,
         Err(e) => {
+            if let Some(stop) = interrupt::interrupted(&e) {
+                // Not eprintln!: after SIGHUP the terminal may be gone.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "densebench: {stop}: its child processes were killed"
+                );
+                return ExitCode::from(stop.exit_status());
+            }
             eprintln!("densebench: error: {e:#}");
-            ExitCode::FAILURE
+            if bounds::is_bad_input(&e) {
+                ExitCode::from(BAD_INPUT)
+            } else {
+                ExitCode::FAILURE
+            }
         }
     }
 }

@@ -6,6 +6,10 @@
 //! path); an existing output file is never overwritten silently (`--resume` continues it,
 //! `--force` replaces it); the CSV is valid whenever the sweep is killed (header plus whole
 //! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing.
+//! SIGTERM, SIGINT or SIGHUP to this process kills the children and stops with exit status
+//! 128 + the signal and one line saying `--resume` continues; `--retries N` reruns rows whose
+//! child was killed or crashed. Bad input (the sweep, a flag) exits with status 2, before any
+//! work.
 //!
 //! Beyond one machine: `--shard I/N` keeps only shard I of the sweep ([`crate::plan::shard`]:
 //! whole configurations, balanced by predicted cost, the same split on every node), after which
@@ -13,15 +17,16 @@
 //! child at a time) per device, whole configurations per device, rows appended under a lock.
 
 use crate::measure::device::check_devices;
-use crate::measure::reference;
+use crate::measure::{interrupt, reference};
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::device::DeviceSpec;
-use crate::plan::job;
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse, retarget, Job};
 use crate::results::runner;
 use crate::results::store::Output;
 use anyhow::Result;
 use std::collections::HashSet;
+use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -47,8 +52,8 @@ pub struct Args {
     #[arg(long)]
     pub force: bool,
     /// Memory limit of every child in bytes (suffixes K, M, G, KiB, MiB, GiB), overriding the
-    /// sweep file; default 75% of RAM.
-    #[arg(long, value_parser = job::parse_bytes)]
+    /// sweep file; default 75% of RAM. At least 1 MiB.
+    #[arg(long, value_parser = bounds::flags::mem_limit)]
     pub mem_limit: Option<u64>,
     /// Reference cache directory (default: `densebench-cache` next to the executable, or
     /// $DENSEBENCH_CACHE_DIR).
@@ -64,6 +69,10 @@ pub struct Args {
     /// device (the GPUs are taken as identical); `device_desc` names the one a row ran on.
     #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
     pub devices: Vec<DeviceSpec>,
+    /// Rerun a row whose child was killed by a signal densebench did not send, or crashed
+    /// (status `killed` or `crashed`), up to N times (at most 100).
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = bounds::flags::retries)]
+    pub retries: usize,
 }
 
 impl Args {
@@ -82,9 +91,9 @@ fn default_out(quick: bool, shard: Option<ShardSpec>) -> PathBuf {
     PathBuf::from("results").join(format!("{stem}-{stamp}{part}.csv"))
 }
 
-/// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
-/// gradients are out of tolerance; rows that ran out of memory or time are results, not failures.
-pub fn run(a: Args) -> Result<ExitCode> {
+/// The jobs of this run (the sweep, retargeted to `--devices`, cut to `--shard`) and the
+/// sweep's name for messages. Every error is the user's input.
+fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
     check_devices(&a.devices)?;
     let (text, source) = load_sweep(a.sweep.as_deref(), a.quick)?;
     let mut jobs = parse(&text, &source, a.mem_limit)?;
@@ -94,9 +103,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut source = source;
     if let Some(s) = a.shard {
         let total = jobs.len();
+        bounds::check_shards_for(&format!("--shard {s}"), s.count, total, &source)?;
         jobs = shard::select(jobs, s);
         source = format!("{source}, shard {s} ({} of {total} jobs)", jobs.len());
     }
+    Ok((jobs, source))
+}
+
+/// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
+/// gradients are out of tolerance; rows that ran out of memory or time are results, not failures.
+pub fn run(a: Args) -> Result<ExitCode> {
+    interrupt::install()?;
+    let (jobs, source) = jobs(&a).bad_input()?;
     let out_path = a
         .out
         .clone()
@@ -136,7 +154,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     );
     let start = Instant::now();
-    let shared = runner::run(&todo, &a.devices, out, &cache_dir)?;
+    let shared = runner::run(&todo, &a.devices, out, &cache_dir, a.retries)?;
+    if let Some(stop) = shared.interrupted {
+        // Not eprintln!: after SIGHUP the terminal may be gone, and a failed write must not panic.
+        let _ = writeln!(
+            std::io::stderr(),
+            "densebench bench-all: {stop} after {} of {} rows: the running children were killed \
+             and their temporary files removed, {} holds whole rows only; run the same command \
+             with --resume to continue",
+            shared.finished,
+            todo.len(),
+            out_path.display()
+        );
+        return Ok(ExitCode::from(stop.exit_status()));
+    }
     let counts: Vec<String> = shared
         .counts
         .iter()

@@ -5,6 +5,8 @@
 use crate::measure::capacity::Searcher;
 use crate::measure::device::DeviceSpec;
 use crate::measure::estimates::overhead_margin;
+use crate::measure::interrupt;
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, Context, Result};
@@ -58,11 +60,11 @@ pub struct Args {
     /// Also write the table as CSV to this file.
     #[arg(long)]
     pub out: Option<PathBuf>,
-    /// Compute threads of each measured run (0: all physical cores).
-    #[arg(long, default_value_t = 0)]
+    /// Compute threads of each measured run (0: all physical cores; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = bounds::flags::threads)]
     pub threads: usize,
-    /// Time limit of each measured run in seconds.
-    #[arg(long, default_value_t = 1800)]
+    /// Time limit of each measured run in seconds (1 to 604800, one week).
+    #[arg(long, default_value_t = 1800, value_parser = bounds::flags::timeout)]
     pub timeout: u64,
 }
 
@@ -106,9 +108,9 @@ fn mib(b: Option<u64>) -> String {
     )
 }
 
-/// `densebench max-depth`.
-pub fn run(a: Args) -> Result<ExitCode> {
-    let cfg = block(&a)?;
+/// The block and the variants asked for, validated (every error is the user's input).
+fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
+    let cfg = block(a)?;
     anyhow::ensure!(a.max_depth >= 1, "--max-depth must be at least 1");
     anyhow::ensure!(a.budget > 0, "--budget must be positive");
     let variants: Vec<Variant> = if a.variants.is_empty() {
@@ -123,6 +125,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
             })
             .collect::<Result<_>>()?
     };
+    Ok((cfg, variants))
+}
+
+/// `densebench max-depth`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    interrupt::install()?;
+    let (cfg, variants) = validate(&a).bad_input()?;
     let settings = Settings {
         device: DeviceSpec::Cpu,
         threads: job::resolve_threads(a.threads),

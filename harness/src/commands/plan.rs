@@ -6,9 +6,10 @@
 //! variant factor), printed in GFLOP-eq: relative numbers for balancing, not seconds.
 
 use crate::measure::device::{check_devices, DeviceSpec};
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::shard;
 use crate::plan::sweep;
-use anyhow::{bail, Result};
+use anyhow::Result;
 use clap::ValueEnum;
 use std::io::Write;
 use std::path::PathBuf;
@@ -34,8 +35,8 @@ pub struct Args {
     /// The built-in quick sweep.
     #[arg(long)]
     pub quick: bool,
-    /// Number of shards (as `bench-all --shard I/N`).
-    #[arg(long, default_value_t = 1, value_name = "N")]
+    /// Number of shards (as `bench-all --shard I/N`): 1 to 10000, and at most the sweep's jobs.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = bounds::flags::shards)]
     pub shards: usize,
     /// The `--devices` list of `bench-all` (rows are keyed by the first device).
     #[arg(long, value_delimiter = ',', value_name = "DEV,...")]
@@ -44,17 +45,16 @@ pub struct Args {
     pub format: Format,
 }
 
-/// The plan as text (see [`Format`]).
+/// The plan as text (see [`Format`]). Every error is the user's input (exit status 2).
 pub fn render(a: &Args) -> Result<String> {
-    if a.shards == 0 {
-        bail!("--shards must be at least 1");
-    }
-    check_devices(&a.devices)?;
-    let (text, source) = sweep::load_sweep(a.sweep.as_deref(), a.quick)?;
-    let mut jobs = sweep::parse(&text, &source, None)?;
+    bounds::check_shards("--shards", a.shards).bad_input()?;
+    check_devices(&a.devices).bad_input()?;
+    let (text, source) = sweep::load_sweep(a.sweep.as_deref(), a.quick).bad_input()?;
+    let mut jobs = sweep::parse(&text, &source, None).bad_input()?;
     if let Some(&first) = a.devices.first() {
         jobs = sweep::retarget(jobs, first);
     }
+    bounds::check_shards_for("--shards", a.shards, jobs.len(), &source).bad_input()?;
     let parts = shard::partition(&jobs, a.shards);
     let groups = shard::groups(&jobs);
     let total: f64 = parts.iter().map(|p| p.cost).sum();

@@ -1,10 +1,14 @@
 //! `densebench run`: one configuration of one variant, measured in an isolated child process
-//! ([`crate::results::record::measure_row`]), printed as one result row.
+//! ([`crate::results::record::measure_row`]), printed as one result row. Exit status 0 for an
+//! `ok` row within tolerance, 1 for any other row, 2 for bad input, 128 + the signal when a
+//! SIGTERM, SIGINT or SIGHUP stopped it (the child is killed, no row is printed).
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::measure::interrupt;
 use crate::measure::reference::{self, Cache};
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, ConfigArgs, Settings};
-use crate::results::record::measure_row;
+use crate::results::record::measure_row_retrying;
 use crate::results::row::Row;
 use anyhow::{anyhow, Context, Result};
 use clap::ValueEnum;
@@ -31,14 +35,15 @@ pub struct Args {
     /// Variant name, e.g. `cat-store-copy`, `buffer-recompute-inplace`, `autograd`.
     #[arg(long)]
     pub variant: String,
-    /// Measured steps: time columns are median, min and max over them.
-    #[arg(long, default_value_t = 3)]
+    /// Measured steps (1 to 10000): time columns are median, min and max over them.
+    #[arg(long, default_value_t = 3, value_parser = bounds::flags::steps)]
     pub steps: usize,
-    /// Unmeasured warm-up steps before them (settle the allocator and gemm scratch).
-    #[arg(long, default_value_t = 1)]
+    /// Unmeasured warm-up steps before them (settle the allocator and gemm scratch; at most
+    /// 10000).
+    #[arg(long, default_value_t = 1, value_parser = bounds::flags::warmup)]
     pub warmup: usize,
-    /// Compute threads of the child (0: candle's default, the physical cores).
-    #[arg(long, default_value_t = 0)]
+    /// Compute threads of the child (0: candle's default, the physical cores; at most 1024).
+    #[arg(long, default_value_t = 0, value_parser = bounds::flags::threads)]
     pub threads: usize,
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
@@ -47,11 +52,16 @@ pub struct Args {
     #[arg(long, value_enum, default_value_t = Format::Csv)]
     pub format: Format,
     /// Memory limit of the child in bytes (suffixes K, M, G, KiB, MiB, GiB); default 75% of RAM.
-    #[arg(long, value_parser = job::parse_bytes)]
+    /// At least 1 MiB.
+    #[arg(long, value_parser = bounds::flags::mem_limit)]
     pub mem_limit: Option<u64>,
-    /// Time limit of each child process in seconds.
-    #[arg(long, default_value_t = job::DEFAULT_TIMEOUT_SECS)]
+    /// Time limit of each child process in seconds (1 to 604800, one week).
+    #[arg(long, default_value_t = job::DEFAULT_TIMEOUT_SECS, value_parser = bounds::flags::timeout)]
     pub timeout: u64,
+    /// Rerun the child up to N times when it was killed by a signal densebench did not send or
+    /// crashed (status `killed` or `crashed`; at most 100).
+    #[arg(long, default_value_t = 0, value_name = "N", value_parser = bounds::flags::retries)]
+    pub retries: usize,
     /// Reference cache directory (default: `densebench-cache` next to the executable, or
     /// $DENSEBENCH_CACHE_DIR).
     #[arg(long)]
@@ -77,12 +87,17 @@ pub fn print_row(row: &Row, format: Format, out: &mut impl Write) -> Result<()> 
 /// `densebench run`. Exit status 0 when the row is `ok` with gradients within tolerance, 1
 /// otherwise (the row is printed either way).
 pub fn run(a: Args) -> Result<ExitCode> {
-    let cfg = a.config.to_config()?;
-    let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
-    variant.check(&cfg).map_err(|e| anyhow!("--variant: {e}"))?;
-    let device: DeviceSpec = a.device.parse().context("--device")?;
-    device.check_available()?;
-    anyhow::ensure!(a.steps >= 1, "--steps must be at least 1, got 0");
+    interrupt::install()?;
+    let cfg = a.config.to_config().bad_input()?;
+    let variant = Variant::parse(&a.variant)
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
+    variant
+        .check(&cfg)
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
+    let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    device.check_available().bad_input()?;
     let s = Settings {
         device,
         threads: job::resolve_threads(a.threads),
@@ -92,7 +107,26 @@ pub fn run(a: Args) -> Result<ExitCode> {
         timeout: Duration::from_secs(a.timeout),
     };
     let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?)?;
-    let row = measure_row(variant, &cfg, &s, &mut refs)?;
+    let mut on_retry = |failed: &Row, n: usize| {
+        eprintln!(
+            "densebench run: {}: {}; retrying ({n} of {})",
+            failed.key, failed.error, a.retries
+        );
+    };
+    let row = match measure_row_retrying(variant, &cfg, &s, &mut refs, a.retries, &mut on_retry) {
+        Ok(row) => row,
+        Err(e) => match interrupt::interrupted(&e) {
+            Some(stop) => {
+                // Not eprintln!: after SIGHUP the terminal may be gone.
+                let _ = writeln!(
+                    std::io::stderr(),
+                    "densebench run: {stop}: the child was killed; no row was printed"
+                );
+                return Ok(ExitCode::from(stop.exit_status()));
+            }
+            None => return Err(e),
+        },
+    };
     print_row(&row, a.format, &mut std::io::stdout().lock())?;
     if !row.is_ok() || row.grad_ok != Some(true) {
         eprintln!(

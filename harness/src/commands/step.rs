@@ -4,6 +4,7 @@
 //! a block saved from PyTorch can be run here and its gradients compared there.
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::plan::bounds::ResultExt;
 use crate::plan::job::{self, OnOff};
 use crate::results::store::{refuse_input_as_output, write_atomic};
 use anyhow::{anyhow, Context, Result};
@@ -37,16 +38,21 @@ pub struct Args {
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
-    refuse_input_as_output(&a.out, "--out", &[&a.case])?;
-    let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
-    let spec: DeviceSpec = a.device.parse().context("--device")?;
-    let device = spec.open()?;
+    // Every error before the step is the user's input (exit status 2).
+    refuse_input_as_output(&a.out, "--out", &[&a.case]).bad_input()?;
+    let variant = Variant::parse(&a.variant)
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
+    let spec: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    let device = spec.open().bad_input()?;
     let limit = a.mem_limit.or_else(job::default_mem_limit);
     let case = Case::load_with_limit(&a.case, a.activation.is_on(), &device, limit)
-        .map_err(|e| anyhow!("{e}"))?;
+        .map_err(|e| anyhow!("{e}"))
+        .bad_input()?;
     variant
         .check(&case.cfg)
-        .map_err(|e| anyhow!("--variant: {e}"))?;
+        .map_err(|e| anyhow!("--variant: {e}"))
+        .bad_input()?;
     let result = impls::step(
         variant,
         &case.cfg,

@@ -92,7 +92,9 @@ impl<'a> Searcher<'a> {
                 "{v} at L={depth} did not finish in {} s (raise --timeout)",
                 t.as_secs()
             ),
-            Outcome::Error(e) => bail!("{v} at L={depth}: {e}"),
+            Outcome::Killed(e) | Outcome::Crashed(e) | Outcome::Error(e) => {
+                bail!("{v} at L={depth}: {e}")
+            }
         }
     }
 

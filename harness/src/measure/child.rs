@@ -3,18 +3,34 @@
 //! time limit and classifies how it ended.
 //!
 //! Protocol: the child prints one JSON [`Measurement`] as the last line of its stdout and exits
-//! 0. Anything else is a failure: killed at the time limit → `timeout`; aborted with Rust's
-//! "memory allocation of N bytes failed" (the counting allocator refused to pass the memory
-//! limit) or killed by SIGKILL it did not get from us (the kernel's OOM killer) → `oom`; any
-//! other exit → `error` with the child's last stderr line.
+//! 0. Anything else is a failure, named by what ended the child:
+//! - killed by us at the time limit → `timeout`;
+//! - aborted with Rust's "memory allocation of N bytes failed" (the counting allocator refused
+//!   to pass the memory limit) → `oom`, the only case where the memory limit is the evident
+//!   cause;
+//! - killed by a crash signal ([`CRASH_SIGNALS`]: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, …)
+//!   → `crashed`, error `crashed (SIGSEGV)` and the child's last stderr line if it said one;
+//! - killed by any other signal we did not send (SIGKILL from a user, a scheduler or the
+//!   kernel's OOM killer; SIGTERM; …) → `killed`, error `killed by SIGKILL`;
+//! - any other exit → `error` with the child's last stderr line.
+//!
+//! `killed` and `crashed` rows are the ones `--retries N` reruns ([`RETRIED_STATUSES`]): nothing
+//! says the next run ends the same way. A child killed because the parent was told to stop
+//! ([`crate::measure::interrupt`]) is no row at all: [`spawn`] returns the `Interrupted` error.
+//!
+//! Children die with their parent: each child sets `PR_SET_PDEATHSIG` (SIGKILL) before it
+//! starts, so a parent killed even with SIGKILL takes it along, and leads its own process group,
+//! so a terminal's Ctrl-C reaches only the parent, which kills the group and stops in order.
 
 use crate::measure::alloc;
 use crate::measure::device::DeviceSpec;
+use crate::measure::interrupt::{self, signal_name};
 use crate::measure::step::{self as measure, Measurement};
 use crate::plan::job::{ConfigArgs, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::Variant;
 use std::io::Read;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, ExitCode, Stdio};
 use std::time::{Duration, Instant};
@@ -84,6 +100,10 @@ pub enum Outcome {
     Oom(String),
     /// Killed at the time limit.
     Timeout(Duration),
+    /// Killed by a signal we did not send (`killed by SIGKILL`, …).
+    Killed(String),
+    /// Killed by a crash signal (`crashed (SIGSEGV)`, …, and its last stderr line).
+    Crashed(String),
     /// Any other failure, with the child's last stderr line.
     Error(String),
 }
@@ -95,10 +115,27 @@ impl Outcome {
             Outcome::Ok(_) => "ok",
             Outcome::Oom(_) => "oom",
             Outcome::Timeout(_) => "timeout",
+            Outcome::Killed(_) => "killed",
+            Outcome::Crashed(_) => "crashed",
             Outcome::Error(_) => "error",
         }
     }
 }
+
+/// Row statuses whose child may well end differently when run again (what `--retries` reruns).
+pub const RETRIED_STATUSES: [&str; 2] = ["killed", "crashed"];
+
+/// Signals that mean the child crashed (a bug, a stack overflow, an abort), not that something
+/// outside killed it.
+pub const CRASH_SIGNALS: [i32; 7] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGABRT,
+    libc::SIGSYS,
+    libc::SIGTRAP,
+];
 
 /// The child flags for `variant` on `cfg` under `s` (without the mode flags).
 pub fn flags(variant: Variant, cfg: &impls::Config, s: &Settings) -> Vec<String> {
@@ -146,22 +183,59 @@ fn last_line(stderr: &str) -> Option<String> {
         })
 }
 
+/// Makes the child die with the thread that spawns it (`PR_SET_PDEATHSIG`, SIGKILL) and lead
+/// its own process group. The death signal follows the spawning *thread*: every caller waits
+/// for its child on the thread that spawned it, so the two end together.
+fn die_with_parent(cmd: &mut Command) {
+    let parent = i32::try_from(std::process::id()).unwrap_or(0);
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
+    // calls are allowed: prctl(2) and getppid(2) are plain system calls, and nothing allocates
+    // (an io::Error from a raw OS code does not).
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(
+                libc::PR_SET_PDEATHSIG,
+                libc::SIGKILL as libc::c_ulong,
+                0,
+                0,
+                0,
+            ) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            // The parent may have died between fork and prctl: then no signal will come.
+            if libc::getppid() != parent {
+                return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
+            }
+            Ok(())
+        });
+    }
+    cmd.process_group(0);
+}
+
 /// Runs this binary with `args` as a child process with `s.threads` compute threads, killing it
-/// after `s.timeout`. Errs only when the child cannot be started at all.
+/// after `s.timeout`. Errs when the child cannot be started at all, and with
+/// [`interrupt::Interrupted`] when the parent was told to stop (the child is killed, and how it
+/// ended is not a result).
 pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
+    interrupt::check()?;
     let exe = std::env::current_exe().context("finding the densebench executable to re-run")?;
     let threads = s.threads.to_string();
-    let mut child = Command::new(&exe)
-        .args(args)
+    let mut cmd = Command::new(&exe);
+    cmd.args(args)
         // candle's CPU backend and gemm read RAYON_NUM_THREADS (candle_core::utils::
         // get_num_threads); CANDLE_NUM_THREADS sizes its barrier pool (defaults to the former).
         .env("RAYON_NUM_THREADS", &threads)
         .env("CANDLE_NUM_THREADS", &threads)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
+        .stderr(Stdio::piped());
+    die_with_parent(&mut cmd);
+    let mut child = cmd
         .spawn()
         .with_context(|| format!("starting {}", exe.display()))?;
+    let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
+    let tracked = interrupt::track(child.id());
     let out = child.stdout.take().map(read_all);
     let err = child.stderr.take().map(read_all);
     let start = Instant::now();
@@ -170,16 +244,24 @@ pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
         if let Some(status) = child.try_wait().context("waiting for the child")? {
             break status;
         }
-        if start.elapsed() >= s.timeout {
-            timed_out = true;
-            // Kill our own child by its handle; then reap it.
-            let _ = child.kill();
+        let stopping = interrupt::caught().is_some();
+        if stopping || start.elapsed() >= s.timeout {
+            timed_out = !stopping;
+            // Kill our own child's group (the child leads it); then reap it.
+            interrupt::kill_group(pid);
             break child.wait().context("reaping the killed child")?;
         }
         std::thread::sleep(POLL);
     };
+    drop(tracked);
     let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
     let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
+    if let Some(stop) = interrupt::caught() {
+        // A child that finished before the signal is a result; one that did not was ours to kill.
+        if !status.success() {
+            return Err(stop.into());
+        }
+    }
     Ok(classify(status, timed_out, s, stdout, &stderr))
 }
 
@@ -207,20 +289,28 @@ fn classify(
     {
         return Outcome::Oom(format!("{}{limit}", line.trim()));
     }
-    if status.signal() == Some(libc::SIGKILL) {
-        return Outcome::Oom(format!(
-            "killed by SIGKILL (likely the kernel's OOM killer){limit}"
-        ));
+    match (status.code(), status.signal()) {
+        (None, Some(sig)) if CRASH_SIGNALS.contains(&sig) => {
+            Outcome::Crashed(match last_line(stderr) {
+                Some(l) => format!("crashed ({}): {l}", signal_name(sig)),
+                None => format!("crashed ({})", signal_name(sig)),
+            })
+        }
+        (None, Some(sig)) if sig == libc::SIGKILL => Outcome::Killed(
+            "killed by SIGKILL (not sent by densebench: a user, a job scheduler or the kernel's \
+             OOM killer)"
+                .to_string(),
+        ),
+        (None, Some(sig)) => Outcome::Killed(format!("killed by {}", signal_name(sig))),
+        (Some(c), _) => Outcome::Error(match last_line(stderr) {
+            Some(l) => format!("{l} (exit status {c})"),
+            None => format!("child failed with exit status {c} and no message"),
+        }),
+        (None, None) => Outcome::Error(match last_line(stderr) {
+            Some(l) => format!("{l} (unknown exit)"),
+            None => "child failed with an unknown exit and no message".to_string(),
+        }),
     }
-    let what = match (status.code(), status.signal()) {
-        (Some(c), _) => format!("exit status {c}"),
-        (None, Some(sig)) => format!("killed by signal {sig}"),
-        _ => "unknown exit".to_string(),
-    };
-    Outcome::Error(match last_line(stderr) {
-        Some(l) => format!("{l} ({what})"),
-        None => format!("child failed with {what} and no message"),
-    })
 }
 
 /// Parses the child's measurement (the last non-empty stdout line).
@@ -246,6 +336,68 @@ mod tests {
             Some("bad thing")
         );
         assert_eq!(last_line("\n \n"), None);
+    }
+
+    fn settings() -> Settings {
+        Settings {
+            device: DeviceSpec::Cpu,
+            threads: 1,
+            steps: 1,
+            warmup: 0,
+            mem_limit: Some(1 << 20),
+            timeout: Duration::from_secs(5),
+        }
+    }
+
+    /// A wait status: killed by `sig` (the low 7 bits), or exited with `code` (the next byte).
+    fn killed_by(sig: i32) -> std::process::ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        std::process::ExitStatus::from_raw(sig)
+    }
+
+    fn exited(code: i32) -> std::process::ExitStatus {
+        use std::os::unix::process::ExitStatusExt;
+        std::process::ExitStatus::from_raw(code << 8)
+    }
+
+    #[test]
+    fn what_ended_the_child_names_the_status() {
+        let s = settings();
+        let c = |status, stderr: &str| classify(status, false, &s, String::new(), stderr);
+        // The allocator's abort is the one evident memory-limit case (it ends in SIGABRT).
+        let oom = c(
+            killed_by(libc::SIGABRT),
+            "memory allocation of 64 bytes failed\n",
+        );
+        assert_eq!(oom.status(), "oom");
+        // SIGKILL from outside: killed, not oom (nothing shows the limit was the cause).
+        let k = c(killed_by(libc::SIGKILL), "");
+        assert_eq!(k.status(), "killed");
+        assert!(matches!(&k, Outcome::Killed(m) if m.starts_with("killed by SIGKILL")));
+        assert_eq!(
+            c(killed_by(libc::SIGTERM), ""),
+            Outcome::Killed("killed by SIGTERM".to_string())
+        );
+        assert_eq!(
+            c(killed_by(libc::SIGSEGV), ""),
+            Outcome::Crashed("crashed (SIGSEGV)".to_string())
+        );
+        assert_eq!(
+            c(
+                killed_by(libc::SIGABRT),
+                "thread 'main' has overflowed its stack\n"
+            ),
+            Outcome::Crashed(
+                "crashed (SIGABRT): thread 'main' has overflowed its stack".to_string()
+            )
+        );
+        assert_eq!(
+            c(exited(1), "densebench: error: bad thing\n"),
+            Outcome::Error("bad thing (exit status 1)".to_string())
+        );
+        // Our own kill at the time limit is a timeout whatever the signal.
+        let t = classify(killed_by(libc::SIGKILL), true, &s, String::new(), "");
+        assert_eq!(t, Outcome::Timeout(Duration::from_secs(5)));
     }
 
     #[test]

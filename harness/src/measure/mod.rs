@@ -11,5 +11,6 @@ pub mod child;
 pub mod device;
 pub mod estimates;
 pub mod gpu;
+pub mod interrupt;
 pub mod reference;
 pub mod step;

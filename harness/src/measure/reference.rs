@@ -17,9 +17,13 @@
 //! `<dir>` is `densebench-cache` next to the executable (so `target/release/densebench-cache`),
 //! overridable with `--cache-dir` or `DENSEBENCH_CACHE_DIR`, and `<build id>` is a hash of the
 //! executable, so a rebuilt binary never uses a reference computed by different code. Files are
-//! written under a temporary name and renamed, so a killed run never leaves a partial file.
+//! written under a temporary name (`….tmp<parent pid>`) and renamed, so a killed run never
+//! leaves a partial file; the temporary files are removed whenever the reference is not
+//! completed (the child failed, or the parent was told to stop), and a cache opened later
+//! removes those of a parent that no longer runs (one killed with SIGKILL could not).
 
 use crate::measure::child::{self, Outcome};
+use crate::measure::interrupt;
 use crate::measure::step as measure;
 use crate::plan::job::{config_key, Settings};
 use anyhow::{Context, Result};
@@ -118,6 +122,7 @@ impl Cache {
         let dir = root.join(build_id()?);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating the reference cache {}", dir.display()))?;
+        remove_stale_temporaries(&dir);
         Ok(Cache {
             dir,
             failures: HashMap::new(),
@@ -135,17 +140,22 @@ impl Cache {
     }
 
     /// The reference for `cfg`: cached, or computed now in a child process under the same
-    /// settings (threads, memory and time limits). `Err` says why none could be computed.
-    pub fn get(&mut self, cfg: &Config, s: &Settings) -> std::result::Result<Reference, String> {
+    /// settings (threads, memory and time limits). The inner `Err` says why none could be
+    /// computed; the outer one that the run was stopped ([`interrupt::Interrupted`]).
+    pub fn get(
+        &mut self,
+        cfg: &Config,
+        s: &Settings,
+    ) -> Result<std::result::Result<Reference, String>> {
         let key = config_key(cfg, s.device);
         if let Some(why) = self.failures.get(&key) {
-            return Err(why.clone());
+            return Ok(Err(why.clone()));
         }
         let mut why = Vec::new();
         for variant in candidates(cfg) {
             let path = self.path(cfg, s, variant);
             if path.is_file() {
-                return Ok(Reference { path, variant });
+                return Ok(Ok(Reference { path, variant }));
             }
             if let (Some(need), Some(limit)) =
                 (predicted_reference_bytes(variant, cfg), s.mem_limit)
@@ -160,13 +170,14 @@ impl Cache {
                 }
             }
             match self.compute(cfg, s, variant, &path) {
-                Ok(()) => return Ok(Reference { path, variant }),
+                Ok(()) => return Ok(Ok(Reference { path, variant })),
+                Err(e) if interrupt::interrupted(&e).is_some() => return Err(e),
                 Err(e) => why.push(format!("{variant}: {e}")),
             }
         }
         let why = format!("no reference could be computed ({})", why.join("; "));
         self.failures.insert(key, why.clone());
-        Err(why)
+        Ok(Err(why))
     }
 
     fn compute(&self, cfg: &Config, s: &Settings, variant: Variant, path: &Path) -> Result<()> {
@@ -174,25 +185,94 @@ impl Cache {
         let mut args = child::flags(variant, cfg, s);
         args.extend(["--save-result".to_string(), tmp.display().to_string()]);
         // One step, no warm-up: the reference is not timed.
-        let outcome = child::spawn(&args, s)?;
+        let outcome = child::spawn(&args, s);
         let (tmp_noise, noise) = (measure::noise_path(&tmp), measure::noise_path(path));
         let result = match outcome {
-            // The noise file first: a result file on disk implies its noise file is complete.
-            Outcome::Ok(_) => (if tmp_noise.exists() {
-                std::fs::rename(&tmp_noise, &noise)
-            } else {
-                Ok(())
-            })
-            .and_then(|()| std::fs::rename(&tmp, path))
-            .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
-            Outcome::Oom(m) => Err(anyhow::anyhow!("oom: {m}")),
-            Outcome::Timeout(t) => Err(anyhow::anyhow!("timeout after {} s", t.as_secs())),
-            Outcome::Error(m) => Err(anyhow::anyhow!("error: {m}")),
+            // Stopped, or no child could be started: nothing to keep.
+            Err(e) => Err(e),
+            Ok(outcome) => match outcome {
+                // The noise file first: a result file on disk implies its noise file is complete.
+                Outcome::Ok(_) => (if tmp_noise.exists() {
+                    std::fs::rename(&tmp_noise, &noise)
+                } else {
+                    Ok(())
+                })
+                .and_then(|()| std::fs::rename(&tmp, path))
+                .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
+                Outcome::Oom(m) => Err(anyhow::anyhow!("oom: {m}")),
+                Outcome::Timeout(t) => Err(anyhow::anyhow!("timeout after {} s", t.as_secs())),
+                Outcome::Killed(m) | Outcome::Crashed(m) => Err(anyhow::anyhow!("{m}")),
+                Outcome::Error(m) => Err(anyhow::anyhow!("error: {m}")),
+            },
         };
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);
             let _ = std::fs::remove_file(&tmp_noise);
         }
         result
+    }
+}
+
+/// The parent process id in a temporary file's name (`x.safetensors` → `x.tmp1234`, its noise
+/// file `x.tmp1234.noise.json`), if `name` is one.
+fn temporary_owner(name: &str) -> Option<i32> {
+    let stem = name.strip_suffix(".noise.json").unwrap_or(name);
+    let (_, pid) = stem.rsplit_once(".tmp")?;
+    if pid.is_empty() || !pid.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    pid.parse().ok()
+}
+
+/// Removes the temporary files in `dir` whose parent no longer runs (a parent killed with
+/// SIGKILL cannot remove its own). Best effort: a file that cannot be removed stays.
+fn remove_stale_temporaries(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let Some(pid) = name.to_str().and_then(temporary_owner) else {
+            continue;
+        };
+        // SAFETY: kill(2) with signal 0 only checks whether the process exists.
+        let gone = unsafe { libc::kill(pid, 0) } != 0
+            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+        if gone {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn temporary_names_give_their_owner() {
+        assert_eq!(temporary_owner("mlp_2.autograd.tmp1234"), Some(1234));
+        assert_eq!(
+            temporary_owner("mlp_2.autograd.tmp1234.noise.json"),
+            Some(1234)
+        );
+        assert_eq!(temporary_owner("mlp_2.autograd.safetensors"), None);
+        assert_eq!(temporary_owner("mlp_2.autograd.tmpx"), None);
+    }
+
+    #[test]
+    fn stale_temporaries_are_removed_live_ones_kept() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // Pids are at most 2^22 on Linux (pid_max), so this one runs nowhere.
+        let stale = dir.path().join("a.autograd.tmp99999999");
+        let mine = dir
+            .path()
+            .join(format!("b.autograd.tmp{}.noise.json", std::process::id()));
+        let done = dir.path().join("c.autograd.safetensors");
+        for p in [&stale, &mine, &done] {
+            std::fs::write(p, b"x").expect("write");
+        }
+        remove_stale_temporaries(dir.path());
+        assert!(!stale.exists());
+        assert!(mine.exists() && done.exists());
     }
 }

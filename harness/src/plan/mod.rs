@@ -4,6 +4,7 @@
 //! May import: nothing else of the harness (only `impls` and external crates). Everything
 //! above may import it.
 
+pub mod bounds;
 pub mod device;
 pub mod job;
 pub mod shard;

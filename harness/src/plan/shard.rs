@@ -19,6 +19,7 @@
 //! on the machine, the output file or what is already done, so every array task computes the
 //! same split, and `--resume` on a shard filters *after* sharding.
 
+use crate::plan::bounds::MAX_SHARDS;
 use crate::plan::job::{self, Job, Settings};
 use anyhow::{bail, Context, Result};
 use impls::variant::Intermediates;
@@ -53,6 +54,9 @@ impl FromStr for ShardSpec {
             .with_context(|| format!("shard `{s}`: `{n}` is not a shard count"))?;
         if count == 0 {
             bail!("shard `{s}`: the shard count must be at least 1");
+        }
+        if count > MAX_SHARDS {
+            bail!("shard `{s}`: the shard count must be at most {MAX_SHARDS}, got {count}");
         }
         if index == 0 || index > count {
             bail!(
@@ -295,7 +299,7 @@ mod tests {
             .unwrap();
         assert_eq!((s.index, s.count), (2, 3));
         assert_eq!(s.to_string(), "2/3");
-        for bad in ["0/3", "4/3", "1/0", "3", "a/3", "1/b", ""] {
+        for bad in ["0/3", "4/3", "1/0", "3", "a/3", "1/b", "", "1/100000000"] {
             assert!(bad.parse::<ShardSpec>().is_err(), "{bad} parsed");
         }
         // The 0-based mistake names the fix.

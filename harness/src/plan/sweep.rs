@@ -2,7 +2,15 @@
 //! list an axis of a cartesian product, every variant checked against its config, every job
 //! keyed ([`crate::plan::job::key`]) and costed ([`crate::plan::shard::job_cost`]) before any
 //! work. Also the built-in sweeps and `--devices` retargeting.
+//!
+//! Reading is in two steps so that no serde wording reaches the user: TOML's own parser checks
+//! the syntax and the key names (its errors carry a line and column), then each value is typed
+//! here, with a message naming the key, its table and its line ("line 7: `depth` in group 2:
+//! expected an integer or a list of integers, got a string"). Every number is bounded
+//! ([`crate::plan::bounds`]), and the sweep's size is counted before it is expanded: a sweep
+//! that would expand to more than [`MAX_JOBS`] jobs fails at once, with the count.
 
+use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
 use crate::plan::job::{self, resolve_threads, Settings};
 use crate::plan::shard;
@@ -10,8 +18,10 @@ use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Variant};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
+use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
+use toml::{Spanned, Value};
 
 pub use crate::plan::job::Job;
 
@@ -19,76 +29,297 @@ pub use crate::plan::job::Job;
 pub const DEFAULT_SWEEP: &str = include_str!("../../sweeps/default.toml");
 pub const QUICK_SWEEP: &str = include_str!("../../sweeps/quick.toml");
 
-/// A scalar or a list of them (every list is one axis of the sweep's cartesian product).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum OneOrMany<T> {
-    One(T),
-    Many(Vec<T>),
+/// One value of a sweep file and where it was set, for messages: `line 9: `threads``, or
+/// `line 3 in [defaults]: `threads`` when a group takes it from `[defaults]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Set<T> {
+    pub value: T,
+    pub at: String,
 }
 
-impl<T: Clone> OneOrMany<T> {
-    fn values(&self) -> Vec<T> {
-        match self {
-            OneOrMany::One(v) => vec![v.clone()],
-            OneOrMany::Many(v) => v.clone(),
-        }
-    }
-}
-
-/// A byte count: an integer or a string with a suffix (`"12GiB"`).
-#[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
-pub enum Bytes {
-    Int(u64),
-    Text(String),
-}
-
-impl Bytes {
-    fn get(&self) -> Result<u64> {
-        match self {
-            Bytes::Int(b) => Ok(*b),
-            Bytes::Text(s) => job::parse_bytes(s),
-        }
-    }
-}
-
-/// One table of a sweep file: `[defaults]` or a `[[group]]`. Every field is optional in the
-/// file; a group's missing fields come from `[defaults]`, then from the built-in defaults.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
+/// One table of a sweep file: `[defaults]` or a `[[group]]`, its values typed. Every field is
+/// optional in the file; a group's missing fields come from `[defaults]`, then from the built-in
+/// defaults. Lists are axes of the group's cartesian product (a scalar is a list of one).
+#[derive(Debug, Clone, Default)]
 pub struct Entry {
     pub name: Option<String>,
-    pub family: Option<String>,
-    pub batch: Option<OneOrMany<usize>>,
-    pub channels: Option<OneOrMany<usize>>,
-    pub growth: Option<OneOrMany<usize>>,
-    pub depth: Option<OneOrMany<usize>>,
-    pub bn_size: Option<OneOrMany<usize>>,
-    pub size: Option<OneOrMany<usize>>,
-    pub activation: Option<OneOrMany<bool>>,
-    pub dtype: Option<OneOrMany<String>>,
-    pub seed: Option<OneOrMany<u64>>,
+    pub family: Option<Set<String>>,
+    pub batch: Option<Set<Vec<usize>>>,
+    pub channels: Option<Set<Vec<usize>>>,
+    pub growth: Option<Set<Vec<usize>>>,
+    pub depth: Option<Set<Vec<usize>>>,
+    pub bn_size: Option<Set<Vec<usize>>>,
+    pub size: Option<Set<Vec<usize>>>,
+    pub activation: Option<Set<Vec<bool>>>,
+    pub dtype: Option<Set<Vec<String>>>,
+    pub seed: Option<Set<Vec<u64>>>,
     /// `"all"` (every variant that applies) or a list of variant names.
-    pub variants: Option<OneOrMany<String>>,
-    pub steps: Option<usize>,
-    pub warmup: Option<usize>,
-    pub threads: Option<usize>,
-    pub device: Option<String>,
-    pub timeout_secs: Option<u64>,
-    pub mem_limit: Option<Bytes>,
+    pub variants: Option<Set<Vec<String>>>,
+    pub steps: Option<Set<usize>>,
+    pub warmup: Option<Set<usize>>,
+    pub threads: Option<Set<usize>>,
+    pub device: Option<Set<String>>,
+    pub timeout_secs: Option<Set<u64>>,
+    /// An integer, or a string with a suffix (`"12GiB"`).
+    pub mem_limit: Option<Set<u64>>,
 }
 
-/// A sweep file.
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SweepFile {
-    pub name: Option<String>,
-    pub description: Option<String>,
+/// A table as TOML's parser gives it: known keys only, values untyped with their positions.
+#[derive(Debug, Default, Deserialize)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table of sweep keys (`[defaults]` or `[[group]]`)"
+)]
+struct RawEntry {
+    name: Option<Spanned<Value>>,
+    family: Option<Spanned<Value>>,
+    batch: Option<Spanned<Value>>,
+    channels: Option<Spanned<Value>>,
+    growth: Option<Spanned<Value>>,
+    depth: Option<Spanned<Value>>,
+    bn_size: Option<Spanned<Value>>,
+    size: Option<Spanned<Value>>,
+    activation: Option<Spanned<Value>>,
+    dtype: Option<Spanned<Value>>,
+    seed: Option<Spanned<Value>>,
+    variants: Option<Spanned<Value>>,
+    steps: Option<Spanned<Value>>,
+    warmup: Option<Spanned<Value>>,
+    threads: Option<Spanned<Value>>,
+    device: Option<Spanned<Value>>,
+    timeout_secs: Option<Spanned<Value>>,
+    mem_limit: Option<Spanned<Value>>,
+}
+
+/// A sweep file as TOML's parser gives it.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, expecting = "a sweep file")]
+struct RawSweep {
+    #[serde(rename = "name")]
+    _name: Option<String>,
+    #[serde(rename = "description")]
+    _description: Option<String>,
     #[serde(default)]
+    defaults: RawEntry,
+    #[serde(default, rename = "group", deserialize_with = "group_tables")]
+    groups: Vec<RawEntry>,
+}
+
+/// `[[group]]` tables, with that as the expectation when `group` is something else.
+fn group_tables<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Vec<RawEntry>, D::Error> {
+    struct Tables;
+    impl<'de> serde::de::Visitor<'de> for Tables {
+        type Value = Vec<RawEntry>;
+        fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("`[[group]]` tables")
+        }
+        fn visit_seq<A: serde::de::SeqAccess<'de>>(
+            self,
+            mut seq: A,
+        ) -> Result<Self::Value, A::Error> {
+            let mut out = Vec::new();
+            while let Some(e) = seq.next_element()? {
+                out.push(e);
+            }
+            Ok(out)
+        }
+    }
+    d.deserialize_seq(Tables)
+}
+
+/// What a TOML value is, for "got …" in messages.
+fn kind(v: &Value) -> String {
+    match v {
+        Value::String(s) => format!("the string \"{}\"", s.chars().take(40).collect::<String>()),
+        Value::Integer(i) if *i < 0 => format!("the negative integer {i}"),
+        Value::Integer(i) => format!("the integer {i}"),
+        Value::Float(x) => format!("the number {x} (not an integer)"),
+        Value::Boolean(b) => format!("the boolean {b}"),
+        Value::Datetime(_) => "a date".to_string(),
+        Value::Array(_) => "a list".to_string(),
+        Value::Table(_) => "a table".to_string(),
+    }
+}
+
+/// How one kind of value is read: its name in messages (one, many) and the conversion.
+struct Kind<T> {
+    one: &'static str,
+    many: &'static str,
+    read: fn(&Value) -> Option<T>,
+}
+
+const UINT: Kind<usize> = Kind {
+    one: "an integer",
+    many: "integers",
+    read: |v| v.as_integer().and_then(|i| usize::try_from(i).ok()),
+};
+const U64: Kind<u64> = Kind {
+    one: "an integer",
+    many: "integers",
+    read: |v| v.as_integer().and_then(|i| u64::try_from(i).ok()),
+};
+const BOOL: Kind<bool> = Kind {
+    one: "a boolean (true or false)",
+    many: "booleans",
+    read: Value::as_bool,
+};
+const STRING: Kind<String> = Kind {
+    one: "a string",
+    many: "strings",
+    read: |v| v.as_str().map(str::to_string),
+};
+
+/// Types the raw tables of one file, naming positions in `text`.
+struct Reader<'a> {
+    text: &'a str,
+    /// `` in [defaults]`` for the defaults table, empty for a group (the group is named by the
+    /// context around the message).
+    table: &'static str,
+}
+
+impl Reader<'_> {
+    fn at(&self, key: &str, v: &Spanned<Value>) -> String {
+        let (line, _) = line_column(self.text, v.span().start);
+        format!("line {line}{}: `{key}`", self.table)
+    }
+
+    fn one<T>(&self, key: &str, v: &Option<Spanned<Value>>, k: &Kind<T>) -> Result<Option<Set<T>>> {
+        let Some(v) = v else { return Ok(None) };
+        let at = self.at(key, v);
+        match (k.read)(v.get_ref()) {
+            Some(value) => Ok(Some(Set { value, at })),
+            None => bail!("{at}: expected {}, got {}", k.one, kind(v.get_ref())),
+        }
+    }
+
+    fn many<T>(
+        &self,
+        key: &str,
+        v: &Option<Spanned<Value>>,
+        k: &Kind<T>,
+    ) -> Result<Option<Set<Vec<T>>>> {
+        let Some(v) = v else { return Ok(None) };
+        let at = self.at(key, v);
+        let value = match v.get_ref() {
+            Value::Array(items) if items.is_empty() => {
+                bail!("{at}: an empty list (give at least one value)")
+            }
+            Value::Array(items) => items
+                .iter()
+                .enumerate()
+                .map(|(i, item)| {
+                    (k.read)(item).with_context(|| {
+                        format!(
+                            "{at}: item {} of the list: expected {}, got {}",
+                            i + 1,
+                            k.one,
+                            kind(item)
+                        )
+                    })
+                })
+                .collect::<Result<Vec<T>>>()?,
+            scalar => match (k.read)(scalar) {
+                Some(x) => vec![x],
+                None => bail!(
+                    "{at}: expected {} or a list of {}, got {}",
+                    k.one,
+                    k.many,
+                    kind(scalar)
+                ),
+            },
+        };
+        Ok(Some(Set { value, at }))
+    }
+
+    fn bytes(&self, key: &str, v: &Option<Spanned<Value>>) -> Result<Option<Set<u64>>> {
+        let Some(v) = v else { return Ok(None) };
+        let at = self.at(key, v);
+        let value = match v.get_ref() {
+            Value::Integer(i) => u64::try_from(*i).ok().with_context(|| {
+                format!("{at}: expected a byte count, got the negative integer {i}")
+            })?,
+            Value::String(s) => job::parse_bytes(s).with_context(|| at.clone())?,
+            other => bail!(
+                "{at}: expected a byte count (an integer, or a string such as \"2GiB\"), got {}",
+                kind(other)
+            ),
+        };
+        Ok(Some(Set { value, at }))
+    }
+
+    fn entry(&self, r: &RawEntry) -> Result<Entry> {
+        Ok(Entry {
+            name: self.one("name", &r.name, &STRING)?.map(|s| s.value),
+            family: self.one("family", &r.family, &STRING)?,
+            batch: self.many("batch", &r.batch, &UINT)?,
+            channels: self.many("channels", &r.channels, &UINT)?,
+            growth: self.many("growth", &r.growth, &UINT)?,
+            depth: self.many("depth", &r.depth, &UINT)?,
+            bn_size: self.many("bn_size", &r.bn_size, &UINT)?,
+            size: self.many("size", &r.size, &UINT)?,
+            activation: self.many("activation", &r.activation, &BOOL)?,
+            dtype: self.many("dtype", &r.dtype, &STRING)?,
+            seed: self.many("seed", &r.seed, &U64)?,
+            variants: self.many("variants", &r.variants, &STRING)?,
+            steps: self.one("steps", &r.steps, &UINT)?,
+            warmup: self.one("warmup", &r.warmup, &UINT)?,
+            threads: self.one("threads", &r.threads, &UINT)?,
+            device: self.one("device", &r.device, &STRING)?,
+            timeout_secs: self.one("timeout_secs", &r.timeout_secs, &U64)?,
+            mem_limit: self.bytes("mem_limit", &r.mem_limit)?,
+        })
+    }
+}
+
+/// 1-based line and column of byte `offset` in `text`.
+fn line_column(text: &str, offset: usize) -> (usize, usize) {
+    let before = text.get(..offset).unwrap_or(text);
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+    (line, column)
+}
+
+/// A sweep file, its values typed: `[defaults]` and the groups.
+#[derive(Debug, Clone, Default)]
+pub struct SweepFile {
     pub defaults: Entry,
-    #[serde(default, rename = "group")]
     pub groups: Vec<Entry>,
+}
+
+/// The name of group `index` (0-based) in messages: `group 2` or `group 2 (`fits`)`.
+fn group_label(index: usize, g: &Entry) -> String {
+    match &g.name {
+        Some(n) => format!("group {} (`{n}`)", index + 1),
+        None => format!("group {}", index + 1),
+    }
+}
+
+/// Reads a sweep file's text: syntax and key names by TOML's parser, values typed here.
+/// `source` names the file in messages.
+pub fn read(text: &str, source: &str) -> Result<SweepFile> {
+    let raw: RawSweep = toml::from_str(text).map_err(|e| toml_error(text, source, &e))?;
+    let defaults = Reader {
+        text,
+        table: " in [defaults]",
+    }
+    .entry(&raw.defaults)
+    .with_context(|| format!("sweep file {source}"))?;
+    let groups = raw
+        .groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| {
+            Reader { text, table: "" }.entry(g).with_context(|| {
+                // The group's name, if it has a readable one, names it in the message.
+                let name = g.name.as_ref().and_then(|n| n.get_ref().as_str());
+                match name {
+                    Some(n) => format!("sweep file {source}, group {} (`{n}`)", i + 1),
+                    None => format!("sweep file {source}, group {}", i + 1),
+                }
+            })
+        })
+        .collect::<Result<Vec<Entry>>>()?;
+    Ok(SweepFile { defaults, groups })
 }
 
 /// Built-in defaults for fields neither a group nor `[defaults]` sets.
@@ -103,21 +334,108 @@ macro_rules! merged {
     };
 }
 
+/// The axes of a group's cartesian product with their lengths, variants last. `"all"` counts
+/// the variants that apply to the family, with the activation that has the most (exact for one
+/// activation value, an upper bound for mlp with both); an unknown family counts every variant.
+fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
+    fn len<T>(v: Option<Set<Vec<T>>>) -> usize {
+        v.map_or(1, |s| s.value.len())
+    }
+    let all = || {
+        let family = merged!(g, d, family).and_then(|f| Family::parse(&f.value).ok());
+        let activations = merged!(g, d, activation).map_or(vec![true], |a| a.value);
+        match family {
+            Some(family) => [true, false]
+                .into_iter()
+                .filter(|a| activations.contains(a))
+                .map(|activation| {
+                    Variant::for_config(&Config {
+                        activation,
+                        ..Config::tiny(family)
+                    })
+                    .len()
+                })
+                .max()
+                .unwrap_or(0),
+            None => Variant::all().len(),
+        }
+    };
+    let variants = match merged!(g, d, variants) {
+        Some(v) if v.value != ["all"] => v.value.len(),
+        _ => all(),
+    };
+    vec![
+        ("batch", len(merged!(g, d, batch))),
+        ("channels", len(merged!(g, d, channels))),
+        ("growth", len(merged!(g, d, growth))),
+        ("depth", len(merged!(g, d, depth))),
+        ("bn_size", len(merged!(g, d, bn_size))),
+        ("size", len(merged!(g, d, size))),
+        ("activation", len(merged!(g, d, activation))),
+        ("dtype", len(merged!(g, d, dtype))),
+        ("seed", len(merged!(g, d, seed))),
+        ("variants", variants),
+    ]
+}
+
+/// The number of jobs a group expands to at most (`None`: more than `u64` counts).
+fn group_jobs(axes: &[(&str, usize)]) -> Option<u64> {
+    axes.iter()
+        .try_fold(1u64, |n, &(_, len)| n.checked_mul(u64::try_from(len).ok()?))
+}
+
+/// Counts the jobs of `file` before expanding it; errs above [`MAX_JOBS`], naming the largest
+/// group and its axes.
+fn check_size(file: &SweepFile, source: &str) -> Result<()> {
+    let mut total: Option<u64> = Some(0);
+    let mut largest: Option<(Option<u64>, usize)> = None;
+    for (i, g) in file.groups.iter().enumerate() {
+        let n = group_jobs(&axes(g, &file.defaults));
+        total = total.and_then(|t| t.checked_add(n?));
+        if largest.is_none_or(|(m, _)| n.is_none() || m.is_some_and(|m| n > Some(m))) {
+            largest = Some((n, i));
+        }
+    }
+    if total.is_some_and(|t| t <= MAX_JOBS) {
+        return Ok(());
+    }
+    let count = |n: Option<u64>| n.map_or("more than 10^19".to_string(), |n| n.to_string());
+    let detail = largest
+        .map(|(n, i)| {
+            let g = &file.groups[i];
+            let product: Vec<String> = axes(g, &file.defaults)
+                .into_iter()
+                .filter(|&(_, len)| len > 1)
+                .map(|(axis, len)| format!("{len} {axis}"))
+                .collect();
+            format!(
+                "; {} alone has {} ({})",
+                group_label(i, g),
+                count(n),
+                product.join(" × ")
+            )
+        })
+        .unwrap_or_default();
+    bail!(
+        "sweep file {source} expands to {} jobs, over the limit of {MAX_JOBS} jobs per sweep{detail}: \
+         split it into several sweep files",
+        count(total)
+    )
+}
+
 /// Parses a sweep file's text and expands it into jobs, validating everything. `source` names
 /// the file in error messages; `mem_override` replaces every memory limit.
 pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<Job>> {
-    let file: SweepFile = toml::from_str(text).map_err(|e| toml_error(text, source, &e))?;
+    let file = read(text, source)?;
     if file.groups.is_empty() {
         bail!("sweep file {source} has no [[group]]: nothing to run");
     }
+    check_size(&file, source)?;
     let d = &file.defaults;
     let mut jobs = Vec::new();
     let mut seen = HashSet::new();
     for (gi, g) in file.groups.iter().enumerate() {
-        let label = match &g.name {
-            Some(n) => format!("sweep file {source}, group {} (`{n}`)", gi + 1),
-            None => format!("sweep file {source}, group {}", gi + 1),
-        };
+        let label = format!("sweep file {source}, {}", group_label(gi, g));
         let group_jobs = expand(g, d, mem_override).with_context(|| label.clone())?;
         for j in group_jobs {
             // A key listed twice is measured once.
@@ -133,10 +451,8 @@ pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<
 fn toml_error(text: &str, source: &str, e: &toml::de::Error) -> anyhow::Error {
     let at = e
         .span()
-        .and_then(|span| text.get(..span.start))
-        .map(|before| {
-            let line = before.matches('\n').count() + 1;
-            let column = before.len() - before.rfind('\n').map_or(0, |i| i + 1) + 1;
+        .map(|span| {
+            let (line, column) = line_column(text, span.start);
             format!(" at line {line}, column {column}")
         })
         .unwrap_or_default();
@@ -144,60 +460,64 @@ fn toml_error(text: &str, source: &str, e: &toml::de::Error) -> anyhow::Error {
     anyhow!("sweep file {source} is malformed{at}: {msg}")
 }
 
-fn required<T: Clone>(v: Option<OneOrMany<T>>, field: &str) -> Result<Vec<T>> {
-    let v = v
-        .with_context(|| format!("`{field}` is missing (set it in the group or in [defaults])"))?
-        .values();
-    if v.is_empty() {
-        bail!("`{field}` is an empty list");
-    }
-    Ok(v)
+fn required<T>(v: Option<Set<Vec<T>>>, field: &str) -> Result<Vec<T>> {
+    Ok(
+        v.with_context(|| format!("`{field}` is missing (set it in the group or in [defaults])"))?
+            .value,
+    )
 }
 
-fn optional<T: Clone>(v: Option<OneOrMany<T>>, default: T, field: &str) -> Result<Vec<T>> {
+fn optional<T>(v: Option<Set<Vec<T>>>, default: T) -> Vec<T> {
+    v.map_or_else(|| vec![default], |s| s.value)
+}
+
+/// A bounded scalar: `check(what, value)` with `what` naming the key and its line.
+fn bounded<T: Copy>(v: Option<Set<T>>, default: T, check: fn(&str, T) -> Result<T>) -> Result<T> {
     match v {
-        None => Ok(vec![default]),
-        Some(v) => required(Some(v), field),
+        None => Ok(default),
+        Some(s) => check(&s.at, s.value),
     }
 }
 
 fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
     let family_name = merged!(g, d, family).context("`family` is missing (`mlp` or `bc`)")?;
-    let family = Family::parse(&family_name).map_err(|e| anyhow!("{e}"))?;
+    let family =
+        Family::parse(&family_name.value).map_err(|e| anyhow!("{}: {e}", family_name.at))?;
     let batches = required(merged!(g, d, batch), "batch")?;
     let channels = required(merged!(g, d, channels), "channels")?;
     let growths = required(merged!(g, d, growth), "growth")?;
     let depths = required(merged!(g, d, depth), "depth")?;
-    let bn_sizes = optional(merged!(g, d, bn_size), DEFAULT_BN_SIZE, "bn_size")?;
-    let sizes = optional(merged!(g, d, size), DEFAULT_SIZE, "size")?;
-    let activations = optional(merged!(g, d, activation), true, "activation")?;
-    let dtypes = optional(merged!(g, d, dtype), "f32".to_string(), "dtype")?;
-    let seeds = optional(merged!(g, d, seed), 0, "seed")?;
-    let variants = optional(merged!(g, d, variants), "all".to_string(), "variants")?;
-    let device: DeviceSpec = merged!(g, d, device)
-        .unwrap_or_else(|| "cpu".to_string())
-        .parse()
-        .context("`device`")?;
+    let bn_sizes = optional(merged!(g, d, bn_size), DEFAULT_BN_SIZE);
+    let sizes = optional(merged!(g, d, size), DEFAULT_SIZE);
+    let activations = optional(merged!(g, d, activation), true);
+    let dtypes = optional(merged!(g, d, dtype), "f32".to_string());
+    let seeds = optional(merged!(g, d, seed), 0);
+    let variants = optional(merged!(g, d, variants), "all".to_string());
+    let device: DeviceSpec = match merged!(g, d, device) {
+        None => DeviceSpec::Cpu,
+        Some(s) => s.value.parse().with_context(|| s.at.clone())?,
+    };
     let mem_limit = match mem_override {
         Some(b) => Some(b),
         None => match merged!(g, d, mem_limit) {
-            Some(b) => Some(b.get().context("`mem_limit`")?),
+            Some(s) => Some(bounds::check_mem_limit(&s.at, s.value)?),
             None => job::default_mem_limit(),
         },
     };
+    let threads = bounded(merged!(g, d, threads), 0, bounds::check_threads)?;
+    let timeout = bounded(
+        merged!(g, d, timeout_secs),
+        job::DEFAULT_TIMEOUT_SECS,
+        bounds::check_timeout,
+    )?;
     let settings = Settings {
         device,
-        threads: resolve_threads(merged!(g, d, threads).unwrap_or(0)),
-        steps: merged!(g, d, steps).unwrap_or(DEFAULT_STEPS),
-        warmup: merged!(g, d, warmup).unwrap_or(DEFAULT_WARMUP),
+        threads: resolve_threads(threads),
+        steps: bounded(merged!(g, d, steps), DEFAULT_STEPS, bounds::check_steps)?,
+        warmup: bounded(merged!(g, d, warmup), DEFAULT_WARMUP, bounds::check_warmup)?,
         mem_limit,
-        timeout: Duration::from_secs(
-            merged!(g, d, timeout_secs).unwrap_or(job::DEFAULT_TIMEOUT_SECS),
-        ),
+        timeout: Duration::from_secs(timeout),
     };
-    if settings.steps == 0 {
-        bail!("`steps` must be at least 1");
-    }
     let explicit: Option<Vec<Variant>> = if variants == ["all"] {
         None
     } else {
@@ -269,11 +589,7 @@ fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
 /// (`quick`) or default sweep.
 pub fn load_sweep(sweep: Option<&Path>, quick: bool) -> Result<(String, String)> {
     match (sweep, quick) {
-        (Some(p), _) => Ok((
-            std::fs::read_to_string(p)
-                .with_context(|| format!("reading sweep file {}", p.display()))?,
-            p.display().to_string(),
-        )),
+        (Some(p), _) => Ok((read_sweep_file(p)?, p.display().to_string())),
         (None, true) => Ok((
             QUICK_SWEEP.to_string(),
             "harness/sweeps/quick.toml (built in)".to_string(),
@@ -283,6 +599,32 @@ pub fn load_sweep(sweep: Option<&Path>, quick: bool) -> Result<(String, String)>
             "harness/sweeps/default.toml (built in)".to_string(),
         )),
     }
+}
+
+/// A sweep file's text, refused unread beyond [`MAX_SWEEP_FILE_BYTES`] (a wrong path, such as
+/// a result CSV or a case file, is not read whole).
+fn read_sweep_file(p: &Path) -> Result<String> {
+    let what = || format!("reading sweep file {}", p.display());
+    let file = std::fs::File::open(p).with_context(what)?;
+    let mut bytes = Vec::new();
+    file.take(MAX_SWEEP_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .with_context(what)?;
+    if bytes.len() as u64 > MAX_SWEEP_FILE_BYTES {
+        bail!(
+            "sweep file {} is larger than {} KiB: not a sweep file (a sweep is a few hundred \
+             bytes of TOML; see harness/sweeps/README.md)",
+            p.display(),
+            MAX_SWEEP_FILE_BYTES >> 10
+        );
+    }
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow!(
+            "sweep file {} is not UTF-8 text (invalid byte at offset {}): not a sweep file",
+            p.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
 }
 
 /// Moves every job to `device` (what `--devices` does with its first device): keys are
@@ -302,20 +644,22 @@ pub fn retarget(jobs: Vec<Job>, device: DeviceSpec) -> Vec<Job> {
 /// A sweep's name and its keys in order, each with its shard (1-based) when a count was given.
 pub type SweepKeys = (String, Vec<(String, Option<usize>)>);
 
-/// The keys of a sweep in its order, and, with `shards`, each key's shard (1-based).
+/// The keys of a sweep in its order, and, with `shards`, each key's shard (1-based). Every
+/// error is the user's input (a bad sweep, a shard count out of bounds: exit status 2).
 pub fn sweep_keys(
     sweep_file: Option<&Path>,
     quick: bool,
     devices: &[DeviceSpec],
     shards: Option<usize>,
 ) -> Result<SweepKeys> {
-    let (text, source) = load_sweep(sweep_file, quick)?;
-    let mut jobs = parse(&text, &source, None)?;
+    let (text, source) = load_sweep(sweep_file, quick).bad_input()?;
+    let mut jobs = parse(&text, &source, None).bad_input()?;
     if let Some(&first) = devices.first() {
         jobs = retarget(jobs, first);
     }
     let mut shard_of: HashMap<usize, usize> = HashMap::new();
     if let Some(n) = shards {
+        bounds::check_shards("--shards", n).bad_input()?;
         for (i, part) in shard::partition(&jobs, n).iter().enumerate() {
             for &j in &part.jobs {
                 shard_of.insert(j, i + 1);
@@ -369,6 +713,36 @@ mod tests {
         // mlp with the activation on: autograd + 6 manual variants (no buffer-recompute-*);
         // off: autograd + cat-store-copy, cat-recompute-copy, buffer-store-copy. Two depths.
         assert_eq!(jobs.map(|j| j.len()), Ok(2 * (7 + 4)));
+    }
+
+    #[test]
+    fn sweep_size_is_counted_before_expansion_without_overflow() {
+        // Nine axes of 150 values: 150^9 ≈ 3.8e19 configurations overflow u64; the count must
+        // say so instead of wrapping to a small number (which would pass the limit).
+        let list = |v: &str| format!("[{}]", vec![v; 150].join(", "));
+        let text = format!(
+            "[[group]]\nfamily = 'mlp'\nbatch = {b}\nchannels = {b}\ngrowth = {b}\ndepth = {b}\n\
+             bn_size = {b}\nsize = {b}\nseed = {b}\nactivation = {a}\ndtype = {d}\n",
+            b = list("1"),
+            a = list("true"),
+            d = list("'f32'")
+        );
+        let e = err(&text);
+        assert!(
+            e.contains("more than 10^19 jobs") && e.contains("100000"),
+            "{e}"
+        );
+        // Two groups each under the limit whose sum is over it: the total counts.
+        let depths = (1..=60_000).map(|i| i.to_string()).collect::<Vec<_>>();
+        let half = |batch: usize| {
+            format!(
+                "[[group]]\nfamily = 'mlp'\nbatch = {batch}\nchannels = 1\ngrowth = 1\n\
+                 depth = [{}]\nvariants = ['cat-store-copy']\n",
+                depths.join(",")
+            )
+        };
+        let e = err(&format!("{}{}", half(1), half(2)));
+        assert!(e.contains("expands to 120000 jobs"), "{e}");
     }
 
     #[test]

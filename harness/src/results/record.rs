@@ -1,6 +1,7 @@
 //! One result row: its identity columns from the job, the analytic columns from the model and
 //! the measured ones from the isolated child ([`measure_row`], the whole pipeline of one row,
-//! shared by `run`, `bench-all` and the sweep runner).
+//! shared by `run`, `bench-all` and the sweep runner), rerun when the child was killed or
+//! crashed and the user asked for retries ([`measure_row_retrying`]).
 
 use crate::measure::child::{self, Outcome};
 use crate::measure::device::{DeviceOps, DeviceSpec};
@@ -62,7 +63,7 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
         row.error = e.to_string();
         return Ok(row);
     }
-    let reference = refs.get(cfg, s);
+    let reference = refs.get(cfg, s)?;
     let mut args = child::flags(variant, cfg, s);
     if let Ok(r) = &reference {
         args.extend([
@@ -91,7 +92,7 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
                 _ => String::new(),
             }
         }
-        Outcome::Oom(m) => m.clone(),
+        Outcome::Oom(m) | Outcome::Killed(m) | Outcome::Crashed(m) => m.clone(),
         Outcome::Timeout(t) => format!("killed after the {} s time limit", t.as_secs()),
         Outcome::Error(m) => m.clone(),
     };
@@ -102,6 +103,35 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
     // One line per cell: a message with newlines would still be valid CSV, but not greppable.
     row.error = row.error.replace(['\n', '\r'], " | ");
     Ok(row)
+}
+
+/// [`measure_row`], rerun up to `retries` times while its status is one of
+/// [`child::RETRIED_STATUSES`] (`killed`, `crashed`: the next run may well end otherwise).
+/// `on_retry(row, n)` is told before rerun `n` (from 1) with the row that failed. A row that
+/// still fails says how many times it ran.
+pub fn measure_row_retrying(
+    variant: Variant,
+    cfg: &Config,
+    s: &Settings,
+    refs: &mut Cache,
+    retries: usize,
+    on_retry: &mut dyn FnMut(&Row, usize),
+) -> Result<Row> {
+    let mut attempt = 0;
+    loop {
+        let mut row = measure_row(variant, cfg, s, refs)?;
+        if !child::RETRIED_STATUSES.contains(&row.status.as_str()) {
+            return Ok(row);
+        }
+        if attempt == retries {
+            if retries > 0 {
+                row.error = format!("{} (ran {} times)", row.error, retries + 1);
+            }
+            return Ok(row);
+        }
+        attempt += 1;
+        on_retry(&row, attempt);
+    }
 }
 
 /// Copies the child's measurement into the row; returns the gradient tolerance applied.

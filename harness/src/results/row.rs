@@ -256,11 +256,17 @@ fn csv_error(path: &Path, headers: &[String], e: &csv::Error) -> anyhow::Error {
     }
 }
 
+/// Reads a result CSV and checks it ([`read_rows_unmarked`]); every error is the user's input
+/// (exit status 2).
+pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
+    read_rows_unmarked(path).map_err(crate::plan::bounds::bad_input)
+}
+
 /// Reads a result CSV and checks it: the header against the schema (missing or extra columns
 /// are named), every row's `schema` against this densebench's, every row's `key` against its own
 /// fields. A NaN in any gradient error makes the row's `grad_ok` false. Errors name the file,
 /// the line and the column.
-pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
+fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     let mut rdr = csv::Reader::from_path(path)
         .with_context(|| format!("opening result CSV {}", path.display()))?;
     let headers: Vec<String> = rdr

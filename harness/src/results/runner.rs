@@ -1,13 +1,17 @@
 //! Runs a sweep's jobs into the results store: one worker thread per device (one child at a
 //! time each), whole configurations per worker, each row appended under one lock as soon as it
-//! exists, progress weighted by predicted cost.
+//! exists, progress weighted by predicted cost. A row whose child was killed or crashed is rerun
+//! up to `retries` times, saying so. A stop signal ([`crate::measure::interrupt`]) ends every
+//! worker after its child is killed: the rows before stay, whole, and no row is written for a
+//! child we killed, so `--resume` runs exactly what is missing.
 
+use crate::measure::interrupt::{self, Interrupted};
 use crate::measure::reference::Cache;
 use crate::plan::device::DeviceSpec;
 use crate::plan::shard;
 use crate::plan::sweep::Job;
 use crate::progress::Progress;
-use crate::results::record::measure_row;
+use crate::results::record::measure_row_retrying;
 use crate::results::store::Output;
 use anyhow::{anyhow, Context, Result};
 use std::path::Path;
@@ -48,6 +52,7 @@ fn worker(
     shared: &std::sync::Mutex<Shared>,
     stop: &std::sync::atomic::AtomicBool,
     cache_dir: &Path,
+    retries: usize,
 ) -> Result<()> {
     use std::sync::atomic::Ordering;
     let lock_err = || anyhow!("a sweep worker panicked while holding the output lock");
@@ -59,7 +64,7 @@ fn worker(
         };
         let Some(item) = item else { return Ok(()) };
         for j in item {
-            if stop.load(Ordering::SeqCst) {
+            if stop.load(Ordering::SeqCst) || interrupt::caught().is_some() {
                 return Ok(());
             }
             let mut settings = j.settings.clone();
@@ -74,10 +79,27 @@ fn worker(
                 sh.progress
                     .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
             }
-            let measured = measure_row(j.variant, &j.cfg, &settings, &mut refs)
-                .with_context(|| format!("measuring {}", j.key));
+            let mut on_retry = |failed: &crate::results::row::Row, n: usize| {
+                if let Ok(sh) = shared.lock() {
+                    sh.progress.note(&format!(
+                        "{}: {}; retrying ({n} of {retries})",
+                        j.key, failed.error
+                    ));
+                }
+            };
+            let measured = measure_row_retrying(
+                j.variant,
+                &j.cfg,
+                &settings,
+                &mut refs,
+                retries,
+                &mut on_retry,
+            )
+            .with_context(|| format!("measuring {}", j.key));
             let mut row = match measured {
                 Ok(row) => row,
+                // Stopped by a signal: the child was killed, and that is no result.
+                Err(e) if interrupt::interrupted(&e).is_some() => return Ok(()),
                 Err(e) => {
                     stop.store(true, Ordering::SeqCst);
                     return Err(e);
@@ -102,21 +124,25 @@ fn worker(
     }
 }
 
-/// What a finished run says: rows written, rows per status, keys out of tolerance.
+/// What a finished run says: rows written, rows per status, keys out of tolerance, and the
+/// signal that stopped it before the end, if one did.
 pub struct Summary {
     pub finished: usize,
     pub counts: std::collections::BTreeMap<String, usize>,
     pub out_of_tolerance: Vec<String>,
+    pub interrupted: Option<Interrupted>,
 }
 
 /// Measures `todo` into `out`: one worker per device of `devices` (the job's own device when
 /// empty), each row appended as soon as it exists. Errs when a job could not be measured at all
-/// (no child could be started) or the store could not be written; the rows before stay.
+/// (no child could be started) or the store could not be written; the rows before stay. A stop
+/// signal is no error: the summary says which one stopped the run.
 pub fn run(
     todo: &[&Job],
     devices: &[DeviceSpec],
     out: Output,
     cache_dir: &Path,
+    retries: usize,
 ) -> Result<Summary> {
     let workers: Vec<Option<DeviceSpec>> = if devices.is_empty() {
         vec![None]
@@ -138,7 +164,7 @@ pub fn run(
             .iter()
             .map(|&d| {
                 let (queue, shared, stop, cache_dir) = (&queue, &shared, &stop, &cache_dir);
-                scope.spawn(move || worker(d, queue, shared, stop, cache_dir))
+                scope.spawn(move || worker(d, queue, shared, stop, cache_dir, retries))
             })
             .collect();
         handles
@@ -162,6 +188,7 @@ pub fn run(
     } = shared;
     progress.done();
     Ok(Summary {
+        interrupted: interrupt::caught().filter(|_| finished < todo.len()),
         finished,
         counts,
         out_of_tolerance,

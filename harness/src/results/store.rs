@@ -15,6 +15,7 @@
 //! - **An output is never one of the command's inputs** ([`refuse_input_as_output`]), through
 //!   any path or link.
 
+use crate::plan::bounds::bad_input;
 use crate::results::row::{self, Row};
 use anyhow::{anyhow, bail, Context, Result};
 use std::collections::HashSet;
@@ -228,11 +229,11 @@ pub fn refuse_input_as_output(output: &Path, flag: &str, inputs: &[&Path]) -> Re
     let out = identity(output);
     for input in inputs {
         if out.is_some() && identity(input) == out {
-            bail!(
+            return Err(bad_input(anyhow!(
                 "{flag} {} is the input {}: refusing to overwrite an input; write to another file",
                 output.display(),
                 input.display()
-            );
+            )));
         }
     }
     Ok(())
@@ -322,13 +323,13 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
             extra.join(", ")
         )
     };
-    bail!(
+    Err(bad_input(anyhow!(
         "{} is not a densebench schema-{} result CSV (its first line is `{shown}`{}: {columns}): \
          refusing to resume or append to it; the file was not changed",
         path.display(),
         row::SCHEMA_VERSION,
         if first.len() > 80 { "…" } else { "" }
-    )
+    )))
 }
 
 /// What to do with the last line of a file that does not end in a newline: a complete row is
@@ -402,7 +403,10 @@ impl Output {
         note: &dyn Fn(&str),
     ) -> Result<(Output, HashSet<String>)> {
         if path.is_dir() {
-            bail!("output {} is a folder, not a CSV file", path.display());
+            return Err(bad_input(anyhow!(
+                "output {} is a folder, not a CSV file",
+                path.display()
+            )));
         }
         create_parent(path)?;
         let lock = WriterLock::acquire(path)?;
@@ -424,11 +428,11 @@ impl Output {
             f
         } else {
             if existing && !force {
-                bail!(
+                return Err(bad_input(anyhow!(
                     "output file {} already exists: pass --resume to continue it (skipping the \
                      configurations it holds) or --force to overwrite it",
                     path.display()
-                );
+                )));
             }
             // A new file (or `--force`): the header replaces whatever was there atomically, so
             // a failure leaves the old file, and the lock is already ours.

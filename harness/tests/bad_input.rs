@@ -1,0 +1,652 @@
+//! Hostile input and hostile events, through the real `densebench` binary: out-of-range flags
+//! and sweep values, huge shard counts and sweeps, malformed sweep values (each: exit status 2,
+//! one line naming the flag or key and the bound, no output file created); a parent stopped by
+//! SIGTERM (children killed, no temporary file left, whole rows, `--resume` completes it); a
+//! child killed by SIGKILL from outside (`killed`, not `oom`, and rerun by `--retries`); and a
+//! bounded property test of the sweep parser (random and mutated files never panic).
+
+use densebench::plan::sweep;
+use densebench::results::row::read_rows;
+use proptest::prelude::*;
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+mod common;
+use common::{densebench, path_str, stderr, BIN};
+
+/// Exit status for bad input and usage (README, "Exit status").
+const BAD_INPUT: i32 = 2;
+/// A hostile input must fail at once: well under this, on 2 busy cores.
+const AT_ONCE: Duration = Duration::from_secs(20);
+
+fn write(dir: &Path, name: &str, text: &str) -> PathBuf {
+    let p = dir.join(name);
+    std::fs::write(&p, text).expect("writing a test file");
+    p
+}
+
+/// Runs `densebench ARGS`, asserting it fails at once with status 2 and a message containing
+/// every one of `needles`, on one line after clap's or densebench's prefix.
+fn refused(args: &[&str], needles: &[&str]) -> String {
+    let start = Instant::now();
+    let o = densebench(args);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(BAD_INPUT), "{args:?}: {err}");
+    assert!(
+        start.elapsed() < AT_ONCE,
+        "{args:?} took {:?}",
+        start.elapsed()
+    );
+    for n in needles {
+        assert!(err.contains(n), "{args:?}: `{n}` not in: {err}");
+    }
+    assert!(o.stdout.is_empty(), "{args:?} printed a result");
+    err
+}
+
+/// `run` on a tiny block with `extra` flags (`--variant cat-store-copy` unless given).
+fn run_args(extra: &[&str]) -> Vec<String> {
+    let mut a = vec![
+        "run",
+        "--family",
+        "mlp",
+        "--depth",
+        "2",
+        "--batch",
+        "4",
+        "--growth",
+        "2",
+        "--channels",
+        "2",
+    ];
+    if !extra.contains(&"--variant") {
+        a.extend(["--variant", "cat-store-copy"]);
+    }
+    a.extend_from_slice(extra);
+    a.into_iter().map(str::to_string).collect()
+}
+
+#[test]
+fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
+    let run = run_args;
+    let cases: Vec<(Vec<String>, Vec<&str>)> = vec![
+        (run(&["--threads", "100000"]), vec!["--threads", "1024"]),
+        (
+            run(&["--timeout", "0"]),
+            vec!["--timeout", "between 1 and 604800"],
+        ),
+        (run(&["--timeout", "700000"]), vec!["--timeout", "604800"]),
+        (run(&["--mem-limit", "0"]), vec!["--mem-limit", "1 MiB"]),
+        (run(&["--mem-limit", "1000K"]), vec!["--mem-limit", "1 MiB"]),
+        (
+            run(&["--steps", "0"]),
+            vec!["--steps", "between 1 and 10000"],
+        ),
+        (run(&["--steps", "10001"]), vec!["--steps", "10000"]),
+        (run(&["--warmup", "10001"]), vec!["--warmup", "10000"]),
+        (run(&["--retries", "101"]), vec!["--retries", "100"]),
+        // densebench's own bad input (not clap's) exits 2 as well.
+        (run(&["--device", "tpu:0"]), vec!["--device"]),
+        (
+            run(&["--variant", "cat-store-kopy"]),
+            vec!["--variant", "cat-store-kopy"],
+        ),
+    ];
+    for (args, needles) in &cases {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        refused(&args, needles);
+    }
+}
+
+#[test]
+fn huge_shard_counts_fail_at_once_and_create_nothing() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("shard.csv");
+    let o = path_str(&out);
+    // Was: 212 s and 10.9 GB before anything ran.
+    refused(
+        &["bench-all", "--quick", "--out", o, "--shard", "1/100000000"],
+        &["--shard", "at most 10000"],
+    );
+    // More shards than jobs: most shards would run nothing.
+    let jobs = sweep::parse(sweep::QUICK_SWEEP, "quick", Some(1 << 30))
+        .expect("quick sweep")
+        .len();
+    let spec = format!("1/{}", jobs + 1);
+    refused(
+        &["bench-all", "--quick", "--out", o, "--shard", &spec],
+        &["--shard", &format!("only {jobs} jobs")],
+    );
+    assert!(!out.exists(), "an output file was created");
+    // Was: a panic (capacity overflow).
+    refused(
+        &["plan", "--quick", "--shards", "10000000000000000000"],
+        &["--shards", "between 1 and 10000"],
+    );
+    refused(&["plan", "--quick", "--shards", "1e19"], &["--shards"]);
+    refused(
+        &["plan", "--quick", "--shards", &(jobs + 1).to_string()],
+        &["--shards", &format!("only {jobs} jobs")],
+    );
+}
+
+const GROUP: &str = "[[group]]\nname = 'g'\nfamily = 'mlp'\nbatch = 2\nchannels = 2\ngrowth = 2\n";
+
+#[test]
+fn hostile_sweep_files_fail_with_status_2_naming_key_group_and_line() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let hundred = format!(
+        "[{}]",
+        (1..=100)
+            .map(|i| i.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let cases: Vec<(&str, String, Vec<&str>)> = vec![
+        (
+            "threads.toml",
+            format!("{GROUP}depth = 1\nthreads = 100000\n"),
+            vec!["line 8", "`threads`", "group 1 (`g`)", "1024", "100000"],
+        ),
+        (
+            "timeout.toml",
+            format!("[defaults]\ntimeout_secs = 0\n{GROUP}depth = 1\n"),
+            vec!["line 2 in [defaults]", "`timeout_secs`", "604800"],
+        ),
+        (
+            "mem.toml",
+            format!("{GROUP}depth = 1\nmem_limit = 0\n"),
+            vec!["`mem_limit`", "1 MiB"],
+        ),
+        (
+            "steps.toml",
+            format!("{GROUP}depth = 1\nsteps = 0\n"),
+            vec!["`steps`", "between 1 and 10000"],
+        ),
+        (
+            "warmup.toml",
+            format!("{GROUP}depth = 1\nwarmup = 100000\n"),
+            vec!["`warmup`", "10000"],
+        ),
+        // 100 × 100 × 100 × 100 configurations × 7 variants (every one that applies to mlp
+        // with its activation on): refused before expansion.
+        (
+            "huge.toml",
+            format!(
+                "[[group]]\nname = 'big'\nfamily = 'mlp'\nbatch = {hundred}\nchannels = \
+                 {hundred}\ngrowth = {hundred}\ndepth = {hundred}\n"
+            ),
+            vec![
+                "expands to 700000000 jobs",
+                "limit of 100000",
+                "group 1 (`big`)",
+                "100 batch × 100 channels × 100 growth × 100 depth × 7 variants",
+            ],
+        ),
+        (
+            "string.toml",
+            format!("{GROUP}depth = 'deep'\n"),
+            vec![
+                "line 7",
+                "`depth`",
+                "group 1 (`g`)",
+                "expected an integer or a list of integers, got the string \"deep\"",
+            ],
+        ),
+        (
+            "item.toml",
+            format!("{GROUP}depth = [1, 2.5]\n"),
+            vec![
+                "`depth`",
+                "item 2 of the list",
+                "expected an integer",
+                "2.5",
+            ],
+        ),
+        (
+            "negative.toml",
+            format!("{GROUP}depth = -3\n"),
+            vec!["`depth`", "negative integer -3"],
+        ),
+        (
+            "bool.toml",
+            format!("{GROUP}depth = 1\nactivation = 'yes'\n"),
+            vec!["`activation`", "a boolean (true or false)"],
+        ),
+        (
+            "group.toml",
+            "group = 3\n".to_string(),
+            vec!["line 1", "`[[group]]` tables"],
+        ),
+        (
+            "empty-list.toml",
+            format!("{GROUP}depth = []\n"),
+            vec!["`depth`", "empty list"],
+        ),
+    ];
+    for (name, text, needles) in &cases {
+        let f = write(dir.path(), name, text);
+        let out = dir.path().join(format!("{name}.csv"));
+        let err = refused(
+            &[
+                "bench-all",
+                "--sweep",
+                path_str(&f),
+                "--out",
+                path_str(&out),
+            ],
+            needles,
+        );
+        assert!(err.contains(name), "{name}: the file is not named: {err}");
+        assert_eq!(err.lines().count(), 1, "{name}: one line: {err}");
+        for internal in ["untagged", "OneOrMany", "variant of", "struct "] {
+            assert!(!err.contains(internal), "{name}: serde wording: {err}");
+        }
+        assert!(!out.exists(), "{name}: output written before validation");
+    }
+    // A file far larger than any sweep (a result CSV by mistake) is refused unread.
+    let big = write(dir.path(), "big.toml", &"# x\n".repeat(300_000));
+    refused(
+        &["plan", "--sweep", path_str(&big)],
+        &["big.toml", "larger than 1024 KiB"],
+    );
+}
+
+/// The pids of the live (not zombie) processes whose parent is `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| stat(pid).is_some_and(|(state, ppid)| ppid == parent && state != 'Z'))
+        .collect()
+}
+
+/// State and parent pid of `pid` from /proc/PID/stat (after the command name's closing paren).
+fn stat(pid: u32) -> Option<(char, u32)> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let mut f = text.get(text.rfind(')')? + 1..)?.split_whitespace();
+    let state = f.next()?.chars().next()?;
+    let ppid = f.next()?.parse().ok()?;
+    Some((state, ppid))
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+/// Whether `pid` still runs (a zombie does not) as a `densebench child` whose command line
+/// names `cache` (a test's own directory: its references are there).
+fn child_alive(pid: u32, cache: &str) -> bool {
+    let cmd = cmdline(pid);
+    stat(pid).is_some_and(|(state, _)| state != 'Z')
+        && cmd.contains(" child ")
+        && cmd.contains(cache)
+}
+
+/// Waits (up to `limit`) for a `densebench child` of `parent` for which `pick` holds.
+/// Returns its pid and command line.
+fn wait_for_child(
+    parent: u32,
+    limit: Duration,
+    pick: impl Fn(&str) -> bool,
+) -> Option<(u32, String)> {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        for c in children_of(parent) {
+            let cmd = cmdline(c);
+            if cmd.contains(" child ") && pick(&cmd) {
+                return Some((c, cmd));
+            }
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    None
+}
+
+fn signal(pid: u32, sig: i32) {
+    let pid = i32::try_from(pid).expect("pid fits i32");
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    let rc = unsafe { libc::kill(pid, sig) };
+    assert_eq!(rc, 0, "kill({pid}, {sig})");
+}
+
+/// Every file under `dir` (two levels: the cache keeps one directory per build).
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            if e.path().is_dir() {
+                stack.push(e.path());
+            } else {
+                out.push(e.file_name().to_string_lossy().into_owned());
+            }
+        }
+    }
+    out
+}
+
+fn wait_with_limit(child: std::process::Child, limit: Duration) -> Output {
+    let pid = child.id();
+    let start = Instant::now();
+    let watchdog = std::thread::spawn(move || {
+        while start.elapsed() < limit {
+            std::thread::sleep(Duration::from_millis(50));
+            if stat(pid).is_none_or(|(s, _)| s == 'Z') {
+                return;
+            }
+        }
+        // Past the limit: make the test fail below instead of hanging.
+        // SAFETY: kill(2) has no memory-safety preconditions.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    });
+    let o = child.wait_with_output().expect("waiting for densebench");
+    let _ = watchdog.join();
+    o
+}
+
+#[test]
+fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("quick.csv");
+    let cache = dir.path().join("cache");
+    let args = [
+        "bench-all",
+        "--quick",
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    let parent = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bench-all");
+    let pid = parent.id();
+    let running = wait_for_child(pid, Duration::from_secs(60), |_| true);
+    let Some((running, running_cmd)) = running else {
+        let o = wait_with_limit(parent, Duration::from_secs(60));
+        panic!("no child ever ran: {}", stderr(&o));
+    };
+    // Every child of the quick sweep names the test's cache (its reference is there).
+    let cache_str = path_str(&cache);
+    assert!(running_cmd.contains(cache_str), "{running_cmd}");
+    // The parent alone, as a scheduler or a closed terminal would.
+    signal(pid, libc::SIGTERM);
+    let o = wait_with_limit(parent, Duration::from_secs(30));
+    let err = stderr(&o);
+    // 128 + SIGTERM (15), and one line saying what happened and how to continue.
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("stopped by SIGTERM") && last.contains("--resume"),
+        "{err}"
+    );
+    // No child of it survives it: the parent kills and reaps its children before it exits, so
+    // they are gone the moment it is (an orphan would still be finishing its job).
+    assert!(
+        !child_alive(running, cache_str),
+        "child {running} outlived its parent"
+    );
+    let strays: Vec<u32> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&p| child_alive(p, cache_str))
+        .collect();
+    assert!(
+        strays.is_empty(),
+        "children of the stopped sweep: {strays:?}"
+    );
+    let temporaries: Vec<String> = files_under(&cache)
+        .into_iter()
+        .filter(|f| f.contains(".tmp"))
+        .collect();
+    assert!(temporaries.is_empty(), "left behind: {temporaries:?}");
+    // Whole rows only, fewer than the sweep's (it was stopped while a child ran).
+    let text = std::fs::read_to_string(&out).expect("the output exists");
+    assert!(text.ends_with('\n'), "a torn last row: {text}");
+    let before = read_rows(&out).expect("a valid CSV after the stop");
+    let expected: BTreeSet<String> = sweep::parse(sweep::QUICK_SWEEP, "quick", Some(1 << 30))
+        .expect("quick sweep")
+        .into_iter()
+        .map(|j| j.key)
+        .collect();
+    assert!(before.len() < expected.len(), "stopped after every row");
+    // --resume completes it: every key once, the rows from before kept as they were.
+    let mut resume = args.to_vec();
+    resume.push("--resume");
+    let o = densebench(&resume);
+    assert!(o.status.success(), "resume failed: {}", stderr(&o));
+    let rows = read_rows(&out).expect("a valid CSV after the resume");
+    let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
+    let unique: BTreeSet<String> = keys.iter().map(|k| k.to_string()).collect();
+    assert_eq!(keys.len(), unique.len(), "a key twice: {keys:?}");
+    assert_eq!(unique, expected);
+    assert_eq!(&rows[..before.len()], &before[..]);
+}
+
+/// One job whose measuring child runs for about a second (many steps of a tiny block), so a
+/// test can find it and kill it.
+const SLOW_SWEEP: &str = r#"
+[[group]]
+family = "mlp"
+batch = 64
+channels = 16
+growth = 8
+depth = 2
+variants = ["cat-store-copy"]
+steps = 1000
+warmup = 0
+"#;
+
+/// Runs the slow sweep with `retries`, killing its first measuring child with SIGKILL from
+/// outside; returns the process output and the one row.
+fn kill_measuring_child(
+    dir: &Path,
+    name: &str,
+    retries: &str,
+) -> (Output, densebench::results::row::Row) {
+    let sweep_file = write(dir, "slow.toml", SLOW_SWEEP);
+    let out = dir.join(name);
+    let cache = dir.join("cache");
+    let parent = Command::new(BIN)
+        .args([
+            "bench-all",
+            "--sweep",
+            path_str(&sweep_file),
+            "--out",
+            path_str(&out),
+            "--cache-dir",
+            path_str(&cache),
+            "--retries",
+            retries,
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn bench-all");
+    // The measuring child, not the reference's (which saves a result file).
+    let measuring = wait_for_child(parent.id(), Duration::from_secs(60), |cmd| {
+        !cmd.contains("--save-result")
+    });
+    if let Some((c, _)) = &measuring {
+        signal(*c, libc::SIGKILL);
+    }
+    let o = wait_with_limit(parent, Duration::from_secs(120));
+    assert!(
+        measuring.is_some(),
+        "no measuring child seen: {}",
+        stderr(&o)
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = read_rows(&out).expect("a valid CSV");
+    assert_eq!(rows.len(), 1, "one job, one row");
+    let row = rows.into_iter().next().expect("one row");
+    (o, row)
+}
+
+#[test]
+fn a_child_killed_from_outside_is_killed_not_oom_and_retried() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (o, row) = kill_measuring_child(dir.path(), "once.csv", "0");
+    assert_eq!(row.status, "killed", "{}", row.error);
+    assert!(row.error.starts_with("killed by SIGKILL"), "{}", row.error);
+    assert!(row.peak_bytes.is_none(), "a killed child measured nothing");
+    assert!(!stderr(&o).contains("retrying"), "{}", stderr(&o));
+    // With one retry the row is measured again, says so, and this time is a result.
+    let (o, row) = kill_measuring_child(dir.path(), "retried.csv", "1");
+    let err = stderr(&o);
+    assert!(
+        err.contains("killed by SIGKILL") && err.contains("retrying (1 of 1)"),
+        "{err}"
+    );
+    assert_eq!(
+        (row.status.as_str(), row.grad_ok),
+        ("ok", Some(true)),
+        "{}",
+        row.error
+    );
+}
+
+#[test]
+fn children_die_with_a_parent_killed_by_sigkill() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A measuring child of 10000 steps of about 1.4 ms lives about 14 s on its own.
+    let slower = SLOW_SWEEP
+        .replace("batch = 64", "batch = 512")
+        .replace("channels = 16", "channels = 64")
+        .replace("growth = 8", "growth = 32")
+        .replace("depth = 2", "depth = 4")
+        .replace("steps = 1000", "steps = 10000");
+    let sweep_file = write(dir.path(), "slower.toml", &slower);
+    let out = dir.path().join("slow.csv");
+    let cache = dir.path().join("cache");
+    let parent = Command::new(BIN)
+        .args([
+            "bench-all",
+            "--sweep",
+            path_str(&sweep_file),
+            "--out",
+            path_str(&out),
+            "--cache-dir",
+            path_str(&cache),
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn bench-all");
+    let measuring = wait_for_child(parent.id(), Duration::from_secs(60), |cmd| {
+        !cmd.contains("--save-result")
+    });
+    // No handler runs for SIGKILL: only PR_SET_PDEATHSIG can take the child along.
+    signal(parent.id(), libc::SIGKILL);
+    let o = wait_with_limit(parent, Duration::from_secs(30));
+    assert_eq!(o.status.code(), None, "the parent was killed by the signal");
+    let Some((child, _)) = measuring else {
+        panic!("no measuring child seen");
+    };
+    let cache_str = path_str(&cache);
+    let start = Instant::now();
+    while child_alive(child, cache_str) && start.elapsed() < Duration::from_secs(5) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Orphaned, it would run its 10000 steps on for about 14 s.
+    assert!(
+        !child_alive(child, cache_str),
+        "child {child} outlived its SIGKILLed parent"
+    );
+}
+
+/// Pieces of TOML to build or break sweep files with; numbers stay small, so a mutated file
+/// asks for small blocks (the property is about the parser, not about running them).
+const TOKENS: &[&str] = &[
+    "[[group]]",
+    "[defaults]",
+    "[group]",
+    "\n",
+    "=",
+    "[",
+    "]",
+    ",",
+    "\"",
+    "'",
+    "#",
+    "{",
+    "}",
+    ".",
+    "-1",
+    "0",
+    "3",
+    "2.5",
+    "true",
+    "\"all\"",
+    "\"mlp\"",
+    "\"bc\"",
+    "depth = ",
+    "batch = ",
+    "variants = ",
+    "mem_limit = \"2GiB\"",
+    "threads = ",
+    "family = ",
+    "1979-05-27",
+    "x",
+    " ",
+];
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, failure_persistence: None, ..ProptestConfig::default() })]
+
+    /// Random TOML-ish text: an error or jobs, never a panic.
+    #[test]
+    fn random_text_never_panics(tokens in proptest::collection::vec(0..TOKENS.len(), 0..40)) {
+        let text: String = tokens.iter().map(|&i| TOKENS[i]).collect();
+        let _ = sweep::parse(&text, "random.toml", Some(1 << 30));
+    }
+
+    /// The quick sweep with bytes cut out, tokens put in and lines repeated: an error naming
+    /// the file, or jobs; never a panic.
+    #[test]
+    fn mutated_sweep_files_never_panic(
+        edits in proptest::collection::vec((0..3usize, any::<prop::sample::Index>(), 0..TOKENS.len(), 0..8usize), 1..6)
+    ) {
+        let mut text = sweep::QUICK_SWEEP.to_string();
+        for (op, at, token, len) in edits {
+            let mut i = at.index(text.len() + 1);
+            while !text.is_char_boundary(i) {
+                i -= 1;
+            }
+            match op {
+                0 => {
+                    let mut end = (i + len).min(text.len());
+                    while !text.is_char_boundary(end) {
+                        end -= 1;
+                    }
+                    text.replace_range(i..end, "");
+                }
+                1 => text.insert_str(i, TOKENS[token]),
+                _ => {
+                    let start = text[..i].rfind('\n').map_or(0, |n| n + 1);
+                    let end = text[i..].find('\n').map_or(text.len(), |n| i + n + 1);
+                    let line = text[start..end].to_string();
+                    text.insert_str(start, &line);
+                }
+            }
+        }
+        if let Err(e) = sweep::parse(&text, "mutated.toml", Some(1 << 30)) {
+            let msg = format!("{e:#}");
+            prop_assert!(msg.contains("mutated.toml"), "{}", msg);
+            prop_assert!(!msg.contains("untagged") && !msg.contains("OneOrMany"), "{}", msg);
+        }
+    }
+}
