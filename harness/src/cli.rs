@@ -4,7 +4,8 @@
 //! for everything else.
 
 use crate::commands::{
-    bench_all, child, compare, criterion_import, max_depth, merge, plan, plots, report, run, step,
+    bench_all, case, child, compare, criterion_import, max_depth, merge, plan, plots, report, run,
+    step,
 };
 use crate::measure::interrupt;
 use crate::plan::bounds;
@@ -30,6 +31,9 @@ enum Command {
     Plan(plan::Args),
     /// Combine result CSVs (shard files) by key; report keys of the sweep still missing.
     Merge(merge::Args),
+    /// Write the case file of a config (parameters, input, upstream gradient) for another
+    /// framework or `step`.
+    Case(case::Args),
     /// One training step from a safetensors case file, results written to safetensors.
     Step(step::Args),
     /// Compare two result CSVs: ratios NEW/BASE per metric, regressions flagged.
@@ -60,6 +64,7 @@ pub fn main() -> ExitCode {
         Some(Command::BenchAll(a)) => bench_all::run(a),
         Some(Command::Plan(a)) => plan::run(a),
         Some(Command::Merge(a)) => merge::run(a),
+        Some(Command::Case(a)) => case::run(a),
         Some(Command::Step(a)) => step::run(a),
         Some(Command::Compare(a)) => compare::run(a),
         Some(Command::Plots(a)) => plots::run(a),

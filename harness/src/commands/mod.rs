@@ -3,6 +3,7 @@
 //! commands need, and no command imports another command.
 
 pub mod bench_all;
+pub mod case;
 pub mod child;
 pub mod compare;
 pub mod criterion_import;

@@ -1,0 +1,41 @@
+//! `densebench case`: writes the case file of a config — the exact parameters, BN state, input
+//! and upstream gradient a measured row of that config runs on (built from its seed) — under
+//! PyTorch `state_dict` names, so another framework (the PyTorch peer,
+//! `harness/peer/pytorch_peer.py`) or `densebench step` can run the same step.
+
+use crate::plan::bounds::ResultExt;
+use crate::plan::job::ConfigArgs;
+use crate::results::store::write_atomic;
+use anyhow::{anyhow, Result};
+use candle_core::Device;
+use impls::Case;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// `densebench case` arguments.
+#[derive(Debug, Clone, clap::Args)]
+pub struct Args {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// The case file to write (safetensors); replaced atomically if it exists.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+/// `densebench case`.
+pub fn run(a: Args) -> Result<ExitCode> {
+    let cfg = a.config.to_config().bad_input()?;
+    let case = Case::random(&cfg, &Device::Cpu)
+        .map_err(|e| anyhow!("building the case of {}: {e}", cfg.describe()))?;
+    write_atomic(&a.out, |tmp| {
+        case.save(tmp)
+            .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
+    })?;
+    eprintln!(
+        "densebench case: {} (seed {}) → {}",
+        cfg.describe(),
+        cfg.seed,
+        a.out.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

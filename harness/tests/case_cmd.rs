@@ -1,0 +1,90 @@
+//! `densebench case` writes the very case a measured row runs on: loading it gives the config
+//! and, bitwise, the parameters, input and upstream gradient the library builds from the seed.
+
+mod common;
+
+use candle_core::Device;
+use common::{densebench, path_str, stderr};
+use impls::{Case, Config, Family};
+
+#[test]
+fn the_case_file_is_the_case_a_row_measures() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("c.safetensors");
+    let o = densebench(&[
+        "case",
+        "--family",
+        "bc",
+        "--depth",
+        "2",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--bn-size",
+        "2",
+        "--size",
+        "4",
+        "--seed",
+        "7",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let cfg = Config {
+        family: Family::Bc,
+        batch: 2,
+        channels: 3,
+        growth: 2,
+        depth: 2,
+        bn_size: 2,
+        size: 4,
+        activation: true,
+        dtype: candle_core::DType::F32,
+        seed: 7,
+    };
+    let want = Case::random(&cfg, &Device::Cpu).expect("case");
+    let got = Case::load(&out, true, &Device::Cpu).expect("the case file loads");
+    // The file holds tensors, not the seed: the config read back has seed 0, the rest equal.
+    assert_eq!(
+        Config {
+            seed: 7,
+            ..got.cfg.clone()
+        },
+        cfg
+    );
+    let same = |a: &candle_core::Tensor, b: &candle_core::Tensor| {
+        a.flatten_all().and_then(|t| t.to_vec1::<f32>()).ok()
+            == b.flatten_all().and_then(|t| t.to_vec1::<f32>()).ok()
+    };
+    assert!(same(&got.input, &want.input), "input differs");
+    assert!(
+        same(&got.grad_output, &want.grad_output),
+        "grad_output differs"
+    );
+    for (name, t) in &want.params.tensors {
+        let g = got.params.tensors.get(name).expect("every parameter saved");
+        assert!(same(g, t), "{name} differs");
+    }
+    // A bad config is the user's input: exit 2, nothing written.
+    let bad = dir.path().join("bad.safetensors");
+    let o = densebench(&[
+        "case",
+        "--family",
+        "bc",
+        "--depth",
+        "0",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--out",
+        path_str(&bad),
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(!bad.exists());
+}
