@@ -12,6 +12,8 @@ use candle_core::{DType, Device, Tensor};
 use densebench::gpu::{self, GpuInfo, PeakSource, PoolPeak};
 use std::process::Command;
 
+// Only `bin` and `BIN_ENV` are used here; the other helpers serve the CLI tests.
+#[allow(dead_code)]
 mod common;
 use common::bin;
 
