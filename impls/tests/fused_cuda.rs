@@ -59,7 +59,7 @@ fn rand(shape: (usize, usize), seed: u64, dtype: DType) -> Tensor {
 /// the buffer and the view: kernels must honour the view's start offset.
 fn in_buffer(t: &Tensor, dev: &Device) -> (Tensor, Tensor) {
     let (r, c) = t.dims2().expect("2-D");
-    let pad = |n| Tensor::full(7.0f64, (n, c), dev).and_then(|p| p.to_dtype(t.dtype()));
+    let pad = |n: usize| Tensor::full(7.0f64, (n, c), dev).and_then(|p| p.to_dtype(t.dtype()));
     let buf = Tensor::cat(
         &[
             &pad(2).expect("pad"),
