@@ -45,7 +45,9 @@ ci:
 max-depth FAMILY="bc" BUDGET="1GiB" *ARGS:
     cargo run --release -- max-depth --family {{FAMILY}} --budget {{BUDGET}} {{ARGS}}
 
-# Install Debian's CUDA toolkit if missing, then build and clippy-check with --features cuda
+# CUDA from NVIDIA's PyPI wheels into ~/.cache (no root) if missing, then build, clippy-check
+# and run the GPU tests with --features cuda (they skip without a GPU); DENSEBENCH_CUDA=12.8 for
+# drivers older than 580
 check-cuda:
     bash scripts/check-cuda.sh
 

@@ -14,7 +14,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{densebench, path_str, stderr, BIN};
+use common::{bin, densebench, path_str, stderr};
 
 /// Exit status for bad input and usage (README, "Exit status").
 const BAD_INPUT: i32 = 2;
@@ -365,7 +365,7 @@ fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
         "--cache-dir",
         path_str(&cache),
     ];
-    let parent = Command::new(BIN)
+    let parent = Command::new(bin())
         .args(args)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -460,7 +460,7 @@ fn kill_measuring_child(
     let sweep_file = write(dir, "slow.toml", SLOW_SWEEP);
     let out = dir.join(name);
     let cache = dir.join("cache");
-    let parent = Command::new(BIN)
+    let parent = Command::new(bin())
         .args([
             "bench-all",
             "--sweep",
@@ -532,7 +532,7 @@ fn children_die_with_a_parent_killed_by_sigkill() {
     let sweep_file = write(dir.path(), "slower.toml", &slower);
     let out = dir.path().join("slow.csv");
     let cache = dir.path().join("cache");
-    let parent = Command::new(BIN)
+    let parent = Command::new(bin())
         .args([
             "bench-all",
             "--sweep",

@@ -3,12 +3,19 @@
 //! passes on CPU-only machines. `no_gpu_*` tests run exactly where there is no usable GPU: the
 //! behaviour a user without one sees. Run the GPU ones alone with `cargo test --features cuda
 //! --test gpu -- --nocapture`.
+//!
+//! The test binary can run on a GPU machine without Rust: copy it and the `densebench` binary
+//! there and point `DENSEBENCH_BIN` at the latter (see `common::bin`), e.g.
+//! `DENSEBENCH_BIN=./densebench ./gpu-<hash> --nocapture`.
 
 use candle_core::{DType, Device, Tensor};
 use densebench::measure::gpu::{self, GpuInfo, PeakSource, PoolPeak};
 use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_densebench");
+// Only `bin` and `BIN_ENV` are used here; the other helpers serve the CLI tests.
+#[allow(dead_code)]
+mod common;
+use common::bin;
 
 /// The smallest `run` the CLI documents (README, `densebench run --help`).
 const TINY_RUN: &[&str] = &[
@@ -51,7 +58,7 @@ fn no_gpu_run_on_cuda_fails_with_one_clear_line() {
         }
         Err(e) => e.to_string(),
     };
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args(TINY_RUN)
         .args(["--device", "cuda:0"])
         .env("RUST_BACKTRACE", "1")
@@ -217,7 +224,7 @@ fn gpu_run_prints_one_checked_row() {
     }
     let dir = tempfile::tempdir().expect("temp dir");
     let cache = dir.path().join("cache");
-    let o = Command::new(BIN)
+    let o = Command::new(bin())
         .args(TINY_RUN)
         .args(["--device", "cuda:0", "--cache-dir"])
         .arg(&cache)
@@ -227,4 +234,121 @@ fn gpu_run_prints_one_checked_row() {
     assert!(o.status.success(), "{stderr}");
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(stdout.lines().count(), 2, "header and one row: {stdout}");
+}
+
+/// Prints the binary the tests drive; run only by
+/// [`densebench_bin_env_overrides_the_build_path`] (in a child process, with the variable set).
+#[test]
+#[ignore = "helper of densebench_bin_env_overrides_the_build_path"]
+fn print_binary_under_test() {
+    println!("binary under test: {}", bin().display());
+}
+
+/// A copied test binary finds `densebench` through `DENSEBENCH_BIN`, not the path it was built
+/// at: the child run of this test binary reports the overriding path (any existing file will
+/// do; this test binary itself is one).
+#[test]
+fn densebench_bin_env_overrides_the_build_path() {
+    let me = std::env::current_exe().expect("the test binary's path");
+    let o = Command::new(&me)
+        .args([
+            "--ignored",
+            "--exact",
+            "print_binary_under_test",
+            "--nocapture",
+        ])
+        .env(common::BIN_ENV, &me)
+        .output()
+        .expect("the test binary runs");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{out}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let want = format!("binary under test: {}", me.display());
+    assert!(out.contains(&want), "expected `{want}` in:\n{out}");
+}
+
+/// Pool bytes a fused op may take on top of its output: the pool rounds allocations up (2 MiB
+/// granularity at most, measured above for a 64 MiB tensor) and the ops build per-channel
+/// coefficient tables of a few KiB (`Tensor::cat` of `[C, 1]` vectors). 4 MiB covers two such
+/// roundings, and is far below any hidden full-size temporary (8–64 MiB at these shapes).
+const FUSED_POOL_SLACK_BYTES: u64 = 4 * MIB;
+
+/// Each fused op on the GPU allocates its output and nothing else of the input's size, like
+/// its CPU twin (the memory model holds on both devices): the pool's peak grows by the output's
+/// bytes, within [`FUSED_POOL_SLACK_BYTES`]. The candle-op compositions these kernels replace
+/// took one to three `[C, M]` temporaries (BN) or padded every tap (shift).
+#[test]
+fn gpu_fused_ops_allocate_only_their_output() {
+    use impls::fused::{self, Grid, TAPS};
+    let Some(dev) = cuda_device("gpu_fused_ops_allocate_only_their_output") else {
+        return;
+    };
+    let peak = PoolPeak::new(0).expect("meter");
+    if peak.source() != PeakSource::Pool {
+        println!("skipped: no memory pools, the sampler cannot resolve these differences");
+        return;
+    }
+    // [C, M] f32 = 64 MiB; the shift ops on K = 8 channels (stack: 72 MiB out, sum: 8 MiB).
+    const C: usize = 64;
+    const K: usize = 8;
+    let grid = Grid {
+        n: 4,
+        h: 256,
+        w: 256,
+    };
+    let m = grid.n * grid.h * grid.w;
+    let f32s = |rows: usize| (rows * m * 4) as u64;
+    let rand =
+        |rows: usize, cols: usize| Tensor::randn(0f32, 1.0, (rows, cols), &dev).expect("randn");
+    let (x, gy, dst) = (rand(C, m), rand(C, m), rand(C, m));
+    let (v1, v2, v3) = (rand(C, 1), rand(C, 1), rand(C, 1));
+    let (t, p) = (rand(K, m), rand(9 * K, m));
+    let offsets = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
+
+    let measure = |what: &str, expected: u64, op: &dyn Fn() -> Vec<Tensor>| {
+        // Warm-up: NVRTC compilation and module loading happen outside the measured window.
+        drop(op());
+        dev.synchronize().expect("sync");
+        let base = peak.reset().expect("reset");
+        let out = op();
+        dev.synchronize().expect("sync");
+        let high = peak.read().expect("read");
+        drop(out);
+        let grew = high.saturating_sub(base);
+        println!("{what}: peak grew {grew} B, output {expected} B");
+        assert!(
+            grew >= expected && grew <= expected + FUSED_POOL_SLACK_BYTES,
+            "{what}: peak grew {grew} B, expected {expected} B + at most {FUSED_POOL_SLACK_BYTES}"
+        );
+    };
+    measure("bn_stats", 0, &|| {
+        let (a, b) = fused::bn_stats(&x).expect("bn_stats");
+        vec![a, b]
+    });
+    measure("affine_rows", f32s(C), &|| {
+        vec![fused::affine_rows(&x, &v1, &v2).expect("affine")]
+    });
+    measure("affine_rows_relu", f32s(C), &|| {
+        vec![fused::affine_rows_relu(&x, &v1, &v2).expect("affine relu")]
+    });
+    measure("bn_bwd_reduce", 0, &|| {
+        let (a, b) = fused::bn_bwd_reduce(&gy, &x, &v1, &v2).expect("reduce");
+        vec![a, b]
+    });
+    measure("bn_bwd_dx", f32s(C), &|| {
+        vec![fused::bn_bwd_dx(&gy, &x, &v1, &v2, &v3).expect("dx")]
+    });
+    measure("bn_bwd_dx_accumulate", 0, &|| {
+        fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &v1, &v2, &v3).expect("accumulate");
+        Vec::new()
+    });
+    measure("shift_stack", f32s(9 * K), &|| {
+        vec![fused::shift_stack(&t, grid, offsets).expect("stack")]
+    });
+    measure("shift_sum", f32s(K), &|| {
+        vec![fused::shift_sum(&p, grid, offsets).expect("sum")]
+    });
 }

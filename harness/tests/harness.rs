@@ -11,7 +11,7 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{densebench, path_str, stderr, BIN};
+use common::{bin, densebench, path_str, stderr};
 
 /// `bench-all` with a temp output and cache; returns the output path and the process output.
 fn bench_all(dir: &Path, out: &str, extra: &[&str]) -> (PathBuf, Output) {
@@ -226,7 +226,7 @@ fn killed_sweep_resumes_to_exactly_one_row_per_configuration() {
         "--cache-dir",
         path_str(&cache),
     ];
-    let mut child = Command::new(BIN)
+    let mut child = Command::new(bin())
         .args(args)
         .stderr(Stdio::null())
         .spawn()

@@ -150,7 +150,7 @@ fn a_second_writer_of_the_same_output_fails_at_once_naming_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");
     let out = dir.path().join("results.csv");
     let cache = dir.path().join("cache");
-    let mut first = Command::new(common::BIN)
+    let mut first = Command::new(common::bin())
         .args([
             "bench-all",
             "--quick",
@@ -225,7 +225,7 @@ fn with_fsize_limit(kib: u64, args: &[&str]) -> std::process::Output {
     let mut cmd = Command::new("bash");
     cmd.arg("-c")
         .arg(format!("trap '' XFSZ; ulimit -f {kib}; exec \"$0\" \"$@\""))
-        .arg(common::BIN)
+        .arg(common::bin())
         .args(args);
     cmd.output().expect("bash runs")
 }

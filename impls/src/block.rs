@@ -125,13 +125,13 @@ fn bc_front(
             (s, Some(v))
         }
     };
-    let a = maths::bn_apply(
+    let r = maths::bn_apply_relu(
         x,
         &stats1,
         params.get(&bn_name(i, 1, "weight"))?,
         params.get(&bn_name(i, 1, "bias"))?,
+        relu,
     )?;
-    let r = maths::relu_fwd(a, relu)?;
     let w1 = conv1_matrix(cfg, params, i)?;
     let z = maths::dense_fwd(&w1, None, &r)?;
     let (stats2, var2) = match stats {
@@ -141,13 +141,13 @@ fn bc_front(
             (s, Some(v))
         }
     };
-    let b = maths::bn_apply(
+    let s = maths::bn_apply_relu(
         &z,
         &stats2,
         params.get(&bn_name(i, 2, "weight"))?,
         params.get(&bn_name(i, 2, "bias"))?,
+        relu,
     )?;
-    let s = maths::relu_fwd(b, relu)?;
     Ok(BcForward {
         stats1,
         r,

@@ -1,16 +1,20 @@
-//! Fused CPU kernels for the two ops that dominate a bc layer: BatchNorm (statistics, apply,
-//! backward) and the 3×3 convolution's shifted views. Each makes one pass over its input and
-//! allocates exactly its output — no hidden full-size temporaries, so memory is predictable.
+//! Fused kernels for the two ops that dominate a bc layer: BatchNorm (statistics, apply with or
+//! without ReLU, backward) and the 3×3 convolution's shifted views. Each makes one pass over its
+//! input and allocates exactly its output (or writes in place into a buffer view) — no hidden
+//! full-size temporaries, so memory is predictable and one model holds on every device.
 //!
-//! Every public function dispatches on the device: CPU tensors use the fused kernels, other
-//! devices the same maths composed from candle ops (the `generic_*` functions, also used by the
-//! tests to cross-check the kernels). Reductions accumulate in f64 whatever the dtype.
+//! Every public function dispatches on the device: contiguous CPU tensors run the CPU kernels
+//! below, contiguous CUDA tensors (`cuda` feature) the CUDA twins in `src/cuda/*.cu` through the
+//! same candle custom ops (`cuda_fwd`, launched by `fused_cuda.rs`). The `generic_*` functions
+//! compute the same maths from candle ops: they are the test oracles for both kernels, and the
+//! fallback for strided operands and devices without kernels (the block's own calls are all
+//! contiguous). Reductions accumulate in f64 whatever the dtype.
 
 use crate::error::{CandleContext, Result};
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-trait Float: Copy + Send + Sync + 'static {
+trait Float: Copy + Send + Sync + PartialOrd + 'static {
     fn f64(self) -> f64;
     fn of(v: f64) -> Self;
     const ZERO: Self;
@@ -91,13 +95,28 @@ impl CustomOp1 for BnStatsOp {
         let c = l.shape().dims2()?.0;
         Ok((map1(self, s, l)?, Shape::from((c, 2))))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::bn_stats(Self::NAME, s, l)
+    }
 }
 
-/// `y = x·scale + shift` per row, with `coef [C, 2] = (scale, shift)`.
-struct AffineRowsOp;
+/// `y = x·scale + shift` per row, with `coef [C, 2] = (scale, shift)`; with `relu`, also
+/// `y = y > 0 ? y : 0` (NaN → 0, as [`crate::kernels::relu_inplace`]) in the same pass.
+struct AffineRowsOp {
+    relu: bool,
+}
 impl CustomOp2 for AffineRowsOp {
     fn name(&self) -> &'static str {
-        "bn-apply"
+        if self.relu {
+            "bn-apply-relu"
+        } else {
+            "bn-apply"
+        }
     }
     fn cpu_fwd(
         &self,
@@ -111,28 +130,48 @@ impl CustomOp2 for AffineRowsOp {
             x: &[T],
             coef: &[T],
             m: usize,
+            relu: bool,
         ) -> Vec<T> {
             let mut out = vec![T::ZERO; x.len()];
             out.par_chunks_mut(m)
                 .zip(x.par_chunks(m))
                 .zip(coef.par_chunks(2))
                 .for_each(|((o, x), c)| {
-                    for (o, x) in o.iter_mut().zip(x) {
-                        *o = *x * c[0] + c[1];
+                    if relu {
+                        // A select, not a branch around the store (see kernels.rs).
+                        for (o, x) in o.iter_mut().zip(x) {
+                            let v = *x * c[0] + c[1];
+                            *o = if v > T::ZERO { v } else { T::ZERO };
+                        }
+                    } else {
+                        for (o, x) in o.iter_mut().zip(x) {
+                            *o = *x * c[0] + c[1];
+                        }
                     }
                 });
             out
         }
+        let (n, relu) = (self.name(), self.relu);
         let out = match (s, cs) {
             (CpuStorage::F32(v), CpuStorage::F32(c)) => {
-                CpuStorage::F32(go(slice(v, l, self.name())?, slice(c, cl, self.name())?, m))
+                CpuStorage::F32(go(slice(v, l, n)?, slice(c, cl, n)?, m, relu))
             }
             (CpuStorage::F64(v), CpuStorage::F64(c)) => {
-                CpuStorage::F64(go(slice(v, l, self.name())?, slice(c, cl, self.name())?, m))
+                CpuStorage::F64(go(slice(v, l, n)?, slice(c, cl, n)?, m, relu))
             }
-            _ => return Err(bad_dtype(self.name())),
+            _ => return Err(bad_dtype(n)),
         };
         Ok((out, l.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::affine_rows(self.name(), self.relu, (s, l), (cs, cl))
     }
 }
 
@@ -181,6 +220,18 @@ impl CustomOp3 for BnBwdReduceOp {
         };
         Ok((out, Shape::from((c, 2))))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ss: &candle_core::CudaStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::bn_bwd_reduce(self.name(), (gs, gl), (xs, xl), (ss, sl))
+    }
 }
 
 /// `dx = A·gy + B·x + C` per row with `coef [C, 3] = (A, B, C)`, evaluated in f64.
@@ -224,13 +275,27 @@ impl CustomOp3 for BnBwdDxOp {
         };
         Ok((out, gl.shape().clone()))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::fused_cuda::bn_bwd_dx(self.name(), (gs, gl), (xs, xl), (cs, cl))
+    }
 }
 
 /// `dst += T(A·gy + B·x + C)` per row, **in place**: the same rounding as [`BnBwdDxOp`]
 /// followed by an add, so results are bitwise those of the two-step path.
 struct BnBwdDxAccumulateOp {
-    /// `(A, B, C)` per row, already in f64.
-    coef: Vec<[f64; 3]>,
+    /// `(A, B, C)` per row, `[C, 3]` in the operands' dtype and on their device. An in-place op
+    /// takes at most two tensor operands besides the destination, so the op carries the third
+    /// and reads its storage itself (a tensor of its own: it cannot alias the destination).
+    coef: Tensor,
 }
 impl InplaceOp3 for BnBwdDxAccumulateOp {
     fn name(&self) -> &'static str {
@@ -250,13 +315,14 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             d: &mut [T],
             g: &[T],
             x: &[T],
-            coef: &[[f64; 3]],
+            coef: &[T],
             m: usize,
         ) {
             d.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
-                .zip(coef.par_iter())
-                .for_each(|((d, (g, x)), &[a, b, c])| {
+                .zip(coef.par_chunks(3))
+                .for_each(|((d, (g, x)), c)| {
+                    let (a, b, c) = (c[0].f64(), c[1].f64(), c[2].f64());
                     for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
                         *d = *d + T::of(a * g.f64() + b * x.f64() + c);
                     }
@@ -266,24 +332,51 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let (da, db) = dl.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg(format!("{n}: destination must be contiguous"))
         })?;
-        match (ds, gs, xs) {
-            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x)) => go(
+        let (cs, cl) = self.coef.storage_and_layout();
+        let candle_core::Storage::Cpu(cs) = &*cs else {
+            return Err(candle_core::Error::Msg(format!(
+                "{n}: coefficients on {:?}, destination on the CPU",
+                self.coef.device().location()
+            )));
+        };
+        match (ds, gs, xs, cs) {
+            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(c)) => go(
                 &mut d[da..db],
                 slice(g, gl, n)?,
                 slice(x, xl, n)?,
-                &self.coef,
+                slice(c, cl, n)?,
                 m,
             ),
-            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x)) => go(
+            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(c)) => go(
                 &mut d[da..db],
                 slice(g, gl, n)?,
                 slice(x, xl, n)?,
-                &self.coef,
+                slice(c, cl, n)?,
                 m,
             ),
             _ => return Err(bad_dtype(n)),
         }
         Ok(())
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        ds: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<()> {
+        let n = self.name();
+        let (cs, cl) = self.coef.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*cs else {
+            return Err(candle_core::Error::Msg(format!(
+                "{n}: coefficients on {:?}, destination on a CUDA device",
+                self.coef.device().location()
+            )));
+        };
+        crate::fused_cuda::bn_bwd_dx_accumulate(n, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
     }
 }
 
@@ -300,13 +393,7 @@ pub const TAPS: [(usize, usize); 9] = [
     (2, 2),
 ];
 
-/// Spatial geometry of a channel-major map `[C, N·H·W]`.
-#[derive(Debug, Clone, Copy)]
-pub struct Grid {
-    pub n: usize,
-    pub h: usize,
-    pub w: usize,
-}
+pub use crate::grid::Grid;
 
 /// Copies image plane `src` shifted by (oy, ox) into `dst` (zero where the source is outside):
 /// `dst[y, x] = src[y + oy, x + ox]`; with `ADD`, adds instead of writing.
@@ -371,6 +458,15 @@ impl CustomOp1 for ShiftStackOp {
         let (c, m) = l.shape().dims2()?;
         Ok((map1(self, s, l)?, Shape::from((9 * c, m))))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use crate::fused_cuda::{shift, Shift};
+        shift(Self::NAME, Shift::Stack, (s, l), self.grid, &self.offsets)
+    }
 }
 
 /// `out [C, M] = Σ_j shift(p[jC..(j+1)C], offsets[j])`, j in order 0..9.
@@ -402,15 +498,26 @@ impl CustomOp1 for ShiftSumOp {
         let (c9, m) = l.shape().dims2()?;
         Ok((map1(self, s, l)?, Shape::from((c9 / 9, m))))
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        use crate::fused_cuda::{shift, Shift};
+        shift(Self::NAME, Shift::Sum, (s, l), self.grid, &self.offsets)
+    }
 }
 
-fn is_cpu(t: &Tensor) -> bool {
-    t.device().is_cpu()
+/// Whether `t` lives where the fused kernels run: the CPU, or a CUDA device with the `cuda`
+/// feature (without it no CUDA tensor can exist). Others take the `generic_*` path.
+fn has_kernels(t: &Tensor) -> bool {
+    t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda())
 }
 
 /// Per-row (mean, biased variance) of `x [C, M]`, each `[C, 1]`.
 pub fn bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
-    if is_cpu(x) && x.is_contiguous() {
+    if has_kernels(x) && x.is_contiguous() {
         let mv = x.apply_op1_no_bwd(&BnStatsOp).ctx("bn stats")?;
         Ok((
             mv.narrow(1, 0, 1).ctx("bn mean")?,
@@ -432,12 +539,34 @@ pub fn generic_bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
 
 /// `x [C, M] · scale [C, 1] + shift [C, 1]`, one new tensor.
 pub fn affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    if is_cpu(x) && x.is_contiguous() {
+    if has_kernels(x) && x.is_contiguous() {
         let coef = Tensor::cat(&[scale, shift], 1).ctx("bn coef")?;
-        x.apply_op2_no_bwd(&coef, &AffineRowsOp).ctx("bn apply")
+        x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu: false })
+            .ctx("bn apply")
     } else {
         generic_affine_rows(x, scale, shift)
     }
+}
+
+/// `max(x [C, M] · scale [C, 1] + shift [C, 1], 0)`, one new tensor: BN apply and ReLU in one
+/// pass, bitwise [`affine_rows`] followed by an in-place ReLU (NaN → 0 like
+/// [`crate::kernels::relu_inplace`]). Only for where the BN output before the ReLU is not
+/// needed (an in-place ReLU would overwrite it anyway).
+pub fn affine_rows_relu(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    if has_kernels(x) && x.is_contiguous() {
+        let coef = Tensor::cat(&[scale, shift], 1).ctx("bn coef")?;
+        x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu: true })
+            .ctx("bn apply relu")
+    } else {
+        generic_affine_rows_relu(x, scale, shift)
+    }
+}
+
+/// [`affine_rows_relu`] from candle ops (any device).
+pub fn generic_affine_rows_relu(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
+    generic_affine_rows(x, scale, shift)?
+        .relu()
+        .ctx("bn apply relu")
 }
 
 pub fn generic_affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
@@ -454,7 +583,7 @@ pub fn bn_bwd_reduce(
     mean: &Tensor,
     invstd: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() {
+    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() {
         let st = Tensor::cat(&[mean, invstd], 1).ctx("bn bwd stats")?;
         let r = gy
             .apply_op3_no_bwd(x, &st, &BnBwdReduceOp)
@@ -490,7 +619,7 @@ pub fn generic_bn_bwd_reduce(
 
 /// `A·gy + B·x + C` per row (`a`, `b`, `c` each `[C, 1]`), one new tensor.
 pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
-    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() {
+    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() {
         let coef = Tensor::cat(&[a, b, c], 1).ctx("bn bwd coef")?;
         gy.apply_op3_no_bwd(x, &coef, &BnBwdDxOp).ctx("bn bwd dx")
     } else {
@@ -521,14 +650,8 @@ pub fn bn_bwd_dx_accumulate(
     b: &Tensor,
     c: &Tensor,
 ) -> Result<()> {
-    if is_cpu(x) && x.is_contiguous() && gy.is_contiguous() && dst.is_contiguous() {
-        let coef = Tensor::cat(&[a, b, c], 1)
-            .and_then(|t| t.to_dtype(candle_core::DType::F64))
-            .and_then(|t| t.to_vec2::<f64>())
-            .ctx("bn bwd coef")?
-            .into_iter()
-            .map(|r| [r[0], r[1], r[2]])
-            .collect();
+    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && dst.is_contiguous() {
+        let coef = Tensor::cat(&[a, b, c], 1).ctx("bn bwd coef")?;
         dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef })
             .ctx("bn bwd dx accumulate")
     } else {
@@ -540,7 +663,7 @@ pub fn bn_bwd_dx_accumulate(
 /// `[9C, M]`: block j holds `t [C, M]` shifted by `offsets[j]`: `out_j[c, n, y, x] =
 /// t[c, n, y + oy_j, x + ox_j]`, zero outside the image.
 pub fn shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
-    if is_cpu(t) && t.is_contiguous() {
+    if has_kernels(t) && t.is_contiguous() {
         t.apply_op1_no_bwd(&ShiftStackOp { grid, offsets })
             .ctx("shift stack")
     } else {
@@ -577,7 +700,7 @@ pub fn generic_shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9])
 
 /// `[C, M] = Σ_j shift(p_j, offsets[j])` where `p [9C, M]` stacks the nine `p_j`.
 pub fn shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
-    if is_cpu(p) && p.is_contiguous() {
+    if has_kernels(p) && p.is_contiguous() {
         p.apply_op1_no_bwd(&ShiftSumOp { grid, offsets })
             .ctx("shift sum")
     } else {

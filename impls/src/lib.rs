@@ -2,7 +2,9 @@
 //! training step with a hand-written backward (or candle's autograd), behind one interface.
 //!
 //! - [`config`]: families, sizes, validation; [`params`]: PyTorch-named parameters.
-//! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops.
+//! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops;
+//!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`cuda_src`]: their CUDA sources
+//!   (`src/cuda/*.cu`, compiled with NVRTC at first use with the `cuda` feature).
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
 //!   [`autograd`]: the forum's code through candle's autograd.
@@ -18,8 +20,14 @@ pub mod buffer;
 pub mod case;
 pub mod compare;
 pub mod config;
+#[cfg(feature = "cuda")]
+mod cuda_launch;
+pub mod cuda_src;
 pub mod error;
 pub mod fused;
+#[cfg(feature = "cuda")]
+mod fused_cuda;
+pub mod grid;
 pub mod header;
 pub mod kernels;
 #[cfg(feature = "cuda")]

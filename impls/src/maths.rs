@@ -65,6 +65,37 @@ pub fn bn_running_update(
 /// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with per-channel
 /// `scale = γ·invstd`, `shift = β − mean·scale`: one pass, one new tensor.
 pub fn bn_apply(x: &Tensor, stats: &BnStats, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
+    let (scale, shift) = bn_affine(x, stats, gamma, beta)?;
+    fused::affine_rows(x, &scale, &shift)
+}
+
+/// [`bn_apply`] followed by ReLU ([`relu_fwd`]): `copy` keeps the two steps (the BN output and
+/// the ReLU's new tensor are both live, as the strategy measures); `inplace` fuses them into one
+/// pass and one output ([`fused::affine_rows_relu`]), bitwise the same values and the same bytes
+/// as BN apply then an in-place ReLU, whose pre-activation nothing may read anyway.
+pub fn bn_apply_relu(
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    beta: &Tensor,
+    mode: Relu,
+) -> Result<Tensor> {
+    match mode {
+        Relu::Copy => relu_fwd(bn_apply(x, stats, gamma, beta)?, Relu::Copy),
+        Relu::Inplace => {
+            let (scale, shift) = bn_affine(x, stats, gamma, beta)?;
+            fused::affine_rows_relu(x, &scale, &shift)
+        }
+    }
+}
+
+/// Per-channel `scale = γ·invstd` and `shift = β − mean·scale` of [`bn_apply`], each `[C, 1]`.
+fn bn_affine(
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    beta: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let c = x.dims()[0];
     let scale = gamma
         .reshape((c, 1))
@@ -76,7 +107,7 @@ pub fn bn_apply(x: &Tensor, stats: &BnStats, gamma: &Tensor, beta: &Tensor) -> R
         .ctx("bn shift")?
         .sub(&stats.mean.mul(&scale).ctx("bn shift")?)
         .ctx("bn shift")?;
-    fused::affine_rows(x, &scale, &shift)
+    Ok((scale, shift))
 }
 
 /// Gradients of [`bn_apply`] with batch statistics, given its input `x` and the saved stats:

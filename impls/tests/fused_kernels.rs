@@ -95,3 +95,47 @@ fn fused_kernels_match_generic_candle_ops() {
     let v = s.flatten_all().unwrap().to_vec1::<f64>().unwrap();
     assert_eq!(v, [4., 5., 6., 7., 8., 9., 10., 11., 0., 0., 0., 0.]);
 }
+
+/// The fused BN apply + ReLU (what `inplace` strategies run) is bitwise BN apply followed by the
+/// in-place ReLU kernel, including NaN → 0, and matches the candle-op oracle.
+#[test]
+fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
+    let x = rand((4, 37), 21);
+    // Row 1 has a NaN scale: every value of it is NaN before the ReLU, 0 after.
+    let scale = Tensor::new(&[[1.0f64], [f64::NAN], [-0.5], [0.0]], &Device::Cpu).unwrap();
+    let shift = rand((4, 1), 22);
+    let fused_out = fused::affine_rows_relu(&x, &scale, &shift).unwrap();
+    let two_step =
+        impls::kernels::relu_inplace(fused::affine_rows(&x, &scale, &shift).unwrap()).unwrap();
+    let bits = |t: &Tensor| -> Vec<u64> {
+        let v = t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+        v.into_iter().map(f64::to_bits).collect()
+    };
+    assert_eq!(bits(&fused_out), bits(&two_step));
+    let row1 = fused_out.narrow(0, 1, 1).unwrap().flatten_all().unwrap();
+    assert!(row1.to_vec1::<f64>().unwrap().iter().all(|v| *v == 0.0));
+    // Rows without NaN against the candle-op oracle (relu of the composed affine).
+    let rows = [0usize, 2, 3];
+    for r in rows {
+        close(
+            &fused_out.narrow(0, r, 1).unwrap(),
+            &fused::generic_affine_rows_relu(
+                &x.narrow(0, r, 1).unwrap(),
+                &scale.narrow(0, r, 1).unwrap(),
+                &shift.narrow(0, r, 1).unwrap(),
+            )
+            .unwrap(),
+            "bn apply relu",
+        );
+    }
+    // Half the outputs of a random affine are clipped: the ReLU ran.
+    let zeros = fused_out
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+        .iter()
+        .filter(|v| **v == 0.0)
+        .count();
+    assert!(zeros > 37 + 10, "only {zeros} zeros");
+}

@@ -1,14 +1,46 @@
 //! Helpers shared by the integration tests that drive the real `densebench` binary.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-/// The binary under test.
-pub const BIN: &str = env!("CARGO_BIN_EXE_densebench");
+/// Names the `densebench` binary to test instead of the one cargo built next to this test, for
+/// test binaries copied to another machine (e.g. a GPU node without Rust): run them with
+/// `DENSEBENCH_BIN=/path/to/densebench`.
+pub const BIN_ENV: &str = "DENSEBENCH_BIN";
+
+/// The binary under test: `$DENSEBENCH_BIN` when set (it must exist); else the path cargo built
+/// it at, if it is still there; else `densebench` beside the test binary or one directory up
+/// (cargo puts tests in `target/<profile>/deps/`, the binary in `target/<profile>/`, so a copied
+/// `target/<profile>` keeps working); else cargo's path, so the error names it.
+pub fn bin() -> PathBuf {
+    if let Some(p) = std::env::var_os(BIN_ENV).filter(|p| !p.is_empty()) {
+        let p = PathBuf::from(p);
+        assert!(
+            p.is_file(),
+            "{BIN_ENV}={} is not a file: point it at a densebench binary",
+            p.display()
+        );
+        return p;
+    }
+    let built = PathBuf::from(env!("CARGO_BIN_EXE_densebench"));
+    if built.is_file() {
+        return built;
+    }
+    let name = built.file_name().map(PathBuf::from).unwrap_or_default();
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| {
+            let dir = exe.parent()?.to_path_buf();
+            [dir.join(&name), dir.parent()?.join(&name)]
+                .into_iter()
+                .find(|p| p.is_file())
+        })
+        .unwrap_or(built)
+}
 
 /// Runs `densebench ARGS` to completion.
 pub fn densebench(args: &[&str]) -> Output {
-    Command::new(BIN)
+    Command::new(bin())
         .args(args)
         .output()
         .expect("the densebench binary runs")

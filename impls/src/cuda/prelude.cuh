@@ -1,0 +1,66 @@
+// densebench CUDA prelude: prepended by `impls/src/cuda_src.rs` to every kernel module before
+// NVRTC compiles it (NVRTC reads no files, so there is no #include of this header).
+//
+// Rounding: every arithmetic step of a kernel that has a CPU twin goes through the explicitly
+// rounded intrinsics below (`__fmul_rn`, `__dadd_rn`, ...). NVRTC contracts `a * b + c` into one
+// fused multiply-add by default (--fmad=true), which rounds once instead of twice; Rust never
+// contracts. With the intrinsics an element-wise kernel rounds exactly like its CPU twin, so the
+// CUDA and CPU results are bitwise equal, and reductions differ from the CPU only by summation
+// order.
+//
+// Sizes and indices are `unsigned long long`: a [9C, M] tensor passes 2^31 elements at
+// realistic sizes.
+
+typedef unsigned long long u64;
+
+// Threads per block of the per-channel reductions. The Rust launcher passes the same value as
+// -DDB_REDUCE_THREADS (crate::cuda_src::REDUCE_THREADS); the default keeps this file compilable
+// alone. Must be a power of two (the tree reduction halves it) and at most 1024.
+#ifndef DB_REDUCE_THREADS
+#define DB_REDUCE_THREADS 256
+#endif
+static_assert((DB_REDUCE_THREADS & (DB_REDUCE_THREADS - 1)) == 0 && DB_REDUCE_THREADS >= 32 &&
+                  DB_REDUCE_THREADS <= 1024,
+              "DB_REDUCE_THREADS must be a power of two in [32, 1024]");
+
+__device__ __forceinline__ float db_mul(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float db_add(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ double db_mul(double a, double b) { return __dmul_rn(a, b); }
+__device__ __forceinline__ double db_add(double a, double b) { return __dadd_rn(a, b); }
+__device__ __forceinline__ double db_sub(double a, double b) { return __dsub_rn(a, b); }
+__device__ __forceinline__ double db_div(double a, double b) { return __ddiv_rn(a, b); }
+
+// Conversion from the f64 accumulator to the tensor's type, round to nearest even (Rust `as`).
+template <typename T> __device__ __forceinline__ T db_from_f64(double v);
+template <> __device__ __forceinline__ float db_from_f64<float>(double v) {
+    return __double2float_rn(v);
+}
+template <> __device__ __forceinline__ double db_from_f64<double>(double v) { return v; }
+
+// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN,
+// exactly like `kernels::is_positive` on the CPU.
+template <typename T> __device__ __forceinline__ bool db_is_positive(T x) { return x > (T)0; }
+
+// First element and stride of a grid-stride loop over a 1-D grid of 1-D blocks.
+__device__ __forceinline__ u64 db_first() { return blockIdx.x * (u64)blockDim.x + threadIdx.x; }
+__device__ __forceinline__ u64 db_stride() { return (u64)blockDim.x * gridDim.x; }
+
+// Sum of `v` over the DB_REDUCE_THREADS threads of a block, returned to thread 0 (the other
+// threads get a partial sum). Fixed-shape tree: in round s = T/2, T/4, ..., 1 thread t < s adds
+// the value of thread t + s. The order of the additions depends only on DB_REDUCE_THREADS, never
+// on timing, so the result is the same bit for bit on every run. `buf` is a shared array of
+// DB_REDUCE_THREADS doubles; the function starts and ends with a barrier, so one buffer can be
+// reused by consecutive calls. Every thread of the block must call it (it synchronises).
+__device__ __forceinline__ double db_block_sum(double v, double *buf) {
+    const unsigned t = threadIdx.x;
+    __syncthreads();
+    buf[t] = v;
+    __syncthreads();
+    for (unsigned s = DB_REDUCE_THREADS / 2; s > 0; s >>= 1) {
+        if (t < s) buf[t] = db_add(buf[t], buf[t + s]);
+        __syncthreads();
+    }
+    const double r = buf[0];
+    __syncthreads();
+    return r;
+}

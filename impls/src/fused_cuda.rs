@@ -1,0 +1,357 @@
+//! CUDA launchers of the fused BatchNorm and shift kernels (`src/cuda/bn.cu`, `src/cuda/shift.cu`):
+//! the `cuda_fwd` of every op in [`crate::fused`], so that on a GPU each fused op is one kernel
+//! launch that allocates exactly what its CPU twin allocates (one output) or writes in place.
+//!
+//! Geometry (documented in the `.cu` files too): per-channel reductions run one block of
+//! [`crate::cuda_src::REDUCE_THREADS`] per channel with a fixed-shape tree (deterministic, no
+//! atomics); row-wise and shift kernels run [`crate::cuda_src::ELEMENTWISE_THREADS`] threads
+//! over the columns of a row, the grid's y dimension over the rows.
+//!
+//! Operands must be contiguous (any start offset) and hold exactly the elements their shapes
+//! say; anything else is an `Err`, never an out-of-bounds read or a silent copy.
+//! Only compiled with the `cuda` feature.
+
+use crate::cuda_launch::{
+    contiguous_range, expect_len, function, reduce_config, rows_config, unsupported, view,
+    view_mut, Float,
+};
+use crate::cuda_src::{BN, SHIFT};
+use crate::grid::Grid;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorage, WrapErr};
+use candle_core::{DType, Layout, Shape};
+
+/// Calls `$run::<f32>` or `$run::<f64>` by the dtype of `$s`; other operands are checked by
+/// `as_cuda_slice::<T>()` inside (a mismatch is candle's dtype error).
+macro_rules! by_dtype {
+    ($op:expr, $s:expr, $run:ident ( $($arg:expr),* )) => {
+        match $s.dtype() {
+            DType::F32 => $run::<f32>($($arg),*),
+            DType::F64 => $run::<f64>($($arg),*),
+            other => Err(unsupported($op, other)),
+        }
+    };
+}
+
+/// `(rows, cols)` of a 2-D layout and its contiguous element range with exactly
+/// `rows · cols` elements.
+fn matrix(op: &str, what: &str, l: &Layout) -> candle_core::Result<(usize, usize, (usize, usize))> {
+    let (rows, cols) = l.shape().dims2()?;
+    let r = contiguous_range(l, op)?;
+    expect_len(op, what, r, rows * cols)?;
+    Ok((rows, cols, r))
+}
+
+/// The contiguous range of a per-channel coefficient table `[rows, width]`.
+fn coefficients(
+    op: &str,
+    l: &Layout,
+    rows: usize,
+    width: usize,
+) -> candle_core::Result<(usize, usize)> {
+    let r = contiguous_range(l, op)?;
+    expect_len(op, "the coefficient table", r, rows * width)?;
+    Ok(r)
+}
+
+/// Per-row `(mean, biased variance)` of `x [C, M]` → a new `[C, 2]`.
+pub(crate) fn bn_stats(
+    op: &str,
+    s: &CudaStorage,
+    l: &Layout,
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(op: &str, s: &CudaStorage, l: &Layout) -> candle_core::Result<CudaStorage> {
+        let (c, m, r) = matrix(op, "x", l)?;
+        let dev = &s.device;
+        // SAFETY: the kernel writes all 2·c elements (thread 0 of each of the c blocks, two
+        // each) before anything reads them.
+        let mut out = unsafe { dev.alloc::<T>(2 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_stats")?;
+            let x = view(op, s.as_cuda_slice::<T>()?, r)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&x).arg(&mut out).arg(&m);
+            // SAFETY: block c reads row c of x (c·m .. (c+1)·m, inside the c·m elements of the
+            // view) and writes out[2c], out[2c + 1]; grid = c blocks.
+            unsafe { b.launch(reduce_config(op, c)?) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = l.shape().dims2()?.0;
+    Ok((by_dtype!(op, s, run(op, s, l))?, Shape::from((c, 2))))
+}
+
+/// `x [C, M] · scale + shift` per row (`coef [C, 2]`), with `relu` also `max(·, 0)`: a new
+/// `[C, M]`.
+pub(crate) fn affine_rows(
+    op: &str,
+    relu: bool,
+    (s, l): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        relu: bool,
+        (s, l): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, r) = matrix(op, "x", l)?;
+        let rc = coefficients(op, cl, c, 2)?;
+        let dev = &s.device;
+        // SAFETY: every one of the c·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+        if c * m > 0 {
+            let kernel = if relu {
+                "affine_rows_relu"
+            } else {
+                "affine_rows"
+            };
+            let func = function::<T>(dev, &BN, kernel)?;
+            let x = view(op, s.as_cuda_slice::<T>()?, r)?;
+            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: x and out hold c·m elements, coef 2·c; the kernel touches no others.
+            unsafe { b.launch(rows_config(c, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let res = by_dtype!(op, s, run(op, relu, (s, l), (cs, cl)))?;
+    Ok((res, l.shape().clone()))
+}
+
+/// BN backward reductions `(Σ gy, Σ gy·x̂)` per row → a new `[C, 2]`; `st [C, 2]` holds
+/// `(mean, invstd)`.
+pub(crate) fn bn_bwd_reduce(
+    op: &str,
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (ss, sl): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (ss, sl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, rg) = matrix(op, "gy", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rs = coefficients(op, sl, c, 2)?;
+        let dev = &gs.device;
+        // SAFETY: thread 0 of each of the c blocks writes both of its row's outputs.
+        let mut out = unsafe { dev.alloc::<T>(2 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_bwd_reduce")?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let st = view(op, ss.as_cuda_slice::<T>()?, rs)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&g).arg(&x).arg(&st).arg(&mut out).arg(&m);
+            // SAFETY: block c reads row c of gy and x (c·m elements each), st[2c..2c+2], and
+            // writes out[2c..2c+2].
+            unsafe { b.launch(reduce_config(op, c)?) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = gl.shape().dims2()?.0;
+    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (ss, sl)))?;
+    Ok((res, Shape::from((c, 2))))
+}
+
+/// `A·gy + B·x + C` per row (`coef [C, 3]`) → a new `[C, M]`.
+pub(crate) fn bn_bwd_dx(
+    op: &str,
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, rg) = matrix(op, "gy", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 3)?;
+        let dev = &gs.device;
+        // SAFETY: every one of the c·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+        if c * m > 0 {
+            let func = function::<T>(dev, &BN, "bn_bwd_dx")?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: gy, x and out hold c·m elements, coef 3·c.
+            unsafe { b.launch(rows_config(c, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (cs, cl)))?;
+    Ok((res, gl.shape().clone()))
+}
+
+/// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient
+/// buffer); `coef [C, 3]`.
+pub(crate) fn bn_bwd_dx_accumulate(
+    op: &str,
+    (ds, dl): (&mut CudaStorage, &Layout),
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<()> {
+    fn run<T: Float>(
+        op: &str,
+        (ds, dl): (&mut CudaStorage, &Layout),
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        let (c, m, rg) = matrix(op, "gy", gl)?;
+        let rd = contiguous_range(dl, op)?;
+        expect_len(op, "the destination", rd, c * m)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 3)?;
+        if c * m == 0 {
+            return Ok(());
+        }
+        let dev = ds.device.clone();
+        let func = function::<T>(&dev, &BN, "bn_bwd_dx_accumulate")?;
+        let mut d = view_mut(op, ds.as_cuda_slice_mut::<T>()?, rd)?;
+        let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+        let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&mut d).arg(&g).arg(&x).arg(&coef).arg(&c).arg(&m);
+        // SAFETY: d, gy and x hold c·m elements, coef 3·c. candle hands dst as `&mut` and the
+        // sources as distinct storages (it rejects aliasing for this op), and the coefficient
+        // table is a tensor of its own, so no operand aliases the destination.
+        unsafe { b.launch(rows_config(c, m)) }.w()?;
+        Ok(())
+    }
+    match ds.dtype() {
+        DType::F32 => run::<f32>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::F64 => run::<f64>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        other => Err(unsupported(op, other)),
+    }
+}
+
+/// The nine taps as the kernels take them: `struct db_taps { int oy[9]; int ox[9]; }`, by value.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct Taps {
+    oy: [i32; 9],
+    ox: [i32; 9],
+}
+
+// SAFETY: `Taps` is `repr(C)`, plain integers, no padding, laid out exactly like the kernels'
+// `db_taps`; it is passed by value as a kernel parameter.
+unsafe impl DeviceRepr for Taps {}
+
+impl Taps {
+    fn new(op: &str, offsets: &[(isize, isize); 9]) -> candle_core::Result<Self> {
+        let mut t = Taps {
+            oy: [0; 9],
+            ox: [0; 9],
+        };
+        for (j, &(oy, ox)) in offsets.iter().enumerate() {
+            let conv = |v: isize| {
+                i32::try_from(v).map_err(|_| {
+                    crate::cuda_launch::msg(format!("{op} (cuda): tap offset {v} out of range"))
+                })
+            };
+            t.oy[j] = conv(oy)?;
+            t.ox[j] = conv(ox)?;
+        }
+        Ok(t)
+    }
+}
+
+/// Checks `cols == N·H·W` of `grid`, so the kernels' image indexing stays inside each row.
+fn check_grid(op: &str, grid: Grid, cols: usize) -> candle_core::Result<()> {
+    if grid.n * grid.h * grid.w != cols {
+        return Err(crate::cuda_launch::msg(format!(
+            "{op} (cuda): {cols} columns, but the grid is N={} × H={} × W={}",
+            grid.n, grid.h, grid.w
+        )));
+    }
+    Ok(())
+}
+
+/// Which shift kernel: the stack `[C, M] → [9C, M]` or the sum `[9C, M] → [C, M]`.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Shift {
+    Stack,
+    Sum,
+}
+
+/// [`Shift::Stack`] or [`Shift::Sum`] of `t` with the nine `offsets`, into a new tensor.
+pub(crate) fn shift(
+    op: &str,
+    kind: Shift,
+    (s, l): (&CudaStorage, &Layout),
+    grid: Grid,
+    offsets: &[(isize, isize); 9],
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        kind: Shift,
+        (s, l): (&CudaStorage, &Layout),
+        grid: Grid,
+        taps: Taps,
+    ) -> candle_core::Result<CudaStorage> {
+        let (rows, m, r) = matrix(op, "the input", l)?;
+        check_grid(op, grid, m)?;
+        let (c, out_rows, kernel) = match kind {
+            Shift::Stack => (rows, 9 * rows, "shift_stack"),
+            Shift::Sum => {
+                if rows % 9 != 0 {
+                    return Err(crate::cuda_launch::msg(format!(
+                        "{op} (cuda): {rows} rows, expected a multiple of 9 (nine tap blocks)"
+                    )));
+                }
+                (rows / 9, rows / 9, "shift_sum")
+            }
+        };
+        let dev = &s.device;
+        // SAFETY: every one of the out_rows·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(out_rows * m) }?;
+        if out_rows * m > 0 {
+            let func = function::<T>(dev, &SHIFT, kernel)?;
+            let t = view(op, s.as_cuda_slice::<T>()?, r)?;
+            let (h, w) = (grid.h, grid.w);
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&t)
+                .arg(&mut out)
+                .arg(&c)
+                .arg(&m)
+                .arg(&h)
+                .arg(&w)
+                .arg(&taps);
+            // SAFETY: m = N·H·W (checked), so every source index stays inside its row of the
+            // input view (rows·m elements); out holds out_rows·m.
+            unsafe { b.launch(rows_config(out_rows, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let taps = Taps::new(op, offsets)?;
+    let (rows, m) = l.shape().dims2()?;
+    let out_rows = match kind {
+        Shift::Stack => 9 * rows,
+        Shift::Sum => rows / 9,
+    };
+    let res = by_dtype!(op, s, run(op, kind, (s, l), grid, taps))?;
+    Ok((res, Shape::from((out_rows, m))))
+}

@@ -1,0 +1,337 @@
+//! The CUDA kernels of every fused op (`src/cuda/bn.cu`, `src/cuda/shift.cu`) and the in-place
+//! element-wise kernels against their CPU twins and the `generic_*` candle-op oracles, through
+//! views with non-zero start offsets, on a non-square grid; and two runs of each bitwise equal.
+//!
+//! Needs the `cuda` feature and a usable `cuda:0`; without a GPU every test prints why it is
+//! skipped and returns. Run with `cargo test -p densebench-impls --features cuda --test
+//! fused_cuda -- --nocapture`.
+#![cfg(feature = "cuda")]
+
+use candle_core::{DType, Device, Tensor};
+use impls::fused::{self, Grid, TAPS};
+
+/// f64 reductions: the CUDA kernel sums each row as 256 strided partial sums and a fixed tree,
+/// the CPU kernel sequentially; both in f64 over O(1) terms (|x| ≤ 2, rows of ≤ 10⁴ values),
+/// so they differ by a few ulps of the sums (≲ 1e-13 absolute). 1e-11 leaves margin without
+/// hiding a wrong term (any real error is O(1/M) ≥ 1e-5).
+const F64_REDUCTION_TOL: f64 = 1e-11;
+
+/// f32 reductions: both kernels accumulate in f64 and round once to f32, so they agree to the
+/// f64 differences above plus at most one f32 rounding step: 1 ulp, relative 2⁻²³ ≈ 1.19e-7.
+/// Checked as |a − b| ≤ 2·ε_f32·max(1, |b|) (one ulp either side of a rounding boundary).
+const F32_REDUCTION_REL_TOL: f64 = 2.0 * f32::EPSILON as f64;
+
+/// Channels and grid: odd channel count, non-square images (H ≠ W) so that a swapped H/W would
+/// read the wrong pixels, and M = N·H·W = 1173 > 256 so each reduction block loops over its row.
+const C: usize = 37;
+const GRID: Grid = Grid { n: 3, h: 17, w: 23 };
+
+/// A long row (M > 256 · 256) for the reductions' strided loop, with few channels.
+const LONG_M: usize = 70_001;
+
+/// `cuda:0`, or `None` after printing why the calling test is skipped.
+fn gpu(test: &str) -> Option<Device> {
+    match Device::new_cuda(0) {
+        Ok(d) => {
+            println!("{test}: running on cuda:0");
+            Some(d)
+        }
+        Err(e) => {
+            println!("{test}: skipped, no usable GPU (cuda:0): {e}");
+            None
+        }
+    }
+}
+
+/// Deterministic values in [-2, 2] (the crate's seeded uniform generator), as `dtype`.
+fn rand(shape: (usize, usize), seed: u64, dtype: DType) -> Tensor {
+    let n = shape.0 * shape.1;
+    Tensor::from_vec(
+        impls::params::uniform(seed, "t", n, -2.0, 2.0),
+        shape,
+        &Device::Cpu,
+    )
+    .and_then(|t| t.to_dtype(dtype))
+    .expect("tensor")
+}
+
+/// `t` (rows × cols) placed as rows 2.. of a buffer with 2 rows before and 3 after, returned as
+/// the buffer and the view: kernels must honour the view's start offset.
+fn in_buffer(t: &Tensor, dev: &Device) -> (Tensor, Tensor) {
+    let (r, c) = t.dims2().expect("2-D");
+    let pad = |n: usize| Tensor::full(7.0f64, (n, c), dev).and_then(|p| p.to_dtype(t.dtype()));
+    let buf = Tensor::cat(
+        &[
+            &pad(2).expect("pad"),
+            &t.to_device(dev).expect("to device"),
+            &pad(3).expect("pad"),
+        ],
+        0,
+    )
+    .expect("buffer");
+    let view = buf.narrow(0, 2, r).expect("view");
+    (buf, view)
+}
+
+fn host(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .and_then(|t| t.flatten_all())
+        .and_then(|t| t.to_vec1::<f64>())
+        .expect("to host")
+}
+
+fn bits(t: &Tensor) -> Vec<u64> {
+    match t.dtype() {
+        DType::F32 => t
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("to host")
+            .into_iter()
+            .map(|v| u64::from(v.to_bits()))
+            .collect(),
+        _ => t
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f64>())
+            .expect("to host")
+            .into_iter()
+            .map(f64::to_bits)
+            .collect(),
+    }
+}
+
+fn assert_bitwise(gpu: &Tensor, cpu: &Tensor, what: &str) {
+    assert_eq!(gpu.dims(), cpu.dims(), "{what}: shapes");
+    let (a, b) = (bits(gpu), bits(cpu));
+    let bad = a.iter().zip(&b).filter(|(x, y)| x != y).count();
+    assert_eq!(
+        bad,
+        0,
+        "{what}: {bad} of {} elements differ bitwise",
+        a.len()
+    );
+}
+
+/// The reduction tolerance of `dtype` (see the constants).
+fn assert_reduction_close(gpu: &Tensor, cpu: &Tensor, what: &str) {
+    assert_eq!(gpu.dims(), cpu.dims(), "{what}: shapes");
+    let f32 = gpu.dtype() == DType::F32;
+    for (i, (a, b)) in host(gpu).iter().zip(host(cpu)).enumerate() {
+        let tol = if f32 {
+            F32_REDUCTION_REL_TOL * b.abs().max(1.0)
+        } else {
+            F64_REDUCTION_TOL
+        };
+        assert!((a - b).abs() <= tol, "{what}[{i}]: cuda {a:e}, cpu {b:e}");
+    }
+}
+
+/// Runs `f` twice on the GPU and checks the two results bitwise equal (deterministic kernels).
+fn twice(what: &str, f: impl Fn() -> Vec<Tensor>) -> Vec<Tensor> {
+    let (a, b) = (f(), f());
+    for (x, y) in a.iter().zip(&b) {
+        assert_bitwise(x, y, &format!("{what}: run 1 vs run 2"));
+    }
+    a
+}
+
+fn bn_stats_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
+    let x = rand((c, m), 1, dtype);
+    let (_buf, xv) = in_buffer(&x, dev);
+    let g = twice("bn_stats", || {
+        let (mean, var) = fused::bn_stats(&xv).expect("cuda bn_stats");
+        vec![mean, var]
+    });
+    let (cm, cv) = fused::bn_stats(&x).expect("cpu bn_stats");
+    assert_reduction_close(&g[0], &cm, &format!("bn mean {dtype:?} m={m}"));
+    assert_reduction_close(&g[1], &cv, &format!("bn var {dtype:?} m={m}"));
+    if dtype == DType::F64 {
+        // The candle-op oracle on the same GPU (its own summation order), f64 tolerance.
+        let (om, ov) = fused::generic_bn_stats(&xv).expect("oracle");
+        assert_reduction_close(&g[0], &om, "bn mean vs oracle");
+        assert_reduction_close(&g[1], &ov, "bn var vs oracle");
+    }
+}
+
+fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
+    let (x, gy) = (rand((c, m), 2, dtype), rand((c, m), 3, dtype));
+    let (mean, var) = fused::bn_stats(&x).expect("stats");
+    let invstd = (var + 1e-5)
+        .and_then(|v| v.sqrt())
+        .and_then(|v| v.recip())
+        .expect("invstd");
+    let (_bx, xv) = in_buffer(&x, dev);
+    let (_bg, gv) = in_buffer(&gy, dev);
+    let (md, id) = (
+        mean.to_device(dev).expect("mean"),
+        invstd.to_device(dev).expect("invstd"),
+    );
+    let g = twice("bn_bwd_reduce", || {
+        let (a, b) = fused::bn_bwd_reduce(&gv, &xv, &md, &id).expect("cuda reduce");
+        vec![a, b]
+    });
+    let (ca, cb) = fused::bn_bwd_reduce(&gy, &x, &mean, &invstd).expect("cpu reduce");
+    assert_reduction_close(&g[0], &ca, &format!("Σgy {dtype:?} m={m}"));
+    assert_reduction_close(&g[1], &cb, &format!("Σgy·x̂ {dtype:?} m={m}"));
+    if dtype == DType::F64 {
+        let (oa, ob) = fused::generic_bn_bwd_reduce(&gv, &xv, &md, &id).expect("oracle");
+        assert_reduction_close(&g[0], &oa, "Σgy vs oracle");
+        assert_reduction_close(&g[1], &ob, "Σgy·x̂ vs oracle");
+    }
+}
+
+#[test]
+fn cuda_bn_reductions_match_cpu_and_oracle_and_repeat_bitwise() {
+    let Some(dev) = gpu("cuda_bn_reductions_match_cpu_and_oracle_and_repeat_bitwise") else {
+        return;
+    };
+    let m = GRID.n * GRID.h * GRID.w;
+    for dtype in [DType::F32, DType::F64] {
+        for shape in [(C, m), (3, LONG_M), (2, 1)] {
+            bn_stats_case(&dev, dtype, shape);
+            bn_bwd_reduce_case(&dev, dtype, shape);
+        }
+    }
+}
+
+/// The element-wise BN kernels round exactly like the CPU kernels (explicitly rounded
+/// arithmetic in the same order), so CUDA and CPU agree bit for bit.
+#[test]
+fn cuda_bn_elementwise_kernels_equal_cpu_bitwise() {
+    let Some(dev) = gpu("cuda_bn_elementwise_kernels_equal_cpu_bitwise") else {
+        return;
+    };
+    let m = GRID.n * GRID.h * GRID.w;
+    for dtype in [DType::F32, DType::F64] {
+        let (x, gy) = (rand((C, m), 4, dtype), rand((C, m), 5, dtype));
+        let (scale, shift) = (rand((C, 1), 6, dtype), rand((C, 1), 7, dtype));
+        let (a, b, c) = (
+            rand((C, 1), 8, dtype),
+            rand((C, 1), 9, dtype),
+            rand((C, 1), 10, dtype),
+        );
+        let d = |t: &Tensor| t.to_device(&dev).expect("to device");
+        let (_bx, xv) = in_buffer(&x, &dev);
+        let (_bg, gv) = in_buffer(&gy, &dev);
+        let (sd, hd, ad, bd, cd) = (d(&scale), d(&shift), d(&a), d(&b), d(&c));
+
+        let g = twice("affine_rows", || {
+            vec![
+                fused::affine_rows(&xv, &sd, &hd).expect("cuda affine"),
+                fused::affine_rows_relu(&xv, &sd, &hd).expect("cuda affine relu"),
+                fused::bn_bwd_dx(&gv, &xv, &ad, &bd, &cd).expect("cuda dx"),
+            ]
+        });
+        let cpu_affine = fused::affine_rows(&x, &scale, &shift).expect("cpu affine");
+        assert_bitwise(&g[0], &cpu_affine, &format!("affine_rows {dtype:?}"));
+        let cpu_relu = fused::affine_rows_relu(&x, &scale, &shift).expect("cpu affine relu");
+        assert_bitwise(&g[1], &cpu_relu, &format!("affine_rows_relu {dtype:?}"));
+        // About half the outputs are clipped: the ReLU really ran.
+        let zeros = host(&g[1]).iter().filter(|v| **v == 0.0).count();
+        assert!(zeros > C * m / 4, "affine_rows_relu: only {zeros} zeros");
+        let cpu_dx = fused::bn_bwd_dx(&gy, &x, &a, &b, &c).expect("cpu dx");
+        assert_bitwise(&g[2], &cpu_dx, &format!("bn_bwd_dx {dtype:?}"));
+
+        // In place into rows 2..2+C of a gradient buffer: the rows around stay untouched, the
+        // view holds bitwise the CPU's accumulate (= dx then add).
+        let acc0 = rand((C, m), 11, dtype);
+        let acc_cpu = acc0.copy().expect("copy");
+        fused::bn_bwd_dx_accumulate(&acc_cpu, &gy, &x, &a, &b, &c).expect("cpu accumulate");
+        let run = || {
+            let (buf, view) = in_buffer(&acc0, &dev);
+            fused::bn_bwd_dx_accumulate(&view, &gv, &xv, &ad, &bd, &cd).expect("cuda acc");
+            vec![buf]
+        };
+        let buf = &twice("bn_bwd_dx_accumulate", run)[0];
+        assert_bitwise(
+            &buf.narrow(0, 2, C).expect("view"),
+            &acc_cpu,
+            &format!("bn_bwd_dx_accumulate {dtype:?}"),
+        );
+        let outside = [
+            host(&buf.narrow(0, 0, 2).expect("head")),
+            host(&buf.narrow(0, 2 + C, 3).expect("tail")),
+        ];
+        assert!(
+            outside.iter().flatten().all(|v| *v == 7.0),
+            "bn_bwd_dx_accumulate wrote outside its view"
+        );
+    }
+}
+
+/// The shift kernels copy (stack) or add in the CPU's tap order (sum): bitwise equal to the
+/// CPU, for the forward and the backward offsets, on a non-square grid.
+#[test]
+fn cuda_shift_kernels_equal_cpu_bitwise() {
+    let Some(dev) = gpu("cuda_shift_kernels_equal_cpu_bitwise") else {
+        return;
+    };
+    let m = GRID.n * GRID.h * GRID.w;
+    for dtype in [DType::F32, DType::F64] {
+        for sign in [1isize, -1] {
+            let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
+            let t = rand((C, m), 12, dtype);
+            let p = rand((9 * C, m), 13, dtype);
+            let (_bt, tv) = in_buffer(&t, &dev);
+            let (_bp, pv) = in_buffer(&p, &dev);
+            let g = twice("shift", || {
+                vec![
+                    fused::shift_stack(&tv, GRID, offsets).expect("cuda stack"),
+                    fused::shift_sum(&pv, GRID, offsets).expect("cuda sum"),
+                ]
+            });
+            let cpu_stack = fused::shift_stack(&t, GRID, offsets).expect("cpu stack");
+            assert_bitwise(
+                &g[0],
+                &cpu_stack,
+                &format!("shift_stack {dtype:?} sign {sign}"),
+            );
+            let cpu_sum = fused::shift_sum(&p, GRID, offsets).expect("cpu sum");
+            assert_bitwise(&g[1], &cpu_sum, &format!("shift_sum {dtype:?} sign {sign}"));
+            // The candle-op oracle on the GPU: copies and the same additions in the same
+            // order, so bitwise too.
+            let oracle = fused::generic_shift_stack(&tv, GRID, offsets).expect("oracle stack");
+            assert_bitwise(&g[0], &oracle, "shift_stack vs oracle");
+        }
+    }
+}
+
+/// The fused BN → ReLU of an `inplace` strategy equals BN apply then the in-place ReLU kernel,
+/// bit for bit, including NaN → 0 (a NaN scale makes its whole row NaN before the ReLU).
+#[test]
+fn cuda_affine_relu_equals_affine_then_inplace_relu() {
+    let Some(dev) = gpu("cuda_affine_relu_equals_affine_then_inplace_relu") else {
+        return;
+    };
+    for dtype in [DType::F32, DType::F64] {
+        let x = rand((4, 999), 14, dtype).to_device(&dev).expect("x");
+        let scale = Tensor::new(&[[1.0f64], [f64::NAN], [-0.5], [0.0]], &dev)
+            .and_then(|t| t.to_dtype(dtype))
+            .expect("scale");
+        let shift = rand((4, 1), 15, dtype).to_device(&dev).expect("shift");
+        let fused_out = fused::affine_rows_relu(&x, &scale, &shift).expect("fused");
+        let two_step =
+            impls::kernels::relu_inplace(fused::affine_rows(&x, &scale, &shift).expect("affine"))
+                .expect("relu");
+        assert_bitwise(&fused_out, &two_step, &format!("affine relu {dtype:?}"));
+        let row1 = host(&fused_out.narrow(0, 1, 1).expect("row"));
+        assert!(row1.iter().all(|v| *v == 0.0), "NaN row not mapped to 0");
+    }
+}
+
+/// Mismatched operands are an error, never an out-of-bounds read.
+#[test]
+fn cuda_fused_ops_reject_short_operands() {
+    let Some(dev) = gpu("cuda_fused_ops_reject_short_operands") else {
+        return;
+    };
+    let x = rand((C, 100), 16, DType::F32).to_device(&dev).expect("x");
+    let short = rand((C, 99), 17, DType::F32)
+        .to_device(&dev)
+        .expect("short");
+    let coef = rand((C, 1), 18, DType::F32).to_device(&dev).expect("coef");
+    let e = fused::bn_bwd_dx(&x, &short, &coef, &coef, &coef).expect_err("short x accepted");
+    assert!(format!("{e:#}").contains("elements"), "{e:#}");
+    let bad_grid = Grid { n: 1, h: 9, w: 11 };
+    let e = fused::shift_stack(&x, bad_grid, [(0, 0); 9]).expect_err("wrong grid accepted");
+    assert!(format!("{e:#}").contains("grid"), "{e:#}");
+}
