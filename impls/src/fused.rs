@@ -539,13 +539,27 @@ pub fn generic_bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
 
 /// `x [C, M] · scale [C, 1] + shift [C, 1]`, one new tensor.
 pub fn affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    if has_kernels(x) && x.is_contiguous() {
-        let coef = Tensor::cat(&[scale, shift], 1).ctx("bn coef")?;
-        x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu: false })
-            .ctx("bn apply")
-    } else {
-        generic_affine_rows(x, scale, shift)
+    fused_affine_rows(x, scale, shift, false)
+        .unwrap_or_else(|| generic_affine_rows(x, scale, shift))
+}
+
+/// The fused kernel of [`affine_rows`] (`relu`: and of [`affine_rows_relu`]), or `None` where
+/// there is none (another device, a strided `x`) and the caller composes candle ops.
+fn fused_affine_rows(
+    x: &Tensor,
+    scale: &Tensor,
+    shift: &Tensor,
+    relu: bool,
+) -> Option<Result<Tensor>> {
+    if !(has_kernels(x) && x.is_contiguous()) {
+        return None;
     }
+    let what = if relu { "bn apply relu" } else { "bn apply" };
+    Some(
+        Tensor::cat(&[scale, shift], 1)
+            .ctx("bn coef")
+            .and_then(|coef| x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu }).ctx(what)),
+    )
 }
 
 /// `max(x [C, M] · scale [C, 1] + shift [C, 1], 0)`, one new tensor: BN apply and ReLU in one
@@ -553,13 +567,8 @@ pub fn affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor>
 /// [`crate::kernels::relu_inplace`]). Only for where the BN output before the ReLU is not
 /// needed (an in-place ReLU would overwrite it anyway).
 pub fn affine_rows_relu(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    if has_kernels(x) && x.is_contiguous() {
-        let coef = Tensor::cat(&[scale, shift], 1).ctx("bn coef")?;
-        x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu: true })
-            .ctx("bn apply relu")
-    } else {
-        generic_affine_rows_relu(x, scale, shift)
-    }
+    fused_affine_rows(x, scale, shift, true)
+        .unwrap_or_else(|| generic_affine_rows_relu(x, scale, shift))
 }
 
 /// [`affine_rows_relu`] from candle ops (any device).
