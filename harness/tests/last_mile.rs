@@ -75,6 +75,8 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
     let exact = variant == "autograd" || variant == "buffer-store-copy";
     let mut r = Row {
         schema: densebench::results::row::SCHEMA_VERSION,
+        framework: "densebench".to_string(),
+        math: "ieee".to_string(),
         key: String::new(),
         variant: variant.to_string(),
         family: family.to_string(),

@@ -144,6 +144,8 @@ fn row(key: &str, ts: &str, median_ns: u64) -> Row {
     let n = |i: usize| p[i].parse::<usize>().expect("a number in the key");
     Row {
         schema: densebench::results::row::SCHEMA_VERSION,
+        framework: "densebench".to_string(),
+        math: "ieee".to_string(),
         key: full.clone(),
         variant: p[0].to_string(),
         family: p[1].to_string(),

@@ -7,7 +7,7 @@
 mod common;
 
 use common::{densebench, path_str, stderr};
-use densebench::results::row::{key_of_fields, read_rows, Row, SCHEMA_VERSION};
+use densebench::results::row::{key_of_fields, read_rows, Row, SCHEMA_2_COLUMNS, SCHEMA_VERSION};
 use densebench::results::store::{csv_bytes, write_rows};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 fn good_row(variant: &str, depth: usize) -> Row {
     let mut r = Row {
         schema: SCHEMA_VERSION,
+        framework: "densebench".to_string(),
+        math: "ieee".to_string(),
         variant: variant.to_string(),
         family: "mlp".to_string(),
         batch: 4,
@@ -296,6 +298,65 @@ fn a_full_disk_leaves_the_previous_files_intact_with_one_clear_line() {
         read_rows(&out).is_ok_and(|r| !r.is_empty()),
         "rows before it lost"
     );
+}
+
+#[test]
+fn schema_1_files_are_read_refused_for_appending_and_upgraded_by_merge() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // A schema-1 file: the schema-2 bytes without the columns schema 2 added.
+    let mut old = good_row("cat-store-copy", 1);
+    old.schema = 1;
+    let text = String::from_utf8(csv_bytes(&[old]).expect("csv")).expect("utf8");
+    let mut rdr = csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(text.as_bytes());
+    let keep: Vec<usize> = {
+        let header = rdr.records().next().expect("header").expect("header");
+        header
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| !SCHEMA_2_COLUMNS.contains(c))
+            .map(|(i, _)| i)
+            .collect()
+    };
+    let mut w = csv::Writer::from_writer(Vec::new());
+    for rec in csv::ReaderBuilder::new()
+        .has_headers(false)
+        .from_reader(text.as_bytes())
+        .records()
+    {
+        let rec = rec.expect("record");
+        w.write_record(keep.iter().map(|&i| &rec[i]))
+            .expect("write");
+    }
+    let bytes = w.into_inner().expect("bytes");
+    let f = write(dir.path(), "old.csv", &bytes);
+    let rows = read_rows(&f).expect("a schema-1 file is read");
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].schema, SCHEMA_VERSION);
+    assert_eq!(rows[0].framework, "densebench");
+    assert_eq!(rows[0].math, "ieee");
+    assert_eq!(rows[0].framework_version, rows[0].densebench_version);
+    // Appending schema-2 rows to it is refused, naming the way out; the file is unchanged.
+    let o = quick(dir.path(), &f, &["--resume"]);
+    assert!(!o.status.success(), "appended to a schema-1 file");
+    let e = stderr(&o);
+    assert!(
+        e.contains("schema 1") && e.contains("densebench merge"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&f).expect("still there"), bytes);
+    // merge rewrites it in the current schema.
+    let merged = dir.path().join("merged.csv");
+    let o = densebench(&["merge", path_str(&merged), path_str(&f)]);
+    assert!(o.status.success(), "merge: {}", stderr(&o));
+    let rows = read_rows(&merged).expect("merged file");
+    assert_eq!(rows[0].framework, "densebench");
+    let header = std::fs::read_to_string(&merged).expect("merged");
+    assert!(header
+        .lines()
+        .next()
+        .is_some_and(|h| h.ends_with("tolerance,note")));
 }
 
 #[test]

@@ -34,7 +34,7 @@ BASE_COLUMNS = (
     "max_rel_err,output_max_abs_err,grad_input_max_abs_err,grad_params_max_abs_err,"
     "running_max_abs_err,bitwise_equal,grad_ok,timeline"
 ).split(",")
-NEW_COLUMNS = ["framework", "framework_version", "math"]
+NEW_COLUMNS = ["framework", "framework_version", "math", "tolerance", "note"]
 SCHEMA = 2  # a header with new columns is a new schema (row::SCHEMA_VERSION)
 
 
@@ -123,6 +123,7 @@ def main() -> None:
                 "bitwise_equal": str(c["bitwise_equal"]).lower(), "grad_ok": str(ok).lower(),
                 "timeline": j["timeline"], "framework": j["framework"],
                 "framework_version": j["framework_version"], "math": j["math"],
+                "tolerance": "", "note": "",
             }
             w.writerow([row[k] for k in BASE_COLUMNS + NEW_COLUMNS])
             print(f"{key}: max_rel_err {c['max_rel_err']:.3e} ({c['worst']}) grad_ok {ok}")

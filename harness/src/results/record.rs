@@ -8,7 +8,7 @@ use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates;
 use crate::measure::reference::Cache;
 use crate::plan::job::{git_rev, key, Settings, VERSION};
-use crate::results::row::{Row, SCHEMA_VERSION};
+use crate::results::row::{Row, DENSEBENCH, SCHEMA_VERSION};
 use anyhow::Result;
 use impls::{Config, Variant};
 
@@ -43,6 +43,9 @@ pub fn identity_row(variant: Variant, cfg: &Config, s: &Settings) -> Row {
         error: "not measured".to_string(),
         steps: s.steps,
         warmup: s.warmup,
+        framework: DENSEBENCH.to_string(),
+        framework_version: VERSION.to_string(),
+        math: "ieee".to_string(),
         ..Row::default()
     }
 }
@@ -174,5 +177,6 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
         row.bitwise_equal = Some(e.bitwise_equal);
         row.grad_ok = Some(e.grad_ok);
     }
+    row.tolerance = tolerance;
     Ok(tolerance)
 }

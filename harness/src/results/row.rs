@@ -6,8 +6,25 @@ use anyhow::{anyhow, bail, Context, Result};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
-/// Bumped whenever a column is added, removed or changes meaning.
-pub const SCHEMA_VERSION: u32 = 1;
+/// Bumped whenever a column is added, removed or changes meaning. Schema 2 added `framework`,
+/// `framework_version`, `math`, `tolerance` and `note` (after `timeline`); schema-1 files are
+/// still read, their rows taking `densebench`, their `densebench_version`, `ieee`, an empty
+/// tolerance and an empty note.
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// The columns schema 2 added, in order, at the end of the row.
+pub const SCHEMA_2_COLUMNS: [&str; 5] = [
+    "framework",
+    "framework_version",
+    "math",
+    "tolerance",
+    "note",
+];
+
+/// `framework` of densebench's own rows.
+pub const DENSEBENCH: &str = "densebench";
+/// `framework` of the PyTorch peer's rows.
+pub const PYTORCH: &str = "pytorch";
 
 /// One measurement. Units are in the column names; `None` is an empty cell (e.g. the timings of
 /// a row whose status is not `ok`).
@@ -89,6 +106,21 @@ pub struct Row {
     /// Live bytes above baseline at layer boundaries: `f0=…;f1=…;…;b15=…;…;b0=…`
     /// (`fI`: after layer I's forward, `bI`: after layer I's backward).
     pub timeline: String,
+    /// Who ran the step: `densebench` or `pytorch` (a peer row, issue 12).
+    #[serde(default)]
+    pub framework: String,
+    /// That framework's version (`0.1.0`; `torch 2.15.0, torchvision 0.29.2`).
+    #[serde(default)]
+    pub framework_version: String,
+    /// Floating-point math of the matmuls and convolutions: `ieee` (full precision) or `tf32`.
+    #[serde(default)]
+    pub math: String,
+    /// The bound on `max_rel_err` that `grad_ok` was judged against (empty when not checked).
+    #[serde(default)]
+    pub tolerance: Option<f64>,
+    /// What a reader of an `ok` row must know (a framework's known deviation, …); empty mostly.
+    #[serde(default)]
+    pub note: String,
 }
 
 impl Row {
@@ -132,6 +164,20 @@ impl Row {
 
     pub fn is_ok(&self) -> bool {
         self.status == "ok"
+    }
+
+    /// Whether this row was measured by a peer framework (PyTorch), not by densebench.
+    pub fn is_peer(&self) -> bool {
+        !self.framework.is_empty() && self.framework != DENSEBENCH
+    }
+
+    /// Fills the columns a schema-1 row lacks with what schema 1 meant: densebench's own row,
+    /// full-precision math.
+    fn upgrade_from_schema_1(&mut self) {
+        self.framework = DENSEBENCH.to_string();
+        self.framework_version = self.densebench_version.clone();
+        self.math = "ieee".to_string();
+        self.schema = SCHEMA_VERSION;
     }
 
     /// The timeline as (label, bytes) pairs in recorded order.
@@ -277,11 +323,22 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         .map(str::to_string)
         .collect();
     let expected = Row::columns();
+    // A schema-1 file: every schema-2 column but the three schema 2 added.
+    let schema_1: Vec<String> = expected
+        .iter()
+        .filter(|c| !SCHEMA_2_COLUMNS.contains(&c.as_str()))
+        .cloned()
+        .collect();
+    let file_schema = if headers == schema_1 {
+        1
+    } else {
+        SCHEMA_VERSION
+    };
     let missing: Vec<&String> = expected.iter().filter(|c| !headers.contains(c)).collect();
     let extra: Vec<&String> = headers.iter().filter(|c| !expected.contains(c)).collect();
-    if !missing.is_empty() || !extra.is_empty() {
+    if file_schema == SCHEMA_VERSION && (!missing.is_empty() || !extra.is_empty()) {
         bail!(
-            "{}: not a densebench schema-{SCHEMA_VERSION} result CSV: missing columns [{}], extra columns [{}]",
+            "{}: not a densebench schema-{SCHEMA_VERSION} (or schema-1) result CSV: missing columns [{}], extra columns [{}]",
             path.display(),
             missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
             extra.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
@@ -299,12 +356,27 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         let mut row: Row = record
             .deserialize(Some(&csv::StringRecord::from(headers.clone())))
             .map_err(|e| csv_error(path, &headers, &e))?;
-        if row.schema != SCHEMA_VERSION {
+        if row.schema != file_schema {
             bail!(
-                "{} line {line}, column `schema`: {} is not a schema this densebench reads \
-                 (it reads schema {SCHEMA_VERSION})",
+                "{} line {line}, column `schema`: {} is not the schema of this file's header \
+                 (schema {file_schema}; this densebench reads schemas 1 and {SCHEMA_VERSION})",
                 path.display(),
                 row.schema
+            );
+        }
+        if file_schema == 1 {
+            row.upgrade_from_schema_1();
+        } else if row.framework != DENSEBENCH && row.framework != PYTORCH {
+            bail!(
+                "{} line {line}, column `framework`: `{}` is not `{DENSEBENCH}` or `{PYTORCH}`",
+                path.display(),
+                row.framework
+            );
+        } else if row.math != "ieee" && row.math != "tf32" {
+            bail!(
+                "{} line {line}, column `math`: `{}` is not `ieee` or `tf32`",
+                path.display(),
+                row.math
             );
         }
         let own = key_of_fields(&row);

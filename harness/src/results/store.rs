@@ -314,6 +314,20 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
         .filter(|c| !want.contains(c))
         .map(String::as_str)
         .collect();
+    if extra.is_empty()
+        && missing.len() == row::SCHEMA_2_COLUMNS.len()
+        && missing.iter().all(|c| row::SCHEMA_2_COLUMNS.contains(c))
+    {
+        return Err(bad_input(anyhow!(
+            "{} was written by an older densebench (result schema 1, without the columns [{}]): \
+             refusing to append schema-{} rows to it; `densebench merge NEW.csv {}` rewrites \
+             it in the current schema (or write to a new file); the file was not changed",
+            path.display(),
+            row::SCHEMA_2_COLUMNS.join(", "),
+            row::SCHEMA_VERSION,
+            path.display()
+        )));
+    }
     let columns = if missing.is_empty() && extra.is_empty() {
         "the same columns in another order".to_string()
     } else {
