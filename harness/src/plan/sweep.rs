@@ -696,6 +696,29 @@ mod tests {
         }
     }
 
+    /// Every sweep file shipped in harness/sweeps (gpu.toml included), not only the built-in
+    /// ones, parses and expands.
+    #[test]
+    fn every_shipped_sweep_file_parses() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sweeps");
+        let mut seen = 0;
+        for entry in std::fs::read_dir(&dir).expect("harness/sweeps") {
+            let path = entry.expect("entry").path();
+            if path.extension().is_some_and(|e| e == "toml") {
+                let text = std::fs::read_to_string(&path).expect("readable");
+                let name = path.display().to_string();
+                let jobs = parse(&text, &name, Some(1 << 30));
+                assert!(
+                    jobs.as_ref().is_ok_and(|j| !j.is_empty()),
+                    "{name}: {:?}",
+                    jobs.err().map(|e| format!("{e:#}"))
+                );
+                seen += 1;
+            }
+        }
+        assert!(seen >= 3, "only {seen} sweep files in {}", dir.display());
+    }
+
     #[test]
     fn expands_lists_and_all_variants() {
         let text = r#"
