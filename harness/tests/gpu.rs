@@ -86,6 +86,99 @@ fn no_gpu_run_on_cuda_fails_with_one_clear_line() {
     );
 }
 
+/// `max-depth --device cuda:0` without a usable GPU: one line, exit status 2, before any run.
+#[test]
+fn no_gpu_max_depth_on_cuda_fails_with_one_clear_line() {
+    let why = match gpu::check_available(0) {
+        Ok(info) => {
+            println!("skipped: a GPU is present ({})", info.describe());
+            return;
+        }
+        Err(e) => e.to_string(),
+    };
+    let o = Command::new(bin())
+        .args([
+            "max-depth",
+            "--family",
+            "mlp",
+            "--batch",
+            "8",
+            "--channels",
+            "4",
+        ])
+        .args(["--growth", "2", "--budget", "1MiB", "--device", "cuda:0"])
+        .output()
+        .expect("the densebench binary runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "stderr: {stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected one line, got: {stderr}");
+    assert!(
+        lines[0].contains(&why),
+        "CLI said `{}`, gpu module says `{why}`",
+        lines[0]
+    );
+}
+
+/// `max-depth --device cuda:0` on a GPU: every answer is confirmed by a measured run on the GPU
+/// that fits the budget.
+#[test]
+fn gpu_max_depth_confirms_on_the_gpu() {
+    if gpu_or_skip("gpu_max_depth_confirms_on_the_gpu").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("md.csv");
+    let budget: u64 = 16 << 20;
+    let o = Command::new(bin())
+        .args([
+            "max-depth",
+            "--family",
+            "mlp",
+            "--batch",
+            "256",
+            "--channels",
+            "16",
+        ])
+        .args([
+            "--growth",
+            "8",
+            "--variants",
+            "cat-store-copy,buffer-store-inplace",
+        ])
+        .args([
+            "--budget",
+            &budget.to_string(),
+            "--device",
+            "cuda:0",
+            "--out",
+        ])
+        .arg(&out)
+        .output()
+        .expect("the densebench binary runs");
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        o.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(stdout.contains("on cuda:0"), "{stdout}");
+    let mut rdr = csv::Reader::from_path(&out).expect("csv");
+    let rows: Vec<std::collections::HashMap<String, String>> =
+        rdr.deserialize().map(|r| r.expect("row")).collect();
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        let at: u64 = r["measured_total_bytes"]
+            .parse()
+            .expect("measured at the answer");
+        assert!(at <= budget, "{r:?}");
+        assert!(
+            r["max_depth"].parse::<usize>().expect("depth") >= 1,
+            "{r:?}"
+        );
+    }
+}
+
 /// The typed error tells the cases apart for callers that must (skip vs fail).
 #[test]
 fn no_gpu_check_available_error_is_typed() {

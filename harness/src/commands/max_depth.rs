@@ -3,7 +3,7 @@
 //! measured runs at the answer and one layer deeper), printed as a table and optionally a CSV.
 
 use crate::measure::capacity::Searcher;
-use crate::measure::device::DeviceSpec;
+use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates::overhead_margin;
 use crate::measure::interrupt;
 use crate::plan::bounds::{self, ResultExt};
@@ -66,6 +66,10 @@ pub struct Args {
     /// Time limit of each measured run in seconds (1 to 604800, one week).
     #[arg(long, default_value_t = 1800, value_parser = bounds::flags::timeout)]
     pub timeout: u64,
+    /// Device of the measured runs: `cpu` or `cuda:N` (needs a `--features cuda` build). On a
+    /// GPU the measured totals are the memory pool's high watermark plus the baseline.
+    #[arg(long, default_value = "cpu")]
+    pub device: String,
 }
 
 fn block(a: &Args) -> Result<Config> {
@@ -132,8 +136,12 @@ fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (cfg, variants) = validate(&a).bad_input()?;
+    let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    if !a.no_confirm {
+        device.check_available().bad_input()?;
+    }
     let settings = Settings {
-        device: DeviceSpec::Cpu,
+        device,
         threads: job::resolve_threads(a.threads),
         steps: 1,
         warmup: 1,
@@ -157,7 +165,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "max depth of {} within {:.1} MiB ({} measured runs)",
+        "max depth of {} within {:.1} MiB on {} ({} measured runs)",
         crate::results::row::Row {
             family: cfg.family.name().to_string(),
             batch: cfg.batch,
@@ -171,6 +179,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         .config_label(),
         a.budget as f64 / (1 << 20) as f64,
+        settings.device,
         s.runs
     )?;
     writeln!(
