@@ -56,6 +56,11 @@ max-depth FAMILY="bc" BUDGET="1GiB" *ARGS:
 check-cuda:
     bash scripts/check-cuda.sh
 
+# --features cuda densebench + GPU test binaries, gzipped into .gpu/ for a GPU machine without Rust
+# (run there: bash scripts/gpu-session.sh; see docs/gpu.md)
+gpu-pack:
+    bash scripts/gpu-pack.sh
+
 # Criterion benches (default set ~5-10 min on 2 cores; DENSEBENCH_BENCH_FULL=1 for the slow
 # configurations); extra arguments go to criterion, e.g. `just bench layout` to filter
 bench *ARGS:

@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Builds a `--features cuda` densebench and its GPU test binaries on a machine WITHOUT a GPU (and
+# without a system CUDA), and packs them, gzipped, into .gpu/ for a GPU machine that has no Rust:
+# there, `scripts/gpu-session.sh` unpacks and runs them (docs/gpu.md, "A GPU machine without
+# Rust").
+#
+#   scripts/gpu-pack.sh            # toolkit via scripts/install-cuda-toolkit.sh (13.0 default)
+#
+# The first build compiles candle's CUDA kernels with nvcc: ~25 minutes on 2 cores, in a target
+# directory of its own (target/cuda) so the CPU build is not invalidated; later builds take
+# minutes. The packed tree must stay under the size a copy to the GPU machine allows: the script
+# prints each file's size and fails above DENSEBENCH_PACK_LIMIT_MIB (default 60).
+#
+# Environment: DENSEBENCH_CUDA (toolkit version, default 13.0), CARGO_TARGET_DIR (default
+# target/cuda), CUDA_COMPUTE_CAP (default 90: H100/H200), DENSEBENCH_PACK_LIMIT_MIB.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+eval "$(scripts/install-cuda-toolkit.sh --cuda "${DENSEBENCH_CUDA:-13.0}" --print-env)"
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
+export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
+export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
+limit_mib=${DENSEBENCH_PACK_LIMIT_MIB:-60}
+
+# Excluded from git, so the packed binaries never land in a commit.
+exclude="$(git rev-parse --git-common-dir)/info/exclude"
+grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
+
+echo "gpu-pack: $(nvcc --version | tail -n 2 | head -n 1); sm_${CUDA_COMPUTE_CAP}; target ${CARGO_TARGET_DIR}"
+cargo build --release --features cuda -p densebench --bin densebench
+# The test binaries that need a GPU (they skip without one) and the CLI tests that drive the
+# densebench binary through DENSEBENCH_BIN.
+tests=(gpu fused_cuda)
+listing=$(mktemp)
+trap 'rm -f "$listing"' EXIT
+cargo test --release --features cuda --workspace --no-run --message-format=json \
+    | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true)
+             | "\(.target.name) \(.executable)"' > "$listing"
+
+rm -rf .gpu && mkdir -p .gpu
+gzip -c "${CARGO_TARGET_DIR}/release/densebench" > .gpu/densebench.gz
+for t in "${tests[@]}"; do
+    exe=$(awk -v t="$t" '$1 == t { print $2 }' "$listing" | tail -n 1)
+    [ -n "$exe" ] || { echo "gpu-pack: no test binary named $t was built" >&2; exit 1; }
+    gzip -c "$exe" > ".gpu/test-$t.gz"
+done
+# The CUDA version these were built with: gpu-session.sh checks it against the driver's.
+nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p' > .gpu/cuda-version
+git rev-parse --short HEAD > .gpu/git-rev
+
+ls -l .gpu
+total=$(du -sm .gpu | cut -f1)
+if [ "$total" -gt "$limit_mib" ]; then
+    echo "gpu-pack: .gpu/ is ${total} MiB, over ${limit_mib} MiB: the copy to the GPU machine would be refused; pack fewer test binaries" >&2
+    exit 1
+fi
+echo "gpu-pack: .gpu/ holds ${total} MiB; on the GPU machine run: bash scripts/gpu-session.sh (with .gpu carried)"
