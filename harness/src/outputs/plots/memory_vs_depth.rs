@@ -181,8 +181,8 @@ where
         .collect();
     entries.extend(peer_series_pts.iter().map(|(v, pts)| {
         match growth_exponent(pts) {
-            Some(p) => Entry::peer(v, &format!("  p = {p:.2}")),
-            None => Entry::peer(v, ""),
+            Some(p) => Entry::peer(v, &format!("  p = {p:.2}"), &peers),
+            None => Entry::peer(v, "", &peers),
         }
     }));
     let mut notes = vec![
@@ -191,9 +191,7 @@ where
         "quadratic ≈ 2, linear ≈ 1".to_string(),
         "dashed guides: slope 2 and slope 1".to_string(),
     ];
-    if !peer_series_pts.is_empty() {
-        notes.push("dashed with diamonds: PyTorch peer".to_string());
-    }
+    notes.extend(peer_notes(&peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
 }
 

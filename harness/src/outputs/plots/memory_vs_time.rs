@@ -167,7 +167,7 @@ where
             }
             _ => String::new(),
         };
-        entries.push(Entry::peer(&p.variant, &extra));
+        entries.push(Entry::peer(&p.variant, &extra, &peer_rows));
     }
     let mut notes = vec![
         format!("ratios: peak / time vs {NAIVE}"),
@@ -175,9 +175,9 @@ where
         "(no other variant is both faster".to_string(),
         " and smaller)".to_string(),
     ];
+    notes.extend(peer_notes(&peer_rows, "diamonds, dashed"));
     if !peer_rows.is_empty() {
-        notes.push("diamonds, dashed: PyTorch peer".to_string());
-        notes.push("(not on the front: for reference)".to_string());
+        notes.push("(PyTorch is not on the front)".to_string());
     }
     legend(&f.legend, &entries, &notes)
 }

@@ -102,16 +102,39 @@ impl Entry {
     }
 
     /// A PyTorch peer's entry: its dashed line (always, so the style reads in the legend of a
-    /// scatter too), its diamond, and `PyTorch …` before `extra`.
-    pub(super) fn peer(v: &str, extra: &str) -> Self {
+    /// scatter too), its diamond, and `PyTorch …` before `extra`; marked `†` when any of its
+    /// drawn `rows` has gradients outside tolerance or unchecked (see [`peer_notes`]).
+    pub(super) fn peer(v: &str, extra: &str, rows: &[&Row]) -> Self {
+        let flagged = rows
+            .iter()
+            .any(|r| r.variant == v && r.grad_ok != Some(true));
         Self {
-            label: format!("{}{extra}", peer_label(v)),
+            label: format!(
+                "{}{extra}{}",
+                peer_label(v),
+                if flagged { "  †" } else { "" }
+            ),
             color: rgb(v),
             shape: Some(shape_of(v)),
             line: true,
             dashed: true,
         }
     }
+}
+
+/// The legend notes of the drawn peer rows: what the dashed style means and, when an entry is
+/// marked `†`, why (its numbers are drawn, but its gradients are not PyTorch's correct ones or
+/// were not checked; the report's "Versus PyTorch" section says which tensor).
+pub(super) fn peer_notes(rows: &[&Row], style: &str) -> Vec<String> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let mut notes = vec![format!("{style}: PyTorch peer")];
+    if rows.iter().any(|r| r.grad_ok != Some(true)) {
+        notes.push("†: gradients out of tolerance or".to_string());
+        notes.push("  unchecked (see the report)".to_string());
+    }
+    notes
 }
 
 /// A PyTorch peer's series: a dashed line through the points (cut in pixel space, so it stays

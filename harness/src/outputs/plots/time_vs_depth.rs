@@ -100,8 +100,8 @@ where
             (n > 0.0).then(|| (t / n, d))
         });
         entries.push(match rel {
-            Some((r, d)) => Entry::peer(v, &format!("  {r:.2}× at L={d:.0}")),
-            None => Entry::peer(v, ""),
+            Some((r, d)) => Entry::peer(v, &format!("  {r:.2}× at L={d:.0}"), &peers),
+            None => Entry::peer(v, "", &peers),
         });
     }
     let mut notes = vec![
@@ -110,9 +110,7 @@ where
         format!("×: median time relative to {NAIVE}"),
         "(variants nudged sideways to stay apart)".to_string(),
     ];
-    if !peer_pts.is_empty() {
-        notes.push("dashed with diamonds: PyTorch peer".to_string());
-    }
+    notes.extend(peer_notes(&peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
 }
 
