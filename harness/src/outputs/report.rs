@@ -6,10 +6,10 @@
 
 use crate::outputs::compare::markdown_table;
 use crate::outputs::plots;
-use crate::outputs::versus;
 use crate::outputs::plots::data::{
     self, fmt_err, fmt_num, headline, is_linear_memory, mib, ms, variant_exponent, Group, NAIVE,
 };
+use crate::outputs::versus;
 use crate::results::row::Row;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;

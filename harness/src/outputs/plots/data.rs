@@ -566,7 +566,11 @@ mod tests {
         // The peer must never count as a densebench variant (tables, exponents, the front).
         assert_eq!(g.variants(), vec![NAIVE]);
         assert_eq!(g.peer_variants(), vec!["pytorch-naive"]);
-        assert_eq!(g.skipped.len(), 1, "the oom peer row is listed, not dropped");
+        assert_eq!(
+            g.skipped.len(),
+            1,
+            "the oom peer row is listed, not dropped"
+        );
         assert_eq!(g.drawable_peers().0.len(), 1);
     }
 

@@ -3,8 +3,8 @@
 //! PyTorch peer's rows, when the CSV has comparable ones, as dashed series of their own.
 
 use super::data::{growth_exponent, mib, variant_exponent, Group};
-use crate::results::row::Row;
 use super::style::*;
+use crate::results::row::Row;
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -36,13 +36,12 @@ where
     let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
     let dmin = depths.first().copied().unwrap_or(1) as f64;
     let dmax = depths.last().copied().unwrap_or(1) as f64;
-    let peaks: Vec<f64> = g
-        .ok
-        .iter()
-        .chain(peers.iter().copied())
-        .filter_map(|r| r.peak_bytes)
-        .map(mib)
-        .collect();
+    let peaks: Vec<f64> =
+        g.ok.iter()
+            .chain(peers.iter().copied())
+            .filter_map(|r| r.peak_bytes)
+            .map(mib)
+            .collect();
     let ymax = peaks.iter().copied().fold(0.0, f64::max);
     let ymin_pos = peaks
         .iter()
@@ -179,12 +178,14 @@ where
             Entry::variant(v, label, true)
         })
         .collect();
-    entries.extend(peer_series_pts.iter().map(|(v, pts)| {
-        match growth_exponent(pts) {
-            Some(p) => Entry::peer(v, &format!("  p = {p:.2}"), &peers),
-            None => Entry::peer(v, "", &peers),
-        }
-    }));
+    entries.extend(
+        peer_series_pts
+            .iter()
+            .map(|(v, pts)| match growth_exponent(pts) {
+                Some(p) => Entry::peer(v, &format!("  p = {p:.2}"), &peers),
+                None => Entry::peer(v, "", &peers),
+            }),
+    );
     let mut notes = vec![
         "p: fitted growth exponent, peak ∝ L^p".to_string(),
         "(least squares on log peak vs log L)".to_string(),

@@ -92,7 +92,9 @@ where
         // Only against a naive row it may be set against (same threads and math).
         let rel = pts.iter().rev().find_map(|&(d, t)| {
             let naive = g.row(NAIVE, d as usize)?;
-            let peer = peers.iter().find(|r| &r.variant == v && r.depth == d as usize)?;
+            let peer = peers
+                .iter()
+                .find(|r| &r.variant == v && r.depth == d as usize)?;
             if incomparable(naive, peer).is_some() {
                 return None;
             }
