@@ -185,13 +185,6 @@ impl Group {
         self.skipped.iter().map(skipped_note).collect()
     }
 
-    /// The ok peer rows of one peer variant, by ascending depth.
-    pub fn peer_rows(&self, variant: &str) -> Vec<&Row> {
-        let mut rows: Vec<&Row> = self.peers.iter().filter(|r| r.variant == variant).collect();
-        rows.sort_by_key(|r| r.depth);
-        rows
-    }
-
     /// The peer variants with ok rows, in [`PEER_ORDER`].
     pub fn peer_variants(&self) -> Vec<String> {
         variant_order(self.peers.iter().map(|r| r.variant.as_str()))
@@ -237,7 +230,9 @@ pub fn skipped_note(r: &Row) -> String {
 /// Groups rows by configuration, sorted by key. Rows with a duplicate (config, depth, variant)
 /// replace the earlier one; the number replaced is returned for a warning.
 pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
-    let mut map: BTreeMap<ConfigKey, (Vec<Row>, Vec<Row>, Vec<Row>)> = BTreeMap::new();
+    // Per configuration: densebench's ok rows, the peer's ok rows, every row not ok.
+    type Rows = (Vec<Row>, Vec<Row>, Vec<Row>);
+    let mut map: BTreeMap<ConfigKey, Rows> = BTreeMap::new();
     let mut replaced = 0;
     for r in rows {
         let entry = map.entry(ConfigKey::of(r)).or_default();
