@@ -199,6 +199,26 @@ fn depth_tables(g: &Group, depth: usize, out: &mut String) {
          smaller or faster):\n"
     );
     out.push_str(&markdown_table(&h, &rows, &[0, 4]));
+    // Every pair of ok rows refused: say once why, and how to get ratios.
+    let pairs: Vec<Option<String>> = ours
+        .iter()
+        .filter(|r| r.is_ok())
+        .flat_map(|r| {
+            peers
+                .iter()
+                .filter(|p| p.is_ok())
+                .map(move |p| incomparable(r, p))
+        })
+        .collect();
+    if let Some(Some(why)) = pairs.first() {
+        if pairs.iter().all(Option::is_some) {
+            let _ = writeln!(
+                out,
+                "\nNo ratio at L={depth}: densebench vs PyTorch {why}; measure both with the same \
+                 threads and math."
+            );
+        }
+    }
     let flagged: Vec<String> = ours
         .iter()
         .chain(peers.iter())
@@ -342,6 +362,17 @@ mod tests {
     }
 
     #[test]
+    fn a_table_of_refused_ratios_says_why_once() {
+        let mut ours = row("cat-store-copy", "densebench", 3, 6, Some(true));
+        ours.threads = 2;
+        let md = render(&[ours, row("pytorch-naive", "pytorch", 4, 4, Some(true))]);
+        assert!(
+            md.contains("No ratio at L=16: densebench vs PyTorch 2 vs 1 threads"),
+            "{md}"
+        );
+    }
+
+    #[test]
     fn a_failed_peer_gives_no_ratio() {
         let mut oom = row("pytorch-naive", "pytorch", 0, 0, None);
         oom.status = "oom".to_string();
@@ -350,6 +381,10 @@ mod tests {
         oom.error = "out of memory".to_string();
         let md = render(&[row("cat-store-copy", "densebench", 3, 6, Some(true)), oom]);
         assert!(md.contains("– (PyTorch oom)"), "{md}");
+        assert!(
+            !md.contains("No ratio at"),
+            "an oom is not a mismatch:\n{md}"
+        );
         assert!(md.contains("| PyTorch naive | oom |"), "{md}");
         assert!(md.contains("out of memory"), "the reason is shown:\n{md}");
     }
