@@ -1,6 +1,8 @@
 //! Comparing two result sets: rows matched by variant and every config field (not timestamp,
 //! git revision or device), NEW/BASE per metric, regressions beyond a threshold, rows present
-//! on one side only, device warnings; rendered as text, markdown or CSV.
+//! on one side only, device, thread, math and PyTorch-version warnings; rendered as text,
+//! markdown or CSV. PyTorch peer rows are matched like any other: their variant names
+//! (`pytorch-naive`, …) never collide with densebench's, and nothing here parses a variant.
 
 use crate::outputs::plots::data::{fmt_num, variant_order, MIB, NS_PER_MS};
 use crate::results::row::Row;
@@ -234,6 +236,30 @@ pub fn compare_rows(
             "thread counts differ: BASE {} vs NEW {}; times are not comparable one to one",
             bt.into_iter().collect::<Vec<_>>().join("/"),
             nt.into_iter().collect::<Vec<_>>().join("/")
+        ));
+    }
+    let math = |r: &Row| r.math.clone();
+    let (bm, nm) = (distinct(base, math), distinct(new, math));
+    if !base.is_empty() && !new.is_empty() && bm != nm {
+        c.warnings.push(format!(
+            "math modes differ: BASE {} vs NEW {}; tf32 and ieee times are not comparable",
+            bm.into_iter().collect::<Vec<_>>().join("/"),
+            nm.into_iter().collect::<Vec<_>>().join("/")
+        ));
+    }
+    // Peer versions only where both sides have peer rows: a side without any is no difference.
+    let peer_versions = |rows: &[Row]| -> BTreeSet<String> {
+        rows.iter()
+            .filter(|r| r.is_peer())
+            .map(|r| r.framework_version.clone())
+            .collect()
+    };
+    let (bv, nv) = (peer_versions(base), peer_versions(new));
+    if !bv.is_empty() && !nv.is_empty() && bv != nv {
+        c.warnings.push(format!(
+            "PyTorch versions differ: BASE {} vs NEW {}; peer rows compare different PyTorch builds",
+            bv.into_iter().collect::<Vec<_>>().join("; "),
+            nv.into_iter().collect::<Vec<_>>().join("; ")
         ));
     }
     let limit = threshold_pct.map(|p| p / 100.0);

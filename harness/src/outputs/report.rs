@@ -1,14 +1,15 @@
 //! The markdown report of one result set: the machine and versions, per configuration tables
 //! of peak memory and median step time per variant and depth with ratios to the naive
-//! `cat-store-copy`, the gradient check of every variant, links to the figures, and the measured
+//! `cat-store-copy`, the gradient check of every variant, links to the figures, the measured
 //! ratios beside the published ones with the caveats of comparing a CPU allocator peak of one
-//! block to GPU numbers of whole networks.
+//! block to GPU numbers of whole networks, and the ratios to PyTorch (`versus.rs`).
 
 use crate::outputs::compare::markdown_table;
 use crate::outputs::plots;
 use crate::outputs::plots::data::{
     self, fmt_err, fmt_num, headline, is_linear_memory, mib, ms, variant_exponent, Group, NAIVE,
 };
+use crate::outputs::versus;
 use crate::results::row::Row;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
@@ -218,7 +219,13 @@ fn family_sections(groups: &[Group], out: &mut String) {
                 "{} · seed {} · ratios in parentheses are to `{NAIVE}` at the same depth.\n",
                 g.device_label, g.key.seed
             );
-            if g.ok.is_empty() {
+            if g.ok.is_empty() && !g.peers.is_empty() {
+                let _ = writeln!(
+                    out,
+                    "No densebench row of this configuration has status ok; its PyTorch rows \
+                     are under Versus PyTorch.\n"
+                );
+            } else if g.ok.is_empty() {
                 let _ = writeln!(out, "No row of this configuration has status ok.\n");
             } else {
                 let _ = writeln!(
@@ -582,6 +589,13 @@ pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Resu
         rows.len(),
         rows.len() - ok
     );
+    if rows.iter().any(Row::is_peer) {
+        let _ = writeln!(
+            out,
+            "PyTorch peer rows are kept apart: they are in Versus PyTorch (and drawn dashed in \
+             the figures), never in densebench's tables, gradient check or fits.\n"
+        );
+    }
     if replaced > 0 {
         let _ = writeln!(
             out,
@@ -591,6 +605,7 @@ pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Resu
     }
     machine_section(rows, &mut out);
     published_section(&groups, &mut out);
+    versus::section(&groups, &mut out);
     family_sections(&groups, &mut out);
     gradient_section(&groups, &mut out);
     figures_section(&groups, csv, report, plots_dir, &mut out)?;

@@ -1,6 +1,7 @@
-//! Views of result rows shared by `plots` and `report`: grouping by configuration, the stable
-//! variant order and colours, human units, the growth-exponent fit, the Pareto front and the
-//! choice of one headline configuration per family.
+//! Views of result rows shared by `plots` and `report`: grouping by configuration (densebench's
+//! rows apart from the PyTorch peer's), the stable variant order and colours, peer labels and
+//! the comparability of two rows, human units, the growth-exponent fit, the Pareto front and
+//! the choice of one headline configuration per family.
 
 use crate::results::row::Row;
 use std::collections::BTreeMap;
@@ -11,6 +12,41 @@ pub const MIB: f64 = 1024.0 * 1024.0;
 pub const NS_PER_MS: f64 = 1e6;
 /// The variant every ratio is taken against.
 pub const NAIVE: &str = "cat-store-copy";
+/// The PyTorch peer's variants in legend and table order: its naive block first, then its
+/// memory-saving one (`memory_efficient=True` for bc, `torch.utils.checkpoint` for mlp).
+pub const PEER_ORDER: [&str; 3] = [
+    "pytorch-naive",
+    "pytorch-memory-efficient",
+    "pytorch-checkpoint",
+];
+
+/// A peer variant as readers name it: `pytorch-memory-efficient` → `PyTorch memory-efficient`.
+pub fn peer_label(variant: &str) -> String {
+    match variant.strip_prefix("pytorch-") {
+        Some(rest) => format!("PyTorch {rest}"),
+        None => variant.to_string(),
+    }
+}
+
+/// Why two rows of one configuration (same [`ConfigKey`]) must not be set against each other,
+/// or `None` when they may: times and peaks are comparable only on the same device with the same
+/// dtype, compute threads and math mode.
+pub fn incomparable(a: &Row, b: &Row) -> Option<String> {
+    let mut why = Vec::new();
+    if a.device != b.device {
+        why.push(format!("{} vs {}", a.device, b.device));
+    }
+    if a.dtype != b.dtype {
+        why.push(format!("{} vs {}", a.dtype, b.dtype));
+    }
+    if a.threads != b.threads {
+        why.push(format!("{} vs {} threads", a.threads, b.threads));
+    }
+    if a.math != b.math {
+        why.push(format!("{} vs {} math", a.math, b.math));
+    }
+    (!why.is_empty()).then(|| why.join(", "))
+}
 
 pub fn mib(bytes: u64) -> f64 {
     bytes as f64 / MIB
@@ -99,9 +135,13 @@ pub struct Group {
     pub label: String,
     /// `cpu: AMD EPYC …, 2 threads`.
     pub device_label: String,
-    /// Status `ok`, one per (depth, variant): the last one in file order wins.
+    /// densebench's rows with status `ok`, one per (depth, variant): the last one in file
+    /// order wins. Never a peer row: every densebench table and figure is drawn from these.
     pub ok: Vec<Row>,
-    /// Every row whose status is not `ok`.
+    /// The PyTorch peer's rows with status `ok` ([`Row::is_peer`]), one per (depth, variant)
+    /// likewise; drawn and tabulated as PyTorch, never as a densebench variant.
+    pub peers: Vec<Row>,
+    /// Every row whose status is not `ok`, densebench's and the peer's.
     pub skipped: Vec<Row>,
 }
 
@@ -144,6 +184,38 @@ impl Group {
     pub fn skipped_notes(&self) -> Vec<String> {
         self.skipped.iter().map(skipped_note).collect()
     }
+
+    /// The peer variants with ok rows, in [`PEER_ORDER`].
+    pub fn peer_variants(&self) -> Vec<String> {
+        variant_order(self.peers.iter().map(|r| r.variant.as_str()))
+    }
+
+    /// The ok peer rows a figure of this group may draw beside densebench's rows: those measured
+    /// with the threads and math of some densebench row of the group (a time at 1 thread beside
+    /// one at 2 would mislead). The rest are returned as footer notes saying why they are left
+    /// out, each with its row.
+    pub fn drawable_peers(&self) -> (Vec<&Row>, Vec<(&Row, String)>) {
+        let mut drawn = Vec::new();
+        let mut notes = Vec::new();
+        for p in &self.peers {
+            if self.ok.iter().any(|r| incomparable(r, p).is_none()) {
+                drawn.push(p);
+            } else {
+                let why = self
+                    .ok
+                    .first()
+                    .and_then(|r| incomparable(p, r))
+                    .unwrap_or_else(|| "no densebench row".to_string());
+                let note = format!(
+                    "{} L={} not drawn: PyTorch vs densebench {why}",
+                    peer_label(&p.variant),
+                    p.depth
+                );
+                notes.push((p, note));
+            }
+        }
+        (drawn, notes)
+    }
 }
 
 /// `cat-store-copy bc N=64 … L=48: oom (error text)`.
@@ -158,28 +230,34 @@ pub fn skipped_note(r: &Row) -> String {
 /// Groups rows by configuration, sorted by key. Rows with a duplicate (config, depth, variant)
 /// replace the earlier one; the number replaced is returned for a warning.
 pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
-    let mut map: BTreeMap<ConfigKey, (Vec<Row>, Vec<Row>)> = BTreeMap::new();
+    // Per configuration: densebench's ok rows, the peer's ok rows, every row not ok.
+    type Rows = (Vec<Row>, Vec<Row>, Vec<Row>);
+    let mut map: BTreeMap<ConfigKey, Rows> = BTreeMap::new();
     let mut replaced = 0;
     for r in rows {
         let entry = map.entry(ConfigKey::of(r)).or_default();
         if r.is_ok() {
-            if let Some(pos) = entry
-                .0
+            let list = if r.is_peer() {
+                &mut entry.1
+            } else {
+                &mut entry.0
+            };
+            if let Some(pos) = list
                 .iter()
                 .position(|o| o.variant == r.variant && o.depth == r.depth)
             {
-                entry.0.remove(pos);
+                list.remove(pos);
                 replaced += 1;
             }
-            entry.0.push(r.clone());
+            list.push(r.clone());
         } else {
-            entry.1.push(r.clone());
+            entry.2.push(r.clone());
         }
     }
     let mut groups: Vec<Group> = map
         .into_iter()
-        .map(|(key, (ok, skipped))| {
-            let first = ok.first().or(skipped.first());
+        .map(|(key, (ok, peers, skipped))| {
+            let first = ok.first().or(skipped.first()).or(peers.first());
             let label = first.map(Row::config_label).unwrap_or_default();
             let device_label = first.map(device_label).unwrap_or_default();
             Group {
@@ -188,6 +266,7 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
                 label,
                 device_label,
                 ok,
+                peers,
                 skipped,
             }
         })
@@ -224,9 +303,13 @@ pub fn device_label(r: &Row) -> String {
 }
 
 /// The stable variant order (that of `impls::Variant::all()`, i.e. legends and tables), then
-/// any unknown names alphabetically. Deduplicated.
+/// the peer's in [`PEER_ORDER`], then any unknown names alphabetically. Deduplicated.
 pub fn variant_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
-    let known: Vec<String> = impls::Variant::all().iter().map(|v| v.name()).collect();
+    let known: Vec<String> = impls::Variant::all()
+        .iter()
+        .map(|v| v.name())
+        .chain(PEER_ORDER.iter().map(|p| p.to_string()))
+        .collect();
     let mut present: Vec<String> = names.into_iter().map(str::to_string).collect();
     present.sort_by(|a, b| {
         let ia = known.iter().position(|k| k == a).unwrap_or(usize::MAX);
@@ -247,9 +330,13 @@ pub fn is_linear_memory(variant: &str, family: &str) -> bool {
 }
 
 /// A colour per variant, the same in every figure: reds for `cat-store`, purples for
-/// `cat-recompute`, blues for `buffer-store`, greens for `buffer-recompute`, grey for `autograd`.
+/// `cat-recompute`, blues for `buffer-store`, greens for `buffer-recompute`, grey for `autograd`;
+/// the PyTorch peer near-black (naive) and brown (its memory-saving block), no densebench
+/// variant's colour.
 pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
     match variant {
+        "pytorch-naive" => (20, 20, 20),
+        "pytorch-memory-efficient" | "pytorch-checkpoint" => (140, 86, 75),
         "autograd" => (100, 100, 100),
         "cat-store-copy" => (214, 39, 40),
         "cat-store-inplace" => (255, 127, 14),
@@ -427,6 +514,73 @@ mod tests {
         assert_eq!(
             o,
             vec!["autograd", "cat-store-copy", "buffer-store-copy", "zeta"]
+        );
+        // Peers after densebench's variants, naive before the memory-saving one.
+        let o = variant_order([
+            "pytorch-memory-efficient",
+            "zeta",
+            "pytorch-naive",
+            "autograd",
+        ]);
+        assert_eq!(
+            o,
+            vec![
+                "autograd",
+                "pytorch-naive",
+                "pytorch-memory-efficient",
+                "zeta"
+            ]
+        );
+    }
+
+    fn row(variant: &str, framework: &str, status: &str) -> Row {
+        Row {
+            variant: variant.to_string(),
+            framework: framework.to_string(),
+            status: status.to_string(),
+            family: "bc".to_string(),
+            depth: 16,
+            threads: 1,
+            math: "ieee".to_string(),
+            device: "cpu".to_string(),
+            dtype: "f32".to_string(),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn peers_are_grouped_apart_from_densebench_rows() {
+        let rows = [
+            row(NAIVE, "densebench", "ok"),
+            row("pytorch-naive", "pytorch", "ok"),
+            row("pytorch-naive", "pytorch", "oom"),
+        ];
+        let (groups, _) = group_rows(&rows);
+        assert_eq!(groups.len(), 1, "one configuration");
+        let g = &groups[0];
+        // The peer must never count as a densebench variant (tables, exponents, the front).
+        assert_eq!(g.variants(), vec![NAIVE]);
+        assert_eq!(g.peer_variants(), vec!["pytorch-naive"]);
+        assert_eq!(
+            g.skipped.len(),
+            1,
+            "the oom peer row is listed, not dropped"
+        );
+        assert_eq!(g.drawable_peers().0.len(), 1);
+    }
+
+    #[test]
+    fn peers_at_other_threads_are_not_drawn() {
+        let mut peer = row("pytorch-naive", "pytorch", "ok");
+        peer.threads = 2;
+        let rows = [row(NAIVE, "densebench", "ok"), peer];
+        let (groups, _) = group_rows(&rows);
+        let (drawn, notes) = groups[0].drawable_peers();
+        assert!(drawn.is_empty());
+        let notes: Vec<&str> = notes.iter().map(|(_, n)| n.as_str()).collect();
+        assert_eq!(
+            notes,
+            vec!["PyTorch naive L=16 not drawn: PyTorch vs densebench 2 vs 1 threads"]
         );
     }
 }

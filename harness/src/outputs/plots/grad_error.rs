@@ -154,6 +154,7 @@ where
             color: RED,
             shape: Some(Shape::Cross),
             line: false,
+            dashed: false,
         });
     }
     legend(

@@ -1,8 +1,10 @@
 //! Figure 1, `memory-vs-depth-<config>`: peak memory against depth, one line per variant, with
-//! the fitted growth exponent and slope guides (Pleiss et al.'s quadratic-vs-linear figure).
+//! the fitted growth exponent and slope guides (Pleiss et al.'s quadratic-vs-linear figure); the
+//! PyTorch peer's rows, when the CSV has comparable ones, as dashed series of their own.
 
-use super::data::{mib, variant_exponent, Group};
+use super::data::{growth_exponent, mib, variant_exponent, Group};
 use super::style::*;
+use crate::results::row::Row;
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -15,6 +17,9 @@ pub fn memory_vs_depth<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Gr
 where
     DB::ErrorType: 'static,
 {
+    let (peers, left_out) = g.drawable_peers();
+    let mut footer = skipped_footer(g.skipped_notes());
+    footer.extend(left_out.into_iter().map(|(_, n)| n));
     let f = frame(
         root,
         &format!("Peak memory vs depth — {}", g.label),
@@ -22,13 +27,21 @@ where
             "{} · one training step, allocator peak above baseline",
             g.device_label
         ),
-        &skipped_footer(g.skipped_notes()),
+        &footer,
     )?;
-    let depths = g.depths();
+    let mut depths = g.depths();
+    depths.extend(peers.iter().map(|r| r.depth));
+    depths.sort_unstable();
+    depths.dedup();
     let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
     let dmin = depths.first().copied().unwrap_or(1) as f64;
     let dmax = depths.last().copied().unwrap_or(1) as f64;
-    let peaks: Vec<f64> = g.ok.iter().filter_map(|r| r.peak_bytes).map(mib).collect();
+    let peaks: Vec<f64> =
+        g.ok.iter()
+            .chain(peers.iter().copied())
+            .filter_map(|r| r.peak_bytes)
+            .map(mib)
+            .collect();
     let ymax = peaks.iter().copied().fold(0.0, f64::max);
     let ymin_pos = peaks
         .iter()
@@ -48,6 +61,7 @@ where
         })
         .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
         .collect();
+    let peer_series_pts = peer_points(g, &peers, |r| r.peak_bytes.map(mib));
     let (w, _) = f.plot.dim_in_pixel();
     let (left, right) = f.plot.split_horizontally(w * 55 / 100);
     let mut chart = ChartBuilder::on(&left)
@@ -77,6 +91,9 @@ where
         chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
         markers(&mut chart, pts, shape_of(v), c, 5)?;
     }
+    for (v, pts) in &peer_series_pts {
+        peer_series(&mut chart, v, pts, 5)?;
+    }
     if ymin_pos.is_finite() && dmax > dmin {
         let (lo, hi) = (ymin_pos / 1.3, ymax * 1.3);
         let xr = (dmin / 1.08)..(dmax * 1.08);
@@ -105,6 +122,9 @@ where
             let c = rgb(v);
             log.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
             markers(&mut log, pts, shape_of(v), c, 4)?;
+        }
+        for (v, pts) in &peer_series_pts {
+            peer_series(&mut log, v, pts, 4)?;
         }
         // Guides through the first point of the largest and of the smallest series: slope 2
         // (quadratic) above, slope 1 (linear) below.
@@ -148,7 +168,7 @@ where
             ))?;
         }
     }
-    let entries: Vec<Entry> = series
+    let mut entries: Vec<Entry> = series
         .iter()
         .map(|(v, _)| {
             let label = match variant_exponent(g, v) {
@@ -158,16 +178,44 @@ where
             Entry::variant(v, label, true)
         })
         .collect();
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            "p: fitted growth exponent, peak ∝ L^p".to_string(),
-            "(least squares on log peak vs log L)".to_string(),
-            "quadratic ≈ 2, linear ≈ 1".to_string(),
-            "dashed guides: slope 2 and slope 1".to_string(),
-        ],
-    )
+    entries.extend(
+        peer_series_pts
+            .iter()
+            .map(|(v, pts)| match growth_exponent(pts) {
+                Some(p) => Entry::peer(v, &format!("  p = {p:.2}"), &peers),
+                None => Entry::peer(v, "", &peers),
+            }),
+    );
+    let mut notes = vec![
+        "p: fitted growth exponent, peak ∝ L^p".to_string(),
+        "(least squares on log peak vs log L)".to_string(),
+        "quadratic ≈ 2, linear ≈ 1".to_string(),
+        "dashed guides: slope 2 and slope 1".to_string(),
+    ];
+    notes.extend(peer_notes(&peers, "dashed with diamonds"));
+    legend(&f.legend, &entries, &notes)
+}
+
+/// The drawable peer rows as one series per peer variant (in the peer order): (depth, value)
+/// by ascending depth, rows without the value left out.
+pub(super) fn peer_points(
+    g: &Group,
+    peers: &[&Row],
+    value: impl Fn(&Row) -> Option<f64>,
+) -> Vec<(String, Vec<(f64, f64)>)> {
+    g.peer_variants()
+        .into_iter()
+        .map(|v| {
+            let mut rows: Vec<&&Row> = peers.iter().filter(|r| r.variant == v).collect();
+            rows.sort_by_key(|r| r.depth);
+            let pts = rows
+                .iter()
+                .filter_map(|r| value(r).map(|y| (r.depth as f64, y)))
+                .collect();
+            (v, pts)
+        })
+        .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+        .collect()
 }
 
 /// Segments of a guide line on log axes (every other one drawn).

@@ -1,7 +1,8 @@
 //! Figure 3, `memory-vs-time-<config>-L<depth>`: each variant a point (time, peak memory), the
-//! Pareto front marked.
+//! Pareto front of densebench's variants marked; the PyTorch peer's comparable rows as diamonds
+//! joined by a dashed line (its naive block to its memory-saving one), outside the front.
 
-use super::data::{self, mib, ms, pareto_front, Group, NAIVE};
+use super::data::{self, incomparable, mib, ms, pareto_front, peer_label, Group, NAIVE};
 use super::style::*;
 use crate::results::row::Row;
 use anyhow::Result;
@@ -30,12 +31,31 @@ where
         .map(|r| (ms(r.median_ns.unwrap_or(0)), mib(r.peak_bytes.unwrap_or(0))))
         .collect();
     let front = pareto_front(&pts);
+    let (drawable, left_out) = g.drawable_peers();
+    let mut peer_rows: Vec<&Row> = drawable
+        .into_iter()
+        .filter(|r| r.depth == depth)
+        .filter(|r| matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
+        .collect();
+    let order = g.peer_variants();
+    peer_rows.sort_by_key(|r| order.iter().position(|v| *v == r.variant));
+    let peer_pts: Vec<(f64, f64)> = peer_rows
+        .iter()
+        .map(|r| (ms(r.median_ns.unwrap_or(0)), mib(r.peak_bytes.unwrap_or(0))))
+        .collect();
     let skipped: Vec<String> = g
         .skipped
         .iter()
         .filter(|r| r.depth == depth)
         .map(data::skipped_note)
         .collect();
+    let mut footer = skipped_footer(skipped);
+    footer.extend(
+        left_out
+            .into_iter()
+            .filter(|(r, _)| r.depth == depth)
+            .map(|(_, n)| n),
+    );
     let f = frame(
         root,
         &format!("Memory vs time — {} L={depth}", g.label),
@@ -43,11 +63,12 @@ where
             "{} · each variant one point; lower-left is better",
             g.device_label
         ),
-        &skipped_footer(skipped),
+        &footer,
     )?;
     let span = |sel: fn(&(f64, f64)) -> f64| {
-        let lo = pts.iter().map(sel).fold(f64::INFINITY, f64::min);
-        let hi = pts.iter().map(sel).fold(0.0, f64::max);
+        let all = || pts.iter().chain(peer_pts.iter());
+        let lo = all().map(sel).fold(f64::INFINITY, f64::min);
+        let hi = all().map(sel).fold(0.0, f64::max);
         if lo.is_finite() && lo > 0.0 {
             (lo, hi)
         } else {
@@ -85,6 +106,8 @@ where
         rows: &rows,
         pts: &pts,
         front: &front,
+        peers: &peer_rows,
+        peer_pts: &peer_pts,
         x_desc,
         y_desc,
         xfrac: &xfrac,
@@ -130,16 +153,33 @@ where
         }
         entries.push(Entry::variant(&r.variant, label, false));
     }
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            format!("ratios: peak / time vs {NAIVE}"),
-            "* ringed, dashed: Pareto front".to_string(),
-            "(no other variant is both faster".to_string(),
-            " and smaller)".to_string(),
-        ],
-    )
+    for p in &peer_rows {
+        let extra = match (naive, p.peak_bytes, p.median_ns) {
+            (Some(n), Some(pp), Some(pt)) if incomparable(n, p).is_none() => {
+                match (n.peak_bytes, n.median_ns) {
+                    (Some(np), Some(nt)) if np > 0 && nt > 0 => format!(
+                        "  {:.2}× / {:.2}×",
+                        pp as f64 / np as f64,
+                        pt as f64 / nt as f64
+                    ),
+                    _ => String::new(),
+                }
+            }
+            _ => String::new(),
+        };
+        entries.push(Entry::peer(&p.variant, &extra, &peer_rows));
+    }
+    let mut notes = vec![
+        format!("ratios: peak / time vs {NAIVE}"),
+        "* ringed, dashed: Pareto front".to_string(),
+        "(no other variant is both faster".to_string(),
+        " and smaller)".to_string(),
+    ];
+    notes.extend(peer_notes(&peer_rows, "diamonds, dashed"));
+    if !peer_rows.is_empty() {
+        notes.push("(PyTorch is not on the front)".to_string());
+    }
+    legend(&f.legend, &entries, &notes)
 }
 
 /// The points, front and labels of the memory/time figure, drawn on linear or log axes.
@@ -147,6 +187,9 @@ struct Scatter<'a> {
     rows: &'a [&'a Row],
     pts: &'a [(f64, f64)],
     front: &'a [usize],
+    /// The PyTorch peer's rows at this depth, in the peer order, and their points.
+    peers: &'a [&'a Row],
+    peer_pts: &'a [(f64, f64)],
     x_desc: &'a str,
     y_desc: &'a str,
     xfrac: &'a dyn Fn(f64) -> f64,
@@ -182,6 +225,30 @@ impl Scatter<'_> {
         chart.draw_series(DashedLineSeries::new(stair, 8, 5, BLACK.stroke_width(1)))?;
         for (i, r) in self.rows.iter().enumerate() {
             markers(chart, &pts[i..=i], shape_of(&r.variant), rgb(&r.variant), 7)?;
+        }
+        if self.peer_pts.len() > 1 {
+            // PyTorch's own trade-off: its naive block to its memory-saving one.
+            chart.draw_series(DashedLineSeries::new(
+                self.peer_pts.to_vec(),
+                PEER_DASH.0,
+                PEER_DASH.1,
+                rgb(&self.peers[0].variant).stroke_width(2),
+            ))?;
+        }
+        for (p, &pt) in self.peers.iter().zip(self.peer_pts) {
+            markers(chart, &[pt], shape_of(&p.variant), rgb(&p.variant), 8)?;
+            let (dx, hpos) = if (self.xfrac)(pt.0) > 0.66 {
+                (-16, HPos::Right)
+            } else {
+                (16, HPos::Left)
+            };
+            let color = rgb(&p.variant);
+            let style = font(LABEL_PT)
+                .color(&color)
+                .pos(Pos::new(hpos, VPos::Center));
+            chart.draw_series(std::iter::once(
+                EmptyElement::at(pt) + Text::new(peer_label(&p.variant), (dx, 0), style),
+            ))?;
         }
         for (n, &i) in front.iter().enumerate() {
             let p = pts[i];

@@ -1,8 +1,8 @@
 //! What every figure shares, written once: canvas size, fonts, colours and marker shapes per
-//! variant, the frame (title, subtitle, legend panel on the right, footer notes), tick and range
+//! variant (and the PyTorch peer's dashed style), the frame (title, subtitle, legend panel on the right, footer notes), tick and range
 //! helpers. Each figure is its own file beside this one, generic over the backend (SVG or PNG).
 
-use super::data::{self, fmt_num, variant_rgb};
+use super::data::{self, fmt_num, peer_label, variant_rgb};
 use crate::results::row::Row;
 use anyhow::Result;
 use plotters::coord::ranged1d::{DefaultFormatting, KeyPointHint};
@@ -54,17 +54,24 @@ pub(super) fn rgb(variant: &str) -> RGBColor {
     RGBColor(r, g, b)
 }
 
-/// Marker shapes: squares for autograd, triangles for in-place ReLU, circles for the rest.
+/// Marker shapes: squares for autograd, triangles for in-place ReLU, diamonds for the PyTorch
+/// peer, circles for the rest.
 #[derive(Clone, Copy)]
 pub(super) enum Shape {
     Circle,
     Triangle,
     Square,
     Cross,
+    Diamond,
 }
 
+/// Dash and gap, in pixels, of the PyTorch peer's series (densebench's are solid).
+pub(super) const PEER_DASH: (u32, u32) = (10, 6);
+
 pub(super) fn shape_of(variant: &str) -> Shape {
-    if variant == "autograd" {
+    if variant.starts_with("pytorch-") {
+        Shape::Diamond
+    } else if variant == "autograd" {
         Shape::Square
     } else if variant.ends_with("-inplace") {
         Shape::Triangle
@@ -73,12 +80,14 @@ pub(super) fn shape_of(variant: &str) -> Shape {
     }
 }
 
-/// One legend row: a line and/or a marker in the variant's colour, then the label.
+/// One legend row: a line (solid or dashed) and/or a marker in the variant's colour, then the
+/// label.
 pub(super) struct Entry {
     pub(super) label: String,
     pub(super) color: RGBColor,
     pub(super) shape: Option<Shape>,
     pub(super) line: bool,
+    pub(super) dashed: bool,
 }
 
 impl Entry {
@@ -88,8 +97,70 @@ impl Entry {
             color: rgb(v),
             shape: Some(shape_of(v)),
             line,
+            dashed: false,
         }
     }
+
+    /// A PyTorch peer's entry: its dashed line (always, so the style reads in the legend of a
+    /// scatter too), its diamond, and `PyTorch …` before `extra`; marked `†` when any of its
+    /// drawn `rows` has gradients outside tolerance or unchecked (see [`peer_notes`]).
+    pub(super) fn peer(v: &str, extra: &str, rows: &[&Row]) -> Self {
+        let flagged = rows
+            .iter()
+            .any(|r| r.variant == v && r.grad_ok != Some(true));
+        Self {
+            label: format!(
+                "{}{extra}{}",
+                peer_label(v),
+                if flagged { "  †" } else { "" }
+            ),
+            color: rgb(v),
+            shape: Some(shape_of(v)),
+            line: true,
+            dashed: true,
+        }
+    }
+}
+
+/// The legend notes of the drawn peer rows: what the dashed style means and, when an entry is
+/// marked `†`, why (its numbers are drawn, but its gradients are not PyTorch's correct ones or
+/// were not checked; the report's "Versus PyTorch" section says which tensor).
+pub(super) fn peer_notes(rows: &[&Row], style: &str) -> Vec<String> {
+    if rows.is_empty() {
+        return Vec::new();
+    }
+    let mut notes = vec![format!("{style}: PyTorch peer")];
+    if rows.iter().any(|r| r.grad_ok != Some(true)) {
+        notes.push("†: gradients out of tolerance or".to_string());
+        notes.push("  unchecked (see the report)".to_string());
+    }
+    notes
+}
+
+/// A PyTorch peer's series: a dashed line through the points (cut in pixel space, so it stays
+/// straight on log axes) and a diamond at each.
+pub(super) fn peer_series<DB, X, Y>(
+    chart: &mut Chart<'_, DB, X, Y>,
+    variant: &str,
+    pts: &[(f64, f64)],
+    size: i32,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let c = rgb(variant);
+    if pts.len() > 1 {
+        chart.draw_series(DashedLineSeries::new(
+            pts.to_vec(),
+            PEER_DASH.0,
+            PEER_DASH.1,
+            c.stroke_width(2),
+        ))?;
+    }
+    markers(chart, pts, Shape::Diamond, c, size)
 }
 
 /// The drawing areas of one figure's frame.
@@ -153,7 +224,15 @@ where
     let mid = Pos::new(HPos::Left, VPos::Center);
     let mut y = 30;
     for e in entries {
-        if e.line {
+        if e.line && e.dashed {
+            // Two dashes and a gap: the sample reads as dashed at legend size.
+            for (x0, x1) in [(8, 18), (24, 34), (38, 42)] {
+                area.draw(&PathElement::new(
+                    vec![(x0, y), (x1, y)],
+                    e.color.stroke_width(2),
+                ))?;
+            }
+        } else if e.line {
             area.draw(&PathElement::new(
                 vec![(8, y), (40, y)],
                 e.color.stroke_width(2),
@@ -192,8 +271,15 @@ where
             color.filled(),
         ))?,
         Shape::Cross => area.draw(&Cross::new(at, size, color.stroke_width(2)))?,
+        Shape::Diamond => area.draw(&(EmptyElement::at(at) + diamond(size, color)))?,
     }
     Ok(())
+}
+
+/// A diamond of half-width `size + 1` around the origin, for composing at a point.
+fn diamond(size: i32, color: RGBColor) -> Polygon<(i32, i32)> {
+    let s = size + 1;
+    Polygon::new(vec![(0, -s), (s, 0), (0, s), (-s, 0)], color.filled())
 }
 
 pub(super) type Chart<'a, DB, X, Y> = ChartContext<'a, DB, Cartesian2d<X, Y>>;
@@ -229,6 +315,12 @@ where
             chart.draw_series(
                 pts.iter()
                     .map(|&p| Cross::new(p, size + 1, color.stroke_width(3))),
+            )?;
+        }
+        Shape::Diamond => {
+            chart.draw_series(
+                pts.iter()
+                    .map(|&p| EmptyElement::at(p) + diamond(size, color)),
             )?;
         }
     }

@@ -1,6 +1,8 @@
-//! Figure 2, `time-vs-depth-<config>`: median step time against depth with min–max whiskers.
+//! Figure 2, `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
+//! the PyTorch peer's comparable rows as dashed series of their own (medians).
 
-use super::data::{ms, Group, NAIVE};
+use super::data::{incomparable, ms, Group, NAIVE};
+use super::memory_vs_depth::peer_points;
 use super::style::*;
 use crate::results::row::Row;
 use anyhow::Result;
@@ -15,6 +17,9 @@ where
     DB::ErrorType: 'static,
 {
     let steps = g.ok.first().map(|r| r.steps).unwrap_or(0);
+    let (peers, left_out) = g.drawable_peers();
+    let mut footer = skipped_footer(g.skipped_notes());
+    footer.extend(left_out.into_iter().map(|(_, n)| n));
     let f = frame(
         root,
         &format!("Step time vs depth — {}", g.label),
@@ -22,17 +27,22 @@ where
             "{} · forward + backward, {steps} timed steps",
             g.device_label
         ),
-        &skipped_footer(g.skipped_notes()),
+        &footer,
     )?;
-    let depths = g.depths();
+    let mut depths = g.depths();
+    depths.extend(peers.iter().map(|r| r.depth));
+    depths.sort_unstable();
+    depths.dedup();
     let dmin = depths.first().copied().unwrap_or(1) as f64;
     let dmax = depths.last().copied().unwrap_or(1) as f64;
+    let peer_pts = peer_points(g, &peers, |r| r.median_ns.filter(|&t| t > 0).map(ms));
     let times: Vec<f64> =
         g.ok.iter()
             .flat_map(|r| [r.min_ns, r.median_ns, r.max_ns])
             .flatten()
             .filter(|&t| t > 0)
             .map(ms)
+            .chain(peer_pts.iter().flat_map(|(_, p)| p.iter().map(|q| q.1)))
             .collect();
     let ymax = times.iter().copied().fold(0.0, f64::max);
     let ymin = times.iter().copied().fold(f64::INFINITY, f64::min);
@@ -50,12 +60,18 @@ where
         let y = (lo..hi).log_scale().with_key_points(log_ticks(lo, hi));
         let mut chart = builder().build_cartesian_2d(x(), y)?;
         time_series(&mut chart, g, "step time (ms, log scale)")?;
+        for (v, pts) in &peer_pts {
+            peer_series(&mut chart, v, pts, 5)?;
+        }
     } else {
         let mut chart = builder().build_cartesian_2d(x(), from_zero(0.0, ymax))?;
         time_series(&mut chart, g, "step time (ms)")?;
+        for (v, pts) in &peer_pts {
+            peer_series(&mut chart, v, pts, 5)?;
+        }
     }
     // Legend: each variant's time relative to naive at the deepest depth both have.
-    let entries: Vec<Entry> = g
+    let mut entries: Vec<Entry> = g
         .variants()
         .iter()
         .filter(|v| g.variant_rows(v).iter().any(|r| r.median_ns.is_some()))
@@ -72,16 +88,32 @@ where
             Entry::variant(v, label, true)
         })
         .collect();
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            "points: median step time".to_string(),
-            "whiskers: min–max over the timed steps".to_string(),
-            format!("×: median time relative to {NAIVE}"),
-            "(variants nudged sideways to stay apart)".to_string(),
-        ],
-    )
+    for (v, pts) in &peer_pts {
+        // Only against a naive row it may be set against (same threads and math).
+        let rel = pts.iter().rev().find_map(|&(d, t)| {
+            let naive = g.row(NAIVE, d as usize)?;
+            let peer = peers
+                .iter()
+                .find(|r| &r.variant == v && r.depth == d as usize)?;
+            if incomparable(naive, peer).is_some() {
+                return None;
+            }
+            let n = ms(naive.median_ns?);
+            (n > 0.0).then(|| (t / n, d))
+        });
+        entries.push(match rel {
+            Some((r, d)) => Entry::peer(v, &format!("  {r:.2}× at L={d:.0}"), &peers),
+            None => Entry::peer(v, "", &peers),
+        });
+    }
+    let mut notes = vec![
+        "points: median step time".to_string(),
+        "whiskers: min–max over the timed steps".to_string(),
+        format!("×: median time relative to {NAIVE}"),
+        "(variants nudged sideways to stay apart)".to_string(),
+    ];
+    notes.extend(peer_notes(&peers, "dashed with diamonds"));
+    legend(&f.legend, &entries, &notes)
 }
 
 /// The mesh, lines, whiskers and markers of the time-vs-depth figure on a linear or log axis.
