@@ -35,17 +35,25 @@ fn bench(sweep: &str, extra: &[&str], env: &[(&str, &str)]) -> (Output, Option<V
     let out = dir.path().join("r.csv");
     let cache = dir.path().join("cache");
     let mut cmd = Command::new(bin());
-    cmd.args(["bench-all", "--sweep", path_str(&sweep_path), "--out", path_str(&out)])
-        .args(["--cache-dir", path_str(&cache), "--mem-limit", "2GiB"])
-        .args(extra)
-        .env("DENSEBENCH_PEER", fake_peer())
-        .env("FAKE_DENSEBENCH", bin())
-        .env_remove("DENSEBENCH_PERTURB");
+    cmd.args([
+        "bench-all",
+        "--sweep",
+        path_str(&sweep_path),
+        "--out",
+        path_str(&out),
+    ])
+    .args(["--cache-dir", path_str(&cache), "--mem-limit", "2GiB"])
+    .args(extra)
+    .env("DENSEBENCH_PEER", fake_peer())
+    .env("FAKE_DENSEBENCH", bin())
+    .env_remove("DENSEBENCH_PERTURB");
     for (k, v) in env {
         cmd.env(k, v);
     }
     let o = cmd.output().expect("densebench runs");
-    let rows = out.exists().then(|| read_rows(&out).expect("the CSV reads back"));
+    let rows = out
+        .exists()
+        .then(|| read_rows(&out).expect("the CSV reads back"));
     (o, rows)
 }
 
@@ -121,7 +129,10 @@ fn a_perturbed_peer_gradient_fails_its_row() {
         let r = row(&rows, v);
         assert_eq!((r.status.as_str(), r.grad_ok), ("ok", Some(false)), "{v}");
         // Scaled by 1.5: a relative error of 0.5 in that tensor.
-        assert!(r.max_rel_err.is_some_and(|e| (e - 0.5).abs() < 1e-3), "{r:?}");
+        assert!(
+            r.max_rel_err.is_some_and(|e| (e - 0.5).abs() < 1e-3),
+            "{r:?}"
+        );
     }
     assert!(stderr(&o).contains("pytorch-naive/bc/2/3/2/2/2/3/on/f32/0/cpu"));
 }
@@ -237,9 +248,18 @@ fn real_pytorch_peer_on_tiny_configs() {
     let peers: Vec<&Row> = rows.iter().filter(|r| r.is_peer()).collect();
     assert_eq!(peers.len(), 4);
     for r in peers {
-        assert!(r.framework_version.starts_with("torch "), "{}", r.framework_version);
+        assert!(
+            r.framework_version.starts_with("torch "),
+            "{}",
+            r.framework_version
+        );
         // PyTorch's f32 step on a tiny case: a few ulps from the f64 reference.
-        assert!(r.max_rel_err.is_some_and(|e| e < 1e-4), "{}: {:?}", r.key, r.max_rel_err);
+        assert!(
+            r.max_rel_err.is_some_and(|e| e < 1e-4),
+            "{}: {:?}",
+            r.key,
+            r.max_rel_err
+        );
         assert!(r.peak_bytes.is_some_and(|p| p > 0), "{}", r.key);
     }
 }

@@ -259,9 +259,7 @@ pub fn run(mut cmd: Command, s: &Settings) -> Result<Ended> {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     die_with_parent(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {program}"))?;
+    let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     let tracked = interrupt::track(child.id());
     let out = child.stdout.take().map(read_all);

@@ -200,7 +200,13 @@ pub fn run(
         let why = child::last_line(&e.stderr).unwrap_or_else(|| "out of memory".to_string());
         return Ok(Outcome::Oom(why));
     }
-    Ok(child::classify(e.status, e.timed_out, s, e.stdout, &e.stderr))
+    Ok(child::classify(
+        e.status,
+        e.timed_out,
+        s,
+        e.stdout,
+        &e.stderr,
+    ))
 }
 
 /// The peer's JSON line: the keys a row needs (harness/peer/README.md lists them all).
