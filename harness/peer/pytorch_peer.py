@@ -158,6 +158,15 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument("--out", required=True, help="result file to write (safetensors)")
     p.add_argument(
+        "--running-stats",
+        default="after-forward",
+        choices=("after-forward", "after-step"),
+        help="which BN running stats the result holds: as they are after forward (default; what "
+        "densebench compares, and what a training step leaves when nothing recomputes BN), or "
+        "as PyTorch leaves them after backward (memory_efficient updates norm1 twice, "
+        "pytorch/pytorch#96136)",
+    )
+    p.add_argument(
         "--mem-limit",
         type=positive_int,
         default=None,
@@ -639,6 +648,13 @@ class Stepper:
         self.params = list(block.parameters())
         # The case's BN running stats (and num_batches_tracked), restored before every step.
         self.initial_buffers = [(b, b.detach().clone()) for b in block.buffers()]
+        # The running stats as they are at the end of forward, copied in place every step
+        # (allocated here, before any baseline: the copy allocates nothing in the step).
+        self.after_forward = {
+            name: (b, b.detach().clone())
+            for name, b in block.named_buffers()
+            if not name.endswith("num_batches_tracked")
+        }
         self.timeline: list[tuple[int, int]] = []
         self.recording = False
         self.baseline = 0
@@ -699,6 +715,9 @@ class Stepper:
         self.meter.sync()
         t1 = time.perf_counter_ns()
         saved = self.meter.current() - self.baseline
+        with self.torch.no_grad():
+            for buf, snap in self.after_forward.values():
+                snap.copy_(buf)
         out.backward(self.g)
         self.meter.sync()
         t2 = time.perf_counter_ns()
@@ -787,9 +806,8 @@ def run(a: argparse.Namespace) -> dict:
         if p.grad is None:
             raise PeerError(f"{a.variant}: parameter {name} got no gradient")
         result[f"grad.{name}"] = p.grad
-    for name, b in block.named_buffers():
-        if not name.endswith("num_batches_tracked"):
-            result[name] = b
+    for name, (b, snap) in stepper.after_forward.items():
+        result[name] = snap if a.running_stats == "after-forward" else b
     write_safetensors(torch, result, a.out)
 
     # How often each BN module updated its running stats in the last step (bc). torchvision's
@@ -800,11 +818,16 @@ def run(a: argparse.Namespace) -> dict:
     double = sorted(n for n, c in stepper.bn_calls.items() if c > 1)
     warning = ""
     if double:
+        holds = (
+            "the result holds the running stats as they are after forward (one update)"
+            if a.running_stats == "after-forward"
+            else "the result holds PyTorch's running stats as they are after the step"
+        )
         warning = (
             f"PyTorch updated the running stats of {len(double)} of {len(stepper.bn_calls)} "
             f"BatchNorm modules {max(stepper.bn_calls.values())} times in one step "
             f"(e.g. {double[0]}: recomputed in backward by torch.utils.checkpoint, "
-            "pytorch/pytorch#96136); the result holds PyTorch's running stats as they are"
+            f"pytorch/pytorch#96136); {holds}"
         )
 
     worst = max(records, key=lambda r: r["peak"])
@@ -851,7 +874,11 @@ def run(a: argparse.Namespace) -> dict:
         "step_peak_bytes": [r["peak"] for r in records],
         "timeline": worst["timeline"],
         "memory_meter": meter.name,
-        "running_stats": "restored from the case before every step; written after the last measured step (one update)",
+        "running_stats": "restored from the case before every step; written from the last "
+        "measured step, " + ("as they are after forward" if a.running_stats == "after-forward"
+                             else "as they are after backward"),
+        "running_snapshot": a.running_stats.replace("-", "_"),
+        "bn_updates": dict(sorted(stepper.bn_calls.items())),
         "bn_updates_per_step": max(updates) if updates else 0,
         "warning": warning,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if device.type == "cuda" else None,

@@ -140,6 +140,10 @@ def check_against_densebench(c: Ctx, family: str, variant: str, case: str, tag: 
                              activation: str = "on") -> None:
     out = c.path(f"{tag}-{variant}.st")
     extra = ["--activation", activation] if family == "mlp" else []
+    if variant == "pytorch-memory-efficient":
+        # As PyTorch leaves them: the double update is checked below, then the default
+        # (after-forward) snapshot must match densebench everywhere.
+        extra.extend(["--running-stats", "after-step"])
     row = c.peer_ok(case, family, variant, out, *extra)
     assert row["framework"] == "pytorch" and row["dtype"] == "f64"
     ours = c.load(out)
@@ -165,6 +169,17 @@ def check_against_densebench(c: Ctx, family: str, variant: str, case: str, tag: 
                 assert e <= F64_TOLERANCE, f"{n}: not the twice-updated running stat ({e:.2e})"
                 errs.pop(n)
             assert row["bn_updates_per_step"] == 2 and "96136" in row["warning"]
+            assert row["bn_updates"]["denselayer1.norm1"] == 2, row["bn_updates"]
+            assert row["bn_updates"]["denselayer1.norm2"] == 1, row["bn_updates"]
+            # The default snapshot: every tensor, running stats included, as densebench.
+            fwd_out = c.path(f"{tag}-{variant}-after-forward.st")
+            fwd_row = c.peer_ok(case, family, variant, fwd_out, *extra[:-2])
+            assert fwd_row["running_snapshot"] == "after_forward", fwd_row["running_snapshot"]
+            fwd_errs = rel_errors(c.load(fwd_out), ref)
+            fwd_worst = max(fwd_errs, key=fwd_errs.get)
+            assert fwd_errs[fwd_worst] <= F64_TOLERANCE, (
+                f"after-forward snapshot: {fwd_worst} relative error {fwd_errs[fwd_worst]:.3e}"
+            )
         else:
             assert row["warning"] == "", row["warning"]
         worst = max(errs, key=errs.get)

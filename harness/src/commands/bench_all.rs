@@ -11,17 +11,23 @@
 //! child was killed or crashed. Bad input (the sweep, a flag) exits with status 2, before any
 //! work.
 //!
+//! Versus PyTorch: `--peer pytorch` (or `peer = "pytorch"` in the sweep file) runs each config's
+//! PyTorch peer variants too, before its densebench variants; PyTorch is probed once before any
+//! work (`pytorch_peer.py --check`), and a missing PyTorch is one line saying how to get it,
+//! exit status 2, nothing written.
+//!
 //! Beyond one machine: `--shard I/N` keeps only shard I of the sweep ([`crate::plan::shard`]:
 //! whole configurations, balanced by predicted cost, the same split on every node), after which
 //! `--resume` works per shard file; `--devices cuda:0,cuda:1,…` runs one worker thread (one
 //! child at a time) per device, whole configurations per device, rows appended under a lock.
 
 use crate::measure::device::check_devices;
-use crate::measure::{interrupt, reference};
+use crate::measure::{interrupt, peer, reference};
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::device::DeviceSpec;
+use crate::plan::job::Peer;
 use crate::plan::shard::{self, ShardSpec};
-use crate::plan::sweep::{load_sweep, parse, retarget, Job};
+use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::runner;
 use crate::results::store::Output;
 use anyhow::Result;
@@ -73,6 +79,11 @@ pub struct Args {
     /// (status `killed` or `crashed`), up to N times (at most 100).
     #[arg(long, default_value_t = 0, value_name = "N", value_parser = bounds::flags::retries)]
     pub retries: usize,
+    /// Also run every config in this peer framework (`pytorch`: torchvision's `_DenseBlock` for
+    /// bc, the forum's Linear block for mlp), on the same case file, checked against the same
+    /// f64 reference; its rows have `framework = pytorch`. Needs PyTorch (`just peer-setup`).
+    #[arg(long, value_enum, value_name = "PEER")]
+    pub peer: Option<Peer>,
 }
 
 impl Args {
@@ -96,7 +107,11 @@ fn default_out(quick: bool, shard: Option<ShardSpec>) -> PathBuf {
 fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
     check_devices(&a.devices)?;
     let (text, source) = load_sweep(a.sweep.as_deref(), a.quick)?;
-    let mut jobs = parse(&text, &source, a.mem_limit)?;
+    let over = Overrides {
+        mem_limit: a.mem_limit,
+        peer: a.peer,
+    };
+    let mut jobs = parse_with(&text, &source, over)?;
     if let Some(&first) = a.devices.first() {
         jobs = retarget(jobs, first);
     }
@@ -115,6 +130,11 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (jobs, source) = jobs(&a).bad_input()?;
+    if jobs.iter().any(|j| j.variant.is_peer()) {
+        // Once, before anything is written: without PyTorch no peer row could be measured.
+        let version = peer::check().map_err(anyhow::Error::msg).bad_input()?;
+        eprintln!("densebench bench-all: peer rows by {version}");
+    }
     let out_path = a
         .out
         .clone()

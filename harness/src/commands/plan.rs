@@ -43,6 +43,9 @@ pub struct Args {
     pub devices: Vec<DeviceSpec>,
     #[arg(long, value_enum, default_value_t = Format::Text)]
     pub format: Format,
+    /// The `--peer` of `bench-all`: the peer's jobs are listed with the others.
+    #[arg(long, value_enum, value_name = "PEER")]
+    pub peer: Option<crate::plan::job::Peer>,
 }
 
 /// The plan as text (see [`Format`]). Every error is the user's input (exit status 2).
@@ -50,7 +53,11 @@ pub fn render(a: &Args) -> Result<String> {
     bounds::check_shards("--shards", a.shards).bad_input()?;
     check_devices(&a.devices).bad_input()?;
     let (text, source) = sweep::load_sweep(a.sweep.as_deref(), a.quick).bad_input()?;
-    let mut jobs = sweep::parse(&text, &source, None).bad_input()?;
+    let over = sweep::Overrides {
+        mem_limit: None,
+        peer: a.peer,
+    };
+    let mut jobs = sweep::parse_with(&text, &source, over).bad_input()?;
     if let Some(&first) = a.devices.first() {
         jobs = sweep::retarget(jobs, first);
     }

@@ -113,7 +113,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
             failed.key, failed.error, a.retries
         );
     };
-    let row = match measure_row_retrying(variant, &cfg, &s, &mut refs, a.retries, &mut on_retry) {
+    let row = match measure_row_retrying(
+        variant.into(),
+        &cfg,
+        &s,
+        None,
+        &mut refs,
+        a.retries,
+        &mut on_retry,
+    ) {
         Ok(row) => row,
         Err(e) => match interrupt::interrupted(&e) {
             Some(stop) => {

@@ -59,6 +59,10 @@ pub struct Args {
     /// The variant the reference was computed with.
     #[arg(long)]
     pub reference_variant: Option<String>,
+    /// The relative error `grad_ok` is judged against (default: the dtype's documented bound,
+    /// [`measure::documented_tolerance`]).
+    #[arg(long, requires = "reference")]
+    pub tolerance: Option<f64>,
     /// Reference mode: run one unmeasured step and save its results here.
     #[arg(long, conflicts_with = "reference")]
     pub save_result: Option<PathBuf>,
@@ -85,7 +89,10 @@ pub fn child(a: Args) -> Result<ExitCode> {
         )),
         _ => None,
     };
-    let m = measure::measure(variant, &cfg, spec, a.steps, a.warmup, reference)?;
+    let tolerance = a
+        .tolerance
+        .unwrap_or_else(|| measure::documented_tolerance(cfg.dtype));
+    let m = measure::measure(variant, &cfg, spec, a.steps, a.warmup, reference, tolerance)?;
     let line = serde_json::to_string(&m).context("serialising the measurement")?;
     println!("{line}");
     Ok(ExitCode::SUCCESS)
@@ -169,15 +176,17 @@ fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String
     })
 }
 
-/// The last stderr line worth showing (panics end with a `note: run with RUST_BACKTRACE` line).
-fn last_line(stderr: &str) -> Option<String> {
+/// The last stderr line worth showing, without the program's `…: error: ` prefix (panics end with a `note: run with RUST_BACKTRACE` line).
+pub fn last_line(stderr: &str) -> Option<String> {
     stderr
         .lines()
         .map(str::trim)
         .rev()
         .find(|l| !l.is_empty() && !l.starts_with("note:"))
         .map(|l| {
-            l.strip_prefix("densebench: error: ")
+            ["densebench: error: ", "pytorch_peer: error: "]
+                .iter()
+                .find_map(|p| l.strip_prefix(p))
                 .unwrap_or(l)
                 .to_string()
         })
@@ -218,7 +227,6 @@ fn die_with_parent(cmd: &mut Command) {
 /// [`interrupt::Interrupted`] when the parent was told to stop (the child is killed, and how it
 /// ended is not a result).
 pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
-    interrupt::check()?;
     let exe = std::env::current_exe().context("finding the densebench executable to re-run")?;
     let threads = s.threads.to_string();
     let mut cmd = Command::new(&exe);
@@ -226,14 +234,32 @@ pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
         // candle's CPU backend and gemm read RAYON_NUM_THREADS (candle_core::utils::
         // get_num_threads); CANDLE_NUM_THREADS sizes its barrier pool (defaults to the former).
         .env("RAYON_NUM_THREADS", &threads)
-        .env("CANDLE_NUM_THREADS", &threads)
-        .stdin(Stdio::null())
+        .env("CANDLE_NUM_THREADS", &threads);
+    let e = run(cmd, s)?;
+    Ok(classify(e.status, e.timed_out, s, e.stdout, &e.stderr))
+}
+
+/// How a child process ended, before it is classified into an [`Outcome`].
+#[derive(Debug)]
+pub struct Ended {
+    pub status: std::process::ExitStatus,
+    /// Killed by us at the time limit.
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+/// Runs `cmd` (any program: this binary, or a peer's) as an isolated child: it dies with the
+/// parent, leads its own process group, is killed after `s.timeout`, and its stdout and stderr
+/// are collected. Errs as [`spawn`] does.
+pub fn run(mut cmd: Command, s: &Settings) -> Result<Ended> {
+    interrupt::check()?;
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    cmd.stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     die_with_parent(&mut cmd);
-    let mut child = cmd
-        .spawn()
-        .with_context(|| format!("starting {}", exe.display()))?;
+    let mut child = cmd.spawn().with_context(|| format!("starting {program}"))?;
     let pid = i32::try_from(child.id()).unwrap_or(i32::MAX);
     let tracked = interrupt::track(child.id());
     let out = child.stdout.take().map(read_all);
@@ -262,10 +288,16 @@ pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
             return Err(stop.into());
         }
     }
-    Ok(classify(status, timed_out, s, stdout, &stderr))
+    Ok(Ended {
+        status,
+        timed_out,
+        stdout,
+        stderr,
+    })
 }
 
-fn classify(
+/// How a child ended, as a row status: see the module's documentation.
+pub fn classify(
     status: std::process::ExitStatus,
     timed_out: bool,
     s: &Settings,

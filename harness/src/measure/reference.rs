@@ -21,12 +21,18 @@
 //! leaves a partial file; the temporary files are removed whenever the reference is not
 //! completed (the child failed, or the parent was told to stop), and a cache opened later
 //! removes those of a parent that no longer runs (one killed with SIGKILL could not).
+//!
+//! The cache also holds what a peer framework needs and gives per config: the case file the
+//! densebench rows measure (`<config key>.case.safetensors`, written by the code `densebench
+//! case` runs), which the peer loads, and the naive peer's relative error on it against the
+//! reference (`<config key>.pytorch-naive.error.json`), the f32 tolerance of the config's
+//! densebench rows ([`Cache::tolerance`]).
 
 use crate::measure::child::{self, Outcome};
 use crate::measure::interrupt;
 use crate::measure::step as measure;
-use crate::plan::job::{config_key, Settings};
-use anyhow::{Context, Result};
+use crate::plan::job::{config_key, Peer, PeerVariant, Settings};
+use anyhow::{anyhow, Context, Result};
 use impls::{Config, Variant};
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -180,25 +186,156 @@ impl Cache {
         Ok(Err(why))
     }
 
+    /// The case file of `cfg` (written now if it is not cached): exactly the parameters, BN
+    /// state, input and upstream gradient densebench's child builds from the seed.
+    pub fn case(&self, cfg: &Config, s: &Settings) -> Result<PathBuf> {
+        let key = config_key(cfg, s.device).replace('/', "_");
+        let path = self.dir.join(format!("{key}.case.safetensors"));
+        if path.is_file() {
+            return Ok(path);
+        }
+        let case = impls::Case::random(cfg, &candle_core::Device::Cpu)
+            .map_err(|e| anyhow!("building the case of {}: {e}", cfg.describe()))?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        let written = case
+            .save(&tmp)
+            .map_err(|e| anyhow!("writing the case file {}: {e}", tmp.display()))
+            .and_then(|()| {
+                std::fs::rename(&tmp, &path)
+                    .with_context(|| format!("moving {} to {}", tmp.display(), path.display()))
+            });
+        if written.is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+        written.map(|()| path)
+    }
+
+    fn peer_error_path(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> PathBuf {
+        let key = config_key(cfg, s.device).replace('/', "_");
+        self.dir.join(format!("{key}.{}.error.json", v.name()))
+    }
+
+    /// Remembers the relative error of a peer variant's result against this config's
+    /// reference (`reference`: the reference column, so a cached error is used only with the
+    /// same reference).
+    pub fn record_peer_error(
+        &self,
+        cfg: &Config,
+        s: &Settings,
+        v: PeerVariant,
+        reference: &str,
+        max_rel_err: f64,
+    ) -> Result<()> {
+        let path = self.peer_error_path(cfg, s, v);
+        let text = serde_json::to_string(&PeerError {
+            variant: v.name().to_string(),
+            reference: reference.to_string(),
+            max_rel_err,
+        })
+        .context("serialising a peer error")?;
+        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .with_context(|| format!("writing {}", path.display()))
+    }
+
+    /// A recorded peer error on this config, if any.
+    fn peer_error(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> Option<PeerError> {
+        let text = std::fs::read_to_string(self.peer_error_path(cfg, s, v)).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    /// The relative error `grad_ok` of a densebench row of `cfg` is judged against, and a note
+    /// when it is not what the reader expects. Without a peer: the dtype's documented bound
+    /// ([`measure::documented_tolerance`]). With one: derived from the naive peer's error on
+    /// the same case ([`measure::peer_derived_tolerance`]) — recorded when its row ran, else
+    /// measured now (one step, no warm-up) and recorded; when the peer cannot give it, the
+    /// documented bound, and the note says why. Never from a densebench row.
+    pub fn tolerance(
+        &mut self,
+        cfg: &Config,
+        s: &Settings,
+        peer: Option<Peer>,
+        reference: &Reference,
+    ) -> Result<(f64, String)> {
+        let documented = measure::documented_tolerance(cfg.dtype);
+        let Some(peer) = peer else {
+            return Ok((documented, String::new()));
+        };
+        if cfg.dtype == measure::REFERENCE_DTYPE {
+            return Ok((documented, String::new()));
+        }
+        let label = measure::reference_label(reference.variant);
+        let naive = PeerVariant::Naive;
+        let known = self
+            .peer_error(cfg, s, naive)
+            .filter(|e| e.reference == label)
+            .map(|e| e.max_rel_err);
+        let err = match known {
+            Some(e) => Ok(e),
+            None => self.measure_peer_error(cfg, s, naive, reference, &label),
+        };
+        match err {
+            Ok(e) => Ok((measure::peer_derived_tolerance(cfg.dtype, e), String::new())),
+            Err(e) if interrupt::interrupted(&e).is_some() => Err(e),
+            Err(e) => Ok((
+                documented,
+                format!(
+                    "tolerance is the documented f32 bound: {peer}'s own error on this case is                      unknown ({})",
+                    format!("{e:#}").replace(['\n', '\r'], " | ")
+                ),
+            )),
+        }
+    }
+
+    /// One unmeasured step of the peer's variant `v` on the case, compared with `reference`;
+    /// its error is recorded.
+    fn measure_peer_error(
+        &self,
+        cfg: &Config,
+        s: &Settings,
+        v: PeerVariant,
+        reference: &Reference,
+        label: &str,
+    ) -> Result<f64> {
+        let case = self.case(cfg, s)?;
+        let out = self.dir.join(format!(
+            "{}.{}.result.tmp{}",
+            config_key(cfg, s.device).replace('/', "_"),
+            v.name(),
+            std::process::id()
+        ));
+        let one = Settings {
+            steps: 1,
+            warmup: 0,
+            ..s.clone()
+        };
+        let outcome = crate::measure::peer::run(v, cfg, &one, &case, &out);
+        let err = match outcome {
+            Ok(Outcome::Ok(_)) => {
+                crate::measure::peer::compare(cfg, &out, &reference.path).map(|c| c.overall.max_rel)
+            }
+            Ok(o) => Err(anyhow!("{v}: {}", outcome_message(&o))),
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&out);
+        let err = err?;
+        self.record_peer_error(cfg, s, v, label, err)?;
+        Ok(err)
+    }
+
     fn compute(&self, cfg: &Config, s: &Settings, variant: Variant, path: &Path) -> Result<()> {
         let tmp = path.with_extension(format!("tmp{}", std::process::id()));
         let mut args = child::flags(variant, cfg, s);
         args.extend(["--save-result".to_string(), tmp.display().to_string()]);
         // One step, no warm-up: the reference is not timed.
         let outcome = child::spawn(&args, s);
-        let (tmp_noise, noise) = (measure::noise_path(&tmp), measure::noise_path(path));
         let result = match outcome {
             // Stopped, or no child could be started: nothing to keep.
             Err(e) => Err(e),
             Ok(outcome) => match outcome {
-                // The noise file first: a result file on disk implies its noise file is complete.
-                Outcome::Ok(_) => (if tmp_noise.exists() {
-                    std::fs::rename(&tmp_noise, &noise)
-                } else {
-                    Ok(())
-                })
-                .and_then(|()| std::fs::rename(&tmp, path))
-                .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
+                Outcome::Ok(_) => std::fs::rename(&tmp, path)
+                    .with_context(|| format!("moving {} to {}", tmp.display(), path.display())),
                 Outcome::Oom(m) => Err(anyhow::anyhow!("oom: {m}")),
                 Outcome::Timeout(t) => Err(anyhow::anyhow!("timeout after {} s", t.as_secs())),
                 Outcome::Killed(m) | Outcome::Crashed(m) => Err(anyhow::anyhow!("{m}")),
@@ -207,9 +344,26 @@ impl Cache {
         };
         if result.is_err() {
             let _ = std::fs::remove_file(&tmp);
-            let _ = std::fs::remove_file(&tmp_noise);
         }
         result
+    }
+}
+
+/// A peer variant's relative error on a config's case against its reference.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+struct PeerError {
+    variant: String,
+    reference: String,
+    max_rel_err: f64,
+}
+
+/// A failed child's outcome in a few words.
+fn outcome_message(o: &Outcome) -> String {
+    match o {
+        Outcome::Ok(_) => "ok".to_string(),
+        Outcome::Timeout(t) => format!("timeout after {} s", t.as_secs()),
+        Outcome::Oom(m) => format!("oom: {m}"),
+        Outcome::Killed(m) | Outcome::Crashed(m) | Outcome::Error(m) => m.clone(),
     }
 }
 

@@ -12,32 +12,86 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
 
-/// Floor of the norm-wise relative error (max |a − b| / max |ref|, see `impls::compare`)
-/// accepted against the f64 reference, per dtype. On well-conditioned blocks the hand-written
-/// variants are within a few ulps times the reduction depth of it: observed ≤ 4e-6 in f32 and
-/// ≤ 4e-14 in f64 on the quick and default sweeps. A wrong gradient (a missing term, a stale
-/// saved tensor) is off by O(1).
+/// Floor of the f32 tolerance (norm-wise relative error, max |a − b| / max |ref|, see
+/// `impls::compare`) against the f64 reference: on well-conditioned blocks every f32
+/// implementation is within a few ulps times the reduction depth of it (observed ≤ 4e-6 on the
+/// quick sweep), so a tolerance derived from a peer's tiny error never goes below this.
 pub const F32_REL_TOLERANCE: f64 = 1e-4;
-/// See [`F32_REL_TOLERANCE`].
+/// The f64 tolerance: every f64 implementation, densebench's or PyTorch's, is within 4e-14 of
+/// the reference on the quick and default sweeps (BC-100 L=16 included); a bug is O(1).
 pub const F64_REL_TOLERANCE: f64 = 1e-10;
 
-/// Deep `bc` blocks are ill-conditioned in f32: BN backward through many layers amplifies
-/// rounding, so *any* f32 implementation is far from the exact result (measured on
-/// DenseNet-BC-100's block, N=64, 32×32, L=16: candle's autograd in f32 is 3.4e-2 from f64,
-/// the hand-written naive variant 4.8e-2, while both agree to 3e-14 in f64). The reference child
-/// therefore also runs the reference variant in the row's dtype and records its error (the
-/// "noise" of that dtype on this block); a row passes when its error is within the floor above
-/// or within this factor of that noise. Measured ratios (variant error / autograd-f32 error) are
-/// 0.7–1.4 where the noise dominates; a bug stays O(1) and is caught unless the dtype is too
-/// coarse to tell anything on the block (noise ≳ 0.2), which the row's error column then shows.
+/// The documented f32 bound: what an f32 row is judged against when no peer's error on the
+/// case is known, and what the peer's own rows are always judged against. It comes from no
+/// densebench row of the run: it is a constant, derived from measured f32 errors against the
+/// f64 reference (results/README.md, "Tolerance", has the table):
+///
+/// - well-conditioned configs (the quick sweep, every variant and PyTorch): ≤ 4e-6;
+/// - BC-100's block, N=64, 32×32, L=16: PyTorch's own f32 step 2.1e-2 … 3.5e-2 (input
+///   gradient), densebench's hand-written variants 6.0e-3 … 4.8e-2, candle's `autograd`
+///   3.4e-2 … 3.9e-2 (BN backward over N·H·W = 65536 values amplifies rounding through the
+///   layers);
+/// - the forum's mlp, N=4096, C0=256, k=64, L=32: PyTorch 1.8e-2, densebench 1.1e-2 (one
+///   pre-activation within f32 rounding of zero taking the other side of a ReLU).
+///
+/// Formula: about 2 × the largest f32 error measured on any implementation (4.8e-2), rounded up
+/// to 1e-1. A wrong gradient (a missing term, a stale saved tensor, a perturbed tensor) is off by
+/// O(1) in the norm-wise relative error of the tensor it touches, so it still fails.
+pub const F32_REL_BOUND: f64 = 1e-1;
+
+/// With a peer in the sweep, an f32 densebench row passes when its error is within this factor
+/// of the peer's naive variant's own f32 error on the same case (against the same f64
+/// reference), clamped to [[`F32_REL_TOLERANCE`], [`F32_REL_BOUND`]]. Measured ratios
+/// (densebench variant error / PyTorch's) are 0.3–1.9 where rounding dominates (BC-100 L=16:
+/// 7.8e-3 and 3.9e-2 against 2.1e-2; mlp L=32: 1.1e-2 against 1.8e-2).
 pub const NOISE_FACTOR: f64 = 4.0;
 
-/// The tolerance for a dtype.
-pub fn rel_tolerance(dtype: DType) -> f64 {
+/// The documented tolerance of a dtype ([`F32_REL_BOUND`], or [`F64_REL_TOLERANCE`]).
+pub fn documented_tolerance(dtype: DType) -> f64 {
     match dtype {
         DType::F64 => F64_REL_TOLERANCE,
-        _ => F32_REL_TOLERANCE,
+        _ => F32_REL_BOUND,
     }
+}
+
+/// The tolerance of a densebench row whose config's naive peer had relative error `peer_err`
+/// on the same case (see [`NOISE_FACTOR`]); f64 rows keep [`F64_REL_TOLERANCE`]. A non-finite
+/// peer error gives the documented bound.
+pub fn peer_derived_tolerance(dtype: DType, peer_err: f64) -> f64 {
+    match dtype {
+        DType::F64 => F64_REL_TOLERANCE,
+        _ if !peer_err.is_finite() => F32_REL_BOUND,
+        _ => (NOISE_FACTOR * peer_err).clamp(F32_REL_TOLERANCE, F32_REL_BOUND),
+    }
+}
+
+/// Test hook (fault injection): when set to a result tensor's name (`output`, `grad.input`,
+/// `grad.<param>`, `<bn>.running_mean`, …), the child scales that tensor of its last step by
+/// [`PERTURB_SCALE`] before comparing it with the reference, as a wrong gradient would be. The
+/// tests use it to show that any variant's row, the reference variant's included, fails.
+pub const PERTURB_ENV: &str = "DENSEBENCH_PERTURB";
+/// See [`PERTURB_ENV`]: a relative error of 0.5 in the named tensor.
+pub const PERTURB_SCALE: f64 = 1.5;
+
+/// `result` with the tensor named by [`PERTURB_ENV`] scaled by [`PERTURB_SCALE`]; unchanged
+/// when the variable is unset. Errs when it names no tensor of the result.
+fn perturbed(mut r: StepResult) -> Result<StepResult> {
+    let Some(name) = std::env::var_os(PERTURB_ENV) else {
+        return Ok(r);
+    };
+    let name = name.to_string_lossy().into_owned();
+    let scale = |t: &candle_core::Tensor| t.affine(PERTURB_SCALE, 0.0);
+    let t = match name.as_str() {
+        "output" => &mut r.output,
+        "grad.input" => &mut r.grad_input,
+        n => match n.strip_prefix("grad.") {
+            Some(p) => r.grads.get_mut(p),
+            None => r.running.get_mut(n),
+        }
+        .with_context(|| format!("{PERTURB_ENV}={name}: no such tensor in the step's result"))?,
+    };
+    *t = scale(t).map_err(|e| anyhow!("{PERTURB_ENV}: {e}"))?;
+    Ok(r)
 }
 
 /// Median, min and max of a set of durations, in ns.
@@ -87,24 +141,24 @@ pub struct Errors {
     pub grad_params_max_abs: f64,
     pub running_max_abs: f64,
     pub bitwise_equal: bool,
-    /// The tolerance applied: [`rel_tolerance`] of the dtype, or [`NOISE_FACTOR`] times the
-    /// reference variant's own error in this dtype, whichever is larger.
+    /// The tolerance applied: [`documented_tolerance`], or [`peer_derived_tolerance`] when a
+    /// peer's error on the case is known. Never derived from the row's own variant.
     pub tolerance: f64,
     /// `max_rel` within `tolerance`.
     pub grad_ok: bool,
 }
 
 impl Errors {
-    /// `noise`: the reference variant's own relative error in `dtype` (0 when unknown).
-    pub fn from_comparison(c: &Comparison, reference: Variant, dtype: DType, noise: f64) -> Errors {
-        let tolerance = rel_tolerance(dtype).max(NOISE_FACTOR * noise);
+    /// `reference`: the `reference` column ([`reference_label`]); `tolerance`: the bound
+    /// `grad_ok` is judged against.
+    pub fn from_comparison(c: &Comparison, reference: String, tolerance: f64) -> Errors {
         let TensorError {
             max_abs,
             max_rel,
             bitwise,
         } = c.overall;
         Errors {
-            reference: reference_label(reference),
+            reference,
             max_abs,
             max_rel,
             output_max_abs: c.output.max_abs,
@@ -262,6 +316,7 @@ pub fn measure(
     steps: usize,
     warmup: usize,
     reference: Option<(&Path, Variant)>,
+    tolerance: f64,
 ) -> Result<Measurement> {
     if steps == 0 {
         bail!("--steps must be at least 1");
@@ -308,10 +363,14 @@ pub fn measure(
                 .map(|l| l.saturating_sub(crate::measure::alloc::current()) as u64);
             let reference = impls::case::load_result_with_limit(cfg, path, &device, headroom)
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
-            let c = impls::compare::compare(result, &reference)
+            let result = perturbed(result.clone())?;
+            let c = impls::compare::compare(&result, &reference)
                 .map_err(|e| anyhow!("comparing with the reference: {e}"))?;
-            let noise = read_noise(&noise_path(path))?.map_or(0.0, |n| n.max_rel_err);
-            Some(Errors::from_comparison(&c, ref_variant, cfg.dtype, noise))
+            Some(Errors::from_comparison(
+                &c,
+                reference_label(ref_variant),
+                tolerance,
+            ))
         }
         _ => None,
     };
@@ -353,7 +412,9 @@ fn cast_result(r: StepResult, dtype: DType) -> candle_core::Result<StepResult> {
 
 /// One unmeasured step of `variant` on the case of `cfg`, computed in [`REFERENCE_DTYPE`] from
 /// the case's values (exactly representable there), its results rounded back to the config's
-/// dtype and saved to `out`: the reference.
+/// dtype and saved to `out`: the reference. (Until schema 2 it also ran the variant in the
+/// row's dtype and derived the f32 tolerance from that "noise": the reference variant's own
+/// row could then never fail. Tolerances now come from [`documented_tolerance`] or a peer.)
 pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Path) -> Result<()> {
     let device = spec.open()?;
     let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
@@ -377,62 +438,8 @@ pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Pa
         .map_err(|e| anyhow!("{variant} step in {}: {e}", REFERENCE_DTYPE.as_str()))?;
     drop((params, input, grad_output));
     let result = cast_result(result, cfg.dtype).context("rounding the reference back")?;
-    if cfg.dtype != REFERENCE_DTYPE {
-        // The same variant in the row's dtype: how far that dtype alone lands from the exact
-        // result on this block (see NOISE_FACTOR).
-        let low = impls::step(
-            variant,
-            cfg,
-            &case.params,
-            &case.input,
-            &case.grad_output,
-            &mut NoProbe,
-        )
-        .map_err(|e| anyhow!("{variant} step in {}: {e}", cfg.dtype.as_str()))?;
-        let c = impls::compare::compare(&low, &result).map_err(|e| {
-            anyhow!(
-                "comparing {variant} in {} with f64: {e}",
-                cfg.dtype.as_str()
-            )
-        })?;
-        let noise = Noise {
-            variant: variant.name(),
-            dtype: cfg.dtype.as_str().to_string(),
-            max_rel_err: c.overall.max_rel,
-        };
-        let text = serde_json::to_string(&noise).context("serialising the reference noise")?;
-        let np = noise_path(out);
-        std::fs::write(&np, text).with_context(|| format!("writing {}", np.display()))?;
-    }
     impls::case::save_result(&result, out)
         .map_err(|e| anyhow!("writing the reference result {}: {e}", out.display()))
-}
-
-/// The reference variant's own error in the row's dtype against its f64 result.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Noise {
-    pub variant: String,
-    pub dtype: String,
-    pub max_rel_err: f64,
-}
-
-/// Where the noise of a reference result file is kept: `<file>.noise.json`.
-pub fn noise_path(reference: &Path) -> std::path::PathBuf {
-    let mut p = reference.as_os_str().to_owned();
-    p.push(".noise.json");
-    std::path::PathBuf::from(p)
-}
-
-/// Reads a noise file; `None` when there is none (f64 rows).
-pub fn read_noise(path: &Path) -> Result<Option<Noise>> {
-    if !path.exists() {
-        return Ok(None);
-    }
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .with_context(|| format!("{} is not a reference noise file", path.display()))
 }
 
 #[cfg(test)]

@@ -1,11 +1,13 @@
-//! One unit of work: a variant on a config with its measurement settings, its stable key and
+//! One unit of work: a variant (densebench's or a peer's, [`Target`]) on a config with its
+//! measurement settings, its stable key and
 //! the command-line flags that describe it (shared by `run` and the hidden child); the
 //! densebench version and git revision every row and reference carries.
 
 use crate::plan::device::DeviceSpec;
+pub use crate::plan::target::{Peer, PeerVariant, Target};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
-use impls::{Config, Family, Variant};
+use impls::{Config, Family};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -13,8 +15,12 @@ use std::time::Duration;
 #[derive(Debug, Clone)]
 pub struct Job {
     pub key: String,
-    pub variant: Variant,
+    /// What runs: a densebench variant or a peer's.
+    pub variant: Target,
     pub cfg: Config,
+    /// The peer framework the config is compared with, if any: its rows are jobs of the sweep,
+    /// and the f32 tolerance of the config's densebench rows comes from its error on the case.
+    pub peer: Option<Peer>,
     pub settings: Settings,
     /// Predicted cost in FLOP-equivalents ([`crate::plan::shard::job_cost`]): shard balance and
     /// the ETA.
@@ -174,9 +180,10 @@ pub fn config_key(cfg: &Config, device: DeviceSpec) -> String {
 }
 
 /// The stable identity of a row: `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`, e.g.
-/// `buffer-store-copy/mlp/4096/256/64/32/1/1/on/f32/0/cpu`. Shards, resumes and merges use it.
-pub fn key(variant: Variant, cfg: &Config, device: DeviceSpec) -> String {
-    format!("{}/{}", variant.name(), config_key(cfg, device))
+/// `buffer-store-copy/mlp/4096/256/64/32/1/1/on/f32/0/cpu`, or a peer's
+/// `pytorch-naive/bc/64/24/12/16/4/32/on/f32/0/cpu`. Shards, resumes and merges use it.
+pub fn key(variant: impl Into<Target>, cfg: &Config, device: DeviceSpec) -> String {
+    format!("{}/{}", variant.into().name(), config_key(cfg, device))
 }
 
 /// How one measurement is run.
@@ -286,6 +293,7 @@ pub fn resolve_threads(requested: usize) -> usize {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use impls::Variant;
 
     #[test]
     fn byte_counts() {

@@ -9,3 +9,4 @@ pub mod device;
 pub mod job;
 pub mod shard;
 pub mod sweep;
+pub mod target;

@@ -20,7 +20,7 @@
 //! same split, and `--resume` on a shard filters *after* sharding.
 
 use crate::plan::bounds::MAX_SHARDS;
-use crate::plan::job::{self, Job, Settings};
+use crate::plan::job::{self, Job, Settings, Target};
 use anyhow::{bail, Context, Result};
 use impls::variant::Intermediates;
 use impls::{Config, Variant};
@@ -96,7 +96,24 @@ fn dtype_factor(cfg: &Config) -> f64 {
     }
 }
 
-/// Relative speed of a variant on the same FLOPs (1 for the hand-written store variants).
+/// Extra fixed cost of a peer child: starting Python and importing torch + torchvision
+/// (measured: `pytorch_peer.py --check` took 12.7 s wall, 7.2 s CPU, on 2 cores shared with
+/// builds), about 500 × densebench's 20 ms child start.
+pub const PEER_START_FLOP: f64 = 500.0 * CHILD_OVERHEAD_FLOP;
+
+/// Relative speed of a variant on the same FLOPs (1 for the hand-written store variants; a
+/// peer's naive variant is taken as 1 too: PyTorch naive took 0.8× densebench's naive time on
+/// BC-100 L=16, issue 12).
+pub fn target_factor(target: Target) -> f64 {
+    match target {
+        Target::Densebench(v) => variant_factor(v),
+        Target::Peer(p) if p.recomputes() => RECOMPUTE_FACTOR,
+        Target::Peer(_) => 1.0,
+    }
+}
+
+/// Relative speed of a densebench variant on the same FLOPs (1 for the hand-written store
+/// variants).
 pub fn variant_factor(variant: Variant) -> f64 {
     match variant {
         Variant::Autograd => AUTOGRAD_FACTOR,
@@ -108,19 +125,22 @@ pub fn variant_factor(variant: Variant) -> f64 {
 /// Predicted cost of one job in FLOP-equivalents: the FLOP model (`impls::memory::flops`) of
 /// one step × (measured + warm-up steps) × [`variant_factor`] × the dtype's factor, plus
 /// [`CHILD_OVERHEAD_FLOP`]. A relative estimate for balancing and the ETA, not a prediction
-/// of seconds.
-pub fn job_cost(variant: Variant, cfg: &Config, s: &Settings) -> f64 {
+/// of seconds. A peer's job adds [`PEER_START_FLOP`].
+pub fn job_cost(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> f64 {
+    let target = variant.into();
     let steps = (s.steps + s.warmup) as f64;
-    impls::memory::flops(cfg) as f64 * steps * variant_factor(variant) * dtype_factor(cfg)
-        + CHILD_OVERHEAD_FLOP
+    let start = if target.is_peer() {
+        CHILD_OVERHEAD_FLOP + PEER_START_FLOP
+    } else {
+        CHILD_OVERHEAD_FLOP
+    };
+    impls::memory::flops(cfg) as f64 * steps * target_factor(target) * dtype_factor(cfg) + start
 }
 
 /// Predicted cost of a config's reference (computed once per shard that holds the config, if
-/// not cached): one autograd step in f64 and one in the row's dtype (its noise level), in one
-/// child process.
+/// not cached): one autograd step in f64, in one child process.
 pub fn reference_cost(cfg: &Config) -> f64 {
-    impls::memory::flops(cfg) as f64 * AUTOGRAD_FACTOR * (F64_FACTOR + dtype_factor(cfg))
-        + CHILD_OVERHEAD_FLOP
+    impls::memory::flops(cfg) as f64 * AUTOGRAD_FACTOR * F64_FACTOR + CHILD_OVERHEAD_FLOP
 }
 
 /// The configuration part of a job's key (`family/N/…/device`): what a shard is made of.

@@ -12,7 +12,7 @@
 
 use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::{self, resolve_threads, Settings};
+use crate::plan::job::{self, resolve_threads, Peer, Settings, Target};
 use crate::plan::shard;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Variant};
@@ -62,6 +62,8 @@ pub struct Entry {
     pub timeout_secs: Option<Set<u64>>,
     /// An integer, or a string with a suffix (`"12GiB"`).
     pub mem_limit: Option<Set<u64>>,
+    /// `"pytorch"`: every config also runs the peer's variants; `"none"`: it does not.
+    pub peer: Option<Set<String>>,
 }
 
 /// A table as TOML's parser gives it: known keys only, values untyped with their positions.
@@ -89,6 +91,7 @@ struct RawEntry {
     device: Option<Spanned<Value>>,
     timeout_secs: Option<Spanned<Value>>,
     mem_limit: Option<Spanned<Value>>,
+    peer: Option<Spanned<Value>>,
 }
 
 /// A sweep file as TOML's parser gives it.
@@ -267,6 +270,7 @@ impl Reader<'_> {
             device: self.one("device", &r.device, &STRING)?,
             timeout_secs: self.one("timeout_secs", &r.timeout_secs, &U64)?,
             mem_limit: self.bytes("mem_limit", &r.mem_limit)?,
+            peer: self.one("peer", &r.peer, &STRING)?,
         })
     }
 }
@@ -360,10 +364,15 @@ fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
             None => Variant::all().len(),
         }
     };
-    let variants = match merged!(g, d, variants) {
-        Some(v) if v.value != ["all"] => v.value.len(),
-        _ => all(),
+    let peers = match merged!(g, d, peer) {
+        Some(p) if p.value != "none" => 2,
+        _ => 0,
     };
+    let variants = peers
+        + match merged!(g, d, variants) {
+            Some(v) if v.value != ["all"] => v.value.len(),
+            _ => all(),
+        };
     vec![
         ("batch", len(merged!(g, d, batch))),
         ("channels", len(merged!(g, d, channels))),
@@ -423,9 +432,31 @@ fn check_size(file: &SweepFile, source: &str) -> Result<()> {
     )
 }
 
+/// What the command line overrides in every group of a sweep file.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Overrides {
+    /// `--mem-limit`: replaces every memory limit.
+    pub mem_limit: Option<u64>,
+    /// `--peer`: every config also runs this peer's variants, whatever the file says.
+    pub peer: Option<Peer>,
+}
+
 /// Parses a sweep file's text and expands it into jobs, validating everything. `source` names
 /// the file in error messages; `mem_override` replaces every memory limit.
 pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<Job>> {
+    parse_with(
+        text,
+        source,
+        Overrides {
+            mem_limit: mem_override,
+            peer: None,
+        },
+    )
+}
+
+/// [`parse`] with the command line's [`Overrides`].
+pub fn parse_with(text: &str, source: &str, over: Overrides) -> Result<Vec<Job>> {
+    let mem_override = over.mem_limit;
     let file = read(text, source)?;
     if file.groups.is_empty() {
         bail!("sweep file {source} has no [[group]]: nothing to run");
@@ -436,7 +467,7 @@ pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<
     let mut seen = HashSet::new();
     for (gi, g) in file.groups.iter().enumerate() {
         let label = format!("sweep file {source}, {}", group_label(gi, g));
-        let group_jobs = expand(g, d, mem_override).with_context(|| label.clone())?;
+        let group_jobs = expand(g, d, mem_override, over.peer).with_context(|| label.clone())?;
         for j in group_jobs {
             // A key listed twice is measured once.
             if seen.insert(j.key.clone()) {
@@ -479,7 +510,12 @@ fn bounded<T: Copy>(v: Option<Set<T>>, default: T, check: fn(&str, T) -> Result<
     }
 }
 
-fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
+fn expand(
+    g: &Entry,
+    d: &Entry,
+    mem_override: Option<u64>,
+    peer_override: Option<Peer>,
+) -> Result<Vec<Job>> {
     let family_name = merged!(g, d, family).context("`family` is missing (`mlp` or `bc`)")?;
     let family =
         Family::parse(&family_name.value).map_err(|e| anyhow!("{}: {e}", family_name.at))?;
@@ -493,6 +529,16 @@ fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
     let dtypes = optional(merged!(g, d, dtype), "f32".to_string());
     let seeds = optional(merged!(g, d, seed), 0);
     let variants = optional(merged!(g, d, variants), "all".to_string());
+    let peer = match (peer_override, merged!(g, d, peer)) {
+        (Some(p), _) => Some(p),
+        (None, None) => None,
+        (None, Some(s)) if s.value == "none" => None,
+        (None, Some(s)) => Some(
+            s.value
+                .parse::<Peer>()
+                .map_err(|e| anyhow!("{}: {e}, or `none`", s.at))?,
+        ),
+    };
     let device: DeviceSpec = match merged!(g, d, device) {
         None => DeviceSpec::Cpu,
         Some(s) => s.value.parse().with_context(|| s.at.clone())?,
@@ -564,12 +610,22 @@ fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>) -> Result<Vec<Job>> {
                                                 list.clone()
                                             }
                                         };
-                                        for variant in vs {
+                                        // The peer's first: the naive peer's error is the
+                                        // f32 tolerance of the densebench rows after it.
+                                        let peers = peer
+                                            .map(|p| p.variants(&cfg))
+                                            .unwrap_or_default()
+                                            .into_iter()
+                                            .map(Target::Peer);
+                                        let targets =
+                                            peers.chain(vs.into_iter().map(Target::Densebench));
+                                        for variant in targets {
                                             jobs.push(Job {
                                                 key: job::key(variant, &cfg, device),
                                                 cost: shard::job_cost(variant, &cfg, &settings),
                                                 variant,
                                                 cfg: cfg.clone(),
+                                                peer,
                                                 settings: settings.clone(),
                                             });
                                         }

@@ -1,24 +1,38 @@
 //! One result row: its identity columns from the job, the analytic columns from the model and
 //! the measured ones from the isolated child ([`measure_row`], the whole pipeline of one row,
 //! shared by `run`, `bench-all` and the sweep runner), rerun when the child was killed or
-//! crashed and the user asked for retries ([`measure_row_retrying`]).
+//! crashed and the user asked for retries ([`measure_row_retrying`]). A peer's row
+//! ([`Target::Peer`]) comes from the peer's child instead: its JSON line for the measured
+//! columns, its RESULT file compared here with the same f64 reference.
 
 use crate::measure::child::{self, Outcome};
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates;
-use crate::measure::reference::Cache;
-use crate::plan::job::{git_rev, key, Settings, VERSION};
-use crate::results::row::{Row, DENSEBENCH, SCHEMA_VERSION};
+use crate::measure::peer;
+use crate::measure::reference::{Cache, Reference};
+use crate::measure::step as measure;
+use crate::plan::job::{git_rev, key, Peer, PeerVariant, Settings, Target, VERSION};
+use crate::results::row::{Row, DENSEBENCH, PYTORCH, SCHEMA_VERSION};
 use anyhow::Result;
 use impls::{Config, Variant};
 
-/// The row of `variant` on `cfg` with every identity column filled and no measurement yet
-/// (status `error`, "not measured", until the measurement fills it in).
-pub fn identity_row(variant: Variant, cfg: &Config, s: &Settings) -> Row {
+/// The row of `variant` (densebench's or a peer's) on `cfg` with every identity column filled
+/// and no measurement yet (status `error`, "not measured", until the measurement fills it in).
+/// A peer row's `framework_version` is the one the `--check` probe reported (the peer's JSON
+/// line replaces it when it ran).
+pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> Row {
+    let target = variant.into();
+    let (framework, framework_version) = match target {
+        Target::Densebench(_) => (DENSEBENCH, VERSION.to_string()),
+        Target::Peer(_) => (
+            PYTORCH,
+            peer::probed_version().unwrap_or_default().to_string(),
+        ),
+    };
     Row {
         schema: SCHEMA_VERSION,
-        key: key(variant, cfg, s.device),
-        variant: variant.name(),
+        key: key(target, cfg, s.device),
+        variant: target.name(),
         family: cfg.family.name().to_string(),
         batch: cfg.batch,
         channels: cfg.channels,
@@ -43,16 +57,37 @@ pub fn identity_row(variant: Variant, cfg: &Config, s: &Settings) -> Row {
         error: "not measured".to_string(),
         steps: s.steps,
         warmup: s.warmup,
-        framework: DENSEBENCH.to_string(),
-        framework_version: VERSION.to_string(),
+        framework: framework.to_string(),
+        framework_version,
         math: "ieee".to_string(),
         ..Row::default()
     }
 }
 
-/// Measures `variant` on `cfg` under `s` and returns its complete row, whatever happens to the
-/// child: failures become the row's status. Errs only when no child can be started at all.
-pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cache) -> Result<Row> {
+/// Measures `target` on `cfg` under `s` and returns its complete row, whatever happens to the
+/// child: failures become the row's status. `peer`: the peer framework the config is compared
+/// with in this run (the f32 tolerance of densebench rows comes from it, [`Cache::tolerance`]).
+/// Errs only when no child can be started at all.
+pub fn measure_row(
+    target: Target,
+    cfg: &Config,
+    s: &Settings,
+    peer: Option<Peer>,
+    refs: &mut Cache,
+) -> Result<Row> {
+    match target {
+        Target::Densebench(v) => measure_densebench_row(v, cfg, s, peer, refs),
+        Target::Peer(p) => measure_peer_row(p, cfg, s, refs),
+    }
+}
+
+fn measure_densebench_row(
+    variant: Variant,
+    cfg: &Config,
+    s: &Settings,
+    peer: Option<Peer>,
+    refs: &mut Cache,
+) -> Result<Row> {
     let mut row = identity_row(variant, cfg, s);
     row.declared_saved_bytes = estimates::declared_saved_bytes(variant, cfg);
     row.predicted_peak_bytes = estimates::predicted_peak_bytes(variant, cfg);
@@ -69,43 +104,193 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
     let reference = refs.get(cfg, s)?;
     let mut args = child::flags(variant, cfg, s);
     if let Ok(r) = &reference {
+        let (tolerance, note) = refs.tolerance(cfg, s, peer, r)?;
+        row.note = note;
         args.extend([
             "--reference".to_string(),
             r.path.display().to_string(),
             "--reference-variant".to_string(),
             r.variant.name(),
+            "--tolerance".to_string(),
+            tolerance.to_string(),
         ]);
     }
     let outcome = child::spawn(&args, s)?;
     row.status = outcome.status().to_string();
     row.error = match &outcome {
         Outcome::Ok(stdout) => {
-            let tolerance = fill(&mut row, stdout)?;
-            match (&reference, row.grad_ok) {
-                (Err(why), _) => {
-                    row.status = "error".to_string();
-                    format!("measured, but unchecked: {why}")
-                }
-                (Ok(_), Some(false)) => format!(
-                    "gradients differ from {}: max_rel_err {:e} > tolerance {:e}",
-                    row.reference,
-                    row.max_rel_err.unwrap_or(f64::NAN),
-                    tolerance.unwrap_or(f64::NAN)
-                ),
-                _ => String::new(),
-            }
+            fill(&mut row, stdout)?;
+            checked_message(&mut row, reference.as_ref().map(|_| ()))
         }
+        other => failure_message(other),
+    };
+    Ok(finish(row))
+}
+
+/// The `error` cell of a measured row: why it is unchecked (the status becomes `error`), why
+/// its gradients are out of tolerance, or nothing.
+fn checked_message(row: &mut Row, reference: std::result::Result<(), &String>) -> String {
+    match (reference, row.grad_ok) {
+        (Err(why), _) => {
+            row.status = "error".to_string();
+            format!("measured, but unchecked: {why}")
+        }
+        (Ok(()), Some(false)) => format!(
+            "gradients differ from {}: max_rel_err {:e} > tolerance {:e}",
+            row.reference,
+            row.max_rel_err.unwrap_or(f64::NAN),
+            row.tolerance.unwrap_or(f64::NAN)
+        ),
+        _ => String::new(),
+    }
+}
+
+/// The `error` cell of a child that did not end with a measurement.
+fn failure_message(o: &Outcome) -> String {
+    match o {
+        Outcome::Ok(_) => String::new(),
         Outcome::Oom(m) | Outcome::Killed(m) | Outcome::Crashed(m) => m.clone(),
         Outcome::Timeout(t) => format!("killed after the {} s time limit", t.as_secs()),
         Outcome::Error(m) => m.clone(),
-    };
-    // A NaN or infinite error is never within tolerance, whatever the child concluded.
+    }
+}
+
+/// What every row gets last: a NaN or infinite error is never within tolerance, whatever the
+/// child concluded; one line per cell (a message with newlines would still be valid CSV, but
+/// not greppable).
+fn finish(mut row: Row) -> Row {
     if row.has_non_finite_error() {
         row.grad_ok = Some(false);
     }
-    // One line per cell: a message with newlines would still be valid CSV, but not greppable.
     row.error = row.error.replace(['\n', '\r'], " | ");
-    Ok(row)
+    row.note = row.note.replace(['\n', '\r'], " | ");
+    row
+}
+
+/// The `note` of a peer row whose BatchNorm running stats PyTorch updated twice per step.
+pub const DOUBLE_UPDATE_NOTE: &str = "torchvision's memory_efficient=True updates norm1's \
+     running stats twice per step (recomputed in backward by the checkpoint, \
+     https://github.com/pytorch/pytorch/issues/96136); running stats were compared as they are \
+     after forward.";
+
+/// A peer row: the case file written (once per config, in the reference cache), the peer run
+/// in its own child on it, its JSON line copied into the row and its RESULT compared with the
+/// config's f64 reference. Peer rows are judged against the documented bound
+/// ([`measure::documented_tolerance`]); the naive peer's error is recorded for the config's
+/// densebench rows ([`Cache::tolerance`]).
+fn measure_peer_row(
+    variant: PeerVariant,
+    cfg: &Config,
+    s: &Settings,
+    refs: &mut Cache,
+) -> Result<Row> {
+    let mut row = identity_row(Target::Peer(variant), cfg, s);
+    row.flops = estimates::flops(cfg);
+    row.machine_gflops = if s.device == DeviceSpec::Cpu {
+        estimates::machine_gflops(cfg.dtype)
+    } else {
+        None
+    };
+    if let Err(e) = s.device.check_available() {
+        row.error = e.to_string();
+        return Ok(row);
+    }
+    let reference = refs.get(cfg, s)?;
+    let case = refs.case(cfg, s)?;
+    let out = refs.dir().join(format!(
+        "{}.result.tmp{}",
+        row.key.replace('/', "_"),
+        std::process::id()
+    ));
+    let outcome = peer::run(variant, cfg, s, &case, &out);
+    let result = outcome.and_then(|outcome| {
+        row.status = outcome.status().to_string();
+        row.error = match &outcome {
+            Outcome::Ok(stdout) => {
+                fill_peer(&mut row, stdout)?;
+                if let Ok(r) = &reference {
+                    judge_peer(&mut row, variant, cfg, s, refs, r, &out)?;
+                }
+                checked_message(&mut row, reference.as_ref().map(|_| ()))
+            }
+            other => failure_message(other),
+        };
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&out);
+    result?;
+    Ok(finish(row))
+}
+
+/// Copies the peer's JSON line into the row.
+fn fill_peer(row: &mut Row, stdout: &str) -> Result<()> {
+    let m = peer::parse(stdout)?;
+    row.framework_version = m.framework_version.clone();
+    row.math = m.math.clone();
+    row.device_desc = m.device_desc.clone();
+    row.threads = if row.device == DeviceSpec::Cpu.to_string() {
+        m.threads
+    } else {
+        0
+    };
+    row.baseline_bytes = Some(m.baseline_bytes);
+    row.peak_bytes = Some(m.peak_bytes);
+    row.saved_bytes = Some(m.saved_bytes);
+    row.peak_rss_bytes = m.peak_rss_bytes;
+    row.fwd_median_ns = Some(m.fwd_median_ns);
+    row.fwd_min_ns = Some(m.fwd_min_ns);
+    row.fwd_max_ns = Some(m.fwd_max_ns);
+    row.bwd_median_ns = Some(m.bwd_median_ns);
+    row.bwd_min_ns = Some(m.bwd_min_ns);
+    row.bwd_max_ns = Some(m.bwd_max_ns);
+    row.median_ns = Some(m.median_ns);
+    row.min_ns = Some(m.min_ns);
+    row.max_ns = Some(m.max_ns);
+    row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
+    row.timeline = m.timeline.clone();
+    if !m.updated_twice().is_empty() {
+        row.note = DOUBLE_UPDATE_NOTE.to_string();
+    }
+    Ok(())
+}
+
+/// Compares the peer's RESULT `out` with the reference and fills the error columns; records
+/// the naive peer's error for the config's densebench rows.
+fn judge_peer(
+    row: &mut Row,
+    variant: PeerVariant,
+    cfg: &Config,
+    s: &Settings,
+    refs: &Cache,
+    reference: &Reference,
+    out: &std::path::Path,
+) -> Result<()> {
+    let c = peer::compare(cfg, out, &reference.path)?;
+    let label = measure::reference_label(reference.variant);
+    let e = measure::Errors::from_comparison(
+        &c,
+        label.clone(),
+        measure::documented_tolerance(cfg.dtype),
+    );
+    if variant == PeerVariant::Naive && e.max_rel.is_finite() {
+        refs.record_peer_error(cfg, s, variant, &label, e.max_rel)?;
+    }
+    fill_errors(row, e);
+    Ok(())
+}
+
+/// The error columns from a comparison.
+fn fill_errors(row: &mut Row, e: measure::Errors) {
+    row.reference = e.reference;
+    row.max_abs_err = Some(e.max_abs);
+    row.max_rel_err = Some(e.max_rel);
+    row.output_max_abs_err = Some(e.output_max_abs);
+    row.grad_input_max_abs_err = Some(e.grad_input_max_abs);
+    row.grad_params_max_abs_err = Some(e.grad_params_max_abs);
+    row.running_max_abs_err = Some(e.running_max_abs);
+    row.bitwise_equal = Some(e.bitwise_equal);
+    row.grad_ok = Some(e.grad_ok);
+    row.tolerance = Some(e.tolerance);
 }
 
 /// [`measure_row`], rerun up to `retries` times while its status is one of
@@ -113,16 +298,17 @@ pub fn measure_row(variant: Variant, cfg: &Config, s: &Settings, refs: &mut Cach
 /// `on_retry(row, n)` is told before rerun `n` (from 1) with the row that failed. A row that
 /// still fails says how many times it ran.
 pub fn measure_row_retrying(
-    variant: Variant,
+    target: Target,
     cfg: &Config,
     s: &Settings,
+    peer: Option<Peer>,
     refs: &mut Cache,
     retries: usize,
     on_retry: &mut dyn FnMut(&Row, usize),
 ) -> Result<Row> {
     let mut attempt = 0;
     loop {
-        let mut row = measure_row(variant, cfg, s, refs)?;
+        let mut row = measure_row(target, cfg, s, peer, refs)?;
         if !child::RETRIED_STATUSES.contains(&row.status.as_str()) {
             return Ok(row);
         }
@@ -137,8 +323,8 @@ pub fn measure_row_retrying(
     }
 }
 
-/// Copies the child's measurement into the row; returns the gradient tolerance applied.
-fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
+/// Copies the child's measurement into the row.
+fn fill(row: &mut Row, stdout: &str) -> Result<()> {
     let m = child::parse_measurement(stdout)?;
     // CPU threads are what a CPU row ran with; a GPU row's compute is the GPU's (0, documented).
     row.threads = if row.device == DeviceSpec::Cpu.to_string() {
@@ -165,18 +351,8 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<f64>> {
         // No schema column for it: the device description carries it, next to the device.
         row.device_desc = format!("{} [warning: {w}]", row.device_desc);
     }
-    let tolerance = m.errors.as_ref().map(|e| e.tolerance);
     if let Some(e) = m.errors {
-        row.reference = e.reference;
-        row.max_abs_err = Some(e.max_abs);
-        row.max_rel_err = Some(e.max_rel);
-        row.output_max_abs_err = Some(e.output_max_abs);
-        row.grad_input_max_abs_err = Some(e.grad_input_max_abs);
-        row.grad_params_max_abs_err = Some(e.grad_params_max_abs);
-        row.running_max_abs_err = Some(e.running_max_abs);
-        row.bitwise_equal = Some(e.bitwise_equal);
-        row.grad_ok = Some(e.grad_ok);
+        fill_errors(row, e);
     }
-    row.tolerance = tolerance;
-    Ok(tolerance)
+    Ok(())
 }

@@ -91,6 +91,7 @@ fn worker(
                 j.variant,
                 &j.cfg,
                 &settings,
+                j.peer,
                 &mut refs,
                 retries,
                 &mut on_retry,
