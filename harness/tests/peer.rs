@@ -106,7 +106,7 @@ fn peer_rows_are_converted_and_checked_like_densebench_rows() {
     let eff = row(&rows, "pytorch-memory-efficient");
     assert!(eff.note.contains("96136"), "{}", eff.note);
     // densebench's f32 rows: NOISE_FACTOR × the naive peer's error on the same case, clamped.
-    let want = peer_derived_tolerance(candle_core::DType::F32, naive.max_rel_err.unwrap());
+    let want = peer_derived_tolerance(&impls::Config::bc100_block(), naive.max_rel_err.unwrap());
     for v in ["autograd", "buffer-recompute-inplace"] {
         let r = row(&rows, v);
         assert_eq!(r.framework, "densebench");

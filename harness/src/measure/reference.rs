@@ -276,12 +276,13 @@ impl Cache {
             None => self.measure_peer_error(cfg, s, naive, reference, &label),
         };
         match err {
-            Ok(e) => Ok((measure::peer_derived_tolerance(cfg.dtype, e), String::new())),
+            Ok(e) => Ok((measure::peer_derived_tolerance(cfg, e), String::new())),
             Err(e) if interrupt::interrupted(&e).is_some() => Err(e),
             Err(e) => Ok((
                 documented,
                 format!(
-                    "tolerance is the documented f32 bound: {peer}'s own error on this case is                      unknown ({})",
+                    "tolerance is the documented f32 bound: {peer}'s own error on this case is \
+                     unknown ({})",
                     format!("{e:#}").replace(['\n', '\r'], " | ")
                 ),
             )),

@@ -27,23 +27,35 @@ pub const F64_REL_TOLERANCE: f64 = 1e-10;
 /// f64 reference (results/README.md, "Tolerance", has the table):
 ///
 /// - well-conditioned configs (the quick sweep, every variant and PyTorch): ≤ 4e-6;
-/// - BC-100's block, N=64, 32×32, L=16: PyTorch's own f32 step 2.1e-2 … 3.5e-2 (input
+/// - BC-100's block, N=64, 32×32, L=16: PyTorch's own f32 step 2.1e-2 … 4.8e-2 (input
 ///   gradient), densebench's hand-written variants 6.0e-3 … 4.8e-2, candle's `autograd`
 ///   3.4e-2 … 3.9e-2 (BN backward over N·H·W = 65536 values amplifies rounding through the
-///   layers);
-/// - the forum's mlp, N=4096, C0=256, k=64, L=32: PyTorch 1.8e-2, densebench 1.1e-2 (one
-///   pre-activation within f32 rounding of zero taking the other side of a ReLU).
+///   layers); at L=32 densebench's variants reach 8.4e-2 (`results/reference-cpu.csv`);
+/// - the forum's mlp, N=4096, C0=256, k=64, L=32: PyTorch 3.7e-7 … 1.8e-2, densebench 1.8e-6 …
+///   1.1e-2 (one pre-activation within f32 rounding of zero taking the other side of a ReLU:
+///   which implementation is hit is luck, see [`F32_RELU_FLIP_FLOOR`]).
 ///
-/// Formula: about 2 × the largest f32 error measured on any implementation (4.8e-2), rounded up
-/// to 1e-1. A wrong gradient (a missing term, a stale saved tensor, a perturbed tensor) is off by
-/// O(1) in the norm-wise relative error of the tensor it touches, so it still fails.
-pub const F32_REL_BOUND: f64 = 1e-1;
+/// Formula: about 2 × the largest f32 error measured on any implementation (8.4e-2), rounded up
+/// to 2e-1. A wrong gradient (a missing term, a stale saved tensor, a perturbed tensor) is off by
+/// O(1) in the norm-wise relative error of the tensor it touches (the perturbation test's 1.5×
+/// scale is 3.3e-1), so it still fails.
+pub const F32_REL_BOUND: f64 = 2e-1;
+
+/// Floor of a peer-derived f32 tolerance on blocks with ReLUs between GEMMs (mlp with
+/// activation): a pre-activation within f32 rounding of zero may land on the other side of the
+/// ReLU in one implementation and not in another, which changes a whole row of the next
+/// layer's input gradient. Measured: densebench `cat-store-copy` 3.4e-3 on the forum mlp L=32
+/// (1 thread) while PyTorch was 3.7e-7 on the same case; 1.1e-2 on a GPU at L=64. So the
+/// peer's own error says nothing about the luck of the row's implementation there; 2e-2 covers
+/// the flips measured with headroom and is far below a bug's O(1).
+pub const F32_RELU_FLIP_FLOOR: f64 = 2e-2;
 
 /// With a peer in the sweep, an f32 densebench row passes when its error is within this factor
 /// of the peer's naive variant's own f32 error on the same case (against the same f64
-/// reference), clamped to [[`F32_REL_TOLERANCE`], [`F32_REL_BOUND`]]. Measured ratios
-/// (densebench variant error / PyTorch's) are 0.3–1.9 where rounding dominates (BC-100 L=16:
-/// 7.8e-3 and 3.9e-2 against 2.1e-2; mlp L=32: 1.1e-2 against 1.8e-2).
+/// reference), clamped to [floor, [`F32_REL_BOUND`]] (floor: [`F32_REL_TOLERANCE`], or
+/// [`F32_RELU_FLIP_FLOOR`] on ReLU mlp blocks). Measured ratios (densebench variant error /
+/// PyTorch's) are 0.3–1.9 where rounding dominates (BC-100 L=16: 7.8e-3 and 3.9e-2 against
+/// 2.1e-2).
 pub const NOISE_FACTOR: f64 = 4.0;
 
 /// The documented tolerance of a dtype ([`F32_REL_BOUND`], or [`F64_REL_TOLERANCE`]).
@@ -54,14 +66,19 @@ pub fn documented_tolerance(dtype: DType) -> f64 {
     }
 }
 
-/// The tolerance of a densebench row whose config's naive peer had relative error `peer_err`
+/// The tolerance of a densebench row of `cfg` whose naive peer had relative error `peer_err`
 /// on the same case (see [`NOISE_FACTOR`]); f64 rows keep [`F64_REL_TOLERANCE`]. A non-finite
 /// peer error gives the documented bound.
-pub fn peer_derived_tolerance(dtype: DType, peer_err: f64) -> f64 {
-    match dtype {
+pub fn peer_derived_tolerance(cfg: &Config, peer_err: f64) -> f64 {
+    let floor = if cfg.family == impls::Family::Mlp && cfg.activation {
+        F32_RELU_FLIP_FLOOR
+    } else {
+        F32_REL_TOLERANCE
+    };
+    match cfg.dtype {
         DType::F64 => F64_REL_TOLERANCE,
         _ if !peer_err.is_finite() => F32_REL_BOUND,
-        _ => (NOISE_FACTOR * peer_err).clamp(F32_REL_TOLERANCE, F32_REL_BOUND),
+        _ => (NOISE_FACTOR * peer_err).clamp(floor, F32_REL_BOUND),
     }
 }
 
@@ -464,5 +481,42 @@ mod tests {
     fn timeline_format() {
         let s = timeline_string(&[(true, 0, 10), (true, 1, 20), (false, 1, 15), (false, 0, -2)]);
         assert_eq!(s, "f0=10;f1=20;b1=15;b0=-2");
+    }
+}
+
+#[cfg(test)]
+mod tolerance_tests {
+    use super::*;
+
+    #[test]
+    fn peer_derived_tolerance_has_a_relu_flip_floor_on_mlp_and_a_cap() {
+        let bc = Config::bc100_block();
+        let mlp = Config {
+            family: impls::Family::Mlp,
+            activation: true,
+            dtype: DType::F32,
+            ..Config::tiny(impls::Family::Mlp)
+        };
+        let linear = Config {
+            activation: false,
+            ..mlp.clone()
+        };
+        // A tiny peer error: the floor of the family.
+        assert_eq!(peer_derived_tolerance(&bc, 1e-7), F32_REL_TOLERANCE);
+        assert_eq!(peer_derived_tolerance(&mlp, 3.7e-7), F32_RELU_FLIP_FLOOR);
+        assert_eq!(peer_derived_tolerance(&linear, 3.7e-7), F32_REL_TOLERANCE);
+        // In between: NOISE_FACTOR × the peer's error.
+        assert_eq!(peer_derived_tolerance(&bc, 1e-2), NOISE_FACTOR * 1e-2);
+        // A huge or non-finite peer error never loosens beyond the documented bound.
+        assert_eq!(peer_derived_tolerance(&bc, 0.5), F32_REL_BOUND);
+        assert_eq!(peer_derived_tolerance(&bc, f64::NAN), F32_REL_BOUND);
+        // f64 keeps its own.
+        let f64_cfg = Config {
+            dtype: DType::F64,
+            ..bc.clone()
+        };
+        assert_eq!(peer_derived_tolerance(&f64_cfg, 1e-3), F64_REL_TOLERANCE);
+        // The perturbation the tests inject (a 1.5× tensor: 1/3 relative) fails every bound.
+        assert!((PERTURB_SCALE - 1.0) / PERTURB_SCALE > F32_REL_BOUND);
     }
 }
