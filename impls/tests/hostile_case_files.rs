@@ -7,7 +7,7 @@ use candle_core::{DType, Device};
 use impls::case::{load_result, load_result_with_limit, save_result};
 use impls::compare::compare;
 use impls::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES, MAX_HEADER_BYTES};
-use impls::{Case, Config, Family, Variant};
+use impls::{Case, Config, Family, Spatial, Variant};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -570,7 +570,7 @@ fn result_files_are_checked_from_their_header_too() {
     assert_names(&e, &p, &["the memory limit = 1000 bytes"]);
     // An invalid config is refused before the file is opened.
     let bad = Config {
-        size: 4_294_967_297,
+        size: Spatial::square(4_294_967_297),
         ..cfg
     };
     let e = load_result(&bad, &p, &Device::Cpu).unwrap_err().to_string();
