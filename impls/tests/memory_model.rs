@@ -28,6 +28,14 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
             dtype: DType::F32,
             ..Config::bc100_block()
         },
+        // Non-square maps: M = N·H·W = 16·12·20, not N·H² or N·W².
+        Config {
+            batch: 16,
+            size: Spatial::new(12, 20),
+            depth: 6,
+            dtype: DType::F32,
+            ..Config::bc100_block()
+        },
         Config {
             family: Family::Mlp,
             batch: 2048,
