@@ -40,7 +40,7 @@ fn the_case_file_is_the_case_a_row_measures() {
         growth: 2,
         depth: 2,
         bn_size: 2,
-        size: 4,
+        size: impls::Spatial::square(4),
         activation: true,
         dtype: candle_core::DType::F32,
         seed: 7,

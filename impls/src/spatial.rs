@@ -123,17 +123,22 @@ impl<'de> serde::Deserialize<'de> for Spatial {
                 f.write_str("a size: an integer such as 32 or HxW such as 360x480")
             }
             fn visit_u64<E: serde::de::Error>(self, v: u64) -> std::result::Result<Spatial, E> {
-                usize::try_from(v)
-                    .map(Spatial::square)
-                    .map_err(|_| E::custom(format!("size {v} is more than usize::MAX")))
+                usize::try_from(v).map(Spatial::square).map_err(|_| {
+                    E::custom(format!("size {v} is more than usize::MAX = {}", usize::MAX))
+                })
             }
             fn visit_i64<E: serde::de::Error>(self, v: i64) -> std::result::Result<Spatial, E> {
                 u64::try_from(v)
-                    .map_err(|_| E::custom(format!("size {v} is negative")))
+                    .map_err(|_| E::custom(format!("size {v} is negative: {SIZE_SYNTAX}")))
                     .and_then(|v| self.visit_u64(v))
             }
             fn visit_str<E: serde::de::Error>(self, v: &str) -> std::result::Result<Spatial, E> {
-                Spatial::parse(v).map_err(E::custom)
+                Spatial::parse(v).map_err(|e| match e {
+                    Error::InvalidConfig { value, reason, .. } => {
+                        E::custom(format!("size {value}: {reason}"))
+                    }
+                    other => E::custom(other),
+                })
             }
         }
         d.deserialize_any(Visitor)
