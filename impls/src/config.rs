@@ -285,10 +285,15 @@ impl Config {
         }
         for (field, v, why) in checks {
             if v == 0 {
+                // A side of `size = "HxW"`: say which size it is a side of.
+                let of = match field {
+                    "height" | "width" => format!(" (size = {})", self.size),
+                    _ => String::new(),
+                };
                 return Err(Error::InvalidConfig {
                     field,
                     value: "0".to_string(),
-                    reason: format!("must be at least 1: {why}"),
+                    reason: format!("must be at least 1: {why}{of}"),
                 });
             }
         }
