@@ -411,7 +411,8 @@ fn run_prints_one_checked_row() {
     assert!(row.saved_bytes <= row.peak_bytes);
 }
 
-/// The tiny bc block (N=2, C0=3, k=2, L=3, bn_size 2) on 3×5 and 5×3 maps, every variant.
+/// The tiny bc block (N=2, C0=3, k=2, L=2 and 3, bn_size 2) on 3×5 and 5×3 maps, every variant
+/// (two depths: each size gets its own memory-vs-depth figure).
 const NON_SQUARE_SWEEP: &str = r#"
 [defaults]
 steps = 1
@@ -422,7 +423,7 @@ family = "bc"
 batch = 2
 channels = 3
 growth = 2
-depth = 3
+depth = [2, 3]
 bn_size = 2
 size = ["3x5", "5x3"]
 "#;
@@ -436,12 +437,16 @@ fn non_square_maps_run_in_every_variant_with_checked_gradients() {
     let rows = read_rows(&out).expect("a valid result CSV");
     let keys: BTreeSet<String> = rows.iter().map(|r| r.key.clone()).collect();
     assert_eq!(keys, expected_keys(NON_SQUARE_SWEEP));
-    // 9 bc variants (autograd and the 2×2×2 hand-written points) on each size.
-    assert_eq!(rows.len(), 2 * 9);
+    // 9 bc variants (autograd and the 2×2×2 hand-written points) on each size and depth.
+    assert_eq!(rows.len(), 2 * 2 * 9);
     for r in &rows {
         let text = r.size.to_string();
         assert!(text == "3x5" || text == "5x3", "{}: size {text}", r.key);
-        assert!(r.key.contains(&format!("/2/{text}/on/")), "{}", r.key);
+        assert!(
+            r.key.contains(&format!("/{}/2/{text}/on/", r.depth)),
+            "{}",
+            r.key
+        );
         assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
         assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
         assert!(r.config_label().contains(&format!(" {text} ")));
@@ -450,6 +455,30 @@ fn non_square_maps_run_in_every_variant_with_checked_gradients() {
     }
     let csv = std::fs::read_to_string(&out).expect("the CSV");
     assert!(csv.contains(",3x5,") && csv.contains(",5x3,"), "size cells");
+    // The report's tables and the plots' files name each size as HxW (two configs, not one).
+    let md = dir.path().join("r.md");
+    let o = densebench(&["report", path_str(&out), "--out", path_str(&md)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(&md).expect("report");
+    assert!(
+        md.contains("bn=2 3x5 f32") && md.contains("bn=2 5x3 f32"),
+        "{md}"
+    );
+    let plots = dir.path().join("plots");
+    let o = densebench(&["plots", path_str(&out), "--out", path_str(&plots)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names: Vec<String> = std::fs::read_dir(&plots)
+        .expect("plots dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    for size in ["3x5", "5x3"] {
+        let stem = format!("memory-vs-depth-bc-N2-C3-k2-bn2-{size}.");
+        assert!(
+            names.iter().any(|n| n.starts_with(&stem)),
+            "{stem}: {names:?}"
+        );
+    }
     // `run --size HxW` prints the same kind of row.
     let o = densebench(&[
         "run",
