@@ -40,7 +40,7 @@ fn the_case_file_is_the_case_a_row_measures() {
         growth: 2,
         depth: 2,
         bn_size: 2,
-        size: 4,
+        size: impls::Spatial::square(4),
         activation: true,
         dtype: candle_core::DType::F32,
         seed: 7,
@@ -87,4 +87,36 @@ fn the_case_file_is_the_case_a_row_measures() {
     ]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(!bad.exists());
+}
+
+#[test]
+fn a_non_square_case_keeps_height_and_width_in_order() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("hxw.safetensors");
+    let o = densebench(&[
+        "case",
+        "--family",
+        "bc",
+        "--depth",
+        "2",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--bn-size",
+        "2",
+        "--size",
+        "3x5",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(" 3x5 "), "{}", stderr(&o));
+    let got = Case::load(&out, true, &Device::Cpu).expect("the case file loads");
+    assert_eq!(got.cfg.size, impls::Spatial::new(3, 5));
+    // PyTorch's layout: [N, C0, H, W].
+    assert_eq!(got.input.dims(), [2, 3, 3, 5]);
+    assert_eq!(got.grad_output.dims(), [2, 3 + 2 * 2, 3, 5]);
 }

@@ -4,7 +4,7 @@
 
 use densebench::plan::sweep;
 use densebench::results::row::{read_rows, Row};
-use impls::{Case, Config, Family, NoProbe, Variant};
+use impls::{Case, Config, Family, NoProbe, Spatial, Variant};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -411,16 +411,159 @@ fn run_prints_one_checked_row() {
     assert!(row.saved_bytes <= row.peak_bytes);
 }
 
+/// The tiny bc block (N=2, C0=3, k=2, L=2 and 3, bn_size 2) on 3×5 and 5×3 maps, every variant
+/// (two depths: each size gets its own memory-vs-depth figure).
+const NON_SQUARE_SWEEP: &str = r#"
+[defaults]
+steps = 1
+warmup = 0
+
+[[group]]
+family = "bc"
+batch = 2
+channels = 3
+growth = 2
+depth = [2, 3]
+bn_size = 2
+size = ["3x5", "5x3"]
+"#;
+
+#[test]
+fn non_square_maps_run_in_every_variant_with_checked_gradients() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sweep = write(dir.path(), "hxw.toml", NON_SQUARE_SWEEP);
+    let (out, o) = bench_all(dir.path(), "hxw.csv", &["--sweep", path_str(&sweep)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = read_rows(&out).expect("a valid result CSV");
+    let keys: BTreeSet<String> = rows.iter().map(|r| r.key.clone()).collect();
+    assert_eq!(keys, expected_keys(NON_SQUARE_SWEEP));
+    // 9 bc variants (autograd and the 2×2×2 hand-written points) on each size and depth.
+    assert_eq!(rows.len(), 2 * 2 * 9);
+    for r in &rows {
+        let text = r.size.to_string();
+        assert!(text == "3x5" || text == "5x3", "{}: size {text}", r.key);
+        assert!(
+            r.key.contains(&format!("/{}/2/{text}/on/", r.depth)),
+            "{}",
+            r.key
+        );
+        assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
+        assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
+        assert!(r.config_label().contains(&format!(" {text} ")));
+        // The FLOP count is the config's: 3·5 = 5·3 pixels, so both sizes agree.
+        assert_eq!(r.flops, Some(impls::memory::flops(&row_config(r))));
+    }
+    let csv = std::fs::read_to_string(&out).expect("the CSV");
+    assert!(csv.contains(",3x5,") && csv.contains(",5x3,"), "size cells");
+    // The report's tables and the plots' files name each size as HxW (two configs, not one).
+    let md = dir.path().join("r.md");
+    let o = densebench(&["report", path_str(&out), "--out", path_str(&md)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let md = std::fs::read_to_string(&md).expect("report");
+    assert!(
+        md.contains("bn=2 3x5 f32") && md.contains("bn=2 5x3 f32"),
+        "{md}"
+    );
+    let plots = dir.path().join("plots");
+    let o = densebench(&["plots", path_str(&out), "--out", path_str(&plots)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let names: Vec<String> = std::fs::read_dir(&plots)
+        .expect("plots dir")
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    for size in ["3x5", "5x3"] {
+        let stem = format!("memory-vs-depth-bc-N2-C3-k2-bn2-{size}.");
+        assert!(
+            names.iter().any(|n| n.starts_with(&stem)),
+            "{stem}: {names:?}"
+        );
+    }
+    // `run --size HxW` prints the same kind of row.
+    let o = densebench(&[
+        "run",
+        "--family",
+        "bc",
+        "--variant",
+        "buffer-recompute-inplace",
+        "--depth",
+        "3",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--bn-size",
+        "2",
+        "--size",
+        "5x3",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+        "--cache-dir",
+        path_str(&dir.path().join("cache")),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let row: Row = serde_json::from_str(String::from_utf8_lossy(&o.stdout).trim()).expect("row");
+    assert_eq!(row.size, Spatial::new(5, 3));
+    assert_eq!(
+        row.key,
+        "buffer-recompute-inplace/bc/2/3/2/3/2/5x3/on/f32/0/cpu"
+    );
+    assert_eq!(row.grad_ok, Some(true));
+    // A bad size is one line, exit status 2, naming the flag.
+    for bad in ["0x5", "5x", "axb", "99999999999999999999999x3"] {
+        let o = densebench(&[
+            "run",
+            "--family",
+            "bc",
+            "--variant",
+            "autograd",
+            "--depth",
+            "1",
+            "--batch",
+            "2",
+            "--growth",
+            "2",
+            "--channels",
+            "3",
+            "--size",
+            bad,
+        ]);
+        let e = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{bad}: {e}");
+        assert!(
+            e.contains("--size") || e.contains("height = 0"),
+            "{bad}: {e}"
+        );
+        assert_eq!(
+            e.trim().lines().filter(|l| l.contains("error")).count(),
+            1,
+            "{bad}: {e}"
+        );
+    }
+}
+
 #[test]
 fn step_round_trip_matches_the_library() {
     let dir = tempfile::tempdir().expect("temp dir");
-    for (family, activation) in [(Family::Bc, "on"), (Family::Mlp, "off")] {
+    // bc also on 3×5 maps: `step --case` reads H and W from the case's `input`.
+    for (family, activation, size) in [
+        (Family::Bc, "on", Spatial::square(3)),
+        (Family::Bc, "on", Spatial::new(3, 5)),
+        (Family::Mlp, "off", Spatial::square(3)),
+    ] {
         let mut cfg = Config::tiny(family);
         cfg.activation = activation == "on";
+        cfg.size = size;
         let device = candle_core::Device::Cpu;
         let case = Case::random(&cfg, &device).expect("case");
-        let case_path = dir.path().join(format!("{family}.case.safetensors"));
-        let out = dir.path().join(format!("{family}.result.safetensors"));
+        let case_path = dir.path().join(format!("{family}-{size}.case.safetensors"));
+        let out = dir
+            .path()
+            .join(format!("{family}-{size}.result.safetensors"));
         case.save(&case_path).expect("save case");
         let variant = Variant::parse("cat-recompute-copy").expect("variant");
         let o = densebench(&[
@@ -449,7 +592,11 @@ fn step_round_trip_matches_the_library() {
         let c = impls::compare::compare(&loaded, &here).expect("compare");
         // Same code, same inputs, same dtype (f64): the only freedom is the thread split of
         // reductions, so allow a few ulps.
-        assert!(c.overall.max_rel <= 1e-13, "{family}: {:?}", c.overall);
+        assert!(
+            c.overall.max_rel <= 1e-13,
+            "{family} {size}: {:?}",
+            c.overall
+        );
     }
     // A missing case file names it.
     let o = densebench(&[

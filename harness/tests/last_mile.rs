@@ -85,7 +85,7 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
         growth,
         depth,
         bn_size,
-        size,
+        size: size.into(),
         activation: true,
         dtype: "f32".to_string(),
         seed: 0,

@@ -155,7 +155,7 @@ fn row(key: &str, ts: &str, median_ns: u64) -> Row {
         growth: n(4),
         depth: n(5),
         bn_size: n(6),
-        size: n(7),
+        size: p[7].parse().expect("a size in the key"),
         activation: p[8] == "on",
         dtype: p[9].to_string(),
         seed: n(10) as u64,

@@ -26,7 +26,7 @@ fn good_row(variant: &str, depth: usize) -> Row {
         growth: 2,
         depth,
         bn_size: 1,
-        size: 1,
+        size: impls::Spatial::square(1),
         activation: true,
         dtype: "f32".to_string(),
         device: "cpu".to_string(),
@@ -357,6 +357,72 @@ fn schema_1_files_are_read_refused_for_appending_and_upgraded_by_merge() {
         .lines()
         .next()
         .is_some_and(|h| h.ends_with("tolerance,note")));
+}
+
+/// The `size` cells of a CSV's text, in order.
+fn size_cells(bytes: &[u8]) -> Vec<String> {
+    let mut rdr = csv::Reader::from_reader(bytes);
+    let at = rdr
+        .headers()
+        .expect("header")
+        .iter()
+        .position(|c| c == "size")
+        .expect("a size column");
+    rdr.records()
+        .map(|r| r.expect("record")[at].to_string())
+        .collect()
+}
+
+#[test]
+fn integer_sizes_of_existing_files_read_and_write_back_unchanged_and_hxw_round_trips() {
+    // The committed reference (schema 1, integer sizes: bc 32, mlp 1) reads, and its rows
+    // written again carry the same `size` cells and keys.
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");
+    let original = std::fs::read(&reference).expect("results/reference-cpu.csv");
+    let rows = read_rows(&reference).expect("the committed reference reads");
+    assert!(rows
+        .iter()
+        .any(|r| r.family == "bc" && r.size == impls::Spatial::square(32)));
+    let again = csv_bytes(&rows).expect("csv");
+    assert_eq!(size_cells(&again), size_cells(&original));
+    assert!(rows.iter().all(|r| r.key == key_of_fields(r)));
+    // A non-square row: `3x5` in the cell and in the key, read back as H = 3, W = 5.
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut r = good_row("cat-store-copy", 1);
+    (r.family, r.bn_size, r.size) = ("bc".to_string(), 2, impls::Spatial::new(3, 5));
+    r.key = key_of_fields(&r);
+    assert_eq!(r.key, "cat-store-copy/bc/4/3/2/1/2/3x5/on/f32/0/cpu");
+    let p = dir.path().join("hxw.csv");
+    let bytes = csv_bytes(std::slice::from_ref(&r)).expect("csv");
+    assert_eq!(size_cells(&bytes), ["3x5"]);
+    std::fs::write(&p, &bytes).expect("write");
+    assert_eq!(read_rows(&p).expect("readable"), vec![r.clone()]);
+    assert!(r.config_label().contains(" 3x5 "), "{}", r.config_label());
+    // A size cell that is neither names the line, the column and the value, and says what a
+    // size is (csv gives no column index for a custom error: the message names `size`).
+    let text = String::from_utf8(bytes).expect("utf8");
+    for (bad, cell) in [
+        ("3x", "size \"3x\""),
+        ("axb", "size \"axb\""),
+        ("-3", "size -3"),
+    ] {
+        let p = write(
+            dir.path(),
+            "bad.csv",
+            text.replace(",3x5,", &format!(",{bad},")).as_bytes(),
+        );
+        let e = read_rows(&p)
+            .err()
+            .map(|e| format!("{e:#}"))
+            .unwrap_or_default();
+        assert!(
+            e.contains("bad.csv line 2")
+                && e.contains(cell)
+                && e.contains("360x480")
+                && !e.contains('\n'),
+            "{bad}: {e}"
+        );
+    }
 }
 
 #[test]

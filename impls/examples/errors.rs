@@ -6,7 +6,7 @@
 
 use candle_core::Device;
 use impls::compare::compare;
-use impls::{step, Case, Config, Family, NoProbe, Variant};
+use impls::{step, Case, Config, Family, NoProbe, Spatial, Variant};
 
 fn main() -> impls::Result<()> {
     let dtype =
@@ -18,14 +18,14 @@ fn main() -> impls::Result<()> {
         growth: 16,
         depth: 8,
         bn_size: 1,
-        size: 1,
+        size: Spatial::square(1),
         activation: true,
         dtype,
         seed: 0,
     };
     let bc = Config {
         batch: 8,
-        size: 16,
+        size: Spatial::square(16),
         depth: 8,
         dtype,
         ..Config::bc100_block()

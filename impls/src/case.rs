@@ -5,8 +5,9 @@
 //! PyTorch `state_dict` name. The config is read from the tensors: the family from which names
 //! exist (`layers.0.weight` → mlp, `denselayer1.conv1.weight` → bc), N and C0 from `input`,
 //! L from the number of layers, k from the last weight's output channels, bn_size from
-//! `conv1.weight`, H = W from `input`, the dtype from `input`. Only the mlp activation cannot be
-//! seen in the tensors and is given by the caller (default on).
+//! `conv1.weight`, H and W from `input` (any H × W, as torchvision's `_DenseBlock` takes), the
+//! dtype from `input`. Only the mlp activation cannot be seen in the tensors and is given by
+//! the caller (default on).
 //!
 //! Result file tensors: `output`, `grad.input`, `grad.<param name>`, and the updated
 //! `<bn name>.running_mean|running_var`.
@@ -23,6 +24,7 @@ use crate::config::{Config, Family};
 use crate::error::{CandleContext, Error, Result};
 use crate::header::{self, Entry, Header};
 use crate::params::{self, Params};
+use crate::spatial::Spatial;
 use crate::step::StepResult;
 use candle_core::{DType, Device, Tensor};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -153,7 +155,7 @@ fn infer_config(h: &Header, activation: bool) -> Result<Config> {
     let batch = dim(h, "input", 0, rank)?;
     let channels = dim(h, "input", 1, rank)?;
     let (growth, bn_size, size) = match family {
-        Family::Mlp => (dim(h, &params::mlp_weight(0), 0, 2)?, 1, 1),
+        Family::Mlp => (dim(h, &params::mlp_weight(0), 0, 2)?, 1, Spatial::square(1)),
         Family::Bc => {
             let k = dim(h, &params::conv_name(0, 2), 0, 4)?;
             let b = dim(h, &params::conv_name(0, 1), 0, 4)?;
@@ -167,17 +169,8 @@ fn infer_config(h: &Header, activation: bool) -> Result<Config> {
                     ),
                 });
             }
-            let (hh, ww) = (input.shape[2], input.shape[3]);
-            if hh != ww {
-                return Err(Error::BadFile {
-                    what: "tensor `input`".to_string(),
-                    reason: format!(
-                        "shape {:?} is not square: densebench blocks have H = W",
-                        input.shape
-                    ),
-                });
-            }
-            (k, b / k, hh)
+            // `dim` above checked that `input` has rank 4: [N, C0, H, W].
+            (k, b / k, Spatial::new(input.shape[2], input.shape[3]))
         }
     };
     let cfg = Config {

@@ -2,6 +2,7 @@
 
 use crate::error::{Error, Result};
 use crate::size::Size;
+use crate::spatial::Spatial;
 use candle_core::DType;
 use std::fmt;
 
@@ -109,8 +110,8 @@ pub struct Config {
     pub depth: usize,
     /// Bottleneck width factor (bc): Conv1×1 outputs bn_size·k channels.
     pub bn_size: usize,
-    /// Spatial size H = W (bc).
-    pub size: usize,
+    /// Spatial size H × W of the feature maps (bc): `32` is 32×32, `360x480` is H = 360, W = 480.
+    pub size: Spatial,
     /// ReLU after each Linear (mlp).
     pub activation: bool,
     pub dtype: DType,
@@ -127,7 +128,7 @@ impl Config {
             growth: 12,
             depth: 16,
             bn_size: 4,
-            size: 32,
+            size: Spatial::square(32),
             activation: true,
             dtype: DType::F32,
             seed: 0,
@@ -143,7 +144,7 @@ impl Config {
             growth: 2,
             depth: 3,
             bn_size: 2,
-            size: 3,
+            size: Spatial::square(3),
             activation: true,
             dtype: DType::F64,
             seed: 7,
@@ -241,16 +242,15 @@ impl Config {
                 });
             }
         }
-        if self.family == Family::Bc
-            && self.batch as u128 * self.size as u128 * (self.size as u128) < 2
-        {
+        if self.family == Family::Bc && self.m_size().eval().is_some_and(|m| m < 2) {
             return Err(Error::InvalidConfig {
                 field: "batch",
                 value: self.batch.to_string(),
                 reason: format!(
                     "training-mode BatchNorm needs more than one value per channel, \
-                     but batch·size² = {}·{}² = 1",
-                    self.batch, self.size
+                     but {} = {} = 1",
+                    self.m_size().formula(),
+                    self.m_size().values()
                 ),
             });
         }
@@ -279,14 +279,21 @@ impl Config {
                 self.bn_size,
                 "the 1×1 convolution must output at least one channel (bn_size·growth)",
             ));
-            checks.push(("size", self.size, "feature maps are at least 1×1"));
+            for (field, v) in self.spatial_fields() {
+                checks.push((field, v, "feature maps are at least 1×1"));
+            }
         }
         for (field, v, why) in checks {
             if v == 0 {
+                // A side of `size = "HxW"`: say which size it is a side of.
+                let of = match field {
+                    "height" | "width" => format!(" (size = {})", self.size),
+                    _ => String::new(),
+                };
                 return Err(Error::InvalidConfig {
                     field,
                     value: "0".to_string(),
-                    reason: format!("must be at least 1: {why}"),
+                    reason: format!("must be at least 1: {why}{of}"),
                 });
             }
         }
@@ -303,9 +310,19 @@ impl Config {
         ];
         if self.family == Family::Bc {
             f.push(("bn_size", self.bn_size));
-            f.push(("size", self.size));
+            f.extend(self.spatial_fields());
         }
         f
+    }
+
+    /// The spatial size by the names the user wrote it with: `size` when square (`size = 32`),
+    /// `height` and `width` otherwise (`size = "360x480"`), so that an error blames the side.
+    fn spatial_fields(&self) -> Vec<(&'static str, usize)> {
+        if self.size.is_square() {
+            vec![("size", self.size.height)]
+        } else {
+            vec![("height", self.size.height), ("width", self.size.width)]
+        }
     }
 
     fn n(&self) -> Size {
@@ -323,8 +340,13 @@ impl Config {
     fn bn(&self) -> Size {
         Size::field("bn_size", self.bn_size)
     }
+    /// H·W: `size·size` when square, `height·width` otherwise.
     fn hw(&self) -> Size {
-        Size::field("size", self.size) * Size::field("size", self.size)
+        if self.size.is_square() {
+            Size::field("size", self.size.height) * Size::field("size", self.size.width)
+        } else {
+            Size::field("height", self.size.height) * Size::field("width", self.size.width)
+        }
     }
 
     /// M = N·H·W as an expression.
@@ -437,7 +459,7 @@ impl Config {
     pub fn spatial(&self) -> usize {
         match self.family {
             Family::Mlp => 1,
-            Family::Bc => self.size * self.size,
+            Family::Bc => self.size.height * self.size.width,
         }
     }
 
@@ -482,7 +504,7 @@ impl Config {
     pub fn canonical_shape(&self, channels: usize) -> Vec<usize> {
         match self.family {
             Family::Mlp => vec![self.batch, channels],
-            Family::Bc => vec![self.batch, channels, self.size, self.size],
+            Family::Bc => vec![self.batch, channels, self.size.height, self.size.width],
         }
     }
 
@@ -500,14 +522,13 @@ impl Config {
                 self.seed
             ),
             Family::Bc => format!(
-                "bc N={} C0={} k={} L={} bn={} {}x{} {} seed={}",
+                "bc N={} C0={} k={} L={} bn={} {} {} seed={}",
                 self.batch,
                 self.channels,
                 self.growth,
                 self.depth,
                 self.bn_size,
-                self.size,
-                self.size,
+                self.size.label(),
                 self.dtype.as_str(),
                 self.seed
             ),

@@ -1,7 +1,8 @@
 //! densebench-impls: every way of implementing a DenseNet dense block, each computing one
 //! training step with a hand-written backward (or candle's autograd), behind one interface.
 //!
-//! - [`config`]: families, sizes, validation; [`params`]: PyTorch-named parameters.
+//! - [`config`]: families, sizes, validation; [`spatial`]: H × W (`32`, `360x480`);
+//!   [`params`]: PyTorch-named parameters.
 //! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops;
 //!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`cuda_src`]: their CUDA sources
 //!   (`src/cuda/*.cu`, compiled with NVRTC at first use with the `cuda` feature).
@@ -38,6 +39,7 @@ pub mod params;
 pub mod probe;
 pub mod result;
 mod size;
+pub mod spatial;
 pub mod step;
 pub mod variant;
 
@@ -47,5 +49,6 @@ pub use error::{Error, Result};
 pub use params::Params;
 pub use probe::{Event, NoProbe, Probe, SavedTensor};
 pub use result::StepResult;
+pub use spatial::Spatial;
 pub use step::step;
 pub use variant::{Concat, Intermediates, Relu, Strategy, Variant};

@@ -235,8 +235,8 @@ fn bwd_offsets() -> [(isize, isize); 9] {
 fn grid(cfg: &Config) -> fused::Grid {
     fused::Grid {
         n: cfg.batch,
-        h: cfg.size,
-        w: cfg.size,
+        h: cfg.size.height,
+        w: cfg.size.width,
     }
 }
 
@@ -306,7 +306,7 @@ pub fn to_canonical(cfg: &Config, t: &Tensor) -> Result<Tensor> {
     let c = t.dims()[0];
     let mut shape = vec![c, cfg.batch];
     if cfg.family == crate::config::Family::Bc {
-        shape.extend([cfg.size, cfg.size]);
+        shape.extend([cfg.size.height, cfg.size.width]);
     }
     t.reshape(shape)
         .ctx("to canonical")?

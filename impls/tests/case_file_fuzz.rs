@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device};
 use impls::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES};
-use impls::{Case, Config, Family};
+use impls::{Case, Config, Family, Spatial};
 use proptest::prelude::*;
 use std::path::Path;
 use std::sync::atomic::Ordering::Relaxed;
@@ -124,7 +124,7 @@ fn loader_never_panics_nor_allocates_beyond_its_limit() {
             let cfg = Config {
                 depth: 300,
                 growth: 1,
-                size: 2,
+                size: Spatial::square(2),
                 ..Config::tiny(family)
             };
             let p = dir.path().join("deep.safetensors");

@@ -5,20 +5,35 @@ use candle_core::{DType, Device};
 use impls::case::{load_result, save_result};
 use impls::compare::compare;
 use impls::memory::declare_saved;
-use impls::{Case, Config, Event, Family, Probe, SavedTensor, Variant};
+use impls::{Case, Config, Event, Family, Probe, SavedTensor, Spatial, Variant};
+
+/// The tiny configs of both families, and the tiny bc block on 3x5 and 5x3 maps (a case file's
+/// `input` [N, C0, H, W] gives H and W; reading them swapped would change the config).
+fn configs() -> Vec<Config> {
+    let mut out: Vec<Config> = Family::ALL.into_iter().map(Config::tiny).collect();
+    for size in [Spatial::new(3, 5), Spatial::new(5, 3)] {
+        out.push(Config {
+            size,
+            ..Config::tiny(Family::Bc)
+        });
+    }
+    out
+}
 
 #[test]
 fn case_round_trip_gives_bitwise_the_same_step() {
     let dir = tempfile::tempdir().unwrap();
-    for family in Family::ALL {
+    for tiny in configs() {
         for dtype in [DType::F32, DType::F64] {
             let cfg = Config {
                 dtype,
                 seed: 0,
-                ..Config::tiny(family)
+                ..tiny.clone()
             };
             let case = Case::random(&cfg, &Device::Cpu).unwrap();
-            let path = dir.path().join(format!("{family}-{dtype:?}.safetensors"));
+            let path = dir
+                .path()
+                .join(format!("{}-{}-{dtype:?}.safetensors", cfg.family, cfg.size));
             case.save(&path).unwrap();
             let loaded = Case::load(&path, true, &Device::Cpu).unwrap();
             assert_eq!(
@@ -26,6 +41,9 @@ fn case_round_trip_gives_bitwise_the_same_step() {
                 cfg.describe(),
                 "config inferred from the tensors"
             );
+            if cfg.family == Family::Bc {
+                assert_eq!(loaded.cfg.size, cfg.size, "H and W read from `input`");
+            }
             for v in Variant::for_config(&cfg) {
                 let a = case.step(v).unwrap();
                 let b = loaded.step(v).unwrap();
@@ -53,8 +71,7 @@ impl Probe for Saved {
 
 #[test]
 fn declared_saved_state_matches_the_live_one() {
-    for family in Family::ALL {
-        let cfg = Config::tiny(family);
+    for cfg in configs() {
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
         for v in Variant::for_config(&cfg) {
             let Some(declared) = declare_saved(v, &cfg) else {

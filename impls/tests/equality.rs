@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Device};
 use impls::compare::compare;
-use impls::{step, Case, Concat, Config, Family, NoProbe, Variant};
+use impls::{step, Case, Concat, Config, Family, NoProbe, Spatial, Variant};
 
 /// Norm-wise relative tolerance (max |a − b| / max |ref|) against `autograd` in f64. The two
 /// implementations sum in different orders (candle's conv/matmul backward vs ours), so they
@@ -45,18 +45,24 @@ fn configs() -> Vec<Config> {
                 growth,
                 depth,
                 bn_size: 1,
-                size: 1,
+                size: Spatial::square(1),
                 activation,
                 dtype,
                 seed: 11,
             });
         }
-        // bc: several depths, batches and spatial sizes, non-square channel counts.
-        for (batch, channels, growth, depth, bn_size, size) in [
-            (2, 3, 2, 3, 2, 4),
-            (1, 5, 3, 2, 1, 3),
-            (3, 4, 2, 4, 3, 2),
-            (2, 6, 3, 1, 2, 5),
+        // bc: several depths, batches and spatial sizes, non-square channel counts, and
+        // non-square feature maps both ways round (3x5 and 5x3: H and W swapped anywhere — the
+        // shift kernels' grid, the canonical shape, the memory layout — gives other values
+        // than candle's conv2d in the autograd reference).
+        for (batch, channels, growth, depth, bn_size, (height, width)) in [
+            (2, 3, 2, 3, 2, (4, 4)),
+            (1, 5, 3, 2, 1, (3, 3)),
+            (3, 4, 2, 4, 3, (2, 2)),
+            (2, 6, 3, 1, 2, (5, 5)),
+            (2, 3, 2, 3, 2, (3, 5)),
+            (2, 3, 2, 3, 2, (5, 3)),
+            (1, 2, 3, 2, 2, (1, 4)),
         ] {
             out.push(Config {
                 family: Family::Bc,
@@ -65,7 +71,7 @@ fn configs() -> Vec<Config> {
                 growth,
                 depth,
                 bn_size,
-                size,
+                size: Spatial::new(height, width),
                 activation: true,
                 dtype,
                 seed: 5,
@@ -210,7 +216,7 @@ fn autograd_f32_matches_in_f64_and_hand_written_f32_is_more_accurate() -> impls:
     // reference runs in f64. The f32 autograd must still be close enough to be the same maths.
     let cfg = Config {
         batch: 2,
-        size: 8,
+        size: Spatial::square(8),
         depth: 4,
         dtype: DType::F32,
         ..Config::bc100_block()

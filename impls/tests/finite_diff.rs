@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use impls::params::{specs, uniform, Kind};
-use impls::{step, Case, Config, Family, NoProbe, Params, Variant};
+use impls::{step, Case, Config, Family, NoProbe, Params, Spatial, Variant};
 
 /// Central-difference step. With f64 the truncation error is O(ε²·L''') ≈ 1e-12 and the
 /// rounding error O(u·|L|/ε) ≈ 1e-10 for |L| ~ 1, so 1e-6 balances both.
@@ -37,12 +37,25 @@ fn dot(a: &Tensor, b: &Tensor) -> impls::Result<f64> {
     Ok(a.mul(b)?.sum_all()?.to_scalar::<f64>()?)
 }
 
+/// The tiny configs of both families, and the tiny bc block on non-square maps both ways round
+/// (3x5 and 5x3, so a kernel that swaps H and W is caught).
+fn configs() -> Vec<Config> {
+    let mut out: Vec<Config> = Family::ALL.into_iter().map(Config::tiny).collect();
+    for size in [Spatial::new(3, 5), Spatial::new(5, 3)] {
+        out.push(Config {
+            size,
+            ..Config::tiny(Family::Bc)
+        });
+    }
+    out
+}
+
 #[test]
 fn gradients_match_central_differences() -> impls::Result<()> {
-    for family in Family::ALL {
+    for cfg in configs() {
         let cfg = Config {
             dtype: DType::F64,
-            ..Config::tiny(family)
+            ..cfg
         };
         let case = Case::random(&cfg, &Device::Cpu)?;
         for v in Variant::for_config(&cfg) {

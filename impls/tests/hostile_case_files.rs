@@ -7,7 +7,7 @@ use candle_core::{DType, Device};
 use impls::case::{load_result, load_result_with_limit, save_result};
 use impls::compare::compare;
 use impls::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES, MAX_HEADER_BYTES};
-use impls::{Case, Config, Family, Variant};
+use impls::{Case, Config, Family, Spatial, Variant};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};
 
@@ -490,7 +490,8 @@ fn shapes_implying_an_invalid_config_are_refused_by_validation() {
     ];
     let p = d.write("bn1.safetensors", &safetensors(&tensors));
     assert_names(&load_err(&p, None), &p, &["batch = 1", "BatchNorm"]);
-    // A non-square map.
+    // A non-square map is accepted (H = 3 and W = 4 read from `input` in order): the header
+    // check goes on to the next tensor, whose expected shape carries both sides.
     let tensors = [
         t("input", "F64", &[2, 3, 3, 4], vec![0; 576]),
         t(
@@ -507,7 +508,11 @@ fn shapes_implying_an_invalid_config_are_refused_by_validation() {
         ),
     ];
     let p = d.write("rect.safetensors", &safetensors(&tensors));
-    assert_names(&load_err(&p, None), &p, &["tensor `input`", "not square"]);
+    assert_names(
+        &load_err(&p, None),
+        &p,
+        &["tensor `grad_output` is missing", "[2, 5, 3, 4]", " 3x4 "],
+    );
 }
 
 #[test]
@@ -570,7 +575,7 @@ fn result_files_are_checked_from_their_header_too() {
     assert_names(&e, &p, &["the memory limit = 1000 bytes"]);
     // An invalid config is refused before the file is opened.
     let bad = Config {
-        size: 4_294_967_297,
+        size: Spatial::square(4_294_967_297),
         ..cfg
     };
     let e = load_result(&bad, &p, &Device::Cpu).unwrap_err().to_string();

@@ -4,7 +4,7 @@
 
 use candle_core::DType;
 use impls::config::{MAX_ELEMENTS, MAX_STEP_ELEMENTS};
-use impls::{Config, Error, Family, Variant};
+use impls::{Config, Error, Family, Spatial, Variant};
 use proptest::prelude::*;
 
 /// The field an `InvalidConfig` error names, and its message.
@@ -28,7 +28,7 @@ fn mlp() -> Config {
 fn size_whose_square_wraps_a_u64_names_size() {
     // (2^32 + 1)² = 2^64 + 2^33 + 1 wraps to 2^33 + 1 in u64 arithmetic: it used to pass.
     let cfg = Config {
-        size: 4_294_967_297,
+        size: Spatial::square(4_294_967_297),
         ..bc()
     };
     let (field, e) = refused(&cfg);
@@ -40,12 +40,30 @@ fn size_whose_square_wraps_a_u64_names_size() {
 #[test]
 fn size_two_to_the_63_plus_one_is_refused_not_a_panic() {
     let cfg = Config {
-        size: (1usize << 63) + 1,
+        size: Spatial::square((1usize << 63) + 1),
         ..bc()
     };
     let (field, e) = refused(&cfg);
     assert_eq!(field, "size", "{e}");
     assert!(e.contains(&format!("size = {}", (1u64 << 63) + 1)), "{e}");
+}
+
+#[test]
+fn a_huge_side_of_a_non_square_size_is_named_by_its_side() {
+    // N·(C0 + L·k)·H·W = 2·9·2^36·3 ≈ 3.7e12 > MAX_ELEMENTS = 2^40 ≈ 1.1e12: the block output
+    // is over the limit, and the side that makes it so is blamed, either way round.
+    for (size, side) in [
+        (Spatial::new(1 << 36, 3), "height"),
+        (Spatial::new(3, 1 << 36), "width"),
+    ] {
+        let (field, e) = refused(&Config { size, ..bc() });
+        assert_eq!(field, side, "{e}");
+        assert!(
+            e.contains(&format!("{side} = {}", 1u64 << 36))
+                && e.contains("batch·(channels + depth·growth)·height·width"),
+            "{e}"
+        );
+    }
 }
 
 #[test]
@@ -175,7 +193,7 @@ fn flop_count_over_u64_is_refused() {
         growth: 64,
         depth: 256,
         bn_size: 1024,
-        size: 1024,
+        size: Spatial::square(1024),
         activation: true,
         dtype: DType::F32,
         seed: 0,
@@ -205,7 +223,31 @@ fn zero_fields_say_why_they_are_refused() {
         ),
         (Config { depth: 0, ..mlp() }, "depth", "at least one layer"),
         (Config { bn_size: 0, ..bc() }, "bn_size", "1×1 convolution"),
-        (Config { size: 0, ..bc() }, "size", "at least 1×1"),
+        (
+            Config {
+                size: Spatial::square(0),
+                ..bc()
+            },
+            "size",
+            "at least 1×1",
+        ),
+        // `size = "0x5"` / `"3x0"`: the zero side is named.
+        (
+            Config {
+                size: Spatial::new(0, 5),
+                ..bc()
+            },
+            "height",
+            "at least 1×1",
+        ),
+        (
+            Config {
+                size: Spatial::new(3, 0),
+                ..bc()
+            },
+            "width",
+            "at least 1×1",
+        ),
     ];
     for (cfg, want, why) in cases {
         let (field, e) = refused(&cfg);
@@ -220,7 +262,7 @@ fn fields_an_mlp_does_not_use_are_never_multiplied() {
     // (the memory model would otherwise overflow on bn_size·k).
     let cfg = Config {
         bn_size: usize::MAX,
-        size: 0,
+        size: Spatial::square(0),
         ..mlp()
     };
     cfg.validate().expect("mlp ignores bn_size and size");
@@ -267,12 +309,12 @@ fn fits(c: &Config) -> bool {
                 && le(mul(mul(mul(s(6), s(k)), m), c_sum), u64::MAX as u128)
         }
         Family::Bc => {
-            let (bn, sz) = (u(c.bn_size), u(c.size));
-            if bn == 0 || sz == 0 {
+            let (bn, h, w) = (u(c.bn_size), u(c.size.height), u(c.size.width));
+            if bn == 0 || h == 0 || w == 0 {
                 return false;
             }
             let b = mul(s(bn), s(k));
-            let m = mul(s(n), mul(s(sz), s(sz)));
+            let m = mul(s(n), mul(s(h), s(w)));
             let params = add(
                 mul(add(s(4), b), c_sum),
                 mul(s(l), add(mul(s(4), b), mul(mul(s(9), s(k)), b))),
@@ -292,7 +334,7 @@ fn fits(c: &Config) -> bool {
                     MAX_STEP_ELEMENTS,
                 )
                 && le(flops, u64::MAX as u128)
-                && n * sz * sz >= 2
+                && n * h * w >= 2
         }
     }
 }
@@ -312,17 +354,19 @@ fn config() -> impl Strategy<Value = Config> {
     (
         prop::bool::ANY,
         (field(), field(), field(), field(), field(), field()),
+        // Half the sizes square (`size = 32`), half drawn side by side (`size = "HxW"`).
+        prop::option::of(field()),
         prop::bool::ANY,
     )
         .prop_map(
-            |(bc, (batch, channels, growth, depth, bn_size, size), f64)| Config {
+            |(bc, (batch, channels, growth, depth, bn_size, height), width, f64)| Config {
                 family: if bc { Family::Bc } else { Family::Mlp },
                 batch,
                 channels,
                 growth,
                 depth,
                 bn_size,
-                size,
+                size: Spatial::new(height, width.unwrap_or(height)),
                 activation: true,
                 dtype: if f64 { DType::F64 } else { DType::F32 },
                 seed: 0,
@@ -351,7 +395,10 @@ proptest! {
                 }
             }
             Err(Error::InvalidConfig { field, value, .. }) => {
-                let known = ["batch", "channels", "growth", "depth", "bn_size", "size", "dtype"];
+                let known = [
+                    "batch", "channels", "growth", "depth", "bn_size", "size", "height", "width",
+                    "dtype",
+                ];
                 prop_assert!(known.contains(&field), "unknown field {}", field);
                 // The value shown is the named field's own value.
                 let own = match field {
@@ -360,12 +407,23 @@ proptest! {
                     "growth" => cfg.growth.to_string(),
                     "depth" => cfg.depth.to_string(),
                     "bn_size" => cfg.bn_size.to_string(),
-                    "size" => cfg.size.to_string(),
+                    "size" => cfg.size.height.to_string(),
+                    "height" => cfg.size.height.to_string(),
+                    "width" => cfg.size.width.to_string(),
                     _ => cfg.dtype.as_str().to_string(),
                 };
                 prop_assert_eq!(value, own);
+                // A square size is blamed as `size`, a non-square one by its side.
+                let square = cfg.size.is_square();
+                prop_assert!(
+                    if square { !["height", "width"].contains(&field) } else { field != "size" },
+                    "{} blamed on {}", cfg.size, field
+                );
                 if cfg.family == Family::Mlp {
-                    prop_assert!(field != "bn_size" && field != "size", "mlp blamed on {}", field);
+                    prop_assert!(
+                        !["bn_size", "size", "height", "width"].contains(&field),
+                        "mlp blamed on {}", field
+                    );
                 }
             }
             Err(e) => prop_assert!(false, "unexpected error kind: {}", e),

@@ -4,7 +4,7 @@
 
 use candle_core::{DType, Device};
 use impls::memory::predict_peak_bytes;
-use impls::{step, Case, Config, Family, NoProbe, Variant};
+use impls::{step, Case, Config, Family, NoProbe, Spatial, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
 mod counting;
@@ -23,7 +23,15 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
     let configs = [
         Config {
             batch: 16,
-            size: 16,
+            size: Spatial::square(16),
+            depth: 6,
+            dtype: DType::F32,
+            ..Config::bc100_block()
+        },
+        // Non-square maps: M = N·H·W = 16·12·20, not N·H² or N·W².
+        Config {
+            batch: 16,
+            size: Spatial::new(12, 20),
             depth: 6,
             dtype: DType::F32,
             ..Config::bc100_block()
@@ -35,7 +43,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
             growth: 32,
             depth: 6,
             bn_size: 1,
-            size: 1,
+            size: Spatial::square(1),
             activation: true,
             dtype: DType::F64,
             seed: 1,
@@ -47,7 +55,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
             growth: 16,
             depth: 5,
             bn_size: 1,
-            size: 1,
+            size: Spatial::square(1),
             activation: false,
             dtype: DType::F32,
             seed: 2,

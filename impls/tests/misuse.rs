@@ -3,7 +3,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use impls::buffer::{AppendBuffer, GradBuffer};
-use impls::{Case, Config, Error, Family, Variant};
+use impls::{Case, Config, Error, Family, Spatial, Variant};
 
 fn rows(n: usize, cols: usize, v: f64) -> Tensor {
     Tensor::full(v, (n, cols), &Device::Cpu).unwrap()
@@ -142,7 +142,7 @@ fn invalid_configs_name_the_field() {
         ),
         (
             Config {
-                size: 0,
+                size: Spatial::square(0),
                 ..base.clone()
             },
             "size",
@@ -157,7 +157,7 @@ fn invalid_configs_name_the_field() {
         (
             Config {
                 batch: 1,
-                size: 1,
+                size: Spatial::square(1),
                 ..base.clone()
             },
             "batch",

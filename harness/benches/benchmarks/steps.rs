@@ -12,7 +12,7 @@ use super::{device, full, time_iters};
 use candle_core::{DType, Device};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
 use densebench::results::criterion::group_name;
-use impls::{Case, Config, Family, NoProbe, Variant};
+use impls::{Case, Config, Family, NoProbe, Spatial, Variant};
 use std::time::Duration;
 
 /// The forum's block: Linear(C0 + i·k → k) + ReLU on a batch of 4096 features.
@@ -29,7 +29,7 @@ const BC_SMALL_BATCH: usize = 16;
 const BC_SMALL_CHANNELS: usize = 24;
 const BC_SMALL_GROWTH: usize = 12;
 const BC_SMALL_BN_SIZE: usize = 4;
-const BC_SMALL_SIZE: usize = 8;
+const BC_SMALL_SIZE: Spatial = Spatial::square(8);
 /// Default depths (20 ms–1.2 s per step), and those added by the full set.
 const BC_SMALL_DEPTHS: &[usize] = &[8, 16];
 const BC_SMALL_DEPTHS_FULL: &[usize] = &[32];
@@ -63,7 +63,7 @@ fn mlp(depth: usize) -> Config {
         growth: MLP_GROWTH,
         depth,
         bn_size: 1,
-        size: 1,
+        size: Spatial::square(1),
         activation: true,
         dtype: DType::F32,
         seed: 0,

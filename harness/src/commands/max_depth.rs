@@ -10,7 +10,7 @@ use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, Context, Result};
-use impls::{Config, Family, Variant};
+use impls::{Config, Family, Spatial, Variant};
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -42,9 +42,9 @@ pub struct Args {
     /// Bottleneck factor (bc).
     #[arg(long)]
     pub bn_size: Option<usize>,
-    /// Spatial size H = W (bc).
-    #[arg(long)]
-    pub size: Option<usize>,
+    /// Spatial size of the feature maps (bc): `32` (32×32) or `HxW`, height first.
+    #[arg(long, value_parser = job::parse_size)]
+    pub size: Option<Spatial>,
     /// ReLU after each Linear (mlp).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
@@ -84,7 +84,7 @@ fn block(a: &Args) -> Result<Config> {
             growth: 64,
             depth: 1,
             bn_size: 1,
-            size: 1,
+            size: Spatial::square(1),
             activation: true,
             dtype,
             seed: 0,

@@ -100,7 +100,7 @@ pub struct MatchKey {
     pub channels: usize,
     pub growth: usize,
     pub bn_size: usize,
-    pub size: usize,
+    pub size: impls::Spatial,
     pub activation: bool,
     pub dtype: String,
     pub seed: u64,

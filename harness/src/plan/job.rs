@@ -7,7 +7,7 @@ use crate::plan::device::DeviceSpec;
 pub use crate::plan::target::{Peer, PeerVariant, Target};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
-use impls::{Config, Family};
+use impls::{Config, Family, Spatial};
 use std::sync::OnceLock;
 use std::time::Duration;
 
@@ -77,9 +77,10 @@ pub struct ConfigArgs {
     /// Bottleneck factor (bc only): Conv1×1 outputs bn_size·k channels.
     #[arg(long, default_value_t = 4)]
     pub bn_size: usize,
-    /// Spatial size H = W (bc only).
-    #[arg(long, default_value_t = 32)]
-    pub size: usize,
+    /// Spatial size of the feature maps (bc only): `32` for 32×32, or `HxW`, height first
+    /// (`360x480`).
+    #[arg(long, default_value_t = Spatial::square(32), value_parser = parse_size)]
+    pub size: Spatial,
     /// ReLU after each Linear (mlp only; bc always has its ReLUs).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
@@ -154,14 +155,24 @@ pub fn normalize(mut cfg: Config) -> Config {
     match cfg.family {
         Family::Mlp => {
             cfg.bn_size = 1;
-            cfg.size = 1;
+            cfg.size = Spatial::square(1);
         }
         Family::Bc => cfg.activation = true,
     }
     cfg
 }
 
-/// `key` without the variant: `family/N/C0/k/L/bn/size/act/dtype/seed/device`.
+/// `--size`: `32` or `HxW` ([`Spatial`]); the error is the reason alone (clap names the flag
+/// and the value).
+pub fn parse_size(s: &str) -> Result<Spatial, String> {
+    Spatial::parse(s).map_err(|e| match e {
+        impls::Error::InvalidConfig { reason, .. } => reason,
+        other => other.to_string(),
+    })
+}
+
+/// `key` without the variant: `family/N/C0/k/L/bn/size/act/dtype/seed/device`; `size` is `32`
+/// for 32×32 and `HxW` otherwise (`360x480`), as in the CSV's `size` column.
 pub fn config_key(cfg: &Config, device: DeviceSpec) -> String {
     format!(
         "{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}",
@@ -307,9 +318,9 @@ mod tests {
     #[test]
     fn key_normalises_fields_the_family_ignores() {
         let mut a = Config::tiny(Family::Mlp);
-        a.size = 9;
+        a.size = Spatial::square(9);
         let mut b = a.clone();
-        b.size = 3;
+        b.size = Spatial::new(3, 5);
         let (a, b) = (normalize(a), normalize(b));
         let v = Variant::NAIVE;
         assert_eq!(key(v, &a, DeviceSpec::Cpu), key(v, &b, DeviceSpec::Cpu));
@@ -317,5 +328,40 @@ mod tests {
             key(v, &a, DeviceSpec::Cpu),
             "cat-store-copy/mlp/2/3/2/3/1/1/on/f64/7/cpu"
         );
+    }
+
+    #[test]
+    fn key_and_flags_write_square_sizes_as_before_and_others_as_hxw() {
+        let v = Variant::NAIVE;
+        let square = Config::tiny(Family::Bc);
+        assert_eq!(
+            key(v, &square, DeviceSpec::Cpu),
+            "cat-store-copy/bc/2/3/2/3/2/3/on/f64/7/cpu"
+        );
+        for (size, text) in [(Spatial::new(3, 5), "3x5"), (Spatial::new(5, 3), "5x3")] {
+            let cfg = Config {
+                size,
+                ..square.clone()
+            };
+            assert_eq!(
+                key(v, &cfg, DeviceSpec::Cpu),
+                format!("cat-store-copy/bc/2/3/2/3/2/{text}/on/f64/7/cpu")
+            );
+            // The child's flags reproduce the config, H and W in order.
+            let flags = ConfigArgs::from_config(&cfg).to_flags();
+            let at = flags
+                .iter()
+                .position(|f| f == "--size")
+                .map(|i| &flags[i + 1]);
+            assert_eq!(at.map(String::as_str), Some(text));
+            assert_eq!(parse_size(text), Ok(size));
+        }
+        for bad in ["0x", "x5", "axb", "3x5x7", "", "99999999999999999999999"] {
+            let e = parse_size(bad).err().unwrap_or_default();
+            assert!(
+                e.contains("expected") || e.contains("usize::MAX"),
+                "{bad}: {e}"
+            );
+        }
     }
 }

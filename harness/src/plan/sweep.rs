@@ -15,7 +15,7 @@ use crate::plan::device::DeviceSpec;
 use crate::plan::job::{self, resolve_threads, Peer, Settings, Target};
 use crate::plan::shard;
 use anyhow::{anyhow, bail, Context, Result};
-use impls::{Config, Family, Variant};
+use impls::{Config, Family, Spatial, Variant};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
 use std::io::Read;
@@ -49,7 +49,8 @@ pub struct Entry {
     pub growth: Option<Set<Vec<usize>>>,
     pub depth: Option<Set<Vec<usize>>>,
     pub bn_size: Option<Set<Vec<usize>>>,
-    pub size: Option<Set<Vec<usize>>>,
+    /// `32` (32×32) or `"HxW"`, height first.
+    pub size: Option<Set<Vec<Spatial>>>,
     pub activation: Option<Set<Vec<bool>>>,
     pub dtype: Option<Set<Vec<String>>>,
     pub seed: Option<Set<Vec<u64>>>,
@@ -161,6 +162,18 @@ const U64: Kind<u64> = Kind {
     many: "integers",
     read: |v| v.as_integer().and_then(|i| u64::try_from(i).ok()),
 };
+/// A spatial size: an integer (`32`, H = W = 32) or a string `"HxW"` (`"360x480"`).
+const SIZE: Kind<Spatial> = Kind {
+    one: "a size (an integer such as 32, or \"HxW\" such as \"360x480\", height first)",
+    many: "sizes",
+    read: |v| match v {
+        Value::String(s) => Spatial::parse(s).ok(),
+        v => v
+            .as_integer()
+            .and_then(|i| usize::try_from(i).ok())
+            .map(Spatial::square),
+    },
+};
 const BOOL: Kind<bool> = Kind {
     one: "a boolean (true or false)",
     many: "booleans",
@@ -259,7 +272,7 @@ impl Reader<'_> {
             growth: self.many("growth", &r.growth, &UINT)?,
             depth: self.many("depth", &r.depth, &UINT)?,
             bn_size: self.many("bn_size", &r.bn_size, &UINT)?,
-            size: self.many("size", &r.size, &UINT)?,
+            size: self.many("size", &r.size, &SIZE)?,
             activation: self.many("activation", &r.activation, &BOOL)?,
             dtype: self.many("dtype", &r.dtype, &STRING)?,
             seed: self.many("seed", &r.seed, &U64)?,
@@ -328,7 +341,7 @@ pub fn read(text: &str, source: &str) -> Result<SweepFile> {
 
 /// Built-in defaults for fields neither a group nor `[defaults]` sets.
 const DEFAULT_BN_SIZE: usize = 4;
-const DEFAULT_SIZE: usize = 32;
+const DEFAULT_SIZE: Spatial = Spatial::square(32);
 const DEFAULT_STEPS: usize = 3;
 const DEFAULT_WARMUP: usize = 1;
 
@@ -849,5 +862,50 @@ mod tests {
             err("[[group]]\nfamily = 'mlp'\nbatch = 1\nchannels = 1\ngrowth = 1\ndepth = 0")
                 .contains("depth")
         );
+    }
+
+    const BC: &str = "[[group]]\nfamily = 'bc'\nbatch = 2\nchannels = 3\ngrowth = 2\ndepth = 3\n\
+                      bn_size = 2\nvariants = ['cat-store-copy']\n";
+
+    #[test]
+    fn sizes_are_integers_or_hxw_strings() {
+        let keys = |size: &str| {
+            parse(&format!("{BC}size = {size}\n"), "t.toml", Some(1 << 30))
+                .map(|jobs| jobs.into_iter().map(|j| j.key).collect::<Vec<_>>())
+                .map_err(|e| format!("{e:#}"))
+        };
+        let key = |s: &str| format!("cat-store-copy/bc/2/3/2/3/2/{s}/on/f32/0/cpu");
+        assert_eq!(keys("32"), Ok(vec![key("32")]));
+        // A string with one side is the same square; `5x5` too (one key per config).
+        assert_eq!(keys("'32'"), Ok(vec![key("32")]));
+        assert_eq!(keys("['5x5', 5]"), Ok(vec![key("5")]));
+        assert_eq!(
+            keys("['3x5', '5x3', 4]"),
+            Ok(vec![key("3x5"), key("5x3"), key("4")])
+        );
+        let jobs = parse(&format!("{BC}size = '3x5'\n"), "t.toml", Some(1 << 30));
+        let size = jobs.ok().and_then(|j| j.first().map(|j| j.cfg.size));
+        assert_eq!(size, Some(Spatial::new(3, 5)), "H first");
+    }
+
+    #[test]
+    fn bad_sizes_are_one_line_naming_the_key_and_its_line() {
+        for (size, says) in [
+            ("'5x'", "got the string \"5x\""),
+            ("'axb'", "got the string \"axb\""),
+            ("'99999999999999999999999x3'", "got the string"),
+            ("-3", "got the negative integer -3"),
+            ("3.5", "got the number 3.5"),
+            ("['3x5', 'x']", "item 2 of the list"),
+            // Syntax is right, a side is zero: validation names the side.
+            ("'0x5'", "height = 0: must be at least 1"),
+            ("'3x0'", "width = 0: must be at least 1"),
+        ] {
+            let e = err(&format!("{BC}size = {size}\n"));
+            assert!(e.contains(says) && !e.contains('\n'), "size = {size}: {e}");
+            if !size.contains("x0") && !size.contains("0x") {
+                assert!(e.contains("line 9: `size`") && e.contains("HxW"), "{e}");
+            }
+        }
     }
 }

@@ -23,8 +23,8 @@ const SAMPLE_FILE: &str = "sample.json";
 const BENCHMARK_FILE: &str = "benchmark.json";
 
 /// The criterion group of a config's benchmarks: family and every size field but depth, e.g.
-/// `mlp-N4096-C256-k64` or `bc-N64-C24-k12-bn4-32x32`; `-norelu` for an mlp without
-/// activation, `-f64` for f64, `-seedS` for a seed other than 0.
+/// `mlp-N4096-C256-k64` or `bc-N64-C24-k12-bn4-32x32` (H×W, `-360x480` when not square);
+/// `-norelu` for an mlp without activation, `-f64` for f64, `-seedS` for a seed other than 0.
 pub fn group_name(cfg: &Config) -> String {
     let mut s = format!(
         "{}-N{}-C{}-k{}",
@@ -33,7 +33,7 @@ pub fn group_name(cfg: &Config) -> String {
     match cfg.family {
         Family::Mlp if !cfg.activation => s.push_str("-norelu"),
         Family::Mlp => {}
-        Family::Bc => s.push_str(&format!("-bn{}-{}x{}", cfg.bn_size, cfg.size, cfg.size)),
+        Family::Bc => s.push_str(&format!("-bn{}-{}", cfg.bn_size, cfg.size.label())),
     }
     if cfg.dtype != candle_core::DType::F32 {
         s.push('-');
@@ -311,6 +311,11 @@ mod tests {
             group_name(&Config::bc100_block()),
             "bc-N64-C24-k12-bn4-32x32"
         );
+        let camvid = Config {
+            size: impls::Spatial::new(360, 480),
+            ..Config::bc100_block()
+        };
+        assert_eq!(group_name(&camvid), "bc-N64-C24-k12-bn4-360x480");
         let mut mlp = Config::tiny(Family::Mlp);
         (mlp.batch, mlp.channels, mlp.growth) = (4096, 256, 64);
         mlp.dtype = candle_core::DType::F32;

@@ -3,6 +3,7 @@
 
 use crate::progress::{human_bytes, human_ns};
 use anyhow::{anyhow, bail, Context, Result};
+use impls::Spatial;
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
@@ -40,7 +41,9 @@ pub struct Row {
     pub growth: usize,
     pub depth: usize,
     pub bn_size: usize,
-    pub size: usize,
+    /// Spatial size of the feature maps: `32` for 32×32 (an integer cell, as every file before
+    /// non-square maps has), `HxW` otherwise (`360x480`, height first); 1 for mlp.
+    pub size: Spatial,
     pub activation: bool,
     pub dtype: String,
     pub seed: u64,
@@ -199,17 +202,17 @@ impl Row {
             .collect()
     }
 
-    /// A short config label without the variant, e.g. `bc N=64 C0=24 k=12 bn=4 32x32 f32`.
+    /// A short config label without the variant, e.g. `bc N=64 C0=24 k=12 bn=4 32x32 f32`
+    /// (`360x480`: H × W, height first).
     pub fn config_label(&self) -> String {
         if self.family == "bc" {
             format!(
-                "bc N={} C0={} k={} bn={} {}x{} {}",
+                "bc N={} C0={} k={} bn={} {} {}",
                 self.batch,
                 self.channels,
                 self.growth,
                 self.bn_size,
-                self.size,
-                self.size,
+                self.size.label(),
                 self.dtype
             )
         } else {

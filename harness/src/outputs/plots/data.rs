@@ -65,7 +65,7 @@ pub struct ConfigKey {
     pub channels: usize,
     pub growth: usize,
     pub bn_size: usize,
-    pub size: usize,
+    pub size: impls::Spatial,
     pub activation: bool,
     pub dtype: String,
     pub seed: u64,
@@ -422,7 +422,7 @@ fn is_canonical(key: &ConfigKey, depth: usize) -> bool {
                 && key.channels == 24
                 && key.growth == 12
                 && key.bn_size == 4
-                && key.size == 32
+                && key.size == impls::Spatial::square(32)
                 && depth == 16
         }
         "mlp" => key.batch == 4096 && key.channels == 256 && key.growth == 64 && depth == 32,
