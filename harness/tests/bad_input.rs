@@ -93,6 +93,9 @@ fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
             run(&["--variant", "cat-store-kopy"]),
             vec!["--variant", "cat-store-kopy"],
         ),
+        // TF32 is a GPU mode: refused on the CPU before any work, naming the flag.
+        (run(&["--math", "tf32"]), vec!["--math", "GPU mode"]),
+        (run(&["--math", "fast"]), vec!["--math"]),
     ];
     for (args, needles) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

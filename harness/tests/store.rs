@@ -426,6 +426,28 @@ fn integer_sizes_of_existing_files_read_and_write_back_unchanged_and_hxw_round_t
 }
 
 #[test]
+fn tf32_rows_carry_their_math_in_the_key() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut tf32 = good_row("cat-store-copy", 1);
+    tf32.device = "cuda:0".to_string();
+    tf32.math = "tf32".to_string();
+    tf32.key = key_of_fields(&tf32);
+    assert!(tf32.key.ends_with("/cuda:0/tf32"), "{}", tf32.key);
+    let p = dir.path().join("tf32.csv");
+    write_rows(&p, std::slice::from_ref(&tf32)).expect("csv");
+    assert_eq!(read_rows(&p).expect("reads")[0].math, "tf32");
+    // A tf32 row whose key lacks the suffix (or an ieee row that has it) is refused.
+    let mut lying = tf32.clone();
+    lying.math = "ieee".to_string();
+    std::fs::write(&p, csv_bytes(&[lying]).expect("csv")).expect("write");
+    let e = read_rows(&p)
+        .err()
+        .map(|e| format!("{e:#}"))
+        .unwrap_or_default();
+    assert!(e.contains("column `key`"), "{e}");
+}
+
+#[test]
 fn rows_that_lie_about_schema_or_key_are_refused_and_nan_errors_are_never_ok() {
     let dir = tempfile::tempdir().expect("temp dir");
     let good = dir.path().join("good.csv");

@@ -269,7 +269,7 @@ def test_bc_matches_densebench_f64(c: Ctx):
 
 
 def test_bc_nonsquare_naive_vs_memory_efficient(c: Ctx):
-    # densebench refuses H != W today (issue 12 item 5); PyTorch's two variants must agree.
+    # H != W: PyTorch's two variants agree, and densebench's f64 step agrees with them.
     case = c.case("bc-ns.st", "bc", batch=2, channels=4, growth=3, depth=3, bn_size=2,
                   height=3, width=5)
     a = c.peer_ok(case, "bc", "pytorch-naive", c.path("ns-a.st"))
@@ -283,11 +283,8 @@ def test_bc_nonsquare_naive_vs_memory_efficient(c: Ctx):
     if c.dense is not None:
         r = subprocess.run([c.dense, "step", "--case", case, "--variant", "autograd", "--out",
                             c.path("ns-d.st")], capture_output=True, text=True)
-        if r.returncode != 0:
-            # Until densebench accepts H != W (issue 12 item 5) it must say so plainly.
-            assert "square" in r.stderr, r.stderr
-        else:
-            check_against_densebench(c, "bc", "pytorch-naive", case, "bc-3x5")
+        assert r.returncode == 0, r.stderr
+        check_against_densebench(c, "bc", "pytorch-naive", case, "bc-3x5")
 
 
 def test_mlp_matches_densebench_f64(c: Ctx):

@@ -25,7 +25,7 @@ use crate::measure::device::check_devices;
 use crate::measure::{interrupt, peer, reference};
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::Peer;
+use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::runner;
@@ -84,6 +84,11 @@ pub struct Args {
     /// f64 reference; its rows have `framework = pytorch`. Needs PyTorch (`just peer-setup`).
     #[arg(long, value_enum, value_name = "PEER")]
     pub peer: Option<Peer>,
+    /// f32 math of every group (overrides the sweep file's `math`): `ieee` (full f32, the
+    /// default) or `tf32` (TF32 tensor cores; GPU devices and f32 only). `tf32` rows' keys end
+    /// in `/tf32`.
+    #[arg(long, value_enum, value_name = "MATH")]
+    pub math: Option<Math>,
 }
 
 impl Args {
@@ -110,10 +115,17 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
     let over = Overrides {
         mem_limit: a.mem_limit,
         peer: a.peer,
+        math: a.math,
     };
     let mut jobs = parse_with(&text, &source, over)?;
     if let Some(&first) = a.devices.first() {
         jobs = retarget(jobs, first);
+        for j in &jobs {
+            j.settings
+                .math
+                .check(first, j.cfg.dtype)
+                .map_err(|e| anyhow::anyhow!("--devices {first}: {e}"))?;
+        }
     }
     let mut source = source;
     if let Some(s) = a.shard {

@@ -142,6 +142,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let settings = Settings {
         device,
+        math: crate::plan::job::Math::Ieee,
         threads: job::resolve_threads(a.threads),
         steps: 1,
         warmup: 1,

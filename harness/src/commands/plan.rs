@@ -46,6 +46,9 @@ pub struct Args {
     /// The `--peer` of `bench-all`: the peer's jobs are listed with the others.
     #[arg(long, value_enum, value_name = "PEER")]
     pub peer: Option<crate::plan::job::Peer>,
+    /// The `--math` of `bench-all` (`tf32` keys end in `/tf32`).
+    #[arg(long, value_enum, value_name = "MATH")]
+    pub math: Option<crate::plan::job::Math>,
 }
 
 /// The plan as text (see [`Format`]). Every error is the user's input (exit status 2).
@@ -56,6 +59,7 @@ pub fn render(a: &Args) -> Result<String> {
     let over = sweep::Overrides {
         mem_limit: None,
         peer: a.peer,
+        math: a.math,
     };
     let mut jobs = sweep::parse_with(&text, &source, over).bad_input()?;
     if let Some(&first) = a.devices.first() {

@@ -7,7 +7,7 @@ use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::interrupt;
 use crate::measure::reference::{self, Cache};
 use crate::plan::bounds::{self, ResultExt};
-use crate::plan::job::{self, ConfigArgs, Settings};
+use crate::plan::job::{self, ConfigArgs, Math, Settings};
 use crate::results::record::measure_row_retrying;
 use crate::results::row::Row;
 use anyhow::{anyhow, Context, Result};
@@ -48,6 +48,10 @@ pub struct Args {
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
+    /// f32 math of matmuls and convolutions: `ieee` (full f32) or `tf32` (TF32 tensor cores;
+    /// a GPU device and f32 only). The row's `math` column; `tf32` keys end in `/tf32`.
+    #[arg(long, value_enum, default_value_t = Math::Ieee)]
+    pub math: Math,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Csv)]
     pub format: Format,
@@ -98,8 +102,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .bad_input()?;
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
     device.check_available().bad_input()?;
+    let math = a.math;
+    math.check(device, cfg.dtype)
+        .context("--math")
+        .bad_input()?;
     let s = Settings {
         device,
+        math,
         threads: job::resolve_threads(a.threads),
         steps: a.steps,
         warmup: a.warmup,

@@ -23,10 +23,10 @@
 //! so a terminal's Ctrl-C reaches only the parent, which kills the group and stops in order.
 
 use crate::measure::alloc;
-use crate::measure::device::DeviceSpec;
+use crate::measure::device::{self, DeviceSpec};
 use crate::measure::interrupt::{self, signal_name};
 use crate::measure::step::{self as measure, Measurement};
-use crate::plan::job::{ConfigArgs, Settings};
+use crate::plan::job::{ConfigArgs, Math, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::Variant;
 use std::io::Read;
@@ -53,6 +53,9 @@ pub struct Args {
     /// Allocator limit in bytes.
     #[arg(long)]
     pub mem_limit: Option<u64>,
+    /// f32 math of matmuls and convolutions: `ieee` or `tf32` (GPU only).
+    #[arg(long, value_enum, default_value_t = Math::Ieee)]
+    pub math: Math,
     /// Reference result file to compare the last measured step with.
     #[arg(long, requires = "reference_variant")]
     pub reference: Option<PathBuf>,
@@ -78,6 +81,7 @@ pub fn child(a: Args) -> Result<ExitCode> {
     let cfg = a.config.to_config()?;
     let variant = Variant::parse(&a.variant).map_err(|e| anyhow!("--variant: {e}"))?;
     let spec: DeviceSpec = a.device.parse()?;
+    // References are f64 in full precision whatever the rows' math.
     if let Some(out) = &a.save_result {
         measure::save_reference(variant, &cfg, spec, out)?;
         return Ok(ExitCode::SUCCESS);
@@ -89,6 +93,8 @@ pub fn child(a: Args) -> Result<ExitCode> {
         )),
         _ => None,
     };
+    a.math.check(spec, cfg.dtype)?;
+    device::set_math(a.math);
     let tolerance = a
         .tolerance
         .unwrap_or_else(|| measure::documented_tolerance(cfg.dtype));
@@ -157,6 +163,8 @@ pub fn flags(variant: Variant, cfg: &impls::Config, s: &Settings) -> Vec<String>
         s.steps.to_string(),
         "--warmup".to_string(),
         s.warmup.to_string(),
+        "--math".to_string(),
+        s.math.name().to_string(),
     ]);
     if let Some(limit) = s.mem_limit {
         f.extend(["--mem-limit".to_string(), limit.to_string()]);
@@ -373,6 +381,7 @@ mod tests {
     fn settings() -> Settings {
         Settings {
             device: DeviceSpec::Cpu,
+            math: Math::Ieee,
             threads: 1,
             steps: 1,
             warmup: 0,

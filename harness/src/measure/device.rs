@@ -10,6 +10,7 @@
 
 use crate::measure::alloc;
 pub use crate::plan::device::{DeviceSpec, NO_CUDA};
+use crate::plan::job::Math;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
 use std::collections::HashSet;
@@ -187,4 +188,11 @@ mod tests {
         let e = DeviceSpec::Cuda(0).open().err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some(NO_CUDA));
     }
+}
+
+/// Sets the process-wide f32 math of candle's GEMMs (convolutions here are GEMMs too): TF32
+/// tensor cores for [`Math::Tf32`], full f32 otherwise. A no-op without CUDA support (candle's
+/// stand-in backend); [`Math::check`] has already refused `tf32` on the CPU.
+pub fn set_math(math: Math) {
+    candle_core::cuda::set_gemm_reduced_precision_f32(math == Math::Tf32);
 }

@@ -91,6 +91,7 @@ pub fn check() -> std::result::Result<String, String> {
     let script = script().map_err(|e| format!("{e:#}"))?;
     let s = Settings {
         device: crate::plan::device::DeviceSpec::Cpu,
+        math: crate::plan::job::Math::Ieee,
         threads: 1,
         steps: 1,
         warmup: 0,
@@ -166,7 +167,7 @@ pub fn args(
         "--threads".to_string(),
         s.threads.to_string(),
         "--math".to_string(),
-        "ieee".to_string(),
+        s.math.name().to_string(),
         "--out".to_string(),
         out.display().to_string(),
     ];
@@ -291,6 +292,7 @@ mod tests {
         let cfg = impls::Config::tiny(impls::Family::Mlp);
         let s = Settings {
             device: crate::plan::device::DeviceSpec::Cpu,
+            math: crate::plan::job::Math::Ieee,
             threads: 3,
             steps: 5,
             warmup: 2,

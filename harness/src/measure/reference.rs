@@ -211,7 +211,7 @@ impl Cache {
     }
 
     fn peer_error_path(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> PathBuf {
-        let key = config_key(cfg, s.device).replace('/', "_");
+        let key = format!("{}{}", config_key(cfg, s.device), s.math.key_suffix()).replace('/', "_");
         self.dir.join(format!("{key}.{}.error.json", v.name()))
     }
 

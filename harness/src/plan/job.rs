@@ -197,10 +197,75 @@ pub fn key(variant: impl Into<Target>, cfg: &Config, device: DeviceSpec) -> Stri
     format!("{}/{}", variant.into().name(), config_key(cfg, device))
 }
 
+/// Floating-point math of f32 matmuls and convolutions (issue 11): `ieee`, full f32 (the
+/// default, and the only mode of the CPU and of f64), or `tf32`, TF32 tensor cores on a GPU
+/// (`candle_core::cuda::set_gemm_reduced_precision_f32`; 10-bit mantissa products, f32
+/// accumulation).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, ValueEnum)]
+pub enum Math {
+    #[default]
+    Ieee,
+    Tf32,
+}
+
+impl Math {
+    pub fn name(self) -> &'static str {
+        match self {
+            Math::Ieee => "ieee",
+            Math::Tf32 => "tf32",
+        }
+    }
+
+    /// `ieee` or `tf32`; anything else is one line naming both.
+    pub fn parse(s: &str) -> Result<Math> {
+        match s {
+            "ieee" => Ok(Math::Ieee),
+            "tf32" => Ok(Math::Tf32),
+            _ => bail!("math `{s}` is not `ieee` or `tf32`"),
+        }
+    }
+
+    /// What a row's key carries after the device: nothing for `ieee` (so every key written
+    /// before `--math` existed stays valid), `/tf32` for `tf32`.
+    pub fn key_suffix(self) -> &'static str {
+        match self {
+            Math::Ieee => "",
+            Math::Tf32 => "/tf32",
+        }
+    }
+
+    /// Refuses `tf32` where it means nothing: on the CPU (which computes f32 in full
+    /// precision) and in f64.
+    pub fn check(self, device: DeviceSpec, dtype: candle_core::DType) -> Result<()> {
+        if self == Math::Tf32 {
+            if device == DeviceSpec::Cpu {
+                bail!(
+                    "math `tf32` is a GPU mode (TF32 tensor cores); the CPU computes f32 in full \
+                     precision: use `ieee` (the default) or a `cuda:N` device"
+                );
+            }
+            if dtype != candle_core::DType::F32 {
+                bail!(
+                    "math `tf32` applies to f32 only, the dtype is {}",
+                    dtype.as_str()
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The key of a row measured under `math`: [`key`] and [`Math::key_suffix`].
+pub fn job_key(variant: impl Into<Target>, cfg: &Config, device: DeviceSpec, math: Math) -> String {
+    format!("{}{}", key(variant, cfg, device), math.key_suffix())
+}
+
 /// How one measurement is run.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
     pub device: DeviceSpec,
+    /// f32 math of matmuls and convolutions ([`Math`]).
+    pub math: Math,
     /// Compute threads of the child (resolved: never 0).
     pub threads: usize,
     /// Measured steps (median, min, max are over these).

@@ -12,7 +12,7 @@
 
 use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::{self, resolve_threads, Peer, Settings, Target};
+use crate::plan::job::{self, resolve_threads, Math, Peer, Settings, Target};
 use crate::plan::shard;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
@@ -65,6 +65,8 @@ pub struct Entry {
     pub mem_limit: Option<Set<u64>>,
     /// `"pytorch"`: every config also runs the peer's variants; `"none"`: it does not.
     pub peer: Option<Set<String>>,
+    /// `"ieee"` (default) or `"tf32"` (GPU, f32).
+    pub math: Option<Set<String>>,
 }
 
 /// A table as TOML's parser gives it: known keys only, values untyped with their positions.
@@ -93,6 +95,7 @@ struct RawEntry {
     timeout_secs: Option<Spanned<Value>>,
     mem_limit: Option<Spanned<Value>>,
     peer: Option<Spanned<Value>>,
+    math: Option<Spanned<Value>>,
 }
 
 /// A sweep file as TOML's parser gives it.
@@ -284,6 +287,7 @@ impl Reader<'_> {
             timeout_secs: self.one("timeout_secs", &r.timeout_secs, &U64)?,
             mem_limit: self.bytes("mem_limit", &r.mem_limit)?,
             peer: self.one("peer", &r.peer, &STRING)?,
+            math: self.one("math", &r.math, &STRING)?,
         })
     }
 }
@@ -452,6 +456,8 @@ pub struct Overrides {
     pub mem_limit: Option<u64>,
     /// `--peer`: every config also runs this peer's variants, whatever the file says.
     pub peer: Option<Peer>,
+    /// `--math`: every group's math mode, whatever the file says.
+    pub math: Option<Math>,
 }
 
 /// Parses a sweep file's text and expands it into jobs, validating everything. `source` names
@@ -463,6 +469,7 @@ pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<
         Overrides {
             mem_limit: mem_override,
             peer: None,
+            math: None,
         },
     )
 }
@@ -480,7 +487,8 @@ pub fn parse_with(text: &str, source: &str, over: Overrides) -> Result<Vec<Job>>
     let mut seen = HashSet::new();
     for (gi, g) in file.groups.iter().enumerate() {
         let label = format!("sweep file {source}, {}", group_label(gi, g));
-        let group_jobs = expand(g, d, mem_override, over.peer).with_context(|| label.clone())?;
+        let group_jobs =
+            expand(g, d, mem_override, over.peer, over.math).with_context(|| label.clone())?;
         for j in group_jobs {
             // A key listed twice is measured once.
             if seen.insert(j.key.clone()) {
@@ -528,6 +536,7 @@ fn expand(
     d: &Entry,
     mem_override: Option<u64>,
     peer_override: Option<Peer>,
+    math_override: Option<Math>,
 ) -> Result<Vec<Job>> {
     let family_name = merged!(g, d, family).context("`family` is missing (`mlp` or `bc`)")?;
     let family =
@@ -556,6 +565,14 @@ fn expand(
         None => DeviceSpec::Cpu,
         Some(s) => s.value.parse().with_context(|| s.at.clone())?,
     };
+    let (math, math_at) = match (math_override, merged!(g, d, math)) {
+        (Some(m), _) => (m, "--math".to_string()),
+        (None, None) => (Math::Ieee, "`math`".to_string()),
+        (None, Some(s)) => (
+            Math::parse(&s.value).map_err(|e| anyhow!("{}: {e}", s.at))?,
+            s.at.clone(),
+        ),
+    };
     let mem_limit = match mem_override {
         Some(b) => Some(b),
         None => match merged!(g, d, mem_limit) {
@@ -571,6 +588,7 @@ fn expand(
     )?;
     let settings = Settings {
         device,
+        math,
         threads: resolve_threads(threads),
         steps: bounded(merged!(g, d, steps), DEFAULT_STEPS, bounds::check_steps)?,
         warmup: bounded(merged!(g, d, warmup), DEFAULT_WARMUP, bounds::check_warmup)?,
@@ -632,9 +650,11 @@ fn expand(
                                             .map(Target::Peer);
                                         let targets =
                                             peers.chain(vs.into_iter().map(Target::Densebench));
+                                        math.check(device, cfg.dtype)
+                                            .map_err(|e| anyhow!("{math_at}: {e}"))?;
                                         for variant in targets {
                                             jobs.push(Job {
-                                                key: job::key(variant, &cfg, device),
+                                                key: job::job_key(variant, &cfg, device, math),
                                                 cost: shard::job_cost(variant, &cfg, &settings),
                                                 variant,
                                                 cfg: cfg.clone(),
@@ -704,7 +724,7 @@ pub fn retarget(jobs: Vec<Job>, device: DeviceSpec) -> Vec<Job> {
     jobs.into_iter()
         .filter_map(|mut j| {
             j.settings.device = device;
-            j.key = job::key(j.variant, &j.cfg, device);
+            j.key = job::job_key(j.variant, &j.cfg, device, j.settings.math);
             seen.insert(j.key.clone()).then_some(j)
         })
         .collect()
@@ -835,6 +855,43 @@ mod tests {
         };
         let e = err(&format!("{}{}", half(1), half(2)));
         assert!(e.contains("expands to 120000 jobs"), "{e}");
+    }
+
+    #[test]
+    fn math_is_a_gpu_f32_setting_and_tf32_keys_say_so() {
+        let group = "[[group]]\nfamily = \"mlp\"\nbatch = 2\nchannels = 3\ngrowth = 2\ndepth = 1\nvariants = [\"cat-store-copy\"]\n";
+        // Default: ieee, keys as before.
+        let jobs = parse(group, "t.toml", Some(1 << 30)).expect("parses");
+        assert_eq!(jobs[0].settings.math, Math::Ieee);
+        assert!(jobs[0].key.ends_with("/cpu"), "{}", jobs[0].key);
+        // tf32 on a GPU, f32: the key ends in /tf32.
+        let gpu = format!("{group}device = \"cuda:0\"\nmath = \"tf32\"\n");
+        let jobs = parse(&gpu, "t.toml", Some(1 << 30)).expect("parses");
+        assert_eq!(jobs[0].settings.math, Math::Tf32);
+        assert!(jobs[0].key.ends_with("/cuda:0/tf32"), "{}", jobs[0].key);
+        // --math overrides the file.
+        let over = Overrides {
+            mem_limit: Some(1 << 30),
+            peer: None,
+            math: Some(Math::Ieee),
+        };
+        let jobs = parse_with(&gpu, "t.toml", over).expect("parses");
+        assert_eq!(jobs[0].settings.math, Math::Ieee);
+        // Refused: tf32 on the CPU, in f64, and an unknown mode, naming the line.
+        let cpu = format!("{group}math = \"tf32\"\n");
+        assert!(
+            err(&cpu).contains("line 8") && err(&cpu).contains("GPU mode"),
+            "{}",
+            err(&cpu)
+        );
+        let f64_gpu = format!("{group}device = \"cuda:0\"\ndtype = \"f64\"\nmath = \"tf32\"\n");
+        assert!(err(&f64_gpu).contains("f32 only"), "{}", err(&f64_gpu));
+        let bad = format!("{group}math = \"fast\"\n");
+        assert!(
+            err(&bad).contains("`fast` is not `ieee` or `tf32`"),
+            "{}",
+            err(&bad)
+        );
     }
 
     #[test]

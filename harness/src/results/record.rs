@@ -11,7 +11,7 @@ use crate::measure::estimates;
 use crate::measure::peer;
 use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
-use crate::plan::job::{git_rev, key, Peer, PeerVariant, Settings, Target, VERSION};
+use crate::plan::job::{git_rev, job_key, Peer, PeerVariant, Settings, Target, VERSION};
 use crate::results::row::{Row, DENSEBENCH, PYTORCH, SCHEMA_VERSION};
 use anyhow::Result;
 use impls::{Config, Variant};
@@ -31,7 +31,7 @@ pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> R
     };
     Row {
         schema: SCHEMA_VERSION,
-        key: key(target, cfg, s.device),
+        key: job_key(target, cfg, s.device, s.math),
         variant: target.name(),
         family: cfg.family.name().to_string(),
         batch: cfg.batch,
@@ -59,7 +59,7 @@ pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> R
         warmup: s.warmup,
         framework: framework.to_string(),
         framework_version,
-        math: "ieee".to_string(),
+        math: s.math.name().to_string(),
         ..Row::default()
     }
 }

@@ -231,7 +231,7 @@ impl Row {
 /// The key a row's own fields give: `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`
 /// (what `plan::job::key` writes for the config the row was measured on).
 pub fn key_of_fields(r: &Row) -> String {
-    format!(
+    let key = format!(
         "{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}/{}",
         r.variant,
         r.family,
@@ -245,7 +245,13 @@ pub fn key_of_fields(r: &Row) -> String {
         r.dtype,
         r.seed,
         r.device
-    )
+    );
+    // `tf32` rows carry their math after the device (`plan::job::Math::key_suffix`).
+    if r.math == "tf32" {
+        format!("{key}/tf32")
+    } else {
+        key
+    }
 }
 
 impl Row {
