@@ -171,6 +171,13 @@ pub fn check_devices(devices: &[DeviceSpec]) -> Result<()> {
     Ok(())
 }
 
+/// Sets the process-wide f32 math of candle's GEMMs (convolutions here are GEMMs too): TF32
+/// tensor cores for [`Math::Tf32`], full f32 otherwise. A no-op without CUDA support (candle's
+/// stand-in backend); [`Math::check`] has already refused `tf32` on the CPU.
+pub fn set_math(math: Math) {
+    candle_core::cuda::set_gemm_reduced_precision_f32(math == Math::Tf32);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -188,11 +195,4 @@ mod tests {
         let e = DeviceSpec::Cuda(0).open().err().map(|e| e.to_string());
         assert_eq!(e.as_deref(), Some(NO_CUDA));
     }
-}
-
-/// Sets the process-wide f32 math of candle's GEMMs (convolutions here are GEMMs too): TF32
-/// tensor cores for [`Math::Tf32`], full f32 otherwise. A no-op without CUDA support (candle's
-/// stand-in backend); [`Math::check`] has already refused `tf32` on the CPU.
-pub fn set_math(math: Math) {
-    candle_core::cuda::set_gemm_reduced_precision_f32(math == Math::Tf32);
 }
