@@ -32,6 +32,12 @@ impl BnStats {
 /// Returns the stats for normalisation and the biased variance for the running-stat update.
 pub fn bn_stats(x: &Tensor) -> Result<(BnStats, Tensor)> {
     let (mean, var) = fused::bn_stats(x)?;
+    bn_stats_from(mean, var)
+}
+
+/// [`bn_stats`] from per-channel `mean` and biased `var` already measured (`[C, 1]` each, e.g.
+/// kept per feature channel as the features are produced): the same values as measuring again.
+pub fn bn_stats_from(mean: Tensor, var: Tensor) -> Result<(BnStats, Tensor)> {
     let invstd = ((&var + BN_EPS)
         .ctx("bn eps")?
         .sqrt()
