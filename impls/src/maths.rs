@@ -271,6 +271,12 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if s.device().is_cpu() {
         return conv3x3::forward(s, w, grid(cfg));
     }
+    conv3x3_fwd_tap_stack(cfg, s, w)
+}
+
+/// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
+/// so the CPU can time it against the direct one).
+pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     let p = taps_matrix(w)?.matmul(s).ctx("conv2 forward")?;
     fused::shift_sum(&p, grid(cfg), fwd_offsets())
 }
@@ -287,6 +293,16 @@ pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<
         let dw = conv3x3::backward_weight(gy, s, grid(cfg))?;
         return Ok((ds, dw));
     }
+    conv3x3_bwd_tap_stack(cfg, gy, s, w)
+}
+
+/// [`conv3x3_bwd`] through the tap stack (see [`conv3x3_fwd_tap_stack`]).
+pub fn conv3x3_bwd_tap_stack(
+    cfg: &Config,
+    gy: &Tensor,
+    s: &Tensor,
+    w: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let (k, b) = (w.dims()[0], w.dims()[1]);
     let taps = taps_matrix(w)?;
     let g = fused::shift_stack(gy, grid(cfg), bwd_offsets())?;
