@@ -213,6 +213,20 @@ fn die_with_parent(cmd: &mut Command) {
     cmd.process_group(0);
 }
 
+/// glibc's malloc tunable that backs its large (mmap) chunks with transparent huge pages: a
+/// step allocates and frees hundreds of MB of tensors, and with 4 KiB pages the kernel's
+/// page-fault path took about a fifth of a bc step's CPU time (perf, DenseNet-BC-100, 1 thread);
+/// with it the step was about 15% faster. It changes no byte the counting allocator sees. Tunables
+/// the user set are kept, this one appended (a later duplicate wins, so theirs may override).
+const HUGE_PAGE_TUNABLE: &str = "glibc.malloc.hugetlb=1";
+
+fn glibc_tunables() -> String {
+    match std::env::var("GLIBC_TUNABLES") {
+        Ok(t) if !t.is_empty() => format!("{HUGE_PAGE_TUNABLE}:{t}"),
+        _ => HUGE_PAGE_TUNABLE.to_string(),
+    }
+}
+
 /// Runs this binary with `args` as a child process with `s.threads` compute threads, killing it
 /// after `s.timeout`. Errs when the child cannot be started at all, and with
 /// [`interrupt::Interrupted`] when the parent was told to stop (the child is killed, and how it
@@ -227,6 +241,7 @@ pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
         // get_num_threads); CANDLE_NUM_THREADS sizes its barrier pool (defaults to the former).
         .env("RAYON_NUM_THREADS", &threads)
         .env("CANDLE_NUM_THREADS", &threads)
+        .env("GLIBC_TUNABLES", glibc_tunables())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
