@@ -151,6 +151,12 @@ struct SharedOut<T>(*mut T);
 // SAFETY: every tile writes a disjoint set of elements (its own rows of every channel).
 unsafe impl<T: Send> Send for SharedOut<T> {}
 unsafe impl<T: Send> Sync for SharedOut<T> {}
+impl<T> SharedOut<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
+    fn ptr(self) -> *mut T {
+        self.0
+    }
+}
 
 /// How a tap's `[cout, cin]` matrix sits in a PyTorch weight `[k, B, 3, 3]`.
 #[derive(Clone, Copy)]
@@ -187,7 +193,6 @@ fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps:
     tiles(g).into_par_iter().for_each_init(
         || vec![T::default(); workspace_elems(g, cin, cout)],
         |scratch, (n, y0, r)| {
-            let shared = shared;
             let tile_len = cin * (r + 2) * wp;
             let (tile, acc) = scratch.split_at_mut(cin * (tile_rows(g) + 2) * wp);
             let tile = &mut tile[..tile_len];
@@ -225,7 +230,7 @@ fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps:
                     let at = co * m + n * plane + (y0 + row) * g.w;
                     // SAFETY: rows y0..y0 + r of image n of channel co belong to this tile only.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.0.add(at), g.w);
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.ptr().add(at), g.w);
                     }
                 }
             }
