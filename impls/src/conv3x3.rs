@@ -51,6 +51,18 @@ fn tiles(g: Grid) -> Vec<(usize, usize, usize)> {
         .collect()
 }
 
+/// How many tiles [`tiles`] lists, without listing them.
+fn tile_count(g: Grid) -> usize {
+    g.n.saturating_mul(g.h.div_ceil(tile_rows(g)))
+}
+
+/// `(tiles per group, groups)` of the weight gradient for `tiles` tiles: at most
+/// [`WEIGHT_GROUPS`] groups of equal size but the last.
+fn weight_groups(tiles: usize) -> (usize, usize) {
+    let per = tiles.div_ceil(WEIGHT_GROUPS.min(tiles).max(1)).max(1);
+    (per, tiles.div_ceil(per))
+}
+
 /// Elements of scratch one thread holds while it works on a tile of a convolution from `cin` to
 /// `cout` channels: the padded input tile and the padded-width output tile. The memory model
 /// counts one per thread.
@@ -62,12 +74,12 @@ pub fn workspace_elems(g: Grid, cin: usize, cout: usize) -> usize {
 /// Elements of scratch live at once during one pass from `cin` to `cout` channels: one
 /// [`workspace_elems`] per thread that has a tile to work on (the current rayon pool's).
 pub fn scratch_elems(g: Grid, cin: usize, cout: usize) -> usize {
-    rayon::current_num_threads().min(tiles(g).len()) * workspace_elems(g, cin, cout)
+    rayon::current_num_threads().min(tile_count(g)) * workspace_elems(g, cin, cout)
 }
 
 /// Elements of the weight gradient's partial sums: one `[k, B, 3, 3]` per group.
 pub fn weight_partial_elems(g: Grid, k: usize, b: usize) -> usize {
-    WEIGHT_GROUPS.min(tiles(g).len()) * k * b * 9
+    weight_groups(tile_count(g)).1 * k * b * 9
 }
 
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
@@ -243,8 +255,7 @@ fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps:
 fn weight_grad<T: Float>(gy: &[T], s: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
     let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
     let all = tiles(g);
-    let groups = WEIGHT_GROUPS.min(all.len()).max(1);
-    let per = all.len().div_ceil(groups);
+    let (per, _) = weight_groups(all.len());
     let rmax = tile_rows(g);
     let partials: Vec<Vec<T>> = all
         .par_chunks(per)

@@ -272,7 +272,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                         t.alloc(b * m); // ds
                         t.alloc(conv3x3::scratch_elems(g, k, b)); // tiles
                         t.free(conv3x3::scratch_elems(g, k, b));
-                        let parts = conv3x3::weight_partial_elems(g, k, b);
+                        let parts = conv3x3::weight_partial_elems(g, k, b).max(9 * k * b);
                         t.alloc(parts); // dW2 partials, the first becomes dW2 (kept)
                         t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
                         t.free(conv3x3::scratch_elems(g, b, k));
