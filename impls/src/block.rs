@@ -108,20 +108,58 @@ struct BcForward {
     vars: Option<(Tensor, Tensor)>,
 }
 
-/// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input. With `stats` given (recompute),
-/// the saved batch statistics are used instead of measured again.
+/// Where a bc layer's front takes its batch statistics from.
+#[derive(Clone, Copy)]
+enum FrontStats<'a> {
+    /// Forward: BN1's from the per-channel statistics of the features, BN2's measured on z.
+    Forward(&'a ChannelStats),
+    /// Recompute in backward: both as saved in forward.
+    Saved(&'a BnStats, &'a BnStats),
+}
+
+/// Per-channel batch mean and biased variance of the features so far (`[C, 1]` each). A
+/// channel's values never change once it is in the concatenation, so BN1 of layer i measures
+/// only the k channels layer i − 1 appended instead of all C_i: the statistics are per-row
+/// reductions, so they are bitwise those of measuring the whole layer input.
+struct ChannelStats {
+    mean: Tensor,
+    var: Tensor,
+}
+
+impl ChannelStats {
+    fn of(x: &Tensor) -> Result<Self> {
+        let (mean, var) = crate::fused::bn_stats(x)?;
+        Ok(Self { mean, var })
+    }
+
+    /// Adds the statistics of the appended channels `y [k, M]`.
+    fn append(&mut self, y: &Tensor) -> Result<()> {
+        let (mean, var) = crate::fused::bn_stats(y)?;
+        self.mean = Tensor::cat(&[&self.mean, &mean], 0).ctx("feature means")?;
+        self.var = Tensor::cat(&[&self.var, &var], 0).ctx("feature variances")?;
+        Ok(())
+    }
+
+    /// BN1's statistics and biased variance over every channel so far.
+    fn bn(&self) -> Result<(BnStats, Tensor)> {
+        maths::bn_stats_from(self.mean.clone(), self.var.clone())
+    }
+}
+
+/// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
+/// `stats`.
 fn bc_front(
     cfg: &Config,
     params: &Params,
     i: usize,
     x: &Tensor,
     relu: crate::variant::Relu,
-    stats: Option<(&BnStats, &BnStats)>,
+    stats: FrontStats,
 ) -> Result<BcForward> {
     let (stats1, var1) = match stats {
-        Some((s1, _)) => (s1.clone(), None),
-        None => {
-            let (s, v) = maths::bn_stats(x)?;
+        FrontStats::Saved(s1, _) => (s1.clone(), None),
+        FrontStats::Forward(f) => {
+            let (s, v) = f.bn()?;
             (s, Some(v))
         }
     };
@@ -135,8 +173,8 @@ fn bc_front(
     let w1 = conv1_matrix(cfg, params, i)?;
     let z = maths::dense_fwd(&w1, None, &r)?;
     let (stats2, var2) = match stats {
-        Some((_, s2)) => (s2.clone(), None),
-        None => {
+        FrontStats::Saved(_, s2) => (s2.clone(), None),
+        FrontStats::Forward(_) => {
             let (s, v) = maths::bn_stats(&z)?;
             (s, Some(v))
         }
@@ -236,6 +274,10 @@ pub fn step_manual(
 
     // ---- forward ----
     let mut saved: Vec<LayerSaved> = Vec::with_capacity(cfg.depth);
+    let mut channel_stats = match cfg.family {
+        Family::Bc => Some(ChannelStats::of(&feats.current(cfg, 0)?)?),
+        Family::Mlp => None,
+    };
     for i in 0..cfg.depth {
         let x = feats.current(cfg, i)?;
         let keep_x = match (strategy.concat, strategy.intermediates) {
@@ -260,7 +302,13 @@ pub fn step_manual(
                 }
             }
             Family::Bc => {
-                let f = bc_front(cfg, params, i, &x, strategy.relu, None)?;
+                let ch = channel_stats
+                    .as_mut()
+                    .ok_or_else(|| crate::Error::BufferMisuse {
+                        buffer: "bn statistics",
+                        reason: "bc forward without feature statistics".to_string(),
+                    })?;
+                let f = bc_front(cfg, params, i, &x, strategy.relu, FrontStats::Forward(ch))?;
                 drop(x);
                 let (var1, var2) = f.vars.as_ref().ok_or_else(|| crate::Error::BufferMisuse {
                     buffer: "bn statistics",
@@ -280,6 +328,7 @@ pub fn step_manual(
                     running.insert(rv, new_v);
                 }
                 let y = maths::conv3x3_fwd(cfg, &f.s, params.get(&conv_name(i, 2))?)?;
+                ch.append(&y)?;
                 feats.push(cfg, i, y)?;
                 let inner = match strategy.intermediates {
                     Intermediates::Store => Inner::BcStore {
@@ -389,7 +438,14 @@ pub fn step_manual(
                 &mut param_grads,
             )?,
             Inner::BcRecompute { stats1, stats2 } => {
-                let f = bc_front(cfg, params, i, &x, strategy.relu, Some((&stats1, &stats2)))?;
+                let f = bc_front(
+                    cfg,
+                    params,
+                    i,
+                    &x,
+                    strategy.relu,
+                    FrontStats::Saved(&stats1, &stats2),
+                )?;
                 bc_backward(
                     cfg,
                     params,

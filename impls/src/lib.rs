@@ -4,7 +4,8 @@
 //! - [`config`]: families, sizes, validation; [`spatial`]: H × W (`32`, `360x480`);
 //!   [`params`]: PyTorch-named parameters.
 //! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops;
-//!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`cuda_src`]: their CUDA sources
+//!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`conv3x3`]: the direct CPU 3×3
+//!   convolution; [`cuda_src`]: their CUDA sources
 //!   (`src/cuda/*.cu`, compiled with NVRTC at first use with the `cuda` feature).
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
@@ -21,6 +22,7 @@ pub mod buffer;
 pub mod case;
 pub mod compare;
 pub mod config;
+pub mod conv3x3;
 #[cfg(feature = "cuda")]
 mod cuda_launch;
 pub mod cuda_src;

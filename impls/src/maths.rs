@@ -7,6 +7,7 @@
 //! with the same op order produce bitwise-identical results.
 
 use crate::config::{Config, BN_EPS, BN_MOMENTUM};
+use crate::conv3x3;
 use crate::error::{CandleContext, Result};
 use crate::fused;
 use crate::kernels;
@@ -31,6 +32,12 @@ impl BnStats {
 /// Returns the stats for normalisation and the biased variance for the running-stat update.
 pub fn bn_stats(x: &Tensor) -> Result<(BnStats, Tensor)> {
     let (mean, var) = fused::bn_stats(x)?;
+    bn_stats_from(mean, var)
+}
+
+/// [`bn_stats`] from per-channel `mean` and biased `var` already measured (`[C, 1]` each, e.g.
+/// kept per feature channel as the features are produced): the same values as measuring again.
+pub fn bn_stats_from(mean: Tensor, var: Tensor) -> Result<(BnStats, Tensor)> {
     let invstd = ((&var + BN_EPS)
         .ctx("bn eps")?
         .sqrt()
@@ -232,7 +239,8 @@ fn bwd_offsets() -> [(isize, isize); 9] {
     fused::TAPS.map(|(dy, dx)| (1 - dy as isize, 1 - dx as isize))
 }
 
-fn grid(cfg: &Config) -> fused::Grid {
+/// The spatial grid of `cfg`'s feature maps.
+pub fn grid(cfg: &Config) -> fused::Grid {
     fused::Grid {
         n: cfg.batch,
         h: cfg.size.height,
@@ -255,19 +263,46 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
 /// Conv3×3 (padding 1, stride 1, no bias) on a channel-major bottleneck `s [B, M]` with a
 /// PyTorch weight `[k, B, 3, 3]`; returns channel-major `[k, M]`.
 ///
-/// As one matmul and one gather: `P = W_taps [9k, B] @ s` gives every tap's contribution at
-/// its source pixel, then `y = Σ_j shift(P_j, tap_j)`. Transients: `P` (9k·M) only — an im2col
-/// would hold 9·B·M.
+/// CPU: the direct, cache-blocked kernel of [`conv3x3`] (no transient beyond one scratch tile
+/// per thread). Other devices: one matmul and one gather, `P = W_taps [9k, B] @ s` gives every
+/// tap's contribution at its source pixel, then `y = Σ_j shift(P_j, tap_j)`; transients `P`
+/// (9k·M) and the tap-stacked weight — an im2col would hold 9·B·M.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
+    if s.device().is_cpu() {
+        return conv3x3::forward(s, w, grid(cfg));
+    }
+    conv3x3_fwd_tap_stack(cfg, s, w)
+}
+
+/// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
+/// so the CPU can time it against the direct one).
+pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     let p = taps_matrix(w)?.matmul(s).ctx("conv2 forward")?;
     fused::shift_sum(&p, grid(cfg), fwd_offsets())
 }
 
 /// Gradients of [`conv3x3_fwd`]: `(ds [B, M], dW [k, B, 3, 3])`.
 ///
-/// With `G = shift_stack(gy) [9k, M]` (block j is gy shifted back by tap j):
-/// `ds = W_tapsᵀ @ G` and `dW_taps = G @ sᵀ`. Transients: `G` (9k·M).
+/// CPU: [`conv3x3::backward_data`] (the flipped kernel, same tiles) then
+/// [`conv3x3::backward_weight`] (per-group partials summed in a fixed order). Other devices:
+/// with `G = shift_stack(gy) [9k, M]` (block j is gy shifted back by tap j),
+/// `ds = W_tapsᵀ @ G` and `dW_taps = G @ sᵀ`; transients `G` (9k·M).
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
+    if gy.device().is_cpu() {
+        let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
+        let dw = conv3x3::backward_weight(gy, s, grid(cfg))?;
+        return Ok((ds, dw));
+    }
+    conv3x3_bwd_tap_stack(cfg, gy, s, w)
+}
+
+/// [`conv3x3_bwd`] through the tap stack (see [`conv3x3_fwd_tap_stack`]).
+pub fn conv3x3_bwd_tap_stack(
+    cfg: &Config,
+    gy: &Tensor,
+    s: &Tensor,
+    w: &Tensor,
+) -> Result<(Tensor, Tensor)> {
     let (k, b) = (w.dims()[0], w.dims()[1]);
     let taps = taps_matrix(w)?;
     let g = fused::shift_stack(gy, grid(cfg), bwd_offsets())?;

@@ -4,6 +4,7 @@
 
 use crate::block::FEATURES;
 use crate::config::{Config, Family};
+use crate::conv3x3;
 use crate::probe::{saved_bytes, SavedTensor};
 use crate::variant::{Concat, Intermediates, Variant};
 
@@ -107,22 +108,42 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// upstream gradient allocated), or `None` for `autograd` (candle's graph is not modelled).
 ///
 /// The prediction replays, allocation by allocation, what [`crate::block::step_manual`] does:
-/// every full-size tensor (`[C, M]`, `[B, M]`, `[9k, M]`, `[k, M]`) and every parameter gradient;
+/// every full-size tensor (`[C, M]`, `[B, M]`, `[k, M]`, on a GPU `[9k, M]`), every parameter
+/// gradient and the convolution's scratch tiles;
 /// per-channel vectors (`[C, 1]` statistics) are ignored — they are O(C) next to O(C·M).
 /// Written out as formulas (s = bytes per element, M = N·H·W, C_i = C0 + i·k, B = bn_size·k):
 ///
 /// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
 ///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
 /// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
-///   (`copy`: 2·C_i·M, `inplace`: C_i·M), then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's tap
-///   products 9k·M;
+///   (`copy`: 2·C_i·M, `inplace`: C_i·M), then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's
+///   scratch (CPU: one tile per thread; other devices: the tap products 9k·M);
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
-///   layer i: the recomputed front (`recompute`), Conv3×3's shifted gradient 9k·M, then
+///   layer i: the recomputed front (`recompute`), Conv3×3's scratch (CPU: tiles and the weight
+///   gradient's partial sums; other devices: the shifted gradient 9k·M), then
 ///   `dr`, `da`, `dx` of C_i·M each (`inplace` ReLU saves one), and for `cat` the new input
 ///   gradient C_i·M before the old C_{i+1}·M is freed.
 ///
 /// The tests check this against the counting allocator on small configs (exact on CPU).
 pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    predict_peak_bytes_with(variant, cfg, Conv3x3Path::Direct)
+}
+
+/// How the bc layer's 3×3 convolution runs, which sets its transients (see
+/// [`crate::maths::conv3x3_fwd`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conv3x3Path {
+    /// The CPU's direct kernel ([`crate::conv3x3`]): one scratch tile per thread, and the
+    /// weight gradient's [`conv3x3::WEIGHT_GROUPS`] partial sums.
+    Direct,
+    /// Other devices: the tap-stacked weight `[9k, B]` and tap products / shifted gradients
+    /// `[9k, M]`.
+    TapStack,
+}
+
+/// [`predict_peak_bytes`] for a given convolution path: [`Conv3x3Path::Direct`] on the CPU,
+/// [`Conv3x3Path::TapStack`] on a GPU.
+pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path) -> Option<u64> {
     let Variant::Manual(st) = variant else {
         return None;
     };
@@ -131,6 +152,7 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
     let recompute = st.intermediates == Intermediates::Recompute;
     let (m, k, b, l) = (cfg.m(), cfg.growth, cfg.bottleneck(), cfg.depth);
     let (c0, ct) = (cfg.channels, cfg.c_total());
+    let g = crate::maths::grid(cfg);
     let mut t = Trace {
         s: cfg.dtype_size() as i128,
         ..Trace::default()
@@ -174,11 +196,20 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
                     t.alloc(b * m);
                     t.free(b * m);
                 }
-                t.alloc(9 * k * b); // tap-stacked weight
-                t.alloc(9 * k * m); // tap products
-                t.alloc(k * m); // y
-                t.free(9 * k * m);
-                t.free(9 * k * b);
+                match path {
+                    Conv3x3Path::Direct => {
+                        t.alloc(k * m); // y
+                        t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
+                        t.free(conv3x3::scratch_elems(g, b, k));
+                    }
+                    Conv3x3Path::TapStack => {
+                        t.alloc(9 * k * b); // tap-stacked weight
+                        t.alloc(9 * k * m); // tap products
+                        t.alloc(k * m); // y
+                        t.free(9 * k * m);
+                        t.free(9 * k * b);
+                    }
+                }
                 if cat {
                     t.alloc((c + k) * m); // new concatenation
                     if recompute {
@@ -236,13 +267,27 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
                         t.free(b * m);
                     }
                 }
-                t.alloc(9 * k * b); // tap-stacked weight
-                t.alloc(9 * k * m); // shifted gradients
-                t.alloc(b * m); // ds
-                t.alloc(9 * k * b); // dW2 taps
-                t.free(9 * k * m);
-                t.alloc(9 * k * b); // dW2 (kept)
-                t.free(2 * 9 * k * b);
+                match path {
+                    Conv3x3Path::Direct => {
+                        t.alloc(b * m); // ds
+                        t.alloc(conv3x3::scratch_elems(g, k, b)); // tiles
+                        t.free(conv3x3::scratch_elems(g, k, b));
+                        let parts = conv3x3::weight_partial_elems(g, k, b).max(9 * k * b);
+                        t.alloc(parts); // dW2 partials, the first becomes dW2 (kept)
+                        t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
+                        t.free(conv3x3::scratch_elems(g, b, k));
+                        t.free(parts - 9 * k * b);
+                    }
+                    Conv3x3Path::TapStack => {
+                        t.alloc(9 * k * b); // tap-stacked weight
+                        t.alloc(9 * k * m); // shifted gradients
+                        t.alloc(b * m); // ds
+                        t.alloc(9 * k * b); // dW2 taps
+                        t.free(9 * k * m);
+                        t.alloc(9 * k * b); // dW2 (kept)
+                        t.free(2 * 9 * k * b);
+                    }
+                }
                 if copy {
                     t.alloc(b * m); // ReLU2 backward copy
                     t.free(b * m); // ds

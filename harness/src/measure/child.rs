@@ -230,6 +230,21 @@ fn die_with_parent(cmd: &mut Command) {
     cmd.process_group(0);
 }
 
+/// glibc's malloc tunable that backs its large (mmap) chunks with transparent huge pages, for
+/// every child ([`run`]): a
+/// step allocates and frees hundreds of MB of tensors, and with 4 KiB pages the kernel's
+/// page-fault path took about a fifth of a bc step's CPU time (perf, DenseNet-BC-100, 1 thread);
+/// with it the step was about 15% faster. It changes no byte the counting allocator sees. Tunables
+/// the user set are kept, this one appended (a later duplicate wins, so theirs may override).
+const HUGE_PAGE_TUNABLE: &str = "glibc.malloc.hugetlb=1";
+
+fn glibc_tunables() -> String {
+    match std::env::var("GLIBC_TUNABLES") {
+        Ok(t) if !t.is_empty() => format!("{HUGE_PAGE_TUNABLE}:{t}"),
+        _ => HUGE_PAGE_TUNABLE.to_string(),
+    }
+}
+
 /// Runs this binary with `args` as a child process with `s.threads` compute threads, killing it
 /// after `s.timeout`. Errs when the child cannot be started at all, and with
 /// [`interrupt::Interrupted`] when the parent was told to stop (the child is killed, and how it
@@ -263,7 +278,10 @@ pub struct Ended {
 pub fn run(mut cmd: Command, s: &Settings) -> Result<Ended> {
     interrupt::check()?;
     let program = cmd.get_program().to_string_lossy().into_owned();
-    cmd.stdin(Stdio::null())
+    // Every child, densebench's or a peer's, runs with the same malloc tunables, so the huge
+    // pages help (or not) both sides of a versus-PyTorch ratio alike.
+    cmd.env("GLIBC_TUNABLES", glibc_tunables())
+        .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     die_with_parent(&mut cmd);

@@ -5,9 +5,16 @@
 use impls::{Config, Variant};
 
 /// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
-/// `impls::memory::predict_peak_bytes`; `None` for `autograd`).
-pub fn predicted_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
-    impls::memory::predict_peak_bytes(variant, cfg)
+/// `impls::memory::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
+/// convolution, other devices the tap stack, whose transients differ.
+pub fn predicted_peak_bytes(variant: Variant, cfg: &Config, on_cpu: bool) -> Option<u64> {
+    use impls::memory::{predict_peak_bytes_with, Conv3x3Path};
+    let path = if on_cpu {
+        Conv3x3Path::Direct
+    } else {
+        Conv3x3Path::TapStack
+    };
+    predict_peak_bytes_with(variant, cfg, path)
 }
 
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;

@@ -90,7 +90,8 @@ fn measure_densebench_row(
 ) -> Result<Row> {
     let mut row = identity_row(variant, cfg, s);
     row.declared_saved_bytes = estimates::declared_saved_bytes(variant, cfg);
-    row.predicted_peak_bytes = estimates::predicted_peak_bytes(variant, cfg);
+    row.predicted_peak_bytes =
+        estimates::predicted_peak_bytes(variant, cfg, s.device == DeviceSpec::Cpu);
     row.flops = estimates::flops(cfg);
     row.machine_gflops = if s.device == DeviceSpec::Cpu {
         estimates::machine_gflops(cfg.dtype)

@@ -1,0 +1,125 @@
+//! One training step of a variant on DenseNet-BC-100's block (N=64, C0=24, k=12, 32×32, L=16)
+//! or the forum's mlp (N=4096, C0=256, k=64, L=32), repeated in one process: process CPU seconds
+//! (user + system, /proc/self/stat) and wall seconds per step, for profiling and quick A/B
+//! checks without the harness's child process and reference; or (`conv3x3 REPS`) the bc layer's
+//! 3×3 convolution alone, direct kernel against the tap stack. A benchmark, not a test:
+//! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
+//! (or `-- conv3x3 5`).
+
+use candle_core::Device;
+use candle_core::Tensor;
+use impls::{maths, step, Case, Config, Family, NoProbe, Variant};
+use std::time::Instant;
+
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    let after = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<f64> = after
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0.0))
+        .collect();
+    (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let family = args.get(1).map(String::as_str).unwrap_or("bc");
+    if family == "conv3x3" {
+        return Ok(conv3x3(
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5),
+        )?);
+    }
+    let variant = Variant::parse(args.get(2).map(String::as_str).unwrap_or("cat-store-copy"))?;
+    let steps: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let cfg = match family {
+        "mlp" => Config {
+            family: Family::Mlp,
+            batch: 4096,
+            channels: 256,
+            growth: 64,
+            depth: 32,
+            bn_size: 1,
+            size: 1,
+            activation: true,
+            ..Config::bc100_block()
+        },
+        _ => Config {
+            batch: 64,
+            size: 32,
+            ..Config::bc100_block()
+        },
+    };
+    let case = Case::random(&cfg, &Device::Cpu)?;
+    for i in 0..=steps {
+        let (c0, t0) = (cpu_seconds(), Instant::now());
+        let r = step(
+            variant,
+            &cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )?;
+        drop(r);
+        let what = if i == 0 { "warm-up" } else { "step" };
+        println!(
+            "{what} cpu {:.2} s wall {:.2} s",
+            cpu_seconds() - c0,
+            t0.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The bc layer's 3×3 convolution (forward + both gradients) on DenseNet-BC-100's shapes
+/// (N=64, 32×32, B=48, k=12): the CPU's direct kernel against the tap-stack path, alternated
+/// A B A B so a loaded machine slows both alike.
+fn conv3x3(reps: usize) -> impls::error::Result<()> {
+    let cfg = Config {
+        batch: 64,
+        size: 32,
+        ..Config::bc100_block()
+    };
+    let (b, k, m) = (cfg.bottleneck(), cfg.growth, cfg.m());
+    let dev = Device::Cpu;
+    let s = Tensor::randn(0f32, 1.0, (b, m), &dev)?;
+    let gy = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
+    let w = Tensor::randn(0f32, 0.1, (k, b, 3, 3), &dev)?;
+    type Pass = fn(&Config, &Tensor, &Tensor, &Tensor) -> impls::error::Result<()>;
+    let direct: Pass = |c, s, gy, w| {
+        maths::conv3x3_fwd(c, s, w)?;
+        maths::conv3x3_bwd(c, gy, s, w)?;
+        Ok(())
+    };
+    let stack: Pass = |c, s, gy, w| {
+        maths::conv3x3_fwd_tap_stack(c, s, w)?;
+        maths::conv3x3_bwd_tap_stack(c, gy, s, w)?;
+        Ok(())
+    };
+    let mut rows: Vec<(&str, Vec<(f64, f64)>)> = vec![("direct", vec![]), ("tap-stack", vec![])];
+    for rep in 0..=reps {
+        for (name, f) in [("direct", direct), ("tap-stack", stack)] {
+            let (c0, t0) = (cpu_seconds(), Instant::now());
+            f(&cfg, &s, &gy, &w)?;
+            let (cpu, wall) = (cpu_seconds() - c0, t0.elapsed().as_secs_f64());
+            if rep > 0 {
+                let row = rows.iter_mut().find(|r| r.0 == name);
+                if let Some(r) = row {
+                    r.1.push((cpu, wall));
+                }
+            }
+        }
+    }
+    for (name, mut v) in rows {
+        v.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let cpu: Vec<String> = v.iter().map(|x| format!("{:.3}", x.0)).collect();
+        let mut wall: Vec<f64> = v.iter().map(|x| x.1).collect();
+        wall.sort_by(f64::total_cmp);
+        println!(
+            "{name:10} cpu s sorted {:?}  median wall {:.3} s",
+            cpu,
+            wall[wall.len() / 2]
+        );
+    }
+    Ok(())
+}
