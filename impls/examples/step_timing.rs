@@ -39,13 +39,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             growth: 64,
             depth: 32,
             bn_size: 1,
-            size: 1,
+            size: 1.into(),
             activation: true,
             ..Config::bc100_block()
         },
         _ => Config {
             batch: 64,
-            size: 32,
+            size: 32.into(),
             ..Config::bc100_block()
         },
     };
@@ -77,7 +77,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn conv3x3(reps: usize) -> impls::error::Result<()> {
     let cfg = Config {
         batch: 64,
-        size: 32,
+        size: 32.into(),
         ..Config::bc100_block()
     };
     let (b, k, m) = (cfg.bottleneck(), cfg.growth, cfg.m());
