@@ -64,6 +64,19 @@ pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> R
     }
 }
 
+/// [`identity_row`] with the columns every row of `target` on `cfg` shares whoever runs it:
+/// densebench's FLOP count of the step and, on the CPU, this machine's matmul rate.
+fn rated_row(target: Target, cfg: &Config, s: &Settings) -> Row {
+    let mut row = identity_row(target, cfg, s);
+    row.flops = estimates::flops(cfg);
+    row.machine_gflops = if s.device == DeviceSpec::Cpu {
+        estimates::machine_gflops(cfg.dtype)
+    } else {
+        None
+    };
+    row
+}
+
 /// Measures `target` on `cfg` under `s` and returns its complete row, whatever happens to the
 /// child: failures become the row's status. `peer`: the peer framework the config is compared
 /// with in this run (the f32 tolerance of densebench rows comes from it, [`Cache::tolerance`]).
@@ -88,16 +101,10 @@ fn measure_densebench_row(
     peer: Option<Peer>,
     refs: &mut Cache,
 ) -> Result<Row> {
-    let mut row = identity_row(variant, cfg, s);
+    let mut row = rated_row(variant.into(), cfg, s);
     row.declared_saved_bytes = estimates::declared_saved_bytes(variant, cfg);
     row.predicted_peak_bytes =
         estimates::predicted_peak_bytes(variant, cfg, s.device == DeviceSpec::Cpu);
-    row.flops = estimates::flops(cfg);
-    row.machine_gflops = if s.device == DeviceSpec::Cpu {
-        estimates::machine_gflops(cfg.dtype)
-    } else {
-        None
-    };
     if let Err(e) = s.device.check_available() {
         row.error = e.to_string();
         return Ok(row);
@@ -185,13 +192,7 @@ fn measure_peer_row(
     s: &Settings,
     refs: &mut Cache,
 ) -> Result<Row> {
-    let mut row = identity_row(Target::Peer(variant), cfg, s);
-    row.flops = estimates::flops(cfg);
-    row.machine_gflops = if s.device == DeviceSpec::Cpu {
-        estimates::machine_gflops(cfg.dtype)
-    } else {
-        None
-    };
+    let mut row = rated_row(Target::Peer(variant), cfg, s);
     if let Err(e) = s.device.check_available() {
         row.error = e.to_string();
         return Ok(row);
