@@ -230,26 +230,25 @@ fn fill_peer(row: &mut Row, stdout: &str) -> Result<()> {
     row.framework_version = m.framework_version.clone();
     row.math = m.math.clone();
     row.device_desc = m.device_desc.clone();
-    row.threads = if row.device == DeviceSpec::Cpu.to_string() {
-        m.threads
-    } else {
-        0
+    let stats = |median_ns, min_ns, max_ns| measure::Stats {
+        median_ns,
+        min_ns,
+        max_ns,
     };
-    row.baseline_bytes = Some(m.baseline_bytes);
-    row.peak_bytes = Some(m.peak_bytes);
-    row.saved_bytes = Some(m.saved_bytes);
-    row.peak_rss_bytes = m.peak_rss_bytes;
-    row.fwd_median_ns = Some(m.fwd_median_ns);
-    row.fwd_min_ns = Some(m.fwd_min_ns);
-    row.fwd_max_ns = Some(m.fwd_max_ns);
-    row.bwd_median_ns = Some(m.bwd_median_ns);
-    row.bwd_min_ns = Some(m.bwd_min_ns);
-    row.bwd_max_ns = Some(m.bwd_max_ns);
-    row.median_ns = Some(m.median_ns);
-    row.min_ns = Some(m.min_ns);
-    row.max_ns = Some(m.max_ns);
-    row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
-    row.timeline = m.timeline.clone();
+    fill_measured(
+        row,
+        Measured {
+            threads: m.threads,
+            baseline: m.baseline_bytes,
+            peak: m.peak_bytes,
+            saved: m.saved_bytes,
+            rss: m.peak_rss_bytes,
+            forward: stats(m.fwd_median_ns, m.fwd_min_ns, m.fwd_max_ns),
+            backward: stats(m.bwd_median_ns, m.bwd_min_ns, m.bwd_max_ns),
+            total: stats(m.median_ns, m.min_ns, m.max_ns),
+            timeline: m.timeline.clone(),
+        },
+    );
     if !m.updated_twice().is_empty() {
         row.note = DOUBLE_UPDATE_NOTE.to_string();
     }
@@ -279,6 +278,44 @@ fn judge_peer(
     }
     fill_errors(row, e);
     Ok(())
+}
+
+/// What a measuring child reports, densebench's or a peer's.
+struct Measured {
+    threads: usize,
+    baseline: u64,
+    peak: u64,
+    saved: u64,
+    rss: Option<u64>,
+    forward: measure::Stats,
+    backward: measure::Stats,
+    total: measure::Stats,
+    timeline: String,
+}
+
+/// The measured columns, the same for every child: threads (a CPU row's; a GPU row's compute
+/// is the GPU's, 0 as documented), bytes, the three timing statistics, the rate, the timeline.
+fn fill_measured(row: &mut Row, m: Measured) {
+    row.threads = if row.device == DeviceSpec::Cpu.to_string() {
+        m.threads
+    } else {
+        0
+    };
+    row.baseline_bytes = Some(m.baseline);
+    row.peak_bytes = Some(m.peak);
+    row.saved_bytes = Some(m.saved);
+    row.peak_rss_bytes = m.rss;
+    row.fwd_median_ns = Some(m.forward.median_ns);
+    row.fwd_min_ns = Some(m.forward.min_ns);
+    row.fwd_max_ns = Some(m.forward.max_ns);
+    row.bwd_median_ns = Some(m.backward.median_ns);
+    row.bwd_min_ns = Some(m.backward.min_ns);
+    row.bwd_max_ns = Some(m.backward.max_ns);
+    row.median_ns = Some(m.total.median_ns);
+    row.min_ns = Some(m.total.min_ns);
+    row.max_ns = Some(m.total.max_ns);
+    row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
+    row.timeline = m.timeline;
 }
 
 /// The error columns from a comparison.
@@ -328,27 +365,20 @@ pub fn measure_row_retrying(
 /// Copies the child's measurement into the row.
 fn fill(row: &mut Row, stdout: &str) -> Result<()> {
     let m = child::parse_measurement(stdout)?;
-    // CPU threads are what a CPU row ran with; a GPU row's compute is the GPU's (0, documented).
-    row.threads = if row.device == DeviceSpec::Cpu.to_string() {
-        m.threads
-    } else {
-        0
-    };
-    row.baseline_bytes = Some(m.baseline_bytes);
-    row.peak_bytes = Some(m.peak_bytes);
-    row.saved_bytes = Some(m.saved_bytes);
-    row.peak_rss_bytes = m.peak_rss_bytes;
-    row.fwd_median_ns = Some(m.forward.median_ns);
-    row.fwd_min_ns = Some(m.forward.min_ns);
-    row.fwd_max_ns = Some(m.forward.max_ns);
-    row.bwd_median_ns = Some(m.backward.median_ns);
-    row.bwd_min_ns = Some(m.backward.min_ns);
-    row.bwd_max_ns = Some(m.backward.max_ns);
-    row.median_ns = Some(m.total.median_ns);
-    row.min_ns = Some(m.total.min_ns);
-    row.max_ns = Some(m.total.max_ns);
-    row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
-    row.timeline = m.timeline;
+    fill_measured(
+        row,
+        Measured {
+            threads: m.threads,
+            baseline: m.baseline_bytes,
+            peak: m.peak_bytes,
+            saved: m.saved_bytes,
+            rss: m.peak_rss_bytes,
+            forward: m.forward,
+            backward: m.backward,
+            total: m.total,
+            timeline: m.timeline,
+        },
+    );
     if let Some(w) = m.warning {
         // No schema column for it: the device description carries it, next to the device.
         row.device_desc = format!("{} [warning: {w}]", row.device_desc);
