@@ -148,7 +148,17 @@ pub struct Group {
 impl Group {
     /// Depths with at least one ok row, ascending.
     pub fn depths(&self) -> Vec<usize> {
-        let mut d: Vec<usize> = self.ok.iter().map(|r| r.depth).collect();
+        self.depths_with(&[])
+    }
+
+    /// [`Group::depths`] and the depths of the `peers` drawn beside them, sorted, each once.
+    pub fn depths_with(&self, peers: &[&Row]) -> Vec<usize> {
+        let mut d: Vec<usize> = self
+            .ok
+            .iter()
+            .chain(peers.iter().copied())
+            .map(|r| r.depth)
+            .collect();
         d.sort_unstable();
         d.dedup();
         d

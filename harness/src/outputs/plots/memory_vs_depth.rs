@@ -29,10 +29,7 @@ where
         ),
         &footer,
     )?;
-    let mut depths = g.depths();
-    depths.extend(peers.iter().map(|r| r.depth));
-    depths.sort_unstable();
-    depths.dedup();
+    let depths = g.depths_with(&peers);
     let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
     let dmin = depths.first().copied().unwrap_or(1) as f64;
     let dmax = depths.last().copied().unwrap_or(1) as f64;
