@@ -8,7 +8,7 @@ use crate::maths::{self, BnStats};
 use crate::params::{bn_name, conv_name, mlp_bias, mlp_weight, Params};
 use crate::probe::{Event, Probe, SavedTensor};
 use crate::result::StepResult;
-use crate::variant::{Concat, Intermediates, Strategy};
+use crate::variant::{Concat, Intermediates, Relu, Strategy};
 use candle_core::Tensor;
 use std::collections::BTreeMap;
 
@@ -397,7 +397,7 @@ pub fn step_manual(
             }
         };
         // bc on a gradient buffer: BN1's backward adds its input gradient straight into the
-        // buffer's prefix (no [C_i, M] temporary); everything else returns it.
+        // buffer's prefix (no [C_i, M] temporary); bc on `cat` returns it; mlp adds its own.
         let into = match (&mut grads, cfg.family) {
             (Grads::Buffer(b), Family::Bc) => Some(b.prefix_for_accumulation(c_in)?),
             _ => None,
@@ -414,7 +414,31 @@ pub fn step_manual(
                 param_grads.insert(mlp_weight(i), maths::dense_bwd_weight(&gy, &x)?);
                 param_grads.insert(mlp_bias(i), maths::dense_bwd_bias(&gy)?);
                 drop(x);
-                Some(maths::dense_bwd_input(w, &gy)?)
+                // The input gradient is added straight into the gradient of the layer input:
+                // the buffer's prefix, or (cat) a new tensor holding the prefix's values.
+                match &mut grads {
+                    // gy is the buffer's own sealed rows unless the ReLU backward copied it
+                    Grads::Buffer(b) if cfg.activation && strategy.relu == Relu::Copy => {
+                        let prefix = b.prefix_for_accumulation(c_in)?;
+                        maths::dense_bwd_input_accumulate(w, &gy, &prefix)?;
+                    }
+                    Grads::Buffer(b) => {
+                        drop(gy);
+                        let rows = b.open_and_sealed(k)?;
+                        maths::dense_bwd_input_accumulate_tail(w, &rows, c_in)?;
+                    }
+                    Grads::Cat(g) => {
+                        let next = g
+                            .narrow(0, 0, c_in)
+                            .ctx("grad of layer input")?
+                            .copy()
+                            .ctx("grad of layer input")?;
+                        maths::dense_bwd_input_accumulate(w, &gy, &next)?;
+                        drop(gy);
+                        *g = next;
+                    }
+                }
+                None
             }
             Inner::BcStore {
                 stats1,
@@ -470,12 +494,8 @@ pub fn step_manual(
                 drop(g);
                 Grads::Cat(next)
             }
-            (Grads::Cat(_), None) => {
-                return Err(crate::Error::BufferMisuse {
-                    buffer: "feature gradients",
-                    reason: format!("layer {i} returned no input gradient"),
-                })
-            }
+            // mlp layers have already replaced it (bc layers on `cat` always return dx).
+            (Grads::Cat(g), None) => Grads::Cat(g),
             (Grads::Buffer(b), None) => Grads::Buffer(b),
             (Grads::Buffer(mut b), Some(dx)) => {
                 b.accumulate_prefix(&dx)?;

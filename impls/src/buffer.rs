@@ -204,6 +204,24 @@ impl GradBuffer {
         self.storage.narrow(0, 0, rows).ctx(self.name)
     }
 
+    /// A view of the open rows and the `sealed` rows sealed last, `[0, open + sealed)`, for an
+    /// in-place accumulation into the open rows that reads the sealed ones (the mlp input
+    /// gradient `Wᵀ·gy` added into the prefix, `gy` the rows after it). The caller writes only
+    /// rows `[0, open)`.
+    pub fn open_and_sealed(&self, sealed: usize) -> Result<Tensor> {
+        let rows = self.storage.dims()[0];
+        if self.open + sealed > rows {
+            return Err(Error::BufferMisuse {
+                buffer: self.name,
+                reason: format!(
+                    "{sealed} sealed rows after the {} open ones exceed its {rows} rows",
+                    self.open
+                ),
+            });
+        }
+        self.storage.narrow(0, 0, self.open + sealed).ctx(self.name)
+    }
+
     /// The gradient of rows `[0, open)`: after the last layer, the block input's gradient.
     pub fn into_open(self) -> Result<Tensor> {
         self.storage.narrow(0, 0, self.open).ctx(self.name)

@@ -4,7 +4,8 @@
 //! - [`config`]: families, sizes, validation; [`spatial`]: H × W (`32`, `360x480`);
 //!   [`params`]: PyTorch-named parameters.
 //! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops;
-//!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`conv3x3`]: the direct CPU 3×3
+//!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`dense`]: the CPU Linear/Conv1×1
+//!   products, threaded by panels and accumulating in place; [`conv3x3`]: the direct CPU 3×3
 //!   convolution; [`cuda_src`]: their CUDA sources
 //!   (`src/cuda/*.cu`, compiled with NVRTC at first use with the `cuda` feature).
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
@@ -26,6 +27,7 @@ pub mod conv3x3;
 #[cfg(feature = "cuda")]
 mod cuda_launch;
 pub mod cuda_src;
+pub mod dense;
 pub mod error;
 pub mod fused;
 #[cfg(feature = "cuda")]

@@ -8,6 +8,7 @@
 
 use crate::config::{Config, BN_EPS, BN_MOMENTUM};
 use crate::conv3x3;
+use crate::dense;
 use crate::error::{CandleContext, Result};
 use crate::fused;
 use crate::kernels;
@@ -203,20 +204,44 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
 }
 
 /// `W[out, in] @ x[in, M]` (+ bias `[out]`): Linear and Conv1×1 in channel-major form.
+///
+/// CPU: the bias is broadcast into the output first and the product added into it
+/// ([`dense::accumulate`], one `[out, M]` tensor); other devices: candle's matmul, then the
+/// bias added into a second tensor.
 pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let y = w.matmul(x).ctx("dense forward")?;
+    let cpu = x.device().is_cpu();
     match bias {
+        Some(b) if cpu => {
+            let (out, m) = (w.dims()[0], x.dims()[1]);
+            let y = b
+                .reshape((b.dims()[0], 1))
+                .ctx("dense bias")?
+                .broadcast_as((out, m))
+                .ctx("dense bias")?
+                // a fresh tensor even when the broadcast is the identity (M = 1): the product
+                // is added into it
+                .force_contiguous()
+                .ctx("dense bias")?;
+            dense::accumulate(&y, w, x)?;
+            Ok(y)
+        }
+        None if cpu => dense::product(w, x),
         Some(b) => {
+            let y = w.matmul(x).ctx("dense forward")?;
             let b = b.reshape((b.dims()[0], 1)).ctx("dense bias")?;
             y.broadcast_add(&b).ctx("dense bias")
         }
-        None => Ok(y),
+        None => w.matmul(x).ctx("dense forward"),
     }
 }
 
 /// Weight gradient of [`dense_fwd`]: `gy[out, M] @ xᵀ[M, in]`.
 pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
-    gy.matmul(&x.t().ctx("dense dW")?).ctx("dense dW")
+    let xt = x.t().ctx("dense dW")?;
+    if gy.device().is_cpu() {
+        return dense::product(gy, &xt);
+    }
+    gy.matmul(&xt).ctx("dense dW")
 }
 
 /// Bias gradient of [`dense_fwd`]: `Σ_M gy`.
@@ -226,7 +251,38 @@ pub fn dense_bwd_bias(gy: &Tensor) -> Result<Tensor> {
 
 /// Input gradient of [`dense_fwd`]: `Wᵀ[in, out] @ gy[out, M]`.
 pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
-    w.t().ctx("dense dx")?.matmul(gy).ctx("dense dx")
+    let wt = w.t().ctx("dense dx")?;
+    if gy.device().is_cpu() {
+        return dense::product(&wt, gy);
+    }
+    wt.matmul(gy).ctx("dense dx")
+}
+
+/// [`dense_bwd_input`] added into `dst [in, M]` (**in place**, e.g. a view of the gradient
+/// buffer; `gy` may be another, disjoint view of it). CPU: `gemm` adds the product straight into
+/// `dst`, no `[in, M]` temporary; other devices: the product, then [`kernels::add_assign`].
+/// The same sums either way: `dst + Σ`, rounded once.
+pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Result<()> {
+    let wt = w.t().ctx("dense dx")?;
+    if gy.device().is_cpu() {
+        return dense::accumulate(dst, &wt, gy);
+    }
+    let dx = wt.matmul(gy).ctx("dense dx")?;
+    kernels::add_assign(dst, &dx)
+}
+
+/// [`dense_bwd_input_accumulate`] where `gy` is the `[out, M]` tail of `rows [top + out, M]`
+/// and `dst` its first `top` rows (one view of a gradient buffer): **writes rows `[0, top)`**.
+pub fn dense_bwd_input_accumulate_tail(w: &Tensor, rows: &Tensor, top: usize) -> Result<()> {
+    let wt = w.t().ctx("dense dx")?;
+    if rows.device().is_cpu() {
+        return dense::accumulate_tail(rows, top, &wt);
+    }
+    let out = rows.dims()[0].saturating_sub(top);
+    let gy = rows.narrow(0, top, out).ctx("dense dx")?;
+    let dst = rows.narrow(0, 0, top).ctx("dense dx")?;
+    let dx = wt.matmul(&gy).ctx("dense dx")?;
+    kernels::add_assign(&dst, &dx)
 }
 
 /// Offsets of the forward taps: tap j = (dy, dx) reads input pixel (y + dy − 1, x + dx − 1).

@@ -126,24 +126,27 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///
 /// The tests check this against the counting allocator on small configs (exact on CPU).
 pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
-    predict_peak_bytes_with(variant, cfg, Conv3x3Path::Direct)
+    predict_peak_bytes_with(variant, cfg, Kernels::Cpu)
 }
 
-/// How the bc layer's 3×3 convolution runs, which sets its transients (see
-/// [`crate::maths::conv3x3_fwd`]).
+/// Which kernels a device runs, which sets the transients of the bc layer's 3×3 convolution
+/// (see [`crate::maths::conv3x3_fwd`]) and of the dense products (see
+/// [`crate::maths::dense_fwd`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Conv3x3Path {
-    /// The CPU's direct kernel ([`crate::conv3x3`]): one scratch tile per thread, and the
-    /// weight gradient's [`conv3x3::WEIGHT_GROUPS`] partial sums.
-    Direct,
-    /// Other devices: the tap-stacked weight `[9k, B]` and tap products / shifted gradients
-    /// `[9k, M]`.
+pub enum Kernels {
+    /// The CPU's: the direct 3×3 kernel ([`crate::conv3x3`]: one scratch tile per thread, and
+    /// the weight gradient's [`conv3x3::WEIGHT_GROUPS`] partial sums), and dense products that
+    /// add into their destination ([`crate::dense`]: the Linear bias is the output's first value,
+    /// the mlp input gradient goes straight into the gradient of the layer input).
+    Cpu,
+    /// Other devices': the tap-stacked weight `[9k, B]` and tap products / shifted gradients
+    /// `[9k, M]`; matmuls into new tensors, then the bias or the accumulation as another pass.
     TapStack,
 }
 
-/// [`predict_peak_bytes`] for a given convolution path: [`Conv3x3Path::Direct`] on the CPU,
-/// [`Conv3x3Path::TapStack`] on a GPU.
-pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path) -> Option<u64> {
+/// [`predict_peak_bytes`] for a device's kernels: [`Kernels::Cpu`] on the CPU,
+/// [`Kernels::TapStack`] on a GPU.
+pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) -> Option<u64> {
     let Variant::Manual(st) = variant else {
         return None;
     };
@@ -167,9 +170,11 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
         let c = cfg.c_in(i);
         match cfg.family {
             Family::Mlp => {
-                t.alloc(k * m); // W @ x
-                t.alloc(k * m); // + bias
-                t.free(k * m);
+                t.alloc(k * m); // W @ x (CPU: the bias, then W @ x added into it)
+                if path == Kernels::TapStack {
+                    t.alloc(k * m); // + bias
+                    t.free(k * m);
+                }
                 if cfg.activation && copy {
                     t.alloc(k * m);
                     t.free(k * m);
@@ -197,12 +202,12 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                     t.free(b * m);
                 }
                 match path {
-                    Conv3x3Path::Direct => {
+                    Kernels::Cpu => {
                         t.alloc(k * m); // y
                         t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
                         t.free(conv3x3::scratch_elems(g, b, k));
                     }
-                    Conv3x3Path::TapStack => {
+                    Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
                         t.alloc(9 * k * m); // tap products
                         t.alloc(k * m); // y
@@ -247,10 +252,17 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                 t.alloc(k * c + k); // dW, db (kept)
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
+                    t.alloc(c * m); // new input gradient: the prefix's values, dx added in
                 }
-                t.alloc(c * m); // dx
+                if path == Kernels::TapStack {
+                    t.alloc(c * m); // dx, added in, dropped
+                    t.free(c * m);
+                }
                 if cfg.activation && copy {
                     t.free(k * m);
+                }
+                if cat {
+                    t.free((c + k) * m); // previous gradient
                 }
             }
             Family::Bc => {
@@ -268,7 +280,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                     }
                 }
                 match path {
-                    Conv3x3Path::Direct => {
+                    Kernels::Cpu => {
                         t.alloc(b * m); // ds
                         t.alloc(conv3x3::scratch_elems(g, k, b)); // tiles
                         t.free(conv3x3::scratch_elems(g, k, b));
@@ -278,7 +290,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                         t.free(conv3x3::scratch_elems(g, b, k));
                         t.free(parts - 9 * k * b);
                     }
-                    Conv3x3Path::TapStack => {
+                    Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
                         t.alloc(9 * k * m); // shifted gradients
                         t.alloc(b * m); // ds
@@ -314,12 +326,10 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Conv3x3Path
                 }
             }
         }
-        if cat {
+        if cat && cfg.family == Family::Bc {
             t.alloc(c * m); // new input gradient = prefix + dx
             t.free(c * m); // dx
             t.free((c + k) * m); // previous gradient
-        } else if cfg.family == Family::Mlp {
-            t.free(c * m); // dx accumulated in place, dropped
         }
     }
     Some(t.peak.max(0) as u64 + GEMM_PACKING_ALLOWANCE_BYTES)

@@ -6,13 +6,14 @@ use impls::{Config, Variant};
 
 /// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
 /// `impls::memory::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
-/// convolution, other devices the tap stack, whose transients differ.
+/// convolution and in-place dense products, other devices the tap stack and matmuls, whose
+/// transients differ.
 pub fn predicted_peak_bytes(variant: Variant, cfg: &Config, on_cpu: bool) -> Option<u64> {
-    use impls::memory::{predict_peak_bytes_with, Conv3x3Path};
+    use impls::memory::{predict_peak_bytes_with, Kernels};
     let path = if on_cpu {
-        Conv3x3Path::Direct
+        Kernels::Cpu
     } else {
-        Conv3x3Path::TapStack
+        Kernels::TapStack
     };
     predict_peak_bytes_with(variant, cfg, path)
 }

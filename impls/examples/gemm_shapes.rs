@@ -1,0 +1,58 @@
+//! The three matrix products of an mlp dense layer (forward `W·X`, weight gradient `G·Xᵀ`,
+//! input gradient `Wᵀ·G` added into `X`'s gradient) on the forum mlp's shapes (k = 64,
+//! M = 4096, C = the layer's input channels): candle's matmul (`gemm` threading itself) against
+//! `impls::dense` (column panels, one single-threaded `gemm` each, accumulating in place), best
+//! of REPS, at the rayon pool's thread count. A benchmark for choosing the mlp kernels, not a
+//! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`.
+
+use candle_core::{Device, Tensor};
+use impls::dense;
+use std::time::Instant;
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().collect();
+    let c: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1280);
+    let reps: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
+    let (k, m) = (64usize, 4096usize);
+    let dev = Device::Cpu;
+    let w = Tensor::randn(0f32, 1.0, (k, c), &dev)?;
+    let x = Tensor::randn(0f32, 1.0, (c, m), &dev)?;
+    let g = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
+    let dx = Tensor::zeros((c, m), candle_core::DType::F32, &dev)?;
+    let flop = 2.0 * (k * c * m) as f64;
+    let threads = rayon::current_num_threads();
+    let time = |name: &str, f: &mut dyn FnMut() -> candle_core::Result<()>| {
+        let mut best = f64::INFINITY;
+        for _ in 0..=reps {
+            let t = Instant::now();
+            if let Err(e) = f() {
+                println!("{name}: {e}");
+                return;
+            }
+            best = best.min(t.elapsed().as_secs_f64());
+        }
+        println!(
+            "{threads} threads C={c:5} {name:36} {:7.2} ms {:6.1} GFLOP/s",
+            best * 1e3,
+            flop / best / 1e9
+        );
+    };
+    let (xt, wt) = (x.t()?, w.t()?);
+    let d = |r: impls::Result<Tensor>| r.map(drop).map_err(candle_core::Error::wrap);
+    time("fwd W·X      matmul", &mut || w.matmul(&x).map(drop));
+    time("fwd W·X      dense::product", &mut || {
+        d(dense::product(&w, &x))
+    });
+    time("dW  G·Xᵀ     matmul", &mut || g.matmul(&xt).map(drop));
+    time("dW  G·Xᵀ     dense::product", &mut || {
+        d(dense::product(&g, &xt))
+    });
+    time("dX  +Wᵀ·G    matmul, add", &mut || {
+        let p = wt.matmul(&g)?;
+        (&dx + &p).map(drop)
+    });
+    time("dX  +Wᵀ·G    dense::accumulate", &mut || {
+        dense::accumulate(&dx, &wt, &g).map_err(candle_core::Error::wrap)
+    });
+    Ok(())
+}

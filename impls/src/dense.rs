@@ -1,0 +1,464 @@
+//! The CPU matrix products of Linear and Conv1×1 layers on channel-major maps (`W·X`, `G·Xᵀ`,
+//! `Wᵀ·G`), into a new tensor or accumulated into an existing one (a view of a gradient buffer),
+//! with the work split into column panels that threads multiply independently.
+//!
+//! Why not candle's matmul: on a dense layer's skinny shapes (`[64, C] · [C, 4096]`, inner
+//! dimension 64 for the input gradient) `gemm`'s own threading reached 40–90 GFLOP/s on 2 cores
+//! where panels, each one single-threaded `gemm` product, reached 95–140 (`examples/gemm_shapes.rs`),
+//! and a matmul cannot add into a buffer: the input gradient needed a `[C, M]` temporary and a
+//! second pass to add it. Here `gemm` adds the product straight into the destination.
+//!
+//! Every output element is computed by one panel from the whole inner dimension, in `gemm`'s
+//! order for that inner length, so results do not depend on the number of threads or panels.
+
+use crate::error::{CandleContext, Result};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Panels per thread: a few per thread balance the load when one thread is slowed (measured
+/// best at 4 on 2 cores, `examples/gemm_shapes.rs split`).
+const PANELS_PER_THREAD: usize = 4;
+/// Narrowest panel worth a product of its own; a product with fewer than two panels' columns is
+/// one `gemm` call with `gemm`'s own threading (e.g. a bc Conv1×1 weight gradient `[48, C]`).
+const MIN_PANEL: usize = 64;
+
+/// A float type `gemm` multiplies.
+trait Float: Copy + Send + Sync + 'static {
+    const ONE: Self;
+}
+impl Float for f32 {
+    const ONE: Self = 1.0;
+}
+impl Float for f64 {
+    const ONE: Self = 1.0;
+}
+
+/// A 2-D operand inside a storage slice: rows × cols at `off` with element strides `rs`, `cs`.
+#[derive(Clone, Copy, Debug)]
+struct Mat {
+    rows: usize,
+    cols: usize,
+    off: usize,
+    rs: usize,
+    cs: usize,
+}
+
+impl Mat {
+    /// The operand `l` describes in a storage of `len` elements, or an error naming `what`.
+    fn of(l: &Layout, len: usize, op: &str, what: &str) -> candle_core::Result<Mat> {
+        let (rows, cols) = l.shape().dims2().map_err(|_| {
+            candle_core::Error::Msg(format!(
+                "{op}: {what} must be 2-D, got shape {:?}",
+                l.dims()
+            ))
+        })?;
+        let (rs, cs) = (l.stride()[0], l.stride()[1]);
+        let m = Mat {
+            rows,
+            cols,
+            off: l.start_offset(),
+            rs,
+            cs,
+        };
+        if rows > 0 && cols > 0 && m.off + (rows - 1) * rs + (cols - 1) * cs >= len {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: {what} {rows}×{cols} (offset {}, strides {rs}, {cs}) lies outside its storage of {len} elements",
+                m.off
+            )));
+        }
+        Ok(m)
+    }
+
+    /// Columns `c0 .. c0 + n` of this operand.
+    fn columns(self, c0: usize, n: usize) -> Mat {
+        Mat {
+            cols: n,
+            off: self.off + c0 * self.cs,
+            ..self
+        }
+    }
+}
+
+/// A raw pointer shared by the panels of one product.
+#[derive(Clone, Copy)]
+struct Ptr<T>(*mut T);
+// SAFETY: panels write disjoint columns of the destination and only read the operands.
+unsafe impl<T: Send> Send for Ptr<T> {}
+unsafe impl<T: Send> Sync for Ptr<T> {}
+impl<T> Ptr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
+    fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
+///
+/// # Safety
+/// The three operands must lie inside the allocations the pointers address ([`Mat::of`] checks
+/// this); `dst` must not overlap `a` or `b`.
+unsafe fn multiply<T: Float>(
+    dst: *mut T,
+    d: Mat,
+    accumulate: bool,
+    a: *const T,
+    am: Mat,
+    b: *const T,
+    bm: Mat,
+) {
+    let (dp, ap, bp) = (Ptr(dst), Ptr(a as *mut T), Ptr(b as *mut T));
+    // Columns c0 .. c0 + n of dst from the same columns of b.
+    let panel = move |c0: usize, n: usize, par: gemm::Parallelism| {
+        let (dc, bc) = (d.columns(c0, n), bm.columns(c0, n));
+        // SAFETY: the caller's contract; a panel writes only its own columns of dst.
+        unsafe {
+            gemm::gemm(
+                d.rows,
+                n,
+                am.cols,
+                dp.get().add(dc.off),
+                dc.cs as isize,
+                dc.rs as isize,
+                accumulate,
+                (ap.get() as *const T).add(am.off),
+                am.cs as isize,
+                am.rs as isize,
+                (bp.get() as *const T).add(bc.off),
+                bc.cs as isize,
+                bc.rs as isize,
+                T::ONE,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 {
+        return panel(0, d.cols, gemm::Parallelism::None);
+    }
+    if d.cols < 2 * MIN_PANEL {
+        return panel(0, d.cols, gemm::Parallelism::Rayon(threads));
+    }
+    let width = d
+        .cols
+        .div_ceil(threads * PANELS_PER_THREAD)
+        .next_multiple_of(16)
+        .max(MIN_PANEL);
+    (0..d.cols.div_ceil(width)).into_par_iter().for_each(|p| {
+        let c0 = p * width;
+        panel(c0, width.min(d.cols - c0), gemm::Parallelism::None)
+    });
+}
+
+fn check_shapes(op: &str, d: Option<Mat>, a: Mat, b: Mat) -> candle_core::Result<()> {
+    let fits = a.cols == b.rows && d.is_none_or(|d| d.rows == a.rows && d.cols == b.cols);
+    if fits {
+        Ok(())
+    } else {
+        Err(candle_core::Error::Msg(format!(
+            "{op}: cannot multiply {}×{} by {}×{}{}",
+            a.rows,
+            a.cols,
+            b.rows,
+            b.cols,
+            d.map(|d| format!(" into {}×{}", d.rows, d.cols))
+                .unwrap_or_default()
+        )))
+    }
+}
+
+/// `a · b` into a new row-major tensor.
+struct Product;
+impl CustomOp2 for Product {
+    fn name(&self) -> &'static str {
+        "dense-product"
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        fn go<T: Float + Default>(
+            op: &str,
+            a: &[T],
+            l1: &Layout,
+            b: &[T],
+            l2: &Layout,
+        ) -> candle_core::Result<(Vec<T>, Shape)> {
+            let (am, bm) = (
+                Mat::of(l1, a.len(), op, "lhs")?,
+                Mat::of(l2, b.len(), op, "rhs")?,
+            );
+            check_shapes(op, None, am, bm)?;
+            let mut out = vec![T::default(); am.rows * bm.cols];
+            let d = Mat {
+                rows: am.rows,
+                cols: bm.cols,
+                off: 0,
+                rs: bm.cols,
+                cs: 1,
+            };
+            // SAFETY: Mat::of checked both operands against their slices; out is fresh.
+            unsafe { multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm) };
+            Ok((out, Shape::from((am.rows, bm.cols))))
+        }
+        match (s1, s2) {
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                go(self.name(), a, l1, b, l2).map(|(v, s)| (CpuStorage::F32(v), s))
+            }
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+                go(self.name(), a, l1, b, l2).map(|(v, s)| (CpuStorage::F64(v), s))
+            }
+            _ => Err(candle_core::Error::Msg(format!(
+                "{}: operands must both be f32 or both f64",
+                self.name()
+            ))),
+        }
+    }
+}
+
+/// `f32` or `f64` slice of a storage, or an error naming `op`.
+trait Pick: Float {
+    fn pick(s: &CpuStorage) -> Option<&[Self]>;
+}
+impl Pick for f32 {
+    fn pick(s: &CpuStorage) -> Option<&[f32]> {
+        match s {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+impl Pick for f64 {
+    fn pick(s: &CpuStorage) -> Option<&[f64]> {
+        match s {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+fn picked<'a, T: Pick>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
+    T::pick(s).ok_or_else(|| {
+        candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
+    })
+}
+
+fn unsupported(op: &str, s: &CpuStorage) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op}: dtype {:?} unsupported (f32, f64 only)",
+        s.dtype()
+    ))
+}
+
+/// `dst += a · b`, in place, on three distinct storages.
+struct Accumulate;
+impl InplaceOp3 for Accumulate {
+    fn name(&self) -> &'static str {
+        "dense-accumulate"
+    }
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+        b: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Pick>(
+            op: &str,
+            d: &mut [T],
+            dl: &Layout,
+            (a, al): (&CpuStorage, &Layout),
+            (b, bl): (&CpuStorage, &Layout),
+        ) -> candle_core::Result<()> {
+            let (a, b) = (picked::<T>(op, a)?, picked::<T>(op, b)?);
+            let dm = Mat::of(dl, d.len(), op, "destination")?;
+            let (am, bm) = (
+                Mat::of(al, a.len(), op, "lhs")?,
+                Mat::of(bl, b.len(), op, "rhs")?,
+            );
+            check_shapes(op, Some(dm), am, bm)?;
+            // SAFETY: Mat::of checked all three against their slices; candle passes distinct
+            // storages to an InplaceOp3 (it refuses operands sharing dst's).
+            unsafe { multiply(d.as_mut_ptr(), dm, true, a.as_ptr(), am, b.as_ptr(), bm) };
+            Ok(())
+        }
+        let op = self.name();
+        match dst {
+            CpuStorage::F32(d) => go(op, d, dl, (a, al), (b, bl)),
+            CpuStorage::F64(d) => go(op, d, dl, (a, al), (b, bl)),
+            other => Err(unsupported(op, other)),
+        }
+    }
+}
+
+/// `top += a · tail` on one tensor's rows: `rows [top + t, n]` is split after row `top`; the
+/// first `top` rows are written, the last `t` rows are the right operand. The layer-output
+/// gradient of a gradient buffer sits right after the prefix it is added into, in the same
+/// storage, which an op over distinct tensors cannot take.
+struct AccumulateTail {
+    top: usize,
+}
+impl InplaceOp2 for AccumulateTail {
+    fn name(&self) -> &'static str {
+        "dense-accumulate-tail"
+    }
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Pick>(
+            op: &str,
+            top: usize,
+            d: &mut [T],
+            dl: &Layout,
+            (a, al): (&CpuStorage, &Layout),
+        ) -> candle_core::Result<()> {
+            let a = picked::<T>(op, a)?;
+            let whole = Mat::of(dl, d.len(), op, "rows")?;
+            if top > whole.rows {
+                return Err(candle_core::Error::Msg(format!(
+                    "{op}: cannot split {} rows after row {top}",
+                    whole.rows
+                )));
+            }
+            let dm = Mat { rows: top, ..whole };
+            let bm = Mat {
+                rows: whole.rows - top,
+                off: whole.off + top * whole.rs,
+                ..whole
+            };
+            let am = Mat::of(al, a.len(), op, "lhs")?;
+            check_shapes(op, Some(dm), am, bm)?;
+            let base = d.as_mut_ptr();
+            // SAFETY: Mat::of checked the rows and the lhs against their slices; dst (rows
+            // 0..top) and the right operand (rows top..) are disjoint rows of one tensor (a
+            // layout with internal overlap is refused by candle before the op runs).
+            unsafe { multiply(base, dm, true, a.as_ptr(), am, base as *const T, bm) };
+            Ok(())
+        }
+        let op = self.name();
+        match dst {
+            CpuStorage::F32(d) => go(op, self.top, d, dl, (a, al)),
+            CpuStorage::F64(d) => go(op, self.top, d, dl, (a, al)),
+            other => Err(unsupported(op, other)),
+        }
+    }
+}
+
+/// `a · b` (2-D CPU tensors, any strides, e.g. a transposed view) into a new `[m, n]` tensor.
+pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.apply_op2_no_bwd(b, &Product).ctx("dense product")
+}
+
+/// `dst += a · b`, **writing into `dst`'s storage** (which may be a view of a larger buffer);
+/// `a` and `b` must not share `dst`'s storage (candle refuses them): see [`accumulate_tail`].
+pub fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    dst.inplace_op3(a, b, &Accumulate).ctx("dense accumulate")
+}
+
+/// `rows[..top] += a · rows[top..]`, **writing into the first `top` rows of `rows`' storage**:
+/// the product of a layer-output gradient with the rows right after the prefix it is added into
+/// (one view of a gradient buffer).
+pub fn accumulate_tail(rows: &Tensor, top: usize, a: &Tensor) -> Result<()> {
+    rows.inplace_op2(a, &AccumulateTail { top })
+        .ctx("dense accumulate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::{DType, Device};
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    /// The three products of a dense layer, as the maths passes them (views, transposes),
+    /// against candle's matmul, at shapes that take every branch (one column, panels, gemm's
+    /// own threading) and in pools of 1 and 3 threads.
+    #[test]
+    fn products_match_matmul() {
+        let dev = Device::Cpu;
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for dtype in [DType::F32, DType::F64] {
+                    for (out, c, m) in [
+                        (3, 5, 1),
+                        (3, 8, 2),
+                        (4, 7, 1000),
+                        (64, 300, 4100),
+                        (48, 30, 70),
+                    ] {
+                        let w = Tensor::randn(0f32, 1.0, (out, c), &dev)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                        let x = Tensor::randn(0f32, 1.0, (c, m), &dev)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                        let g = Tensor::randn(0f32, 1.0, (out, m), &dev)
+                            .unwrap()
+                            .to_dtype(dtype)
+                            .unwrap();
+                        let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
+                        let y = product(&w, &x).unwrap();
+                        assert!(
+                            max_diff(&y, &w.matmul(&x).unwrap()) < tol,
+                            "W·X {out}×{c}×{m}"
+                        );
+                        let xt = x.t().unwrap();
+                        let dw = product(&g, &xt).unwrap();
+                        assert!(
+                            max_diff(&dw, &g.matmul(&xt).unwrap()) < tol,
+                            "G·Xᵀ {out}×{c}×{m}"
+                        );
+                        let wt = w.t().unwrap();
+                        let dx = wt.matmul(&g).unwrap();
+                        let acc = x.copy().unwrap();
+                        accumulate(&acc, &wt, &g).unwrap();
+                        assert!(
+                            max_diff(&acc, &(&x + &dx).unwrap()) < tol,
+                            "X + Wᵀ·G {out}×{c}×{m}"
+                        );
+                        let rows = Tensor::cat(&[&x, &g], 0).unwrap();
+                        accumulate_tail(&rows, c, &wt).unwrap();
+                        assert_eq!(
+                            max_diff(&rows.narrow(0, 0, c).unwrap(), &acc),
+                            0.0,
+                            "tail form {out}×{c}×{m}"
+                        );
+                        assert_eq!(max_diff(&rows.narrow(0, c, out).unwrap(), &g), 0.0);
+                    }
+                }
+            });
+        }
+    }
+}
