@@ -28,8 +28,9 @@ report CSV="results/reference-cpu.csv":
 peer-setup:
     bash harness/peer/setup.sh
 
-# densebench vs PyTorch on the same case files, side by side (issue 14's configs, 1 thread and all
-# cores); needs `just peer-setup`; a benchmark, not a test
+# densebench vs PyTorch on the same case files, side by side (harness/sweeps/versus-pytorch.toml,
+# 1 thread and all cores; rows in results/versus-pytorch-*.csv); needs `just peer-setup`; a
+# benchmark, not a test
 bench-vs-pytorch *ARGS:
     cargo build --release && python3 scripts/bench_vs_pytorch.py {{ARGS}}
 

@@ -4,6 +4,7 @@
 use crate::buffer::{AppendBuffer, GradBuffer};
 use crate::config::{Config, Family};
 use crate::error::{CandleContext, Result};
+use crate::kernels;
 use crate::maths::{self, BnStats};
 use crate::params::{bn_name, conv_name, mlp_bias, mlp_weight, Params};
 use crate::probe::{Event, Probe, SavedTensor};
@@ -226,7 +227,7 @@ impl Features {
     fn push(&mut self, cfg: &Config, i: usize, y: Tensor) -> Result<Tensor> {
         match self {
             Features::Cat { current, pieces } => {
-                *current = Tensor::cat(&[&*current, &y], 0).ctx("concatenate features")?;
+                *current = kernels::cat_rows(&[&*current, &y])?;
                 if let Some(p) = pieces {
                     p.push(y.clone());
                 }
@@ -393,7 +394,7 @@ pub fn step_manual(
                     buffer: "pieces",
                     reason: "cat-recompute lost its pieces".to_string(),
                 })?;
-                Tensor::cat(&p[..=i], 0).ctx("recompute concatenation")?
+                kernels::cat_rows(&p[..=i].iter().collect::<Vec<_>>())?
             }
         };
         // bc on a gradient buffer: BN1's backward adds its input gradient straight into the
@@ -428,11 +429,8 @@ pub fn step_manual(
                         maths::dense_bwd_input_accumulate_tail(w, &rows, c_in)?;
                     }
                     Grads::Cat(g) => {
-                        let next = g
-                            .narrow(0, 0, c_in)
-                            .ctx("grad of layer input")?
-                            .copy()
-                            .ctx("grad of layer input")?;
+                        let next =
+                            kernels::copy_rows(&g.narrow(0, 0, c_in).ctx("grad of layer input")?)?;
                         maths::dense_bwd_input_accumulate(w, &gy, &next)?;
                         drop(gy);
                         *g = next;

@@ -38,36 +38,45 @@ const RATE_MATMUL_SIDE: usize = 1024;
 /// Repetitions; the best is kept (the machine's rate, not its noise).
 const RATE_REPEATS: usize = 5;
 
-/// This machine's matmul rate in GFLOP/s for `dtype` (candle's CPU matmul, all compute threads,
-/// best of [`RATE_REPEATS`]), measured once per process and dtype, for the `machine_gflops`
-/// column: a row's `gflops_per_s` over it says how close the step comes to the matmul rate.
-pub fn machine_gflops(dtype: candle_core::DType) -> Option<f64> {
+/// This machine's matmul rate in GFLOP/s for `dtype` at `threads` compute threads (the
+/// products of `impls::dense` on a square matrix, in a pool of that many threads, best of
+/// [`RATE_REPEATS`]), measured once per process, dtype and thread count, for the
+/// `machine_gflops` column: a row's `gflops_per_s` over it says how close the step comes to
+/// the matmul rate of the threads it ran on.
+pub fn machine_gflops(dtype: candle_core::DType, threads: usize) -> Option<f64> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    static RATES: OnceLock<Mutex<HashMap<candle_core::DType, Option<f64>>>> = OnceLock::new();
+    type Rates = HashMap<(candle_core::DType, usize), Option<f64>>;
+    static RATES: OnceLock<Mutex<Rates>> = OnceLock::new();
     let rates = RATES.get_or_init(|| Mutex::new(HashMap::new()));
     let mut rates = rates.lock().ok()?;
     *rates
-        .entry(dtype)
-        .or_insert_with(|| measure_matmul_rate(dtype))
+        .entry((dtype, threads))
+        .or_insert_with(|| measure_matmul_rate(dtype, threads))
 }
 
-fn measure_matmul_rate(dtype: candle_core::DType) -> Option<f64> {
+fn measure_matmul_rate(dtype: candle_core::DType, threads: usize) -> Option<f64> {
     use candle_core::{Device, Tensor};
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+        .ok()?;
     let n = RATE_MATMUL_SIDE;
     let a = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
     let b = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
-    let _ = a.matmul(&b).ok()?; // warm-up: thread pool and packing buffers
-    let best = (0..RATE_REPEATS)
-        .filter_map(|_| {
-            let t = std::time::Instant::now();
-            let c = a.matmul(&b).ok()?;
-            let ns = t.elapsed().as_nanos() as f64;
-            drop(c);
-            Some(ns)
-        })
-        .fold(f64::INFINITY, f64::min);
-    (best.is_finite() && best > 0.0).then(|| 2.0 * (n as f64).powi(3) / best)
+    pool.install(|| {
+        let _ = impls::dense::product(&a, &b).ok()?; // warm-up: threads and packing buffers
+        let best = (0..RATE_REPEATS)
+            .filter_map(|_| {
+                let t = std::time::Instant::now();
+                let c = impls::dense::product(&a, &b).ok()?;
+                let ns = t.elapsed().as_nanos() as f64;
+                drop(c);
+                Some(ns)
+            })
+            .fold(f64::INFINITY, f64::min);
+        (best.is_finite() && best > 0.0).then(|| 2.0 * (n as f64).powi(3) / best)
+    })
 }
 
 /// Declared bytes kept for backward (from `impls::memory`), `None` for autograd.

@@ -70,7 +70,7 @@ fn rated_row(target: Target, cfg: &Config, s: &Settings) -> Row {
     let mut row = identity_row(target, cfg, s);
     row.flops = estimates::flops(cfg);
     row.machine_gflops = if s.device == DeviceSpec::Cpu {
-        estimates::machine_gflops(cfg.dtype)
+        estimates::machine_gflops(cfg.dtype, s.threads)
     } else {
         None
     };
