@@ -397,11 +397,23 @@ pub fn step_manual(
                 kernels::cat_rows(&p[..=i].iter().collect::<Vec<_>>())?
             }
         };
-        // bc on a gradient buffer: BN1's backward adds its input gradient straight into the
-        // buffer's prefix (no [C_i, M] temporary); bc on `cat` returns it; mlp adds its own.
+        // bc: BN1's backward adds its input gradient straight into the buffer's prefix, or (cat)
+        // into a new copy of the previous gradient's prefix — no [C_i, M] temporary and no
+        // second pass either way; mlp adds its own below.
         let into = match (&mut grads, cfg.family) {
-            (Grads::Buffer(b), Family::Bc) => Some(b.prefix_for_accumulation(c_in)?),
-            _ => None,
+            (_, Family::Mlp) => None,
+            (Grads::Buffer(b), Family::Bc) => {
+                Some(InputGrad::Into(b.prefix_for_accumulation(c_in)?))
+            }
+            (Grads::Cat(g), Family::Bc) => Some(InputGrad::New(
+                g.narrow(0, 0, c_in).ctx("grad of layer input")?,
+            )),
+        };
+        let bc_into = || {
+            into.ok_or_else(|| crate::Error::BufferMisuse {
+                buffer: "feature gradients",
+                reason: format!("bc layer {i} without its input gradient's destination"),
+            })
         };
         let dx: Option<Tensor> = match layer.inner {
             Inner::Mlp { out } => {
@@ -456,7 +468,7 @@ pub fn step_manual(
                 z,
                 stats2,
                 s,
-                into,
+                bc_into()?,
                 &mut param_grads,
             )?,
             Inner::BcRecompute { stats1, stats2 } => {
@@ -480,24 +492,25 @@ pub fn step_manual(
                     f.z,
                     stats2,
                     f.s,
-                    into,
+                    bc_into()?,
                     &mut param_grads,
                 )?
             }
         };
         grads = match (grads, dx) {
-            (Grads::Cat(g), Some(dx)) => {
-                let prefix = g.narrow(0, 0, c_in).ctx("grad of layer input")?;
-                let next = (prefix + dx).ctx("accumulate input gradient")?;
+            // bc: the new gradient of the layer input, the previous one's prefix plus dx
+            (Grads::Cat(g), Some(next)) => {
                 drop(g);
                 Grads::Cat(next)
             }
-            // mlp layers have already replaced it (bc layers on `cat` always return dx).
+            // mlp layers have already replaced it
             (Grads::Cat(g), None) => Grads::Cat(g),
             (Grads::Buffer(b), None) => Grads::Buffer(b),
-            (Grads::Buffer(mut b), Some(dx)) => {
-                b.accumulate_prefix(&dx)?;
-                Grads::Buffer(b)
+            (Grads::Buffer(_), Some(_)) => {
+                return Err(crate::Error::BufferMisuse {
+                    buffer: "feature gradients",
+                    reason: format!("layer {i} returned an input gradient instead of adding it"),
+                })
             }
         };
         probe.event(Event::BackwardLayer(i));
@@ -516,10 +529,18 @@ pub fn step_manual(
     })
 }
 
+/// Where a bc layer's input gradient goes.
+enum InputGrad {
+    /// Added **in place** into this view (the gradient buffer's prefix).
+    Into(Tensor),
+    /// Added into a new copy of this view (the previous gradient's prefix, `cat`), made at the
+    /// moment BN1's backward needs it and returned.
+    New(Tensor),
+}
+
 /// bc layer backward from its (saved or recomputed) intermediates; consumes and frees each as
-/// soon as it has been read. Returns the gradient of the layer input `[C_i, M]`, or, given
-/// `into` (a view of the gradient buffer's prefix), adds it there **in place** and returns
-/// `None`.
+/// soon as it has been read. Adds the gradient of the layer input `[C_i, M]` as `into` says:
+/// returns the new gradient for [`InputGrad::New`], `None` for [`InputGrad::Into`].
 #[allow(clippy::too_many_arguments)]
 fn bc_backward(
     cfg: &Config,
@@ -533,7 +554,7 @@ fn bc_backward(
     z: Tensor,
     stats2: BnStats,
     s: Tensor,
-    into: Option<Tensor>,
+    into: InputGrad,
     param_grads: &mut BTreeMap<String, Tensor>,
 ) -> Result<Option<Tensor>> {
     let (ds, dw2) = maths::conv3x3_bwd(cfg, &gy, &s, params.get(&conv_name(i, 2))?)?;
@@ -558,13 +579,15 @@ fn bc_backward(
     drop(r);
     let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
     let (dx, dg1, dbeta1) = match into {
-        Some(dst) => {
+        InputGrad::Into(dst) => {
             let (dg, db) = maths::bn_bwd_accumulate(&da, &x, &stats1, gamma1, &dst)?;
             (None, dg, db)
         }
-        None => {
-            let (dx, dg, db) = maths::bn_bwd(&da, &x, &stats1, gamma1)?;
-            (Some(dx), dg, db)
+        InputGrad::New(prefix) => {
+            let next = kernels::copy_rows(&prefix)?;
+            drop(prefix);
+            let (dg, db) = maths::bn_bwd_accumulate(&da, &x, &stats1, gamma1, &next)?;
+            (Some(next), dg, db)
         }
     };
     param_grads.insert(bn_name(i, 1, "weight"), dg1);

@@ -184,7 +184,7 @@ impl CustomOp2 for Product {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        fn go<T: Float + Default>(
+        fn go<T: Float>(
             op: &str,
             a: &[T],
             l1: &Layout,
@@ -196,7 +196,10 @@ impl CustomOp2 for Product {
                 Mat::of(l2, b.len(), op, "rhs")?,
             );
             check_shapes(op, None, am, bm)?;
-            let mut out = vec![T::default(); am.rows * bm.cols];
+            let len = am.rows * bm.cols;
+            // Uninitialised: gemm without `read_dst` writes every element and reads none (a
+            // zeroed vector cost a memset pass over heap memory glibc hands back dirty).
+            let mut out: Vec<T> = Vec::with_capacity(len);
             let d = Mat {
                 rows: am.rows,
                 cols: bm.cols,
@@ -204,8 +207,12 @@ impl CustomOp2 for Product {
                 rs: bm.cols,
                 cs: 1,
             };
-            // SAFETY: Mat::of checked both operands against their slices; out is fresh.
-            unsafe { multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm) };
+            // SAFETY: Mat::of checked both operands against their slices; out is fresh with
+            // capacity for d, and the product wrote all of it (`writes_every_element` tests it).
+            unsafe {
+                multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm);
+                out.set_len(len);
+            }
             Ok((out, Shape::from((am.rows, bm.cols))))
         }
         match (s1, s2) {
@@ -394,6 +401,53 @@ mod tests {
             .unwrap()
             .to_scalar::<f64>()
             .unwrap()
+    }
+
+    /// A product that does not accumulate ignores what its destination held (NaN here), so a
+    /// new output may start uninitialised; every element is written, at every branch.
+    #[test]
+    fn writes_every_element() {
+        for threads in [1, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| {
+                for (m, n, k) in [(3, 1, 5), (4, 1000, 7), (64, 4100, 0), (48, 70, 30)] {
+                    let a: Vec<f64> = (0..m * k).map(|i| i as f64 * 0.5).collect();
+                    let b: Vec<f64> = (0..k * n).map(|i| 1.0 - i as f64 * 0.25).collect();
+                    let mut d = vec![f64::NAN; m * n];
+                    let mat = |rows, cols| Mat {
+                        rows,
+                        cols,
+                        off: 0,
+                        rs: cols,
+                        cs: 1,
+                    };
+                    // SAFETY: all three are dense row-major and sized for their shapes.
+                    unsafe {
+                        multiply(
+                            d.as_mut_ptr(),
+                            mat(m, n),
+                            false,
+                            a.as_ptr(),
+                            mat(m, k),
+                            b.as_ptr(),
+                            mat(k, n),
+                        )
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k).map(|t| a[i * k + t] * b[t * n + j]).sum();
+                            assert!(
+                                (d[i * n + j] - want).abs() <= 1e-9 * want.abs().max(1.0),
+                                "{m}×{n}×{k} at ({i}, {j})"
+                            );
+                        }
+                    }
+                }
+            });
+        }
     }
 
     /// The three products of a dense layer, as the maths passes them (views, transposes),

@@ -121,8 +121,10 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
 ///   layer i: the recomputed front (`recompute`), Conv3×3's scratch (CPU: tiles and the weight
 ///   gradient's partial sums; other devices: the shifted gradient 9k·M), then
-///   `dr`, `da`, `dx` of C_i·M each (`inplace` ReLU saves one), and for `cat` the new input
-///   gradient C_i·M before the old C_{i+1}·M is freed.
+///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one); BN1's `dx` is added straight into
+///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
+///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
+///   their `dx` the same way on the CPU (other devices: a C_i·M product, then the addition).
 ///
 /// The tests check this against the counting allocator on small configs (exact on CPU).
 pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
@@ -317,7 +319,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 }
                 t.free(c * m); // r
                 if cat {
-                    t.alloc(c * m); // dx
+                    t.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
                 } // buffer: BN1's backward adds dx straight into the gradient buffer
                 t.alloc(2 * c); // dγ1, dβ1 (kept)
                 t.free(c * m); // BN1 grad input
@@ -327,8 +329,6 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
             }
         }
         if cat && cfg.family == Family::Bc {
-            t.alloc(c * m); // new input gradient = prefix + dx
-            t.free(c * m); // dx
             t.free((c + k) * m); // previous gradient
         }
     }
