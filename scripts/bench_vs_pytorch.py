@@ -11,14 +11,20 @@ of the peak memory, and writes the rows to results/versus-pytorch-{N}thread(s).c
 Needs PyTorch for the peer (`just peer-setup`) and a release build (`cargo build --release`).
 A benchmark, not a test: run it on a quiet machine and quote the ratios with the command.
 
-    python3 scripts/bench_vs_pytorch.py [--threads 1,2] [--only bc|mlp] [--out-dir DIR]
-                                        [--csv RATIOS.csv]
+A shared machine's speed drifts by tens of percent within a minute, so a single pair of rows
+can mislead: `--repeat N` runs the whole comparison N times, one thread count after the other,
+and prints each ratio's median with its min–max over the repeats (the CSVs keep the last
+repeat's rows).
+
+    python3 scripts/bench_vs_pytorch.py [--threads 1,2] [--only bc|mlp] [--repeat N]
+                                        [--out-dir DIR] [--csv RATIOS.csv]
 """
 
 import argparse
 import csv
 import os
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -58,6 +64,45 @@ def key_config(row):
     return row["key"].split("/", 1)[1]
 
 
+def measure(a, t, rep, samples, versions):
+    """One bench-all run of the sweep at `t` threads; appends each pair's ratios to `samples`."""
+    path = os.path.join(a.out_dir, csv_name(t))
+    with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
+        f.write(sweep_text(t, a.only))
+    try:
+        print(f"bench-vs-pytorch: repeat {rep + 1}/{a.repeat}, {t} thread(s)", flush=True)
+        p = subprocess.run([a.bin, "bench-all", "--sweep", f.name, "--out", path, "--force"])
+    finally:
+        os.unlink(f.name)
+    if p.returncode != 0:
+        sys.exit(f"bench-vs-pytorch: bench-all at {t} thread(s) failed ({p.returncode}); "
+                 f"the rows so far are in {path}")
+    rows = list(csv.DictReader(open(path)))
+    by = {(r["variant"], key_config(r)): r for r in rows}
+    for r in rows:
+        if r["framework"] != "densebench":
+            versions.add(r["framework_version"])
+    for family, ours, theirs in PAIRS:
+        for (v, cfg), d in sorted(by.items()):
+            if v != ours or d["family"] != family:
+                continue
+            pt = by.get((theirs, cfg))
+            if pt is None:
+                continue
+            for r in (d, pt):
+                if r["status"] != "ok" or r["grad_ok"] != "true":
+                    sys.exit(f"bench-vs-pytorch: {r['key']} at {t} thread(s): {r['status']} "
+                             f"grad_ok={r['grad_ok']} {r['error']} — not a result")
+            samples.setdefault((f"{family} L={d['depth']}", t, ours, theirs), []).append({
+                "densebench_ms": int(d["median_ns"]) / 1e6,
+                "pytorch_ms": int(pt["median_ns"]) / 1e6,
+                "time_ratio": int(d["median_ns"]) / int(pt["median_ns"]),
+                "densebench_peak_mib": int(d["peak_bytes"]) / 2**20,
+                "pytorch_peak_mib": int(pt["peak_bytes"]) / 2**20,
+                "peak_ratio": int(d["peak_bytes"]) / int(pt["peak_bytes"]),
+            })
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", default=f"1,{os.cpu_count() or 1}")
@@ -66,62 +111,48 @@ def main():
         "DENSEBENCH_BIN", os.path.join(ROOT, "target", "release", "densebench")))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "results"),
                     help="where the result CSVs go (one per thread count)")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run the comparison this many times; ratios are medians over them")
     ap.add_argument("--csv", help="also write the ratio table as CSV here")
     a = ap.parse_args()
+    if a.repeat < 1:
+        sys.exit("bench-vs-pytorch: --repeat must be at least 1")
     if not os.path.exists(a.bin):
         sys.exit(f"bench-vs-pytorch: {a.bin} not found: run `cargo build --release` first")
     threads = sorted({int(t) for t in a.threads.split(",") if t.strip()})
-    out = []
+    samples = {}  # (config, threads, ours, theirs) -> list of per-repeat measurements
     versions = set()
-    for t in threads:
-        path = os.path.join(a.out_dir, csv_name(t))
-        with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-            f.write(sweep_text(t, a.only))
-        try:
-            p = subprocess.run([a.bin, "bench-all", "--sweep", f.name, "--out", path, "--force"])
-        finally:
-            os.unlink(f.name)
-        if p.returncode != 0:
-            sys.exit(f"bench-vs-pytorch: bench-all at {t} thread(s) failed ({p.returncode}); "
-                     f"the rows so far are in {path}")
-        rows = list(csv.DictReader(open(path)))
-        by = {(r["variant"], key_config(r)): r for r in rows}
-        for r in rows:
-            if r["framework"] != "densebench":
-                versions.add(r["framework_version"])
-        for family, ours, theirs in PAIRS:
-            for (v, cfg), d in sorted(by.items()):
-                if v != ours or d["family"] != family:
-                    continue
-                pt = by.get((theirs, cfg))
-                if pt is None:
-                    continue
-                for r in (d, pt):
-                    if r["status"] != "ok" or r["grad_ok"] != "true":
-                        sys.exit(f"bench-vs-pytorch: {r['key']} at {t} thread(s): {r['status']} "
-                                 f"grad_ok={r['grad_ok']} {r['error']} — not a result")
-                row = {
-                    "config": f"{family} L={d['depth']}", "threads": t,
-                    "densebench": ours, "pytorch": theirs,
-                    "densebench_median_ms": int(d["median_ns"]) / 1e6,
-                    "pytorch_median_ms": int(pt["median_ns"]) / 1e6,
-                    "time_ratio": int(d["median_ns"]) / int(pt["median_ns"]),
-                    "densebench_peak_mib": int(d["peak_bytes"]) / 2**20,
-                    "pytorch_peak_mib": int(pt["peak_bytes"]) / 2**20,
-                    "peak_ratio": int(d["peak_bytes"]) / int(pt["peak_bytes"]),
-                }
-                out.append(row)
+    for rep in range(a.repeat):
+        for t in threads:
+            measure(a, t, rep, samples, versions)
+    out = []
+    for (config, t, ours, theirs), runs in samples.items():
+        time_ratios = [r["time_ratio"] for r in runs]
+        last = runs[-1]
+        out.append({
+            "config": config, "threads": t, "densebench": ours, "pytorch": theirs,
+            "repeats": len(runs),
+            "densebench_median_ms": statistics.median(r["densebench_ms"] for r in runs),
+            "pytorch_median_ms": statistics.median(r["pytorch_ms"] for r in runs),
+            "time_ratio": statistics.median(time_ratios),
+            "time_ratio_min": min(time_ratios), "time_ratio_max": max(time_ratios),
+            "densebench_peak_mib": last["densebench_peak_mib"],
+            "pytorch_peak_mib": last["pytorch_peak_mib"],
+            "peak_ratio": last["peak_ratio"],
+        })
     print()
     for r in out:
+        spread = (f" ({r['time_ratio_min']:.2f}–{r['time_ratio_max']:.2f} over {r['repeats']})"
+                  if r["repeats"] > 1 else "")
         print(f"{r['config']:10} T={r['threads']:<2} {r['densebench']:25} "
               f"{r['densebench_median_ms']:8.1f} ms {r['densebench_peak_mib']:7.1f} MiB | "
               f"{r['pytorch']:25} {r['pytorch_median_ms']:8.1f} ms "
-              f"{r['pytorch_peak_mib']:7.1f} MiB | time ×{r['time_ratio']:.2f} "
+              f"{r['pytorch_peak_mib']:7.1f} MiB | time ×{r['time_ratio']:.2f}{spread} "
               f"peak ×{r['peak_ratio']:.2f}")
     print(f"PyTorch: {', '.join(sorted(versions)) or '?'}; densebench: {a.bin}; rows in "
           f"{', '.join(os.path.join(a.out_dir, csv_name(t)) for t in threads)}; medians of the "
-          f"sweep's timed steps; ratios are densebench / PyTorch (below 1: densebench faster "
-          f"or smaller)")
+          f"sweep's timed steps{' and over the repeats' if a.repeat > 1 else ''}; ratios are "
+          f"densebench / PyTorch (below 1: densebench faster or smaller)")
     if a.csv:
         with open(a.csv, "w", newline="") as f:
             w = csv.DictWriter(f, fieldnames=list(out[0].keys()) if out else ["config"])
