@@ -15,6 +15,7 @@
 
 use crate::error::{CandleContext, Result};
 use crate::grid::Grid;
+use crate::shared::SharedPtr;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -157,19 +158,6 @@ unsafe fn gemm_acc<T: Float>(
     );
 }
 
-/// A raw pointer that tiles share to write disjoint parts of one output.
-#[derive(Clone, Copy)]
-struct SharedOut<T>(*mut T);
-// SAFETY: every tile writes a disjoint set of elements (its own rows of every channel).
-unsafe impl<T: Send> Send for SharedOut<T> {}
-unsafe impl<T: Send> Sync for SharedOut<T> {}
-impl<T> SharedOut<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
-    fn ptr(self) -> *mut T {
-        self.0
-    }
-}
-
 /// How a tap's `[cout, cin]` matrix sits in a PyTorch weight `[k, B, 3, 3]`.
 #[derive(Clone, Copy)]
 enum Taps {
@@ -203,7 +191,7 @@ fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps:
     // Uninitialised: the tiles cover every row of every image, so each element is written
     // once below (a zeroed vector cost a memset pass over heap memory glibc hands back dirty).
     let mut out: Vec<T> = Vec::with_capacity(cout * m);
-    let shared = SharedOut(out.as_mut_ptr());
+    let shared = SharedPtr(out.as_mut_ptr());
     tiles(g).into_par_iter().for_each_init(
         || vec![T::default(); workspace_elems(g, cin, cout)],
         |scratch, (n, y0, r)| {
@@ -244,7 +232,7 @@ fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps:
                     let at = co * m + n * plane + (y0 + row) * g.w;
                     // SAFETY: rows y0..y0 + r of image n of channel co belong to this tile only.
                     unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.ptr().add(at), g.w);
+                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.get().add(at), g.w);
                     }
                 }
             }

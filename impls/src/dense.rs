@@ -12,6 +12,7 @@
 //! order for that inner length, so results do not depend on the number of threads or panels.
 
 use crate::error::{CandleContext, Result};
+use crate::shared::SharedPtr;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -80,19 +81,6 @@ impl Mat {
     }
 }
 
-/// A raw pointer shared by the panels of one product.
-#[derive(Clone, Copy)]
-struct Ptr<T>(*mut T);
-// SAFETY: panels write disjoint columns of the destination and only read the operands.
-unsafe impl<T: Send> Send for Ptr<T> {}
-unsafe impl<T: Send> Sync for Ptr<T> {}
-impl<T> Ptr<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 /// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
 ///
 /// # Safety
@@ -107,7 +95,11 @@ unsafe fn multiply<T: Float>(
     b: *const T,
     bm: Mat,
 ) {
-    let (dp, ap, bp) = (Ptr(dst), Ptr(a as *mut T), Ptr(b as *mut T));
+    let (dp, ap, bp) = (
+        SharedPtr(dst),
+        SharedPtr(a as *mut T),
+        SharedPtr(b as *mut T),
+    );
     // Columns c0 .. c0 + n of dst from the same columns of b.
     let panel = move |c0: usize, n: usize, par: gemm::Parallelism| {
         let (dc, bc) = (d.columns(c0, n), bm.columns(c0, n));

@@ -8,6 +8,7 @@
 //! implementation" error, never a panic.
 
 use crate::error::{CandleContext, Result};
+use crate::shared::SharedPtr;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
@@ -260,19 +261,6 @@ pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
     dst.inplace_op2(src, &AddAssign).ctx("add-assign")
 }
 
-/// A raw pointer the chunks of one parallel copy share.
-#[derive(Clone, Copy)]
-struct Dst<T>(*mut T);
-// SAFETY: every chunk writes a disjoint range of the destination.
-unsafe impl<T: Send> Send for Dst<T> {}
-unsafe impl<T: Send> Sync for Dst<T> {}
-impl<T> Dst<T> {
-    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
-    fn get(self) -> *mut T {
-        self.0
-    }
-}
-
 /// The slices one after the other in a new vector, copied in parallel chunks.
 fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
     let n = parts.iter().map(|p| p.len()).sum();
@@ -287,7 +275,7 @@ fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
         );
         at += p.len();
     }
-    let dst = Dst(out.as_mut_ptr());
+    let dst = SharedPtr(out.as_mut_ptr());
     jobs.par_iter().for_each(|&(c, at)| {
         // SAFETY: the chunks tile [0, n) without overlap and out has capacity n.
         unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), dst.get().add(at), c.len()) }

@@ -42,6 +42,7 @@ pub mod memory;
 pub mod params;
 pub mod probe;
 pub mod result;
+mod shared;
 mod size;
 pub mod spatial;
 pub mod step;
