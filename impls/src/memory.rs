@@ -101,7 +101,8 @@ impl Trace {
 /// the output. Measured here with the counting allocator: 9 KiB for small products, 38 KiB for
 /// [48, 200] @ [200, 65536], 264 KiB for [64, 4000] @ [4000, 4096] in f32 (twice in f64); it
 /// depends on the shapes and the CPU's cache sizes, so the model carries one middle allowance
-/// (only one product runs at a time). Under 1% of any default-sweep peak.
+/// per compute thread (the CPU's products run as concurrent panels, each packing its own
+/// operands: [`crate::dense`]). Under 1% of any default-sweep peak.
 pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 
 /// Predicted peak bytes of one training step above the baseline (parameters, input and
@@ -332,7 +333,8 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
             t.free((c + k) * m); // previous gradient
         }
     }
-    Some(t.peak.max(0) as u64 + GEMM_PACKING_ALLOWANCE_BYTES)
+    let packing = GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64;
+    Some(t.peak.max(0) as u64 + packing)
 }
 
 /// Floating-point operations of one training step's matrix products and convolutions (the

@@ -8,14 +8,27 @@ use impls::{Config, Variant};
 /// `impls::memory::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
 /// convolution and in-place dense products, other devices the tap stack and matmuls, whose
 /// transients differ.
-pub fn predicted_peak_bytes(variant: Variant, cfg: &Config, on_cpu: bool) -> Option<u64> {
+///
+/// On the CPU the transients that exist once per compute thread (the 3×3 convolution's tiles,
+/// gemm's packing) are counted for `threads`, the row's thread count, not this process's.
+pub fn predicted_peak_bytes(
+    variant: Variant,
+    cfg: &Config,
+    on_cpu: bool,
+    threads: usize,
+) -> Option<u64> {
     use impls::memory::{predict_peak_bytes_with, Kernels};
-    let path = if on_cpu {
-        Kernels::Cpu
-    } else {
-        Kernels::TapStack
-    };
-    predict_peak_bytes_with(variant, cfg, path)
+    if !on_cpu {
+        return predict_peak_bytes_with(variant, cfg, Kernels::TapStack);
+    }
+    let predict = || predict_peak_bytes_with(variant, cfg, Kernels::Cpu);
+    match rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build()
+    {
+        Ok(pool) => pool.install(predict),
+        Err(_) => predict(),
+    }
 }
 
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;

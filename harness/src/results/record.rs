@@ -104,7 +104,7 @@ fn measure_densebench_row(
     let mut row = rated_row(variant.into(), cfg, s);
     row.declared_saved_bytes = estimates::declared_saved_bytes(variant, cfg);
     row.predicted_peak_bytes =
-        estimates::predicted_peak_bytes(variant, cfg, s.device == DeviceSpec::Cpu);
+        estimates::predicted_peak_bytes(variant, cfg, s.device == DeviceSpec::Cpu, s.threads);
     if let Err(e) = s.device.check_available() {
         row.error = e.to_string();
         return Ok(row);
