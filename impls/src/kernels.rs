@@ -296,6 +296,64 @@ pub fn cat_rows(pieces: &[&Tensor]) -> Result<Tensor> {
     }
 }
 
+/// `x [N, C, S]` (row-major) as `[C, N·S]`: `out[c, n·S + s] = x[n, c, s]`, in parallel over
+/// blocks of channels, each block walking the batch in blocks so reads and writes stay in cache.
+fn channel_major_slice<T: Float>(x: &[T], (n, c, s): (usize, usize, usize)) -> Vec<T> {
+    const BLOCK: usize = 32;
+    let total = n * c * s;
+    let mut out: Vec<T> = Vec::with_capacity(total);
+    let dst = SharedPtr(out.as_mut_ptr());
+    (0..c.div_ceil(BLOCK)).into_par_iter().for_each(|cb| {
+        let (c0, c1) = (cb * BLOCK, ((cb + 1) * BLOCK).min(c));
+        for b0 in (0..n).step_by(BLOCK) {
+            for ch in c0..c1 {
+                for b in b0..(b0 + BLOCK).min(n) {
+                    let from = &x[(b * c + ch) * s..(b * c + ch + 1) * s];
+                    // SAFETY: this task alone writes rows c0..c1 of out (capacity n·c·s), and
+                    // element (ch, b·s .. (b + 1)·s) lies inside row ch.
+                    unsafe {
+                        let to = dst.get().add(ch * n * s + b * s);
+                        if s == 1 {
+                            *to = from[0];
+                        } else {
+                            std::ptr::copy_nonoverlapping(from.as_ptr(), to, s);
+                        }
+                    }
+                }
+            }
+        }
+    });
+    // SAFETY: the channel blocks cover every row, each row every (b, s): all n·c·s written.
+    unsafe { out.set_len(total) };
+    out
+}
+
+/// A canonical `[N, C, …]` CPU tensor (contiguous, f32/f64) as a new channel-major `[C, N·S]`
+/// tensor (S the product of the trailing dims), copied in parallel; `None` where it does not
+/// qualify (the caller takes candle's strided copy).
+pub fn to_channel_major(t: &Tensor) -> Option<Result<Tensor>> {
+    let dims = t.dims();
+    if dims.len() < 2 || !t.device().is_cpu() || !t.is_contiguous() {
+        return None;
+    }
+    let (n, c) = (dims[0], dims[1]);
+    let s: usize = dims[2..].iter().product();
+    let (storage, layout) = t.storage_and_layout();
+    let (a, b) = layout.contiguous_offsets()?;
+    let (shape, dev) = ((c, n * s), t.device());
+    let out = match &*storage {
+        Storage::Cpu(CpuStorage::F32(v)) => {
+            Tensor::from_vec(channel_major_slice(&v[a..b], (n, c, s)), shape, dev)
+        }
+        Storage::Cpu(CpuStorage::F64(v)) => {
+            Tensor::from_vec(channel_major_slice(&v[a..b], (n, c, s)), shape, dev)
+        }
+        _ => return None,
+    };
+    drop(storage);
+    Some(out.ctx("to channel-major"))
+}
+
 /// A fresh contiguous copy of a 2-D tensor, copied in parallel on the CPU like [`cat_rows`];
 /// candle's `copy` elsewhere. Always a new allocation, never a view of `t`.
 pub fn copy_rows(t: &Tensor) -> Result<Tensor> {
@@ -373,6 +431,44 @@ mod tests {
             .into_iter()
             .map(f64::to_bits)
             .collect()
+    }
+
+    /// The parallel channel-major copy equals candle's transpose + copy, for mlp `[N, C]` and bc
+    /// `[N, C, H, W]` shapes that do not divide into blocks, and is fresh storage.
+    #[test]
+    fn to_channel_major_matches_candle() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F32, DType::F64] {
+            for dims in [
+                vec![33usize, 70],
+                vec![5, 37, 3, 7],
+                vec![1, 1, 1, 1],
+                vec![70, 2, 1, 1],
+            ] {
+                let x = Tensor::randn(0f32, 1.0, dims.as_slice(), &dev)
+                    .unwrap()
+                    .to_dtype(dtype)
+                    .unwrap();
+                let c = dims[1];
+                let before = bits(&x);
+                let want = x
+                    .transpose(0, 1)
+                    .unwrap()
+                    .force_contiguous()
+                    .unwrap()
+                    .reshape((c, x.elem_count() / c))
+                    .unwrap();
+                let got = to_channel_major(&x).unwrap().unwrap();
+                assert_eq!(got.dims(), want.dims(), "{dims:?}");
+                assert_eq!(bits(&got), bits(&want), "{dims:?}");
+                add_assign(&got, &got.copy().unwrap()).unwrap();
+                assert_eq!(
+                    bits(&x),
+                    before,
+                    "{dims:?}: the copy shares the input's storage"
+                );
+            }
+        }
     }
 
     /// Parallel concatenation equals candle's, for pieces larger than one chunk and views;

@@ -383,6 +383,9 @@ pub fn conv3x3_bwd_tap_stack(
 /// copy (even when the transpose happens to be contiguous, e.g. N = 1), so strategies may write
 /// into the result in place without touching the caller's tensor.
 pub fn to_channel_major(cfg: &Config, t: &Tensor) -> Result<Tensor> {
+    if let Some(cm) = kernels::to_channel_major(t) {
+        return cm;
+    }
     let c = t.dims()[1];
     t.transpose(0, 1)
         .ctx("to channel-major")?
