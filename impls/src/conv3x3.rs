@@ -15,6 +15,7 @@
 
 use crate::error::{CandleContext, Result};
 use crate::grid::Grid;
+pub use crate::shared::Float;
 use crate::shared::SharedPtr;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -27,17 +28,6 @@ const TILE_COLS: usize = 512;
 /// order into one partial; the partials are then added in order. Fixed (not the thread count)
 /// so the sum order, hence every bit of the result, is the same at any thread count.
 pub const WEIGHT_GROUPS: usize = 16;
-
-/// A float type `gemm` multiplies.
-pub trait Float: Copy + Send + Sync + Default + std::ops::Add<Output = Self> + 'static {
-    const ONE: Self;
-}
-impl Float for f32 {
-    const ONE: Self = 1.0;
-}
-impl Float for f64 {
-    const ONE: Self = 1.0;
-}
 
 /// Rows per tile for `grid`: whole image rows, about [`TILE_COLS`] padded columns.
 fn tile_rows(g: Grid) -> usize {

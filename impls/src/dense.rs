@@ -12,7 +12,7 @@
 //! order for that inner length, so results do not depend on the number of threads or panels.
 
 use crate::error::{CandleContext, Result};
-use crate::shared::SharedPtr;
+use crate::shared::{Float, SharedPtr};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
@@ -23,17 +23,6 @@ const PANELS_PER_THREAD: usize = 4;
 /// Narrowest panel worth a product of its own; a product with fewer than two panels' columns is
 /// one `gemm` call with `gemm`'s own threading (e.g. a bc Conv1×1 weight gradient `[48, C]`).
 const MIN_PANEL: usize = 64;
-
-/// A float type `gemm` multiplies.
-trait Float: Copy + Send + Sync + 'static {
-    const ONE: Self;
-}
-impl Float for f32 {
-    const ONE: Self = 1.0;
-}
-impl Float for f64 {
-    const ONE: Self = 1.0;
-}
 
 /// A 2-D operand inside a storage slice: rows × cols at `off` with element strides `rs`, `cs`.
 #[derive(Clone, Copy, Debug)]
@@ -222,29 +211,8 @@ impl CustomOp2 for Product {
     }
 }
 
-/// `f32` or `f64` slice of a storage, or an error naming `op`.
-trait Pick: Float {
-    fn pick(s: &CpuStorage) -> Option<&[Self]>;
-}
-impl Pick for f32 {
-    fn pick(s: &CpuStorage) -> Option<&[f32]> {
-        match s {
-            CpuStorage::F32(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-impl Pick for f64 {
-    fn pick(s: &CpuStorage) -> Option<&[f64]> {
-        match s {
-            CpuStorage::F64(v) => Some(v),
-            _ => None,
-        }
-    }
-}
-
-fn picked<'a, T: Pick>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
-    T::pick(s).ok_or_else(|| {
+fn picked<'a, T: Float>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
+    T::slice(s).ok_or_else(|| {
         candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
     })
 }
@@ -271,7 +239,7 @@ impl InplaceOp3 for Accumulate {
         b: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<()> {
-        fn go<T: Pick>(
+        fn go<T: Float>(
             op: &str,
             d: &mut [T],
             dl: &Layout,
@@ -317,7 +285,7 @@ impl InplaceOp2 for AccumulateTail {
         a: &CpuStorage,
         al: &Layout,
     ) -> candle_core::Result<()> {
-        fn go<T: Pick>(
+        fn go<T: Float>(
             op: &str,
             top: usize,
             d: &mut [T],

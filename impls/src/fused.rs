@@ -11,32 +11,9 @@
 //! contiguous). Reductions accumulate in f64 whatever the dtype.
 
 use crate::error::{CandleContext, Result};
+use crate::shared::Float;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
-
-trait Float: Copy + Send + Sync + PartialOrd + 'static {
-    fn f64(self) -> f64;
-    fn of(v: f64) -> Self;
-    const ZERO: Self;
-}
-impl Float for f32 {
-    fn f64(self) -> f64 {
-        f64::from(self)
-    }
-    fn of(v: f64) -> Self {
-        v as f32
-    }
-    const ZERO: Self = 0.0;
-}
-impl Float for f64 {
-    fn f64(self) -> f64 {
-        self
-    }
-    fn of(v: f64) -> Self {
-        v
-    }
-    const ZERO: Self = 0.0;
-}
 
 fn slice<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
     let (a, b) = l.contiguous_offsets().ok_or_else(|| {

@@ -8,7 +8,7 @@
 //! implementation" error, never a panic.
 
 use crate::error::{CandleContext, Result};
-use crate::shared::SharedPtr;
+use crate::shared::{Float, SharedPtr};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor};
 use rayon::prelude::*;
@@ -23,17 +23,6 @@ fn contiguous_range(l: &Layout, op: &'static str) -> candle_core::Result<(usize,
             l.stride()
         ))
     })
-}
-
-/// A float type the kernels run on.
-trait Float: Copy + Send + Sync + PartialOrd + std::ops::Add<Output = Self> + 'static {
-    const ZERO: Self;
-}
-impl Float for f32 {
-    const ZERO: Self = 0.0;
-}
-impl Float for f64 {
-    const ZERO: Self = 0.0;
 }
 
 /// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN.
@@ -383,35 +372,29 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
     // Read locks only, taken one after the other on this thread (no writer can be waiting:
     // the step is single-threaded at the tensor level).
     let guards: Vec<_> = pieces.iter().map(|p| p.storage_and_layout()).collect();
-    fn slices<'a, T: 'a>(
+    fn slices<'a, T: Float>(
         guards: &'a [(candle_core::StorageRef<'_>, &Layout)],
-        pick: fn(&CpuStorage) -> Option<&[T]>,
     ) -> Option<Vec<&'a [T]>> {
         guards
             .iter()
             .map(|(s, l)| match &**s {
                 Storage::Cpu(c) => {
                     let (a, b) = l.contiguous_offsets()?;
-                    pick(c).map(|v| &v[a..b])
+                    T::slice(c).map(|v| &v[a..b])
                 }
                 _ => None,
             })
             .collect()
     }
     let dev = first.device().clone();
-    let out = match first.dtype() {
-        candle_core::DType::F32 => slices(&guards, |c| match c {
-            CpuStorage::F32(v) => Some(v.as_slice()),
+    let out =
+        match first.dtype() {
+            candle_core::DType::F32 => slices::<f32>(&guards)
+                .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
+            candle_core::DType::F64 => slices::<f64>(&guards)
+                .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
             _ => None,
-        })
-        .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
-        candle_core::DType::F64 => slices(&guards, |c| match c {
-            CpuStorage::F64(v) => Some(v.as_slice()),
-            _ => None,
-        })
-        .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
-        _ => None,
-    };
+        };
     drop(guards);
     out.map(|t| t.ctx("concatenate"))
 }

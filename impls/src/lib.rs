@@ -6,7 +6,8 @@
 //! - [`maths`]: the layer maths, written once; [`kernels`]: in-place element-wise ops;
 //!   [`fused`]: fused BatchNorm and 3×3-shift kernels; [`dense`]: the CPU Linear/Conv1×1
 //!   products, threaded by panels and accumulating in place; [`conv3x3`]: the direct CPU 3×3
-//!   convolution; [`cuda_src`]: their CUDA sources
+//!   convolution; [`shared`]: the float type and shared pointer of these CPU kernels;
+//!   [`cuda_src`]: their CUDA sources
 //!   (`src/cuda/*.cu`, compiled with NVRTC at first use with the `cuda` feature).
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
@@ -42,7 +43,7 @@ pub mod memory;
 pub mod params;
 pub mod probe;
 pub mod result;
-mod shared;
+pub mod shared;
 mod size;
 pub mod spatial;
 pub mod step;
