@@ -4,7 +4,7 @@
 //! checks without the harness's child process and reference; or (`conv3x3 REPS`) the bc layer's
 //! 3×3 convolution alone, direct kernel against the tap stack. A benchmark, not a test:
 //! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
-//! (or `-- conv3x3 5`).
+//! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone).
 
 use candle_core::Device;
 use candle_core::Tensor;
@@ -24,6 +24,11 @@ fn cpu_seconds() -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let family = args.get(1).map(String::as_str).unwrap_or("bc");
+    if family == "passes" {
+        return Ok(passes(
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5),
+        )?);
+    }
     if family == "conv3x3" {
         return Ok(conv3x3(
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5),
@@ -119,6 +124,51 @@ fn conv3x3(reps: usize) -> impls::error::Result<()> {
             "{name:10} cpu s sorted {:?}  median wall {:.3} s",
             cpu,
             wall[wall.len() / 2]
+        );
+    }
+    Ok(())
+}
+
+/// The bc layer's 3×3 convolution passes one at a time (forward, backward-data,
+/// backward-weight) on DenseNet-BC-100's shapes: best wall time of REPS and GFLOP/s.
+fn passes(reps: usize) -> impls::error::Result<()> {
+    use impls::conv3x3;
+    let cfg = Config {
+        batch: 64,
+        size: 32.into(),
+        ..Config::bc100_block()
+    };
+    let (b, k, m) = (cfg.bottleneck(), cfg.growth, cfg.m());
+    let g = maths::grid(&cfg);
+    let dev = Device::Cpu;
+    let s = Tensor::randn(0f32, 1.0, (b, m), &dev)?;
+    let gy = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
+    let w = Tensor::randn(0f32, 0.1, (k, b, 3, 3), &dev)?;
+    let flop = 2.0 * (9 * b * k * m) as f64;
+    type Run<'a> = Box<dyn Fn() -> impls::error::Result<Tensor> + 'a>;
+    let runs: Vec<(&str, Run)> = vec![
+        ("forward", Box::new(|| conv3x3::forward(&s, &w, g))),
+        (
+            "backward-data",
+            Box::new(|| conv3x3::backward_data(&gy, &w, g)),
+        ),
+        (
+            "backward-weight",
+            Box::new(|| conv3x3::backward_weight(&gy, &s, g)),
+        ),
+    ];
+    for (name, f) in runs {
+        let mut best = f64::INFINITY;
+        for _ in 0..=reps {
+            let t0 = Instant::now();
+            drop(f()?);
+            best = best.min(t0.elapsed().as_secs_f64());
+        }
+        println!(
+            "{} threads conv3x3 {name:16} {:7.2} ms {:6.1} GFLOP/s",
+            rayon::current_num_threads(),
+            best * 1e3,
+            flop / best / 1e9
         );
     }
     Ok(())

@@ -317,6 +317,11 @@ fn channel_major_slice<T: Float>(x: &[T], (n, c, s): (usize, usize, usize)) -> V
     out
 }
 
+/// A row-major `[rows, cols]` slice transposed: a new row-major `[cols, rows]` vector.
+pub(crate) fn transpose_slice<T: Float>(x: &[T], (rows, cols): (usize, usize)) -> Vec<T> {
+    channel_major_slice(x, (rows, cols, 1))
+}
+
 /// A canonical `[N, C, …]` CPU tensor (contiguous, f32/f64) as a new channel-major `[C, N·S]`
 /// tensor (S the product of the trailing dims), copied in parallel; `None` where it does not
 /// qualify (the caller takes candle's strided copy).

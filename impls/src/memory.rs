@@ -252,7 +252,14 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 if cat && !recompute {
                     t.free(k * m); // saved output
                 }
-                t.alloc(k * c + k); // dW, db (kept)
+                if path == Kernels::Cpu {
+                    t.alloc(k * c); // dWᵀ, transposed into dW
+                    t.alloc(k * c); // dW (kept)
+                    t.free(k * c);
+                    t.alloc(k); // db (kept)
+                } else {
+                    t.alloc(k * c + k); // dW, db (kept)
+                }
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
                     t.alloc(c * m); // new input gradient: the prefix's values, dx added in
@@ -311,7 +318,13 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 t.alloc(b * m); // dz
                 t.free(2 * b * m); // BN2 grad input, z
                 t.alloc(2 * b); // dγ2, dβ2 (kept)
-                t.alloc(b * c); // dW1 (kept)
+                if path == Kernels::Cpu {
+                    t.alloc(b * c); // dW1ᵀ, transposed into dW1
+                    t.alloc(b * c); // dW1 (kept)
+                    t.free(b * c);
+                } else {
+                    t.alloc(b * c); // dW1 (kept)
+                }
                 t.alloc(c * m); // dr
                 t.free(b * m); // dz
                 if copy {
