@@ -3,7 +3,8 @@
 //! M = 4096, C = the layer's input channels): candle's matmul (`gemm` threading itself) against
 //! `impls::dense` (column panels, one single-threaded `gemm` each, accumulating in place), best
 //! of REPS, at the rayon pool's thread count. A benchmark for choosing the mlp kernels, not a
-//! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`.
+//! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`
+//! (`-- 204 5 48 65536` for a bc Conv1×1).
 
 use candle_core::{Device, Tensor};
 use impls::dense;
@@ -13,7 +14,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
     let c: usize = args.get(1).and_then(|a| a.parse().ok()).unwrap_or(1280);
     let reps: usize = args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5);
-    let (k, m) = (64usize, 4096usize);
+    // optional: the layer's outputs k and M (bc's Conv1×1: 48 65536)
+    let k: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(64);
+    let m: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(4096);
     let dev = Device::Cpu;
     let w = Tensor::randn(0f32, 1.0, (k, c), &dev)?;
     let x = Tensor::randn(0f32, 1.0, (c, m), &dev)?;
@@ -46,6 +49,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     time("dW  G·Xᵀ     matmul", &mut || g.matmul(&xt).map(drop));
     time("dW  G·Xᵀ     dense::product", &mut || {
         d(dense::product(&g, &xt))
+    });
+    let gt = g.t()?;
+    time("dW  (X·Gᵀ)ᵀ  dense::product_transposed", &mut || {
+        d(dense::product_transposed(&x, &gt))
     });
     time("dX  +Wᵀ·G    matmul, add", &mut || {
         let p = wt.matmul(&g)?;

@@ -24,6 +24,8 @@ const PANELS_PER_THREAD: usize = 4;
 /// Narrowest panel worth a product of its own; a product with fewer than two panels' columns is
 /// one `gemm` call with `gemm`'s own threading (e.g. a bc Conv1×1 weight gradient `[48, C]`).
 const MIN_PANEL: usize = 64;
+/// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
+const MIN_ROW_PANEL: usize = 128;
 
 /// A 2-D operand inside a storage slice: rows × cols at `off` with element strides `rs`, `cs`.
 #[derive(Clone, Copy, Debug)]
@@ -137,8 +139,17 @@ unsafe fn multiply<T: Float>(
     if long < 2 * MIN_PANEL {
         return call(d, am, bm, gemm::Parallelism::Rayon(threads));
     }
+    // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so they
+    // are at least MIN_ROW_PANEL rows unless that leaves a thread without one; column panels
+    // pack only their columns of b.
+    let least = if by_rows {
+        MIN_ROW_PANEL.min(long.div_ceil(threads))
+    } else {
+        MIN_PANEL
+    };
     let width = long
         .div_ceil(threads * PANELS_PER_THREAD)
+        .max(least)
         .next_multiple_of(16)
         .max(MIN_PANEL);
     (0..long.div_ceil(width)).into_par_iter().for_each(|p| {
