@@ -21,9 +21,12 @@ use rayon::prelude::*;
 /// Panels per thread: a few per thread balance the load when one thread is slowed (measured
 /// best at 4 on 2 cores, `examples/gemm_shapes.rs split`).
 const PANELS_PER_THREAD: usize = 4;
-/// Narrowest panel worth a product of its own; a product with fewer than two panels' columns is
-/// one `gemm` call with `gemm`'s own threading (e.g. a bc Conv1×1 weight gradient `[48, C]`).
-const MIN_PANEL: usize = 64;
+/// Narrowest panel; a product with fewer than two panels' columns (or rows) is one `gemm` call
+/// with `gemm`'s own threading. Above 64 on purpose: `gemm` blocks the inner dimension by a
+/// length that depends on the inner dimension alone, except for products of at most 64 × 64
+/// (its small-size path blocks by 512), so a panel of 64 or fewer next to a layer output of 64
+/// channels would round differently from the same columns in one unsplit product.
+const MIN_PANEL: usize = 80;
 /// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
 const MIN_ROW_PANEL: usize = 128;
 
@@ -141,7 +144,8 @@ unsafe fn multiply<T: Float>(
     }
     // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so they
     // are at least MIN_ROW_PANEL rows unless that leaves a thread without one; column panels
-    // pack only their columns of b.
+    // pack only their columns of b. The last panel takes the remainder, so every panel is at
+    // least MIN_PANEL wide (see MIN_PANEL for why that keeps the sums).
     let least = if by_rows {
         MIN_ROW_PANEL.min(long.div_ceil(threads))
     } else {
@@ -152,8 +156,10 @@ unsafe fn multiply<T: Float>(
         .max(least)
         .next_multiple_of(16)
         .max(MIN_PANEL);
-    (0..long.div_ceil(width)).into_par_iter().for_each(|p| {
-        let (c0, n) = (p * width, width.min(long - p * width));
+    let panels = (long / width).max(1);
+    (0..panels).into_par_iter().for_each(|p| {
+        let c0 = p * width;
+        let n = if p + 1 == panels { long - c0 } else { width };
         if by_rows {
             call(d.rows(c0, n), am.rows(c0, n), bm, gemm::Parallelism::None)
         } else {
@@ -475,73 +481,80 @@ mod tests {
 
     /// The three products of a dense layer, as the maths passes them (views, transposes),
     /// against candle's matmul, at shapes that take every branch (one column, column panels,
-    /// row panels, gemm's own threading) and in pools of 1 and 3 threads; the weight gradient
-    /// taken transposed is bitwise the direct one.
+    /// row panels, gemm's own threading) in pools of 1, 2 and 3 threads: bitwise the same at
+    /// every thread count (panel widths next to gemm's 64 × 64 small-size path included), and
+    /// the weight gradient taken transposed bitwise the direct one.
     #[test]
     fn products_match_matmul() {
         let dev = Device::Cpu;
-        for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
-                for dtype in [DType::F32, DType::F64] {
-                    for (out, c, m) in [
-                        (3, 5, 1),
-                        (3, 8, 2),
-                        (4, 7, 1000),
-                        (64, 300, 4100),
-                        (48, 30, 70),
-                        (12, 200, 300),
-                    ] {
-                        let w = Tensor::randn(0f32, 1.0, (out, c), &dev)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap();
-                        let x = Tensor::randn(0f32, 1.0, (c, m), &dev)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap();
-                        let g = Tensor::randn(0f32, 1.0, (out, m), &dev)
-                            .unwrap()
-                            .to_dtype(dtype)
-                            .unwrap();
-                        let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
-                        let y = product(&w, &x).unwrap();
-                        assert!(
-                            max_diff(&y, &w.matmul(&x).unwrap()) < tol,
-                            "W·X {out}×{c}×{m}"
-                        );
-                        let xt = x.t().unwrap();
-                        let dw = product(&g, &xt).unwrap();
-                        assert!(
-                            max_diff(&dw, &g.matmul(&xt).unwrap()) < tol,
-                            "G·Xᵀ {out}×{c}×{m}"
-                        );
-                        let dwt = product_transposed(&x, &g.t().unwrap()).unwrap();
-                        assert_eq!(dwt.dims(), dw.dims());
-                        assert!(dwt.is_contiguous());
-                        assert_eq!(max_diff(&dwt, &dw), 0.0, "(X·Gᵀ)ᵀ {out}×{c}×{m}");
-                        let wt = w.t().unwrap();
-                        let dx = wt.matmul(&g).unwrap();
-                        let acc = x.copy().unwrap();
-                        accumulate(&acc, &wt, &g).unwrap();
-                        assert!(
-                            max_diff(&acc, &(&x + &dx).unwrap()) < tol,
-                            "X + Wᵀ·G {out}×{c}×{m}"
-                        );
-                        let rows = Tensor::cat(&[&x, &g], 0).unwrap();
-                        accumulate_tail(&rows, c, &wt).unwrap();
-                        assert_eq!(
-                            max_diff(&rows.narrow(0, 0, c).unwrap(), &acc),
-                            0.0,
-                            "tail form {out}×{c}×{m}"
-                        );
-                        assert_eq!(max_diff(&rows.narrow(0, c, out).unwrap(), &g), 0.0);
+        let bits = |t: &Tensor| -> Vec<u64> {
+            t.flatten_all()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .into_iter()
+                .map(f64::to_bits)
+                .collect()
+        };
+        for dtype in [DType::F32, DType::F64] {
+            for (out, c, m) in [
+                (3, 5, 1),
+                (3, 8, 2),
+                (4, 7, 1000),
+                (64, 300, 4100),
+                (64, 70, 700),
+                (48, 30, 70),
+                (12, 200, 300),
+            ] {
+                let rand = |shape: (usize, usize)| {
+                    Tensor::randn(0f32, 1.0, shape, &dev)
+                        .unwrap()
+                        .to_dtype(dtype)
+                        .unwrap()
+                };
+                let (w, x, g) = (rand((out, c)), rand((c, m)), rand((out, m)));
+                let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
+                let (xt, wt) = (x.t().unwrap(), w.t().unwrap());
+                let products = || {
+                    let y = product(&w, &x).unwrap();
+                    let dw = product(&g, &xt).unwrap();
+                    let dwt = product_transposed(&x, &g.t().unwrap()).unwrap();
+                    let acc = x.copy().unwrap();
+                    accumulate(&acc, &wt, &g).unwrap();
+                    let rows = Tensor::cat(&[&x, &g], 0).unwrap();
+                    accumulate_tail(&rows, c, &wt).unwrap();
+                    [y, dw, dwt, acc, rows]
+                };
+                let mut first: Option<Vec<Vec<u64>>> = None;
+                for threads in [1, 2, 3] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let [y, dw, dwt, acc, rows] = pool.install(products);
+                    let at = format!("{out}×{c}×{m} {dtype:?}, {threads} threads");
+                    assert!(max_diff(&y, &w.matmul(&x).unwrap()) < tol, "W·X {at}");
+                    assert!(max_diff(&dw, &g.matmul(&xt).unwrap()) < tol, "G·Xᵀ {at}");
+                    assert_eq!(dwt.dims(), dw.dims());
+                    assert!(dwt.is_contiguous());
+                    assert_eq!(bits(&dwt), bits(&dw), "(X·Gᵀ)ᵀ {at}");
+                    let dx = wt.matmul(&g).unwrap();
+                    assert!(max_diff(&acc, &(&x + &dx).unwrap()) < tol, "X + Wᵀ·G {at}");
+                    assert_eq!(
+                        bits(&rows.narrow(0, 0, c).unwrap()),
+                        bits(&acc),
+                        "tail form {at}"
+                    );
+                    assert_eq!(bits(&rows.narrow(0, c, out).unwrap()), bits(&g));
+                    let all: Vec<Vec<u64>> = [&y, &dw, &acc].iter().map(|t| bits(t)).collect();
+                    match &first {
+                        None => first = Some(all),
+                        Some(f) => assert!(f == &all, "thread count changed bits: {at}"),
                     }
                 }
-            });
+            }
         }
     }
 }
