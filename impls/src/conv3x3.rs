@@ -1,28 +1,37 @@
 //! The direct, cache-blocked 3×3 convolution (padding 1, stride 1, no bias) on channel-major
 //! maps `[C, N·H·W]` for the CPU: forward, backward-data and backward-weight, without the 9×
-//! tap stack. H and W are separate throughout ([`Grid`]); nothing assumes a square image.
+//! tap stack of the whole map. H and W are separate throughout ([`Grid`]); nothing assumes a
+//! square image.
 //!
 //! The image is cut into tiles of whole rows of one image. A tile copies its rows, plus one halo
-//! row above and below, into a zero-padded scratch `[C_in, R+2, W+2]`; in that padded tile
-//! every tap is a constant offset, so each of the nine taps is one `gemm` product with strided
-//! operands accumulated into the tile's output (`gemm`'s `read_dst`), computed in padded-width
-//! columns and copied out without the pad columns. The tile stays in cache across its nine
-//! products, and the only workspace is one scratch tile per thread (see [`workspace_elems`]).
+//! row above and below, into a zero-padded scratch `[C, R+2, W+2]`; in that padded tile every
+//! tap is a constant offset, and outputs are computed in padded-width columns (copied out
+//! without the pad columns). Per tile, each pass is one to three `gemm` products of a useful
+//! inner length, all in cache:
+//!
+//! - forward: for each kernel row dy, `Z_dy [3k, ·] = W_dy [3k, B] · tile[dy-th row on]` (the
+//!   three taps of that row stacked), then `y = Σ_j Z_j` shifted by tap j's column, summed in
+//!   tap order — the same sums, in the same order, as nine accumulated per-tap products;
+//! - backward-data: the nine shifted copies of the gradient tile stacked, `G [9k, ·]`, then
+//!   `ds = Wᵀ_flipped [B, 9k] · G`: one product of inner length 9k (per tap it was k = 12);
+//! - backward-weight: the same `G` times the layer-input tile, `dW_taps [9k, B] += G · sᵀ`.
 //!
 //! Products run single-threaded inside a tile, tiles in parallel (rayon); every output element
 //! is produced by one tile, and the weight gradient sums a fixed number of per-group partials in
-//! order, so results do not depend on the thread count or on scheduling.
+//! order, so results do not depend on the thread count or on scheduling. The only workspace is
+//! one scratch per thread ([`workspace_elems`]) and the stacked weight of the pass.
 
 use crate::error::{CandleContext, Result};
+use crate::fused::TAPS;
 use crate::grid::Grid;
 pub use crate::shared::Float;
 use crate::shared::SharedPtr;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
-/// Output columns per tile (padded width included): about 500 columns of 48 channels keep the
-/// input tile and the output tile of a bc layer (≈ 150 KB in f32) inside a core's L2 cache.
-const TILE_COLS: usize = 512;
+/// Padded columns per tile: about 400 columns keep a bc layer's tiles (the input tile and the
+/// stacked products, ≈ 270 KB in f32) inside a core's L2 cache.
+const TILE_COLS: usize = 400;
 
 /// Tiles of the weight gradient are summed in this many groups, each accumulating its tiles in
 /// order into one partial; the partials are then added in order. Fixed (not the thread count)
@@ -54,21 +63,51 @@ fn weight_groups(tiles: usize) -> (usize, usize) {
     (per, tiles.div_ceil(per))
 }
 
-/// Elements of scratch one thread holds while it works on a tile of a convolution from `cin` to
-/// `cout` channels: the padded input tile and the padded-width output tile. The memory model
-/// counts one per thread.
-pub fn workspace_elems(g: Grid, cin: usize, cout: usize) -> usize {
-    let (r, wp) = (tile_rows(g), g.w + 2);
-    cin * (r + 2) * wp + cout * (r * wp).saturating_sub(2)
+/// Which of the three products a pass computes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    /// `(s [B, M], w [k, B, 3, 3]) → y [k, M]`.
+    Forward,
+    /// `(gy [k, M], w [k, B, 3, 3]) → ds [B, M]`.
+    Data,
+    /// `(gy [k, M], s [B, M]) → dW [k, B, 3, 3]`.
+    Weight,
 }
 
-/// Elements of scratch live at once during one pass from `cin` to `cout` channels: one
-/// [`workspace_elems`] per thread that has a tile to work on (the current rayon pool's).
-pub fn scratch_elems(g: Grid, cin: usize, cout: usize) -> usize {
-    rayon::current_num_threads().min(tile_count(g)) * workspace_elems(g, cin, cout)
+/// Sizes of one tile of `r` rows: padded width, padded tile length `(r + 2)·wp`, output
+/// columns `r·wp − 2` (padded position c + 1 of rows 0..r is output column c).
+fn tile_dims(g: Grid, r: usize) -> (usize, usize, usize) {
+    let wp = g.w + 2;
+    (wp, (r + 2) * wp, r * wp - 2)
 }
 
-/// Elements of the weight gradient's partial sums: one `[k, B, 3, 3]` per group.
+/// Elements of scratch one thread holds while it works on tiles of `pass` between `b` (the
+/// layer-input side) and `k` (the output side) channels:
+/// forward the input tile and the stacked products `Z [9k, r·wp]`; backward-data the gradient
+/// tile, its stacked shifts `G [9k, cols]` and the output tile `[B, cols]`; backward-weight
+/// the input tile, the gradient tile and `G`. The memory model counts one per thread.
+pub fn workspace_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
+    let (wp, tl, cols) = tile_dims(g, tile_rows(g));
+    match pass {
+        Pass::Forward => b * tl + 9 * k * (cols + 2),
+        Pass::Data => k * tl + 9 * k * cols + b * cols,
+        Pass::Weight => (b + k) * tl + 9 * k * cols,
+    }
+    .max(wp)
+}
+
+/// Elements of scratch live at once during one pass: one [`workspace_elems`] per thread that
+/// has a tile (forward, backward-data) or a group of tiles (backward-weight) to work on, in the
+/// current rayon pool.
+pub fn scratch_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
+    let units = match pass {
+        Pass::Weight => weight_groups(tile_count(g)).1,
+        _ => tile_count(g),
+    };
+    rayon::current_num_threads().min(units) * workspace_elems(g, pass, b, k)
+}
+
+/// Elements of the weight gradient's partial sums: one `[9k, B]` per group.
 pub fn weight_partial_elems(g: Grid, k: usize, b: usize) -> usize {
     weight_groups(tile_count(g)).1 * k * b * 9
 }
@@ -101,12 +140,36 @@ fn fill_tile<T: Float>(
     }
 }
 
-/// A matrix operand for `gemm`: base pointer offset and strides, in elements.
+/// `stack [9k, cols]`: row `j·k + o` is channel o of the padded gradient tile `gyt [k, tl]`
+/// shifted by tap j, `gyt[o, c + dy·wp + dx]` for output column c.
+fn stack_shifts<T: Float>(
+    stack: &mut [T],
+    gyt: &[T],
+    k: usize,
+    (wp, tl, cols): (usize, usize, usize),
+) {
+    for (j, &(dy, dx)) in TAPS.iter().enumerate() {
+        for o in 0..k {
+            let from = o * tl + dy * wp + dx;
+            stack[(j * k + o) * cols..(j * k + o + 1) * cols]
+                .copy_from_slice(&gyt[from..from + cols]);
+        }
+    }
+}
+
+/// A row-major matrix operand for `gemm`: base offset and strides, in elements.
 #[derive(Clone, Copy)]
 struct Mat {
     off: usize,
-    rs: isize,
-    cs: isize,
+    rs: usize,
+    cs: usize,
+}
+
+impl Mat {
+    /// Row-major with rows `rs` apart, from `off`.
+    fn rows(off: usize, rs: usize) -> Mat {
+        Mat { off, rs, cs: 1 }
+    }
 }
 
 /// `dst (m×n) = [dst +] lhs (m×k) · rhs (k×n)`, single-threaded.
@@ -130,15 +193,15 @@ unsafe fn gemm_acc<T: Float>(
         n,
         k,
         dst.add(d.off),
-        d.cs,
-        d.rs,
+        d.cs as isize,
+        d.rs as isize,
         accumulate,
         lhs.add(l.off),
-        l.cs,
-        l.rs,
+        l.cs as isize,
+        l.rs as isize,
         rhs.add(r.off),
-        r.cs,
-        r.rs,
+        r.cs as isize,
+        r.rs as isize,
         T::ONE,
         T::ONE,
         false,
@@ -148,168 +211,201 @@ unsafe fn gemm_acc<T: Float>(
     );
 }
 
-/// How a tap's `[cout, cin]` matrix sits in a PyTorch weight `[k, B, 3, 3]`.
-#[derive(Clone, Copy)]
-enum Taps {
-    /// Forward: tap j is `W[:, :, j]` (`[k, B]`) applied at offset j.
-    Forward { b: usize },
-    /// Backward-data: the tap at offset j is `W[:, :, 8 − j]ᵀ` (`[B, k]`), the flipped kernel.
-    Transposed { b: usize },
-}
-
-impl Taps {
-    fn mat(self, j: usize) -> Mat {
-        match self {
-            Taps::Forward { b } => Mat {
-                off: j,
-                rs: 9 * b as isize,
-                cs: 9,
-            },
-            Taps::Transposed { b } => Mat {
-                off: 8 - j,
-                rs: 9,
-                cs: 9 * b as isize,
-            },
+/// Copies the output tile `acc [c_out, cols]` (padded-width columns) of tile `(n, y0, r)` into
+/// `out [c_out, M]` without the pad columns.
+///
+/// # Safety
+/// `out` must address `c_out · M` elements, and no other task may write rows y0 .. y0 + r of
+/// image n.
+unsafe fn write_tile<T: Float>(
+    out: SharedPtr<T>,
+    acc: &[T],
+    c_out: usize,
+    cols: usize,
+    g: Grid,
+    (n, y0, r): (usize, usize, usize),
+) {
+    let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
+    for co in 0..c_out {
+        for row in 0..r {
+            let src = &acc[co * cols + row * wp..co * cols + row * wp + g.w];
+            let at = co * m + n * plane + (y0 + row) * g.w;
+            std::ptr::copy_nonoverlapping(src.as_ptr(), out.get().add(at), g.w);
         }
     }
 }
 
-/// `out [cout, M] = Σ_j A_j [cout, cin] · shift_j(x [cin, M])` with shift_j reading pixel
-/// `(y + dy_j − 1, x + dx_j − 1)`, zero outside the image, j = 3·dy + dx in order.
-fn conv_taps<T: Float>(x: &[T], cin: usize, cout: usize, g: Grid, w: &[T], taps: Taps) -> Vec<T> {
-    let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
+/// `y [k, M] = Σ_j W_j [k, B] · shift_j(s [B, M])`, tap j reading pixel `(y + dy − 1, x + dx − 1)`.
+fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T> {
+    let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
+    // The taps stacked, row j·k + o = W[o, :, j] ([9k, B]).
+    let mut wst = vec![T::default(); 9 * k * b];
+    for j in 0..9 {
+        for o in 0..k {
+            for c in 0..b {
+                wst[(j * k + o) * b + c] = w[(o * b + c) * 9 + j];
+            }
+        }
+    }
     // Uninitialised: the tiles cover every row of every image, so each element is written
     // once below (a zeroed vector cost a memset pass over heap memory glibc hands back dirty).
-    let mut out: Vec<T> = Vec::with_capacity(cout * m);
+    let mut out: Vec<T> = Vec::with_capacity(k * m);
     let shared = SharedPtr(out.as_mut_ptr());
     tiles(g).into_par_iter().for_each_init(
-        || vec![T::default(); workspace_elems(g, cin, cout)],
+        || vec![T::default(); workspace_elems(g, Pass::Forward, b, k)],
         |scratch, (n, y0, r)| {
-            let tile_len = cin * (r + 2) * wp;
-            let (tile, acc) = scratch.split_at_mut(cin * (tile_rows(g) + 2) * wp);
-            let tile = &mut tile[..tile_len];
-            fill_tile(tile, x, cin, g, (n, y0, r));
-            // Padded-width output column c is padded position c + 1 of rows 0..r.
-            let cols = r * wp - 2;
-            for (j, &(dy, dx)) in crate::fused::TAPS.iter().enumerate() {
-                // SAFETY: the output tile is cout × cols; the input columns read are
-                // c + dy·wp + dx ≤ cols − 1 + 2·wp + 2 = (r + 2)·wp − 1 < the tile's row length;
-                // the tap matrices index w [cout·cin·9] within bounds.
+            let (wp, tl, cols) = tile_dims(g, r);
+            let zc = cols + 2;
+            let (tile, z) = scratch.split_at_mut(b * tl);
+            fill_tile(tile, s, b, g, (n, y0, r));
+            for dy in 0..3 {
+                // Z rows (3dy .. 3dy + 3)·k: the three taps of kernel row dy on every column
+                // from padded row dy on.
+                // SAFETY: Z has 9k rows of zc; the tile columns read are dy·wp + q for
+                // q < zc = r·wp, ≤ (r + 2)·wp − 1 < tl; wst is 9k × b.
                 unsafe {
                     gemm_acc(
-                        (cout, cols, cin),
-                        acc.as_mut_ptr(),
-                        Mat {
-                            off: 0,
-                            rs: cols as isize,
-                            cs: 1,
-                        },
-                        j > 0,
-                        w.as_ptr(),
-                        taps.mat(j),
+                        (3 * k, zc, b),
+                        z.as_mut_ptr(),
+                        Mat::rows(3 * dy * k * zc, zc),
+                        false,
+                        wst.as_ptr(),
+                        Mat::rows(3 * dy * k * b, b),
                         tile.as_ptr(),
-                        Mat {
-                            off: dy * wp + dx,
-                            rs: ((r + 2) * wp) as isize,
-                            cs: 1,
-                        },
+                        Mat::rows(dy * wp, tl),
                     );
                 }
             }
-            for co in 0..cout {
+            // y[o, (row, x)] = Σ_j Z[j·k + o, row·wp + x + dx_j], in tap order.
+            for o in 0..k {
                 for row in 0..r {
-                    let src = &acc[co * cols + row * wp..co * cols + row * wp + g.w];
-                    let at = co * m + n * plane + (y0 + row) * g.w;
-                    // SAFETY: rows y0..y0 + r of image n of channel co belong to this tile only.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(src.as_ptr(), shared.get().add(at), g.w);
+                    let at = o * m + n * plane + (y0 + row) * g.w;
+                    // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
+                    let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
+                    for (j, &(_, dx)) in TAPS.iter().enumerate() {
+                        let from = (j * k + o) * zc + row * wp + dx;
+                        let src = &z[from..from + g.w];
+                        if j == 0 {
+                            dst.copy_from_slice(src);
+                        } else {
+                            for (d, &v) in dst.iter_mut().zip(src) {
+                                *d = *d + v;
+                            }
+                        }
                     }
                 }
             }
         },
     );
-    // SAFETY: every element of [0, cout·m) was written by exactly one tile (T is Copy).
-    unsafe { out.set_len(cout * m) };
+    drop(wst);
+    // SAFETY: every element of [0, k·m) was written by exactly one tile (T is Copy).
+    unsafe { out.set_len(k * m) };
     out
 }
 
-/// `dW [k, B, 3, 3]` with `dW[o, c, dy, dx] = Σ_p gy[o, p] · s[c, p + (dy − 1, dx − 1)]`.
+/// `ds [B, M] = Σ_j W_jᵀ · shift_j⁻¹(gy)` as one product per tile of inner length 9k.
+fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T> {
+    let m = g.n * g.h * g.w;
+    // The flipped kernel, row c = [W[o, c, 8 − j] for j, o] ([B, 9k]), matching the rows of
+    // the stacked shifts.
+    let mut wt = vec![T::default(); 9 * k * b];
+    for c in 0..b {
+        for j in 0..9 {
+            for o in 0..k {
+                wt[c * 9 * k + j * k + o] = w[(o * b + c) * 9 + 8 - j];
+            }
+        }
+    }
+    // Uninitialised: every element is written once by its tile (see forward_tiles).
+    let mut out: Vec<T> = Vec::with_capacity(b * m);
+    let shared = SharedPtr(out.as_mut_ptr());
+    tiles(g).into_par_iter().for_each_init(
+        || vec![T::default(); workspace_elems(g, Pass::Data, b, k)],
+        |scratch, (n, y0, r)| {
+            let dims @ (_, tl, cols) = tile_dims(g, r);
+            let (gyt, rest) = scratch.split_at_mut(k * tl);
+            let (stack, acc) = rest.split_at_mut(9 * k * cols);
+            fill_tile(gyt, gy, k, g, (n, y0, r));
+            stack_shifts(stack, gyt, k, dims);
+            // SAFETY: acc is b × cols, wt b × 9k, stack 9k × cols.
+            unsafe {
+                gemm_acc(
+                    (b, cols, 9 * k),
+                    acc.as_mut_ptr(),
+                    Mat::rows(0, cols),
+                    false,
+                    wt.as_ptr(),
+                    Mat::rows(0, 9 * k),
+                    stack.as_ptr(),
+                    Mat::rows(0, cols),
+                );
+                write_tile(shared, acc, b, cols, g, (n, y0, r));
+            }
+        },
+    );
+    drop(wt);
+    // SAFETY: every element of [0, b·m) was written by exactly one tile (T is Copy).
+    unsafe { out.set_len(b * m) };
+    out
+}
+
+/// `dW [k, B, 3, 3]` with `dW[o, c, dy, dx] = Σ_p gy[o, p] · s[c, p + (dy − 1, dx − 1)]`, from
+/// `dW_taps [9k, B] = G · sᵀ` per tile (`G` the stacked shifts of the gradient: row `j·k + o`
+/// holds `gy[o, q + off_j]`, and `−off_j = off_{8−j}`).
 fn weight_grad<T: Float>(gy: &[T], s: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
-    let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
     let all = tiles(g);
     let (per, _) = weight_groups(all.len());
-    let rmax = tile_rows(g);
     let partials: Vec<Vec<T>> = all
         .par_chunks(per)
         .map(|chunk| {
-            let mut part = vec![T::default(); k * b * 9];
-            // The padded s tile and the padded-width gy tile (zero in the pad columns).
-            let mut scratch = vec![T::default(); workspace_elems(g, b, k)];
-            let (tile, gyp) = scratch.split_at_mut(b * (rmax + 2) * wp);
+            let mut part = vec![T::default(); 9 * k * b];
+            let mut scratch = vec![T::default(); workspace_elems(g, Pass::Weight, b, k)];
             for (t, &(n, y0, r)) in chunk.iter().enumerate() {
-                let tile = &mut tile[..b * (r + 2) * wp];
-                fill_tile(tile, s, b, g, (n, y0, r));
-                let cols = r * wp - 2;
-                let gyp = &mut gyp[..k * cols];
-                gyp.fill(T::default());
-                for o in 0..k {
-                    for row in 0..r {
-                        let at = o * m + n * plane + (y0 + row) * g.w;
-                        gyp[o * cols + row * wp..o * cols + row * wp + g.w]
-                            .copy_from_slice(&gy[at..at + g.w]);
-                    }
-                }
-                for (j, &(dy, dx)) in crate::fused::TAPS.iter().enumerate() {
-                    // SAFETY: part is k × b × 9 and tap j addresses o·9b + c·9 + j; gyp is
-                    // k × cols; the s columns read are c + dy·wp + dx < (r + 2)·wp.
-                    unsafe {
-                        gemm_acc(
-                            (k, b, cols),
-                            part.as_mut_ptr(),
-                            Mat {
-                                off: j,
-                                rs: 9 * b as isize,
-                                cs: 9,
-                            },
-                            t > 0,
-                            gyp.as_ptr(),
-                            Mat {
-                                off: 0,
-                                rs: cols as isize,
-                                cs: 1,
-                            },
-                            tile.as_ptr(),
-                            Mat {
-                                off: dy * wp + dx,
-                                rs: 1,
-                                cs: ((r + 2) * wp) as isize,
-                            },
-                        );
-                    }
+                let dims @ (wp, tl, cols) = tile_dims(g, r);
+                let (st, rest) = scratch.split_at_mut(b * tl);
+                let (gyt, stack) = rest.split_at_mut(k * tl);
+                fill_tile(st, s, b, g, (n, y0, r));
+                fill_tile(gyt, gy, k, g, (n, y0, r));
+                stack_shifts(stack, gyt, k, dims);
+                // SAFETY: part is 9k × b; stack 9k × cols; sᵀ reads st[c·tl + wp + 1 + q] for
+                // q < cols, ≤ (r + 1)·wp − 1 + wp < tl (zero in the pad columns).
+                unsafe {
+                    gemm_acc(
+                        (9 * k, b, cols),
+                        part.as_mut_ptr(),
+                        Mat::rows(0, b),
+                        t > 0,
+                        stack.as_ptr(),
+                        Mat::rows(0, cols),
+                        st.as_ptr(),
+                        Mat {
+                            off: wp + 1,
+                            rs: 1,
+                            cs: tl,
+                        },
+                    );
                 }
             }
             part
         })
         .collect();
     let mut it = partials.into_iter();
-    let mut dw = it.next().unwrap_or_else(|| vec![T::default(); k * b * 9]);
+    let mut sum = it.next().unwrap_or_else(|| vec![T::default(); 9 * k * b]);
     for p in it {
-        for (d, v) in dw.iter_mut().zip(p) {
+        for (d, v) in sum.iter_mut().zip(p) {
             *d = *d + v;
         }
     }
+    // dW[o, c, j] = dW_taps[(8 − j)·k + o, c].
+    let mut dw = vec![T::default(); 9 * k * b];
+    for o in 0..k {
+        for c in 0..b {
+            for j in 0..9 {
+                dw[(o * b + c) * 9 + j] = sum[((8 - j) * k + o) * b + c];
+            }
+        }
+    }
     dw
-}
-
-/// Which of the three products a [`Conv3x3Op`] computes.
-#[derive(Debug, Clone, Copy)]
-enum Pass {
-    /// `(s [B, M], w [k, B, 3, 3]) → y [k, M]`.
-    Forward,
-    /// `(gy [k, M], w [k, B, 3, 3]) → ds [B, M]`.
-    Data,
-    /// `(gy [k, M], s [B, M]) → dW [k, B, 3, 3]`.
-    Weight,
 }
 
 struct Conv3x3Op {
@@ -378,8 +474,8 @@ impl CustomOp2 for Conv3x3Op {
         };
         fn go<T: Float>(p: Pass, a: &[T], w: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
             match p {
-                Pass::Forward => conv_taps(a, b, k, g, w, Taps::Forward { b }),
-                Pass::Data => conv_taps(a, k, b, g, w, Taps::Transposed { b }),
+                Pass::Forward => forward_tiles(a, w, b, k, g),
+                Pass::Data => data_tiles(a, w, b, k, g),
                 Pass::Weight => weight_grad(a, w, k, b, g),
             }
         }

@@ -206,9 +206,12 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 }
                 match path {
                     Kernels::Cpu => {
+                        let tiles = conv3x3::scratch_elems(g, conv3x3::Pass::Forward, b, k);
+                        t.alloc(9 * k * b); // stacked taps
                         t.alloc(k * m); // y
-                        t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
-                        t.free(conv3x3::scratch_elems(g, b, k));
+                        t.alloc(tiles);
+                        t.free(tiles);
+                        t.free(9 * k * b);
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
@@ -291,14 +294,19 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 }
                 match path {
                     Kernels::Cpu => {
+                        let data = conv3x3::scratch_elems(g, conv3x3::Pass::Data, b, k);
+                        t.alloc(9 * k * b); // flipped taps
                         t.alloc(b * m); // ds
-                        t.alloc(conv3x3::scratch_elems(g, k, b)); // tiles
-                        t.free(conv3x3::scratch_elems(g, k, b));
+                        t.alloc(data);
+                        t.free(data);
+                        t.free(9 * k * b);
+                        let weight = conv3x3::scratch_elems(g, conv3x3::Pass::Weight, b, k);
                         let parts = conv3x3::weight_partial_elems(g, k, b).max(9 * k * b);
-                        t.alloc(parts); // dW2 partials, the first becomes dW2 (kept)
-                        t.alloc(conv3x3::scratch_elems(g, b, k)); // tiles
-                        t.free(conv3x3::scratch_elems(g, b, k));
-                        t.free(parts - 9 * k * b);
+                        t.alloc(parts); // dW2 partials, summed into the first
+                        t.alloc(weight);
+                        t.free(weight);
+                        t.alloc(9 * k * b); // dW2 (kept), the sum reordered
+                        t.free(parts);
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
