@@ -428,6 +428,7 @@ impl CustomOp2 for Conv3x3Op {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        crate::shared::tune_gemm();
         let name = self.name();
         let g = self.grid;
         let (c1, m) = l1.shape().dims2()?;

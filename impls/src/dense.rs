@@ -99,6 +99,7 @@ unsafe fn multiply<T: Float>(
     b: *const T,
     bm: Mat,
 ) {
+    crate::shared::tune_gemm();
     let (dp, ap, bp) = (
         SharedPtr(dst),
         SharedPtr(a as *mut T),
