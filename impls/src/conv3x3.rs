@@ -112,6 +112,32 @@ pub fn weight_partial_elems(g: Grid, k: usize, b: usize) -> usize {
     weight_groups(tile_count(g)).1 * k * b * 9
 }
 
+/// The scratches of one pass, one per worker that has work ([`scratch_elems`] in all),
+/// allocated before the pass starts, so the pass holds exactly what the memory model counts
+/// however rayon schedules its tiles (a pool may run a small pass on one thread alone).
+struct Scratches<T>(Vec<std::sync::Mutex<Vec<T>>>);
+
+impl<T: Float> Scratches<T> {
+    fn new(g: Grid, pass: Pass, b: usize, k: usize) -> Self {
+        let (all, one) = (scratch_elems(g, pass, b, k), workspace_elems(g, pass, b, k));
+        let count = (all / one.max(1)).max(1);
+        Scratches(
+            (0..count)
+                .map(|_| std::sync::Mutex::new(vec![T::default(); one]))
+                .collect(),
+        )
+    }
+
+    /// Runs `f` on the current worker's scratch. A worker runs one tile at a time (the tile
+    /// code never yields to rayon), so its scratch is free; a pool with more workers than
+    /// scratches shares them through the lock.
+    fn with(&self, f: impl FnOnce(&mut [T])) {
+        let i = rayon::current_thread_index().unwrap_or(0) % self.0.len();
+        let mut scratch = self.0[i].lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut scratch)
+    }
+}
+
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
 /// [C, r+2, W+2]`, zero outside the image (the halo and the two pad columns).
 fn fill_tile<T: Float>(
@@ -251,9 +277,9 @@ fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec
     // once below (a zeroed vector cost a memset pass over heap memory glibc hands back dirty).
     let mut out: Vec<T> = Vec::with_capacity(k * m);
     let shared = SharedPtr(out.as_mut_ptr());
-    tiles(g).into_par_iter().for_each_init(
-        || vec![T::default(); workspace_elems(g, Pass::Forward, b, k)],
-        |scratch, (n, y0, r)| {
+    let ws = Scratches::new(g, Pass::Forward, b, k);
+    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
+        ws.with(|scratch| {
             let (wp, tl, cols) = tile_dims(g, r);
             let zc = cols + 2;
             let (tile, z) = scratch.split_at_mut(b * tl);
@@ -295,8 +321,9 @@ fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec
                     }
                 }
             }
-        },
-    );
+        })
+    });
+    drop(ws);
     drop(wst);
     // SAFETY: every element of [0, k·m) was written by exactly one tile (T is Copy).
     unsafe { out.set_len(k * m) };
@@ -319,9 +346,9 @@ fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T
     // Uninitialised: every element is written once by its tile (see forward_tiles).
     let mut out: Vec<T> = Vec::with_capacity(b * m);
     let shared = SharedPtr(out.as_mut_ptr());
-    tiles(g).into_par_iter().for_each_init(
-        || vec![T::default(); workspace_elems(g, Pass::Data, b, k)],
-        |scratch, (n, y0, r)| {
+    let ws = Scratches::new(g, Pass::Data, b, k);
+    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
+        ws.with(|scratch| {
             let dims @ (_, tl, cols) = tile_dims(g, r);
             let (gyt, rest) = scratch.split_at_mut(k * tl);
             let (stack, acc) = rest.split_at_mut(9 * k * cols);
@@ -341,8 +368,9 @@ fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T
                 );
                 write_tile(shared, acc, b, cols, g, (n, y0, r));
             }
-        },
-    );
+        })
+    });
+    drop(ws);
     drop(wt);
     // SAFETY: every element of [0, b·m) was written by exactly one tile (T is Copy).
     unsafe { out.set_len(b * m) };
@@ -354,41 +382,44 @@ fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T
 /// holds `gy[o, q + off_j]`, and `−off_j = off_{8−j}`).
 fn weight_grad<T: Float>(gy: &[T], s: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
     let all = tiles(g);
-    let (per, _) = weight_groups(all.len());
-    let partials: Vec<Vec<T>> = all
-        .par_chunks(per)
-        .map(|chunk| {
-            let mut part = vec![T::default(); 9 * k * b];
-            let mut scratch = vec![T::default(); workspace_elems(g, Pass::Weight, b, k)];
-            for (t, &(n, y0, r)) in chunk.iter().enumerate() {
-                let dims @ (wp, tl, cols) = tile_dims(g, r);
-                let (st, rest) = scratch.split_at_mut(b * tl);
-                let (gyt, stack) = rest.split_at_mut(k * tl);
-                fill_tile(st, s, b, g, (n, y0, r));
-                fill_tile(gyt, gy, k, g, (n, y0, r));
-                stack_shifts(stack, gyt, k, dims);
-                // SAFETY: part is 9k × b; stack 9k × cols; sᵀ reads st[c·tl + wp + 1 + q] for
-                // q < cols, ≤ (r + 1)·wp − 1 + wp < tl (zero in the pad columns).
-                unsafe {
-                    gemm_acc(
-                        (9 * k, b, cols),
-                        part.as_mut_ptr(),
-                        Mat::rows(0, b),
-                        t > 0,
-                        stack.as_ptr(),
-                        Mat::rows(0, cols),
-                        st.as_ptr(),
-                        Mat {
-                            off: wp + 1,
-                            rs: 1,
-                            cs: tl,
-                        },
-                    );
+    let (per, groups) = weight_groups(all.len());
+    // Every group's partial up front, then the scratches (the memory model's order).
+    let mut partials: Vec<Vec<T>> = (0..groups).map(|_| vec![T::default(); 9 * k * b]).collect();
+    let ws = Scratches::new(g, Pass::Weight, b, k);
+    partials
+        .par_iter_mut()
+        .zip(all.par_chunks(per))
+        .for_each(|(part, chunk)| {
+            ws.with(|scratch| {
+                for (t, &(n, y0, r)) in chunk.iter().enumerate() {
+                    let dims @ (wp, tl, cols) = tile_dims(g, r);
+                    let (st, rest) = scratch.split_at_mut(b * tl);
+                    let (gyt, stack) = rest.split_at_mut(k * tl);
+                    fill_tile(st, s, b, g, (n, y0, r));
+                    fill_tile(gyt, gy, k, g, (n, y0, r));
+                    stack_shifts(stack, gyt, k, dims);
+                    // SAFETY: part is 9k × b; stack 9k × cols; sᵀ reads st[c·tl + wp + 1 + q] for
+                    // q < cols, ≤ (r + 1)·wp − 1 + wp < tl (zero in the pad columns).
+                    unsafe {
+                        gemm_acc(
+                            (9 * k, b, cols),
+                            part.as_mut_ptr(),
+                            Mat::rows(0, b),
+                            t > 0,
+                            stack.as_ptr(),
+                            Mat::rows(0, cols),
+                            st.as_ptr(),
+                            Mat {
+                                off: wp + 1,
+                                rs: 1,
+                                cs: tl,
+                            },
+                        );
+                    }
                 }
-            }
-            part
-        })
-        .collect();
+            })
+        });
+    drop(ws);
     let mut it = partials.into_iter();
     let mut sum = it.next().unwrap_or_else(|| vec![T::default(); 9 * k * b]);
     for p in it {

@@ -410,6 +410,7 @@ pub fn accumulate_tail(rows: &Tensor, top: usize, a: &Tensor) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::shared::bits;
     use candle_core::{DType, Device};
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
@@ -488,17 +489,6 @@ mod tests {
     #[test]
     fn products_match_matmul() {
         let dev = Device::Cpu;
-        let bits = |t: &Tensor| -> Vec<u64> {
-            t.flatten_all()
-                .unwrap()
-                .to_dtype(DType::F64)
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-                .into_iter()
-                .map(f64::to_bits)
-                .collect()
-        };
         for dtype in [DType::F32, DType::F64] {
             for (out, c, m) in [
                 (3, 5, 1),

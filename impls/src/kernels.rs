@@ -409,17 +409,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    fn bits(t: &Tensor) -> Vec<u64> {
-        t.to_dtype(DType::F64)
-            .unwrap()
-            .flatten_all()
-            .unwrap()
-            .to_vec1::<f64>()
-            .unwrap()
-            .into_iter()
-            .map(f64::to_bits)
-            .collect()
-    }
+    use crate::shared::bits;
 
     /// The parallel channel-major copy equals candle's transpose + copy, for mlp `[N, C]` and bc
     /// `[N, C, H, W]` shapes that do not divide into blocks, and is fresh storage.

@@ -82,3 +82,17 @@ pub(crate) fn tune_gemm() {
     static ONCE: std::sync::Once = std::sync::Once::new();
     ONCE.call_once(|| gemm::set_lhs_packing_threshold_single_thread(1));
 }
+
+/// Every element's bits (as f64, exact for f32), for tests that compare bit for bit.
+#[cfg(test)]
+pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
+    t.to_dtype(candle_core::DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+        .into_iter()
+        .map(f64::to_bits)
+        .collect()
+}
