@@ -10,7 +10,9 @@
 use crate::error::{CandleContext, Result};
 use crate::shared::{Float, SharedPtr};
 use candle_core::backend::BackendStorage;
-use candle_core::{CpuStorage, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor,
+};
 use rayon::prelude::*;
 
 /// Elements per rayon task: large enough that scheduling is noise next to the memory traffic.
@@ -40,6 +42,14 @@ fn relu_slice<T: Float>(xs: &mut [T]) {
             *x = if is_positive(*x) { *x } else { T::ZERO };
         }
     });
+}
+
+/// `max(x, 0)` into a new vector, NaN to 0 like [`relu_slice`].
+fn relu_new<T: Float>(xs: &[T]) -> Vec<T> {
+    xs.par_iter()
+        .with_min_len(PAR_CHUNK)
+        .map(|x| if is_positive(*x) { *x } else { T::ZERO })
+        .collect()
 }
 
 /// `dst[i] = out[i] > 0 ? g[i] : 0`: the ReLU derivative taken from the output, the only thing
@@ -96,6 +106,22 @@ impl InplaceOp1 for ReluInplace {
     #[cfg(feature = "cuda")]
     fn cuda_fwd(&self, s: &mut candle_core::CudaStorage, l: &Layout) -> candle_core::Result<()> {
         crate::kernels_cuda::relu_inplace(self.name(), s, l)
+    }
+}
+
+struct ReluCopy;
+impl CustomOp1 for ReluCopy {
+    fn name(&self) -> &'static str {
+        "relu"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (a, b) = contiguous_range(l, self.name())?;
+        let out = match s {
+            CpuStorage::F32(v) => CpuStorage::F32(relu_new(&v[a..b])),
+            CpuStorage::F64(v) => CpuStorage::F64(relu_new(&v[a..b])),
+            other => return Err(unsupported(self.name(), other)),
+        };
+        Ok((out, l.shape().clone()))
     }
 }
 
@@ -228,6 +254,17 @@ fn same_shape(op: &str, a: &Tensor, b: &Tensor) -> Result<()> {
 pub fn relu_inplace(x: Tensor) -> Result<Tensor> {
     x.inplace_op1(&ReluInplace).ctx("relu-inplace")?;
     Ok(x)
+}
+
+/// ReLU into a new tensor, `max(x, 0)` (NaN to 0, the values [`relu_inplace`] writes): on the
+/// CPU in parallel (candle's `relu` is one thread's element-wise map: ~9% of a BC-100 step with
+/// `copy` ReLU), elsewhere candle's.
+pub fn relu(x: &Tensor) -> Result<Tensor> {
+    if x.device().is_cpu() && x.is_contiguous() {
+        x.apply_op1_no_bwd(&ReluCopy).ctx("relu")
+    } else {
+        x.relu().ctx("relu")
+    }
 }
 
 /// ReLU backward into a new tensor: `out > 0 ? g : 0`.
@@ -410,6 +447,29 @@ mod tests {
     use candle_core::{DType, Device};
 
     use crate::shared::bits;
+
+    /// The parallel ReLU into a new tensor equals candle's on ordinary values and, NaN and
+    /// signed zeros included, the in-place kernel bit for bit; its input is left as it was.
+    #[test]
+    fn relu_copy_matches_candle_and_the_inplace_kernel() {
+        let dev = Device::Cpu;
+        for dtype in [DType::F32, DType::F64] {
+            let x = Tensor::randn(0f32, 1.0, (70, 1000), &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let before = bits(&x);
+            let y = relu(&x).unwrap();
+            assert_eq!(bits(&x), before, "relu wrote its input");
+            assert_eq!(bits(&y), bits(&x.relu().unwrap()));
+            let odd = Tensor::new(&[f64::NAN, -0.0, 0.0, -1.5, 2.5, f64::INFINITY], &dev)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap();
+            let inplace = relu_inplace(odd.copy().unwrap()).unwrap();
+            assert_eq!(bits(&relu(&odd).unwrap()), bits(&inplace));
+        }
+    }
 
     /// The parallel channel-major copy equals candle's transpose + copy, for mlp `[N, C]` and bc
     /// `[N, C, H, W]` shapes that do not divide into blocks, and is fresh storage.

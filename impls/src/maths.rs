@@ -190,7 +190,7 @@ fn bn_bwd_coef(
 /// ReLU forward on a tensor the caller owns: `copy` writes a new tensor, `inplace` overwrites it.
 pub fn relu_fwd(x: Tensor, mode: Relu) -> Result<Tensor> {
     match mode {
-        Relu::Copy => x.relu().ctx("relu"),
+        Relu::Copy => kernels::relu(&x),
         Relu::Inplace => kernels::relu_inplace(x),
     }
 }
