@@ -85,9 +85,15 @@ struct Trace {
     peak: i128,
     /// Bytes per element.
     s: i128,
+    /// Bytes gemm packs into while a dense product runs (CPU), see [`Trace::product`].
+    pack: i128,
 }
 
 impl Trace {
+    /// A matrix product runs: gemm's packing buffers are live while it does ([`Trace::pack`]).
+    fn product(&mut self) {
+        self.peak = self.peak.max(self.live + self.pack);
+    }
     fn alloc(&mut self, elems: usize) {
         self.live += elems as i128 * self.s;
         self.peak = self.peak.max(self.live);
@@ -102,7 +108,9 @@ impl Trace {
 /// [48, 200] @ [200, 65536], 264 KiB for [64, 4000] @ [4000, 4096] in f32 (twice in f64); it
 /// depends on the shapes and the CPU's cache sizes, so the model carries one middle allowance
 /// per compute thread (the CPU's products run as concurrent panels, each packing its own
-/// operands: [`crate::dense`]). Under 1% of any default-sweep peak.
+/// operands: [`crate::dense`]), live only while a dense product (Linear, Conv1×1) runs — the
+/// 3×3 kernel's per-tile products pack a few KiB, not counted. Under 1% of any default-sweep
+/// peak.
 pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 
 /// Predicted peak bytes of one training step above the baseline (parameters, input and
@@ -161,6 +169,12 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
     let g = crate::maths::grid(cfg);
     let mut t = Trace {
         s: cfg.dtype_size() as i128,
+        pack: match path {
+            Kernels::Cpu => {
+                (GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64) as i128
+            }
+            Kernels::TapStack => 0,
+        },
         ..Trace::default()
     };
     // ---- forward ----
@@ -174,6 +188,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
         match cfg.family {
             Family::Mlp => {
                 t.alloc(k * m); // W @ x (CPU: the bias, then W @ x added into it)
+                t.product();
                 if path == Kernels::TapStack {
                     t.alloc(k * m); // + bias
                     t.free(k * m);
@@ -199,6 +214,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                     t.free(c * m);
                 }
                 t.alloc(b * m); // z = Conv1×1
+                t.product();
                 t.alloc(b * m); // BN2 output
                 if copy {
                     t.alloc(b * m);
@@ -257,6 +273,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 }
                 if path == Kernels::Cpu {
                     t.alloc(k * c); // dWᵀ, transposed into dW
+                    t.product();
                     t.alloc(k * c); // dW (kept)
                     t.free(k * c);
                     t.alloc(k); // db (kept)
@@ -267,6 +284,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                     t.free(c * m); // the layer input (saved or re-concatenated)
                     t.alloc(c * m); // new input gradient: the prefix's values, dx added in
                 }
+                t.product(); // dx added in
                 if path == Kernels::TapStack {
                     t.alloc(c * m); // dx, added in, dropped
                     t.free(c * m);
@@ -286,6 +304,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                         t.free(c * m);
                     }
                     t.alloc(b * m); // z
+                    t.product();
                     t.alloc(b * m); // BN2 output
                     if copy {
                         t.alloc(b * m);
@@ -328,12 +347,14 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 t.alloc(2 * b); // dγ2, dβ2 (kept)
                 if path == Kernels::Cpu {
                     t.alloc(b * c); // dW1ᵀ, transposed into dW1
+                    t.product();
                     t.alloc(b * c); // dW1 (kept)
                     t.free(b * c);
                 } else {
                     t.alloc(b * c); // dW1 (kept)
                 }
                 t.alloc(c * m); // dr
+                t.product();
                 t.free(b * m); // dz
                 if copy {
                     t.alloc(c * m); // ReLU1 backward copy
@@ -354,8 +375,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
             t.free((c + k) * m); // previous gradient
         }
     }
-    let packing = GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64;
-    Some(t.peak.max(0) as u64 + packing)
+    Some(t.peak.max(0) as u64)
 }
 
 /// Floating-point operations of one training step's matrix products and convolutions (the
