@@ -76,10 +76,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// The bc layer's 3×3 convolution (forward + both gradients) on DenseNet-BC-100's shapes
-/// (N=64, 32×32, B=48, k=12): the CPU's direct kernel against the tap-stack path, alternated
-/// A B A B so a loaded machine slows both alike.
-fn conv3x3(reps: usize) -> impls::error::Result<()> {
+/// DenseNet-BC-100's block config (N=64, 32×32) and random operands of its 3×3 convolution:
+/// the layer input `s [B, M]`, the upstream gradient `gy [k, M]`, the weight `[k, B, 3, 3]`.
+fn conv3x3_operands() -> impls::error::Result<(Config, Tensor, Tensor, Tensor)> {
     let cfg = Config {
         batch: 64,
         size: 32.into(),
@@ -90,6 +89,14 @@ fn conv3x3(reps: usize) -> impls::error::Result<()> {
     let s = Tensor::randn(0f32, 1.0, (b, m), &dev)?;
     let gy = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
     let w = Tensor::randn(0f32, 0.1, (k, b, 3, 3), &dev)?;
+    Ok((cfg, s, gy, w))
+}
+
+/// The bc layer's 3×3 convolution (forward + both gradients) on DenseNet-BC-100's shapes
+/// (N=64, 32×32, B=48, k=12): the CPU's direct kernel against the tap-stack path, alternated
+/// A B A B so a loaded machine slows both alike.
+fn conv3x3(reps: usize) -> impls::error::Result<()> {
+    let (cfg, s, gy, w) = conv3x3_operands()?;
     type Pass = fn(&Config, &Tensor, &Tensor, &Tensor) -> impls::error::Result<()>;
     let direct: Pass = |c, s, gy, w| {
         maths::conv3x3_fwd(c, s, w)?;
@@ -133,17 +140,9 @@ fn conv3x3(reps: usize) -> impls::error::Result<()> {
 /// backward-weight) on DenseNet-BC-100's shapes: best wall time of REPS and GFLOP/s.
 fn passes(reps: usize) -> impls::error::Result<()> {
     use impls::conv3x3;
-    let cfg = Config {
-        batch: 64,
-        size: 32.into(),
-        ..Config::bc100_block()
-    };
+    let (cfg, s, gy, w) = conv3x3_operands()?;
     let (b, k, m) = (cfg.bottleneck(), cfg.growth, cfg.m());
     let g = maths::grid(&cfg);
-    let dev = Device::Cpu;
-    let s = Tensor::randn(0f32, 1.0, (b, m), &dev)?;
-    let gy = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
-    let w = Tensor::randn(0f32, 0.1, (k, b, 3, 3), &dev)?;
     let flop = 2.0 * (9 * b * k * m) as f64;
     type Run<'a> = Box<dyn Fn() -> impls::error::Result<Tensor> + 'a>;
     let runs: Vec<(&str, Run)> = vec![

@@ -87,24 +87,27 @@ fn tile_dims(g: Grid, r: usize) -> (usize, usize, usize) {
 /// tile, its stacked shifts `G [9k, cols]` and the output tile `[B, cols]`; backward-weight
 /// the input tile, the gradient tile and `G`. The memory model counts one per thread.
 pub fn workspace_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
-    let (wp, tl, cols) = tile_dims(g, tile_rows(g));
+    let (_, tl, cols) = tile_dims(g, tile_rows(g));
     match pass {
         Pass::Forward => b * tl + 9 * k * (cols + 2),
         Pass::Data => k * tl + 9 * k * cols + b * cols,
         Pass::Weight => (b + k) * tl + 9 * k * cols,
     }
-    .max(wp)
 }
 
-/// Elements of scratch live at once during one pass: one [`workspace_elems`] per thread that
-/// has a tile (forward, backward-data) or a group of tiles (backward-weight) to work on, in the
-/// current rayon pool.
-pub fn scratch_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
+/// How many scratches a pass holds: one per thread of the current rayon pool that has a tile
+/// (forward, backward-data) or a group of tiles (backward-weight) to work on.
+fn scratch_count(g: Grid, pass: Pass) -> usize {
     let units = match pass {
         Pass::Weight => weight_groups(tile_count(g)).1,
         _ => tile_count(g),
     };
-    rayon::current_num_threads().min(units) * workspace_elems(g, pass, b, k)
+    rayon::current_num_threads().min(units).max(1)
+}
+
+/// Elements of scratch live at once during one pass: [`scratch_count`] × [`workspace_elems`].
+pub fn scratch_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
+    scratch_count(g, pass) * workspace_elems(g, pass, b, k)
 }
 
 /// Elements of the weight gradient's partial sums: one `[9k, B]` per group.
@@ -119,10 +122,9 @@ struct Scratches<T>(Vec<std::sync::Mutex<Vec<T>>>);
 
 impl<T: Float> Scratches<T> {
     fn new(g: Grid, pass: Pass, b: usize, k: usize) -> Self {
-        let (all, one) = (scratch_elems(g, pass, b, k), workspace_elems(g, pass, b, k));
-        let count = (all / one.max(1)).max(1);
+        let one = workspace_elems(g, pass, b, k);
         Scratches(
-            (0..count)
+            (0..scratch_count(g, pass))
                 .map(|_| std::sync::Mutex::new(vec![T::default(); one]))
                 .collect(),
         )
