@@ -4,7 +4,8 @@
 //! checks without the harness's child process and reference; or (`conv3x3 REPS`) the bc layer's
 //! 3×3 convolution alone, direct kernel against the tap stack. A benchmark, not a test:
 //! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
-//! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone).
+//! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone, or
+//! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart).
 
 use candle_core::Device;
 use candle_core::Tensor;
@@ -27,6 +28,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     if family == "passes" {
         return Ok(passes(
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(5),
+        )?);
+    }
+    if family == "cat-parts" {
+        return Ok(cat_parts(
+            args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3),
         )?);
     }
     if family == "conv3x3" {
@@ -72,6 +78,46 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             cpu_seconds() - c0,
             t0.elapsed().as_secs_f64()
         );
+    }
+    Ok(())
+}
+
+/// The forum mlp's forward as `cat-store-copy` runs it (product + bias, ReLU, concatenation, 32
+/// layers, every input kept as the backward would), each kind of work timed on its own and summed
+/// over the layers: wall seconds, REPS times after one unmeasured pass.
+fn cat_parts(reps: usize) -> impls::error::Result<()> {
+    let dev = Device::Cpu;
+    let (m, c0, k, depth) = (4096usize, 256usize, 64usize, 32usize);
+    let mut params = Vec::with_capacity(depth);
+    for i in 0..depth {
+        let w = Tensor::randn(0f32, 0.05, (k, c0 + i * k), &dev)?;
+        let b = Tensor::randn(0f32, 0.05, k, &dev)?;
+        params.push((w, b));
+    }
+    for rep in 0..=reps {
+        let mut x = Tensor::randn(0f32, 1.0, (c0, m), &dev)?;
+        let mut kept = Vec::with_capacity(depth);
+        let mut secs = [0f64; 3];
+        for (w, b) in &params {
+            let t = Instant::now();
+            let y = maths::dense_fwd(w, Some(b), &x)?;
+            secs[0] += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let y = maths::relu_fwd(y, impls::Relu::Copy)?;
+            secs[1] += t.elapsed().as_secs_f64();
+            let t = Instant::now();
+            let next = impls::kernels::cat_rows(&[&x, &y])?;
+            secs[2] += t.elapsed().as_secs_f64();
+            kept.push(std::mem::replace(&mut x, next));
+        }
+        if rep > 0 {
+            println!(
+                "products {:6.1} ms  relu {:5.1} ms  concatenations {:6.1} ms",
+                secs[0] * 1e3,
+                secs[1] * 1e3,
+                secs[2] * 1e3
+            );
+        }
     }
     Ok(())
 }

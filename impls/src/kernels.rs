@@ -287,7 +287,48 @@ pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
     dst.inplace_op2(src, &AddAssign).ctx("add-assign")
 }
 
-/// The slices one after the other in a new vector, copied in parallel chunks.
+/// `src` copied to `dst` (`len` elements, not overlapping) by a loop of 16-byte vector loads and
+/// stores on x86-64, not glibc's `memcpy`: at a parallel task's chunk size (128 KiB) glibc
+/// copies with `rep movsb`, which ran at about 5 GB/s here (AMD EPYC, Zen 3) where this loop
+/// runs at 15–18. The mlp's 32 forward concatenations (688 MB) took 256–380 ms with `memcpy`
+/// and 85–100 ms with this loop at 1 thread (`step_timing -- cat-parts`); a whole mlp
+/// `cat-store-copy` step was 1.11× faster (median of 5 paired runs), bc's 1.08×. Ordinary
+/// stores, not streamed ones: the next layer reads the copy right away, and what is left of it
+/// in the cache helps that product (streamed stores measured slower in the whole step).
+///
+/// # Safety
+/// `src` and `dst` must each be valid for `len` elements and must not overlap.
+unsafe fn copy_chunk<T: Copy>(src: *const T, dst: *mut T, len: usize) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_loadu_si128, _mm_storeu_si128};
+        const LANE: usize = 16;
+        let (s, d) = (src as *const u8, dst as *mut u8);
+        let n = len * std::mem::size_of::<T>();
+        // SAFETY (whole block): every access is inside [0, n) of both, the caller's contract;
+        // SSE2 is part of x86-64's baseline; the stores are 16-byte aligned.
+        unsafe {
+            let head = ((LANE - d as usize % LANE) % LANE).min(n);
+            std::ptr::copy_nonoverlapping(s, d, head);
+            let mut i = head;
+            while i + 4 * LANE <= n {
+                for j in 0..4 {
+                    let v = _mm_loadu_si128(s.add(i + j * LANE) as *const __m128i);
+                    _mm_storeu_si128(d.add(i + j * LANE) as *mut __m128i, v);
+                }
+                i += 4 * LANE;
+            }
+            std::ptr::copy_nonoverlapping(s.add(i), d.add(i), n - i);
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: the caller's contract.
+    unsafe {
+        std::ptr::copy_nonoverlapping(src, dst, len)
+    }
+}
+
+/// The slices one after the other in a new vector, copied in parallel chunks ([`copy_chunk`]).
 fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
     let n = parts.iter().map(|p| p.len()).sum();
     let mut out: Vec<T> = Vec::with_capacity(n);
@@ -304,7 +345,7 @@ fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
     let dst = SharedPtr(out.as_mut_ptr());
     jobs.par_iter().for_each(|&(c, at)| {
         // SAFETY: the chunks tile [0, n) without overlap and out has capacity n.
-        unsafe { std::ptr::copy_nonoverlapping(c.as_ptr(), dst.get().add(at), c.len()) }
+        unsafe { copy_chunk(c.as_ptr(), dst.get().add(at), c.len()) }
     });
     // SAFETY: every element of [0, n) was written above (T is Copy, no drop).
     unsafe { out.set_len(n) };
@@ -528,6 +569,35 @@ mod tests {
 
     /// Parallel concatenation equals candle's, for pieces larger than one chunk and views;
     /// copies are fresh storage even where candle's `contiguous` would hand back the tensor.
+    #[test]
+    fn copy_chunk_copies_every_length_and_alignment() {
+        // Lengths around the 64-byte loop's step and every misalignment of source and
+        // destination, f32 and f64: the head, the vector loop and the tail must tile the copy.
+        fn check<T: Float + std::fmt::Debug>(from: impl Fn(usize) -> T) {
+            let src: Vec<T> = (0..300).map(&from).collect();
+            for len in [0, 1, 3, 4, 5, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130, 257] {
+                for s0 in 0..4 {
+                    for d0 in 0..4 {
+                        let mut dst = vec![T::ZERO; len + 8];
+                        // SAFETY: src has 300 ≥ s0 + len elements, dst has len + 8 ≥ d0 + len.
+                        unsafe { copy_chunk(src.as_ptr().add(s0), dst.as_mut_ptr().add(d0), len) };
+                        assert_eq!(
+                            &dst[d0..d0 + len],
+                            &src[s0..s0 + len],
+                            "len {len} +{s0} +{d0}"
+                        );
+                        assert!(dst[..d0]
+                            .iter()
+                            .chain(&dst[d0 + len..])
+                            .all(|v| *v == T::ZERO));
+                    }
+                }
+            }
+        }
+        check(|i| i as f32 + 1.0);
+        check(|i| i as f64 + 1.0);
+    }
+
     #[test]
     fn cat_rows_and_copy_rows_match_candle_and_never_alias() {
         let dev = Device::Cpu;
