@@ -9,7 +9,7 @@
 
 use candle_core::Device;
 use candle_core::Tensor;
-use impls::{maths, step, Case, Config, Family, NoProbe, Variant};
+use impls::{maths, step, Case, Config, Event, Family, Probe, Variant};
 use std::time::Instant;
 
 fn cpu_seconds() -> f64 {
@@ -20,6 +20,16 @@ fn cpu_seconds() -> f64 {
         .map(|v| v.parse().unwrap_or(0.0))
         .collect();
     (f.get(11).copied().unwrap_or(0.0) + f.get(12).copied().unwrap_or(0.0)) / 100.0
+}
+
+/// Wall seconds from the step's start to the end of its forward pass.
+struct ForwardClock(Instant, Option<f64>);
+impl Probe for ForwardClock {
+    fn event(&mut self, e: Event<'_>) {
+        if let Event::ForwardEnd { .. } = e {
+            self.1 = Some(self.0.elapsed().as_secs_f64());
+        }
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -63,20 +73,23 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let case = Case::random(&cfg, &Device::Cpu)?;
     for i in 0..=steps {
         let (c0, t0) = (cpu_seconds(), Instant::now());
+        let mut forward = ForwardClock(t0, None);
         let r = step(
             variant,
             &cfg,
             &case.params,
             &case.input,
             &case.grad_output,
-            &mut NoProbe,
+            &mut forward,
         )?;
         drop(r);
         let what = if i == 0 { "warm-up" } else { "step" };
+        let wall = t0.elapsed().as_secs_f64();
+        let fwd = forward.1.unwrap_or(wall);
         println!(
-            "{what} cpu {:.2} s wall {:.2} s",
+            "{what} cpu {:.2} s wall {wall:.2} s (forward {fwd:.3} s, backward {:.3} s)",
             cpu_seconds() - c0,
-            t0.elapsed().as_secs_f64()
+            wall - fwd
         );
     }
     Ok(())

@@ -212,16 +212,8 @@ pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor
     let cpu = x.device().is_cpu();
     match bias {
         Some(b) if cpu => {
-            let (out, m) = (w.dims()[0], x.dims()[1]);
-            let y = b
-                .reshape((b.dims()[0], 1))
-                .ctx("dense bias")?
-                .broadcast_as((out, m))
-                .ctx("dense bias")?
-                // a fresh tensor even when the broadcast is the identity (M = 1): the product
-                // is added into it
-                .force_contiguous()
-                .ctx("dense bias")?;
+            // always a fresh tensor (even for M = 1): the product is added into it
+            let y = kernels::repeat_rows(b, x.dims()[1])?;
             dense::accumulate(&y, w, x)?;
             Ok(y)
         }
