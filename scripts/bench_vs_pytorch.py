@@ -13,7 +13,9 @@ A benchmark, not a test: run it on a quiet machine and quote the ratios with the
 
 A shared machine's speed drifts by tens of percent within a minute, so a single pair of rows
 can mislead: `--repeat N` runs the whole comparison N times, one thread count after the other
-(their order reversed every other repeat), and prints each ratio's median with its min–max over
+(their order reversed every other repeat; in every other repeat densebench's rows run alone
+before the peer sweep and are paired with its PyTorch rows, so neither side always runs second),
+and prints each ratio's median with its min–max over
 the repeats (the CSVs keep the last repeat's rows). It also prints the ratio of the two sides'
 fastest timed steps over all repeats (`time_ratio_best`): load from other tenants only ever
 slows a step, so the fastest step is the closest each side came to a quiet machine.
@@ -48,12 +50,17 @@ def csv_name(threads):
     return f"versus-pytorch-{threads}thread{'' if threads == 1 else 's'}.csv"
 
 
-def sweep_text(threads, only):
-    """The shipped sweep with `threads` set in [defaults] and, with `only`, one family's group."""
+def sweep_text(threads, only, peer=True):
+    """The shipped sweep with `threads` set in [defaults] and, with `only`, one family's group;
+    without `peer`, densebench's rows alone."""
     text = open(SWEEP).read()
     text, n = re.subn(r"(?m)^threads\s*=.*$", f"threads = {threads}", text)
     if n != 1:
         sys.exit(f"bench-vs-pytorch: {SWEEP} must set `threads` once in [defaults]")
+    if not peer:
+        text, n = re.subn(r'(?m)^peer\s*=.*$', 'peer = "none"', text)
+        if n != 1:
+            sys.exit(f"bench-vs-pytorch: {SWEEP} must set `peer` once in [defaults]")
     if only:
         head, *groups = text.split("[[group]]")
         keep = [g for g in groups if re.search(rf'(?m)^family\s*=\s*"{only}"', g)]
@@ -66,21 +73,48 @@ def key_config(row):
     return row["key"].split("/", 1)[1]
 
 
-def measure(a, t, rep, samples, versions):
-    """One bench-all run of the sweep at `t` threads; appends each pair's ratios to `samples`."""
-    path = os.path.join(a.out_dir, csv_name(t))
+def bench_all(a, t, path, peer):
+    """`densebench bench-all` of the sweep at `t` threads into `path`; its rows."""
     with tempfile.NamedTemporaryFile("w", suffix=".toml", delete=False) as f:
-        f.write(sweep_text(t, a.only))
+        f.write(sweep_text(t, a.only, peer))
     try:
-        print(f"bench-vs-pytorch: repeat {rep + 1}/{a.repeat}, {t} thread(s)", flush=True)
         p = subprocess.run([a.bin, "bench-all", "--sweep", f.name, "--out", path, "--force"])
     finally:
         os.unlink(f.name)
     if p.returncode != 0:
         sys.exit(f"bench-vs-pytorch: bench-all at {t} thread(s) failed ({p.returncode}); "
                  f"the rows so far are in {path}")
-    rows = list(csv.DictReader(open(path)))
+    return list(csv.DictReader(open(path)))
+
+
+def measure(a, t, rep, samples, versions):
+    """One bench-all run of the sweep at `t` threads; appends each pair's ratios to `samples`.
+
+    A sweep runs the peer's rows first (the naive peer's error sets the tolerance of the rows
+    after it), and a row run right after PyTorch's measured slower than the same row run alone
+    (mlp `cat-store-copy`, 1 thread: 1.10–1.28 s against 1.02–1.05 s). So every other repeat
+    first runs densebench's rows alone and pairs those with the peer sweep's PyTorch rows:
+    densebench runs before PyTorch in half the repeats and after it in the other half."""
+    path = os.path.join(a.out_dir, csv_name(t))
+    first = rep % 2 == 1
+    print(f"bench-vs-pytorch: repeat {rep + 1}/{a.repeat}, {t} thread(s)"
+          f"{', densebench first' if first else ''}", flush=True)
+    before = None
+    if first:
+        with tempfile.TemporaryDirectory() as d:
+            before = bench_all(a, t, os.path.join(d, "densebench-first.csv"), peer=False)
+    rows = bench_all(a, t, path, peer=True)
     by = {(r["variant"], key_config(r)): r for r in rows}
+    if before is not None:
+        for r in before:
+            paired = by.get((r["variant"], key_config(r)))
+            if paired is None:
+                sys.exit(f"bench-vs-pytorch: {r['key']} is missing from the peer sweep")
+            # Same case, same code: the same errors, judged by the peer-derived tolerance.
+            if r["status"] == "ok" and float(r["max_rel_err"]) > float(paired["tolerance"]):
+                sys.exit(f"bench-vs-pytorch: {r['key']}: max_rel_err {r['max_rel_err']} beyond "
+                         f"the peer-derived tolerance {paired['tolerance']} — not a result")
+            by[(r["variant"], key_config(r))] = r
     for r in rows:
         if r["framework"] != "densebench":
             versions.add(r["framework_version"])
