@@ -337,8 +337,9 @@ pub fn add_assign(dst: &Tensor, src: &Tensor) -> Result<()> {
 /// runs at 15–18. The mlp's 32 forward concatenations (688 MB) took 256–380 ms with `memcpy`
 /// and 85–100 ms with this loop at 1 thread (`step_timing -- cat-parts`); a whole mlp
 /// `cat-store-copy` step was 1.11× faster (median of 5 paired runs), bc's 1.08×. Ordinary
-/// stores, not streamed ones: the next layer reads the copy right away, and what is left of it
-/// in the cache helps that product (streamed stores measured slower in the whole step).
+/// stores, not streamed (non-temporal) ones: the next layer reads the copy right away, and
+/// streaming was no faster over a whole mlp step (paired medians 0.90× and 1.03× of this loop's
+/// time, spreads 0.83–1.27).
 ///
 /// # Safety
 /// `src` and `dst` must each be valid for `len` elements and must not overlap.
