@@ -612,8 +612,7 @@ mod tests {
         }
     }
 
-    /// Parallel concatenation equals candle's, for pieces larger than one chunk and views;
-    /// copies are fresh storage even where candle's `contiguous` would hand back the tensor.
+    /// The bias broadcast equals candle's broadcast-then-copy, for a strided view too.
     #[test]
     fn repeat_rows_matches_candle_broadcast() {
         let dev = Device::Cpu;
@@ -638,10 +637,10 @@ mod tests {
         assert!(repeat_rows(&matrix, 3).is_err(), "values must be 1-D");
     }
 
+    /// Lengths around the 64-byte loop's step and every misalignment of source and destination,
+    /// f32 and f64: the head, the vector loop and the tail must tile the copy.
     #[test]
     fn copy_chunk_copies_every_length_and_alignment() {
-        // Lengths around the 64-byte loop's step and every misalignment of source and
-        // destination, f32 and f64: the head, the vector loop and the tail must tile the copy.
         fn check<T: Float + std::fmt::Debug>(from: impl Fn(usize) -> T) {
             let src: Vec<T> = (0..300).map(&from).collect();
             for len in [0, 1, 3, 4, 5, 15, 16, 17, 31, 32, 33, 63, 64, 65, 130, 257] {
@@ -667,6 +666,8 @@ mod tests {
         check(|i| i as f64 + 1.0);
     }
 
+    /// Parallel concatenation equals candle's, for pieces larger than one chunk and views;
+    /// copies are fresh storage even where candle's `contiguous` would hand back the tensor.
     #[test]
     fn cat_rows_and_copy_rows_match_candle_and_never_alias() {
         let dev = Device::Cpu;
