@@ -46,13 +46,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     time("fwd W·X      dense::product", &mut || {
         d(dense::product(&w, &x))
     });
-    let yt = Tensor::zeros((k, m), candle_core::DType::F32, &dev)?;
-    let (ytt, xtt, wtt) = (yt.t()?, x.t()?, w.t()?);
-    time("fwd (Xᵀ·Wᵀ)ᵀ dense::accumulate", &mut || {
-        dense::accumulate(&ytt, &xtt, &wtt).map_err(candle_core::Error::wrap)
-    });
-    time("fwd W·X      dense::accumulate", &mut || {
-        dense::accumulate(&yt, &w, &x).map_err(candle_core::Error::wrap)
+    // what the layer runs: the product added into the bias, broadcast beforehand
+    let y = Tensor::zeros((k, m), candle_core::DType::F32, &dev)?;
+    time("fwd +W·X     dense::accumulate", &mut || {
+        dense::accumulate(&y, &w, &x).map_err(candle_core::Error::wrap)
     });
     time("dW  G·Xᵀ     matmul", &mut || g.matmul(&xt).map(drop));
     time("dW  G·Xᵀ     dense::product", &mut || {
