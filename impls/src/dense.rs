@@ -410,8 +410,8 @@ pub fn accumulate_tail(rows: &Tensor, top: usize, a: &Tensor) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::shared::bits;
-    use candle_core::{DType, Device};
+    use crate::shared::{bits, randn};
+    use candle_core::DType;
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b)
@@ -488,7 +488,6 @@ mod tests {
     /// the weight gradient taken transposed bitwise the direct one.
     #[test]
     fn products_match_matmul() {
-        let dev = Device::Cpu;
         for dtype in [DType::F32, DType::F64] {
             for (out, c, m) in [
                 (3, 5, 1),
@@ -499,12 +498,7 @@ mod tests {
                 (48, 30, 70),
                 (12, 200, 300),
             ] {
-                let rand = |shape: (usize, usize)| {
-                    Tensor::randn(0f32, 1.0, shape, &dev)
-                        .unwrap()
-                        .to_dtype(dtype)
-                        .unwrap()
-                };
+                let rand = |shape: (usize, usize)| randn(shape, dtype);
                 let (w, x, g) = (rand((out, c)), rand((c, m)), rand((out, m)));
                 let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
                 let (xt, wt) = (x.t().unwrap(), w.t().unwrap());

@@ -549,7 +549,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    use crate::shared::bits;
+    use crate::shared::{bits, randn};
 
     /// The parallel ReLU into a new tensor equals candle's on ordinary values and, NaN and
     /// signed zeros included, the in-place kernel bit for bit; its input is left as it was.
@@ -557,10 +557,7 @@ mod tests {
     fn relu_copy_matches_candle_and_the_inplace_kernel() {
         let dev = Device::Cpu;
         for dtype in [DType::F32, DType::F64] {
-            let x = Tensor::randn(0f32, 1.0, (70, 1000), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let x = randn((70, 1000), dtype);
             let before = bits(&x);
             let y = relu(&x).unwrap();
             assert_eq!(bits(&x), before, "relu wrote its input");
@@ -578,7 +575,6 @@ mod tests {
     /// `[N, C, H, W]` shapes that do not divide into blocks, and is fresh storage.
     #[test]
     fn to_channel_major_matches_candle() {
-        let dev = Device::Cpu;
         for dtype in [DType::F32, DType::F64] {
             for dims in [
                 vec![33usize, 70],
@@ -586,10 +582,7 @@ mod tests {
                 vec![1, 1, 1, 1],
                 vec![70, 2, 1, 1],
             ] {
-                let x = Tensor::randn(0f32, 1.0, dims.as_slice(), &dev)
-                    .unwrap()
-                    .to_dtype(dtype)
-                    .unwrap();
+                let x = randn(dims.as_slice(), dtype);
                 let c = dims[1];
                 let before = bits(&x);
                 let want = x
@@ -617,10 +610,7 @@ mod tests {
     fn repeat_rows_matches_candle_broadcast() {
         let dev = Device::Cpu;
         for dtype in [DType::F32, DType::F64] {
-            let m = Tensor::randn(0f32, 1.0, (5, 3), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let m = randn((5, 3), dtype);
             // a strided column view and a contiguous vector
             for v in [
                 m.narrow(1, 1, 1).unwrap().squeeze(1).unwrap(),
@@ -670,26 +660,16 @@ mod tests {
     /// copies are fresh storage even where candle's `contiguous` would hand back the tensor.
     #[test]
     fn cat_rows_and_copy_rows_match_candle_and_never_alias() {
-        let dev = Device::Cpu;
         for dtype in [DType::F32, DType::F64] {
-            let a = Tensor::randn(0f32, 1.0, (7, 9000), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
-            let b = Tensor::randn(0f32, 1.0, (3, 9000), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let a = randn((7, 9000), dtype);
+            let b = randn((3, 9000), dtype);
             let view = a.narrow(0, 2, 4).unwrap();
             let ours = cat_rows(&[&a, &b, &view]).unwrap();
             let theirs = Tensor::cat(&[&a, &b, &view], 0).unwrap();
             assert_eq!(ours.dims(), theirs.dims());
             assert_eq!(bits(&ours), bits(&theirs));
             // a transposed (non-contiguous) piece takes candle's path and still matches
-            let t = Tensor::randn(0f32, 1.0, (9000, 2), &dev)
-                .unwrap()
-                .to_dtype(dtype)
-                .unwrap();
+            let t = randn((9000, 2), dtype);
             let tt = t.t().unwrap();
             assert_eq!(
                 bits(&cat_rows(&[&b, &tt]).unwrap()),

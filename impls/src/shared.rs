@@ -96,3 +96,16 @@ pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
         .map(f64::to_bits)
         .collect()
 }
+
+/// A standard-normal CPU tensor of `dtype` (drawn in f32, so f32 and f64 tests see the same
+/// values), for tests.
+#[cfg(test)]
+pub(crate) fn randn<S: Into<candle_core::Shape>>(
+    shape: S,
+    dtype: candle_core::DType,
+) -> candle_core::Tensor {
+    candle_core::Tensor::randn(0f32, 1.0, shape, &candle_core::Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}
