@@ -522,19 +522,19 @@ fn a_child_killed_from_outside_is_killed_not_oom_and_retried() {
     );
 }
 
-#[test]
-fn children_die_with_a_parent_killed_by_sigkill() {
-    let dir = tempfile::tempdir().expect("temp dir");
-    // A measuring child of 10000 steps of about 1.4 ms lives about 14 s on its own.
+/// Starts the slow sweep made slower (a measuring child of 10000 steps of about 1.4 ms lives
+/// about 14 s on its own) with stderr piped; returns the parent, the measuring child (if one was
+/// seen within 60 s), the output path and the cache path.
+fn start_slower_sweep(dir: &Path) -> (std::process::Child, Option<u32>, PathBuf, PathBuf) {
     let slower = SLOW_SWEEP
         .replace("batch = 64", "batch = 512")
         .replace("channels = 16", "channels = 64")
         .replace("growth = 8", "growth = 32")
         .replace("depth = 2", "depth = 4")
         .replace("steps = 1000", "steps = 10000");
-    let sweep_file = write(dir.path(), "slower.toml", &slower);
-    let out = dir.path().join("slow.csv");
-    let cache = dir.path().join("cache");
+    let sweep_file = write(dir, "slower.toml", &slower);
+    let out = dir.join("slow.csv");
+    let cache = dir.join("cache");
     let parent = Command::new(bin())
         .args([
             "bench-all",
@@ -546,17 +546,25 @@ fn children_die_with_a_parent_killed_by_sigkill() {
             path_str(&cache),
         ])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("spawn bench-all");
     let measuring = wait_for_child(parent.id(), Duration::from_secs(60), |cmd| {
         !cmd.contains("--save-result")
-    });
+    })
+    .map(|(c, _)| c);
+    (parent, measuring, out, cache)
+}
+
+#[test]
+fn children_die_with_a_parent_killed_by_sigkill() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (parent, measuring, _, cache) = start_slower_sweep(dir.path());
     // No handler runs for SIGKILL: only PR_SET_PDEATHSIG can take the child along.
     signal(parent.id(), libc::SIGKILL);
     let o = wait_with_limit(parent, Duration::from_secs(30));
     assert_eq!(o.status.code(), None, "the parent was killed by the signal");
-    let Some((child, _)) = measuring else {
+    let Some(child) = measuring else {
         panic!("no measuring child seen");
     };
     let cache_str = path_str(&cache);
@@ -569,6 +577,40 @@ fn children_die_with_a_parent_killed_by_sigkill() {
         !child_alive(child, cache_str),
         "child {child} outlived its SIGKILLed parent"
     );
+}
+
+/// A scheduler cancelling a job (Slurm's `scancel`) sends SIGTERM to every process of it, the
+/// measuring child as well as densebench. The child must not die of it first and be written as
+/// a `killed` row (a later `--resume` would keep it): it ignores the signal, and the parent
+/// stops as it does for a SIGTERM of its own, with no row for the job it stopped.
+#[test]
+fn sigterm_to_every_process_of_a_cancelled_job_writes_no_killed_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (parent, measuring, out, cache) = start_slower_sweep(dir.path());
+    let Some(child) = measuring else {
+        let o = wait_with_limit(parent, Duration::from_secs(60));
+        panic!("no measuring child seen: {}", stderr(&o));
+    };
+    let cache_str = path_str(&cache);
+    // The child alone first: it lives on.
+    signal(child, libc::SIGTERM);
+    std::thread::sleep(Duration::from_millis(500));
+    let child_survived = child_alive(child, cache_str);
+    // Then both, child first, as the scheduler's signal reaches them.
+    if child_survived {
+        signal(child, libc::SIGTERM);
+    }
+    signal(parent.id(), libc::SIGTERM);
+    let o = wait_with_limit(parent, Duration::from_secs(30));
+    let err = stderr(&o);
+    assert!(child_survived, "the child died of SIGTERM: {err}");
+    assert_eq!(o.status.code(), Some(128 + libc::SIGTERM), "{err}");
+    assert!(
+        !child_alive(child, cache_str),
+        "child {child} outlived its parent"
+    );
+    let rows = read_rows(&out).expect("a valid CSV after the stop");
+    assert!(rows.is_empty(), "a row for the stopped job: {rows:?}");
 }
 
 /// Pieces of TOML to build or break sweep files with; numbers stay small, so a mutated file

@@ -9,7 +9,8 @@
 #     exactly the keys and statuses of the single-machine run;
 #  4. submits a slower sweep (real work, 2 shards), cancels shard 1 mid-run, checks the merge
 #     job reports it incomplete, resubmits index 1 (submit.sh -i 1) and checks the final merge:
-#     every key once, nothing lost, the rows written before the cancel kept as they were;
+#     no row for the job the cancel interrupted, every key once, nothing lost, the rows written
+#     before the cancel kept as they were;
 #  5. stops every daemon it started, by pid file, on any exit (trap).
 #
 # Exit status: 0 passed; 77 skipped (not root, no apt-get, or Slurm cannot be installed or
@@ -225,6 +226,10 @@ kept=$(mktemp -p "$T")
 cp "$shard1" "$kept"
 say "cancelled with $(rows "$shard1") of $in_shard1 rows; task state $(job_state "${array_job}_1"), merge job $(job_state "$merge_job")"
 [ "$(job_state "${array_job}_1")" = CANCELLED ] || fail "task ${array_job}_1 is not CANCELLED"
+# scancel signals every process of the task, the measuring child too: the job it interrupted
+# must leave no row (a `killed` row would be kept by the resubmission).
+notok=$(key_status "$shard1" | awk -F, '$2 != "ok"')
+[ -z "$notok" ] || fail "rows after the cancel that are not ok: $notok"
 [ "$(job_state "$merge_job")" = FAILED ] || fail "the merge after the cancel did not report the shard incomplete"
 grep -q "INCOMPLETE" "$T"/slow/logs/densebench-merge-"$merge_job".out || fail "no INCOMPLETE in the merge log"
 grep -q "shard 1/2" "$T"/slow/logs/densebench-merge-"$merge_job".out || fail "the missing keys are not attributed to shard 1/2"

@@ -11,7 +11,8 @@
 //! - killed by a crash signal ([`CRASH_SIGNALS`]: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, …)
 //!   → `crashed`, error `crashed (SIGSEGV)` and the child's last stderr line if it said one;
 //! - killed by any other signal we did not send (SIGKILL from a user, a scheduler or the
-//!   kernel's OOM killer; SIGTERM; …) → `killed`, error `killed by SIGKILL`;
+//!   kernel's OOM killer; a stop signal the parent did not also receive, see below; …) →
+//!   `killed`, error `killed by SIGKILL`;
 //! - any other exit → `error` with the child's last stderr line.
 //!
 //! `killed` and `crashed` rows are the ones `--retries N` reruns ([`RETRIED_STATUSES`]): nothing
@@ -21,6 +22,12 @@
 //! Children die with their parent: each child sets `PR_SET_PDEATHSIG` (SIGKILL) before it
 //! starts, so a parent killed even with SIGKILL takes it along, and leads its own process group,
 //! so a terminal's Ctrl-C reaches only the parent, which kills the group and stops in order.
+//! Children ignore the stop signals (SIGTERM, SIGINT, SIGHUP): a scheduler cancelling a job
+//! (Slurm's `scancel`) signals every process of it, and a child that died of that signal before
+//! its parent saw its own would have been written as a `killed` row — a cancelled sweep's
+//! artefact that `--resume` then kept. The parent kills its children with SIGKILL instead. A
+//! child whose program reinstates a stop signal and dies of it (a peer's interpreter may) gets
+//! [`STOP_GRACE`] for the parent's own signal to arrive before it counts as `killed`.
 
 use crate::measure::alloc;
 use crate::measure::device::{self, DeviceSpec};
@@ -175,6 +182,18 @@ pub fn flags(variant: Variant, cfg: &impls::Config, s: &Settings) -> Vec<String>
 /// How often the parent checks whether the child has exited.
 const POLL: Duration = Duration::from_millis(10);
 
+/// How long a child that died of a stop signal waits for the parent's own (see the module's
+/// documentation) before it is a `killed` row.
+pub const STOP_GRACE: Duration = Duration::from_secs(2);
+
+/// Whether the child was ended by SIGTERM, SIGINT or SIGHUP.
+fn ended_by_stop_signal(status: std::process::ExitStatus) -> bool {
+    use std::os::unix::process::ExitStatusExt;
+    status
+        .signal()
+        .is_some_and(|s| interrupt::STOP_SIGNALS.contains(&s))
+}
+
 fn read_all(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
         let mut buf = Vec::new();
@@ -200,16 +219,22 @@ pub fn last_line(stderr: &str) -> Option<String> {
         })
 }
 
-/// Makes the child die with the thread that spawns it (`PR_SET_PDEATHSIG`, SIGKILL) and lead
-/// its own process group. The death signal follows the spawning *thread*: every caller waits
-/// for its child on the thread that spawned it, so the two end together.
+/// Makes the child die with the thread that spawns it (`PR_SET_PDEATHSIG`, SIGKILL), lead its
+/// own process group and ignore the stop signals ([`interrupt::STOP_SIGNALS`]; an ignored
+/// disposition survives exec). The death signal follows the spawning *thread*: every caller
+/// waits for its child on the thread that spawned it, so the two end together.
 fn die_with_parent(cmd: &mut Command) {
     let parent = i32::try_from(std::process::id()).unwrap_or(0);
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe
-    // calls are allowed: prctl(2) and getppid(2) are plain system calls, and nothing allocates
-    // (an io::Error from a raw OS code does not).
+    // calls are allowed: prctl(2), getppid(2) and sigaction(2) (glibc's signal) are plain
+    // system calls, and nothing allocates (an io::Error from a raw OS code does not).
     unsafe {
         cmd.pre_exec(move || {
+            for sig in interrupt::STOP_SIGNALS {
+                if libc::signal(sig, libc::SIG_IGN) == libc::SIG_ERR {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
             if libc::prctl(
                 libc::PR_SET_PDEATHSIG,
                 libc::SIGKILL as libc::c_ulong,
@@ -314,6 +339,10 @@ pub fn run(mut cmd: Command, s: &Settings) -> Result<Ended> {
         std::thread::sleep(POLL);
     };
     drop(tracked);
+    if !timed_out && interrupt::caught().is_none() && ended_by_stop_signal(status) {
+        // Most likely the same scheduler or terminal is signalling us too: let it arrive.
+        interrupt::wait_for_stop(STOP_GRACE);
+    }
     let stdout = out.and_then(|h| h.join().ok()).unwrap_or_default();
     let stderr = err.and_then(|h| h.join().ok()).unwrap_or_default();
     if let Some(stop) = interrupt::caught() {

@@ -69,6 +69,15 @@ pub fn caught() -> Option<Interrupted> {
     }
 }
 
+/// Waits up to `limit` for a stop signal; whether one has been received.
+pub fn wait_for_stop(limit: std::time::Duration) -> bool {
+    let start = std::time::Instant::now();
+    while caught().is_none() && start.elapsed() < limit {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    caught().is_some()
+}
+
 /// `Err(Interrupted)` once a stop signal has been received.
 pub fn check() -> Result<()> {
     match caught() {
