@@ -1,0 +1,654 @@
+//! densebench's CUDA kernel sources run on the host: each module's text exactly as NVRTC gets it
+//! (`impls::cuda_src`, prelude included) is compiled as C++ against a small emulation of the
+//! CUDA execution model (`tests/cuda_emulated/shim.hpp`), and every entry point, f32 and f64, is
+//! launched with the launchers' geometry and with smaller grids (which exercise the grid-stride
+//! loops that cover capped grids) and compared with its CPU twin in `impls::fused` /
+//! `impls::kernels`: the element-wise kernels bit for bit, the reductions within the bound of a
+//! different f64 summation order, and two runs of a reduction bit for bit.
+//!
+//! This checks the kernels' indexing (rows, columns, taps, coefficient tables, views), their
+//! rounding claims and the fixed-tree block sum without a GPU. It does not check the driver
+//! path, NVRTC (`nvrtc_compile.rs` does), warps or real concurrency: `fused_cuda.rs` on a GPU.
+//!
+//! Needs a C++20 compiler (`$CXX`, else `c++`); `.ci/run` installs g++ where there is none. Its
+//! absence fails the test: a kernel check that silently does not run is no check.
+
+use candle_core::{Device, Tensor, WithDType};
+use impls::cuda_src::{self, CudaModule};
+use impls::fused::{self, Grid, TAPS};
+use impls::kernels;
+use libloading::{Library, Symbol};
+use std::ffi::{c_char, c_int, c_void, CString};
+use std::path::Path;
+use std::process::Command;
+
+type LaunchFn = unsafe extern "C" fn(
+    *const c_char,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    u32,
+    *mut *mut c_void,
+    c_int,
+) -> c_int;
+
+type Dim = (u32, u32, u32);
+
+/// The launchers' geometry (`impls/src/cuda_launch.rs`, restated): element-wise kernels get
+/// blocks of `ELEMENTWISE_THREADS` over `n` (grid capped at `MAX_GRID_X`), row kernels the
+/// columns in x and the rows in y (both capped), reductions one block of `REDUCE_THREADS` per row.
+fn elementwise_geometry(n: usize) -> (Dim, Dim) {
+    let t = cuda_src::ELEMENTWISE_THREADS;
+    let gx = n
+        .div_ceil(t as usize)
+        .clamp(1, cuda_src::MAX_GRID_X as usize) as u32;
+    ((gx, 1, 1), (t, 1, 1))
+}
+
+fn rows_geometry(rows: usize, cols: usize) -> (Dim, Dim) {
+    let t = cuda_src::ELEMENTWISE_THREADS;
+    let gx = cols
+        .div_ceil(t as usize)
+        .clamp(1, cuda_src::MAX_GRID_X as usize) as u32;
+    let gy = rows.clamp(1, cuda_src::MAX_GRID_Y as usize) as u32;
+    ((gx, gy, 1), (t, 1, 1))
+}
+
+fn reduce_geometry(rows: usize) -> (Dim, Dim) {
+    ((rows as u32, 1, 1), (cuda_src::REDUCE_THREADS, 1, 1))
+}
+
+/// The launchers' geometry and two smaller grids: one block, and a few in each dimension, so
+/// every grid-stride loop takes more than one turn.
+fn row_geometries(rows: usize, cols: usize) -> Vec<(Dim, Dim)> {
+    let (g, b) = rows_geometry(rows, cols);
+    vec![(g, b), ((1, 1, 1), b), ((2, 2, 1), b)]
+}
+
+fn flat_geometries(n: usize) -> Vec<(Dim, Dim)> {
+    let (g, b) = elementwise_geometry(n);
+    vec![(g, b), ((1, 1, 1), b), ((3, 1, 1), b)]
+}
+
+/// One kernel module compiled for the host, with `emu_launch(name, grid, block, params,
+/// threads)` dispatching to every entry point.
+struct Emulated {
+    lib: Library,
+    _dir: tempfile::TempDir,
+}
+
+fn cxx() -> String {
+    std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
+}
+
+impl Emulated {
+    fn build(module: &CudaModule) -> Emulated {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let shim_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emulated");
+        let mut table = String::from(
+            "extern \"C\" int emu_launch(const char *name, unsigned gx, unsigned gy, unsigned gz,\n\
+             unsigned bx, unsigned by, unsigned bz, void **params, int threads) {\n\
+             const db_dim3 g{gx, gy, gz}, b{bx, by, bz};\n",
+        );
+        for e in module.entry_points() {
+            table.push_str(&format!(
+                "if (!std::strcmp(name, \"{e}\")) return db_emu_launch({e}, g, b, params, threads != 0);\n"
+            ));
+        }
+        table.push_str("return -1;\n}\n");
+        let src = dir.path().join(format!("{}.cpp", module.name));
+        let text = format!(
+            "#include \"shim.hpp\"\n{}\n#line 1 \"emu_launch\"\n{table}",
+            module.source()
+        );
+        std::fs::write(&src, text).expect("writing the C++ source");
+        let lib = dir.path().join(format!("lib{}.so", module.name));
+        let cxx = cxx();
+        let out = Command::new(&cxx)
+            .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread"])
+            .args(["-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas"])
+            .arg(format!("-DDB_REDUCE_THREADS={}", cuda_src::REDUCE_THREADS))
+            .arg("-I")
+            .arg(&shim_dir)
+            .arg("-o")
+            .arg(&lib)
+            .arg(&src)
+            .output()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "no C++ compiler `{cxx}` ({e}): install g++ (Debian: apt-get install g++) \
+                     or set CXX; the CUDA kernels cannot be checked on the host without one"
+                )
+            });
+        assert!(
+            out.status.success(),
+            "{}: the host C++ build of the kernel source failed:\n{}",
+            module.file,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let warnings = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !warnings.contains("warning"),
+            "{}: warnings:\n{warnings}",
+            module.file
+        );
+        // SAFETY: a library just built from the kernel sources and the shim; its initialisers
+        // only set up the emulation's globals.
+        let lib = unsafe { Library::new(&lib) }.expect("loading the emulated module");
+        Emulated { lib, _dir: dir }
+    }
+
+    /// Launches `kernel` (`name_f32`/`_f64`) with `args`, one pointer per kernel argument.
+    fn launch(&self, kernel: &str, (g, b): (Dim, Dim), args: &mut [*mut c_void], threads: bool) {
+        let name = CString::new(kernel).expect("kernel name");
+        // SAFETY: `emu_launch` has exactly this signature (generated above); every pointer in
+        // `args` points at a live value of the type the kernel's parameter has, and the
+        // buffers they point to are as long as the kernel reads and writes (the callers size
+        // them like the launchers do).
+        let rc = unsafe {
+            let f: Symbol<LaunchFn> = self.lib.get(b"emu_launch\0").expect("emu_launch");
+            f(
+                name.as_ptr(),
+                g.0,
+                g.1,
+                g.2,
+                b.0,
+                b.1,
+                b.2,
+                args.as_mut_ptr(),
+                c_int::from(threads),
+            )
+        };
+        assert_eq!(rc, 0, "{kernel}: not an entry point of the emulated module");
+    }
+}
+
+/// f32 and f64 as the tests need them.
+trait El: WithDType + Copy {
+    const SUFFIX: &'static str;
+    /// Relative rounding of one result in this type (the half-ulp bound is 2⁻²⁴ / 2⁻⁵³; one
+    /// ulp allows the two sides to round a nearly equal f64 to neighbours).
+    const ULP: f64;
+    fn bits(self) -> u64;
+}
+impl El for f32 {
+    const SUFFIX: &'static str = "f32";
+    const ULP: f64 = f32::EPSILON as f64;
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
+    }
+}
+impl El for f64 {
+    const SUFFIX: &'static str = "f64";
+    const ULP: f64 = f64::EPSILON;
+    fn bits(self) -> u64 {
+        self.to_bits()
+    }
+}
+
+/// Deterministic values in [-2, 2) (SplitMix64), as `T`.
+fn values<T: El>(n: usize, seed: u64) -> Vec<T> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0xD1B5_4A32_D192_ED03;
+    (0..n)
+        .map(|_| {
+            s = s.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = s;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            T::from_f64((z >> 11) as f64 / (1u64 << 53) as f64 * 4.0 - 2.0)
+        })
+        .collect()
+}
+
+/// Values for the ReLU kernels: the random ones with NaN, ±0 and tiny values planted.
+fn relu_values<T: El>(n: usize, seed: u64) -> Vec<T> {
+    let mut v = values::<T>(n, seed);
+    for (i, special) in [
+        f64::NAN,
+        0.0,
+        -0.0,
+        1e-30,
+        -1e-30,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        if let Some(x) = v.get_mut(i * 7) {
+            *x = T::from_f64(special);
+        }
+    }
+    v
+}
+
+fn tensor<T: El>(v: &[T], shape: (usize, usize)) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).expect("tensor")
+}
+
+fn host<T: El>(t: &Tensor) -> Vec<T> {
+    t.flatten_all()
+        .and_then(|t| t.to_vec1::<T>())
+        .expect("to host")
+}
+
+fn assert_bitwise<T: El>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    if let Some(i) = (0..got.len()).find(|&i| got[i].bits() != want[i].bits()) {
+        panic!(
+            "{what}: element {i} is {:?} on the emulated GPU, {:?} on the CPU (bits differ)",
+            got[i].to_f64(),
+            want[i].to_f64()
+        );
+    }
+}
+
+/// Pointer to a value, as a kernel parameter.
+fn p<V>(v: &mut V) -> *mut c_void {
+    (v as *mut V).cast()
+}
+
+/// `[C, M]` shapes of the BN kernels: one M below a block's 256 threads, one not a multiple.
+const BN_SHAPES: [(usize, usize); 2] = [(3, 200), (4, 517)];
+
+fn bn_stats_matches<T: El>(m: &Emulated) {
+    let kernel = format!("bn_stats_{}", T::SUFFIX);
+    for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
+        let x = values::<T>(c * cols, 10 + k as u64);
+        let (mean, var) = fused::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats");
+        let (mean, var) = (host::<T>(&mean), host::<T>(&var));
+        let run = || {
+            let mut out = vec![T::zero(); 2 * c];
+            let (mut xp, mut op, mut mm) = (x.as_ptr().cast_mut(), out.as_mut_ptr(), cols as u64);
+            m.launch(
+                &kernel,
+                reduce_geometry(c),
+                &mut [p(&mut xp), p(&mut op), p(&mut mm)],
+                true,
+            );
+            out
+        };
+        let (a, b) = (run(), run());
+        assert_bitwise(&format!("{kernel} run twice"), &a, &b);
+        for r in 0..c {
+            let row: Vec<f64> = x[r * cols..(r + 1) * cols]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            let mu = row.iter().sum::<f64>() / cols as f64;
+            let abs = row.iter().map(|v| v.abs()).sum::<f64>() / cols as f64;
+            let sq = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
+            close::<T>(&kernel, "mean", r, a[2 * r], mean[r], abs);
+            close::<T>(&kernel, "variance", r, a[2 * r + 1], var[r], sq);
+        }
+    }
+}
+
+/// `got` and `want` are one result computed with two f64 summation orders over `m` ≤ 600
+/// terms whose absolute values sum to `scale`, then rounded to `T`: they may differ by
+/// `m · 2⁻⁵³ · scale` (the orders' error bound, 1e-12 · scale covers it) plus one rounding in
+/// `T`.
+fn close<T: El>(kernel: &str, what: &str, row: usize, got: T, want: T, scale: f64) {
+    let (g, w) = (got.to_f64(), want.to_f64());
+    let tol = 1e-12 * scale + T::ULP * w.abs();
+    assert!(
+        (g - w).abs() <= tol,
+        "{kernel}: {what} of row {row}: {g:e} on the emulated GPU, {w:e} on the CPU (tolerance {tol:e})"
+    );
+}
+
+fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
+    let kernel = format!("bn_bwd_reduce_{}", T::SUFFIX);
+    for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
+        let gy = values::<T>(c * cols, 20 + k as u64);
+        let x = values::<T>(c * cols, 30 + k as u64);
+        let mean = values::<T>(c, 40 + k as u64);
+        let invstd: Vec<T> = values::<T>(c, 50 + k as u64)
+            .iter()
+            .map(|v| T::from_f64(v.to_f64().abs() + 0.5))
+            .collect();
+        let (sg, sgx) = fused::bn_bwd_reduce(
+            &tensor(&gy, (c, cols)),
+            &tensor(&x, (c, cols)),
+            &tensor(&mean, (c, 1)),
+            &tensor(&invstd, (c, 1)),
+        )
+        .expect("cpu bn_bwd_reduce");
+        let (sg, sgx) = (host::<T>(&sg), host::<T>(&sgx));
+        let st: Vec<T> = (0..c).flat_map(|r| [mean[r], invstd[r]]).collect();
+        let run = || {
+            let mut out = vec![T::zero(); 2 * c];
+            let mut gp = gy.as_ptr().cast_mut();
+            let mut xp = x.as_ptr().cast_mut();
+            let mut sp = st.as_ptr().cast_mut();
+            let (mut op, mut mm) = (out.as_mut_ptr(), cols as u64);
+            m.launch(
+                &kernel,
+                reduce_geometry(c),
+                &mut [p(&mut gp), p(&mut xp), p(&mut sp), p(&mut op), p(&mut mm)],
+                true,
+            );
+            out
+        };
+        let (a, b) = (run(), run());
+        assert_bitwise(&format!("{kernel} run twice"), &a, &b);
+        for r in 0..c {
+            let range = r * cols..(r + 1) * cols;
+            let (mu, is) = (mean[r].to_f64(), invstd[r].to_f64());
+            let sg_scale: f64 = gy[range.clone()].iter().map(|g| g.to_f64().abs()).sum();
+            let sgx_scale: f64 = range
+                .map(|i| (gy[i].to_f64() * (x[i].to_f64() - mu) * is).abs())
+                .sum();
+            close::<T>(&kernel, "Σgy", r, a[2 * r], sg[r], sg_scale);
+            close::<T>(&kernel, "Σgy·x̂", r, a[2 * r + 1], sgx[r], sgx_scale);
+        }
+    }
+}
+
+fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
+    let kernel = format!(
+        "affine_rows{}_{}",
+        if relu { "_relu" } else { "" },
+        T::SUFFIX
+    );
+    let (c, cols) = (5, 300);
+    let x = relu_values::<T>(c * cols, 60);
+    let scale = values::<T>(c, 61);
+    let shift = values::<T>(c, 62);
+    let f = if relu {
+        fused::affine_rows_relu
+    } else {
+        fused::affine_rows
+    };
+    let want = host::<T>(
+        &f(
+            &tensor(&x, (c, cols)),
+            &tensor(&scale, (c, 1)),
+            &tensor(&shift, (c, 1)),
+        )
+        .expect("cpu affine"),
+    );
+    let coef: Vec<T> = (0..c).flat_map(|r| [scale[r], shift[r]]).collect();
+    for geom in row_geometries(c, cols) {
+        let mut out = vec![T::from_f64(7.0); c * cols];
+        let mut xp = x.as_ptr().cast_mut();
+        let mut cp = coef.as_ptr().cast_mut();
+        let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+        m.launch(
+            &kernel,
+            geom,
+            &mut [p(&mut xp), p(&mut cp), p(&mut op), p(&mut rows), p(&mut mm)],
+            false,
+        );
+        // NaN inputs give NaN without ReLU: compare those as NaN, the rest bit for bit.
+        let nan = |v: &T| v.to_f64().is_nan();
+        assert!(
+            out.iter().zip(&want).all(|(a, b)| nan(a) == nan(b)),
+            "{kernel}: NaN positions differ"
+        );
+        let keep = |v: &[T]| -> Vec<T> { v.iter().copied().filter(|v| !nan(v)).collect() };
+        assert_bitwise(&format!("{kernel} {geom:?}"), &keep(&out), &keep(&want));
+        if relu {
+            assert!(!out.iter().any(nan), "{kernel}: ReLU let a NaN through");
+        }
+    }
+}
+
+fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
+    let kernel = format!(
+        "bn_bwd_dx{}_{}",
+        if accumulate { "_accumulate" } else { "" },
+        T::SUFFIX
+    );
+    let (c, cols) = (4, 333);
+    let gy = values::<T>(c * cols, 70);
+    let x = values::<T>(c * cols, 71);
+    let (a, b, cc) = (values::<T>(c, 72), values::<T>(c, 73), values::<T>(c, 74));
+    let dst0 = values::<T>(c * cols, 75);
+    let t = |v: &[T]| tensor(v, (c, 1));
+    let want = if accumulate {
+        let dst = tensor(&dst0, (c, cols));
+        fused::bn_bwd_dx_accumulate(
+            &dst,
+            &tensor(&gy, (c, cols)),
+            &tensor(&x, (c, cols)),
+            &t(&a),
+            &t(&b),
+            &t(&cc),
+        )
+        .expect("cpu dx accumulate");
+        host::<T>(&dst)
+    } else {
+        host::<T>(
+            &fused::bn_bwd_dx(
+                &tensor(&gy, (c, cols)),
+                &tensor(&x, (c, cols)),
+                &t(&a),
+                &t(&b),
+                &t(&cc),
+            )
+            .expect("cpu dx"),
+        )
+    };
+    let coef: Vec<T> = (0..c).flat_map(|r| [a[r], b[r], cc[r]]).collect();
+    for geom in row_geometries(c, cols) {
+        let mut out = if accumulate {
+            dst0.clone()
+        } else {
+            vec![T::from_f64(7.0); c * cols]
+        };
+        let mut gp = gy.as_ptr().cast_mut();
+        let mut xp = x.as_ptr().cast_mut();
+        let mut cp = coef.as_ptr().cast_mut();
+        let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+        let args: &mut [*mut c_void] = if accumulate {
+            &mut [
+                p(&mut op),
+                p(&mut gp),
+                p(&mut xp),
+                p(&mut cp),
+                p(&mut rows),
+                p(&mut mm),
+            ]
+        } else {
+            &mut [
+                p(&mut gp),
+                p(&mut xp),
+                p(&mut cp),
+                p(&mut op),
+                p(&mut rows),
+                p(&mut mm),
+            ]
+        };
+        m.launch(&kernel, geom, args, false);
+        assert_bitwise(&format!("{kernel} {geom:?}"), &out, &want);
+    }
+}
+
+/// The kernels' `db_taps`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Taps {
+    oy: [i32; 9],
+    ox: [i32; 9],
+}
+
+/// Tap offsets of the forward convolution (TAPS − 1) and of its flipped backward, in the
+/// order the block lists them; non-square maps.
+fn tap_sets() -> [[(isize, isize); 9]; 2] {
+    let fwd = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
+    let flipped = TAPS.map(|(dy, dx)| (1 - dy as isize, 1 - dx as isize));
+    [fwd, flipped]
+}
+
+fn taps(offsets: &[(isize, isize); 9]) -> Taps {
+    Taps {
+        oy: offsets.map(|(oy, _)| oy as i32),
+        ox: offsets.map(|(_, ox)| ox as i32),
+    }
+}
+
+const GRIDS: [Grid; 2] = [Grid { n: 2, h: 5, w: 7 }, Grid { n: 1, h: 6, w: 3 }];
+
+fn shifts_match<T: El>(m: &Emulated) {
+    let (stack_k, sum_k) = (
+        format!("shift_stack_{}", T::SUFFIX),
+        format!("shift_sum_{}", T::SUFFIX),
+    );
+    let c = 3;
+    for (gi, grid) in GRIDS.into_iter().enumerate() {
+        let cols = grid.n * grid.h * grid.w;
+        for offsets in tap_sets() {
+            let mut tp = taps(&offsets);
+            let t = values::<T>(c * cols, 80 + gi as u64);
+            let want = host::<T>(
+                &fused::shift_stack(&tensor(&t, (c, cols)), grid, offsets).expect("cpu stack"),
+            );
+            let pp = values::<T>(9 * c * cols, 90 + gi as u64);
+            let want_sum = host::<T>(
+                &fused::shift_sum(&tensor(&pp, (9 * c, cols)), grid, offsets).expect("cpu sum"),
+            );
+            let (mut cc, mut mm) = (c as u64, cols as u64);
+            let (mut h, mut w) = (grid.h as u64, grid.w as u64);
+            for geom in row_geometries(9 * c, cols) {
+                let mut out = vec![T::from_f64(7.0); 9 * c * cols];
+                let (mut ip, mut op) = (t.as_ptr().cast_mut(), out.as_mut_ptr());
+                m.launch(
+                    &stack_k,
+                    geom,
+                    &mut [
+                        p(&mut ip),
+                        p(&mut op),
+                        p(&mut cc),
+                        p(&mut mm),
+                        p(&mut h),
+                        p(&mut w),
+                        p(&mut tp),
+                    ],
+                    false,
+                );
+                assert_bitwise(&format!("{stack_k} {grid:?} {geom:?}"), &out, &want);
+            }
+            for geom in row_geometries(c, cols) {
+                let mut out = vec![T::from_f64(7.0); c * cols];
+                let (mut ip, mut op) = (pp.as_ptr().cast_mut(), out.as_mut_ptr());
+                m.launch(
+                    &sum_k,
+                    geom,
+                    &mut [
+                        p(&mut ip),
+                        p(&mut op),
+                        p(&mut cc),
+                        p(&mut mm),
+                        p(&mut h),
+                        p(&mut w),
+                        p(&mut tp),
+                    ],
+                    false,
+                );
+                assert_bitwise(&format!("{sum_k} {grid:?} {geom:?}"), &out, &want_sum);
+            }
+        }
+    }
+}
+
+fn inplace_kernels_match<T: El>(m: &Emulated) {
+    let n = 1000;
+    let x = relu_values::<T>(n, 100);
+    let g = values::<T>(n, 101);
+    let relu = host::<T>(&kernels::relu_inplace(tensor(&x, (1, n))).expect("cpu relu"));
+    let relu_bwd =
+        host::<T>(&kernels::relu_bwd(&tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd"));
+    let relu_bwd_in = host::<T>(
+        &kernels::relu_bwd_inplace(tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd in"),
+    );
+    let dst = tensor(&g, (1, n));
+    let src = values::<T>(n, 102);
+    kernels::add_assign(&dst, &tensor(&src, (1, n))).expect("cpu add_assign");
+    let added = host::<T>(&dst);
+    let mut nn = n as u64;
+    for geom in flat_geometries(n) {
+        let s = T::SUFFIX;
+        let mut out = x.clone();
+        let mut op = out.as_mut_ptr();
+        m.launch(
+            &format!("relu_inplace_{s}"),
+            geom,
+            &mut [p(&mut op), p(&mut nn)],
+            false,
+        );
+        assert_bitwise(&format!("relu_inplace_{s} {geom:?}"), &out, &relu);
+
+        let mut out = vec![T::from_f64(7.0); n];
+        let (mut op, mut gp, mut xp) = (
+            out.as_mut_ptr(),
+            g.as_ptr().cast_mut(),
+            x.as_ptr().cast_mut(),
+        );
+        m.launch(
+            &format!("relu_bwd_{s}"),
+            geom,
+            &mut [p(&mut op), p(&mut gp), p(&mut xp), p(&mut nn)],
+            false,
+        );
+        assert_bitwise(&format!("relu_bwd_{s} {geom:?}"), &out, &relu_bwd);
+
+        let mut out = g.clone();
+        let (mut op, mut xp) = (out.as_mut_ptr(), x.as_ptr().cast_mut());
+        m.launch(
+            &format!("relu_bwd_inplace_{s}"),
+            geom,
+            &mut [p(&mut op), p(&mut xp), p(&mut nn)],
+            false,
+        );
+        assert_bitwise(
+            &format!("relu_bwd_inplace_{s} {geom:?}"),
+            &out,
+            &relu_bwd_in,
+        );
+
+        let mut out = g.clone();
+        let (mut op, mut sp) = (out.as_mut_ptr(), src.as_ptr().cast_mut());
+        m.launch(
+            &format!("add_assign_{s}"),
+            geom,
+            &mut [p(&mut op), p(&mut sp), p(&mut nn)],
+            false,
+        );
+        assert_bitwise(&format!("add_assign_{s} {geom:?}"), &out, &added);
+    }
+}
+
+#[test]
+fn bn_kernels_match_their_cpu_twins_on_the_host() {
+    let m = Emulated::build(&cuda_src::BN);
+    bn_stats_matches::<f32>(&m);
+    bn_stats_matches::<f64>(&m);
+    bn_bwd_reduce_matches::<f32>(&m);
+    bn_bwd_reduce_matches::<f64>(&m);
+    for relu in [false, true] {
+        affine_rows_match::<f32>(&m, relu);
+        affine_rows_match::<f64>(&m, relu);
+    }
+    for accumulate in [false, true] {
+        bn_bwd_dx_matches::<f32>(&m, accumulate);
+        bn_bwd_dx_matches::<f64>(&m, accumulate);
+    }
+}
+
+#[test]
+fn shift_kernels_match_their_cpu_twins_on_the_host() {
+    let m = Emulated::build(&cuda_src::SHIFT);
+    shifts_match::<f32>(&m);
+    shifts_match::<f64>(&m);
+}
+
+#[test]
+fn inplace_kernels_match_their_cpu_twins_on_the_host() {
+    let m = Emulated::build(&cuda_src::INPLACE);
+    inplace_kernels_match::<f32>(&m);
+    inplace_kernels_match::<f64>(&m);
+}

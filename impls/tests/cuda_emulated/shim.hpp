@@ -1,0 +1,98 @@
+// Host emulation of the few CUDA features densebench's kernels use, so that the kernel sources
+// (impls/src/cuda/*.cu with prelude.cuh, exactly the text NVRTC compiles) build as ordinary
+// C++ and run on the CPU: tests/cuda_emulated.rs compiles them with this header and compares
+// every entry point with its CPU twin.
+//
+// The execution model emulated:
+// - a launch runs its blocks one after another; inside a block, either one std::thread per
+//   CUDA thread with a std::barrier for __syncthreads (kernels that synchronise), or the
+//   threads one after another on the calling thread (kernels that never synchronise: the
+//   result cannot depend on the order, each output element has one writer);
+// - threadIdx / blockIdx are per-thread (thread_local), blockDim / gridDim per launch;
+// - __shared__ is `static`: one array for the whole launch, which is one block's shared memory
+//   because blocks never overlap;
+// - the explicitly rounded intrinsics are the plain IEEE operations (the test compiles with
+//   -ffp-contract=off, so nothing is fused into an FMA, as on the GPU with the intrinsics).
+//
+// Not emulated: warps, memory coalescing, real concurrency between blocks, the driver. Those
+// are for a GPU run (tests/fused_cuda.rs with --features cuda).
+#pragma once
+
+#include <barrier>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+struct db_dim3 {
+    unsigned x = 1, y = 1, z = 1;
+};
+
+inline thread_local db_dim3 threadIdx, blockIdx;
+inline db_dim3 blockDim, gridDim;
+// The barrier of the block being run by threads, null when its threads run one by one.
+inline std::barrier<> *db_emu_barrier = nullptr;
+
+inline void __syncthreads() {
+    if (db_emu_barrier == nullptr) {
+        std::fprintf(stderr, "emulation: __syncthreads in a kernel launched without threads\n");
+        std::abort();
+    }
+    db_emu_barrier->arrive_and_wait();
+}
+
+#define __global__
+#define __device__
+#define __forceinline__ inline
+#define __restrict__ __restrict
+#define __launch_bounds__(...)
+#define __shared__ static
+
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline double __dmul_rn(double a, double b) { return a * b; }
+inline double __dadd_rn(double a, double b) { return a + b; }
+inline double __dsub_rn(double a, double b) { return a - b; }
+inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __double2float_rn(double v) { return static_cast<float>(v); }
+
+// Calls `f` with its arguments read from `params` (one pointer per argument, as the driver
+// API's kernelParams).
+template <class... A, std::size_t... I>
+void db_emu_call(void (*f)(A...), void **params, std::index_sequence<I...>) {
+    f(*static_cast<std::remove_cv_t<A> *>(params[I])...);
+}
+
+// Runs `f` over grid x block; `threads`: one std::thread per CUDA thread (for kernels that
+// synchronise), else the threads one by one.
+template <class... A>
+int db_emu_launch(void (*f)(A...), db_dim3 grid, db_dim3 block, void **params, bool threads) {
+    gridDim = grid;
+    blockDim = block;
+    const unsigned n = block.x * block.y * block.z;
+    for (unsigned bz = 0; bz < grid.z; ++bz)
+        for (unsigned by = 0; by < grid.y; ++by)
+            for (unsigned bx = 0; bx < grid.x; ++bx) {
+                auto body = [&](unsigned t) {
+                    blockIdx = db_dim3{bx, by, bz};
+                    threadIdx = db_dim3{t % block.x, (t / block.x) % block.y,
+                                        t / (block.x * block.y)};
+                    db_emu_call(f, params, std::index_sequence_for<A...>{});
+                };
+                if (threads) {
+                    std::barrier<> bar(n);
+                    db_emu_barrier = &bar;
+                    std::vector<std::thread> ts;
+                    ts.reserve(n);
+                    for (unsigned t = 0; t < n; ++t) ts.emplace_back(body, t);
+                    for (auto &t : ts) t.join();
+                    db_emu_barrier = nullptr;
+                } else {
+                    for (unsigned t = 0; t < n; ++t) body(t);
+                }
+            }
+    return 0;
+}
