@@ -513,43 +513,30 @@ fn shifts_match<T: El>(m: &Emulated) {
             );
             let (mut cc, mut mm) = (c as u64, cols as u64);
             let (mut h, mut w) = (grid.h as u64, grid.w as u64);
-            for geom in row_geometries(9 * c, cols) {
-                let mut out = vec![T::from_f64(7.0); 9 * c * cols];
-                let (mut ip, mut op) = (t.as_ptr().cast_mut(), out.as_mut_ptr());
-                m.launch(
-                    &stack_k,
-                    geom,
-                    &mut [
-                        p(&mut ip),
-                        p(&mut op),
-                        p(&mut cc),
-                        p(&mut mm),
-                        p(&mut h),
-                        p(&mut w),
-                        p(&mut tp),
-                    ],
-                    false,
-                );
-                assert_bitwise(&format!("{stack_k} {grid:?} {geom:?}"), &out, &want);
-            }
-            for geom in row_geometries(c, cols) {
-                let mut out = vec![T::from_f64(7.0); c * cols];
-                let (mut ip, mut op) = (pp.as_ptr().cast_mut(), out.as_mut_ptr());
-                m.launch(
-                    &sum_k,
-                    geom,
-                    &mut [
-                        p(&mut ip),
-                        p(&mut op),
-                        p(&mut cc),
-                        p(&mut mm),
-                        p(&mut h),
-                        p(&mut w),
-                        p(&mut tp),
-                    ],
-                    false,
-                );
-                assert_bitwise(&format!("{sum_k} {grid:?} {geom:?}"), &out, &want_sum);
+            // (kernel, input, output rows, CPU result): the stack [C, M] → [9C, M], the sum
+            // [9C, M] → [C, M]; both take (input, output, C, M, H, W, taps).
+            for (kernel, input, rows, want) in
+                [(&stack_k, &t, 9 * c, &want), (&sum_k, &pp, c, &want_sum)]
+            {
+                for geom in row_geometries(rows, cols) {
+                    let mut out = vec![T::from_f64(7.0); rows * cols];
+                    let (mut ip, mut op) = (input.as_ptr().cast_mut(), out.as_mut_ptr());
+                    m.launch(
+                        kernel,
+                        geom,
+                        &mut [
+                            p(&mut ip),
+                            p(&mut op),
+                            p(&mut cc),
+                            p(&mut mm),
+                            p(&mut h),
+                            p(&mut w),
+                            p(&mut tp),
+                        ],
+                        false,
+                    );
+                    assert_bitwise(&format!("{kernel} {grid:?} {geom:?}"), &out, want);
+                }
             }
         }
     }
