@@ -13,7 +13,35 @@ use crate::error::{CandleContext, Result};
 use crate::fused;
 use crate::kernels;
 use crate::variant::Relu;
-use candle_core::Tensor;
+use candle_core::{Device, Tensor};
+use std::cell::Cell;
+
+thread_local! {
+    /// Set inside [`with_tap_stack_on_cpu`].
+    static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Runs `f` with the CPU taking the path of other devices ([`crate::memory::Kernels::TapStack`]:
+/// the 3×3 convolution through the tap stack, dense products through candle's matmul into new
+/// tensors) for the calls made on this thread. The GPU's allocations, op for op, on a machine
+/// without one: the memory model of the GPU path is checked against the CPU's exact allocator
+/// this way (`tests/memory_model_pool.rs`). The values differ from the CPU kernels' by
+/// summation order only.
+pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
+    struct Restore(bool);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            TAP_STACK_ON_CPU.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(TAP_STACK_ON_CPU.with(|c| c.replace(true)));
+    f()
+}
+
+/// Whether operands on `dev` take the CPU's own kernels ([`crate::memory::Kernels::Cpu`]).
+fn cpu_kernels(dev: &Device) -> bool {
+    dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
+}
 
 /// Batch statistics of one BatchNorm application, as saved for backward (per channel, `[C, 1]`).
 #[derive(Debug, Clone)]
@@ -209,7 +237,7 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
 /// ([`dense::accumulate`], one `[out, M]` tensor); other devices: candle's matmul, then the
 /// bias added into a second tensor.
 pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let cpu = x.device().is_cpu();
+    let cpu = cpu_kernels(x.device());
     match bias {
         Some(b) if cpu => {
             // always a fresh tensor (even for M = 1): the product is added into it
@@ -229,7 +257,7 @@ pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor
 
 /// Weight gradient of [`dense_fwd`]: `gy[out, M] @ xᵀ[M, in]`.
 pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
-    if gy.device().is_cpu() {
+    if cpu_kernels(gy.device()) {
         // (X·Gᵀ)ᵀ: the orientation gemm runs fastest on these shapes (see the function)
         return dense::product_transposed(x, &gy.t().ctx("dense dW")?);
     }
@@ -244,7 +272,7 @@ pub fn dense_bwd_bias(gy: &Tensor) -> Result<Tensor> {
 /// Input gradient of [`dense_fwd`]: `Wᵀ[in, out] @ gy[out, M]`.
 pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
     let wt = w.t().ctx("dense dx")?;
-    if gy.device().is_cpu() {
+    if cpu_kernels(gy.device()) {
         return dense::product(&wt, gy);
     }
     wt.matmul(gy).ctx("dense dx")
@@ -256,7 +284,7 @@ pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
 /// The same sums either way: `dst + Σ`, rounded once.
 pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Result<()> {
     let wt = w.t().ctx("dense dx")?;
-    if gy.device().is_cpu() {
+    if cpu_kernels(gy.device()) {
         return dense::accumulate(dst, &wt, gy);
     }
     let dx = wt.matmul(gy).ctx("dense dx")?;
@@ -267,7 +295,7 @@ pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Resu
 /// and `dst` its first `top` rows (one view of a gradient buffer): **writes rows `[0, top)`**.
 pub fn dense_bwd_input_accumulate_tail(w: &Tensor, rows: &Tensor, top: usize) -> Result<()> {
     let wt = w.t().ctx("dense dx")?;
-    if rows.device().is_cpu() {
+    if cpu_kernels(rows.device()) {
         return dense::accumulate_tail(rows, top, &wt);
     }
     let out = rows.dims()[0].saturating_sub(top);
@@ -316,7 +344,7 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
 /// tap's contribution at its source pixel, then `y = Σ_j shift(P_j, tap_j)`; transients `P`
 /// (9k·M) and the tap-stacked weight — an im2col would hold 9·B·M.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
-    if s.device().is_cpu() {
+    if cpu_kernels(s.device()) {
         return conv3x3::forward(s, w, grid(cfg));
     }
     conv3x3_fwd_tap_stack(cfg, s, w)
@@ -336,7 +364,7 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
 /// with `G = shift_stack(gy) [9k, M]` (block j is gy shifted back by tap j),
 /// `ds = W_tapsᵀ @ G` and `dW_taps = G @ sᵀ`; transients `G` (9k·M).
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
-    if gy.device().is_cpu() {
+    if cpu_kernels(gy.device()) {
         let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
         let dw = conv3x3::backward_weight(gy, s, grid(cfg))?;
         return Ok((ds, dw));

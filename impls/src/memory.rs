@@ -7,6 +7,7 @@ use crate::config::{Config, Family};
 use crate::conv3x3;
 use crate::probe::{saved_bytes, SavedTensor};
 use crate::variant::{Concat, Intermediates, Variant};
+use std::collections::BTreeSet;
 
 /// The tensors `variant` keeps for backward at the end of forward, or `None` for `autograd`
 /// (candle's graph keeps every op input; it is not enumerable from outside).
@@ -79,28 +80,56 @@ pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<usize> {
 }
 
 /// Live-bytes bookkeeping for the predicted trace of one step.
-#[derive(Debug, Default)]
-struct Trace {
+struct Trace<'a> {
     live: i128,
     peak: i128,
     /// Bytes per element.
     s: i128,
     /// Bytes gemm packs into while a dense product runs (CPU), see [`Trace::product`].
     pack: i128,
+    /// What the allocator charges for one allocation of so many bytes ([`Charge`]).
+    charge: &'a dyn Fn(u64) -> u64,
+    /// Every distinct allocation size (bytes, before the charge) the trace made.
+    sizes: BTreeSet<u64>,
 }
 
-impl Trace {
+impl<'a> Trace<'a> {
+    fn new(cfg: &Config, pack: i128, charge: &'a dyn Fn(u64) -> u64) -> Self {
+        Trace {
+            live: 0,
+            peak: 0,
+            s: cfg.dtype_size() as i128,
+            pack,
+            charge,
+            sizes: BTreeSet::new(),
+        }
+    }
     /// A matrix product runs: gemm's packing buffers are live while it does ([`Trace::pack`]).
     fn product(&mut self) {
         self.peak = self.peak.max(self.live + self.pack);
     }
+    /// One allocation of `elems` elements (one tensor's storage).
     fn alloc(&mut self, elems: usize) {
-        self.live += elems as i128 * self.s;
+        let bytes = elems as u64 * self.s as u64;
+        self.sizes.insert(bytes);
+        self.live += (self.charge)(bytes) as i128;
         self.peak = self.peak.max(self.live);
     }
+    /// The allocation of `elems` elements made by an earlier [`Trace::alloc`] is freed.
     fn free(&mut self, elems: usize) {
-        self.live -= elems as i128 * self.s;
+        self.live -= (self.charge)(elems as u64 * self.s as u64) as i128;
     }
+}
+
+/// What an allocator charges for one allocation of `bytes`: the identity for the CPU's counting
+/// allocator (exact request sizes), the rounded-up block for a GPU memory pool (measured on the
+/// device, see [`allocation_sizes`]). The model is a sequence of single allocations and frees,
+/// so a charge applies to each tensor as the allocator sees it.
+pub type Charge<'a> = &'a dyn Fn(u64) -> u64;
+
+/// The identity [`Charge`]: exact request sizes.
+pub fn exact(bytes: u64) -> u64 {
+    bytes
 }
 
 /// Allowance for the bytes gemm allocates per matrix product to pack its operands, on top of
@@ -135,7 +164,10 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
 ///   their `dx` the same way on the CPU (other devices: a C_i·M product, then the addition).
 ///
-/// The tests check this against the counting allocator on small configs (exact on CPU).
+/// The tests check this against the counting allocator on small configs (exact on CPU), and
+/// the [`Kernels::TapStack`] trace against the CPU running that path
+/// ([`crate::maths::with_tap_stack_on_cpu`]), at request sizes and under block-allocator
+/// rounding ([`predict_peak_bytes_charged`]).
 pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
     predict_peak_bytes_with(variant, cfg, Kernels::Cpu)
 }
@@ -152,12 +184,42 @@ pub enum Kernels {
     Cpu,
     /// Other devices': the tap-stacked weight `[9k, B]` and tap products / shifted gradients
     /// `[9k, M]`; matmuls into new tensors, then the bias or the accumulation as another pass.
+    /// The CPU takes this path inside [`crate::maths::with_tap_stack_on_cpu`].
     TapStack,
 }
 
 /// [`predict_peak_bytes`] for a device's kernels: [`Kernels::Cpu`] on the CPU,
 /// [`Kernels::TapStack`] on a GPU.
 pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) -> Option<u64> {
+    predict_peak_bytes_charged(variant, cfg, path, &exact)
+}
+
+/// [`predict_peak_bytes_with`] under an allocator that charges `charge(bytes)` for each
+/// allocation of `bytes` (a GPU memory pool's rounding): every tensor of the trace is charged
+/// on its own, so rounding is modelled allocation by allocation, not on the sum.
+pub fn predict_peak_bytes_charged(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+    charge: Charge<'_>,
+) -> Option<u64> {
+    trace(variant, cfg, path, charge).map(|t| t.peak.max(0) as u64)
+}
+
+/// The distinct sizes in bytes of the allocations the model of `variant` on `cfg` makes (`None`
+/// for `autograd`): what a GPU child measures the pool's charge for before predicting with
+/// [`predict_peak_bytes_charged`].
+pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option<BTreeSet<u64>> {
+    trace(variant, cfg, path, &exact).map(|t| t.sizes)
+}
+
+/// The predicted allocation trace of one step (see [`predict_peak_bytes`]).
+fn trace<'a>(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+    charge: Charge<'a>,
+) -> Option<Trace<'a>> {
     let Variant::Manual(st) = variant else {
         return None;
     };
@@ -167,16 +229,13 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
     let (m, k, b, l) = (cfg.m(), cfg.growth, cfg.bottleneck(), cfg.depth);
     let (c0, ct) = (cfg.channels, cfg.c_total());
     let g = crate::maths::grid(cfg);
-    let mut t = Trace {
-        s: cfg.dtype_size() as i128,
-        pack: match path {
-            Kernels::Cpu => {
-                (GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64) as i128
-            }
-            Kernels::TapStack => 0,
-        },
-        ..Trace::default()
+    let pack = match path {
+        Kernels::Cpu => {
+            (GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64) as i128
+        }
+        Kernels::TapStack => 0,
     };
+    let mut t = Trace::new(cfg, pack, charge);
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy
     if !cat {
@@ -232,9 +291,9 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
                         t.alloc(9 * k * m); // tap products
+                        t.free(9 * k * b); // the weight, dropped with its statement
                         t.alloc(k * m); // y
                         t.free(9 * k * m);
-                        t.free(9 * k * b);
                     }
                 }
                 if cat {
@@ -250,7 +309,10 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                     t.free(k * m); // appended, dropped
                 }
                 if recompute {
-                    t.free((c + 2 * b) * m); // r, z, s not kept
+                    // r, z, s not kept
+                    t.free(c * m);
+                    t.free(b * m);
+                    t.free(b * m);
                 }
             }
         }
@@ -278,7 +340,8 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                     t.free(k * c);
                     t.alloc(k); // db (kept)
                 } else {
-                    t.alloc(k * c + k); // dW, db (kept)
+                    t.alloc(k * c); // dW (kept)
+                    t.alloc(k); // db (kept)
                 }
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
@@ -334,7 +397,8 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                         t.alloc(9 * k * b); // dW2 taps
                         t.free(9 * k * m);
                         t.alloc(9 * k * b); // dW2 (kept)
-                        t.free(2 * 9 * k * b);
+                        t.free(9 * k * b); // dW2 taps
+                        t.free(9 * k * b); // tap-stacked weight
                     }
                 }
                 if copy {
@@ -343,8 +407,10 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 }
                 t.free(b * m); // s
                 t.alloc(b * m); // dz
-                t.free(2 * b * m); // BN2 grad input, z
-                t.alloc(2 * b); // dγ2, dβ2 (kept)
+                t.free(b * m); // BN2 grad input
+                t.free(b * m); // z
+                t.alloc(b); // dγ2 (kept)
+                t.alloc(b); // dβ2 (kept)
                 if path == Kernels::Cpu {
                     t.alloc(b * c); // dW1ᵀ, transposed into dW1
                     t.product();
@@ -364,7 +430,8 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
                 if cat {
                     t.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
                 } // buffer: BN1's backward adds dx straight into the gradient buffer
-                t.alloc(2 * c); // dγ1, dβ1 (kept)
+                t.alloc(c); // dγ1 (kept)
+                t.alloc(c); // dβ1 (kept)
                 t.free(c * m); // BN1 grad input
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
@@ -375,7 +442,7 @@ pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) ->
             t.free((c + k) * m); // previous gradient
         }
     }
-    Some(t.peak.max(0) as u64)
+    Some(t)
 }
 
 /// Floating-point operations of one training step's matrix products and convolutions (the

@@ -4,16 +4,16 @@
 //!
 //! CUDA availability and descriptions come from [`crate::measure::gpu`] (the `cuda` cargo feature):
 //! without it, asking for a CUDA device fails with one clear line ([`NO_CUDA`]), which `run`
-//! prints and `bench-all` turns into an `error` row. Measuring on CUDA is the CUDA issue's:
-//! the GPU memory meter (`gpu::PoolPeak`, the default pool's `USED_MEM_HIGH`) belongs in
-//! [`MemoryMeter`] next to the CPU one; until it is there, [`MemoryMeter::for_device`] refuses.
+//! prints and `bench-all` turns into an `error` row. On CUDA, [`MemoryMeter`] reads the GPU
+//! memory meter (`gpu::PoolPeak`, the default pool's `USED_MEM_HIGH`) and measures what the
+//! pool charges per allocation ([`MemoryMeter::pool_charges`]) for the row's prediction.
 
 use crate::measure::alloc;
 pub use crate::plan::device::{DeviceSpec, NO_CUDA};
 use crate::plan::job::Math;
 use anyhow::{bail, Context, Result};
 use candle_core::Device;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 
 /// What a build and machine can do with a named device: check it, open it, describe it.
 pub trait DeviceOps {
@@ -130,6 +130,46 @@ impl MemoryMeter {
             }
             MemoryMeter::Gpu(p) => p.reset().map(|_| ()),
         }
+    }
+
+    /// What the device's memory pool charges for one allocation of each of `sizes` bytes,
+    /// measured: for each size, one tensor of that many bytes allocated alone and the pool's
+    /// bytes in use read before and after (synchronised). `None` where the meter is not a
+    /// pool (the CPU's counting allocator charges request sizes exactly; the `cuMemGetInfo`
+    /// sampler has no per-allocation resolution). An error if the pool ever charges less than
+    /// the request (the meter would not be what it is taken for).
+    pub fn pool_charges(
+        &self,
+        device: &Device,
+        sizes: &BTreeSet<u64>,
+    ) -> Result<Option<BTreeMap<u64, u64>>> {
+        let MemoryMeter::Gpu(p) = self else {
+            return Ok(None);
+        };
+        if p.source() != crate::measure::gpu::PeakSource::Pool {
+            return Ok(None);
+        }
+        let mut charges = BTreeMap::new();
+        for &bytes in sizes {
+            let len = usize::try_from(bytes).context("allocation size")?;
+            synchronize(device)?;
+            let before = self.current()?;
+            let t = candle_core::Tensor::zeros(len, candle_core::DType::U8, device)
+                .with_context(|| format!("allocating {bytes} B to measure the pool's charge"))?;
+            synchronize(device)?;
+            let after = self.current()?;
+            drop(t);
+            synchronize(device)?;
+            let charged = after.saturating_sub(before);
+            if charged < bytes {
+                bail!(
+                    "the memory pool's used bytes grew by {charged} B for a {bytes}-B \
+                     allocation: USED_MEM_CURRENT does not count this process's allocations"
+                );
+            }
+            charges.insert(bytes, charged);
+        }
+        Ok(Some(charges))
     }
 
     /// Why this meter's peak is less than exact, if it is (a row warning).

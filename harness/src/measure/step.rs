@@ -209,6 +209,11 @@ pub struct Measurement {
     /// Why the memory columns are less than exact (GPU without memory pools), if they are.
     #[serde(default)]
     pub warning: Option<String>,
+    /// On a GPU memory pool: the model's peak with every allocation charged what the pool
+    /// charges for its size, measured on the device ([`pool_prediction`]); it replaces the
+    /// parent's request-size prediction. `None` elsewhere.
+    #[serde(default)]
+    pub predicted_peak_bytes: Option<u64>,
 }
 
 /// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
@@ -391,6 +396,16 @@ pub fn measure(
         }
         _ => None,
     };
+    let mut warning = meter.warning().map(str::to_string);
+    let predicted_peak_bytes = match pool_prediction(variant, cfg, &meter, &device) {
+        Ok(p) => p,
+        Err(e) => {
+            let w =
+                format!("the pool's rounding was not measured, predicted at request sizes: {e:#}");
+            warning = Some(warning.map_or(w.clone(), |old| format!("{old}; {w}")));
+            None
+        }
+    };
     Ok(Measurement {
         threads: device::default_threads(),
         baseline_bytes: worst.baseline,
@@ -402,8 +417,36 @@ pub fn measure(
         total,
         timeline: worst.timeline.clone(),
         errors,
-        warning: meter.warning().map(str::to_string),
+        warning,
+        predicted_peak_bytes,
     })
+}
+
+/// The memory model of `variant` on the GPU path ([`impls::memory::Kernels::TapStack`]) with
+/// each allocation charged what the device's pool charges for its size, measured once per size
+/// the model allocates ([`MemoryMeter::pool_charges`]): the pool's rounding modelled
+/// allocation by allocation. `None` off pools (the CPU counts request sizes exactly) and for
+/// `autograd`.
+fn pool_prediction(
+    variant: Variant,
+    cfg: &Config,
+    meter: &MemoryMeter,
+    device: &Device,
+) -> Result<Option<u64>> {
+    use impls::memory::{allocation_sizes, predict_peak_bytes_charged, Kernels};
+    let Some(sizes) = allocation_sizes(variant, cfg, Kernels::TapStack) else {
+        return Ok(None);
+    };
+    let Some(charges) = meter.pool_charges(device, &sizes)? else {
+        return Ok(None);
+    };
+    let charge = |bytes: u64| charges.get(&bytes).copied().unwrap_or(bytes);
+    Ok(predict_peak_bytes_charged(
+        variant,
+        cfg,
+        Kernels::TapStack,
+        &charge,
+    ))
 }
 
 /// The dtype references are computed in. f64 because candle's autograd in f32 is not accurate

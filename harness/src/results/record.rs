@@ -379,6 +379,22 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
             timeline: m.timeline,
         },
     );
+    if let Some(p) = m.predicted_peak_bytes {
+        // The child measured the pool's charge per allocation size (GPU): its prediction
+        // replaces the request-size one.
+        if let Some(exact) = row.predicted_peak_bytes.filter(|&e| e > 0 && e != p) {
+            let rounding = format!(
+                "predicted with the memory pool's rounding ({:+.1}% over request sizes)",
+                (p as f64 / exact as f64 - 1.0) * 100.0
+            );
+            row.note = if row.note.is_empty() {
+                rounding
+            } else {
+                format!("{}; {rounding}", row.note)
+            };
+        }
+        row.predicted_peak_bytes = Some(p);
+    }
     if let Some(w) = m.warning {
         // No schema column for it: the device description carries it, next to the device.
         row.device_desc = format!("{} [warning: {w}]", row.device_desc);
@@ -387,4 +403,63 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
         fill_errors(row, e);
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::measure::step::Stats;
+
+    fn measurement(predicted: Option<u64>) -> String {
+        let stats = Stats::of(&[10]);
+        serde_json::to_string(&crate::measure::step::Measurement {
+            threads: 1,
+            baseline_bytes: 0,
+            peak_bytes: 1000,
+            saved_bytes: 0,
+            peak_rss_bytes: None,
+            forward: stats,
+            backward: stats,
+            total: stats,
+            timeline: String::new(),
+            errors: None,
+            warning: None,
+            predicted_peak_bytes: predicted,
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn a_childs_pool_charged_prediction_replaces_the_request_size_one_and_says_so() {
+        let mut row = Row {
+            predicted_peak_bytes: Some(800),
+            note: "tolerance from the peer".into(),
+            ..Row::default()
+        };
+        fill(&mut row, &measurement(Some(1000))).unwrap();
+        assert_eq!(row.predicted_peak_bytes, Some(1000));
+        assert_eq!(
+            row.note,
+            "tolerance from the peer; predicted with the memory pool's rounding \
+             (+25.0% over request sizes)"
+        );
+        // A child that measured no pool (CPU) leaves the parent's prediction and note alone.
+        let mut row = Row {
+            predicted_peak_bytes: Some(800),
+            ..Row::default()
+        };
+        fill(&mut row, &measurement(None)).unwrap();
+        assert_eq!(
+            (row.predicted_peak_bytes, row.note.as_str()),
+            (Some(800), "")
+        );
+    }
+
+    #[test]
+    fn a_measurement_from_an_older_child_without_the_prediction_still_parses() {
+        let mut json: serde_json::Value = serde_json::from_str(&measurement(None)).unwrap();
+        json.as_object_mut().unwrap().remove("predicted_peak_bytes");
+        let m = crate::measure::child::parse_measurement(&json.to_string()).unwrap();
+        assert_eq!(m.predicted_peak_bytes, None);
+    }
 }

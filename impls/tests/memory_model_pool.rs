@@ -1,0 +1,114 @@
+//! The memory model of the GPU path, checked on the CPU: under
+//! [`impls::maths::with_tap_stack_on_cpu`] the CPU allocates what a GPU allocates, tensor for
+//! tensor (the tap stack, matmuls into new tensors), and the counting allocator sees every
+//! allocation exactly. Rounded like a block allocator (every allocation of at least a threshold
+//! charged as whole granules), the measured peak must still match the model charged with the
+//! same rounding allocation by allocation, which is how a GPU row's prediction accounts for the
+//! pool (`predict_peak_bytes_charged` with the pool's measured charge). One test only in this
+//! binary, so no other test thread allocates while it measures.
+
+use candle_core::Device;
+use impls::maths::with_tap_stack_on_cpu;
+use impls::memory::{exact, predict_peak_bytes_charged, Kernels};
+use impls::{step, Case, Config, NoProbe, Variant};
+use std::sync::atomic::Ordering::Relaxed;
+
+mod counting;
+
+use counting::{model_configs, rounded, set_rounding, Counting, LIVE, PEAK};
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// Exact sizes: the model ignores per-channel vectors and tensor headers (a few KiB); candle's
+/// CPU matmul packs its operands in thread-local memory that the warm-up step settles.
+const EXACT_REL_TOL: f64 = 0.02;
+/// Rounded: the model must follow the granules of every live tensor (the coarsest rounding
+/// moves these peaks by 5–94%; a model that does not round misses by that much).
+const ROUNDED_REL_TOL: f64 = 0.02;
+
+/// Block-allocator rules `(threshold, granule)` in bytes: allocations of at least `threshold`
+/// cost whole `granule`s. The threshold keeps the allocations that are not tensors (shapes,
+/// strides) at their size; the last rule also rounds the weights and their gradients
+/// (5–20 KiB here).
+const ROUNDINGS: [(usize, usize); 3] = [
+    (64 << 10, 1 << 20),
+    (64 << 10, 96 << 10),
+    (4 << 10, 64 << 10),
+];
+
+/// The peak bytes above the baseline of one step of `v` on the tap-stack path.
+fn measure(v: Variant, cfg: &Config, case: &Case) -> usize {
+    with_tap_stack_on_cpu(|| {
+        let run = || {
+            step(
+                v,
+                cfg,
+                &case.params,
+                &case.input,
+                &case.grad_output,
+                &mut NoProbe,
+            )
+            .unwrap()
+        };
+        let base = LIVE.load(Relaxed);
+        PEAK.store(base, Relaxed);
+        let r = run();
+        let measured = PEAK.load(Relaxed) - base;
+        drop(r);
+        measured
+    })
+}
+
+#[test]
+fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
+    let mut worst_unrounded_miss = 0.0f64;
+    for cfg in model_configs() {
+        let case = Case::random(&cfg, &Device::Cpu).unwrap();
+        for v in Variant::for_config(&cfg) {
+            let Some(predicted) = predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &exact)
+            else {
+                assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
+                continue;
+            };
+            let _ = measure(v, &cfg, &case); // warm-up: settles gemm's thread-local scratch
+            let measured = measure(v, &cfg, &case);
+            let ratio = measured as f64 / predicted as f64;
+            eprintln!("{v} on {}: exact ×{ratio:.4}", cfg.describe());
+            assert!(
+                (ratio - 1.0).abs() <= EXACT_REL_TOL,
+                "{v} on {}, tap-stack path: measured {measured} B, predicted {predicted} B \
+                 (×{ratio:.4})",
+                cfg.describe()
+            );
+            for (threshold, granule) in ROUNDINGS {
+                set_rounding(threshold, granule);
+                let measured = measure(v, &cfg, &case);
+                set_rounding(0, 1);
+                let rule = |b: u64| rounded(b as usize, threshold, granule) as u64;
+                let charged =
+                    predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &rule).unwrap();
+                let ratio = measured as f64 / charged as f64;
+                worst_unrounded_miss =
+                    worst_unrounded_miss.max((measured as f64 / predicted as f64 - 1.0).abs());
+                eprintln!(
+                    "  rounding {threshold}/{granule}: ×{ratio:.4} (unrounded model ×{:.3})",
+                    measured as f64 / predicted as f64
+                );
+                assert!(
+                    (ratio - 1.0).abs() <= ROUNDED_REL_TOL,
+                    "{v} on {}, tap-stack path, allocations ≥ {threshold} B charged in \
+                     {granule}-B granules: measured {measured} B, predicted {charged} B \
+                     (×{ratio:.4})",
+                    cfg.describe()
+                );
+            }
+        }
+    }
+    // The roundings must matter, or this test could not tell a model that rounds from one
+    // that does not.
+    assert!(
+        worst_unrounded_miss > 0.2,
+        "the unrounded model was within {worst_unrounded_miss:.3} of every rounded peak"
+    );
+}
