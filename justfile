@@ -38,10 +38,11 @@ bench-vs-pytorch *ARGS:
 test:
     cargo test --workspace
 
-# rustfmt and clippy, warnings as errors
+# rustfmt, clippy and rustdoc, warnings as errors
 lint:
     cargo fmt --all --check
     cargo clippy --workspace --all-targets -- -D warnings
+    RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 
 # What CI runs (.ci/run)
 ci:

@@ -105,7 +105,7 @@ fn scratch_count(g: Grid, pass: Pass) -> usize {
     rayon::current_num_threads().min(units).max(1)
 }
 
-/// Elements of scratch live at once during one pass: [`scratch_count`] × [`workspace_elems`].
+/// Elements of scratch live at once during one pass: `scratch_count` × [`workspace_elems`].
 pub fn scratch_elems(g: Grid, pass: Pass, b: usize, k: usize) -> usize {
     scratch_count(g, pass) * workspace_elems(g, pass, b, k)
 }

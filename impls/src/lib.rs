@@ -12,7 +12,7 @@
 //! - [`buffer`]: the append-only feature buffer and gradient buffer.
 //! - [`variant`]: strategies as axes, variants as named points; [`block`]: the hand-written step;
 //!   [`autograd`]: the forum's code through candle's autograd.
-//! - [`step`]: the interface the harness drives, [`result`]: what a step returns; [`probe`]:
+//! - [`step`](mod@step): the interface the harness drives, [`result`]: what a step returns; [`probe`]:
 //!   layer-boundary hooks.
 //! - [`compare`]: gradient errors; [`case`]: safetensors case files, each checked from its
 //!   header ([`header`]) before its data are read; [`memory`]: what each variant keeps for

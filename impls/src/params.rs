@@ -1,7 +1,7 @@
 //! Parameters and BN buffers under PyTorch `state_dict` names, with seeded deterministic init.
 //!
 //! Names and layouts follow PyTorch so a block saved there loads here:
-//! - `mlp`: `layers.{i}.weight` [k, C0+i·k], `layers.{i}.bias` [k] (nn.Linear).
+//! - `mlp`: `layers.{i}.weight` `[k, C0+i·k]`, `layers.{i}.bias` `[k]` (nn.Linear).
 //! - `bc`: torchvision's `_DenseLayer`, `denselayer{i+1}.norm1.weight|bias|running_mean|running_var`
 //!   [C0+i·k], `.conv1.weight` [bn_size·k, C0+i·k, 1, 1], `.norm2.*` [bn_size·k],
 //!   `.conv2.weight` [k, bn_size·k, 3, 3].

@@ -5,7 +5,7 @@
 //! [`current`] live bytes, their [`peak`] since the last [`reset_peak`], and a byte limit set by
 //! [`set_limit`]. An allocation that would take the live bytes above the limit returns null, so
 //! Rust aborts the process with "memory allocation of N bytes failed"; the parent process
-//! classifies that abort as `oom` (see [`crate::child`]).
+//! classifies that abort as `oom` (see [`crate::measure::child`]).
 //!
 //! Counts are of requested sizes (`Layout::size`), not of what the system allocator rounds them
 //! up to: that is what a variant asks for, and it is exact and deterministic. The library (and

@@ -53,7 +53,7 @@ const RATE_REPEATS: usize = 5;
 
 /// This machine's matmul rate in GFLOP/s for `dtype` at `threads` compute threads (the
 /// products of `impls::dense` on a square matrix, in a pool of that many threads, best of
-/// [`RATE_REPEATS`]), measured once per process, dtype and thread count, for the
+/// `RATE_REPEATS`), measured once per process, dtype and thread count, for the
 /// `machine_gflops` column: a row's `gflops_per_s` over it says how close the step comes to
 /// the matmul rate of the threads it ran on.
 pub fn machine_gflops(dtype: candle_core::DType, threads: usize) -> Option<f64> {

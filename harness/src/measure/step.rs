@@ -210,7 +210,7 @@ pub struct Measurement {
     #[serde(default)]
     pub warning: Option<String>,
     /// On a GPU memory pool: the model's peak with every allocation charged what the pool
-    /// charges for its size, measured on the device ([`pool_prediction`]); it replaces the
+    /// charges for its size, measured on the device (`pool_prediction`); it replaces the
     /// parent's request-size prediction. `None` elsewhere.
     #[serde(default)]
     pub predicted_peak_bytes: Option<u64>,

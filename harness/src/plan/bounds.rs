@@ -148,7 +148,7 @@ pub fn check_retries(what: &str, n: usize) -> Result<usize> {
 }
 
 /// Clap value parsers for the bounded flags: the flag's name comes from clap's own message
-/// ("invalid value '0' for '--timeout <TIMEOUT>': …"), and clap exits with status 2.
+/// ("invalid value '0' for '--timeout \<TIMEOUT>': …"), and clap exits with status 2.
 pub mod flags {
     use anyhow::{Context, Result};
 

@@ -311,7 +311,7 @@ fn csv_error(path: &Path, headers: &[String], e: &csv::Error) -> anyhow::Error {
     }
 }
 
-/// Reads a result CSV and checks it ([`read_rows_unmarked`]); every error is the user's input
+/// Reads a result CSV and checks it (`read_rows_unmarked`); every error is the user's input
 /// (exit status 2).
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     read_rows_unmarked(path).map_err(crate::plan::bounds::bad_input)
