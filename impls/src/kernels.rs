@@ -256,6 +256,38 @@ pub fn relu_inplace(x: Tensor) -> Result<Tensor> {
     Ok(x)
 }
 
+/// `t` (f32, on the CPU) rounded to TF32, as a new contiguous tensor: 10 explicit mantissa bits
+/// kept, by [`crate::maths::Tf32Rounding`]; zeros, infinities and NaNs unchanged, a finite
+/// value that rounds past the largest TF32 value becomes infinite (as `cvt.rna` does).
+pub fn round_tf32(t: &Tensor, rounding: crate::maths::Tf32Rounding) -> Result<Tensor> {
+    if !t.device().is_cpu() || t.dtype() != candle_core::DType::F32 {
+        return Err(crate::Error::Unsupported {
+            device: format!("{:?} {:?}", t.device().location(), t.dtype()),
+            what: "TF32 emulation (f32 on the CPU only)".to_string(),
+        });
+    }
+    let v: Vec<f32> = t
+        .flatten_all()
+        .and_then(|f| f.to_vec1())
+        .ctx("round to tf32")?;
+    let low = (1u32 << 13) - 1;
+    let v: Vec<f32> = v
+        .into_iter()
+        .map(|x| {
+            let bits = x.to_bits();
+            if x.is_nan() || x.is_infinite() {
+                return x;
+            }
+            let bits = match rounding {
+                crate::maths::Tf32Rounding::Nearest => bits.wrapping_add(1 << 12) & !low,
+                crate::maths::Tf32Rounding::Truncate => bits & !low,
+            };
+            f32::from_bits(bits)
+        })
+        .collect();
+    Tensor::from_vec(v, t.shape(), t.device()).ctx("round to tf32")
+}
+
 /// ReLU into a new tensor, `max(x, 0)` (NaN to 0, the values [`relu_inplace`] writes): on the
 /// CPU in parallel (candle's `relu` is one thread's element-wise map: ~9% of a BC-100 step with
 /// `copy` ReLU), elsewhere candle's.

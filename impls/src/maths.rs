@@ -19,6 +19,48 @@ use std::cell::Cell;
 thread_local! {
     /// Set inside [`with_tap_stack_on_cpu`].
     static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
+    /// Set inside [`with_tf32_emulation_on_cpu`].
+    static TF32_ON_CPU: Cell<Option<Tf32Rounding>> = const { Cell::new(None) };
+}
+
+/// How an f32 operand becomes TF32 (1 sign, 8 exponent, 10 mantissa bits) before a tensor-core
+/// product: NVIDIA's `cvt.rna.tf32.f32` rounds to nearest with ties away from zero; tensor cores
+/// fed raw f32 bits ignore the 13 low mantissa bits (truncation). Which one cuBLAS applies is
+/// not documented, so the emulation offers both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tf32Rounding {
+    /// Round to nearest, ties away from zero (`cvt.rna`).
+    Nearest,
+    /// Drop the 13 low mantissa bits (toward zero).
+    Truncate,
+}
+
+/// Runs `f` with the CPU emulating a GPU's f32 products in TF32 (`--math tf32`): the path of
+/// [`with_tap_stack_on_cpu`], and both operands of every matrix product (Linear, Conv1×1, the
+/// tap-stacked 3×3) rounded to TF32 first; products of two TF32 values are exact in f32 and
+/// the sums run in f32, as on tensor cores (up to summation order). For deriving the error of
+/// tf32 rows against the f64 reference on a machine without a GPU (`examples/tf32_error.rs`);
+/// f32 operands only (anything else is an error, never a silent no-op).
+pub fn with_tf32_emulation_on_cpu<R>(rounding: Tf32Rounding, f: impl FnOnce() -> R) -> R {
+    struct Restore(Option<Tf32Rounding>);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            TF32_ON_CPU.with(|c| c.set(self.0));
+        }
+    }
+    let _restore = Restore(TF32_ON_CPU.with(|c| c.replace(Some(rounding))));
+    with_tap_stack_on_cpu(f)
+}
+
+/// `a @ b` through candle's matmul: the product of every path but the CPU's own kernels, with
+/// its operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`].
+fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
+    match TF32_ON_CPU.with(Cell::get) {
+        None => a.matmul(b).ctx(what),
+        Some(r) => kernels::round_tf32(a, r)?
+            .matmul(&kernels::round_tf32(b, r)?)
+            .ctx(what),
+    }
 }
 
 /// Runs `f` with the CPU taking the path of other devices ([`crate::memory::Kernels::TapStack`]:
@@ -247,11 +289,11 @@ pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor
         }
         None if cpu => dense::product(w, x),
         Some(b) => {
-            let y = w.matmul(x).ctx("dense forward")?;
+            let y = matmul(w, x, "dense forward")?;
             let b = b.reshape((b.dims()[0], 1)).ctx("dense bias")?;
             y.broadcast_add(&b).ctx("dense bias")
         }
-        None => w.matmul(x).ctx("dense forward"),
+        None => matmul(w, x, "dense forward"),
     }
 }
 
@@ -261,7 +303,7 @@ pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
         // (X·Gᵀ)ᵀ: the orientation gemm runs fastest on these shapes (see the function)
         return dense::product_transposed(x, &gy.t().ctx("dense dW")?);
     }
-    gy.matmul(&x.t().ctx("dense dW")?).ctx("dense dW")
+    matmul(gy, &x.t().ctx("dense dW")?, "dense dW")
 }
 
 /// Bias gradient of [`dense_fwd`]: `Σ_M gy`.
@@ -275,7 +317,7 @@ pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
     if cpu_kernels(gy.device()) {
         return dense::product(&wt, gy);
     }
-    wt.matmul(gy).ctx("dense dx")
+    matmul(&wt, gy, "dense dx")
 }
 
 /// [`dense_bwd_input`] added into `dst [in, M]` (**in place**, e.g. a view of the gradient
@@ -287,7 +329,7 @@ pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Resu
     if cpu_kernels(gy.device()) {
         return dense::accumulate(dst, &wt, gy);
     }
-    let dx = wt.matmul(gy).ctx("dense dx")?;
+    let dx = matmul(&wt, gy, "dense dx")?;
     kernels::add_assign(dst, &dx)
 }
 
@@ -301,7 +343,7 @@ pub fn dense_bwd_input_accumulate_tail(w: &Tensor, rows: &Tensor, top: usize) ->
     let out = rows.dims()[0].saturating_sub(top);
     let gy = rows.narrow(0, top, out).ctx("dense dx")?;
     let dst = rows.narrow(0, 0, top).ctx("dense dx")?;
-    let dx = wt.matmul(&gy).ctx("dense dx")?;
+    let dx = matmul(&wt, &gy, "dense dx")?;
     kernels::add_assign(&dst, &dx)
 }
 
@@ -353,7 +395,7 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
 /// so the CPU can time it against the direct one).
 pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let p = taps_matrix(w)?.matmul(s).ctx("conv2 forward")?;
+    let p = matmul(&taps_matrix(w)?, s, "conv2 forward")?;
     fused::shift_sum(&p, grid(cfg), fwd_offsets())
 }
 
@@ -382,12 +424,8 @@ pub fn conv3x3_bwd_tap_stack(
     let (k, b) = (w.dims()[0], w.dims()[1]);
     let taps = taps_matrix(w)?;
     let g = fused::shift_stack(gy, grid(cfg), bwd_offsets())?;
-    let ds = taps
-        .t()
-        .ctx("conv2 bwd ds")?
-        .matmul(&g)
-        .ctx("conv2 bwd ds")?;
-    let dw_taps = g.matmul(&s.t().ctx("conv2 bwd dW")?).ctx("conv2 bwd dW")?;
+    let ds = matmul(&taps.t().ctx("conv2 bwd ds")?, &g, "conv2 bwd ds")?;
+    let dw_taps = matmul(&g, &s.t().ctx("conv2 bwd dW")?, "conv2 bwd dW")?;
     drop(g);
     let dw = dw_taps
         .reshape((3, 3, k, b))

@@ -105,7 +105,9 @@ pub fn child(a: Args) -> Result<ExitCode> {
     let tolerance = a
         .tolerance
         .unwrap_or_else(|| measure::documented_tolerance(cfg.dtype));
-    let m = measure::measure(variant, &cfg, spec, a.steps, a.warmup, reference, tolerance)?;
+    let m = measure::measure(
+        variant, &cfg, spec, a.math, a.steps, a.warmup, reference, tolerance,
+    )?;
     let line = serde_json::to_string(&m).context("serialising the measurement")?;
     println!("{line}");
     Ok(ExitCode::SUCCESS)

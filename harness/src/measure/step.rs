@@ -4,6 +4,7 @@
 //! and merged into the row by the parent.
 
 use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter};
+use crate::plan::job::Math;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use impls::compare::{Comparison, TensorError};
@@ -40,6 +41,18 @@ pub const F64_REL_TOLERANCE: f64 = 1e-10;
 /// O(1) in the norm-wise relative error of the tensor it touches (the perturbation test's 1.5×
 /// scale is 3.3e-1), so it still fails.
 pub const F32_REL_BOUND: f64 = 2e-1;
+
+/// What TF32 alone does to a step's gradients, derived on the CPU with every matrix product's
+/// operands rounded to TF32 (`impls/examples/tf32_error.rs`; docs/gpu.md, "Math mode", has the
+/// table): against the f64 reference, the BC-100 block (N=64, L=16) is 1.4e-1 (round to
+/// nearest) and 2.1e-1 (truncation) away where its f32 step is 4.8e-2; at N=16, L=32 and 48,
+/// 1.35e-1 … 1.87e-1; the torchvision-style block (L=6) 1.5e-1; the forum mlp 4.0e-2 …
+/// 6.1e-2 at L=16…64. That is a bug's size (the perturbation test's 3.3e-1 is within 2×), so
+/// no bound on a tf32 step's own error can tell rounding from a wrong gradient: `tf32` rows are
+/// checked on an `ieee` step of the same code ([`measure`]) against the f32 tolerance, and
+/// their own error is reported, judged by nothing but this sanity bound (a tf32 step further
+/// than this from f64, or non-finite, fails the row).
+pub const TF32_REL_BOUND: f64 = 1.0;
 
 /// Floor of a peer-derived f32 tolerance on blocks with ReLUs between GEMMs (mlp with
 /// activation): a pre-activation within f32 rounding of zero may land on the other side of the
@@ -214,6 +227,11 @@ pub struct Measurement {
     /// parent's request-size prediction. `None` elsewhere.
     #[serde(default)]
     pub predicted_peak_bytes: Option<u64>,
+    /// A `tf32` row's own error against the f64 reference (norm-wise relative, worst tensor),
+    /// as text so that a NaN or infinite error survives JSON (which has no such numbers); its
+    /// [`Measurement::errors`] are those of the `ieee` check step ([`measure`]).
+    #[serde(default)]
+    pub tf32_max_rel_err: Option<String>,
 }
 
 /// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
@@ -331,10 +349,18 @@ fn measured_step(
 /// Measures `variant` on `cfg`: `warmup` unmeasured steps, then `steps` measured ones. Memory
 /// columns come from the measured step with the highest peak; times are over all measured
 /// steps. With a reference result file, the last step's results are compared with it.
+///
+/// `math` is the f32 math the process runs in (`device::set_math`). A `tf32` row's gradients are
+/// checked on one more, unmeasured step in `ieee` math (same variant, case and kernels: TF32
+/// changes only the precision the GEMMs read their operands in), because TF32's own error
+/// against f64 reaches the size of a bug's on deep bc blocks ([`TF32_REL_BOUND`]); the tf32
+/// step's error is reported next to it ([`Measurement::tf32_max_rel_err`]).
+#[allow(clippy::too_many_arguments)]
 pub fn measure(
     variant: Variant,
     cfg: &Config,
     spec: DeviceSpec,
+    math: Math,
     steps: usize,
     warmup: usize,
     reference: Option<(&Path, Variant)>,
@@ -378,16 +404,37 @@ pub fn measure(
         .iter()
         .max_by_key(|r| r.peak)
         .context("no measured step")?;
-    let errors = match (reference, &last) {
+    let mut tf32_max_rel_err = None;
+    let errors = match (reference, last) {
         (Some((path, ref_variant)), Some(result)) => {
             // Checked from its header, within what the child's memory limit has left.
             let headroom = crate::measure::alloc::limit()
                 .map(|l| l.saturating_sub(crate::measure::alloc::current()) as u64);
             let reference = impls::case::load_result_with_limit(cfg, path, &device, headroom)
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
-            let result = perturbed(result.clone())?;
-            let c = impls::compare::compare(&result, &reference)
-                .map_err(|e| anyhow!("comparing with the reference: {e}"))?;
+            let compare = |r: &StepResult| {
+                impls::compare::compare(r, &reference)
+                    .map_err(|e| anyhow!("comparing with the reference: {e}"))
+            };
+            let checked = if math == Math::Tf32 {
+                tf32_max_rel_err = Some(compare(&result)?.overall.max_rel.to_string());
+                drop(result);
+                device::set_math(Math::Ieee);
+                let ieee = impls::step(
+                    variant,
+                    cfg,
+                    &case.params,
+                    &case.input,
+                    &case.grad_output,
+                    &mut NoProbe,
+                )
+                .map_err(|e| anyhow!("{variant} ieee check step: {e}"));
+                device::set_math(math);
+                ieee?
+            } else {
+                result
+            };
+            let c = compare(&perturbed(checked)?)?;
             Some(Errors::from_comparison(
                 &c,
                 reference_label(ref_variant),
@@ -419,6 +466,7 @@ pub fn measure(
         errors,
         warning,
         predicted_peak_bytes,
+        tf32_max_rel_err,
     })
 }
 

@@ -11,7 +11,7 @@ use crate::measure::estimates;
 use crate::measure::peer;
 use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
-use crate::plan::job::{git_rev, job_key, Peer, PeerVariant, Settings, Target, VERSION};
+use crate::plan::job::{git_rev, job_key, Math, Peer, PeerVariant, Settings, Target, VERSION};
 use crate::results::row::{Row, DENSEBENCH, PYTORCH, SCHEMA_VERSION};
 use anyhow::Result;
 use impls::{Config, Variant};
@@ -112,7 +112,13 @@ fn measure_densebench_row(
     let reference = refs.get(cfg, s)?;
     let mut args = child::flags(variant, cfg, s);
     if let Ok(r) = &reference {
-        let (tolerance, note) = refs.tolerance(cfg, s, peer, r)?;
+        // A tf32 row's gradients are checked on an ieee step (`measure::measure`): the
+        // tolerance is the one of ieee math (a peer's error measured in ieee, too).
+        let checked = Settings {
+            math: Math::Ieee,
+            ..s.clone()
+        };
+        let (tolerance, note) = refs.tolerance(cfg, &checked, peer, r)?;
         row.note = note;
         args.extend([
             "--reference".to_string(),
@@ -402,6 +408,28 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
     if let Some(e) = m.errors {
         fill_errors(row, e);
     }
+    if let Some(e) = m.tf32_max_rel_err {
+        // A tf32 row: the check columns are its ieee check step's (see `measure::measure`).
+        let e: f64 = e.parse().unwrap_or(f64::NAN);
+        let sane = e <= measure::TF32_REL_BOUND; // false for NaN
+        let tf32 = format!(
+            "gradients checked on an ieee step of the same code; the tf32 step's own error \
+             against f64 is {e:.2e}{}",
+            if sane {
+                String::new()
+            } else {
+                format!(", beyond the TF32 sanity bound {}", measure::TF32_REL_BOUND)
+            }
+        );
+        if !sane {
+            row.grad_ok = Some(false);
+        }
+        row.note = if row.note.is_empty() {
+            tf32
+        } else {
+            format!("{}; {tf32}", row.note)
+        };
+    }
     Ok(())
 }
 
@@ -425,6 +453,7 @@ mod tests {
             errors: None,
             warning: None,
             predicted_peak_bytes: predicted,
+            tf32_max_rel_err: None,
         })
         .unwrap()
     }
@@ -453,6 +482,38 @@ mod tests {
             (row.predicted_peak_bytes, row.note.as_str()),
             (Some(800), "")
         );
+    }
+
+    #[test]
+    fn a_tf32_rows_own_error_goes_in_its_note_and_fails_it_only_beyond_the_sanity_bound() {
+        let with_tf32 = |e: f64| {
+            let mut json: serde_json::Value = serde_json::from_str(&measurement(None)).unwrap();
+            json["tf32_max_rel_err"] = serde_json::json!(e.to_string());
+            let mut row = Row {
+                grad_ok: Some(true),
+                ..Row::default()
+            };
+            fill(&mut row, &json.to_string()).unwrap();
+            row
+        };
+        let row = with_tf32(0.139);
+        assert_eq!(row.grad_ok, Some(true));
+        assert_eq!(
+            row.note,
+            "gradients checked on an ieee step of the same code; the tf32 step's own error \
+             against f64 is 1.39e-1"
+        );
+        let row = with_tf32(3.0);
+        assert_eq!(row.grad_ok, Some(false));
+        assert!(
+            row.note.ends_with("beyond the TF32 sanity bound 1"),
+            "{}",
+            row.note
+        );
+        // A NaN survives the JSON line (as text) and fails the row.
+        let row = with_tf32(f64::NAN);
+        assert_eq!(row.grad_ok, Some(false), "{}", row.note);
+        assert!(row.note.contains("is NaN, beyond"), "{}", row.note);
     }
 
     #[test]

@@ -1,0 +1,134 @@
+//! The CPU's TF32 emulation (`maths::with_tf32_emulation_on_cpu`, what `examples/tf32_error.rs`
+//! derives the tf32 tolerance with): the rounding of single values in both modes, that every
+//! matrix product of a step sees rounded operands, and that it refuses what it cannot emulate.
+
+use candle_core::{DType, Device, Tensor};
+use impls::kernels::round_tf32;
+use impls::maths::{self, with_tf32_emulation_on_cpu, Tf32Rounding};
+use impls::{step, Case, Config, Family, NoProbe, Variant};
+
+fn round(x: f32, r: Tf32Rounding) -> f32 {
+    let t = Tensor::new(&[x], &Device::Cpu).unwrap();
+    round_tf32(&t, r).unwrap().to_vec1::<f32>().unwrap()[0]
+}
+
+#[test]
+fn tf32_rounding_keeps_ten_mantissa_bits_ties_away_or_truncated() {
+    use Tf32Rounding::{Nearest, Truncate};
+    let ulp = 2f32.powi(-10); // TF32's ulp at 1
+                              // Representable values are unchanged, in both modes.
+    for x in [0.0, -0.0, 1.0, -3.5, 1.0 + ulp, 2f32.powi(-126), 65024.0] {
+        assert_eq!(round(x, Nearest).to_bits(), x.to_bits(), "{x}");
+        assert_eq!(round(x, Truncate).to_bits(), x.to_bits(), "{x}");
+    }
+    // Below half an ulp: down in both; exactly half: away from zero (nearest) or down.
+    assert_eq!(round(1.0 + ulp / 4.0, Nearest), 1.0);
+    assert_eq!(round(1.0 + ulp / 2.0, Nearest), 1.0 + ulp);
+    assert_eq!(round(-(1.0 + ulp / 2.0), Nearest), -(1.0 + ulp));
+    assert_eq!(round(1.0 + ulp / 2.0, Truncate), 1.0);
+    assert_eq!(round(1.0 + 0.75 * ulp, Nearest), 1.0 + ulp);
+    assert_eq!(round(1.0 + 0.75 * ulp, Truncate), 1.0);
+    assert_eq!(round(-(1.0 + 0.75 * ulp), Truncate), -1.0);
+    // A carry into the exponent, and past the largest finite value.
+    assert_eq!(round(2.0 - ulp / 4.0, Nearest), 2.0);
+    assert_eq!(round(f32::MAX, Nearest), f32::INFINITY);
+    assert_eq!(round(f32::MIN, Nearest), f32::NEG_INFINITY);
+    assert_eq!(round(f32::MAX, Truncate), f32::from_bits(0x7F7F_E000));
+    // Non-finite values pass through.
+    assert!(round(f32::NAN, Nearest).is_nan());
+    assert_eq!(round(f32::INFINITY, Truncate), f32::INFINITY);
+    // Relative error of nearest at most half a TF32 ulp, of truncation under one.
+    for i in 0..10_000 {
+        let x = 1.0 + i as f32 * 1.37e-4;
+        let (n, t) = (round(x, Nearest), round(x, Truncate));
+        assert!(((n - x) / x).abs() <= 2f32.powi(-11), "{x}");
+        assert!(((x - t) / x).abs() < 2f32.powi(-10) && t <= x, "{x}");
+    }
+}
+
+#[test]
+fn every_product_of_an_emulated_step_sees_tf32_operands() {
+    let dev = Device::Cpu;
+    // A product inside the emulation equals candle's product of the rounded operands, bit for
+    // bit, and differs from the f32 product.
+    let w = Tensor::randn(0f32, 1.0, (7, 33), &dev).unwrap();
+    let x = Tensor::randn(0f32, 1.0, (33, 50), &dev).unwrap();
+    let r = Tf32Rounding::Nearest;
+    let emulated = with_tf32_emulation_on_cpu(r, || maths::dense_fwd(&w, None, &x)).unwrap();
+    let by_hand = round_tf32(&w, r)
+        .unwrap()
+        .matmul(&round_tf32(&x, r).unwrap())
+        .unwrap();
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .unwrap()
+            .to_vec1::<f32>()
+            .unwrap()
+            .iter()
+            .map(|v| v.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&emulated), bits(&by_hand));
+    assert_ne!(bits(&emulated), bits(&w.matmul(&x).unwrap()));
+    // Outside the closure the switch is off again.
+    assert_eq!(
+        bits(&maths::dense_fwd(&w, None, &x).unwrap()),
+        bits(&impls::dense::product(&w, &x).unwrap())
+    );
+
+    // A whole bc step: the emulated gradients move away from f64 by about TF32's precision,
+    // far more than the f32 step's own error.
+    let cfg = Config {
+        depth: 2,
+        dtype: DType::F32,
+        ..Config::tiny(Family::Bc)
+    };
+    let case = Case::random(&cfg, &dev).unwrap();
+    let reference = case.reference().unwrap();
+    let run = || {
+        step(
+            Variant::NAIVE,
+            &cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .unwrap()
+    };
+    let err = |r: impls::StepResult| {
+        impls::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
+            .unwrap()
+            .overall
+            .max_rel
+    };
+    let f32_err = err(maths::with_tap_stack_on_cpu(run));
+    let tf32_err = err(with_tf32_emulation_on_cpu(r, run));
+    println!("tiny bc L=2: f32 {f32_err:.2e}, tf32 {tf32_err:.2e}");
+    assert!(
+        tf32_err > 30.0 * f32_err,
+        "f32 {f32_err:e}, tf32 {tf32_err:e}"
+    );
+    assert!(tf32_err > 1e-5 && tf32_err < 1e-1, "tf32 {tf32_err:e}");
+}
+
+#[test]
+fn tf32_emulation_refuses_f64_operands() {
+    let cfg = Config {
+        dtype: DType::F64,
+        ..Config::tiny(Family::Mlp)
+    };
+    let case = Case::random(&cfg, &Device::Cpu).unwrap();
+    let e = with_tf32_emulation_on_cpu(Tf32Rounding::Truncate, || {
+        step(
+            Variant::NAIVE,
+            &cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+    })
+    .expect_err("an f64 step cannot be emulated in TF32");
+    assert!(e.to_string().contains("TF32 emulation"), "{e}");
+}
