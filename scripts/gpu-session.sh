@@ -3,11 +3,14 @@
 # the CUDA libraries they link, and runs the GPU checklist of issue 11, writing everything under
 # $OUT (default /tmp/densebench-gpu). Stages, in order (default: all of them):
 #
-#   bash scripts/gpu-session.sh [info] [tests] [sweep] [report]
+#   bash scripts/gpu-session.sh [info] [tests] [tf32] [sweep] [report]
 #
 #   info    nvidia-smi, driver vs the toolkit the binaries were built with, PyTorch's version
 #   tests   the packed GPU test binaries (fused CUDA kernels vs the CPU, pool peaks, GPU CLI
 #           tests through DENSEBENCH_BIN): $OUT/tests.log
+#   tf32    `run --math tf32` (cat-store-copy) on the configs of docs/gpu.md's TF32 table: each
+#           row's note has the tf32 step's own error against f64, to compare with the CPU
+#           emulation's numbers there: $OUT/tf32.csv and $OUT/tf32.txt
 #   sweep   harness/sweeps/gpu.toml with the PyTorch peer rows (when PyTorch is importable),
 #           resumable: $OUT/reference-gpu.csv. A sweep longer than one command's time limit is
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
@@ -21,7 +24,7 @@ cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/densebench-gpu}
 mkdir -p "$OUT"
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(info tests sweep report)
+[ ${#stages[@]} -gt 0 ] || stages=(info tests tf32 sweep report)
 status=0
 fail() { echo "gpu-session: $*" >&2; [ "$status" -ne 0 ] || status=1; }
 
@@ -65,6 +68,26 @@ for stage in "${stages[@]}"; do
             grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 3
         done
         ;;
+    tf32)
+        csv="$OUT/tf32.csv"
+        : > "$csv"
+        : > "$OUT/tf32.txt"
+        while read -r label args; do
+            row=$("$db" run $args --variant cat-store-copy --device cuda:0 --math tf32 < /dev/null 2>> "$OUT/tf32.err") \
+                || { fail "tf32 run '$label' failed (see tf32.err)"; continue; }
+            if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
+            echo "$label: $(echo "$row" | tail -n 1 | grep -o "the tf32 step's own error against f64 is [^;\",]*")" \
+                | tee -a "$OUT/tf32.txt"
+        done <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+bc100-32-n16 --family bc --batch 16 --channels 24 --growth 12 --size 32 --depth 32
+bc100-48-n16 --family bc --batch 16 --channels 24 --growth 12 --size 32 --depth 48
+torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
+mlp-16 --family mlp --batch 4096 --channels 256 --growth 64 --depth 16
+mlp-32 --family mlp --batch 4096 --channels 256 --growth 64 --depth 32
+mlp-64 --family mlp --batch 4096 --channels 256 --growth 64 --depth 64
+CONFIGS
+        ;;
     sweep)
         csv="$OUT/reference-gpu.csv"
         [ ! -f .gpu/reference-gpu.csv ] || cp .gpu/reference-gpu.csv "$csv"
@@ -94,7 +117,7 @@ for stage in "${stages[@]}"; do
         "$db" report "$csv" --out "$OUT/REPORT-gpu.md" --plots plots || fail "report failed"
         ;;
     *)
-        echo "gpu-session: unknown stage '$stage' (info, tests, sweep, report)" >&2
+        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report)" >&2
         exit 2
         ;;
     esac

@@ -256,10 +256,22 @@ pub fn relu_inplace(x: Tensor) -> Result<Tensor> {
     Ok(x)
 }
 
+/// How an f32 operand becomes TF32 (1 sign, 8 exponent, 10 mantissa bits) before a tensor-core
+/// product: NVIDIA's `cvt.rna.tf32.f32` rounds to nearest with ties away from zero; tensor cores
+/// fed raw f32 bits ignore the 13 low mantissa bits (truncation). Which one cuBLAS applies is
+/// not documented, so the emulation offers both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tf32Rounding {
+    /// Round to nearest, ties away from zero (`cvt.rna`).
+    Nearest,
+    /// Drop the 13 low mantissa bits (toward zero).
+    Truncate,
+}
+
 /// `t` (f32, on the CPU) rounded to TF32, as a new contiguous tensor: 10 explicit mantissa bits
-/// kept, by [`crate::maths::Tf32Rounding`]; zeros, infinities and NaNs unchanged, a finite
+/// kept, by [`Tf32Rounding`]; zeros, infinities and NaNs unchanged, a finite
 /// value that rounds past the largest TF32 value becomes infinite (as `cvt.rna` does).
-pub fn round_tf32(t: &Tensor, rounding: crate::maths::Tf32Rounding) -> Result<Tensor> {
+pub fn round_tf32(t: &Tensor, rounding: Tf32Rounding) -> Result<Tensor> {
     if !t.device().is_cpu() || t.dtype() != candle_core::DType::F32 {
         return Err(crate::Error::Unsupported {
             device: format!("{:?} {:?}", t.device().location(), t.dtype()),
@@ -279,8 +291,8 @@ pub fn round_tf32(t: &Tensor, rounding: crate::maths::Tf32Rounding) -> Result<Te
                 return x;
             }
             let bits = match rounding {
-                crate::maths::Tf32Rounding::Nearest => bits.wrapping_add(1 << 12) & !low,
-                crate::maths::Tf32Rounding::Truncate => bits & !low,
+                Tf32Rounding::Nearest => bits.wrapping_add(1 << 12) & !low,
+                Tf32Rounding::Truncate => bits & !low,
             };
             f32::from_bits(bits)
         })

@@ -23,17 +23,7 @@ thread_local! {
     static TF32_ON_CPU: Cell<Option<Tf32Rounding>> = const { Cell::new(None) };
 }
 
-/// How an f32 operand becomes TF32 (1 sign, 8 exponent, 10 mantissa bits) before a tensor-core
-/// product: NVIDIA's `cvt.rna.tf32.f32` rounds to nearest with ties away from zero; tensor cores
-/// fed raw f32 bits ignore the 13 low mantissa bits (truncation). Which one cuBLAS applies is
-/// not documented, so the emulation offers both.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Tf32Rounding {
-    /// Round to nearest, ties away from zero (`cvt.rna`).
-    Nearest,
-    /// Drop the 13 low mantissa bits (toward zero).
-    Truncate,
-}
+pub use crate::kernels::Tf32Rounding;
 
 /// Runs `f` with the CPU emulating a GPU's f32 products in TF32 (`--math tf32`): the path of
 /// [`with_tap_stack_on_cpu`], and both operands of every matrix product (Linear, Conv1×1, the
