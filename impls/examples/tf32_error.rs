@@ -13,7 +13,7 @@
 use candle_core::DType;
 use impls::compare::{compare, Comparison};
 use impls::maths::{with_tap_stack_on_cpu, with_tf32_emulation_on_cpu, Tf32Rounding};
-use impls::{step, Case, Config, Family, NoProbe, Spatial, StepResult, Variant};
+use impls::{Case, Config, Family, Spatial, StepResult, Variant};
 
 /// One way of running the step.
 type Step<'a> = Box<dyn Fn() -> impls::Result<StepResult> + 'a>;
@@ -78,16 +78,7 @@ fn main() -> impls::Result<()> {
         Family::Mlp => "buffer-store-inplace",
     };
     for v in [Variant::NAIVE, Variant::parse(lean)?] {
-        let run = || {
-            step(
-                v,
-                &cfg,
-                &case.params,
-                &case.input,
-                &case.grad_output,
-                &mut NoProbe,
-            )
-        };
+        let run = || case.step(v);
         let rows: [(&str, Step); 3] = [
             ("f32 (ieee)", Box::new(|| with_tap_stack_on_cpu(run))),
             (

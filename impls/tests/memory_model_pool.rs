@@ -10,7 +10,7 @@
 use candle_core::Device;
 use impls::maths::with_tap_stack_on_cpu;
 use impls::memory::{exact, predict_peak_bytes_charged, Kernels};
-use impls::{step, Case, Config, NoProbe, Variant};
+use impls::{Case, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
 mod counting;
@@ -38,19 +38,9 @@ const ROUNDINGS: [(usize, usize); 3] = [
 ];
 
 /// The peak bytes above the baseline of one step of `v` on the tap-stack path.
-fn measure(v: Variant, cfg: &Config, case: &Case) -> usize {
+fn measure(v: Variant, case: &Case) -> usize {
     with_tap_stack_on_cpu(|| {
-        let run = || {
-            step(
-                v,
-                cfg,
-                &case.params,
-                &case.input,
-                &case.grad_output,
-                &mut NoProbe,
-            )
-            .unwrap()
-        };
+        let run = || case.step(v).unwrap();
         let base = LIVE.load(Relaxed);
         PEAK.store(base, Relaxed);
         let r = run();
@@ -71,8 +61,8 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
                 assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
                 continue;
             };
-            let _ = measure(v, &cfg, &case); // warm-up: settles gemm's thread-local scratch
-            let measured = measure(v, &cfg, &case);
+            let _ = measure(v, &case); // warm-up: settles gemm's thread-local scratch
+            let measured = measure(v, &case);
             let ratio = measured as f64 / predicted as f64;
             eprintln!("{v} on {}: exact ×{ratio:.4}", cfg.describe());
             assert!(
@@ -83,7 +73,7 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
             );
             for (threshold, granule) in ROUNDINGS {
                 set_rounding(threshold, granule);
-                let measured = measure(v, &cfg, &case);
+                let measured = measure(v, &case);
                 set_rounding(0, 1);
                 let rule = |b: u64| rounded(b as usize, threshold, granule) as u64;
                 let charged =

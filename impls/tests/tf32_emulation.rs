@@ -5,7 +5,7 @@
 use candle_core::{DType, Device, Tensor};
 use impls::kernels::round_tf32;
 use impls::maths::{self, with_tf32_emulation_on_cpu, Tf32Rounding};
-use impls::{step, Case, Config, Family, NoProbe, Variant};
+use impls::{Case, Config, Family, Variant};
 
 fn round(x: f32, r: Tf32Rounding) -> f32 {
     let t = Tensor::new(&[x], &Device::Cpu).unwrap();
@@ -85,17 +85,7 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
     };
     let case = Case::random(&cfg, &dev).unwrap();
     let reference = case.reference().unwrap();
-    let run = || {
-        step(
-            Variant::NAIVE,
-            &cfg,
-            &case.params,
-            &case.input,
-            &case.grad_output,
-            &mut NoProbe,
-        )
-        .unwrap()
-    };
+    let run = || case.step(Variant::NAIVE).unwrap();
     let err = |r: impls::StepResult| {
         impls::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
             .unwrap()
@@ -119,16 +109,7 @@ fn tf32_emulation_refuses_f64_operands() {
         ..Config::tiny(Family::Mlp)
     };
     let case = Case::random(&cfg, &Device::Cpu).unwrap();
-    let e = with_tf32_emulation_on_cpu(Tf32Rounding::Truncate, || {
-        step(
-            Variant::NAIVE,
-            &cfg,
-            &case.params,
-            &case.input,
-            &case.grad_output,
-            &mut NoProbe,
-        )
-    })
-    .expect_err("an f64 step cannot be emulated in TF32");
+    let e = with_tf32_emulation_on_cpu(Tf32Rounding::Truncate, || case.step(Variant::NAIVE))
+        .expect_err("an f64 step cannot be emulated in TF32");
     assert!(e.to_string().contains("TF32 emulation"), "{e}");
 }

@@ -420,15 +420,9 @@ pub fn measure(
                 tf32_max_rel_err = Some(compare(&result)?.overall.max_rel.to_string());
                 drop(result);
                 device::set_math(Math::Ieee);
-                let ieee = impls::step(
-                    variant,
-                    cfg,
-                    &case.params,
-                    &case.input,
-                    &case.grad_output,
-                    &mut NoProbe,
-                )
-                .map_err(|e| anyhow!("{variant} ieee check step: {e}"));
+                let ieee = case
+                    .step(variant)
+                    .map_err(|e| anyhow!("{variant} ieee check step: {e}"));
                 device::set_math(math);
                 ieee?
             } else {
