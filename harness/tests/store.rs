@@ -547,3 +547,38 @@ fn the_csv_reader_never_panics_on_random_or_mutated_input() {
         })
         .expect("read_rows never panics and every error names the file");
 }
+
+/// The committed reference's `predicted_peak_bytes` is what the memory model predicts now: a
+/// change to the model (or to what a step allocates) shows here until the reference run is
+/// regenerated, so the figures and REPORT.md never quote a model the code no longer has.
+#[test]
+fn committed_reference_predictions_are_the_current_models() {
+    use densebench::measure::estimates::predicted_peak_bytes;
+    let reference = Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");
+    let rows = read_rows(&reference).expect("the committed reference reads");
+    let mut checked = 0;
+    for r in rows.iter().filter(|r| r.framework == "densebench") {
+        let variant = impls::Variant::parse(&r.variant).expect("a known variant");
+        let cfg = impls::Config {
+            family: impls::Family::parse(&r.family).expect("a known family"),
+            batch: r.batch,
+            channels: r.channels,
+            growth: r.growth,
+            depth: r.depth,
+            bn_size: r.bn_size,
+            size: r.size,
+            activation: r.activation,
+            dtype: impls::config::parse_dtype(&r.dtype).expect("a known dtype"),
+            seed: r.seed,
+        };
+        assert_eq!(r.device, "cpu", "{}", r.key);
+        let now = predicted_peak_bytes(variant, &cfg, true, r.threads);
+        assert_eq!(
+            now, r.predicted_peak_bytes,
+            "{}: the model now predicts {now:?} B, the committed reference says {:?} B",
+            r.key, r.predicted_peak_bytes
+        );
+        checked += usize::from(now.is_some());
+    }
+    assert!(checked > 50, "only {checked} modelled rows checked");
+}
