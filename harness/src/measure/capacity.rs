@@ -10,6 +10,7 @@
 
 use crate::measure::child::{self, Outcome};
 use crate::measure::estimates::static_bytes;
+use crate::plan::device::DeviceSpec;
 use crate::plan::job::Settings;
 use anyhow::{anyhow, bail, Result};
 use impls::{Config, Variant};
@@ -37,13 +38,16 @@ pub struct Answer {
     pub note: String,
 }
 
-/// Model footprint at `depth`, or `None` for variants without a model.
-fn model_total(v: Variant, cfg: &Config, depth: usize) -> Option<u64> {
+/// Model footprint at `depth` on the device and thread count of `s` (a GPU's tap-stack path has
+/// other transients than the CPU's kernels, see `estimates::predicted_peak_bytes`), or `None`
+/// for variants without a model.
+fn model_total(v: Variant, cfg: &Config, depth: usize, s: &Settings) -> Option<u64> {
     let c = Config {
         depth,
         ..cfg.clone()
     };
-    impls::memory::predict_peak_bytes(v, &c).map(|p| p + static_bytes(&c))
+    crate::measure::estimates::predicted_peak_bytes(v, &c, s.device == DeviceSpec::Cpu, s.threads)
+        .map(|p| p + static_bytes(&c))
 }
 
 /// A measured run's verdict.
@@ -128,7 +132,7 @@ impl<'a> Searcher<'a> {
         max: usize,
         confirm: bool,
     ) -> Result<Answer> {
-        let budget = self.budget;
+        let (budget, s) = (self.budget, self.settings);
         let mut ans = Answer {
             variant: v.name(),
             family: cfg.family.name().to_string(),
@@ -141,9 +145,9 @@ impl<'a> Searcher<'a> {
             method: String::new(),
             note: String::new(),
         };
-        if model_total(v, cfg, 1).is_some() {
+        if model_total(v, cfg, 1, s).is_some() {
             let mut depth = Self::bisect(max, |l| {
-                Ok(model_total(v, cfg, l).is_some_and(|t| t <= budget))
+                Ok(model_total(v, cfg, l, s).is_some_and(|t| t <= budget))
             })?;
             ans.method = "model".to_string();
             if confirm {
@@ -184,7 +188,7 @@ impl<'a> Searcher<'a> {
                 ans.note = notes.join("; ");
             }
             ans.max_depth = depth;
-            ans.predicted_total_bytes = model_total(v, cfg, depth.max(1)).filter(|_| depth > 0);
+            ans.predicted_total_bytes = model_total(v, cfg, depth.max(1), s).filter(|_| depth > 0);
         } else {
             ans.method = "measured".to_string();
             let mut seen: Vec<(usize, Probe)> = Vec::new();
