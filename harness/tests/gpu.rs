@@ -530,3 +530,45 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
         worst.0, worst.1
     );
 }
+
+/// What the pool charges per allocation (issue 11 item 3's "pool's rounding measured"):
+/// printed for a range of sizes, so the first GPU run records the rule; each charge is at
+/// least the request and, for requests of a MiB and more, under 2 MiB above it.
+#[test]
+fn gpu_pool_charges_at_least_each_request() {
+    let Some(dev) = cuda_device("gpu_pool_charges_at_least_each_request") else {
+        return;
+    };
+    let meter = densebench::measure::device::MemoryMeter::for_device(
+        densebench::measure::device::DeviceSpec::Cuda(0),
+    )
+    .expect("meter");
+    let sizes: std::collections::BTreeSet<u64> = [
+        4,
+        1000,
+        4096,
+        65_536,
+        MIB - 4,
+        MIB,
+        3 * MIB,
+        3 * MIB + 4,
+        5 * MIB + 12_345,
+        64 * MIB,
+    ]
+    .into_iter()
+    .collect();
+    let Some(charges) = meter.pool_charges(&dev, &sizes).expect("pool charges") else {
+        println!("no memory pool on this device: nothing to measure");
+        return;
+    };
+    for (bytes, charged) in &charges {
+        println!(
+            "request {bytes} B: charged {charged} B (+{} B)",
+            charged - bytes
+        );
+        assert!(charged >= bytes);
+        if *bytes >= MIB {
+            assert!(charged - bytes < 2 * MIB, "{bytes} B charged {charged} B");
+        }
+    }
+}
