@@ -106,18 +106,7 @@ fn quick_sweep_end_to_end() {
 }
 
 fn row_config(r: &Row) -> Config {
-    Config {
-        family: Family::parse(&r.family).expect("family"),
-        batch: r.batch,
-        channels: r.channels,
-        growth: r.growth,
-        depth: r.depth,
-        bn_size: r.bn_size,
-        size: r.size,
-        activation: r.activation,
-        dtype: impls::config::parse_dtype(&r.dtype).expect("dtype"),
-        seed: r.seed,
-    }
+    r.config().expect("a valid config")
 }
 
 /// Group 1 cannot fit its 10 MB limit: the naive mlp step concatenates ≈ 19 MB

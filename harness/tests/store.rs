@@ -559,18 +559,7 @@ fn committed_reference_predictions_are_the_current_models() {
     let mut checked = 0;
     for r in rows.iter().filter(|r| r.framework == "densebench") {
         let variant = impls::Variant::parse(&r.variant).expect("a known variant");
-        let cfg = impls::Config {
-            family: impls::Family::parse(&r.family).expect("a known family"),
-            batch: r.batch,
-            channels: r.channels,
-            growth: r.growth,
-            depth: r.depth,
-            bn_size: r.bn_size,
-            size: r.size,
-            activation: r.activation,
-            dtype: impls::config::parse_dtype(&r.dtype).expect("a known dtype"),
-            seed: r.seed,
-        };
+        let cfg = r.config().expect("a valid config");
         assert_eq!(r.device, "cpu", "{}", r.key);
         let now = predicted_peak_bytes(variant, &cfg, true, r.threads);
         assert_eq!(

@@ -202,6 +202,24 @@ impl Row {
             .collect()
     }
 
+    /// The block configuration the row measured (its family, sizes, dtype and seed columns).
+    pub fn config(&self) -> Result<impls::Config> {
+        Ok(impls::Config {
+            family: impls::Family::parse(&self.family)
+                .map_err(|e| anyhow!("{}: family: {e}", self.key))?,
+            batch: self.batch,
+            channels: self.channels,
+            growth: self.growth,
+            depth: self.depth,
+            bn_size: self.bn_size,
+            size: self.size,
+            activation: self.activation,
+            dtype: impls::config::parse_dtype(&self.dtype)
+                .map_err(|e| anyhow!("{}: dtype: {e}", self.key))?,
+            seed: self.seed,
+        })
+    }
+
     /// A short config label without the variant, e.g. `bc N=64 C0=24 k=12 bn=4 32x32 f32`
     /// (`360x480`: H × W, height first).
     pub fn config_label(&self) -> String {
