@@ -286,10 +286,10 @@ pub fn round_tf32(t: &Tensor, rounding: Tf32Rounding) -> Result<Tensor> {
     let v: Vec<f32> = v
         .into_iter()
         .map(|x| {
-            let bits = x.to_bits();
-            if x.is_nan() || x.is_infinite() {
+            if !x.is_finite() {
                 return x;
             }
+            let bits = x.to_bits();
             let bits = match rounding {
                 Tf32Rounding::Nearest => bits.wrapping_add(1 << 12) & !low,
                 Tf32Rounding::Truncate => bits & !low,

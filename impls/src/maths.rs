@@ -32,14 +32,24 @@ pub use crate::kernels::Tf32Rounding;
 /// tf32 rows against the f64 reference on a machine without a GPU (`examples/tf32_error.rs`);
 /// f32 operands only (anything else is an error, never a silent no-op).
 pub fn with_tf32_emulation_on_cpu<R>(rounding: Tf32Rounding, f: impl FnOnce() -> R) -> R {
-    struct Restore(Option<Tf32Rounding>);
-    impl Drop for Restore {
+    scoped(&TF32_ON_CPU, Some(rounding), || with_tap_stack_on_cpu(f))
+}
+
+/// Runs `f` with the thread-local `key` set to `value`, restoring the old value afterwards,
+/// also when `f` panics.
+fn scoped<T: Copy + 'static, R>(
+    key: &'static std::thread::LocalKey<Cell<T>>,
+    value: T,
+    f: impl FnOnce() -> R,
+) -> R {
+    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<Cell<T>>, T);
+    impl<T: Copy + 'static> Drop for Restore<T> {
         fn drop(&mut self) {
-            TF32_ON_CPU.with(|c| c.set(self.0));
+            self.0.with(|c| c.set(self.1));
         }
     }
-    let _restore = Restore(TF32_ON_CPU.with(|c| c.replace(Some(rounding))));
-    with_tap_stack_on_cpu(f)
+    let _restore = Restore(key, key.with(|c| c.replace(value)));
+    f()
 }
 
 /// `a @ b` through candle's matmul: the product of every path but the CPU's own kernels, with
@@ -60,14 +70,7 @@ fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
 /// this way (`tests/memory_model_pool.rs`). The values differ from the CPU kernels' by
 /// summation order only.
 pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
-    struct Restore(bool);
-    impl Drop for Restore {
-        fn drop(&mut self) {
-            TAP_STACK_ON_CPU.with(|c| c.set(self.0));
-        }
-    }
-    let _restore = Restore(TAP_STACK_ON_CPU.with(|c| c.replace(true)));
-    f()
+    scoped(&TAP_STACK_ON_CPU, true, f)
 }
 
 /// Whether operands on `dev` take the CPU's own kernels ([`crate::memory::Kernels::Cpu`]).

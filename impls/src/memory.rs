@@ -88,13 +88,13 @@ struct Trace<'a> {
     /// Bytes gemm packs into while a dense product runs (CPU), see [`Trace::product`].
     pack: i128,
     /// What the allocator charges for one allocation of so many bytes ([`Charge`]).
-    charge: &'a dyn Fn(u64) -> u64,
+    charge: Charge<'a>,
     /// Every distinct allocation size (bytes, before the charge) the trace made.
     sizes: BTreeSet<u64>,
 }
 
 impl<'a> Trace<'a> {
-    fn new(cfg: &Config, pack: i128, charge: &'a dyn Fn(u64) -> u64) -> Self {
+    fn new(cfg: &Config, pack: i128, charge: Charge<'a>) -> Self {
         Trace {
             live: 0,
             peak: 0,

@@ -369,6 +369,15 @@ pub fn measure_row_retrying(
 }
 
 /// Copies the child's measurement into the row.
+/// Appends `text` to the row's `note` (`; ` between notes).
+fn add_note(row: &mut Row, text: String) {
+    row.note = if row.note.is_empty() {
+        text
+    } else {
+        format!("{}; {text}", row.note)
+    };
+}
+
 fn fill(row: &mut Row, stdout: &str) -> Result<()> {
     let m = child::parse_measurement(stdout)?;
     fill_measured(
@@ -393,11 +402,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
                 "predicted with the memory pool's rounding ({:+.1}% over request sizes)",
                 (p as f64 / exact as f64 - 1.0) * 100.0
             );
-            row.note = if row.note.is_empty() {
-                rounding
-            } else {
-                format!("{}; {rounding}", row.note)
-            };
+            add_note(row, rounding);
         }
         row.predicted_peak_bytes = Some(p);
     }
@@ -424,11 +429,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
         if !sane {
             row.grad_ok = Some(false);
         }
-        row.note = if row.note.is_empty() {
-            tf32
-        } else {
-            format!("{}; {tf32}", row.note)
-        };
+        add_note(row, tf32);
     }
     Ok(())
 }
