@@ -397,7 +397,11 @@ fn gpu_fused_ops_allocate_only_their_output() {
     let rand =
         |rows: usize, cols: usize| Tensor::randn(0f32, 1.0, (rows, cols), &dev).expect("randn");
     let (x, gy, dst) = (rand(C, m), rand(C, m), rand(C, m));
-    let (v1, v2, v3) = (rand(C, 1), rand(C, 1), rand(C, 1));
+    // planar per-channel tables: (scale; shift), (mean; invstd), (A; B; C), and γ, β, running
+    let (coef2, st, coef3) = (rand(2, C), rand(2, C), rand(3, C));
+    let vec_c = || rand(1, C).flatten_all().expect("vector");
+    let (gamma, beta, rmean, rvar) = (vec_c(), vec_c(), vec_c(), vec_c());
+    let mv = Tensor::stack(&[vec_c(), vec_c().abs().expect("abs")], 0).expect("mv");
     let (t, p) = (rand(K, m), rand(9 * K, m));
     let offsets = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
 
@@ -418,24 +422,26 @@ fn gpu_fused_ops_allocate_only_their_output() {
         );
     };
     measure("bn_stats", 0, &|| {
-        let (a, b) = fused::bn_stats(&x).expect("bn_stats");
-        vec![a, b]
+        vec![fused::bn_stats(&x).expect("bn_stats")]
+    });
+    measure("bn_prepare", 0, &|| {
+        let (t, r) = fused::bn_prepare(&mv, &gamma, &beta, &rmean, &rvar, m).expect("bn_prepare");
+        vec![t, r]
     });
     measure("affine_rows", f32s(C), &|| {
-        vec![fused::affine_rows(&x, &v1, &v2).expect("affine")]
+        vec![fused::affine_rows(&x, &coef2).expect("affine")]
     });
     measure("affine_rows_relu", f32s(C), &|| {
-        vec![fused::affine_rows_relu(&x, &v1, &v2).expect("affine relu")]
+        vec![fused::affine_rows_relu(&x, &coef2).expect("affine relu")]
     });
     measure("bn_bwd_reduce", 0, &|| {
-        let (a, b) = fused::bn_bwd_reduce(&gy, &x, &v1, &v2).expect("reduce");
-        vec![a, b]
+        vec![fused::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("reduce")]
     });
     measure("bn_bwd_dx", f32s(C), &|| {
-        vec![fused::bn_bwd_dx(&gy, &x, &v1, &v2, &v3).expect("dx")]
+        vec![fused::bn_bwd_dx(&gy, &x, &coef3).expect("dx")]
     });
     measure("bn_bwd_dx_accumulate", 0, &|| {
-        fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &v1, &v2, &v3).expect("accumulate");
+        fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).expect("accumulate");
         Vec::new()
     });
     measure("shift_stack", f32s(9 * K), &|| {

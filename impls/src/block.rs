@@ -65,8 +65,7 @@ impl LayerSaved {
             out.push(tensor(format!("layer{i}.x"), x, in_buffer));
         }
         let stats = |out: &mut Vec<SavedTensor>, which: &str, s: &BnStats| {
-            out.push(tensor(format!("layer{i}.{which}.mean"), &s.mean, false));
-            out.push(tensor(format!("layer{i}.{which}.invstd"), &s.invstd, false));
+            out.push(tensor(format!("layer{i}.{which}.stats"), &s.table, false));
         };
         match &self.inner {
             Inner::Mlp { out: o } => {
@@ -105,8 +104,8 @@ struct BcForward {
     z: Tensor,
     stats2: BnStats,
     s: Tensor,
-    /// Biased batch variances of BN1 and BN2, for the running-stat update (forward only).
-    vars: Option<(Tensor, Tensor)>,
+    /// The running-stat updates of BN1 and BN2 (`(mean, var)` each; forward only).
+    running: Option<[(Tensor, Tensor); 2]>,
 }
 
 /// Where a bc layer's front takes its batch statistics from.
@@ -118,33 +117,47 @@ enum FrontStats<'a> {
     Saved(&'a BnStats, &'a BnStats),
 }
 
-/// Per-channel batch mean and biased variance of the features so far (`[C, 1]` each). A
+/// Per-channel batch mean and biased variance of the features so far, planar `[2, C]`. A
 /// channel's values never change once it is in the concatenation, so BN1 of layer i measures
 /// only the k channels layer i − 1 appended instead of all C_i: the statistics are per-row
 /// reductions, so they are bitwise those of measuring the whole layer input.
 struct ChannelStats {
-    mean: Tensor,
-    var: Tensor,
+    mv: Tensor,
 }
 
 impl ChannelStats {
     fn of(x: &Tensor) -> Result<Self> {
-        let (mean, var) = crate::fused::bn_stats(x)?;
-        Ok(Self { mean, var })
+        Ok(Self {
+            mv: maths::bn_stats(x)?,
+        })
     }
 
     /// Adds the statistics of the appended channels `y [k, M]`.
     fn append(&mut self, y: &Tensor) -> Result<()> {
-        let (mean, var) = crate::fused::bn_stats(y)?;
-        self.mean = Tensor::cat(&[&self.mean, &mean], 0).ctx("feature means")?;
-        self.var = Tensor::cat(&[&self.var, &var], 0).ctx("feature variances")?;
+        let mv = maths::bn_stats(y)?;
+        self.mv = Tensor::cat(&[&self.mv, &mv], 1).ctx("feature statistics")?;
         Ok(())
     }
+}
 
-    /// BN1's statistics and biased variance over every channel so far.
-    fn bn(&self) -> Result<(BnStats, Tensor)> {
-        maths::bn_stats_from(self.mean.clone(), self.var.clone())
-    }
+/// BN `norm` (1 or 2) of layer `i` in forward, from batch statistics `mv [2, C]`: the saved
+/// stats and the running-stat update.
+fn bn_forward(
+    cfg: &Config,
+    params: &Params,
+    i: usize,
+    norm: usize,
+    mv: &Tensor,
+) -> Result<(BnStats, (Tensor, Tensor))> {
+    let (stats, mean, var) = maths::bn_forward_stats(
+        cfg,
+        mv,
+        params.get(&bn_name(i, norm, "weight"))?,
+        params.get(&bn_name(i, norm, "bias"))?,
+        params.get(&bn_name(i, norm, "running_mean"))?,
+        params.get(&bn_name(i, norm, "running_var"))?,
+    )?;
+    Ok((stats, (mean, var)))
 }
 
 /// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
@@ -157,43 +170,31 @@ fn bc_front(
     relu: crate::variant::Relu,
     stats: FrontStats,
 ) -> Result<BcForward> {
-    let (stats1, var1) = match stats {
+    let (stats1, run1) = match stats {
         FrontStats::Saved(s1, _) => (s1.clone(), None),
         FrontStats::Forward(f) => {
-            let (s, v) = f.bn()?;
-            (s, Some(v))
+            let (s, r) = bn_forward(cfg, params, i, 1, &f.mv)?;
+            (s, Some(r))
         }
     };
-    let r = maths::bn_apply_relu(
-        x,
-        &stats1,
-        params.get(&bn_name(i, 1, "weight"))?,
-        params.get(&bn_name(i, 1, "bias"))?,
-        relu,
-    )?;
+    let r = maths::bn_apply_relu(x, &stats1, relu)?;
     let w1 = conv1_matrix(cfg, params, i)?;
     let z = maths::dense_fwd(&w1, None, &r)?;
-    let (stats2, var2) = match stats {
+    let (stats2, run2) = match stats {
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
-            let (s, v) = maths::bn_stats(&z)?;
-            (s, Some(v))
+            let (s, r) = bn_forward(cfg, params, i, 2, &maths::bn_stats(&z)?)?;
+            (s, Some(r))
         }
     };
-    let s = maths::bn_apply_relu(
-        &z,
-        &stats2,
-        params.get(&bn_name(i, 2, "weight"))?,
-        params.get(&bn_name(i, 2, "bias"))?,
-        relu,
-    )?;
+    let s = maths::bn_apply_relu(&z, &stats2, relu)?;
     Ok(BcForward {
         stats1,
         r,
         z,
         stats2,
         s,
-        vars: var1.zip(var2),
+        running: run1.zip(run2).map(|(a, b)| [a, b]),
     })
 }
 
@@ -311,22 +312,16 @@ pub fn step_manual(
                     })?;
                 let f = bc_front(cfg, params, i, &x, strategy.relu, FrontStats::Forward(ch))?;
                 drop(x);
-                let (var1, var2) = f.vars.as_ref().ok_or_else(|| crate::Error::BufferMisuse {
-                    buffer: "bn statistics",
-                    reason: "forward ran without measuring batch variances".to_string(),
-                })?;
-                for (norm, stats, var) in [(1, &f.stats1, var1), (2, &f.stats2, var2)] {
-                    let rm = bn_name(i, norm, "running_mean");
-                    let rv = bn_name(i, norm, "running_var");
-                    let (new_m, new_v) = maths::bn_running_update(
-                        cfg,
-                        params.get(&rm)?,
-                        params.get(&rv)?,
-                        stats,
-                        var,
-                    )?;
-                    running.insert(rm, new_m);
-                    running.insert(rv, new_v);
+                let updates = f
+                    .running
+                    .clone()
+                    .ok_or_else(|| crate::Error::BufferMisuse {
+                        buffer: "bn statistics",
+                        reason: "forward ran without updating the running stats".to_string(),
+                    })?;
+                for (norm, (new_m, new_v)) in [1, 2].into_iter().zip(updates) {
+                    running.insert(bn_name(i, norm, "running_mean"), new_m);
+                    running.insert(bn_name(i, norm, "running_var"), new_v);
                 }
                 let y = maths::conv3x3_fwd(cfg, &f.s, params.get(&conv_name(i, 2))?)?;
                 ch.append(&y)?;

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
 /// A float type the kernels are instantiated for.
-pub(crate) trait Float: CudaDType + DeviceRepr + Copy {
+pub(crate) trait Float: CudaDType + DeviceRepr + candle_core::WithDType + Copy {
     /// The suffix of the kernel names (`relu_inplace_f32`).
     const SUFFIX: &'static str;
 }

@@ -72,14 +72,15 @@ pub const INPLACE: CudaModule = CudaModule {
     kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
 };
 
-/// BatchNorm statistics, apply (with and without ReLU), backward reduce and dx
-/// ([`crate::fused`]).
+/// BatchNorm statistics, the per-channel forward step, apply (with and without ReLU), backward
+/// reduce (with its coefficients) and dx ([`crate::fused`]).
 pub const BN: CudaModule = CudaModule {
     name: "densebench_bn",
     file: "bn.cu",
     body: include_str!("cuda/bn.cu"),
     kernels: &[
         "bn_stats",
+        "bn_prepare",
         "affine_rows",
         "affine_rows_relu",
         "bn_bwd_reduce",

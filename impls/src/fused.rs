@@ -10,6 +10,7 @@
 //! fallback for strided operands and devices without kernels (the block's own calls are all
 //! contiguous). Reductions accumulate in f64 whatever the dtype.
 
+use crate::config::{BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
 use crate::shared::Float;
 use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
@@ -50,18 +51,26 @@ fn map1<K: Kernel1>(k: &K, s: &CpuStorage, l: &Layout) -> candle_core::Result<Cp
     })
 }
 
-/// Per-row mean and biased variance of `x [C, M]` → `[C, 2]`, two passes in f64.
+/// Per-row mean and biased variance of `x [C, M]` → planar `[2, C]` = (mean; var), two passes
+/// in f64.
 struct BnStatsOp;
 impl Kernel1 for BnStatsOp {
     const NAME: &'static str = "bn-stats";
-    fn run<T: Float>(&self, x: &[T], _rows: usize, m: usize) -> Vec<T> {
-        x.par_chunks(m)
-            .flat_map_iter(|row| {
+    fn run<T: Float>(&self, x: &[T], c: usize, m: usize) -> Vec<T> {
+        let rows: Vec<(T, T)> = x
+            .par_chunks(m)
+            .map(|row| {
                 let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
                 let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
-                [T::of(mean), T::of(var)]
+                (T::of(mean), T::of(var))
             })
-            .collect()
+            .collect();
+        let mut out = vec![T::ZERO; 2 * c];
+        for (ch, (mean, var)) in rows.into_iter().enumerate() {
+            out[ch] = mean;
+            out[c + ch] = var;
+        }
+        out
     }
 }
 impl CustomOp1 for BnStatsOp {
@@ -70,7 +79,7 @@ impl CustomOp1 for BnStatsOp {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         let c = l.shape().dims2()?.0;
-        Ok((map1(self, s, l)?, Shape::from((c, 2))))
+        Ok((map1(self, s, l)?, Shape::from((2, c))))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -82,7 +91,207 @@ impl CustomOp1 for BnStatsOp {
     }
 }
 
-/// `y = x·scale + shift` per row, with `coef [C, 2] = (scale, shift)`; with `relu`, also
+/// The scalars of BN forward's per-channel step, as f64 (each side rounds them to the tensors'
+/// type, as candle does with a scalar operand): `eps`, the running stats' `keep = 1 − μ`,
+/// `mom = μ` and `mom_unbias = μ·M/(M−1)` (PyTorch's unbiased running variance).
+#[derive(Debug, Clone, Copy)]
+struct PrepareScalars {
+    eps: f64,
+    keep: f64,
+    mom: f64,
+    mom_unbias: f64,
+}
+
+impl PrepareScalars {
+    /// For a BN over `m` values per channel.
+    fn new(m: usize) -> Self {
+        let m = m as f64;
+        PrepareScalars {
+            eps: BN_EPS,
+            keep: 1.0 - BN_MOMENTUM,
+            mom: BN_MOMENTUM,
+            mom_unbias: BN_MOMENTUM * (m / (m - 1.0)),
+        }
+    }
+}
+
+/// The per-channel step of BN forward, CPU twin of `bn_prepare` in `bn.cu`: from
+/// `mv [2, C]` = (mean; biased var), γ, β and the running stats, the `[6, C]` table
+/// (mean; invstd; scale; shift; new running mean; new running var), in `T`, in the order of the
+/// candle ops it replaces ([`generic_bn_prepare`]): bitwise the same values.
+fn prepare_rows<T: Float>(
+    mv: &[T],
+    [gamma, beta, rmean, rvar]: [&[T]; 4],
+    c: usize,
+    k: PrepareScalars,
+) -> Vec<T> {
+    let (eps, keep, mom, mom_unbias) = (
+        T::of(k.eps),
+        T::of(k.keep),
+        T::of(k.mom),
+        T::of(k.mom_unbias),
+    );
+    let mut out = vec![T::ZERO; 6 * c];
+    for ch in 0..c {
+        let (mean, var) = (mv[ch], mv[c + ch]);
+        // candle: (var + eps) is the affine v·1 + eps, then sqrt, then recip (1/v)
+        let invstd = T::ONE / (var * T::ONE + eps).sqrt();
+        let scale = gamma[ch] * invstd;
+        let shift = beta[ch] - mean * scale;
+        out[ch] = mean;
+        out[c + ch] = invstd;
+        out[2 * c + ch] = scale;
+        out[3 * c + ch] = shift;
+        // candle: a scalar multiply is the affine v·k + 0
+        out[4 * c + ch] = (rmean[ch] * keep + T::ZERO) + (mean * mom + T::ZERO);
+        out[5 * c + ch] = (rvar[ch] * keep + T::ZERO) + (var * mom_unbias + T::ZERO);
+    }
+    out
+}
+
+/// The CPU elements of a tensor an op carries besides its operands (a lock guard on its storage
+/// and its layout), or an error naming the op and where the tensor lives.
+fn carried<'a>(
+    op: &str,
+    t: &'a Tensor,
+) -> candle_core::Result<(
+    impl std::ops::Deref<Target = candle_core::Storage> + 'a,
+    &'a Layout,
+)> {
+    let (s, l) = t.storage_and_layout();
+    if !matches!(&*s, candle_core::Storage::Cpu(_)) {
+        return Err(candle_core::Error::Msg(format!(
+            "{op}: operand on {:?}, the others on the CPU",
+            t.device().location()
+        )));
+    }
+    Ok((s, l))
+}
+
+/// The CPU storage behind a guard of [`carried`].
+fn cpu_of(s: &candle_core::Storage) -> &CpuStorage {
+    match s {
+        candle_core::Storage::Cpu(c) => c,
+        // `carried` checked the device
+        _ => unreachable!("carried() returns CPU storages only"),
+    }
+}
+
+/// The error for a carried tensor that is not on the CUDA device of the op's operands.
+#[cfg(feature = "cuda")]
+fn not_on_cuda(op: &str, what: &str) -> candle_core::Error {
+    candle_core::Error::Msg(format!("{op}: {what} not on the operands' CUDA device"))
+}
+
+/// BN forward's per-channel step ([`prepare_rows`]): operands `mv [2, C]`, γ and β (`[C]`); the
+/// op carries the running mean and variance (a custom op takes at most three operands).
+struct BnPrepareOp {
+    running_mean: Tensor,
+    running_var: Tensor,
+    scalars: PrepareScalars,
+}
+impl CustomOp3 for BnPrepareOp {
+    fn name(&self) -> &'static str {
+        "bn-prepare"
+    }
+    fn cpu_fwd(
+        &self,
+        ms: &CpuStorage,
+        ml: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let (two, c) = ml.shape().dims2()?;
+        if two != 2 {
+            return Err(candle_core::Error::Msg(format!(
+                "{n}: statistics must be [2, C] (mean; var), got [{two}, {c}]"
+            )));
+        }
+        let (rms, rml) = carried(n, &self.running_mean)?;
+        let (rvs, rvl) = carried(n, &self.running_var)?;
+        for (what, l) in [
+            ("gamma", gl),
+            ("beta", bl),
+            ("running mean", rml),
+            ("running var", rvl),
+        ] {
+            if l.shape().elem_count() != c {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: {what} has {} elements, expected {c}",
+                    l.shape().elem_count()
+                )));
+            }
+        }
+        let k = self.scalars;
+        let out = match (ms, gs, bs, cpu_of(&rms), cpu_of(&rvs)) {
+            (
+                CpuStorage::F32(m),
+                CpuStorage::F32(g),
+                CpuStorage::F32(b),
+                CpuStorage::F32(rm),
+                CpuStorage::F32(rv),
+            ) => CpuStorage::F32(prepare_rows(
+                slice(m, ml, n)?,
+                [
+                    slice(g, gl, n)?,
+                    slice(b, bl, n)?,
+                    slice(rm, rml, n)?,
+                    slice(rv, rvl, n)?,
+                ],
+                c,
+                k,
+            )),
+            (
+                CpuStorage::F64(m),
+                CpuStorage::F64(g),
+                CpuStorage::F64(b),
+                CpuStorage::F64(rm),
+                CpuStorage::F64(rv),
+            ) => CpuStorage::F64(prepare_rows(
+                slice(m, ml, n)?,
+                [
+                    slice(g, gl, n)?,
+                    slice(b, bl, n)?,
+                    slice(rm, rml, n)?,
+                    slice(rv, rvl, n)?,
+                ],
+                c,
+                k,
+            )),
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, Shape::from((6, c))))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        ms: &candle_core::CudaStorage,
+        ml: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        bs: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let n = self.name();
+        let (rms, rml) = self.running_mean.storage_and_layout();
+        let (rvs, rvl) = self.running_var.storage_and_layout();
+        let (candle_core::Storage::Cuda(rms), candle_core::Storage::Cuda(rvs)) = (&*rms, &*rvs)
+        else {
+            return Err(not_on_cuda(n, "running stats"));
+        };
+        let k = self.scalars;
+        crate::fused_cuda::bn_prepare(
+            n,
+            [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)],
+            [k.eps, k.keep, k.mom, k.mom_unbias],
+        )
+    }
+}
+
+/// `y = x·scale + shift` per row, with planar `coef [2, C] = (scale; shift)`; with `relu`, also
 /// `y = y > 0 ? y : 0` (NaN → 0, as [`crate::kernels::relu_inplace`]) in the same pass.
 struct AffineRowsOp {
     relu: bool,
@@ -102,27 +311,23 @@ impl CustomOp2 for AffineRowsOp {
         cs: &CpuStorage,
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, m) = l.shape().dims2()?;
-        fn go<T: Float + std::ops::Mul<Output = T> + std::ops::Add<Output = T>>(
-            x: &[T],
-            coef: &[T],
-            m: usize,
-            relu: bool,
-        ) -> Vec<T> {
+        let (c, m) = l.shape().dims2()?;
+        fn go<T: Float>(x: &[T], coef: &[T], c: usize, m: usize, relu: bool) -> Vec<T> {
+            let (scales, shifts) = coef.split_at(c);
             let mut out = vec![T::ZERO; x.len()];
             out.par_chunks_mut(m)
                 .zip(x.par_chunks(m))
-                .zip(coef.par_chunks(2))
-                .for_each(|((o, x), c)| {
+                .zip(scales.par_iter().zip(shifts))
+                .for_each(|((o, x), (&scale, &shift))| {
                     if relu {
                         // A select, not a branch around the store (see kernels.rs).
                         for (o, x) in o.iter_mut().zip(x) {
-                            let v = *x * c[0] + c[1];
+                            let v = *x * scale + shift;
                             *o = if v > T::ZERO { v } else { T::ZERO };
                         }
                     } else {
                         for (o, x) in o.iter_mut().zip(x) {
-                            *o = *x * c[0] + c[1];
+                            *o = *x * scale + shift;
                         }
                     }
                 });
@@ -130,11 +335,11 @@ impl CustomOp2 for AffineRowsOp {
         }
         let (n, relu) = (self.name(), self.relu);
         let out = match (s, cs) {
-            (CpuStorage::F32(v), CpuStorage::F32(c)) => {
-                CpuStorage::F32(go(slice(v, l, n)?, slice(c, cl, n)?, m, relu))
+            (CpuStorage::F32(v), CpuStorage::F32(k)) => {
+                CpuStorage::F32(go(slice(v, l, n)?, coef_rows(k, cl, 2, c, n)?, c, m, relu))
             }
-            (CpuStorage::F64(v), CpuStorage::F64(c)) => {
-                CpuStorage::F64(go(slice(v, l, n)?, slice(c, cl, n)?, m, relu))
+            (CpuStorage::F64(v), CpuStorage::F64(k)) => {
+                CpuStorage::F64(go(slice(v, l, n)?, coef_rows(k, cl, 2, c, n)?, c, m, relu))
             }
             _ => return Err(bad_dtype(n)),
         };
@@ -152,9 +357,45 @@ impl CustomOp2 for AffineRowsOp {
     }
 }
 
-/// BN backward reductions: `[C, 2] = (Σ gy, Σ gy·x̂)` with `x̂ = (x − mean)·invstd`,
-/// `stats [C, 2] = (mean, invstd)`; f64 accumulators.
-struct BnBwdReduceOp;
+/// The elements of a planar coefficient table `[q, c]`, or an error naming the op: the kernels
+/// index it from `c`, so a table of another size would be read out of bounds.
+fn coef_rows<'a, T>(
+    v: &'a [T],
+    l: &Layout,
+    q: usize,
+    c: usize,
+    op: &str,
+) -> candle_core::Result<&'a [T]> {
+    let t = slice(v, l, op)?;
+    if t.len() != q * c {
+        return Err(candle_core::Error::Msg(format!(
+            "{op}: coefficient table has {} elements, expected [{q}, {c}]",
+            t.len()
+        )));
+    }
+    Ok(t)
+}
+
+/// BN backward's per-channel coefficients of `dx = A·gy + B·x + C` from the sums `sg = Σ gy`,
+/// `sgx = Σ gy·x̂` (in `T`), the batch mean and invstd and γ: in `T`, in the order of the candle
+/// ops of [`generic_bn_bwd_coef`], with `neg_inv_m = T(−1/M)`, `inv_m = T(1/M)` (candle's
+/// scalar multiply and divide are the affine `v·k + 0`). CPU twin of the end of
+/// `bn_bwd_reduce` in `bn.cu`.
+fn bwd_coef<T: Float>(sg: T, sgx: T, mean: T, invstd: T, gamma: T, m: usize) -> [T; 3] {
+    let (neg_inv_m, inv_m) = (T::of(-1.0 / m as f64), T::of(1.0 / m as f64));
+    let a = gamma * invstd;
+    let b = ((a * invstd) * sgx) * neg_inv_m + T::ZERO;
+    let t = (mean * invstd) * sgx;
+    let cc = (a * (t - sg)) * inv_m + T::ZERO;
+    [a, b, cc]
+}
+
+/// BN backward's reduction and coefficients: operands `gy`, `x` (`[C, M]`) and
+/// `st [2, C]` = (mean; invstd); the op carries γ (`[C]`). Output planar `[5, C]` =
+/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64.
+struct BnBwdReduceOp {
+    gamma: Tensor,
+}
 impl CustomOp3 for BnBwdReduceOp {
     fn name(&self) -> &'static str {
         "bn-bwd-reduce"
@@ -168,34 +409,60 @@ impl CustomOp3 for BnBwdReduceOp {
         ss: &CpuStorage,
         sl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = self.name();
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(g: &[T], x: &[T], st: &[T], m: usize) -> Vec<T> {
-            g.par_chunks(m)
+        let (gms, gml) = carried(n, &self.gamma)?;
+        fn go<T: Float>(g: &[T], x: &[T], st: &[T], gamma: &[T], c: usize, m: usize) -> Vec<T> {
+            let (means, invstds) = st.split_at(c);
+            let rows: Vec<[T; 5]> = g
+                .par_chunks(m)
                 .zip(x.par_chunks(m))
-                .zip(st.par_chunks(2))
-                .flat_map_iter(|((g, x), st)| {
-                    let (mean, invstd) = (st[0].f64(), st[1].f64());
+                .zip(means.par_iter().zip(invstds).zip(gamma))
+                .map(|((g, x), ((&mean, &invstd), &gamma))| {
+                    let (mean64, invstd64) = (mean.f64(), invstd.f64());
                     let (mut sg, mut sgx) = (0f64, 0f64);
                     for (g, x) in g.iter().zip(x) {
                         let g = g.f64();
                         sg += g;
-                        sgx += g * (x.f64() - mean) * invstd;
+                        sgx += g * (x.f64() - mean64) * invstd64;
                     }
-                    [T::of(sg), T::of(sgx)]
+                    let (sg, sgx) = (T::of(sg), T::of(sgx));
+                    let [a, b, cc] = bwd_coef(sg, sgx, mean, invstd, gamma, m);
+                    [sg, sgx, a, b, cc]
                 })
-                .collect()
-        }
-        let n = self.name();
-        let out = match (gs, xs, ss) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(s)) => {
-                CpuStorage::F32(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(s, sl, n)?, m))
+                .collect();
+            let mut out = vec![T::ZERO; 5 * c];
+            for (ch, row) in rows.into_iter().enumerate() {
+                for (q, v) in row.into_iter().enumerate() {
+                    out[q * c + ch] = v;
+                }
             }
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(s)) => {
-                CpuStorage::F64(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(s, sl, n)?, m))
+            out
+        }
+        let out = match (gs, xs, ss, cpu_of(&gms)) {
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(s), CpuStorage::F32(gm)) => {
+                CpuStorage::F32(go(
+                    slice(g, gl, n)?,
+                    slice(x, xl, n)?,
+                    coef_rows(s, sl, 2, c, n)?,
+                    coef_rows(gm, gml, 1, c, n)?,
+                    c,
+                    m,
+                ))
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(s), CpuStorage::F64(gm)) => {
+                CpuStorage::F64(go(
+                    slice(g, gl, n)?,
+                    slice(x, xl, n)?,
+                    coef_rows(s, sl, 2, c, n)?,
+                    coef_rows(gm, gml, 1, c, n)?,
+                    c,
+                    m,
+                ))
             }
             _ => return Err(bad_dtype(n)),
         };
-        Ok((out, Shape::from((c, 2))))
+        Ok((out, Shape::from((5, c))))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -207,11 +474,21 @@ impl CustomOp3 for BnBwdReduceOp {
         ss: &candle_core::CudaStorage,
         sl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::fused_cuda::bn_bwd_reduce(self.name(), (gs, gl), (xs, xl), (ss, sl))
+        let n = self.name();
+        let (gms, gml) = self.gamma.storage_and_layout();
+        let candle_core::Storage::Cuda(gms) = &*gms else {
+            return Err(not_on_cuda(n, "gamma"));
+        };
+        crate::fused_cuda::bn_bwd_reduce(n, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
     }
 }
 
-/// `dx = A·gy + B·x + C` per row with `coef [C, 3] = (A, B, C)`, evaluated in f64.
+/// `A·gy + B·x + C` of one element, in f64, rounded to `T` once.
+fn dx_value<T: Float>(a: f64, b: f64, cc: f64, g: T, x: T) -> T {
+    T::of(a * g.f64() + b * x.f64() + cc)
+}
+
+/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64.
 struct BnBwdDxOp;
 impl CustomOp3 for BnBwdDxOp {
     fn name(&self) -> &'static str {
@@ -226,28 +503,36 @@ impl CustomOp3 for BnBwdDxOp {
         cs: &CpuStorage,
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (_, m) = gl.shape().dims2()?;
-        fn go<T: Float>(g: &[T], x: &[T], coef: &[T], m: usize) -> Vec<T> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(g: &[T], x: &[T], coef: &[T], c: usize, m: usize) -> Vec<T> {
             let mut out = vec![T::ZERO; g.len()];
             out.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
-                .zip(coef.par_chunks(3))
-                .for_each(|((o, (g, x)), c)| {
-                    let (a, b, cc) = (c[0].f64(), c[1].f64(), c[2].f64());
+                .enumerate()
+                .for_each(|(r, (o, (g, x)))| {
+                    let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
                     for ((o, g), x) in o.iter_mut().zip(g).zip(x) {
-                        *o = T::of(a * g.f64() + b * x.f64() + cc);
+                        *o = dx_value(a, b, cc, *g, *x);
                     }
                 });
             out
         }
         let n = self.name();
         let out = match (gs, xs, cs) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(c)) => {
-                CpuStorage::F32(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(c, cl, n)?, m))
-            }
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(c)) => {
-                CpuStorage::F64(go(slice(g, gl, n)?, slice(x, xl, n)?, slice(c, cl, n)?, m))
-            }
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => CpuStorage::F32(go(
+                slice(g, gl, n)?,
+                slice(x, xl, n)?,
+                coef_rows(k, cl, 3, c, n)?,
+                c,
+                m,
+            )),
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => CpuStorage::F64(go(
+                slice(g, gl, n)?,
+                slice(x, xl, n)?,
+                coef_rows(k, cl, 3, c, n)?,
+                c,
+                m,
+            )),
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -269,7 +554,7 @@ impl CustomOp3 for BnBwdDxOp {
 /// `dst += T(A·gy + B·x + C)` per row, **in place**: the same rounding as [`BnBwdDxOp`]
 /// followed by an add, so results are bitwise those of the two-step path.
 struct BnBwdDxAccumulateOp {
-    /// `(A, B, C)` per row, `[C, 3]` in the operands' dtype and on their device. An in-place op
+    /// `(A; B; C)`, planar `[3, C]` in the operands' dtype and on their device. An in-place op
     /// takes at most two tensor operands besides the destination, so the op carries the third
     /// and reads its storage itself (a tensor of its own: it cannot alias the destination).
     coef: Tensor,
@@ -287,21 +572,15 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xs: &CpuStorage,
         xl: &Layout,
     ) -> candle_core::Result<()> {
-        let (_, m) = gl.shape().dims2()?;
-        fn go<T: Float + std::ops::Add<Output = T>>(
-            d: &mut [T],
-            g: &[T],
-            x: &[T],
-            coef: &[T],
-            m: usize,
-        ) {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(d: &mut [T], g: &[T], x: &[T], coef: &[T], c: usize, m: usize) {
             d.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
-                .zip(coef.par_chunks(3))
-                .for_each(|((d, (g, x)), c)| {
-                    let (a, b, c) = (c[0].f64(), c[1].f64(), c[2].f64());
+                .enumerate()
+                .for_each(|(r, (d, (g, x)))| {
+                    let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
                     for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
-                        *d = *d + T::of(a * g.f64() + b * x.f64() + c);
+                        *d = *d + dx_value(a, b, cc, *g, *x);
                     }
                 });
         }
@@ -309,26 +588,22 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let (da, db) = dl.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg(format!("{n}: destination must be contiguous"))
         })?;
-        let (cs, cl) = self.coef.storage_and_layout();
-        let candle_core::Storage::Cpu(cs) = &*cs else {
-            return Err(candle_core::Error::Msg(format!(
-                "{n}: coefficients on {:?}, destination on the CPU",
-                self.coef.device().location()
-            )));
-        };
-        match (ds, gs, xs, cs) {
-            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(c)) => go(
+        let (cs, cl) = carried(n, &self.coef)?;
+        match (ds, gs, xs, cpu_of(&cs)) {
+            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => go(
                 &mut d[da..db],
                 slice(g, gl, n)?,
                 slice(x, xl, n)?,
-                slice(c, cl, n)?,
+                coef_rows(k, cl, 3, c, n)?,
+                c,
                 m,
             ),
-            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(c)) => go(
+            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => go(
                 &mut d[da..db],
                 slice(g, gl, n)?,
                 slice(x, xl, n)?,
-                slice(c, cl, n)?,
+                coef_rows(k, cl, 3, c, n)?,
+                c,
                 m,
             ),
             _ => return Err(bad_dtype(n)),
@@ -348,10 +623,7 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let n = self.name();
         let (cs, cl) = self.coef.storage_and_layout();
         let candle_core::Storage::Cuda(cs) = &*cs else {
-            return Err(candle_core::Error::Msg(format!(
-                "{n}: coefficients on {:?}, destination on a CUDA device",
-                self.coef.device().location()
-            )));
+            return Err(not_on_cuda(n, "coefficients"));
         };
         crate::fused_cuda::bn_bwd_dx_accumulate(n, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
     }
@@ -492,107 +764,194 @@ fn has_kernels(t: &Tensor) -> bool {
     t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda())
 }
 
-/// Per-row (mean, biased variance) of `x [C, M]`, each `[C, 1]`.
-pub fn bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
+/// Row `q` of a planar per-channel table `[Q, C]` as a column `[C, 1]` (a zero-copy view).
+pub fn column(table: &Tensor, q: usize) -> Result<Tensor> {
+    let c = table.dims().get(1).copied().unwrap_or(0);
+    table
+        .narrow(0, q, 1)
+        .ctx("table row")?
+        .reshape((c, 1))
+        .ctx("table row")
+}
+
+/// Row `q` of a planar per-channel table `[Q, C]` as a vector `[C]` (a zero-copy view).
+pub fn row(table: &Tensor, q: usize) -> Result<Tensor> {
+    table.get(q).ctx("table row")
+}
+
+/// Planar `[Q, C]` from `Q` columns `[C, 1]` (for the oracles).
+fn planar(cols: &[&Tensor]) -> Result<Tensor> {
+    let rows = cols
+        .iter()
+        .map(|t| t.flatten_all().and_then(|t| t.unsqueeze(0)))
+        .collect::<candle_core::Result<Vec<_>>>()
+        .ctx("planar table")?;
+    Tensor::cat(&rows, 0).ctx("planar table")
+}
+
+/// Per-row mean and biased variance of `x [C, M]`: planar `[2, C]` = (mean; var).
+pub fn bn_stats(x: &Tensor) -> Result<Tensor> {
     if has_kernels(x) && x.is_contiguous() {
-        let mv = x.apply_op1_no_bwd(&BnStatsOp).ctx("bn stats")?;
-        Ok((
-            mv.narrow(1, 0, 1).ctx("bn mean")?,
-            mv.narrow(1, 1, 1).ctx("bn var")?,
-        ))
+        x.apply_op1_no_bwd(&BnStatsOp).ctx("bn stats")
     } else {
         generic_bn_stats(x)
     }
 }
 
 /// [`bn_stats`] from candle ops (any device).
-pub fn generic_bn_stats(x: &Tensor) -> Result<(Tensor, Tensor)> {
+pub fn generic_bn_stats(x: &Tensor) -> Result<Tensor> {
     let m = x.dims()[1] as f64;
     let mean = (x.sum_keepdim(1).ctx("bn mean")? / m).ctx("bn mean")?;
     let xc = x.broadcast_sub(&mean).ctx("bn centre")?;
     let var = (xc.sqr().ctx("bn var")?.sum_keepdim(1).ctx("bn var")? / m).ctx("bn var")?;
-    Ok((mean, var))
+    planar(&[&mean, &var])
 }
 
-/// `x [C, M] · scale [C, 1] + shift [C, 1]`, one new tensor.
-pub fn affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    fused_affine_rows(x, scale, shift, false)
-        .unwrap_or_else(|| generic_affine_rows(x, scale, shift))
+/// BN forward's per-channel step, one op: from `mv [2, C]` = (mean; biased var) of a BN over
+/// `m` values per channel, γ and β and the running stats (`[C]` each), returns the table
+/// `[4, C]` = (mean; invstd; scale; shift) with `invstd = 1/√(var + eps)`, `scale = γ·invstd`,
+/// `shift = β − mean·scale`, and PyTorch's running-stat update `[2, C]` =
+/// (`(1−μ)·r_mean + μ·mean`; `(1−μ)·r_var + μ·var·m/(m−1)`). Both are views of one new `[6, C]`
+/// tensor. Bitwise [`generic_bn_prepare`] (the candle ops it replaces, a dozen launches on a GPU).
+pub fn bn_prepare(
+    mv: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    m: usize,
+) -> Result<(Tensor, Tensor)> {
+    let operands = [mv, gamma, beta, running_mean, running_var];
+    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        let op = BnPrepareOp {
+            running_mean: running_mean.clone(),
+            running_var: running_var.clone(),
+            scalars: PrepareScalars::new(m),
+        };
+        let all = mv.apply_op3_no_bwd(gamma, beta, &op).ctx("bn prepare")?;
+        Ok((
+            all.narrow(0, 0, 4).ctx("bn prepare")?,
+            all.narrow(0, 4, 2).ctx("bn prepare")?,
+        ))
+    } else {
+        generic_bn_prepare(mv, gamma, beta, running_mean, running_var, m)
+    }
+}
+
+/// [`bn_prepare`] from candle ops (any device), op for op what the layer maths computed before
+/// the fused step: `invstd = recip(sqrt(var + eps))`, `scale = γ·invstd`, `shift = β −
+/// mean·scale`, `r ← r·(1−μ) + s·μ` (running variance: `var·(μ·m/(m−1))`).
+pub fn generic_bn_prepare(
+    mv: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+    m: usize,
+) -> Result<(Tensor, Tensor)> {
+    // the scalars written out here, not taken from `PrepareScalars`: an independent oracle
+    let (c, mf) = (mv.dims()[1], m as f64);
+    let unbias = mf / (mf - 1.0);
+    let (mean, var) = (column(mv, 0)?, column(mv, 1)?);
+    let invstd = ((&var + BN_EPS)
+        .ctx("bn eps")?
+        .sqrt()
+        .ctx("bn sqrt")?
+        .recip())
+    .ctx("bn invstd")?;
+    let scale = gamma
+        .reshape((c, 1))
+        .ctx("bn scale")?
+        .mul(&invstd)
+        .ctx("bn scale")?;
+    let shift = beta
+        .reshape((c, 1))
+        .ctx("bn shift")?
+        .sub(&mean.mul(&scale).ctx("bn shift")?)
+        .ctx("bn shift")?;
+    let new_mean = ((running_mean.flatten_all().ctx("running mean")? * (1.0 - BN_MOMENTUM))
+        .ctx("running mean")?
+        + (mean.flatten_all().ctx("running mean")? * BN_MOMENTUM).ctx("running mean")?)
+    .ctx("running mean")?;
+    let new_var = ((running_var.flatten_all().ctx("running var")? * (1.0 - BN_MOMENTUM))
+        .ctx("running var")?
+        + (var.flatten_all().ctx("running var")? * (BN_MOMENTUM * unbias)).ctx("running var")?)
+    .ctx("running var")?;
+    Ok((
+        planar(&[&mean, &invstd, &scale, &shift])?,
+        planar(&[&new_mean, &new_var])?,
+    ))
+}
+
+/// `x [C, M] · scale + shift` per row, `coef [2, C]` = (scale; shift): one new tensor.
+pub fn affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    fused_affine_rows(x, coef, false).unwrap_or_else(|| generic_affine_rows(x, coef))
 }
 
 /// The fused kernel of [`affine_rows`] (`relu`: and of [`affine_rows_relu`]), or `None` where
-/// there is none (another device, a strided `x`) and the caller composes candle ops.
-fn fused_affine_rows(
-    x: &Tensor,
-    scale: &Tensor,
-    shift: &Tensor,
-    relu: bool,
-) -> Option<Result<Tensor>> {
-    if !(has_kernels(x) && x.is_contiguous()) {
+/// there is none (another device, a strided operand) and the caller composes candle ops.
+fn fused_affine_rows(x: &Tensor, coef: &Tensor, relu: bool) -> Option<Result<Tensor>> {
+    if !(has_kernels(x) && x.is_contiguous() && coef.is_contiguous()) {
         return None;
     }
     let what = if relu { "bn apply relu" } else { "bn apply" };
-    Some(
-        Tensor::cat(&[scale, shift], 1)
-            .ctx("bn coef")
-            .and_then(|coef| x.apply_op2_no_bwd(&coef, &AffineRowsOp { relu }).ctx(what)),
-    )
+    Some(x.apply_op2_no_bwd(coef, &AffineRowsOp { relu }).ctx(what))
 }
 
-/// `max(x [C, M] · scale [C, 1] + shift [C, 1], 0)`, one new tensor: BN apply and ReLU in one
+/// `max(x [C, M] · scale + shift, 0)` (`coef [2, C]`), one new tensor: BN apply and ReLU in one
 /// pass, bitwise [`affine_rows`] followed by an in-place ReLU (NaN → 0 like
 /// [`crate::kernels::relu_inplace`]). Only for where the BN output before the ReLU is not
 /// needed (an in-place ReLU would overwrite it anyway).
-pub fn affine_rows_relu(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    fused_affine_rows(x, scale, shift, true)
-        .unwrap_or_else(|| generic_affine_rows_relu(x, scale, shift))
+pub fn affine_rows_relu(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    fused_affine_rows(x, coef, true).unwrap_or_else(|| generic_affine_rows_relu(x, coef))
 }
 
 /// [`affine_rows_relu`] from candle ops (any device).
-pub fn generic_affine_rows_relu(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    generic_affine_rows(x, scale, shift)?
-        .relu()
-        .ctx("bn apply relu")
+pub fn generic_affine_rows_relu(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    generic_affine_rows(x, coef)?.relu().ctx("bn apply relu")
 }
 
-pub fn generic_affine_rows(x: &Tensor, scale: &Tensor, shift: &Tensor) -> Result<Tensor> {
-    x.broadcast_mul(scale)
+/// [`affine_rows`] from candle ops (any device).
+pub fn generic_affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    x.broadcast_mul(&column(coef, 0)?)
         .ctx("bn apply")?
-        .broadcast_add(shift)
+        .broadcast_add(&column(coef, 1)?)
         .ctx("bn apply")
 }
 
-/// BN backward reductions `(Σ gy, Σ gy·x̂)`, each `[C, 1]`.
-pub fn bn_bwd_reduce(
-    gy: &Tensor,
-    x: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() {
-        let st = Tensor::cat(&[mean, invstd], 1).ctx("bn bwd stats")?;
-        let r = gy
-            .apply_op3_no_bwd(x, &st, &BnBwdReduceOp)
-            .ctx("bn bwd reduce")?;
-        Ok((
-            r.narrow(1, 0, 1).ctx("bn bwd")?,
-            r.narrow(1, 1, 1).ctx("bn bwd")?,
-        ))
+/// BN backward's reductions and coefficients in one op: `st [2, C]` = (mean; invstd) of the
+/// forward, γ `[C]`; returns planar `[5, C]` = (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with
+/// `x̂ = (x − mean)·invstd` (sums in f64, rounded to the dtype) and `dx = A·gy + B·x + C`
+/// ([`bn_bwd_dx`] takes rows 2..5 as its coefficients). The coefficients are bitwise
+/// [`generic_bn_bwd_coef`] of the two sums.
+pub fn bn_bwd_reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor) -> Result<Tensor> {
+    let operands = [gy, x, st, gamma];
+    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        gy.apply_op3_no_bwd(
+            x,
+            st,
+            &BnBwdReduceOp {
+                gamma: gamma.clone(),
+            },
+        )
+        .ctx("bn bwd reduce")
     } else {
-        generic_bn_bwd_reduce(gy, x, mean, invstd)
+        generic_bn_bwd_reduce(gy, x, st, gamma)
     }
 }
 
+/// [`bn_bwd_reduce`] from candle ops (any device): the sums in the dtype (not f64), then
+/// [`generic_bn_bwd_coef`].
 pub fn generic_bn_bwd_reduce(
     gy: &Tensor,
     x: &Tensor,
-    mean: &Tensor,
-    invstd: &Tensor,
-) -> Result<(Tensor, Tensor)> {
+    st: &Tensor,
+    gamma: &Tensor,
+) -> Result<Tensor> {
     let xhat = x
-        .broadcast_sub(mean)
+        .broadcast_sub(&column(st, 0)?)
         .ctx("bn bwd x̂")?
-        .broadcast_mul(invstd)
+        .broadcast_mul(&column(st, 1)?)
         .ctx("bn bwd x̂")?;
     let sg = gy.sum_keepdim(1).ctx("bn bwd Σgy")?;
     let sgx = gy
@@ -600,48 +959,70 @@ pub fn generic_bn_bwd_reduce(
         .ctx("bn bwd")?
         .sum_keepdim(1)
         .ctx("bn bwd Σgy·x̂")?;
-    Ok((sg, sgx))
+    let [a, b, cc] = generic_bn_bwd_coef(&sg, &sgx, st, gamma, x.dims()[1])?;
+    planar(&[&sg, &sgx, &a, &b, &cc])
 }
 
-/// `A·gy + B·x + C` per row (`a`, `b`, `c` each `[C, 1]`), one new tensor.
-pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, a: &Tensor, b: &Tensor, c: &Tensor) -> Result<Tensor> {
-    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() {
-        let coef = Tensor::cat(&[a, b, c], 1).ctx("bn bwd coef")?;
-        gy.apply_op3_no_bwd(x, &coef, &BnBwdDxOp).ctx("bn bwd dx")
+/// The coefficients `(A, B, C)` of `dx = A·gy + B·x + C` (each `[C, 1]`) from the sums `sg`,
+/// `sgx` (`[C, 1]`), `st [2, C]` = (mean; invstd) and γ, over `m` values per channel, from
+/// candle ops: `A = γ·invstd`, `B = −A·invstd·sgx/m`, `C = A·(mean·invstd·sgx − sg)/m` — op for
+/// op what the layer maths computed before the fused reduction (the oracle of its last step).
+pub fn generic_bn_bwd_coef(
+    sg: &Tensor,
+    sgx: &Tensor,
+    st: &Tensor,
+    gamma: &Tensor,
+    m: usize,
+) -> Result<[Tensor; 3]> {
+    let (c, m) = (st.dims()[1], m as f64);
+    let (mean, invstd) = (column(st, 0)?, column(st, 1)?);
+    let a = gamma
+        .reshape((c, 1))
+        .ctx("bn bwd")?
+        .mul(&invstd)
+        .ctx("bn bwd A")?;
+    let b =
+        (a.mul(&invstd).ctx("bn bwd B")?.mul(sgx).ctx("bn bwd B")? * (-1.0 / m)).ctx("bn bwd B")?;
+    let cc = {
+        let t = mean
+            .mul(&invstd)
+            .ctx("bn bwd C")?
+            .mul(sgx)
+            .ctx("bn bwd C")?;
+        (a.mul(&t.sub(sg).ctx("bn bwd C")?).ctx("bn bwd C")? / m).ctx("bn bwd C")?
+    };
+    Ok([a, b, cc])
+}
+
+/// `A·gy + B·x + C` per row (`coef [3, C]` = (A; B; C)), one new tensor.
+pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && coef.is_contiguous() {
+        gy.apply_op3_no_bwd(x, coef, &BnBwdDxOp).ctx("bn bwd dx")
     } else {
-        generic_bn_bwd_dx(gy, x, a, b, c)
+        generic_bn_bwd_dx(gy, x, coef)
     }
 }
 
-pub fn generic_bn_bwd_dx(
-    gy: &Tensor,
-    x: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
-) -> Result<Tensor> {
-    let t = gy.broadcast_mul(a).ctx("bn bwd dx")?;
-    let u = x.broadcast_mul(b).ctx("bn bwd dx")?;
-    (t + u).ctx("bn bwd dx")?.broadcast_add(c).ctx("bn bwd dx")
+/// [`bn_bwd_dx`] from candle ops (any device).
+pub fn generic_bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    let t = gy.broadcast_mul(&column(coef, 0)?).ctx("bn bwd dx")?;
+    let u = x.broadcast_mul(&column(coef, 1)?).ctx("bn bwd dx")?;
+    (t + u)
+        .ctx("bn bwd dx")?
+        .broadcast_add(&column(coef, 2)?)
+        .ctx("bn bwd dx")
 }
 
-/// `dst += A·gy + B·x + C` per row, **writing into `dst`** (a view of the gradient buffer):
-/// [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary. Bitwise the same
-/// as the two-step path.
-pub fn bn_bwd_dx_accumulate(
-    dst: &Tensor,
-    gy: &Tensor,
-    x: &Tensor,
-    a: &Tensor,
-    b: &Tensor,
-    c: &Tensor,
-) -> Result<()> {
-    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && dst.is_contiguous() {
-        let coef = Tensor::cat(&[a, b, c], 1).ctx("bn bwd coef")?;
-        dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef })
+/// `dst += A·gy + B·x + C` per row (`coef [3, C]`), **writing into `dst`** (a view of the
+/// gradient buffer): [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary.
+/// Bitwise the same as the two-step path.
+pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<()> {
+    let operands = [dst, gy, x, coef];
+    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef: coef.clone() })
             .ctx("bn bwd dx accumulate")
     } else {
-        let dx = generic_bn_bwd_dx(gy, x, a, b, c)?;
+        let dx = generic_bn_bwd_dx(gy, x, coef)?;
         crate::kernels::add_assign(dst, &dx)
     }
 }

@@ -12,8 +12,8 @@
 //! Only compiled with the `cuda` feature.
 
 use crate::cuda_launch::{
-    contiguous_range, expect_len, function, reduce_config, rows_config, unsupported, view,
-    view_mut, Float,
+    contiguous_range, elementwise_config, expect_len, function, reduce_config, rows_config,
+    unsupported, view, view_mut, Float,
 };
 use crate::cuda_src::{BN, SHIFT};
 use crate::grid::Grid;
@@ -43,7 +43,7 @@ fn matrix(op: &str, what: &str, l: &Layout) -> candle_core::Result<(usize, usize
     Ok((rows, cols, r))
 }
 
-/// The contiguous range of a per-channel coefficient table `[rows, width]`.
+/// The contiguous range of a planar per-channel coefficient table `[width, rows]`.
 fn coefficients(
     op: &str,
     l: &Layout,
@@ -55,7 +55,7 @@ fn coefficients(
     Ok(r)
 }
 
-/// Per-row `(mean, biased variance)` of `x [C, M]` → a new `[C, 2]`.
+/// Per-row `(mean; biased variance)` of `x [C, M]` → a new planar `[2, C]`.
 pub(crate) fn bn_stats(
     op: &str,
     s: &CudaStorage,
@@ -72,19 +72,87 @@ pub(crate) fn bn_stats(
             let x = view(op, s.as_cuda_slice::<T>()?, r)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
-            b.arg(&x).arg(&mut out).arg(&m);
+            b.arg(&x).arg(&mut out).arg(&c).arg(&m);
             // SAFETY: block c reads row c of x (c·m .. (c+1)·m, inside the c·m elements of the
-            // view) and writes out[2c], out[2c + 1]; grid = c blocks.
+            // view) and writes out[c], out[C + c]; grid = c blocks.
             unsafe { b.launch(reduce_config(op, c)?) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
     let c = l.shape().dims2()?.0;
-    Ok((by_dtype!(op, s, run(op, s, l))?, Shape::from((c, 2))))
+    Ok((by_dtype!(op, s, run(op, s, l))?, Shape::from((2, c))))
 }
 
-/// `x [C, M] · scale + shift` per row (`coef [C, 2]`), with `relu` also `max(·, 0)`: a new
-/// `[C, M]`.
+/// BN forward's per-channel step: operands `mv [2, C]`, γ, β, running mean, running var (`[C]`
+/// each) → a new planar `[6, C]` = (mean; invstd; scale; shift; new running mean; new running
+/// var), see `bn_prepare` in `bn.cu`. `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded
+/// to the dtype here (the CPU twin's `PrepareScalars`).
+pub(crate) fn bn_prepare(
+    op: &str,
+    operands: [(&CudaStorage, &Layout); 5],
+    scalars: [f64; 4],
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
+        scalars: [f64; 4],
+    ) -> candle_core::Result<CudaStorage> {
+        let (two, c, rm_) = matrix(op, "the statistics", ml)?;
+        if two != 2 {
+            return Err(crate::cuda_launch::msg(format!(
+                "{op} (cuda): statistics must be [2, C] (mean; var), got [{two}, {c}]"
+            )));
+        }
+        let vec_range = |what: &str, l: &Layout| {
+            let r = contiguous_range(l, op)?;
+            expect_len(op, what, r, c)?;
+            Ok::<_, candle_core::Error>(r)
+        };
+        let (rg, rb) = (vec_range("gamma", gl)?, vec_range("beta", bl)?);
+        let (rrm, rrv) = (
+            vec_range("running mean", rml)?,
+            vec_range("running var", rvl)?,
+        );
+        let dev = &ms.device;
+        // SAFETY: the kernel writes all 6·c elements (one thread per channel, six each).
+        let mut out = unsafe { dev.alloc::<T>(6 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_prepare")?;
+            let mv = view(op, ms.as_cuda_slice::<T>()?, rm_)?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let b_ = view(op, bs.as_cuda_slice::<T>()?, rb)?;
+            let rm = view(op, rms.as_cuda_slice::<T>()?, rrm)?;
+            let rv = view(op, rvs.as_cuda_slice::<T>()?, rrv)?;
+            // the output in two views: the table rows 0..4 and the running rows 4..6
+            let (mut table, mut running) = out.split_at_mut(4 * c);
+            let [eps, keep, mom, mom_unbias] = scalars.map(T::from_f64);
+            let stream = dev.cuda_stream();
+            let mut l = stream.launch_builder(&func);
+            l.arg(&mv)
+                .arg(&g)
+                .arg(&b_)
+                .arg(&rm)
+                .arg(&rv)
+                .arg(&mut table)
+                .arg(&mut running)
+                .arg(&c)
+                .arg(&eps)
+                .arg(&keep)
+                .arg(&mom)
+                .arg(&mom_unbias);
+            // SAFETY: mv holds 2·c elements, γ, β and the running stats c each, table 4·c and
+            // running 2·c (disjoint parts of out); thread c touches only channel c of each.
+            unsafe { l.launch(elementwise_config(c)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = operands[0].1.shape().dims2()?.1;
+    let res = by_dtype!(op, operands[0].0, run(op, operands, scalars))?;
+    Ok((res, Shape::from((6, c))))
+}
+
+/// `x [C, M] · scale + shift` per row (planar `coef [2, C]`), with `relu` also `max(·, 0)`: a
+/// new `[C, M]`.
 pub(crate) fn affine_rows(
     op: &str,
     relu: bool,
@@ -123,47 +191,62 @@ pub(crate) fn affine_rows(
     Ok((res, l.shape().clone()))
 }
 
-/// BN backward reductions `(Σ gy, Σ gy·x̂)` per row → a new `[C, 2]`; `st [C, 2]` holds
-/// `(mean, invstd)`.
+/// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
+/// A; B; C); `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`.
 pub(crate) fn bn_bwd_reduce(
     op: &str,
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (ss, sl): (&CudaStorage, &Layout),
+    (gms, gml): (&CudaStorage, &Layout),
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     fn run<T: Float>(
         op: &str,
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (ss, sl): (&CudaStorage, &Layout),
+        (gms, gml): (&CudaStorage, &Layout),
     ) -> candle_core::Result<CudaStorage> {
         let (c, m, rg) = matrix(op, "gy", gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
         let rs = coefficients(op, sl, c, 2)?;
+        let rgm = coefficients(op, gml, c, 1)?;
         let dev = &gs.device;
-        // SAFETY: thread 0 of each of the c blocks writes both of its row's outputs.
-        let mut out = unsafe { dev.alloc::<T>(2 * c) }?;
+        // SAFETY: thread 0 of each of the c blocks writes its row's five outputs.
+        let mut out = unsafe { dev.alloc::<T>(5 * c) }?;
         if c > 0 {
             let func = function::<T>(dev, &BN, "bn_bwd_reduce")?;
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
             let st = view(op, ss.as_cuda_slice::<T>()?, rs)?;
+            let gamma = view(op, gms.as_cuda_slice::<T>()?, rgm)?;
+            // candle's scalar multiply and divide by m: T(−1/m), T(1/m)
+            let neg_inv_m = T::from_f64(-1.0 / m as f64);
+            let inv_m = T::from_f64(1.0 / m as f64);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
-            b.arg(&g).arg(&x).arg(&st).arg(&mut out).arg(&m);
-            // SAFETY: block c reads row c of gy and x (c·m elements each), st[2c..2c+2], and
-            // writes out[2c..2c+2].
+            b.arg(&g)
+                .arg(&x)
+                .arg(&st)
+                .arg(&gamma)
+                .arg(&mut out)
+                .arg(&c)
+                .arg(&m)
+                .arg(&neg_inv_m)
+                .arg(&inv_m);
+            // SAFETY: block c reads row c of gy and x (c·m elements each), st[c], st[C + c],
+            // gamma[c], and writes out[q·C + c] for q < 5.
             unsafe { b.launch(reduce_config(op, c)?) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
     let c = gl.shape().dims2()?.0;
-    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (ss, sl)))?;
-    Ok((res, Shape::from((c, 2))))
+    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (ss, sl), (gms, gml)))?;
+    Ok((res, Shape::from((5, c))))
 }
 
-/// `A·gy + B·x + C` per row (`coef [C, 3]`) → a new `[C, M]`.
+/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`.
 pub(crate) fn bn_bwd_dx(
     op: &str,
     (gs, gl): (&CudaStorage, &Layout),
@@ -201,7 +284,7 @@ pub(crate) fn bn_bwd_dx(
 }
 
 /// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient
-/// buffer); `coef [C, 3]`.
+/// buffer); planar `coef [3, C]`.
 pub(crate) fn bn_bwd_dx_accumulate(
     op: &str,
     (ds, dl): (&mut CudaStorage, &Layout),

@@ -6,7 +6,7 @@
 //! concatenated features is a contiguous view. Every strategy calls these functions, so variants
 //! with the same op order produce bitwise-identical results.
 
-use crate::config::{Config, BN_EPS, BN_MOMENTUM};
+use crate::config::Config;
 use crate::conv3x3;
 use crate::dense;
 use crate::error::{CandleContext, Result};
@@ -78,115 +78,78 @@ fn cpu_kernels(dev: &Device) -> bool {
     dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
 }
 
-/// Batch statistics of one BatchNorm application, as saved for backward (per channel, `[C, 1]`).
+/// What one BatchNorm application saves for backward: its per-channel table, planar `[4, C]` =
+/// (batch mean; invstd = 1/√(var_biased + eps); scale = γ·invstd; shift = β − mean·scale), made
+/// by one fused op ([`fused::bn_prepare`]). Backward reads mean and invstd (rows 0..2); a
+/// recomputing strategy re-applies BN with scale and shift (rows 2..4), so the recomputed values
+/// are bitwise those of forward and nothing per-channel is recomputed.
 #[derive(Debug, Clone)]
 pub struct BnStats {
-    pub mean: Tensor,
-    /// 1/√(var_biased + eps).
-    pub invstd: Tensor,
+    pub table: Tensor,
 }
 
 impl BnStats {
-    pub fn tensors(&self) -> [&Tensor; 2] {
-        [&self.mean, &self.invstd]
+    /// `[2, C]` = (mean; invstd), a zero-copy view.
+    pub fn mean_invstd(&self) -> Result<Tensor> {
+        self.table.narrow(0, 0, 2).ctx("bn stats")
+    }
+
+    /// `[2, C]` = (scale; shift), a zero-copy view.
+    pub fn affine(&self) -> Result<Tensor> {
+        self.table.narrow(0, 2, 2).ctx("bn stats")
     }
 }
 
-/// Per-channel batch mean and biased variance of `x [C, M]` (two-pass, f64 accumulation).
-/// Returns the stats for normalisation and the biased variance for the running-stat update.
-pub fn bn_stats(x: &Tensor) -> Result<(BnStats, Tensor)> {
-    let (mean, var) = fused::bn_stats(x)?;
-    bn_stats_from(mean, var)
+/// Per-channel batch mean and biased variance of `x [C, M]`, planar `[2, C]` (two-pass, f64
+/// accumulation; one fused op).
+pub fn bn_stats(x: &Tensor) -> Result<Tensor> {
+    fused::bn_stats(x)
 }
 
-/// [`bn_stats`] from per-channel `mean` and biased `var` already measured (`[C, 1]` each, e.g.
-/// kept per feature channel as the features are produced): the same values as measuring again.
-pub fn bn_stats_from(mean: Tensor, var: Tensor) -> Result<(BnStats, Tensor)> {
-    let invstd = ((&var + BN_EPS)
-        .ctx("bn eps")?
-        .sqrt()
-        .ctx("bn sqrt")?
-        .recip())
-    .ctx("bn invstd")?;
-    Ok((BnStats { mean, invstd }, var))
-}
-
-/// PyTorch's running-stat update, done once per layer in forward only:
-/// `r_mean ← (1−m)·r_mean + m·mean`, `r_var ← (1−m)·r_var + m·var·M/(M−1)` (unbiased).
-pub fn bn_running_update(
+/// The training-mode BN of one layer's forward from its batch statistics `mv [2, C]` =
+/// (mean; biased var) over `cfg.m()` values per channel: the saved [`BnStats`] and PyTorch's
+/// running-stat update, done once per layer in forward only, `r_mean ← (1−μ)·r_mean + μ·mean`,
+/// `r_var ← (1−μ)·r_var + μ·var·M/(M−1)` (unbiased). One fused op ([`fused::bn_prepare`]).
+/// Returns `(stats, new running mean, new running var)`.
+pub fn bn_forward_stats(
     cfg: &Config,
+    mv: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
     running_mean: &Tensor,
     running_var: &Tensor,
-    stats: &BnStats,
-    var_biased: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let m = cfg.m() as f64;
-    let unbias = m / (m - 1.0);
-    let mean = stats.mean.flatten_all().ctx("running mean")?;
-    let var = var_biased.flatten_all().ctx("running var")?;
-    let new_mean = ((running_mean * (1.0 - BN_MOMENTUM)).ctx("running mean")?
-        + (mean * BN_MOMENTUM).ctx("running mean")?)
-    .ctx("running mean")?;
-    let new_var = ((running_var * (1.0 - BN_MOMENTUM)).ctx("running var")?
-        + (var * (BN_MOMENTUM * unbias)).ctx("running var")?)
-    .ctx("running var")?;
-    Ok((new_mean, new_var))
+) -> Result<(BnStats, Tensor, Tensor)> {
+    let (table, running) = fused::bn_prepare(mv, gamma, beta, running_mean, running_var, cfg.m())?;
+    Ok((
+        BnStats { table },
+        fused::row(&running, 0)?,
+        fused::row(&running, 1)?,
+    ))
 }
 
-/// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with per-channel
-/// `scale = γ·invstd`, `shift = β − mean·scale`: one pass, one new tensor.
-pub fn bn_apply(x: &Tensor, stats: &BnStats, gamma: &Tensor, beta: &Tensor) -> Result<Tensor> {
-    let (scale, shift) = bn_affine(x, stats, gamma, beta)?;
-    fused::affine_rows(x, &scale, &shift)
+/// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with the per-channel
+/// `scale = γ·invstd`, `shift = β − mean·scale` of `stats`: one pass, one new tensor.
+pub fn bn_apply(x: &Tensor, stats: &BnStats) -> Result<Tensor> {
+    fused::affine_rows(x, &stats.affine()?)
 }
 
 /// [`bn_apply`] followed by ReLU ([`relu_fwd`]): `copy` keeps the two steps (the BN output and
 /// the ReLU's new tensor are both live, as the strategy measures); `inplace` fuses them into one
 /// pass and one output ([`fused::affine_rows_relu`]), bitwise the same values and the same bytes
 /// as BN apply then an in-place ReLU, whose pre-activation nothing may read anyway.
-pub fn bn_apply_relu(
-    x: &Tensor,
-    stats: &BnStats,
-    gamma: &Tensor,
-    beta: &Tensor,
-    mode: Relu,
-) -> Result<Tensor> {
+pub fn bn_apply_relu(x: &Tensor, stats: &BnStats, mode: Relu) -> Result<Tensor> {
     match mode {
-        Relu::Copy => relu_fwd(bn_apply(x, stats, gamma, beta)?, Relu::Copy),
-        Relu::Inplace => {
-            let (scale, shift) = bn_affine(x, stats, gamma, beta)?;
-            fused::affine_rows_relu(x, &scale, &shift)
-        }
+        Relu::Copy => relu_fwd(bn_apply(x, stats)?, Relu::Copy),
+        Relu::Inplace => fused::affine_rows_relu(x, &stats.affine()?),
     }
-}
-
-/// Per-channel `scale = γ·invstd` and `shift = β − mean·scale` of [`bn_apply`], each `[C, 1]`.
-fn bn_affine(
-    x: &Tensor,
-    stats: &BnStats,
-    gamma: &Tensor,
-    beta: &Tensor,
-) -> Result<(Tensor, Tensor)> {
-    let c = x.dims()[0];
-    let scale = gamma
-        .reshape((c, 1))
-        .ctx("bn scale")?
-        .mul(&stats.invstd)
-        .ctx("bn scale")?;
-    let shift = beta
-        .reshape((c, 1))
-        .ctx("bn shift")?
-        .sub(&stats.mean.mul(&scale).ctx("bn shift")?)
-        .ctx("bn shift")?;
-    Ok((scale, shift))
 }
 
 /// Gradients of [`bn_apply`] with batch statistics, given its input `x` and the saved stats:
 /// `dx = γ·invstd·(gy − Σgy/M − x̂·Σ(gy·x̂)/M)`, `dγ = Σ gy·x̂`, `dβ = Σ gy`, with
 /// `x̂ = (x − mean)·invstd`. Expanded per channel as `dx = A·gy + B·x + C` with
 /// `A = γ·invstd`, `B = −A·invstd·Σ(gy·x̂)/M`, `C = A·(mean·invstd·Σ(gy·x̂) − Σgy)/M`, so the
-/// kernel makes one reduction pass and one output pass and no temporaries.
-/// Returns `(dx [C, M], dγ [C], dβ [C])`.
+/// kernels make one reduction pass (which also computes A, B, C) and one output pass, and no
+/// temporaries. Returns `(dx [C, M], dγ [C], dβ [C])`.
 pub fn bn_bwd(
     gy: &Tensor,
     x: &Tensor,
@@ -194,7 +157,7 @@ pub fn bn_bwd(
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
-    let dx = fused::bn_bwd_dx(gy, x, &coef[0], &coef[1], &coef[2])?;
+    let dx = fused::bn_bwd_dx(gy, x, &coef)?;
     Ok((dx, dgamma, dbeta))
 }
 
@@ -208,45 +171,23 @@ pub fn bn_bwd_accumulate(
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
-    fused::bn_bwd_dx_accumulate(dst, gy, x, &coef[0], &coef[1], &coef[2])?;
+    fused::bn_bwd_dx_accumulate(dst, gy, x, &coef)?;
     Ok((dgamma, dbeta))
 }
 
-/// The reductions of BN backward and the per-channel `(A, B, C)` of `dx = A·gy + B·x + C`;
-/// returns them with `(dγ, dβ)`.
+/// The reductions of BN backward and the per-channel `(A; B; C)` of `dx = A·gy + B·x + C`
+/// (planar `[3, C]`), with `(dγ, dβ)`: views of one fused op's output.
 fn bn_bwd_coef(
     gy: &Tensor,
     x: &Tensor,
     stats: &BnStats,
     gamma: &Tensor,
-) -> Result<([Tensor; 3], Tensor, Tensor)> {
-    let (c, m) = (x.dims()[0], x.dims()[1] as f64);
-    let (sg, sgx) = fused::bn_bwd_reduce(gy, x, &stats.mean, &stats.invstd)?;
-    let a = gamma
-        .reshape((c, 1))
-        .ctx("bn bwd")?
-        .mul(&stats.invstd)
-        .ctx("bn bwd A")?;
-    let b = (a
-        .mul(&stats.invstd)
-        .ctx("bn bwd B")?
-        .mul(&sgx)
-        .ctx("bn bwd B")?
-        * (-1.0 / m))
-        .ctx("bn bwd B")?;
-    let cc = {
-        let t = stats
-            .mean
-            .mul(&stats.invstd)
-            .ctx("bn bwd C")?
-            .mul(&sgx)
-            .ctx("bn bwd C")?;
-        (a.mul(&t.sub(&sg).ctx("bn bwd C")?).ctx("bn bwd C")? / m).ctx("bn bwd C")?
-    };
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let r = fused::bn_bwd_reduce(gy, x, &stats.mean_invstd()?, gamma)?;
     Ok((
-        [a, b, cc],
-        sgx.flatten_all().ctx("bn bwd dγ")?,
-        sg.flatten_all().ctx("bn bwd dβ")?,
+        r.narrow(0, 2, 3).ctx("bn bwd coef")?,
+        fused::row(&r, 1)?,
+        fused::row(&r, 0)?,
     ))
 }
 

@@ -39,14 +39,11 @@ pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>>
         if !pieces {
             out.push(own_or_view(format!("layer{i}.x"), vec![c, m]));
         }
+        // BN's per-channel table (mean; invstd; scale; shift), see `maths::BnStats`
         let stats = |out: &mut Vec<SavedTensor>, which: &str, ch: usize| {
             out.push(SavedTensor::owned(
-                format!("layer{i}.{which}.mean"),
-                vec![ch, 1],
-            ));
-            out.push(SavedTensor::owned(
-                format!("layer{i}.{which}.invstd"),
-                vec![ch, 1],
+                format!("layer{i}.{which}.stats"),
+                vec![4, ch],
             ));
         };
         match (cfg.family, s.intermediates) {

@@ -12,6 +12,8 @@ pub trait Float:
     + PartialOrd
     + std::ops::Add<Output = Self>
     + std::ops::Mul<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Div<Output = Self>
     + 'static
 {
     const ZERO: Self;
@@ -20,6 +22,8 @@ pub trait Float:
     fn f64(self) -> f64;
     /// The nearest value to `v`.
     fn of(v: f64) -> Self;
+    /// The correctly rounded square root.
+    fn sqrt(self) -> Self;
     /// The storage's elements when it holds this type.
     fn slice(s: &CpuStorage) -> Option<&[Self]>;
 }
@@ -31,6 +35,9 @@ impl Float for f32 {
     }
     fn of(v: f64) -> Self {
         v as f32
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
     }
     fn slice(s: &CpuStorage) -> Option<&[Self]> {
         match s {
@@ -47,6 +54,9 @@ impl Float for f64 {
     }
     fn of(v: f64) -> Self {
         v
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
     }
     fn slice(s: &CpuStorage) -> Option<&[Self]> {
         match s {

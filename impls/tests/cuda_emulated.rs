@@ -14,6 +14,7 @@
 //! absence fails the test: a kernel check that silently does not run is no check.
 
 use candle_core::{Device, Tensor, WithDType};
+use impls::config::{BN_EPS, BN_MOMENTUM};
 use impls::cuda_src::{self, CudaModule};
 use impls::fused::{self, Grid, TAPS};
 use impls::kernels;
@@ -229,6 +230,10 @@ fn tensor<T: El>(v: &[T], shape: (usize, usize)) -> Tensor {
     Tensor::from_vec(v.to_vec(), shape, &Device::Cpu).expect("tensor")
 }
 
+fn vector<T: El>(v: &[T]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), v.len(), &Device::Cpu).expect("vector")
+}
+
 fn host<T: El>(t: &Tensor) -> Vec<T> {
     t.flatten_all()
         .and_then(|t| t.to_vec1::<T>())
@@ -246,6 +251,24 @@ fn assert_bitwise<T: El>(what: &str, got: &[T], want: &[T]) {
     }
 }
 
+/// [`assert_bitwise`] except that a NaN matches any NaN: where an operation creates a NaN
+/// (√ of a negative, 0·∞, ∞ − ∞) its sign and payload are the hardware's choice (x86 gives the
+/// negative default NaN, a GPU its canonical positive one), and where two NaN operands meet the
+/// result carries one of them, which one depending on the operand order the compiler picked for
+/// a commutative op. No kernel promises a NaN's bits, only that it is a NaN; every other value
+/// is compared bit for bit (±0 and ±∞ included).
+fn assert_bitwise_nan<T: El>(what: &str, got: &[T], want: &[T]) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    let same = |a: T, b: T| a.bits() == b.bits() || (a.to_f64().is_nan() && b.to_f64().is_nan());
+    if let Some(i) = (0..got.len()).find(|&i| !same(got[i], want[i])) {
+        panic!(
+            "{what}: element {i} is {:?} on the emulated GPU, {:?} on the CPU (bits differ)",
+            got[i].to_f64(),
+            want[i].to_f64()
+        );
+    }
+}
+
 /// Pointer to a value, as a kernel parameter.
 fn p<V>(v: &mut V) -> *mut c_void {
     (v as *mut V).cast()
@@ -254,19 +277,23 @@ fn p<V>(v: &mut V) -> *mut c_void {
 /// `[C, M]` shapes of the BN kernels: one M below a block's 256 threads, one not a multiple.
 const BN_SHAPES: [(usize, usize); 2] = [(3, 200), (4, 517)];
 
+/// `bn_stats`: the planar `[2, C]` (mean; variance) of each row, one block per row, within
+/// the f64-order bound of the CPU twin's sequential sums, and the same bits on a second run
+/// (the block sum is a fixed tree, not an arrival order).
 fn bn_stats_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_stats_{}", T::SUFFIX);
     for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
         let x = values::<T>(c * cols, 10 + k as u64);
-        let (mean, var) = fused::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats");
-        let (mean, var) = (host::<T>(&mean), host::<T>(&var));
+        let mv = host::<T>(&fused::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats"));
+        let (mean, var) = mv.split_at(c);
         let run = || {
-            let mut out = vec![T::zero(); 2 * c];
-            let (mut xp, mut op, mut mm) = (x.as_ptr().cast_mut(), out.as_mut_ptr(), cols as u64);
+            let mut out = vec![T::from_f64(7.0); 2 * c];
+            let (mut xp, mut op) = (x.as_ptr().cast_mut(), out.as_mut_ptr());
+            let (mut cc, mut mm) = (c as u64, cols as u64);
             m.launch(
                 &kernel,
                 reduce_geometry(c),
-                &mut [p(&mut xp), p(&mut op), p(&mut mm)],
+                &mut [p(&mut xp), p(&mut op), p(&mut cc), p(&mut mm)],
                 true,
             );
             out
@@ -281,8 +308,8 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
             let mu = row.iter().sum::<f64>() / cols as f64;
             let abs = row.iter().map(|v| v.abs()).sum::<f64>() / cols as f64;
             let sq = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
-            close::<T>(&kernel, "mean", r, a[2 * r], mean[r], abs);
-            close::<T>(&kernel, "variance", r, a[2 * r + 1], var[r], sq);
+            close::<T>(&kernel, "mean", r, a[r], mean[r], abs);
+            close::<T>(&kernel, "variance", r, a[c + r], var[r], sq);
         }
     }
 }
@@ -300,6 +327,14 @@ fn close<T: El>(kernel: &str, what: &str, row: usize, got: T, want: T, scale: f6
     );
 }
 
+/// `bn_bwd_reduce`: planar `[5, C]` = (Σ gy; Σ gy·x̂; A; B; C). The two sums within the
+/// f64-order bound of the CPU twin's; the coefficients A, B, C, which the kernel computes in `T`
+/// from its own rounded sums, bit for bit the CPU's coefficient maths
+/// ([`fused::generic_bn_bwd_coef`], the candle ops they replace) applied to the kernel's sums:
+/// comparing them with the CPU twin's A, B, C would mix the sums' summation-order difference
+/// into a check of the per-channel arithmetic (order of the roundings, `T(−1/M)` and `T(1/M)`,
+/// planar indexing), which must be exact. γ has a 0 and a −0 and a few large values; and two
+/// runs give the same bits.
 fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_bwd_reduce_{}", T::SUFFIX);
     for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
@@ -310,25 +345,48 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             .iter()
             .map(|v| T::from_f64(v.to_f64().abs() + 0.5))
             .collect();
-        let (sg, sgx) = fused::bn_bwd_reduce(
-            &tensor(&gy, (c, cols)),
-            &tensor(&x, (c, cols)),
-            &tensor(&mean, (c, 1)),
-            &tensor(&invstd, (c, 1)),
-        )
-        .expect("cpu bn_bwd_reduce");
-        let (sg, sgx) = (host::<T>(&sg), host::<T>(&sgx));
-        let st: Vec<T> = (0..c).flat_map(|r| [mean[r], invstd[r]]).collect();
+        let mut gamma = values::<T>(c, 55 + k as u64);
+        for (r, g) in [0.0, -0.0, 1e6].into_iter().enumerate() {
+            if let Some(v) = gamma.get_mut(r) {
+                *v = T::from_f64(g);
+            }
+        }
+        let st: Vec<T> = mean.iter().chain(&invstd).copied().collect();
+        let (st_t, gamma_t) = (tensor(&st, (2, c)), vector(&gamma));
+        let cpu = host::<T>(
+            &fused::bn_bwd_reduce(
+                &tensor(&gy, (c, cols)),
+                &tensor(&x, (c, cols)),
+                &st_t,
+                &gamma_t,
+            )
+            .expect("cpu bn_bwd_reduce"),
+        );
+        assert_eq!(cpu.len(), 5 * c, "cpu bn_bwd_reduce: [5, C]");
         let run = || {
-            let mut out = vec![T::zero(); 2 * c];
+            let mut out = vec![T::from_f64(7.0); 5 * c];
             let mut gp = gy.as_ptr().cast_mut();
             let mut xp = x.as_ptr().cast_mut();
             let mut sp = st.as_ptr().cast_mut();
-            let (mut op, mut mm) = (out.as_mut_ptr(), cols as u64);
+            let mut gmp = gamma.as_ptr().cast_mut();
+            let (mut op, mut cc, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+            // candle's scalar multiply and divide by M, as the launcher passes them
+            let mut neg_inv_m = T::from_f64(-1.0 / cols as f64);
+            let mut inv_m = T::from_f64(1.0 / cols as f64);
             m.launch(
                 &kernel,
                 reduce_geometry(c),
-                &mut [p(&mut gp), p(&mut xp), p(&mut sp), p(&mut op), p(&mut mm)],
+                &mut [
+                    p(&mut gp),
+                    p(&mut xp),
+                    p(&mut sp),
+                    p(&mut gmp),
+                    p(&mut op),
+                    p(&mut cc),
+                    p(&mut mm),
+                    p(&mut neg_inv_m),
+                    p(&mut inv_m),
+                ],
                 true,
             );
             out
@@ -342,12 +400,150 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             let sgx_scale: f64 = range
                 .map(|i| (gy[i].to_f64() * (x[i].to_f64() - mu) * is).abs())
                 .sum();
-            close::<T>(&kernel, "Σgy", r, a[2 * r], sg[r], sg_scale);
-            close::<T>(&kernel, "Σgy·x̂", r, a[2 * r + 1], sgx[r], sgx_scale);
+            close::<T>(&kernel, "Σgy", r, a[r], cpu[r], sg_scale);
+            close::<T>(&kernel, "Σgy·x̂", r, a[c + r], cpu[c + r], sgx_scale);
+        }
+        let coef = fused::generic_bn_bwd_coef(
+            &tensor(&a[..c], (c, 1)),
+            &tensor(&a[c..2 * c], (c, 1)),
+            &st_t,
+            &gamma_t,
+            cols,
+        )
+        .expect("cpu bn_bwd_coef");
+        for (q, (name, want)) in ["A", "B", "C"].into_iter().zip(&coef).enumerate() {
+            let rows = (q + 2) * c..(q + 3) * c;
+            assert_bitwise(
+                &format!("{kernel} [{c}, {cols}]: coefficient {name} of the kernel's sums"),
+                &a[rows],
+                &host::<T>(want),
+            );
         }
     }
 }
 
+/// Per-channel inputs of `bn_prepare` that are not random: `(mean, var, γ, β, running mean,
+/// running var)`, `None` keeping the random value. Zero and negative-zero variance (invstd
+/// 1/√eps), a tiny negative one (still above −eps), one below −eps (√ of a negative: NaN),
+/// large and overflowing values (in f32 `mean·scale` is ∞ for the second), γ = ±0 and ∞,
+/// NaN in the mean and in the running variance, ∞ in the running mean and the variance.
+const PREPARE_SPECIALS: [[Option<f64>; 6]; 12] = [
+    [None, Some(0.0), None, None, None, None],
+    [None, Some(-0.0), None, None, None, None],
+    [None, Some(-1e-30), None, None, None, None],
+    [None, Some(-1.0), None, None, None, None],
+    [Some(1e30), Some(1e30), None, None, None, None],
+    [Some(3e38), Some(1.0), Some(1e10), None, None, None],
+    [None, None, Some(0.0), None, None, None],
+    [Some(0.0), None, Some(-0.0), Some(-0.0), None, None],
+    [Some(f64::NAN), None, None, None, None, None],
+    [None, None, None, None, None, Some(f64::NAN)],
+    [
+        None,
+        Some(f64::INFINITY),
+        None,
+        None,
+        Some(f64::INFINITY),
+        None,
+    ],
+    [None, Some(0.0), Some(f64::INFINITY), None, None, None],
+];
+
+/// `bn_prepare`, BN forward's per-channel step: the table `[4, C]` = (mean; invstd; scale;
+/// shift) and the running-stat update `[2, C]`, computed in `T` one channel per thread, must be
+/// the bits of the CPU twin's (`fused::bn_prepare`), NaN for NaN ([`assert_bitwise_nan`]), both
+/// outputs, under the launcher's 1-D geometry, one block and three (C = 1000 > 3·256, so each
+/// thread of the small grids walks several channels), for two M (the running variance's
+/// M/(M−1)), with [`PREPARE_SPECIALS`] planted at channels spread over the blocks. The kernel
+/// writes the two outputs through two pointers into one `[6, C]` buffer, as the launcher does.
+fn bn_prepare_matches<T: El>(m: &Emulated) {
+    let kernel = format!("bn_prepare_{}", T::SUFFIX);
+    let c = 1000;
+    let mut cols: Vec<Vec<T>> = (0..6).map(|q| values::<T>(c, 110 + q)).collect();
+    // variances are ≥ 0 but for the planted ones; the running variance too
+    for q in [1, 5] {
+        for v in cols[q].iter_mut() {
+            *v = T::from_f64(v.to_f64().abs());
+        }
+    }
+    for (i, special) in PREPARE_SPECIALS.iter().enumerate() {
+        for (q, v) in special.iter().enumerate() {
+            if let Some(v) = v {
+                cols[q][i * 83] = T::from_f64(*v);
+            }
+        }
+    }
+    let [mean, var, gamma, beta, rmean, rvar] = [0, 1, 2, 3, 4, 5].map(|q| cols[q].clone());
+    let mv: Vec<T> = mean.iter().chain(&var).copied().collect();
+    for bn_m in [2usize, 517] {
+        let (table, running) = fused::bn_prepare(
+            &tensor(&mv, (2, c)),
+            &vector(&gamma),
+            &vector(&beta),
+            &vector(&rmean),
+            &vector(&rvar),
+            bn_m,
+        )
+        .expect("cpu bn_prepare");
+        let (table, running) = (host::<T>(&table), host::<T>(&running));
+        assert_eq!(
+            (table.len(), running.len()),
+            (4 * c, 2 * c),
+            "cpu bn_prepare shapes"
+        );
+        // the specials reach the outputs (else the NaN-tolerant comparison would prove little)
+        for (what, v) in [("table", &table), ("running", &running)] {
+            assert!(
+                v.iter().any(|v| v.to_f64().is_nan()) && v.iter().any(|v| v.to_f64().is_infinite()),
+                "cpu bn_prepare: the {what} has no NaN or no ∞ from the planted inputs"
+            );
+        }
+        // impls::fused::PrepareScalars, restated: candle rounds each scalar to T; the unbiasing
+        // factor is μ·(M/(M−1)), in that order.
+        let mf = bn_m as f64;
+        let scalars = [
+            BN_EPS,
+            1.0 - BN_MOMENTUM,
+            BN_MOMENTUM,
+            BN_MOMENTUM * (mf / (mf - 1.0)),
+        ]
+        .map(T::from_f64);
+        for geom in flat_geometries(c) {
+            let mut out = vec![T::from_f64(7.0); 6 * c];
+            let (table_out, running_out) = out.split_at_mut(4 * c);
+            let [mut mp, mut gp, mut bp, mut rmp, mut rvp] =
+                [&mv, &gamma, &beta, &rmean, &rvar].map(|v| v.as_ptr().cast_mut());
+            let (mut tp, mut rp) = (table_out.as_mut_ptr(), running_out.as_mut_ptr());
+            let mut cc = c as u64;
+            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
+            m.launch(
+                &kernel,
+                geom,
+                &mut [
+                    p(&mut mp),
+                    p(&mut gp),
+                    p(&mut bp),
+                    p(&mut rmp),
+                    p(&mut rvp),
+                    p(&mut tp),
+                    p(&mut rp),
+                    p(&mut cc),
+                    p(&mut eps),
+                    p(&mut keep),
+                    p(&mut mom),
+                    p(&mut mom_unbias),
+                ],
+                false,
+            );
+            let what = format!("{kernel} M = {bn_m} {geom:?}");
+            assert_bitwise_nan(&format!("{what}: table"), &out[..4 * c], &table);
+            assert_bitwise_nan(&format!("{what}: running stats"), &out[4 * c..], &running);
+        }
+    }
+}
+
+/// `affine_rows[_relu]` with planar `coef [2, C]` = (scale; shift), bit for bit the CPU twin's
+/// under the launcher's and smaller row grids, on inputs with NaN, ±0, tiny values and ±∞.
 fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     let kernel = format!(
         "affine_rows{}_{}",
@@ -363,15 +559,8 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     } else {
         fused::affine_rows
     };
-    let want = host::<T>(
-        &f(
-            &tensor(&x, (c, cols)),
-            &tensor(&scale, (c, 1)),
-            &tensor(&shift, (c, 1)),
-        )
-        .expect("cpu affine"),
-    );
-    let coef: Vec<T> = (0..c).flat_map(|r| [scale[r], shift[r]]).collect();
+    let coef: Vec<T> = scale.iter().chain(&shift).copied().collect();
+    let want = host::<T>(&f(&tensor(&x, (c, cols)), &tensor(&coef, (2, c))).expect("cpu affine"));
     for geom in row_geometries(c, cols) {
         let mut out = vec![T::from_f64(7.0); c * cols];
         let mut xp = x.as_ptr().cast_mut();
@@ -397,6 +586,9 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     }
 }
 
+/// `bn_bwd_dx[_accumulate]` with planar `coef [3, C]` = (A; B; C), bit for bit the CPU twin's
+/// (the fresh tensor, or the destination updated in place) under the launcher's and smaller
+/// row grids.
 fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
     let kernel = format!(
         "bn_bwd_dx{}_{}",
@@ -408,32 +600,24 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
     let x = values::<T>(c * cols, 71);
     let (a, b, cc) = (values::<T>(c, 72), values::<T>(c, 73), values::<T>(c, 74));
     let dst0 = values::<T>(c * cols, 75);
-    let t = |v: &[T]| tensor(v, (c, 1));
+    let coef: Vec<T> = a.iter().chain(&b).chain(&cc).copied().collect();
+    let coef_t = tensor(&coef, (3, c));
     let want = if accumulate {
         let dst = tensor(&dst0, (c, cols));
         fused::bn_bwd_dx_accumulate(
             &dst,
             &tensor(&gy, (c, cols)),
             &tensor(&x, (c, cols)),
-            &t(&a),
-            &t(&b),
-            &t(&cc),
+            &coef_t,
         )
         .expect("cpu dx accumulate");
         host::<T>(&dst)
     } else {
         host::<T>(
-            &fused::bn_bwd_dx(
-                &tensor(&gy, (c, cols)),
-                &tensor(&x, (c, cols)),
-                &t(&a),
-                &t(&b),
-                &t(&cc),
-            )
-            .expect("cpu dx"),
+            &fused::bn_bwd_dx(&tensor(&gy, (c, cols)), &tensor(&x, (c, cols)), &coef_t)
+                .expect("cpu dx"),
         )
     };
-    let coef: Vec<T> = (0..c).flat_map(|r| [a[r], b[r], cc[r]]).collect();
     for geom in row_geometries(c, cols) {
         let mut out = if accumulate {
             dst0.clone()
@@ -609,11 +793,16 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
     }
 }
 
+/// Every entry point of `bn.cu` (statistics, the forward per-channel step, apply with and
+/// without ReLU, backward reduction with its coefficients, dx fresh and accumulated), f32 and
+/// f64, against its CPU twin in `impls::fused`: the GPU path of every BN layer runs these.
 #[test]
 fn bn_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&cuda_src::BN);
     bn_stats_matches::<f32>(&m);
     bn_stats_matches::<f64>(&m);
+    bn_prepare_matches::<f32>(&m);
+    bn_prepare_matches::<f64>(&m);
     bn_bwd_reduce_matches::<f32>(&m);
     bn_bwd_reduce_matches::<f64>(&m);
     for relu in [false, true] {
@@ -626,6 +815,8 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
     }
 }
 
+/// `shift_stack` and `shift_sum` of `shift.cu` (the 3×3 convolution's shifted views), f32 and
+/// f64, bit for bit their CPU twins on non-square grids, forward and flipped taps.
 #[test]
 fn shift_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&cuda_src::SHIFT);
@@ -633,6 +824,8 @@ fn shift_kernels_match_their_cpu_twins_on_the_host() {
     shifts_match::<f64>(&m);
 }
 
+/// The in-place element-wise kernels of `inplace.cu` (ReLU, its backward, `add_assign`), f32
+/// and f64, bit for bit `impls::kernels` under the launcher's and smaller flat grids.
 #[test]
 fn inplace_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&cuda_src::INPLACE);

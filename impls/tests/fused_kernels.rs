@@ -1,7 +1,7 @@
 //! The fused CPU kernels against the same maths composed from candle ops (the path other
 //! devices take), in f64 on odd shapes so every border of the shifted views is exercised.
 
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use impls::fused::{self, Grid, TAPS};
 
 /// f64 results of two summation orders of the same sums of O(1) terms: ~1e-15 apart.
@@ -30,42 +30,74 @@ fn rand(shape: (usize, usize), seed: u64) -> Tensor {
     .unwrap()
 }
 
+/// Every element's bits (as f64, exact for f32), for bit-for-bit comparisons.
+fn bits(t: &Tensor) -> Vec<u64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+        .into_iter()
+        .map(f64::to_bits)
+        .collect()
+}
+
+fn assert_bitwise(a: &Tensor, b: &Tensor, what: &str) {
+    assert_eq!(a.dims(), b.dims(), "{what}: shapes");
+    let (a, b) = (bits(a), bits(b));
+    let diff = a.iter().zip(&b).position(|(x, y)| x != y);
+    assert!(
+        diff.is_none(),
+        "{what}: element {} differs: {:e} vs {:e}",
+        diff.unwrap_or(0),
+        f64::from_bits(a[diff.unwrap_or(0)]),
+        f64::from_bits(b[diff.unwrap_or(0)])
+    );
+}
+
 #[test]
 fn fused_kernels_match_generic_candle_ops() {
     let (c, grid) = (5, Grid { n: 2, h: 3, w: 4 });
     let m = grid.n * grid.h * grid.w;
     let x = rand((c, m), 1);
     let gy = rand((c, m), 2);
-    let (mean, var) = fused::bn_stats(&x).unwrap();
-    let (gm, gv) = fused::generic_bn_stats(&x).unwrap();
-    close(&mean, &gm, "bn mean");
-    close(&var, &gv, "bn var");
-    let (scale, shift) = (rand((c, 1), 3), rand((c, 1), 4));
+    let mv = fused::bn_stats(&x).unwrap();
+    assert_eq!(mv.dims(), [2, c], "statistics are planar (mean; var)");
     close(
-        &fused::affine_rows(&x, &scale, &shift).unwrap(),
-        &fused::generic_affine_rows(&x, &scale, &shift).unwrap(),
+        &mv,
+        &fused::generic_bn_stats(&x).unwrap(),
+        "bn mean and var",
+    );
+    let coef = rand((2, c), 3);
+    close(
+        &fused::affine_rows(&x, &coef).unwrap(),
+        &fused::generic_affine_rows(&x, &coef).unwrap(),
         "bn apply",
     );
-    let invstd = (var + 1e-5).unwrap().sqrt().unwrap().recip().unwrap();
-    let (a1, b1) = fused::bn_bwd_reduce(&gy, &x, &mean, &invstd).unwrap();
-    let (a2, b2) = fused::generic_bn_bwd_reduce(&gy, &x, &mean, &invstd).unwrap();
-    close(&a1, &a2, "Σgy");
-    close(&b1, &b2, "Σgy·x̂");
-    let (ca, cb, cc) = (rand((c, 1), 5), rand((c, 1), 6), rand((c, 1), 7));
+    let invstd = (fused::row(&mv, 1).unwrap() + 1e-5)
+        .unwrap()
+        .sqrt()
+        .unwrap()
+        .recip()
+        .unwrap();
+    let st = Tensor::stack(&[fused::row(&mv, 0).unwrap(), invstd], 0).unwrap();
+    let gamma = rand((1, c), 10).flatten_all().unwrap();
+    let r1 = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+    let r2 = fused::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+    assert_eq!(r1.dims(), [5, c], "(Σgy; Σgy·x̂; A; B; C)");
+    close(&r1, &r2, "bn backward sums and coefficients");
+    let coef3 = rand((3, c), 5);
     close(
-        &fused::bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap(),
-        &fused::generic_bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap(),
+        &fused::bn_bwd_dx(&gy, &x, &coef3).unwrap(),
+        &fused::generic_bn_bwd_dx(&gy, &x, &coef3).unwrap(),
         "bn dx",
     );
     // In-place accumulation: dst + (A·gy + B·x + C), against the two-step path bit for bit.
     let dst = rand((c, m), 9);
-    let expected = (&dst + fused::bn_bwd_dx(&gy, &x, &ca, &cb, &cc).unwrap()).unwrap();
-    fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &ca, &cb, &cc).unwrap();
-    assert_eq!(
-        dst.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
-        expected.flatten_all().unwrap().to_vec1::<f64>().unwrap(),
-        "fused accumulate differs from dx then add"
-    );
+    let expected = (&dst + fused::bn_bwd_dx(&gy, &x, &coef3).unwrap()).unwrap();
+    fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).unwrap();
+    assert_bitwise(&dst, &expected, "fused accumulate against dx then add");
     for sign in [1isize, -1] {
         let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
         close(
@@ -101,28 +133,26 @@ fn fused_kernels_match_generic_candle_ops() {
 #[test]
 fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
     let x = rand((4, 37), 21);
-    // Row 1 has a NaN scale: every value of it is NaN before the ReLU, 0 after.
-    let scale = Tensor::new(&[[1.0f64], [f64::NAN], [-0.5], [0.0]], &Device::Cpu).unwrap();
-    let shift = rand((4, 1), 22);
-    let fused_out = fused::affine_rows_relu(&x, &scale, &shift).unwrap();
-    let two_step =
-        impls::kernels::relu_inplace(fused::affine_rows(&x, &scale, &shift).unwrap()).unwrap();
-    let bits = |t: &Tensor| -> Vec<u64> {
-        let v = t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
-        v.into_iter().map(f64::to_bits).collect()
-    };
-    assert_eq!(bits(&fused_out), bits(&two_step));
+    // Channel 1 has a NaN scale: every value of it is NaN before the ReLU, 0 after.
+    let scale = Tensor::new(&[1.0f64, f64::NAN, -0.5, 0.0], &Device::Cpu).unwrap();
+    let shift = rand((1, 4), 22).flatten_all().unwrap();
+    let coef = Tensor::stack(&[&scale, &shift], 0).unwrap();
+    let fused_out = fused::affine_rows_relu(&x, &coef).unwrap();
+    let two_step = impls::kernels::relu_inplace(fused::affine_rows(&x, &coef).unwrap()).unwrap();
+    assert_bitwise(
+        &fused_out,
+        &two_step,
+        "fused apply+relu against apply then relu",
+    );
     let row1 = fused_out.narrow(0, 1, 1).unwrap().flatten_all().unwrap();
     assert!(row1.to_vec1::<f64>().unwrap().iter().all(|v| *v == 0.0));
     // Rows without NaN against the candle-op oracle (relu of the composed affine).
-    let rows = [0usize, 2, 3];
-    for r in rows {
+    for r in [0usize, 2, 3] {
         close(
             &fused_out.narrow(0, r, 1).unwrap(),
             &fused::generic_affine_rows_relu(
                 &x.narrow(0, r, 1).unwrap(),
-                &scale.narrow(0, r, 1).unwrap(),
-                &shift.narrow(0, r, 1).unwrap(),
+                &coef.narrow(1, r, 1).unwrap().contiguous().unwrap(),
             )
             .unwrap(),
             "bn apply relu",
@@ -138,4 +168,116 @@ fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
         .filter(|v| **v == 0.0)
         .count();
     assert!(zeros > 37 + 10, "only {zeros} zeros");
+}
+
+/// Per-channel inputs of BN's forward step with the awkward values it must survive: variance
+/// zero, a variance of -0, tiny and huge values, γ = 0, β negative.
+fn per_channel(dtype: DType) -> [Tensor; 5] {
+    let c = 7;
+    let mean = Tensor::new(&[0.5f64, -3.25, 0.0, 1e-30, -1e6, 2.0, 7.0], &Device::Cpu).unwrap();
+    let var = Tensor::new(
+        &[1.0f64, 0.0, -0.0, 1e-12, 4e12, 0.3, 123.456],
+        &Device::Cpu,
+    )
+    .unwrap();
+    let mv = Tensor::stack(&[mean, var], 0).unwrap();
+    let gamma = Tensor::new(&[1.0f64, 0.0, -2.5, 3.0, 0.1, 1e-3, 0.7], &Device::Cpu).unwrap();
+    let beta = Tensor::new(&[0.0f64, -1.0, 0.25, 5.0, -0.0, 2.0, -7.5], &Device::Cpu).unwrap();
+    let rm = rand((1, c), 31).flatten_all().unwrap();
+    let rv = (rand((1, c), 32).flatten_all().unwrap().abs().unwrap() + 0.5).unwrap();
+    [mv, gamma, beta, rm, rv].map(|t| t.to_dtype(dtype).unwrap())
+}
+
+/// BN forward's per-channel step as one fused op (one launch on a GPU instead of a dozen) gives
+/// bit for bit what the candle ops it replaced computed — invstd, scale, shift and the running
+/// stats — in f32 and f64, so every step result is unchanged by the fusion.
+#[test]
+fn bn_prepare_is_bitwise_the_candle_ops_it_replaces() {
+    for dtype in [DType::F32, DType::F64] {
+        for m in [2usize, 24, 65536] {
+            let [mv, gamma, beta, rm, rv] = per_channel(dtype);
+            let (table, running) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+            let (t2, r2) = fused::generic_bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+            assert_eq!(table.dims(), [4, 7], "(mean; invstd; scale; shift)");
+            assert_eq!(running.dims(), [2, 7], "(running mean; running var)");
+            assert_bitwise(&table, &t2, &format!("bn prepare table {dtype:?} m={m}"));
+            assert_bitwise(
+                &running,
+                &r2,
+                &format!("bn prepare running {dtype:?} m={m}"),
+            );
+        }
+    }
+    // A value worked by hand: var = 3 - eps ⇒ invstd = 1/√3; γ = 2, β = 1, mean = 0.5 ⇒
+    // scale = 2/√3, shift = 1 − 1/√3; running (0, 1), M = 4 ⇒ (0.05, 0.9 + 0.1·(3 − eps)·4/3).
+    let mv = Tensor::new(&[[0.5f64], [3.0 - 1e-5]], &Device::Cpu).unwrap();
+    let one = |v: f64| Tensor::new(&[v], &Device::Cpu).unwrap();
+    let (t, r) = fused::bn_prepare(&mv, &one(2.0), &one(1.0), &one(0.0), &one(1.0), 4).unwrap();
+    let t = t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    let r = r.flatten_all().unwrap().to_vec1::<f64>().unwrap();
+    let s3 = 3f64.sqrt();
+    for (got, want) in t.iter().zip([0.5, 1.0 / s3, 2.0 / s3, 1.0 - 1.0 / s3]) {
+        assert!((got - want).abs() < 1e-12, "table {t:?}");
+    }
+    assert!((r[0] - 0.05).abs() < 1e-15, "running mean {r:?}");
+    let want_var = 0.9 + 0.1 * (3.0 - 1e-5) * 4.0 / 3.0;
+    assert!((r[1] - want_var).abs() < 1e-12, "running var {r:?}");
+}
+
+/// BN backward's coefficients computed at the end of the fused reduction are bit for bit what
+/// the candle ops they replaced compute from the same sums (f32 and f64), and the sums are the
+/// reduction's own (rows 0 and 1 unchanged by the fusion).
+#[test]
+fn bn_bwd_coefficients_are_bitwise_the_candle_ops_they_replace() {
+    for dtype in [DType::F32, DType::F64] {
+        let (c, m) = (7, 150);
+        let x = rand((c, m), 41).to_dtype(dtype).unwrap();
+        let gy = rand((c, m), 42).to_dtype(dtype).unwrap();
+        let [mv, gamma, beta, rm, rv] = per_channel(dtype);
+        let (table, _) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+        let st = table.narrow(0, 0, 2).unwrap();
+        let r = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+        let (sg, sgx) = (fused::column(&r, 0).unwrap(), fused::column(&r, 1).unwrap());
+        let want = fused::generic_bn_bwd_coef(&sg, &sgx, &st, &gamma, m).unwrap();
+        for (q, (w, name)) in want.iter().zip(["A", "B", "C"]).enumerate() {
+            assert_bitwise(
+                &fused::column(&r, 2 + q).unwrap(),
+                w,
+                &format!("bn bwd {name} {dtype:?}"),
+            );
+        }
+        // the sums: f64 accumulation against the candle-op sums in the dtype, relative to the
+        // largest sum (invstd reaches 1/√eps ≈ 316 on the zero-variance channels)
+        let g = fused::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+        let max_abs = |t: Tensor| {
+            t.abs()
+                .unwrap()
+                .to_dtype(DType::F64)
+                .unwrap()
+                .max_all()
+                .unwrap()
+                .to_scalar::<f64>()
+                .unwrap()
+        };
+        let sums = r.narrow(0, 0, 2).unwrap();
+        let d = max_abs((&sums - g.narrow(0, 0, 2).unwrap()).unwrap()) / max_abs(sums).max(1.0);
+        // f32: sums of 150 terms rounded in f32 by candle (≈ 150 · 2⁻²⁴); f64: orders only
+        let tol = if dtype == DType::F32 { 1e-5 } else { TOL };
+        assert!(d <= tol, "bn bwd sums {dtype:?}: relative {d:e}");
+    }
+}
+
+/// A coefficient table of the wrong size is an error naming the table, never an out-of-bounds
+/// read.
+#[test]
+fn short_coefficient_tables_are_refused() {
+    let x = rand((3, 10), 51);
+    let e = fused::affine_rows(&x, &rand((2, 2), 52))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("coefficient table"), "{e}");
+    let e = fused::bn_bwd_dx(&x, &x, &rand((2, 3), 53))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("coefficient table"), "{e}");
 }

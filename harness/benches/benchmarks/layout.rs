@@ -23,7 +23,7 @@
 use super::{device, time_iters};
 use candle_core::{DType, Device, Tensor};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
-use impls::maths::{bn_apply, bn_stats, dense_fwd, relu_fwd};
+use impls::maths::{bn_stats, dense_fwd, relu_fwd};
 use impls::Relu;
 use std::time::Duration;
 
@@ -103,10 +103,19 @@ fn inputs(s: &Shape, dev: &Device) -> candle_core::Result<Inputs> {
     })
 }
 
-/// What the variants run (`impls::maths`).
+/// What the variants run (`impls::maths`, `impls::fused`): BN's statistics, its per-channel
+/// step (running stats from zero mean and unit variance), apply, ReLU, Conv1×1.
 fn channel_major(i: &Inputs) -> impls::Result<Tensor> {
-    let (stats, _var) = bn_stats(&i.cm)?;
-    let y = relu_fwd(bn_apply(&i.cm, &stats, &i.gamma, &i.beta)?, Relu::Copy)?;
+    let (c, m) = i.cm.dims2().map_err(impls::Error::from)?;
+    let dev = i.cm.device();
+    let (rm, rv) = (
+        Tensor::zeros(c, DType::F32, dev)?,
+        Tensor::ones(c, DType::F32, dev)?,
+    );
+    let (table, _running) =
+        impls::fused::bn_prepare(&bn_stats(&i.cm)?, &i.gamma, &i.beta, &rm, &rv, m)?;
+    let scale_shift = table.narrow(0, 2, 2)?;
+    let y = relu_fwd(impls::fused::affine_rows(&i.cm, &scale_shift)?, Relu::Copy)?;
     dense_fwd(&i.w, None, &y)
 }
 
@@ -125,7 +134,9 @@ fn scale_shift(
 /// The same algebra on `[C, M]` from candle ops only.
 fn channel_major_candle(i: &Inputs) -> candle_core::Result<Tensor> {
     let c = i.cm.dims()[0];
-    let (mean, var) = impls::fused::generic_bn_stats(&i.cm).map_err(candle_core::Error::wrap)?;
+    let mv = impls::fused::generic_bn_stats(&i.cm).map_err(candle_core::Error::wrap)?;
+    let column = |q| impls::fused::column(&mv, q).map_err(candle_core::Error::wrap);
+    let (mean, var) = (column(0)?, column(1)?);
     let (scale, shift) = scale_shift(
         &mean,
         &var,

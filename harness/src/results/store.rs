@@ -31,6 +31,38 @@ const HEADER_PROBE_BYTES: u64 = 64 * 1024;
 /// finished removed it between our open and our lock).
 const LOCK_ATTEMPTS: usize = 8;
 
+/// How long a lock whose recorded writer is no longer alive is waited for. A writer killed with
+/// SIGKILL releases its lock when the last descriptor of it closes, and a measuring child it
+/// was forking at that moment shares the descriptor until its `exec` (which closes it): a few
+/// milliseconds, longer on a loaded machine. Seen as a refused `--resume` right after a
+/// `kill -9` in the test suite on a busy 2-core machine.
+const DEAD_WRITER_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// Whether process `pid` exists (signal 0 probes without sending anything).
+fn alive(pid: i32) -> bool {
+    // SAFETY: kill with signal 0 only checks for existence and permission.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
+}
+
+/// Waits up to [`DEAD_WRITER_GRACE`] for a lock held past its writer's death; true once ours.
+fn lock_after_dead_writer(file: &File, holder: &str) -> bool {
+    let Ok(pid) = holder.parse::<i32>() else {
+        return false;
+    };
+    if pid <= 0 || alive(pid) {
+        return false;
+    }
+    let start = std::time::Instant::now();
+    while start.elapsed() < DEAD_WRITER_GRACE {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        if file.try_lock().is_ok() {
+            return true;
+        }
+    }
+    false
+}
+
 /// `path` with its file name replaced by `.NAME` + `suffix` (hidden, in the same folder, so a
 /// rename stays on one filesystem).
 fn sibling(path: &Path, suffix: &str) -> Result<PathBuf> {
@@ -80,7 +112,8 @@ impl WriterLock {
                     let mut holder = String::new();
                     let _ = file.read_to_string(&mut holder);
                     let holder = holder.trim();
-                    bail!(
+                    if !lock_after_dead_writer(&file, holder) {
+                        bail!(
                         "{} is being written by densebench {} (lock {}): wait for it to finish \
                          or stop it; two writers would interleave rows",
                         output.display(),
@@ -90,7 +123,8 @@ impl WriterLock {
                             format!("pid {holder}")
                         },
                         path.display()
-                    );
+                        );
+                    }
                 }
                 Err(TryLockError::Error(e)) => {
                     return Err(e).with_context(|| format!("locking {}", path.display()))
@@ -530,6 +564,51 @@ mod tests {
         assert!(
             !dir.path().join(".r.csv.lock").exists(),
             "lock file removed"
+        );
+    }
+
+    /// A lock still held after its recorded writer died (a descriptor kept by a child it was
+    /// forking when it was killed) is waited for, briefly, instead of refusing a `--resume`;
+    /// one held past [`DEAD_WRITER_GRACE`] is still refused, naming the dead pid.
+    #[test]
+    fn a_lock_held_past_its_writers_death_is_waited_for() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().join("r.csv");
+        let held = WriterLock::acquire(&out).expect("first lock");
+        // a pid that existed and is gone: a reaped child's
+        let mut child = std::process::Command::new("true")
+            .spawn()
+            .expect("spawn true");
+        let dead = child.id();
+        child.wait().expect("reap");
+        held.file.set_len(0).expect("truncate");
+        std::os::unix::fs::FileExt::write_all_at(&held.file, dead.to_string().as_bytes(), 0)
+            .expect("write pid");
+        let release = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            let _ = held.file.unlock();
+            held
+        });
+        let start = std::time::Instant::now();
+        let second = WriterLock::acquire(&out);
+        assert!(second.is_ok(), "{:?}", second.err().map(|e| e.to_string()));
+        assert!(
+            start.elapsed() >= std::time::Duration::from_millis(250),
+            "it waited"
+        );
+        drop(second);
+        drop(release.join().expect("join"));
+
+        // never released: refused after the grace, naming the dead pid
+        let out2 = dir.path().join("s.csv");
+        let held = WriterLock::acquire(&out2).expect("lock");
+        held.file.set_len(0).expect("truncate");
+        std::os::unix::fs::FileExt::write_all_at(&held.file, dead.to_string().as_bytes(), 0)
+            .expect("write pid");
+        let e = WriterLock::acquire(&out2).err().map(|e| e.to_string());
+        assert!(
+            e.as_deref().is_some_and(|e| e.contains(&dead.to_string())),
+            "{e:?}"
         );
     }
 

@@ -29,6 +29,12 @@ __device__ __forceinline__ double db_mul(double a, double b) { return __dmul_rn(
 __device__ __forceinline__ double db_add(double a, double b) { return __dadd_rn(a, b); }
 __device__ __forceinline__ double db_sub(double a, double b) { return __dsub_rn(a, b); }
 __device__ __forceinline__ double db_div(double a, double b) { return __ddiv_rn(a, b); }
+__device__ __forceinline__ float db_sub(float a, float b) { return __fsub_rn(a, b); }
+// Correctly rounded square root and reciprocal (Rust's `sqrt` and `1.0 / x`).
+__device__ __forceinline__ float db_sqrt(float a) { return __fsqrt_rn(a); }
+__device__ __forceinline__ double db_sqrt(double a) { return __dsqrt_rn(a); }
+__device__ __forceinline__ float db_rcp(float a) { return __frcp_rn(a); }
+__device__ __forceinline__ double db_rcp(double a) { return __drcp_rn(a); }
 
 // Conversion from the f64 accumulator to the tensor's type, round to nearest even (Rust `as`).
 template <typename T> __device__ __forceinline__ T db_from_f64(double v);

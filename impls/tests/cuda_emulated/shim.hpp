@@ -19,6 +19,7 @@
 #pragma once
 
 #include <barrier>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -57,6 +58,11 @@ inline double __dmul_rn(double a, double b) { return a * b; }
 inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __ddiv_rn(double a, double b) { return a / b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
+inline double __dsqrt_rn(double a) { return std::sqrt(a); }
+inline float __frcp_rn(float a) { return 1.0f / a; }
+inline double __drcp_rn(double a) { return 1.0 / a; }
 inline float __double2float_rn(double v) { return static_cast<float>(v); }
 
 // Calls `f` with its arguments read from `params` (one pointer per argument, as the driver
