@@ -537,6 +537,59 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
     );
 }
 
+/// Issue 11 item 5: every hand-written variant of a small bc block, as a `run` row on
+/// `cuda:0`, is also timed as one CUDA graph (`measure::graph`), and the replayed results are
+/// bitwise the eager step's (the child reports a timing only then): the row's note carries
+/// `cuda_graph_median_ns=…`, not "CUDA graph timing not reported: <why>". Prints the eager and
+/// the graph median side by side.
+#[test]
+fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
+    if gpu_or_skip("gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results").is_none() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let cfg = impls::Config::tiny(impls::Family::Bc);
+    for v in impls::Variant::for_config(&cfg) {
+        if v == impls::Variant::Autograd {
+            continue;
+        }
+        let out = dir.path().join("row.csv");
+        let o = Command::new(bin())
+            .args(["run", "--family", "bc", "--batch", "16", "--size", "16"])
+            .args(["--channels", "24", "--growth", "12", "--depth", "8"])
+            .args(["--variant", &v.name(), "--device", "cuda:0", "--cache-dir"])
+            .arg(&cache)
+            .env_remove(densebench::measure::graph::ENV)
+            .output()
+            .expect("the densebench binary runs");
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert!(o.status.success(), "{v}: {stderr}");
+        std::fs::write(&out, &o.stdout).expect("write the row");
+        let rows = densebench::results::row::read_rows(&out).expect("one valid row");
+        let r = &rows[0];
+        assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
+        assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
+        let graph = r
+            .note
+            .split("cuda_graph_median_ns=")
+            .nth(1)
+            .and_then(|t| t.split(';').next())
+            .and_then(|n| n.parse::<u64>().ok());
+        let Some(graph) = graph else {
+            panic!("{}: no CUDA graph timing: {}", r.key, r.note);
+        };
+        let eager = r.median_ns.expect("eager median");
+        println!(
+            "{}: eager median {:.3} ms, CUDA graph median {:.3} ms (×{:.2})",
+            r.key,
+            eager as f64 / 1e6,
+            graph as f64 / 1e6,
+            graph as f64 / eager as f64
+        );
+    }
+}
+
 /// What the pool charges per allocation (issue 11 item 3's "pool's rounding measured"):
 /// printed for a range of sizes, so the first GPU run records the rule; each charge is at
 /// least the request and, for requests of a MiB and more, under 2 MiB above it.

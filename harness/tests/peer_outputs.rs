@@ -222,6 +222,63 @@ fn report_sets_every_densebench_variant_against_each_peer() {
     );
 }
 
+/// GPU rows with a CUDA-graph timing in their note get a "CUDA graph replay" section: eager and
+/// graph medians, graph / eager, and graph / each comparable PyTorch peer of the same depth; a
+/// row without one is not listed, and a report with none has no such section.
+#[test]
+fn report_lists_cuda_graph_timings_beside_eager_and_pytorch() {
+    let fx = fixture();
+    let mut rows = densebench_rows(&fx);
+    let bc = peer(&fx, "pytorch-naive", "bc");
+    let me = peer(&fx, "pytorch-memory-efficient", "bc");
+    let eager = bc.median_ns.unwrap();
+    let graph = eager / 4;
+    let timed = rows
+        .iter_mut()
+        .find(|r| r.family == "bc" && r.depth == 16 && r.variant == "cat-store-copy")
+        .expect("a bc L=16 cat-store-copy row");
+    timed.note = format!(
+        "cuda_graph_median_ns={graph};cuda_graph_min_ns={graph};cuda_graph_max_ns={graph} (…)"
+    );
+    let own_eager = timed.median_ns.unwrap();
+    rows.extend(fx.iter().cloned());
+    let (dir, csv) = setup(&rows, "results.csv");
+    let out = dir.path().join("REPORT.md");
+    let o = densebench(&["report", path_str(&csv), "--out", path_str(&out)]);
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(&out).unwrap();
+    let section = md
+        .split("## CUDA graph replay")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap_or_else(|| panic!("no CUDA graph section:\n{md}"));
+    let line = section
+        .lines()
+        .find(|l| l.contains("`cat-store-copy`"))
+        .unwrap_or_else(|| panic!("no cat-store-copy line:\n{section}"));
+    let want = [
+        format!("{:.2}×", graph as f64 / own_eager as f64),
+        format!("{:.2}×", graph as f64 / eager as f64),
+        format!("{:.2}×", graph as f64 / me.median_ns.unwrap() as f64),
+    ];
+    for w in &want {
+        assert!(line.contains(w.as_str()), "{w} missing in: {line}");
+    }
+    assert_eq!(
+        section.matches("`buffer-recompute-inplace`").count(),
+        0,
+        "a row without a graph timing is listed:\n{section}"
+    );
+    // without any graph timing, no section
+    let (dir2, csv2) = setup(&densebench_rows(&fx), "results.csv");
+    let out2 = dir2.path().join("REPORT.md");
+    let o = densebench(&["report", path_str(&csv2), "--out", path_str(&out2)]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(!std::fs::read_to_string(&out2)
+        .unwrap()
+        .contains("CUDA graph"));
+}
+
 #[test]
 fn report_without_peers_says_how_to_get_them() {
     let fx = fixture();

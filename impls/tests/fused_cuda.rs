@@ -138,45 +138,82 @@ fn bn_stats_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     let x = rand((c, m), 1, dtype);
     let (_buf, xv) = in_buffer(&x, dev);
     let g = twice("bn_stats", || {
-        let (mean, var) = fused::bn_stats(&xv).expect("cuda bn_stats");
-        vec![mean, var]
+        vec![fused::bn_stats(&xv).expect("cuda bn_stats")]
     });
-    let (cm, cv) = fused::bn_stats(&x).expect("cpu bn_stats");
-    assert_reduction_close(&g[0], &cm, &format!("bn mean {dtype:?} m={m}"));
-    assert_reduction_close(&g[1], &cv, &format!("bn var {dtype:?} m={m}"));
+    let cpu = fused::bn_stats(&x).expect("cpu bn_stats");
+    assert_reduction_close(&g[0], &cpu, &format!("bn (mean; var) {dtype:?} m={m}"));
     if dtype == DType::F64 {
         // The candle-op oracle on the same GPU (its own summation order), f64 tolerance.
-        let (om, ov) = fused::generic_bn_stats(&xv).expect("oracle");
-        assert_reduction_close(&g[0], &om, "bn mean vs oracle");
-        assert_reduction_close(&g[1], &ov, "bn var vs oracle");
+        let oracle = fused::generic_bn_stats(&xv).expect("oracle");
+        assert_reduction_close(&g[0], &oracle, "bn (mean; var) vs oracle");
     }
+}
+
+/// `(mean; invstd)` of `x` on the CPU and γ, for the backward reduction.
+fn st_and_gamma(x: &Tensor, dtype: DType) -> (Tensor, Tensor) {
+    let mv = fused::bn_stats(x).expect("stats");
+    let invstd = (fused::row(&mv, 1).expect("var") + 1e-5)
+        .and_then(|v| v.sqrt())
+        .and_then(|v| v.recip())
+        .expect("invstd");
+    let st = Tensor::stack(&[fused::row(&mv, 0).expect("mean"), invstd], 0).expect("st");
+    let c = x.dims()[0];
+    let gamma = rand((1, c), 19, dtype).flatten_all().expect("gamma");
+    (st, gamma)
 }
 
 fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     let (x, gy) = (rand((c, m), 2, dtype), rand((c, m), 3, dtype));
-    let (mean, var) = fused::bn_stats(&x).expect("stats");
-    let invstd = (var + 1e-5)
-        .and_then(|v| v.sqrt())
-        .and_then(|v| v.recip())
-        .expect("invstd");
+    let (st, gamma) = st_and_gamma(&x, dtype);
     let (_bx, xv) = in_buffer(&x, dev);
     let (_bg, gv) = in_buffer(&gy, dev);
-    let (md, id) = (
-        mean.to_device(dev).expect("mean"),
-        invstd.to_device(dev).expect("invstd"),
-    );
+    let d = |t: &Tensor| t.to_device(dev).expect("to device");
+    let (sd, gd) = (d(&st), d(&gamma));
     let g = twice("bn_bwd_reduce", || {
-        let (a, b) = fused::bn_bwd_reduce(&gv, &xv, &md, &id).expect("cuda reduce");
-        vec![a, b]
+        vec![fused::bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("cuda reduce")]
     });
-    let (ca, cb) = fused::bn_bwd_reduce(&gy, &x, &mean, &invstd).expect("cpu reduce");
-    assert_reduction_close(&g[0], &ca, &format!("Σgy {dtype:?} m={m}"));
-    assert_reduction_close(&g[1], &cb, &format!("Σgy·x̂ {dtype:?} m={m}"));
-    if dtype == DType::F64 {
-        let (oa, ob) = fused::generic_bn_bwd_reduce(&gv, &xv, &md, &id).expect("oracle");
-        assert_reduction_close(&g[0], &oa, "Σgy vs oracle");
-        assert_reduction_close(&g[1], &ob, "Σgy·x̂ vs oracle");
+    let cpu = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("cpu reduce");
+    let sums = |t: &Tensor| t.narrow(0, 0, 2).expect("sums");
+    assert_reduction_close(
+        &sums(&g[0]),
+        &sums(&cpu),
+        &format!("(Σgy; Σgy·x̂) {dtype:?} m={m}"),
+    );
+    // A, B, C: the CPU twin's arithmetic on the kernel's own sums, bit for bit.
+    let col = |q| fused::column(&g[0], q).expect("column");
+    let want = fused::generic_bn_bwd_coef(&col(0), &col(1), &sd, &gd, m).expect("coef oracle");
+    for (q, w) in want.iter().enumerate() {
+        assert_bitwise(
+            &col(2 + q),
+            w,
+            &format!("bn bwd coefficient {q} {dtype:?} m={m}"),
+        );
     }
+    if dtype == DType::F64 {
+        let oracle = fused::generic_bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("oracle");
+        assert_reduction_close(&sums(&g[0]), &sums(&oracle), "(Σgy; Σgy·x̂) vs oracle");
+    }
+}
+
+/// BN forward's per-channel step (`bn_prepare`): element-wise per channel, T arithmetic in the
+/// CPU's order, so bitwise the CPU twin (and the candle ops it replaced), both outputs.
+fn bn_prepare_case(dev: &Device, dtype: DType, c: usize) {
+    let mean = rand((1, c), 20, dtype);
+    let var = rand((1, c), 21, dtype).abs().expect("abs");
+    let mv = Tensor::cat(&[&mean, &var], 0).expect("mv");
+    let v = |seed| rand((1, c), seed, dtype).flatten_all().expect("vector");
+    let (gamma, beta, rm) = (v(22), v(23), v(24));
+    let rv = v(25).abs().expect("abs");
+    let d = |t: &Tensor| t.to_device(dev).expect("to device");
+    let (mvd, gd, bd, rmd, rvd) = (d(&mv), d(&gamma), d(&beta), d(&rm), d(&rv));
+    let m = 1173;
+    let g = twice("bn_prepare", || {
+        let (t, r) = fused::bn_prepare(&mvd, &gd, &bd, &rmd, &rvd, m).expect("cuda prepare");
+        vec![t, r]
+    });
+    let (t, r) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).expect("cpu prepare");
+    assert_bitwise(&g[0], &t, &format!("bn_prepare table {dtype:?} C={c}"));
+    assert_bitwise(&g[1], &r, &format!("bn_prepare running {dtype:?} C={c}"));
 }
 
 #[test]
@@ -189,6 +226,10 @@ fn cuda_bn_reductions_match_cpu_and_oracle_and_repeat_bitwise() {
         for shape in [(C, m), (3, LONG_M), (2, 1)] {
             bn_stats_case(&dev, dtype, shape);
             bn_bwd_reduce_case(&dev, dtype, shape);
+        }
+        // one channel, one block's worth, and more than the 1-D grid's first pass covers
+        for c in [1, C, 70_001] {
+            bn_prepare_case(&dev, dtype, c);
         }
     }
 }
@@ -203,42 +244,38 @@ fn cuda_bn_elementwise_kernels_equal_cpu_bitwise() {
     let m = GRID.n * GRID.h * GRID.w;
     for dtype in [DType::F32, DType::F64] {
         let (x, gy) = (rand((C, m), 4, dtype), rand((C, m), 5, dtype));
-        let (scale, shift) = (rand((C, 1), 6, dtype), rand((C, 1), 7, dtype));
-        let (a, b, c) = (
-            rand((C, 1), 8, dtype),
-            rand((C, 1), 9, dtype),
-            rand((C, 1), 10, dtype),
-        );
+        // planar per-channel tables: (scale; shift) and (A; B; C)
+        let (coef2, coef3) = (rand((2, C), 6, dtype), rand((3, C), 8, dtype));
         let d = |t: &Tensor| t.to_device(&dev).expect("to device");
         let (_bx, xv) = in_buffer(&x, &dev);
         let (_bg, gv) = in_buffer(&gy, &dev);
-        let (sd, hd, ad, bd, cd) = (d(&scale), d(&shift), d(&a), d(&b), d(&c));
+        let (k2, k3) = (d(&coef2), d(&coef3));
 
         let g = twice("affine_rows", || {
             vec![
-                fused::affine_rows(&xv, &sd, &hd).expect("cuda affine"),
-                fused::affine_rows_relu(&xv, &sd, &hd).expect("cuda affine relu"),
-                fused::bn_bwd_dx(&gv, &xv, &ad, &bd, &cd).expect("cuda dx"),
+                fused::affine_rows(&xv, &k2).expect("cuda affine"),
+                fused::affine_rows_relu(&xv, &k2).expect("cuda affine relu"),
+                fused::bn_bwd_dx(&gv, &xv, &k3).expect("cuda dx"),
             ]
         });
-        let cpu_affine = fused::affine_rows(&x, &scale, &shift).expect("cpu affine");
+        let cpu_affine = fused::affine_rows(&x, &coef2).expect("cpu affine");
         assert_bitwise(&g[0], &cpu_affine, &format!("affine_rows {dtype:?}"));
-        let cpu_relu = fused::affine_rows_relu(&x, &scale, &shift).expect("cpu affine relu");
+        let cpu_relu = fused::affine_rows_relu(&x, &coef2).expect("cpu affine relu");
         assert_bitwise(&g[1], &cpu_relu, &format!("affine_rows_relu {dtype:?}"));
         // About half the outputs are clipped: the ReLU really ran.
         let zeros = host(&g[1]).iter().filter(|v| **v == 0.0).count();
         assert!(zeros > C * m / 4, "affine_rows_relu: only {zeros} zeros");
-        let cpu_dx = fused::bn_bwd_dx(&gy, &x, &a, &b, &c).expect("cpu dx");
+        let cpu_dx = fused::bn_bwd_dx(&gy, &x, &coef3).expect("cpu dx");
         assert_bitwise(&g[2], &cpu_dx, &format!("bn_bwd_dx {dtype:?}"));
 
         // In place into rows 2..2+C of a gradient buffer: the rows around stay untouched, the
         // view holds bitwise the CPU's accumulate (= dx then add).
         let acc0 = rand((C, m), 11, dtype);
         let acc_cpu = acc0.copy().expect("copy");
-        fused::bn_bwd_dx_accumulate(&acc_cpu, &gy, &x, &a, &b, &c).expect("cpu accumulate");
+        fused::bn_bwd_dx_accumulate(&acc_cpu, &gy, &x, &coef3).expect("cpu accumulate");
         let run = || {
             let (buf, view) = in_buffer(&acc0, &dev);
-            fused::bn_bwd_dx_accumulate(&view, &gv, &xv, &ad, &bd, &cd).expect("cuda acc");
+            fused::bn_bwd_dx_accumulate(&view, &gv, &xv, &k3).expect("cuda acc");
             vec![buf]
         };
         let buf = &twice("bn_bwd_dx_accumulate", run)[0];
@@ -304,14 +341,15 @@ fn cuda_affine_relu_equals_affine_then_inplace_relu() {
     };
     for dtype in [DType::F32, DType::F64] {
         let x = rand((4, 999), 14, dtype).to_device(&dev).expect("x");
-        let scale = Tensor::new(&[[1.0f64], [f64::NAN], [-0.5], [0.0]], &dev)
+        // (scale; shift), channel 1's scale NaN
+        let coef = Tensor::new(&[[1.0f64, f64::NAN, -0.5, 0.0]], &Device::Cpu)
+            .and_then(|scale| Tensor::cat(&[&scale, &rand((1, 4), 15, DType::F64)], 0))
             .and_then(|t| t.to_dtype(dtype))
-            .expect("scale");
-        let shift = rand((4, 1), 15, dtype).to_device(&dev).expect("shift");
-        let fused_out = fused::affine_rows_relu(&x, &scale, &shift).expect("fused");
-        let two_step =
-            impls::kernels::relu_inplace(fused::affine_rows(&x, &scale, &shift).expect("affine"))
-                .expect("relu");
+            .and_then(|t| t.to_device(&dev))
+            .expect("coef");
+        let fused_out = fused::affine_rows_relu(&x, &coef).expect("fused");
+        let two_step = impls::kernels::relu_inplace(fused::affine_rows(&x, &coef).expect("affine"))
+            .expect("relu");
         assert_bitwise(&fused_out, &two_step, &format!("affine relu {dtype:?}"));
         let row1 = host(&fused_out.narrow(0, 1, 1).expect("row"));
         assert!(row1.iter().all(|v| *v == 0.0), "NaN row not mapped to 0");
@@ -328,9 +366,14 @@ fn cuda_fused_ops_reject_short_operands() {
     let short = rand((C, 99), 17, DType::F32)
         .to_device(&dev)
         .expect("short");
-    let coef = rand((C, 1), 18, DType::F32).to_device(&dev).expect("coef");
-    let e = fused::bn_bwd_dx(&x, &short, &coef, &coef, &coef).expect_err("short x accepted");
+    let coef = rand((3, C), 18, DType::F32).to_device(&dev).expect("coef");
+    let e = fused::bn_bwd_dx(&x, &short, &coef).expect_err("short x accepted");
     assert!(format!("{e:#}").contains("elements"), "{e:#}");
+    let short_coef = rand((3, C - 1), 18, DType::F32)
+        .to_device(&dev)
+        .expect("coef");
+    let e = fused::bn_bwd_dx(&x, &x, &short_coef).expect_err("short table accepted");
+    assert!(format!("{e:#}").contains("coefficient table"), "{e:#}");
     let bad_grid = Grid { n: 1, h: 9, w: 11 };
     let e = fused::shift_stack(&x, bad_grid, [(0, 0); 9]).expect_err("wrong grid accepted");
     assert!(format!("{e:#}").contains("grid"), "{e:#}");

@@ -12,6 +12,7 @@ pub mod child;
 pub mod device;
 pub mod estimates;
 pub mod gpu;
+pub mod graph;
 pub mod interrupt;
 pub mod peer;
 pub mod reference;

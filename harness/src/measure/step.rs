@@ -232,6 +232,10 @@ pub struct Measurement {
     /// [`Measurement::errors`] are those of the `ieee` check step ([`measure`]).
     #[serde(default)]
     pub tf32_max_rel_err: Option<String>,
+    /// CUDA rows: the whole step's CUDA-graph replay times, or why there are none, as the note
+    /// text ([`crate::measure::graph`]). `None` elsewhere or with `DENSEBENCH_CUDA_GRAPH=0`.
+    #[serde(default)]
+    pub cuda_graph: Option<String>,
 }
 
 /// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
@@ -405,6 +409,10 @@ pub fn measure(
         .max_by_key(|r| r.peak)
         .context("no measured step")?;
     let mut tf32_max_rel_err = None;
+    // Graph timing (CUDA rows) is verified against the measured step's own comparison.
+    let graph_wanted = device.is_cuda() && crate::measure::graph::enabled();
+    let mut measured_comparison = None;
+    let mut reference_result = None;
     let errors = match (reference, last) {
         (Some((path, ref_variant)), Some(result)) => {
             // Checked from its header, within what the child's memory limit has left.
@@ -416,8 +424,13 @@ pub fn measure(
                 impls::compare::compare(r, &reference)
                     .map_err(|e| anyhow!("comparing with the reference: {e}"))
             };
+            if graph_wanted || math == Math::Tf32 {
+                measured_comparison = Some(compare(&result)?);
+            }
             let checked = if math == Math::Tf32 {
-                tf32_max_rel_err = Some(compare(&result)?.overall.max_rel.to_string());
+                tf32_max_rel_err = measured_comparison
+                    .as_ref()
+                    .map(|c| c.overall.max_rel.to_string());
                 drop(result);
                 device::set_math(Math::Ieee);
                 let ieee = case
@@ -429,6 +442,9 @@ pub fn measure(
                 result
             };
             let c = compare(&perturbed(checked)?)?;
+            if graph_wanted {
+                reference_result = Some(reference);
+            }
             Some(Errors::from_comparison(
                 &c,
                 reference_label(ref_variant),
@@ -447,6 +463,17 @@ pub fn measure(
             None
         }
     };
+    let cuda_graph = match (graph_wanted, &reference_result, &measured_comparison) {
+        (false, _, _) => None,
+        (true, Some(reference), Some(measured)) => Some(graph_timing(
+            variant, &case, &device, steps, reference, measured,
+        )),
+        (true, _, _) => Some(
+            "CUDA graph timing not reported: no reference to check the replayed results \
+             against"
+                .to_string(),
+        ),
+    };
     Ok(Measurement {
         threads: device::default_threads(),
         baseline_bytes: worst.baseline,
@@ -461,7 +488,65 @@ pub fn measure(
         warning,
         predicted_peak_bytes,
         tf32_max_rel_err,
+        cuda_graph,
     })
+}
+
+/// The note of a row's CUDA-graph timing ([`crate::measure::graph`]): the replay times when the
+/// replayed results compare with the reference exactly as the measured step's did, or why no
+/// timing is reported. Never an error: the eager row stands either way.
+fn graph_timing(
+    variant: Variant,
+    case: &Case,
+    device: &Device,
+    steps: usize,
+    reference: &StepResult,
+    measured: &Comparison,
+) -> String {
+    let attempt = || -> Result<String> {
+        #[cfg(feature = "cuda")]
+        {
+            let (stats, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
+            let c = impls::compare::compare(&replayed.result, reference)
+                .map_err(|e| anyhow!("comparing the replayed results: {e}"))?;
+            drop(replayed);
+            if !same_comparison(&c, measured) {
+                bail!(
+                    "the replayed results differ from the eager step's (max |error| {:e} vs {:e})",
+                    c.overall.max_abs,
+                    measured.overall.max_abs
+                );
+            }
+            Ok(crate::measure::graph::note(&stats))
+        }
+        #[cfg(not(feature = "cuda"))]
+        {
+            let _ = (variant, case, device, steps, reference, measured);
+            bail!("this build has no CUDA support")
+        }
+    };
+    match std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)) {
+        Ok(Ok(note)) => note,
+        Ok(Err(e)) => format!("CUDA graph timing not reported: {e:#}"),
+        Err(_) => "CUDA graph timing not reported: the capture panicked".to_string(),
+    }
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA build and the tests
+/// Whether two comparisons with one reference are the same figures bit for bit (every tensor's
+/// max abs and max rel error and bitwise flag): the same results, as far as a comparison shows.
+fn same_comparison(a: &Comparison, b: &Comparison) -> bool {
+    let same = |x: &TensorError, y: &TensorError| {
+        x.max_abs.to_bits() == y.max_abs.to_bits()
+            && x.max_rel.to_bits() == y.max_rel.to_bits()
+            && x.bitwise == y.bitwise
+    };
+    a.per_tensor.len() == b.per_tensor.len()
+        && a.per_tensor
+            .iter()
+            .zip(&b.per_tensor)
+            .all(|((na, ea), (nb, eb))| na == nb && same(ea, eb))
+        && same(&a.overall, &b.overall)
 }
 
 /// The memory model of `variant` on the GPU path ([`impls::memory::Kernels::TapStack`]) with
@@ -547,6 +632,40 @@ pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Pa
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Graph timing is reported only when the replay compares with the reference exactly as the
+    /// eager step did: one tensor's error moved by one ulp, or a tensor missing, is a difference.
+    #[test]
+    fn same_comparison_is_every_figure_bit_for_bit() {
+        let e = |a: f64| TensorError {
+            max_abs: a,
+            max_rel: a / 2.0,
+            bitwise: a == 0.0,
+        };
+        let cmp = |errs: &[(&str, f64)]| Comparison {
+            output: e(0.0),
+            grad_input: e(0.0),
+            grad_params: e(0.0),
+            running: e(0.0),
+            overall: e(errs.iter().map(|p| p.1).fold(0.0, f64::max)),
+            per_tensor: errs.iter().map(|&(n, a)| (n.to_string(), e(a))).collect(),
+        };
+        let base = cmp(&[("output", 1e-7), ("grad.input", 3e-6)]);
+        assert!(same_comparison(
+            &base,
+            &cmp(&[("output", 1e-7), ("grad.input", 3e-6)])
+        ));
+        let ulp = f64::from_bits(1e-7f64.to_bits() + 1);
+        assert!(!same_comparison(
+            &base,
+            &cmp(&[("output", ulp), ("grad.input", 3e-6)])
+        ));
+        assert!(!same_comparison(&base, &cmp(&[("output", 1e-7)])));
+        assert!(!same_comparison(
+            &base,
+            &cmp(&[("output", 1e-7), ("grad.w", 3e-6)])
+        ));
+    }
 
     #[test]
     fn stats_median_min_max() {

@@ -431,6 +431,9 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
         }
         add_note(row, tf32);
     }
+    if let Some(g) = m.cuda_graph {
+        add_note(row, g);
+    }
     Ok(())
 }
 
@@ -455,6 +458,7 @@ mod tests {
             warning: None,
             predicted_peak_bytes: predicted,
             tf32_max_rel_err: None,
+            cuda_graph: None,
         })
         .unwrap()
     }

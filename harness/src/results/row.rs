@@ -169,6 +169,19 @@ impl Row {
         self.status == "ok"
     }
 
+    /// The median of the whole step replayed as one CUDA graph, from the row's `note`
+    /// (`cuda_graph_median_ns=N;…`, written by a GPU child only when the replayed results were
+    /// checked bitwise against the eager step's); `None` where there is none.
+    pub fn cuda_graph_median_ns(&self) -> Option<u64> {
+        self.note
+            .split("cuda_graph_median_ns=")
+            .nth(1)?
+            .split(|c: char| !c.is_ascii_digit())
+            .next()?
+            .parse()
+            .ok()
+    }
+
     /// Whether this row was measured by a peer framework (PyTorch), not by densebench.
     pub fn is_peer(&self) -> bool {
         !self.framework.is_empty() && self.framework != DENSEBENCH
@@ -421,4 +434,30 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cuda_graph_median_is_read_from_the_note() {
+        let mut r = Row::default();
+        assert_eq!(r.cuda_graph_median_ns(), None);
+        r.note = "predicted with the memory pool's rounding (+1.0% over request sizes); \
+                  cuda_graph_median_ns=1234;cuda_graph_min_ns=1200;cuda_graph_max_ns=1300 (…)"
+            .to_string();
+        assert_eq!(r.cuda_graph_median_ns(), Some(1234));
+        r.note = "CUDA graph timing not reported: the capture panicked".to_string();
+        assert_eq!(r.cuda_graph_median_ns(), None);
+        r.note = "cuda_graph_median_ns=;x".to_string();
+        assert_eq!(r.cuda_graph_median_ns(), None, "an empty number is none");
+        // what the GPU child writes reads back
+        r.note = crate::measure::graph::note(&crate::measure::step::Stats {
+            median_ns: 987,
+            min_ns: 900,
+            max_ns: 1000,
+        });
+        assert_eq!(r.cuda_graph_median_ns(), Some(987));
+    }
 }

@@ -1,0 +1,164 @@
+//! CUDA-graph timing of a GPU row (issue 11, item 5): the whole training step captured once
+//! through the driver's stream capture and replayed, so that the host's per-op work (candle's
+//! op dispatch, allocations, launches) leaves the timed path and the GPU runs the step's kernels
+//! back to back.
+//!
+//! How it runs, in the child, after the eager steps and the memory model (which it does not
+//! touch): candle's host-to-device layout uploads are switched to its capture cache
+//! (`CudaDevice::enable_cuda_graph_htod_cache`) and one eager step fills it; the next step is
+//! captured on candle's stream (`begin_capture` … `end_capture`, instantiated with
+//! `AUTO_FREE_ON_LAUNCH`, so the captured outputs are reallocated at their fixed addresses on
+//! each launch); one untimed replay, then `steps` replays each timed between two device
+//! synchronisations. The replays' results are then compared with the reference exactly as the
+//! eager step's were: the timing is reported only when every error figure is bit for bit the
+//! eager step's (the same kernels on the same inputs, deterministic), never otherwise.
+//!
+//! Reported in the row's `note` (`cuda_graph_median_ns=…;cuda_graph_min_ns=…;
+//! cuda_graph_max_ns=…`), not in the timing columns, which stay the eager step's: the graph
+//! path has not yet run on a GPU, and a timing column changes meaning only once it has.
+//! Anything that fails (capture refused, an op that cannot be captured, a panic) becomes a note
+//! saying why, never a failed row. `DENSEBENCH_CUDA_GRAPH=0` in the environment turns it off.
+
+/// The environment variable that turns graph timing off (`0`); on by default for CUDA rows.
+pub const ENV: &str = "DENSEBENCH_CUDA_GRAPH";
+
+/// Whether graph timing is wanted (the environment does not say `0`, `off` or `false`).
+pub fn enabled() -> bool {
+    enabled_by(std::env::var(ENV).ok().as_deref())
+}
+
+fn enabled_by(value: Option<&str>) -> bool {
+    !matches!(
+        value.map(|v| v.trim().to_ascii_lowercase()).as_deref(),
+        Some("0" | "off" | "false" | "no")
+    )
+}
+
+/// The note of a verified graph timing.
+pub fn note(s: &crate::measure::step::Stats) -> String {
+    format!(
+        "cuda_graph_median_ns={};cuda_graph_min_ns={};cuda_graph_max_ns={} (the whole step \
+         replayed as one CUDA graph; results bitwise those of the eager step; the timing \
+         columns are eager)",
+        s.median_ns, s.min_ns, s.max_ns
+    )
+}
+
+#[cfg(feature = "cuda")]
+pub use cuda::{replay, Replayed};
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use crate::measure::step::Stats;
+    use anyhow::{anyhow, Context, Result};
+    use candle_core::cuda_backend::cudarc::driver::sys::{
+        CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus,
+    };
+    use candle_core::cuda_backend::cudarc::driver::CudaStream;
+    use candle_core::Device;
+    use impls::{Case, StepResult, Variant};
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    /// Ends a capture still open on `stream` when dropped (an error or a panic inside the
+    /// captured step), so the stream is usable again.
+    struct Capturing<'a>(&'a Arc<CudaStream>);
+    impl Drop for Capturing<'_> {
+        fn drop(&mut self) {
+            if matches!(
+                self.0.capture_status(),
+                Ok(s) if s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
+            ) {
+                let _ = self.0.end_capture(CUgraphInstantiate_flags(0));
+            }
+        }
+    }
+
+    /// The results of the last replay and the graph that made them. The results' tensors are
+    /// the captured step's outputs (graph allocations at fixed addresses, valid after a
+    /// launch); fields drop in order, so they are freed before the graph is destroyed.
+    pub struct Replayed {
+        pub result: StepResult,
+        _graph: candle_core::cuda_backend::cudarc::driver::CudaGraph,
+    }
+
+    /// Captures one step of `variant` on `case` as a CUDA graph and replays it: the replay
+    /// times (`steps` of them, after one untimed replay) and the last replay's results.
+    pub fn replay(
+        variant: Variant,
+        case: &Case,
+        device: &Device,
+        steps: usize,
+    ) -> Result<(Stats, Replayed)> {
+        let cuda = device.as_cuda_device().context("not a CUDA device")?;
+        let stream = cuda.cuda_stream();
+        let _cache = cuda.enable_cuda_graph_htod_cache();
+        // Fills the upload cache with every layout this step uploads (and loads every module).
+        drop(
+            case.step(variant)
+                .map_err(|e| anyhow!("eager step before capture: {e}"))?,
+        );
+        device.synchronize()?;
+        let guard = Capturing(&stream);
+        stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| anyhow!("beginning the capture: {e:?}"))?;
+        let captured = case.step(variant);
+        let graph = stream
+            .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
+        drop(guard);
+        let result = captured.map_err(|e| anyhow!("the step under capture: {e}"))?;
+        let graph = graph
+            .map_err(|e| anyhow!("ending the capture / instantiating the graph: {e:?}"))?
+            .context("the capture recorded nothing")?;
+        let launch = || -> Result<u64> {
+            device.synchronize()?;
+            let t = Instant::now();
+            graph
+                .launch()
+                .map_err(|e| anyhow!("launching the graph: {e:?}"))?;
+            device.synchronize()?;
+            Ok(u64::try_from(t.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        };
+        graph
+            .upload()
+            .map_err(|e| anyhow!("uploading the graph: {e:?}"))?;
+        launch()?;
+        let times = (0..steps.max(1))
+            .map(|_| launch())
+            .collect::<Result<Vec<_>>>()?;
+        Ok((
+            Stats::of(&times),
+            Replayed {
+                result,
+                _graph: graph,
+            },
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn on_unless_the_environment_says_off() {
+        for on in [None, Some("1"), Some("on"), Some("")] {
+            assert!(enabled_by(on), "{on:?}");
+        }
+        for off in ["0", "off", "OFF", "false", " no "] {
+            assert!(!enabled_by(Some(off)), "{off}");
+        }
+    }
+
+    #[test]
+    fn the_note_carries_the_three_figures_parseably() {
+        let s = crate::measure::step::Stats {
+            median_ns: 5,
+            min_ns: 4,
+            max_ns: 9,
+        };
+        let n = note(&s);
+        assert!(n.starts_with("cuda_graph_median_ns=5;cuda_graph_min_ns=4;cuda_graph_max_ns=9 "));
+    }
+}
