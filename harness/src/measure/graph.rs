@@ -34,13 +34,12 @@ fn enabled_by(value: Option<&str>) -> bool {
     )
 }
 
-/// The note of a verified graph timing.
-pub fn note(s: &crate::measure::step::Stats) -> String {
+/// The note of a verified graph timing: the replays' median, min and max in ns.
+pub fn note(median_ns: u64, min_ns: u64, max_ns: u64) -> String {
     format!(
-        "cuda_graph_median_ns={};cuda_graph_min_ns={};cuda_graph_max_ns={} (the whole step \
-         replayed as one CUDA graph; results bitwise those of the eager step; the timing \
-         columns are eager)",
-        s.median_ns, s.min_ns, s.max_ns
+        "cuda_graph_median_ns={median_ns};cuda_graph_min_ns={min_ns};cuda_graph_max_ns={max_ns} \
+         (the whole step replayed as one CUDA graph; results bitwise those of the eager step; \
+         the timing columns are eager)"
     )
 }
 
@@ -49,7 +48,6 @@ pub use cuda::{replay, Replayed};
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use crate::measure::step::Stats;
     use anyhow::{anyhow, Context, Result};
     use candle_core::cuda_backend::cudarc::driver::sys::{
         CUgraphInstantiate_flags, CUstreamCaptureMode, CUstreamCaptureStatus,
@@ -83,13 +81,13 @@ mod cuda {
     }
 
     /// Captures one step of `variant` on `case` as a CUDA graph and replays it: the replay
-    /// times (`steps` of them, after one untimed replay) and the last replay's results.
+    /// times in ns (`steps` of them, after one untimed replay) and the last replay's results.
     pub fn replay(
         variant: Variant,
         case: &Case,
         device: &Device,
         steps: usize,
-    ) -> Result<(Stats, Replayed)> {
+    ) -> Result<(Vec<u64>, Replayed)> {
         let cuda = device.as_cuda_device().context("not a CUDA device")?;
         let stream = cuda.cuda_stream();
         let _cache = cuda.enable_cuda_graph_htod_cache();
@@ -128,7 +126,7 @@ mod cuda {
             .map(|_| launch())
             .collect::<Result<Vec<_>>>()?;
         Ok((
-            Stats::of(&times),
+            times,
             Replayed {
                 result,
                 _graph: graph,
@@ -153,12 +151,7 @@ mod tests {
 
     #[test]
     fn the_note_carries_the_three_figures_parseably() {
-        let s = crate::measure::step::Stats {
-            median_ns: 5,
-            min_ns: 4,
-            max_ns: 9,
-        };
-        let n = note(&s);
+        let n = note(5, 4, 9);
         assert!(n.starts_with("cuda_graph_median_ns=5;cuda_graph_min_ns=4;cuda_graph_max_ns=9 "));
     }
 }

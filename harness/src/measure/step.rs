@@ -506,7 +506,7 @@ fn graph_timing(
     let attempt = || -> Result<String> {
         #[cfg(feature = "cuda")]
         {
-            let (stats, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
+            let (times, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
             let c = impls::compare::compare(&replayed.result, reference)
                 .map_err(|e| anyhow!("comparing the replayed results: {e}"))?;
             drop(replayed);
@@ -517,7 +517,8 @@ fn graph_timing(
                     measured.overall.max_abs
                 );
             }
-            Ok(crate::measure::graph::note(&stats))
+            let s = Stats::of(&times);
+            Ok(crate::measure::graph::note(s.median_ns, s.min_ns, s.max_ns))
         }
         #[cfg(not(feature = "cuda"))]
         {

@@ -453,11 +453,7 @@ mod tests {
         r.note = "cuda_graph_median_ns=;x".to_string();
         assert_eq!(r.cuda_graph_median_ns(), None, "an empty number is none");
         // what the GPU child writes reads back
-        r.note = crate::measure::graph::note(&crate::measure::step::Stats {
-            median_ns: 987,
-            min_ns: 900,
-            max_ns: 1000,
-        });
+        r.note = crate::measure::graph::note(987, 900, 1000);
         assert_eq!(r.cuda_graph_median_ns(), Some(987));
     }
 }
