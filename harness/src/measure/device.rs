@@ -39,7 +39,22 @@ impl DeviceOps for DeviceSpec {
         match self {
             DeviceSpec::Cpu => Ok(Device::Cpu),
             DeviceSpec::Cuda(n) => {
-                Device::new_cuda(*n).with_context(|| format!("opening candle's device cuda:{n}"))
+                let dev = Device::new_cuda(*n)
+                    .with_context(|| format!("opening candle's device cuda:{n}"))?;
+                #[cfg(feature = "cuda")]
+                if let Device::Cuda(c) = &dev {
+                    // SAFETY: cudarc's event tracking exists to order a buffer's uses across
+                    // streams. Every tensor of a densebench process lives on candle's one
+                    // stream (its per-thread default stream; nothing here creates another, and
+                    // densebench's kernels launch on it), so no use ever crosses streams, and
+                    // cudarc waits on these events only in multi-stream mode anyway: tracking
+                    // would only cost two event creations per allocation and two destructions
+                    // per free, some 2000 driver calls per step of a BC-100 L=16 block (issue
+                    // 11: host work is what a GPU step of small kernels spends its time on).
+                    // Turned off before any tensor exists.
+                    unsafe { c.disable_event_tracking() };
+                }
+                Ok(dev)
             }
         }
     }
