@@ -364,8 +364,8 @@ fn densebench_bin_env_overrides_the_build_path() {
 }
 
 /// Pool bytes a fused op may take on top of its output: the pool rounds allocations up (2 MiB
-/// granularity at most, measured above for a 64 MiB tensor) and the ops build per-channel
-/// coefficient tables of a few KiB (`Tensor::cat` of `[C, 1]` vectors). 4 MiB covers two such
+/// granularity at most, measured above for a 64 MiB tensor) and some ops write per-channel
+/// tables of a few KiB (`bn_stats`, `bn_prepare`, `bn_bwd_reduce`). 4 MiB covers two such
 /// roundings, and is far below any hidden full-size temporary (8–64 MiB at these shapes).
 const FUSED_POOL_SLACK_BYTES: u64 = 4 * MIB;
 

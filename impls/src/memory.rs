@@ -145,7 +145,7 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// The prediction replays, allocation by allocation, what [`crate::block::step_manual`] does:
 /// every full-size tensor (`[C, M]`, `[B, M]`, `[k, M]`, on a GPU `[9k, M]`), every parameter
 /// gradient and the convolution's scratch tiles;
-/// per-channel vectors (`[C, 1]` statistics) are ignored — they are O(C) next to O(C·M).
+/// per-channel tables (BN statistics, `[Q, C]`) are ignored — they are O(C) next to O(C·M).
 /// Written out as formulas (s = bytes per element, M = N·H·W, C_i = C0 + i·k, B = bn_size·k):
 ///
 /// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
