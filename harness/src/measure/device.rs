@@ -187,6 +187,13 @@ impl MemoryMeter {
         Ok(Some(charges))
     }
 
+    /// Whether this is a GPU's stream-ordered memory pool (not the CPU's allocator, not the
+    /// `cuMemGetInfo` sampler): where allocations are stream-ordered, which a CUDA graph
+    /// capture records.
+    pub fn is_gpu_pool(&self) -> bool {
+        matches!(self, MemoryMeter::Gpu(p) if p.source() == crate::measure::gpu::PeakSource::Pool)
+    }
+
     /// Why this meter's peak is less than exact, if it is (a row warning).
     pub fn warning(&self) -> Option<&'static str> {
         match self {

@@ -465,6 +465,11 @@ pub fn measure(
     };
     let cuda_graph = match (graph_wanted, &reference_result, &measured_comparison) {
         (false, _, _) => None,
+        (true, ..) if !meter.is_gpu_pool() => Some(
+            "CUDA graph timing not reported: the device has no memory pools (a capture records \
+             stream-ordered allocations only)"
+                .to_string(),
+        ),
         (true, Some(reference), Some(measured)) => Some(graph_timing(
             variant, &case, &device, steps, reference, measured,
         )),
