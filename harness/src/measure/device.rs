@@ -203,6 +203,66 @@ impl MemoryMeter {
     }
 }
 
+/// Times a span of a step's queued work on the device itself: on a GPU the host runs ahead of
+/// the kernels it queues, so the host's clock at the end of forward says when forward was
+/// *queued*, not when it ran. Two CUDA events with timing, recorded on candle's stream at the
+/// step's start and at the end of its forward; read after the step's final synchronisation.
+/// `None` on the CPU (whose host clock is the work's).
+pub struct StreamClock {
+    #[cfg(feature = "cuda")]
+    stream: std::sync::Arc<candle_core::cuda_backend::cudarc::driver::CudaStream>,
+    #[cfg(feature = "cuda")]
+    marks: [candle_core::cuda_backend::cudarc::driver::CudaEvent; 2],
+}
+
+impl StreamClock {
+    /// A clock for `device`'s stream, `None` on the CPU. Its events are created here, before
+    /// the step, so recording them during it is one driver call each.
+    pub fn new(device: &Device) -> Result<Option<StreamClock>> {
+        #[cfg(feature = "cuda")]
+        if let Device::Cuda(c) = device {
+            use candle_core::cuda_backend::cudarc::driver::sys::CUevent_flags;
+            let stream = c.cuda_stream();
+            let event = || {
+                stream
+                    .context()
+                    .new_event(Some(CUevent_flags::CU_EVENT_DEFAULT))
+                    .map_err(|e| anyhow::anyhow!("creating a timing event: {e:?}"))
+            };
+            let marks = [event()?, event()?];
+            return Ok(Some(StreamClock { stream, marks }));
+        }
+        let _ = device;
+        Ok(None)
+    }
+
+    /// Records mark `i` (0: the step's start, 1: the end of its forward) on the stream.
+    pub fn mark(&self, i: usize) -> Result<()> {
+        #[cfg(feature = "cuda")]
+        {
+            let m = self.marks.get(i).context("no such timing mark")?;
+            m.record(&self.stream)
+                .map_err(|e| anyhow::anyhow!("recording a timing event: {e:?}"))?;
+        }
+        let _ = i;
+        Ok(())
+    }
+
+    /// Device time from mark 0 to mark 1, in ns (waits for both: call it after the step's
+    /// synchronisation).
+    pub fn forward_ns(&self) -> Result<u64> {
+        #[cfg(feature = "cuda")]
+        {
+            let ms = self.marks[0]
+                .elapsed_ms(&self.marks[1])
+                .map_err(|e| anyhow::anyhow!("reading the timing events: {e:?}"))?;
+            Ok((f64::from(ms) * 1e6).round().max(0.0) as u64)
+        }
+        #[cfg(not(feature = "cuda"))]
+        bail!("no device clock in a build without CUDA")
+    }
+}
+
 /// Peak resident set size of this process in bytes (getrusage; Linux reports KiB).
 pub fn peak_rss_bytes() -> Option<u64> {
     // SAFETY: getrusage writes into the zeroed struct we own; RUSAGE_SELF is always valid.

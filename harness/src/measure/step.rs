@@ -3,7 +3,7 @@
 //! with the reference. The result is a [`Measurement`], printed by the child as one JSON line
 //! and merged into the row by the parent.
 
-use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter};
+use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter, StreamClock};
 use crate::plan::job::Math;
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
@@ -249,6 +249,8 @@ struct Recorder<'a> {
     forward_end: Option<(Instant, i64)>,
     /// The first failure to read the meter during the step (GPU only), reported after it.
     error: Option<String>,
+    /// The device's clock (GPU): marked at the end of forward.
+    clock: Option<&'a StreamClock>,
 }
 
 impl Recorder<'_> {
@@ -276,6 +278,9 @@ impl Probe for Recorder<'_> {
             }
             Event::ForwardEnd { .. } => {
                 let now = Instant::now();
+                if let Some(Err(e)) = self.clock.map(|c| c.mark(1)) {
+                    self.error.get_or_insert_with(|| format!("{e:#}"));
+                }
                 self.forward_end = Some((now, self.live()));
             }
             Event::BackwardEnd => {}
@@ -308,17 +313,22 @@ fn measured_step(
     device: &Device,
     meter: &MemoryMeter,
 ) -> Result<(StepResult, StepRecord)> {
+    let clock = StreamClock::new(device)?;
     let mut rec = Recorder {
         meter,
         baseline: 0,
         points: Vec::with_capacity(2 * case.cfg.depth + 2),
         forward_end: None,
         error: None,
+        clock: clock.as_ref(),
     };
     device::synchronize(device)?;
     rec.baseline = meter.current()?;
     meter.reset_peak()?;
     let start = Instant::now();
+    if let Some(c) = &clock {
+        c.mark(0)?;
+    }
     let result = impls::step(
         variant,
         &case.cfg,
@@ -332,19 +342,26 @@ fn measured_step(
     let end = Instant::now();
     let peak = meter.peak()?.saturating_sub(rec.baseline);
     if let Some(e) = rec.error.take() {
-        bail!("reading device memory during the step: {e}");
+        bail!("reading device memory or the device clock during the step: {e}");
     }
     let (fwd_end, saved) = rec
         .forward_end
         .with_context(|| format!("{variant} never reported the end of its forward pass"))?;
     let ns = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let total_ns = ns(end - start);
+    // GPU: forward on the device's clock (the host's says when it was queued), backward the
+    // rest of the step; CPU: the host's clock at the end of forward.
+    let forward_ns = match &clock {
+        Some(c) => c.forward_ns()?.min(total_ns),
+        None => ns(fwd_end - start),
+    };
     let record = StepRecord {
         baseline: rec.baseline,
         peak,
         saved: u64::try_from(saved).unwrap_or(0),
-        forward_ns: ns(fwd_end - start),
-        backward_ns: ns(end - fwd_end),
-        total_ns: ns(end - start),
+        forward_ns,
+        backward_ns: total_ns - forward_ns,
+        total_ns,
         timeline: timeline_string(&rec.points),
     };
     Ok((result, record))
