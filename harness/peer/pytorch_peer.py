@@ -291,6 +291,10 @@ class CpuMeter:
     def sync(self) -> None:
         pass
 
+    def mark(self):
+        """No device clock on the CPU: the host's clock is the work's."""
+        return None
+
     def refused(self) -> int:
         return int(self.lib.mc_refused())
 
@@ -318,6 +322,14 @@ class CudaMeter:
 
     def sync(self) -> None:
         self.torch.cuda.synchronize(self.device)
+
+    def mark(self):
+        """A CUDA timing event recorded now on the current stream: forward is timed on the
+        device between two of them, as densebench times its GPU rows (no synchronisation
+        inside the step, which would stall the device between forward and backward)."""
+        e = self.torch.cuda.Event(enable_timing=True)
+        e.record()
+        return e
 
     def current(self) -> int:
         return int(self.torch.cuda.memory_allocated(self.device))
@@ -711,8 +723,11 @@ class Stepper:
         self.recording = measure
         c0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
+        start = self.meter.mark()
         out = self.forward()
-        self.meter.sync()
+        # GPU: a timing event, not a synchronisation (the device's clock says when forward
+        # ended; the host's, without a sync, only when it was queued). CPU: the host's clock.
+        forward_end = self.meter.mark()
         t1 = time.perf_counter_ns()
         saved = self.meter.current() - self.baseline
         with self.torch.no_grad():
@@ -724,14 +739,19 @@ class Stepper:
         c2 = time.process_time_ns()
         self.recording = False
         peak = self.meter.peak() - self.baseline
+        total = t2 - t0
+        if start is None:
+            fwd = t1 - t0
+        else:
+            fwd = min(total, int(round(start.elapsed_time(forward_end) * 1e6)))
         return {
             "output": out,
             "baseline": self.baseline,
             "peak": peak,
             "saved": saved,
-            "fwd": t1 - t0,
-            "bwd": t2 - t1,
-            "total": t2 - t0,
+            "fwd": fwd,
+            "bwd": total - fwd,
+            "total": total,
             "cpu": c2 - c0,
             "timeline": ";".join(f"f{i}={b}" for i, b in self.timeline),
         }
