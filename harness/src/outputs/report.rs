@@ -7,8 +7,7 @@
 use crate::outputs::compare::markdown_table;
 use crate::outputs::plots;
 use crate::outputs::plots::data::{
-    self, fmt_err, fmt_num, headline, incomparable, is_linear_memory, mib, ms, peer_label,
-    variant_exponent, variant_order, Group, NAIVE,
+    self, fmt_err, fmt_num, headline, is_linear_memory, mib, ms, variant_exponent, Group, NAIVE,
 };
 use crate::outputs::versus;
 use crate::results::row::Row;
@@ -575,84 +574,6 @@ fn published_section(groups: &[Group], out: &mut String) {
 
 /// The whole report as markdown. `csv` is named in the text; `report` is where it will be
 /// written (figure links are relative to its folder); `plots_dir` holds the figures.
-/// GPU rows' CUDA-graph timing ([`Row::cuda_graph_median_ns`], docs/gpu.md "CUDA graphs"): per
-/// configuration, each densebench row that has one, its eager and graph medians, and the graph
-/// time as a ratio to the eager step and to each comparable PyTorch peer row of the same depth
-/// (PyTorch eager, as the peer runs). Nothing when no row has a graph timing.
-fn graph_section(groups: &[Group], out: &mut String) {
-    let timed: Vec<(&Group, Vec<&Row>)> = groups
-        .iter()
-        .map(|g| {
-            let rows =
-                g.ok.iter()
-                    .filter(|r| r.cuda_graph_median_ns().is_some())
-                    .collect::<Vec<_>>();
-            (g, rows)
-        })
-        .filter(|(_, rows)| !rows.is_empty())
-        .collect();
-    if timed.is_empty() {
-        return;
-    }
-    let _ = writeln!(
-        out,
-        "## CUDA graph replay
-"
-    );
-    let _ = writeln!(
-        out,
-        "The whole training step captured once as a CUDA graph and replayed; a timing is \
-         given only where the replayed results compared with the reference bit for bit as the \
-         eager step's did. The report's other time columns are the eager step's. Ratios to \
-         PyTorch are to its eager step, on the same device, dtype, threads and math.\n"
-    );
-    for (g, rows) in timed {
-        let _ = writeln!(out, "### {}\n", g.label);
-        let peers = g.peer_variants();
-        let mut headers = vec![
-            "variant".to_string(),
-            "L".to_string(),
-            "eager ms".to_string(),
-            "graph ms".to_string(),
-            "graph / eager".to_string(),
-        ];
-        headers.extend(peers.iter().map(|p| format!("graph / {}", peer_label(p))));
-        let mut table = Vec::new();
-        let order = variant_order(rows.iter().map(|r| r.variant.as_str()));
-        for v in &order {
-            let mut mine: Vec<&&Row> = rows.iter().filter(|r| &r.variant == v).collect();
-            mine.sort_by_key(|r| r.depth);
-            for r in mine {
-                let graph = r.cuda_graph_median_ns();
-                let mut cells = vec![
-                    format!("`{v}`"),
-                    r.depth.to_string(),
-                    r.median_ns.map_or("–".to_string(), |n| fmt_num(ms(n))),
-                    graph.map_or("–".to_string(), |n| fmt_num(ms(n))),
-                    ratio(graph, r.median_ns).map_or("–".to_string(), |x| format!("{x:.2}×")),
-                ];
-                for p in &peers {
-                    let peer = g
-                        .peers
-                        .iter()
-                        .find(|q| &q.variant == p && q.depth == r.depth);
-                    cells.push(match peer {
-                        None => "–".to_string(),
-                        Some(q) => match incomparable(r, q) {
-                            Some(why) => format!("– ({why})"),
-                            None => ratio(graph, q.median_ns)
-                                .map_or("–".to_string(), |x| format!("{x:.2}×")),
-                        },
-                    });
-                }
-                table.push(cells);
-            }
-        }
-        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
-        let _ = writeln!(out, "{}", markdown_table(&h, &table, &[0]));
-    }
-}
-
 pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Result<String> {
     let (groups, replaced) = data::group_rows(rows);
     let ok = rows.iter().filter(|r| r.is_ok()).count();
@@ -685,7 +606,7 @@ pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Resu
     machine_section(rows, &mut out);
     published_section(&groups, &mut out);
     versus::section(&groups, &mut out);
-    graph_section(&groups, &mut out);
+    versus::graph_section(&groups, &mut out);
     family_sections(&groups, &mut out);
     gradient_section(&groups, &mut out);
     figures_section(&groups, csv, report, plots_dir, &mut out)?;
