@@ -314,6 +314,66 @@ pub fn section(groups: &[Group], out: &mut String) {
     }
 }
 
+/// The report's "CUDA graph replay" section ([`Row::cuda_graph_median_ns`], docs/gpu.md "CUDA
+/// graphs"): per configuration, each densebench row that has a graph timing, its eager and
+/// graph medians, the graph time over the eager one, and over each PyTorch peer row of the same
+/// depth (PyTorch's eager step, as the peer runs), with the markers and refusals of the ratios
+/// above. Nothing when no row has a graph timing.
+pub fn graph_section(groups: &[Group], out: &mut String) {
+    let graph = |r: &Row| r.cuda_graph_median_ns();
+    let timed: Vec<(&Group, Vec<&Row>)> = groups
+        .iter()
+        .map(|g| (g, g.ok.iter().filter(|r| graph(r).is_some()).collect()))
+        .filter(|(_, rows): &(&Group, Vec<&Row>)| !rows.is_empty())
+        .collect();
+    if timed.is_empty() {
+        return;
+    }
+    let _ = writeln!(out, "## CUDA graph replay\n");
+    let _ = writeln!(
+        out,
+        "The whole training step captured once as a CUDA graph and replayed; a timing is \
+         given only where the replayed results compared with the reference bit for bit as the \
+         eager step's did. The report's other time columns are the eager step's. Ratios to \
+         PyTorch are to its eager step.\n"
+    );
+    for (g, mut rows) in timed {
+        let _ = writeln!(out, "### {}\n", g.label);
+        let order = variant_order(rows.iter().map(|r| r.variant.as_str()));
+        rows.sort_by_key(|r| (order.iter().position(|v| *v == r.variant), r.depth));
+        let peers = g.peer_variants();
+        let mut headers: Vec<String> = ["variant", "L", "eager ms", "graph ms", "graph / eager"]
+            .map(String::from)
+            .to_vec();
+        headers.extend(peers.iter().map(|p| format!("graph / {}", peer_label(p))));
+        let table: Vec<Vec<String>> = rows
+            .iter()
+            .map(|r| {
+                let mut cells = vec![
+                    format!("`{}`", r.variant),
+                    r.depth.to_string(),
+                    num_cell(r.median_ns, ms),
+                    num_cell(graph(r), ms),
+                    ratio_cell_of(r, graph, r, |x| x.median_ns),
+                ];
+                for p in &peers {
+                    cells.push(
+                        peers_at(g, r.depth)
+                            .into_iter()
+                            .find(|q| &q.variant == p)
+                            .map_or("–".to_string(), |q| {
+                                ratio_cell_of(r, graph, q, |x| x.median_ns)
+                            }),
+                    );
+                }
+                cells
+            })
+            .collect();
+        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
+        let _ = writeln!(out, "{}", markdown_table(&h, &table, &[0]));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -398,65 +458,5 @@ mod tests {
         );
         assert!(md.contains("| PyTorch naive | oom |"), "{md}");
         assert!(md.contains("out of memory"), "the reason is shown:\n{md}");
-    }
-}
-
-/// The report's "CUDA graph replay" section ([`Row::cuda_graph_median_ns`], docs/gpu.md "CUDA
-/// graphs"): per configuration, each densebench row that has a graph timing, its eager and
-/// graph medians, the graph time over the eager one, and over each PyTorch peer row of the same
-/// depth (PyTorch's eager step, as the peer runs), with the markers and refusals of the ratios
-/// above. Nothing when no row has a graph timing.
-pub fn graph_section(groups: &[Group], out: &mut String) {
-    let graph = |r: &Row| r.cuda_graph_median_ns();
-    let timed: Vec<(&Group, Vec<&Row>)> = groups
-        .iter()
-        .map(|g| (g, g.ok.iter().filter(|r| graph(r).is_some()).collect()))
-        .filter(|(_, rows): &(&Group, Vec<&Row>)| !rows.is_empty())
-        .collect();
-    if timed.is_empty() {
-        return;
-    }
-    let _ = writeln!(out, "## CUDA graph replay\n");
-    let _ = writeln!(
-        out,
-        "The whole training step captured once as a CUDA graph and replayed; a timing is \
-         given only where the replayed results compared with the reference bit for bit as the \
-         eager step's did. The report's other time columns are the eager step's. Ratios to \
-         PyTorch are to its eager step.\n"
-    );
-    for (g, mut rows) in timed {
-        let _ = writeln!(out, "### {}\n", g.label);
-        let order = variant_order(rows.iter().map(|r| r.variant.as_str()));
-        rows.sort_by_key(|r| (order.iter().position(|v| *v == r.variant), r.depth));
-        let peers = g.peer_variants();
-        let mut headers: Vec<String> = ["variant", "L", "eager ms", "graph ms", "graph / eager"]
-            .map(String::from)
-            .to_vec();
-        headers.extend(peers.iter().map(|p| format!("graph / {}", peer_label(p))));
-        let table: Vec<Vec<String>> = rows
-            .iter()
-            .map(|r| {
-                let mut cells = vec![
-                    format!("`{}`", r.variant),
-                    r.depth.to_string(),
-                    num_cell(r.median_ns, ms),
-                    num_cell(graph(r), ms),
-                    ratio_cell_of(r, graph, r, |x| x.median_ns),
-                ];
-                for p in &peers {
-                    cells.push(
-                        peers_at(g, r.depth)
-                            .into_iter()
-                            .find(|q| &q.variant == p)
-                            .map_or("–".to_string(), |q| {
-                                ratio_cell_of(r, graph, q, |x| x.median_ns)
-                            }),
-                    );
-                }
-                cells
-            })
-            .collect();
-        let h: Vec<&str> = headers.iter().map(String::as_str).collect();
-        let _ = writeln!(out, "{}", markdown_table(&h, &table, &[0]));
     }
 }
