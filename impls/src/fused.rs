@@ -26,6 +26,11 @@ fn slice<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]
     Ok(&v[a..b])
 }
 
+/// The elements of `s` as `T` within layout `l`, or the op's dtype or layout error.
+fn elems<'a, T: Float>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
+    slice(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, op)
+}
+
 fn bad_dtype(op: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
 }
@@ -225,42 +230,26 @@ impl CustomOp3 for BnPrepareOp {
                 )));
             }
         }
-        let k = self.scalars;
-        let out = match (ms, gs, bs, cpu_of(&rms), cpu_of(&rvs)) {
-            (
-                CpuStorage::F32(m),
-                CpuStorage::F32(g),
-                CpuStorage::F32(b),
-                CpuStorage::F32(rm),
-                CpuStorage::F32(rv),
-            ) => CpuStorage::F32(prepare_rows(
-                slice(m, ml, n)?,
-                [
-                    slice(g, gl, n)?,
-                    slice(b, bl, n)?,
-                    slice(rm, rml, n)?,
-                    slice(rv, rvl, n)?,
-                ],
-                c,
-                k,
-            )),
-            (
-                CpuStorage::F64(m),
-                CpuStorage::F64(g),
-                CpuStorage::F64(b),
-                CpuStorage::F64(rm),
-                CpuStorage::F64(rv),
-            ) => CpuStorage::F64(prepare_rows(
-                slice(m, ml, n)?,
-                [
-                    slice(g, gl, n)?,
-                    slice(b, bl, n)?,
-                    slice(rm, rml, n)?,
-                    slice(rv, rvl, n)?,
-                ],
-                c,
-                k,
-            )),
+        // One dtype for all five; `elems` checks each operand holds it.
+        fn go<T: Float>(
+            n: &str,
+            ops: [(&CpuStorage, &Layout); 5],
+            c: usize,
+            k: PrepareScalars,
+        ) -> candle_core::Result<Vec<T>> {
+            let [mv, g, b, rm, rv] = ops.map(|(s, l)| elems::<T>(s, l, n));
+            Ok(prepare_rows(mv?, [g?, b?, rm?, rv?], c, k))
+        }
+        let ops = [
+            (ms, ml),
+            (gs, gl),
+            (bs, bl),
+            (cpu_of(&rms), rml),
+            (cpu_of(&rvs), rvl),
+        ];
+        let out = match ms {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, self.scalars)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, self.scalars)?),
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, Shape::from((6, c))))
@@ -381,8 +370,11 @@ fn coef_rows<'a, T>(
 /// ops of [`generic_bn_bwd_coef`], with `neg_inv_m = T(−1/M)`, `inv_m = T(1/M)` (candle's
 /// scalar multiply and divide are the affine `v·k + 0`). CPU twin of the end of
 /// `bn_bwd_reduce` in `bn.cu`.
-fn bwd_coef<T: Float>(sg: T, sgx: T, mean: T, invstd: T, gamma: T, m: usize) -> [T; 3] {
-    let (neg_inv_m, inv_m) = (T::of(-1.0 / m as f64), T::of(1.0 / m as f64));
+fn bwd_coef<T: Float>(
+    [sg, sgx]: [T; 2],
+    [mean, invstd, gamma]: [T; 3],
+    [neg_inv_m, inv_m]: [T; 2],
+) -> [T; 3] {
     let a = gamma * invstd;
     let b = ((a * invstd) * sgx) * neg_inv_m + T::ZERO;
     let t = (mean * invstd) * sgx;
@@ -414,6 +406,7 @@ impl CustomOp3 for BnBwdReduceOp {
         let (gms, gml) = carried(n, &self.gamma)?;
         fn go<T: Float>(g: &[T], x: &[T], st: &[T], gamma: &[T], c: usize, m: usize) -> Vec<T> {
             let (means, invstds) = st.split_at(c);
+            let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
             let rows: Vec<[T; 5]> = g
                 .par_chunks(m)
                 .zip(x.par_chunks(m))
@@ -427,7 +420,7 @@ impl CustomOp3 for BnBwdReduceOp {
                         sgx += g * (x.f64() - mean64) * invstd64;
                     }
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
-                    let [a, b, cc] = bwd_coef(sg, sgx, mean, invstd, gamma, m);
+                    let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     [sg, sgx, a, b, cc]
                 })
                 .collect();
