@@ -452,6 +452,34 @@ fn gpu_fused_ops_allocate_only_their_output() {
     });
 }
 
+/// `densebench run ARGS --variant V --device cuda:0` through `cmd` (the binary, with any
+/// environment already set; the reference cache in `dir`): its one row,
+/// asserted `ok` with its gradients within tolerance.
+fn checked_gpu_row(
+    args: &[&str],
+    v: impls::Variant,
+    dir: &std::path::Path,
+    mut cmd: Command,
+) -> densebench::results::row::Row {
+    let o = cmd
+        .arg("run")
+        .args(args)
+        .args(["--variant", &v.name(), "--device", "cuda:0", "--cache-dir"])
+        .arg(dir.join("cache"))
+        .output()
+        .expect("the densebench binary runs");
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{v}: {stderr}");
+    let out = dir.join("row.csv");
+    std::fs::write(&out, &o.stdout).expect("write the row");
+    let r = densebench::results::row::read_rows(&out)
+        .expect("one valid row")
+        .swap_remove(0);
+    assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
+    assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
+    r
+}
+
 /// Issue 11, item 3: on the GPU's memory pool every modelled variant's measured peak is within
 /// ±5% of the model charged with the pool's measured rounding (the child measures what the pool
 /// charges for each allocation size the model makes; the CPU checks the charged model against a
@@ -463,7 +491,6 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let cache = dir.path().join("cache");
     let configs: [&[&str]; 2] = [
         &[
             "--family",
@@ -499,21 +526,7 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
             if v == impls::Variant::Autograd {
                 continue;
             }
-            let out = dir.path().join("row.csv");
-            let o = Command::new(bin())
-                .arg("run")
-                .args(*args)
-                .args(["--variant", &v.name(), "--device", "cuda:0", "--cache-dir"])
-                .arg(&cache)
-                .output()
-                .expect("the densebench binary runs");
-            let stderr = String::from_utf8_lossy(&o.stderr);
-            assert!(o.status.success(), "{v}: {stderr}");
-            std::fs::write(&out, &o.stdout).expect("write the row");
-            let rows = densebench::results::row::read_rows(&out).expect("one valid row");
-            let r = &rows[0];
-            assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
-            assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
+            let r = &checked_gpu_row(args, v, dir.path(), Command::new(bin()));
             let (peak, predicted) = (r.peak_bytes.unwrap(), r.predicted_peak_bytes.unwrap());
             let ratio = peak as f64 / predicted as f64;
             println!(
@@ -548,35 +561,29 @@ fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
-    let cache = dir.path().join("cache");
     let cfg = impls::Config::tiny(impls::Family::Bc);
     for v in impls::Variant::for_config(&cfg) {
         if v == impls::Variant::Autograd {
             continue;
         }
-        let out = dir.path().join("row.csv");
-        let o = Command::new(bin())
-            .args(["run", "--family", "bc", "--batch", "16", "--size", "16"])
-            .args(["--channels", "24", "--growth", "12", "--depth", "8"])
-            .args(["--variant", &v.name(), "--device", "cuda:0", "--cache-dir"])
-            .arg(&cache)
-            .env_remove(densebench::measure::graph::ENV)
-            .output()
-            .expect("the densebench binary runs");
-        let stderr = String::from_utf8_lossy(&o.stderr);
-        assert!(o.status.success(), "{v}: {stderr}");
-        std::fs::write(&out, &o.stdout).expect("write the row");
-        let rows = densebench::results::row::read_rows(&out).expect("one valid row");
-        let r = &rows[0];
-        assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
-        assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
-        let graph = r
-            .note
-            .split("cuda_graph_median_ns=")
-            .nth(1)
-            .and_then(|t| t.split(';').next())
-            .and_then(|n| n.parse::<u64>().ok());
-        let Some(graph) = graph else {
+        let args = [
+            "--family",
+            "bc",
+            "--batch",
+            "16",
+            "--size",
+            "16",
+            "--channels",
+            "24",
+            "--growth",
+            "12",
+            "--depth",
+            "8",
+        ];
+        let mut cmd = Command::new(bin());
+        cmd.env_remove(densebench::measure::graph::ENV);
+        let r = &checked_gpu_row(&args, v, dir.path(), cmd);
+        let Some(graph) = r.cuda_graph_median_ns() else {
             panic!("{}: no CUDA graph timing: {}", r.key, r.note);
         };
         let eager = r.median_ns.expect("eager median");
