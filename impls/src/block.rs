@@ -324,7 +324,9 @@ pub fn step_manual(
                     running.insert(bn_name(i, norm, "running_var"), new_v);
                 }
                 let y = maths::conv3x3_fwd(cfg, &f.s, params.get(&conv_name(i, 2))?)?;
-                ch.append(&y)?;
+                if i + 1 < cfg.depth {
+                    ch.append(&y)?; // the last layer's output is normalised by no BN
+                }
                 feats.push(cfg, i, y)?;
                 let inner = match strategy.intermediates {
                     Intermediates::Store => Inner::BcStore {
@@ -345,6 +347,7 @@ pub fn step_manual(
         saved.push(layer);
         probe.event(Event::ForwardLayer(i));
     }
+    drop(channel_stats); // backward re-reads only the saved tables
     let (output, pieces) = match feats {
         Features::Cat { current, pieces } => (current, pieces),
         Features::Buffer(b) => (b.into_full()?, None),

@@ -144,8 +144,11 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///
 /// The prediction replays, allocation by allocation, what [`crate::block::step_manual`] does:
 /// every full-size tensor (`[C, M]`, `[B, M]`, `[k, M]`, on a GPU `[9k, M]`), every parameter
-/// gradient and the convolution's scratch tiles;
-/// per-channel tables (BN statistics, `[Q, C]`) are ignored — they are O(C) next to O(C·M).
+/// gradient, the convolution's scratch tiles, and the per-channel tables of BN (planar
+/// `[Q, C]`: the features' statistics, each BN's `[6, C]` table and running stats, kept to the
+/// end of the step, and its backward's `[5, C]` sums, kept for dγ and dβ). The tables are
+/// O(C) next to O(C·M), but a memory pool may charge a small allocation a whole block, so
+/// each is an allocation of its own in the trace.
 /// Written out as formulas (s = bytes per element, M = N·H·W, C_i = C0 + i·k, B = bn_size·k):
 ///
 /// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
@@ -239,6 +242,9 @@ fn trace<'a>(
         t.alloc(ct * m); // the buffer
         t.free(c0 * m); // copied in, dropped
     }
+    if cfg.family == Family::Bc {
+        t.alloc(2 * c0); // the features' per-channel (mean; var), see `block::ChannelStats`
+    }
     for i in 0..l {
         let c = cfg.c_in(i);
         match cfg.family {
@@ -264,6 +270,7 @@ fn trace<'a>(
                 }
             }
             Family::Bc => {
+                t.alloc(6 * c); // BN1's table and running stats (kept: the step's results)
                 t.alloc(c * m); // BN1 output
                 if copy {
                     t.alloc(c * m); // ReLU copy
@@ -271,6 +278,9 @@ fn trace<'a>(
                 }
                 t.alloc(b * m); // z = Conv1×1
                 t.product();
+                t.alloc(2 * b); // z's (mean; var)
+                t.alloc(6 * b); // BN2's table and running stats (kept)
+                t.free(2 * b);
                 t.alloc(b * m); // BN2 output
                 if copy {
                     t.alloc(b * m);
@@ -293,6 +303,13 @@ fn trace<'a>(
                         t.free(9 * k * m);
                     }
                 }
+                if i + 1 < l {
+                    // y's (mean; var) appended to the features' (the last layer's never read)
+                    t.alloc(2 * k);
+                    t.alloc(2 * (c + k));
+                    t.free(2 * c);
+                    t.free(2 * k);
+                }
                 if cat {
                     t.alloc((c + k) * m); // new concatenation
                     if recompute {
@@ -313,6 +330,9 @@ fn trace<'a>(
                 }
             }
         }
+    }
+    if cfg.family == Family::Bc {
+        t.free(2 * cfg.c_in(l.saturating_sub(1))); // the features' statistics, dropped
     }
     // ---- backward ----
     t.alloc(ct * m); // upstream gradient → channel-major (the gradient buffer for `buffer`)
@@ -403,11 +423,10 @@ fn trace<'a>(
                     t.free(b * m); // ds
                 }
                 t.free(b * m); // s
+                t.alloc(5 * b); // BN2's (Σgy = dβ2; Σgy·x̂ = dγ2; A; B; C), kept for dγ2, dβ2
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
-                t.alloc(b); // dγ2 (kept)
-                t.alloc(b); // dβ2 (kept)
                 if path == Kernels::Cpu {
                     t.alloc(b * c); // dW1ᵀ, transposed into dW1
                     t.product();
@@ -427,8 +446,7 @@ fn trace<'a>(
                 if cat {
                     t.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
                 } // buffer: BN1's backward adds dx straight into the gradient buffer
-                t.alloc(c); // dγ1 (kept)
-                t.alloc(c); // dβ1 (kept)
+                t.alloc(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
                 t.free(c * m); // BN1 grad input
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)

@@ -4,10 +4,12 @@
 //! allocation exactly. Rounded like a block allocator (every allocation of at least a threshold
 //! charged as whole granules), the measured peak must still match the model charged with the
 //! same rounding allocation by allocation, which is how a GPU row's prediction accounts for the
-//! pool (`predict_peak_bytes_charged` with the pool's measured charge). One test only in this
-//! binary, so no other test thread allocates while it measures.
+//! pool (`predict_peak_bytes_charged` with the pool's measured charge). In f32, the most f32
+//! storages live at once must be exactly the model's count of live allocations, the per-channel
+//! tables included: a pool that charges a small allocation a whole block charges each of them.
+//! One test only in this binary, so no other test thread allocates while it measures.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
 use impls::maths::with_tap_stack_on_cpu;
 use impls::memory::{exact, predict_peak_bytes_charged, Kernels};
 use impls::{Case, Variant};
@@ -15,12 +17,15 @@ use std::sync::atomic::Ordering::Relaxed;
 
 mod counting;
 
-use counting::{model_configs, rounded, set_rounding, Counting, LIVE, PEAK};
+use counting::{
+    model_configs, rounded, set_rounding, Counting, LIVE, LIVE_F32_STORAGES, PEAK,
+    PEAK_F32_STORAGES,
+};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
-/// Exact sizes: the model ignores per-channel vectors and tensor headers (a few KiB); candle's
+/// Exact sizes: the model ignores tensor headers (a few KiB); candle's
 /// CPU matmul packs its operands in thread-local memory that the warm-up step settles.
 const EXACT_REL_TOL: f64 = 0.02;
 /// Rounded: the model must follow the granules of every live tensor (the coarsest rounding
@@ -37,22 +42,34 @@ const ROUNDINGS: [(usize, usize); 3] = [
     (4 << 10, 64 << 10),
 ];
 
-/// The peak bytes above the baseline of one step of `v` on the tap-stack path.
-fn measure(v: Variant, case: &Case) -> usize {
+/// The peak bytes above the baseline of one step of `v` on the tap-stack path, and the peak
+/// number of live f32 storages above the baseline's (the tensors a GPU pool would hold).
+fn measure(v: Variant, case: &Case) -> (usize, usize) {
     with_tap_stack_on_cpu(|| {
         let run = || case.step(v).unwrap();
         let base = LIVE.load(Relaxed);
         PEAK.store(base, Relaxed);
+        let base_storages = LIVE_F32_STORAGES.load(Relaxed);
+        PEAK_F32_STORAGES.store(base_storages, Relaxed);
         let r = run();
         let measured = PEAK.load(Relaxed) - base;
+        let storages = PEAK_F32_STORAGES.load(Relaxed) - base_storages;
         drop(r);
-        measured
+        (measured, storages)
     })
+}
+
+/// The pool charge that counts allocations, not bytes: under it the model's peak is the number
+/// of tensors live at once, which must be exactly the step's (a pool that charges a small
+/// allocation a whole block charges every one of them, however small).
+fn one_per_allocation(_bytes: u64) -> u64 {
+    1
 }
 
 #[test]
 fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
     let mut worst_unrounded_miss = 0.0f64;
+    let mut counted_configs = 0;
     for cfg in model_configs() {
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
         for v in Variant::for_config(&cfg) {
@@ -62,9 +79,25 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
                 continue;
             };
             let _ = measure(v, &case); // warm-up: settles gemm's thread-local scratch
-            let measured = measure(v, &case);
+            let (measured, storages) = measure(v, &case);
             let ratio = measured as f64 / predicted as f64;
             eprintln!("{v} on {}: exact ×{ratio:.4}", cfg.describe());
+            if cfg.dtype == DType::F32 {
+                // every allocation of the model, the per-channel tables too, is one tensor of
+                // the step: the most live at once is the same number
+                let counted =
+                    predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &one_per_allocation)
+                        .unwrap();
+                eprintln!("  live f32 tensors at most: {storages} (model {counted})");
+                assert_eq!(
+                    storages as u64,
+                    counted,
+                    "{v} on {}, tap-stack path: at most {storages} f32 tensors were live at \
+                     once, the model's trace has {counted}",
+                    cfg.describe()
+                );
+                counted_configs += 1;
+            }
             assert!(
                 (ratio - 1.0).abs() <= EXACT_REL_TOL,
                 "{v} on {}, tap-stack path: measured {measured} B, predicted {predicted} B \
@@ -73,7 +106,7 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
             );
             for (threshold, granule) in ROUNDINGS {
                 set_rounding(threshold, granule);
-                let measured = measure(v, &case);
+                let (measured, _) = measure(v, &case);
                 set_rounding(0, 1);
                 let rule = |b: u64| rounded(b as usize, threshold, granule) as u64;
                 let charged =
@@ -95,6 +128,10 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
             }
         }
     }
+    assert!(
+        counted_configs > 0,
+        "no f32 config: live tensors were never counted"
+    );
     // The roundings must matter, or this test could not tell a model that rounds from one
     // that does not.
     assert!(

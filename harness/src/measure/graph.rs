@@ -55,6 +55,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::CudaStream;
     use candle_core::Device;
     use impls::{Case, StepResult, Variant};
+    use std::mem::ManuallyDrop;
     use std::sync::Arc;
     use std::time::Instant;
 
@@ -108,10 +109,25 @@ mod cuda {
         let graph = stream
             .end_capture(CUgraphInstantiate_flags::CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH);
         drop(guard);
-        let result = captured.map_err(|e| anyhow!("the step under capture: {e}"))?;
-        let graph = graph
-            .map_err(|e| anyhow!("ending the capture / instantiating the graph: {e:?}"))?
-            .context("the capture recorded nothing")?;
+        // The tensors the step made under capture are the graph's allocations: they exist only
+        // once the graph has run. Until every launch has succeeded they are never dropped (a
+        // free of an address nothing allocated is a driver error at a later call): on any
+        // failure from here on they are forgotten instead. The child exits after its row, and
+        // the graph's own memory goes with the graph.
+        let graph = match graph {
+            Ok(Some(g)) => g,
+            failed => {
+                if let Ok(r) = captured {
+                    std::mem::forget(r);
+                }
+                return Err(match failed {
+                    Err(e) => anyhow!("ending the capture / instantiating the graph: {e:?}"),
+                    _ => anyhow!("the capture recorded nothing"),
+                });
+            }
+        };
+        let result =
+            ManuallyDrop::new(captured.map_err(|e| anyhow!("the step under capture: {e}"))?);
         let launch = || -> Result<u64> {
             device.synchronize()?;
             let t = Instant::now();
@@ -128,6 +144,8 @@ mod cuda {
         let times = (0..steps.max(1))
             .map(|_| launch())
             .collect::<Result<Vec<_>>>()?;
+        // every launch succeeded: the outputs are the last replay's, live until it is freed
+        let result = ManuallyDrop::into_inner(result);
         Ok((
             times,
             Replayed {

@@ -13,6 +13,13 @@ pub static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Highest `LIVE` since the binary started or a test reset it.
 pub static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+/// Live allocations with the alignment of an `f32` (4): in an f32 step, exactly its live f32
+/// tensor storages (a `Vec<f32>` each; candle's shapes and bookkeeping align to 8, gemm's
+/// packing to 128). Counted whatever the rounding, one per allocation.
+pub static LIVE_F32_STORAGES: AtomicUsize = AtomicUsize::new(0);
+/// Highest [`LIVE_F32_STORAGES`] since the binary started or a test reset it.
+pub static PEAK_F32_STORAGES: AtomicUsize = AtomicUsize::new(0);
+
 /// Allocations of at least this many bytes are charged rounded up to [`GRANULE`] (0: off).
 static THRESHOLD: AtomicUsize = AtomicUsize::new(0);
 /// See [`THRESHOLD`].
@@ -54,19 +61,36 @@ fn add(bytes: usize) {
     PEAK.fetch_max(LIVE.fetch_add(bytes, Relaxed) + bytes, Relaxed);
 }
 
+/// Whether `l` is counted in [`LIVE_F32_STORAGES`].
+fn is_f32_storage(l: Layout) -> bool {
+    l.align() == std::mem::align_of::<f32>()
+}
+
+fn add_storage(l: Layout) {
+    if is_f32_storage(l) {
+        let live = LIVE_F32_STORAGES.fetch_add(1, Relaxed) + 1;
+        PEAK_F32_STORAGES.fetch_max(live, Relaxed);
+    }
+}
+
 /// Counts live bytes and their high-water mark.
 pub struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         add(charge(l));
+        add_storage(l);
         System.alloc(l)
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         add(charge(l));
+        add_storage(l);
         System.alloc_zeroed(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(charge(l), Relaxed);
+        if is_f32_storage(l) {
+            LIVE_F32_STORAGES.fetch_sub(1, Relaxed);
+        }
         System.dealloc(p, l)
     }
     unsafe fn realloc(&self, p: *mut u8, l: Layout, new: usize) -> *mut u8 {
