@@ -116,6 +116,32 @@ impl<'a> Trace<'a> {
     fn free(&mut self, elems: usize) {
         self.live -= (self.charge)(elems as u64 * self.s as u64) as i128;
     }
+    /// BN1 → ReLU → Conv1×1 → BN2 → ReLU of a bc layer with `c` inputs and a bottleneck of `b`
+    /// (`block::bc_front`), leaving r `[c, M]`, z and s `[b, M]` live: in forward with each
+    /// BN's per-channel table made (and kept: the running stats are the step's results),
+    /// recomputed in backward from the saved tables (`forward` false).
+    fn bc_front(&mut self, c: usize, b: usize, m: usize, copy: bool, forward: bool) {
+        if forward {
+            self.alloc(6 * c); // BN1's table and running stats
+        }
+        self.alloc(c * m); // BN1 output
+        if copy {
+            self.alloc(c * m); // ReLU copy
+            self.free(c * m);
+        }
+        self.alloc(b * m); // z = Conv1×1
+        self.product();
+        if forward {
+            self.alloc(2 * b); // z's (mean; var)
+            self.alloc(6 * b); // BN2's table and running stats
+            self.free(2 * b);
+        }
+        self.alloc(b * m); // BN2 output
+        if copy {
+            self.alloc(b * m);
+            self.free(b * m);
+        }
+    }
 }
 
 /// What an allocator charges for one allocation of `bytes`: the identity for the CPU's counting
@@ -270,22 +296,7 @@ fn trace<'a>(
                 }
             }
             Family::Bc => {
-                t.alloc(6 * c); // BN1's table and running stats (kept: the step's results)
-                t.alloc(c * m); // BN1 output
-                if copy {
-                    t.alloc(c * m); // ReLU copy
-                    t.free(c * m);
-                }
-                t.alloc(b * m); // z = Conv1×1
-                t.product();
-                t.alloc(2 * b); // z's (mean; var)
-                t.alloc(6 * b); // BN2's table and running stats (kept)
-                t.free(2 * b);
-                t.alloc(b * m); // BN2 output
-                if copy {
-                    t.alloc(b * m);
-                    t.free(b * m);
-                }
+                t.bc_front(c, b, m, copy, true);
                 match path {
                     Kernels::Cpu => {
                         let tiles = conv3x3::scratch_elems(g, conv3x3::Pass::Forward, b, k);
@@ -378,18 +389,7 @@ fn trace<'a>(
             }
             Family::Bc => {
                 if recompute {
-                    t.alloc(c * m); // BN1 output
-                    if copy {
-                        t.alloc(c * m);
-                        t.free(c * m);
-                    }
-                    t.alloc(b * m); // z
-                    t.product();
-                    t.alloc(b * m); // BN2 output
-                    if copy {
-                        t.alloc(b * m);
-                        t.free(b * m);
-                    }
+                    t.bc_front(c, b, m, copy, false);
                 }
                 match path {
                     Kernels::Cpu => {
