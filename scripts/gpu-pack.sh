@@ -23,7 +23,9 @@ export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}
 limit_mib=${DENSEBENCH_PACK_LIMIT_MIB:-60}
 
 # Excluded from git, so the packed binaries never land in a commit.
+# (A checkout made without `git clone`'s templates has no .git/info: made here.)
 exclude="$(git rev-parse --git-common-dir)/info/exclude"
+mkdir -p "$(dirname "$exclude")"
 grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 
 echo "gpu-pack: $(nvcc --version | tail -n 2 | head -n 1); sm_${CUDA_COMPUTE_CAP}; target ${CARGO_TARGET_DIR}"
