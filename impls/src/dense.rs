@@ -13,6 +13,7 @@
 
 use crate::error::{CandleContext, Result};
 use crate::kernels;
+use crate::matrix::{check_shapes, Mat};
 use crate::shared::{Float, SharedPtr};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
@@ -29,61 +30,6 @@ const PANELS_PER_THREAD: usize = 4;
 const MIN_PANEL: usize = 80;
 /// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
 const MIN_ROW_PANEL: usize = 128;
-
-/// A 2-D operand inside a storage slice: rows × cols at `off` with element strides `rs`, `cs`.
-#[derive(Clone, Copy, Debug)]
-struct Mat {
-    rows: usize,
-    cols: usize,
-    off: usize,
-    rs: usize,
-    cs: usize,
-}
-
-impl Mat {
-    /// The operand `l` describes in a storage of `len` elements, or an error naming `what`.
-    fn of(l: &Layout, len: usize, op: &str, what: &str) -> candle_core::Result<Mat> {
-        let (rows, cols) = l.shape().dims2().map_err(|_| {
-            candle_core::Error::Msg(format!(
-                "{op}: {what} must be 2-D, got shape {:?}",
-                l.dims()
-            ))
-        })?;
-        let (rs, cs) = (l.stride()[0], l.stride()[1]);
-        let m = Mat {
-            rows,
-            cols,
-            off: l.start_offset(),
-            rs,
-            cs,
-        };
-        if rows > 0 && cols > 0 && m.off + (rows - 1) * rs + (cols - 1) * cs >= len {
-            return Err(candle_core::Error::Msg(format!(
-                "{op}: {what} {rows}×{cols} (offset {}, strides {rs}, {cs}) lies outside its storage of {len} elements",
-                m.off
-            )));
-        }
-        Ok(m)
-    }
-
-    /// Rows `r0 .. r0 + n` of this operand.
-    fn rows(self, r0: usize, n: usize) -> Mat {
-        Mat {
-            rows: n,
-            off: self.off + r0 * self.rs,
-            ..self
-        }
-    }
-
-    /// Columns `c0 .. c0 + n` of this operand.
-    fn columns(self, c0: usize, n: usize) -> Mat {
-        Mat {
-            cols: n,
-            off: self.off + c0 * self.cs,
-            ..self
-        }
-    }
-}
 
 /// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
 ///
@@ -172,23 +118,6 @@ unsafe fn multiply<T: Float>(
             )
         }
     });
-}
-
-fn check_shapes(op: &str, d: Option<Mat>, a: Mat, b: Mat) -> candle_core::Result<()> {
-    let fits = a.cols == b.rows && d.is_none_or(|d| d.rows == a.rows && d.cols == b.cols);
-    if fits {
-        Ok(())
-    } else {
-        Err(candle_core::Error::Msg(format!(
-            "{op}: cannot multiply {}×{} by {}×{}{}",
-            a.rows,
-            a.cols,
-            b.rows,
-            b.cols,
-            d.map(|d| format!(" into {}×{}", d.rows, d.cols))
-                .unwrap_or_default()
-        )))
-    }
 }
 
 /// `a · b` into a new row-major tensor, or with `transposed` its transpose `(a · b)ᵀ`: the
@@ -318,6 +247,18 @@ impl InplaceOp3 for Accumulate {
             other => Err(unsupported(op, other)),
         }
     }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        a: &candle_core::CudaStorage,
+        al: &Layout,
+        b: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::dense_cuda::accumulate(self.name(), dst, dl, (a, al), Some((b, bl)), None)
+    }
 }
 
 /// `top += a · tail` on one tensor's rows: `rows [top + t, n]` is split after row `top`; the
@@ -374,6 +315,16 @@ impl InplaceOp2 for AccumulateTail {
             CpuStorage::F64(d) => go(op, self.top, d, dl, (a, al)),
             other => Err(unsupported(op, other)),
         }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        a: &candle_core::CudaStorage,
+        al: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::dense_cuda::accumulate(self.name(), dst, dl, (a, al), None, Some(self.top))
     }
 }
 

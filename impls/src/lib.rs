@@ -29,6 +29,8 @@ pub mod conv3x3;
 mod cuda_launch;
 pub mod cuda_src;
 pub mod dense;
+#[cfg(feature = "cuda")]
+mod dense_cuda;
 pub mod error;
 pub mod fused;
 #[cfg(feature = "cuda")]
@@ -39,6 +41,7 @@ pub mod kernels;
 #[cfg(feature = "cuda")]
 mod kernels_cuda;
 pub mod maths;
+mod matrix;
 pub mod memory;
 pub mod params;
 pub mod probe;

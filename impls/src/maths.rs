@@ -63,9 +63,9 @@ fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
     }
 }
 
-/// Runs `f` with the CPU taking the path of other devices ([`crate::memory::Kernels::TapStack`]:
-/// the 3×3 convolution through the tap stack, dense products through candle's matmul into new
-/// tensors) for the calls made on this thread. The GPU's allocations, op for op, on a machine
+/// Runs `f` with the CPU taking the GPU's path ([`crate::memory::Kernels::TapStack`]: the 3×3
+/// convolution through the tap stack, dense products through candle's matmul into new tensors
+/// except those that add into their destination) for the calls made on this thread. The GPU's allocations, op for op, on a machine
 /// without one: the memory model of the GPU path is checked against the CPU's exact allocator
 /// this way (`tests/memory_model_pool.rs`). The values differ from the CPU kernels' by
 /// summation order only.
@@ -207,18 +207,38 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
     }
 }
 
+/// Whether dense products on `dev` can add into their destination ([`dense::accumulate`]): the
+/// CPU's `gemm` (on either path) and, with the `cuda` feature, cuBLAS with β = 1.
+fn accumulates(dev: &Device) -> bool {
+    dev.is_cpu() || (cfg!(feature = "cuda") && dev.is_cuda())
+}
+
+/// [`dense::accumulate`], with both operands rounded to TF32 first inside
+/// [`with_tf32_emulation_on_cpu`] (as cuBLAS does with `--math tf32`).
+fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    match TF32_ON_CPU.with(Cell::get) {
+        None => dense::accumulate(dst, a, b),
+        Some(r) => dense::accumulate(
+            dst,
+            &kernels::round_tf32(a, r)?,
+            &kernels::round_tf32(b, r)?,
+        ),
+    }
+}
+
 /// `W[out, in] @ x[in, M]` (+ bias `[out]`): Linear and Conv1×1 in channel-major form.
 ///
-/// CPU: the bias is broadcast into the output first and the product added into it
-/// ([`dense::accumulate`], one `[out, M]` tensor); other devices: candle's matmul, then the
-/// bias added into a second tensor.
+/// With a bias, on the CPU and on a CUDA GPU: the bias is broadcast into the output first and
+/// the product added into it ([`dense::accumulate`]: `gemm`, or cuBLAS with β = 1; one
+/// `[out, M]` tensor); other devices: candle's matmul, then the bias added into a second
+/// tensor. Without one: the CPU's panels ([`dense::product`]), elsewhere candle's matmul.
 pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
     let cpu = cpu_kernels(x.device());
     match bias {
-        Some(b) if cpu => {
+        Some(b) if accumulates(x.device()) => {
             // always a fresh tensor (even for M = 1): the product is added into it
             let y = kernels::repeat_rows(b, x.dims()[1])?;
-            dense::accumulate(&y, w, x)?;
+            accumulate(&y, w, x)?;
             Ok(y)
         }
         None if cpu => dense::product(w, x),
@@ -255,13 +275,13 @@ pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
 }
 
 /// [`dense_bwd_input`] added into `dst [in, M]` (**in place**, e.g. a view of the gradient
-/// buffer; `gy` may be another, disjoint view of it). CPU: `gemm` adds the product straight into
-/// `dst`, no `[in, M]` temporary; other devices: the product, then [`kernels::add_assign`].
-/// The same sums either way: `dst + Σ`, rounded once.
+/// buffer; `gy` may be another, disjoint view of it). CPU and CUDA: the product is added
+/// straight into `dst` (`gemm`, cuBLAS with β = 1), no `[in, M]` temporary; other devices: the
+/// product, then [`kernels::add_assign`]. The same sums either way: `dst + Σ`, rounded once.
 pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Result<()> {
     let wt = w.t().ctx("dense dx")?;
-    if cpu_kernels(gy.device()) {
-        return dense::accumulate(dst, &wt, gy);
+    if accumulates(gy.device()) {
+        return accumulate(dst, &wt, gy);
     }
     let dx = matmul(&wt, gy, "dense dx")?;
     kernels::add_assign(dst, &dx)
@@ -271,12 +291,17 @@ pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Resu
 /// and `dst` its first `top` rows (one view of a gradient buffer): **writes rows `[0, top)`**.
 pub fn dense_bwd_input_accumulate_tail(w: &Tensor, rows: &Tensor, top: usize) -> Result<()> {
     let wt = w.t().ctx("dense dx")?;
-    if cpu_kernels(rows.device()) {
-        return dense::accumulate_tail(rows, top, &wt);
-    }
     let out = rows.dims()[0].saturating_sub(top);
-    let gy = rows.narrow(0, top, out).ctx("dense dx")?;
-    let dst = rows.narrow(0, 0, top).ctx("dense dx")?;
+    let gy = || rows.narrow(0, top, out).ctx("dense dx");
+    let dst = || rows.narrow(0, 0, top).ctx("dense dx");
+    if accumulates(rows.device()) {
+        return match TF32_ON_CPU.with(Cell::get) {
+            None => dense::accumulate_tail(rows, top, &wt),
+            // the rounded operands are new tensors: no longer rows of the destination's storage
+            Some(_) => accumulate(&dst()?, &wt, &gy()?),
+        };
+    }
+    let (gy, dst) = (gy()?, dst()?);
     let dx = matmul(&wt, &gy, "dense dx")?;
     kernels::add_assign(&dst, &dx)
 }

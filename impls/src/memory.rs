@@ -188,7 +188,7 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one); BN1's `dx` is added straight into
 ///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
 ///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
-///   their `dx` the same way on the CPU (other devices: a C_i·M product, then the addition).
+///   their `dx` the same way (on a GPU too: cuBLAS with β = 1).
 ///
 /// The tests check this against the counting allocator on small configs (exact on CPU), and
 /// the [`Kernels::TapStack`] trace against the CPU running that path
@@ -208,9 +208,10 @@ pub enum Kernels {
     /// add into their destination ([`crate::dense`]: the Linear bias is the output's first value,
     /// the mlp input gradient goes straight into the gradient of the layer input).
     Cpu,
-    /// Other devices': the tap-stacked weight `[9k, B]` and tap products / shifted gradients
-    /// `[9k, M]`; matmuls into new tensors, then the bias or the accumulation as another pass.
-    /// The CPU takes this path inside [`crate::maths::with_tap_stack_on_cpu`].
+    /// A GPU's: the tap-stacked weight `[9k, B]` and tap products / shifted gradients `[9k, M]`;
+    /// the other products through candle's matmul into new tensors, except Linear's (bias)
+    /// and the mlp input gradient, added into their destination as on the CPU (cuBLAS with
+    /// β = 1). The CPU takes this path inside [`crate::maths::with_tap_stack_on_cpu`].
     TapStack,
 }
 
@@ -275,12 +276,8 @@ fn trace<'a>(
         let c = cfg.c_in(i);
         match cfg.family {
             Family::Mlp => {
-                t.alloc(k * m); // W @ x (CPU: the bias, then W @ x added into it)
+                t.alloc(k * m); // the bias, then W @ x added into it
                 t.product();
-                if path == Kernels::TapStack {
-                    t.alloc(k * m); // + bias
-                    t.free(k * m);
-                }
                 if cfg.activation && copy {
                     t.alloc(k * m);
                     t.free(k * m);
@@ -376,10 +373,6 @@ fn trace<'a>(
                     t.alloc(c * m); // new input gradient: the prefix's values, dx added in
                 }
                 t.product(); // dx added in
-                if path == Kernels::TapStack {
-                    t.alloc(c * m); // dx, added in, dropped
-                    t.free(c * m);
-                }
                 if cfg.activation && copy {
                     t.free(k * m);
                 }

@@ -1,6 +1,7 @@
 //! The CUDA kernels of every fused op (`src/cuda/bn.cu`, `src/cuda/shift.cu`) and the in-place
 //! element-wise kernels against their CPU twins and the `generic_*` candle-op oracles, through
 //! views with non-zero start offsets, on a non-square grid; and two runs of each bitwise equal.
+//! Also cuBLAS's accumulation into a view (`dense::accumulate` on a GPU) against `gemm`.
 //!
 //! Needs the `cuda` feature and a usable `cuda:0`; without a GPU every test prints why it is
 //! skipped and returns. Run with `cargo test -p densebench-impls --features cuda --test
@@ -377,4 +378,78 @@ fn cuda_fused_ops_reject_short_operands() {
     let bad_grid = Grid { n: 1, h: 9, w: 11 };
     let e = fused::shift_stack(&x, bad_grid, [(0, 0); 9]).expect_err("wrong grid accepted");
     assert!(format!("{e:#}").contains("grid"), "{e:#}");
+}
+
+/// cuBLAS with β = 1 (`dense::accumulate` and `accumulate_tail` on a GPU, `src/dense_cuda.rs`):
+/// the mlp input gradient `dst += Wᵀ·gy` added into a buffer's view (Wᵀ a transposed view) and
+/// into the first rows of one view from its last rows, against the CPU's `gemm`, f32 and f64.
+/// The sums differ by order only: within 4·k·ε·(|dst| + Σ|w·gy|) (values in [−2, 2]; a wrong or
+/// missing term is O(1)). The buffer's rows around the view stay untouched, and two runs on the
+/// same inputs are bitwise equal (cuBLAS is deterministic on one stream without split-K atomics).
+#[test]
+fn cuda_dense_accumulate_matches_cpu_gemm() {
+    let Some(dev) = gpu("cuda_dense_accumulate_matches_cpu_gemm") else {
+        return;
+    };
+    let (k, c, m) = (64, C, GRID.n * GRID.h * GRID.w);
+    for dtype in [DType::F32, DType::F64] {
+        let eps = if dtype == DType::F32 {
+            f32::EPSILON as f64
+        } else {
+            f64::EPSILON
+        };
+        let tol = 4.0 * k as f64 * eps * (2.0 + 4.0 * k as f64);
+        let w = rand((k, c), 21, dtype);
+        let gy = rand((k, m), 22, dtype);
+        let d0 = rand((c, m), 23, dtype);
+        let close = |gpu: &Tensor, cpu: &Tensor, what: &str| {
+            let (a, b) = (host(gpu), host(cpu));
+            assert_eq!(a.len(), b.len(), "{what}: sizes");
+            let worst = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f64, f64::max);
+            println!("{what} {dtype:?}: max |cuBLAS − gemm| = {worst:.3e} (bound {tol:.1e})");
+            assert!(
+                worst <= tol,
+                "{what} {dtype:?}: max difference {worst:e} > {tol:e}"
+            );
+        };
+        // dst += Wᵀ · gy into rows 2.. of a buffer
+        let cpu = d0.copy().expect("copy");
+        impls::dense::accumulate(&cpu, &w.t().expect("wt"), &gy).expect("cpu accumulate");
+        let (wg, gyg) = (
+            w.to_device(&dev).expect("w"),
+            gy.to_device(&dev).expect("gy"),
+        );
+        let run = || {
+            let (buf, view) = in_buffer(&d0, &dev);
+            impls::dense::accumulate(&view, &wg.t().expect("wt"), &gyg).expect("cuda accumulate");
+            (buf, view)
+        };
+        let (buf, view) = run();
+        close(&view, &cpu, "accumulate");
+        let pads = [buf.narrow(0, 0, 2), buf.narrow(0, 2 + c, 3)];
+        for p in pads {
+            assert!(
+                host(&p.expect("pad")).iter().all(|v| *v == 7.0),
+                "{dtype:?}: pad written"
+            );
+        }
+        assert_bitwise(&run().1, &view, &format!("accumulate twice {dtype:?}"));
+        // rows [0, c) += Wᵀ · rows [c, c + k) of one view
+        let rows = Tensor::cat(&[&d0, &gy], 0).expect("rows");
+        let cpu = rows.copy().expect("copy");
+        impls::dense::accumulate_tail(&cpu, c, &w.t().expect("wt")).expect("cpu tail");
+        let (_buf, view) = in_buffer(&rows, &dev);
+        impls::dense::accumulate_tail(&view, c, &wg.t().expect("wt")).expect("cuda tail");
+        close(&view, &cpu, "accumulate_tail");
+        // the right operand's rows are read, not written
+        assert_bitwise(
+            &view.narrow(0, c, k).expect("tail"),
+            &gy,
+            &format!("accumulate_tail's right operand {dtype:?}"),
+        );
+    }
 }

@@ -13,6 +13,14 @@ pub static LIVE: AtomicUsize = AtomicUsize::new(0);
 /// Highest `LIVE` since the binary started or a test reset it.
 pub static PEAK: AtomicUsize = AtomicUsize::new(0);
 
+/// Live bytes of the allocations a GPU's memory pool would hold: those of alignment at most
+/// [`ROUNDED_MAX_ALIGN`] (tensor storage, and candle's bookkeeping, which a GPU keeps on the
+/// host), not gemm's align-128 packing buffers (matmul workspace: cuBLAS keeps its own outside
+/// the pool). Charged like [`LIVE`].
+pub static POOL_LIVE: AtomicUsize = AtomicUsize::new(0);
+/// Highest [`POOL_LIVE`] since the binary started or a test reset it.
+pub static POOL_PEAK: AtomicUsize = AtomicUsize::new(0);
+
 /// Live allocations with the alignment of an `f32` (4): in an f32 step, exactly its live f32
 /// tensor storages (a `Vec<f32>` each; candle's shapes and bookkeeping align to 8, gemm's
 /// packing to 128). Counted whatever the rounding, one per allocation.
@@ -61,6 +69,19 @@ fn add(bytes: usize) {
     PEAK.fetch_max(LIVE.fetch_add(bytes, Relaxed) + bytes, Relaxed);
 }
 
+fn add_pool(l: Layout) {
+    if l.align() <= ROUNDED_MAX_ALIGN {
+        let bytes = charge(l);
+        POOL_PEAK.fetch_max(POOL_LIVE.fetch_add(bytes, Relaxed) + bytes, Relaxed);
+    }
+}
+
+fn sub_pool(l: Layout) {
+    if l.align() <= ROUNDED_MAX_ALIGN {
+        POOL_LIVE.fetch_sub(charge(l), Relaxed);
+    }
+}
+
 /// Whether `l` is counted in [`LIVE_F32_STORAGES`].
 fn is_f32_storage(l: Layout) -> bool {
     l.align() == std::mem::align_of::<f32>()
@@ -78,16 +99,19 @@ pub struct Counting;
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, l: Layout) -> *mut u8 {
         add(charge(l));
+        add_pool(l);
         add_storage(l);
         System.alloc(l)
     }
     unsafe fn alloc_zeroed(&self, l: Layout) -> *mut u8 {
         add(charge(l));
+        add_pool(l);
         add_storage(l);
         System.alloc_zeroed(l)
     }
     unsafe fn dealloc(&self, p: *mut u8, l: Layout) {
         LIVE.fetch_sub(charge(l), Relaxed);
+        sub_pool(l);
         if is_f32_storage(l) {
             LIVE_F32_STORAGES.fetch_sub(1, Relaxed);
         }
@@ -101,6 +125,8 @@ unsafe impl GlobalAlloc for Counting {
         } else {
             LIVE.fetch_sub(old - new_charge, Relaxed);
         }
+        sub_pool(l);
+        add_pool(grown);
         System.realloc(p, l, new)
     }
 }

@@ -1,0 +1,172 @@
+//! cuBLAS for the dense products that add into an existing tensor on a GPU ([`crate::dense`]'s
+//! `accumulate` and `accumulate_tail`): `dst += a · b` as one GEMM with β = 1 straight into the
+//! destination view (a prefix of a gradient buffer, or a Linear output holding its bias), so
+//! the GPU path makes no `[C, M]` temporary and no second pass, as the CPU's `gemm` does not.
+//!
+//! The call is candle's own matmul call on candle's cuBLAS handle (bound to its stream), with
+//! β = 1 and batch 1: `cublasGemmStridedBatchedEx` in f32 with candle's TF32 switch
+//! (`set_gemm_reduced_precision_f32`, so `--math tf32` holds here too), and
+//! `cublasDgemmStridedBatched` in f64. The row-major operands are mapped to BLAS's column-major
+//! convention by [`ColMajorGemm::of`], which the CPU tests check against `gemm`.
+//!
+//! Only compiled with the `cuda` feature. Every failure is an `Err` naming the op.
+
+use crate::cuda_launch::{msg, unsupported};
+use crate::matrix::{ColMajorGemm, Mat};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
+use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::CudaStorage;
+use candle_core::{DType, Layout};
+
+/// `dst += a · b` (`b` another storage), or with `tail = Some(top)` the rows of `dst`'s view
+/// split after row `top`: `dst[..top] += a · dst[top..]` (`b` is `None`).
+pub fn accumulate(
+    op: &str,
+    dst: &mut CudaStorage,
+    dl: &Layout,
+    (a, al): (&CudaStorage, &Layout),
+    b: Option<(&CudaStorage, &Layout)>,
+    tail: Option<usize>,
+) -> candle_core::Result<()> {
+    let dtype = dst.dtype();
+    if a.dtype() != dtype || b.is_some_and(|(b, _)| b.dtype() != dtype) {
+        return Err(msg(format!(
+            "{op} (cuda): operands must all be f32 or all f64"
+        )));
+    }
+    let len = |s: &CudaStorage| -> candle_core::Result<usize> {
+        Ok(match s.dtype() {
+            DType::F32 => s.as_cuda_slice::<f32>()?.len(),
+            DType::F64 => s.as_cuda_slice::<f64>()?.len(),
+            other => return Err(unsupported(op, other)),
+        })
+    };
+    let am = Mat::of(al, len(a)?, op, "lhs")?;
+    let (dm, bm) = match (b, tail) {
+        (Some((b, bl)), None) => (
+            Mat::of(dl, len(dst)?, op, "destination")?,
+            Mat::of(bl, len(b)?, op, "rhs")?,
+        ),
+        (None, Some(top)) => {
+            let whole = Mat::of(dl, len(dst)?, op, "rows")?;
+            if top > whole.rows {
+                return Err(msg(format!(
+                    "{op} (cuda): cannot split {} rows after row {top}",
+                    whole.rows
+                )));
+            }
+            (
+                Mat { rows: top, ..whole },
+                Mat {
+                    rows: whole.rows - top,
+                    off: whole.off + top * whole.rs,
+                    ..whole
+                },
+            )
+        }
+        _ => return Err(msg(format!("{op} (cuda): one right operand, not two"))),
+    };
+    let g = ColMajorGemm::of(op, dm, am, bm)?;
+    if g.m == 0 || g.n == 0 || g.k == 0 {
+        return Ok(()); // nothing to add
+    }
+    let dev = dst.device.clone();
+    let stream = dev.cuda_stream();
+    let blas_handle = dev.cublas_handle();
+    let handle = *blas_handle.handle();
+    let t = |trans: bool| {
+        if trans {
+            sys::cublasOperation_t::CUBLAS_OP_T
+        } else {
+            sys::cublasOperation_t::CUBLAS_OP_N
+        }
+    };
+    let (ta, tb) = (t(g.trans_x), t(g.trans_y));
+    // BLAS ints: checked by ColMajorGemm::of
+    let i = |v: usize| v as i32;
+    let (m, n, k) = (i(g.m), i(g.n), i(g.k));
+    let (ldx, ldy, ldc) = (i(g.x.1), i(g.y.1), i(g.c.1));
+    let status = match dtype {
+        DType::F32 => {
+            let (one, size) = (1f32, std::mem::size_of::<f32>() as u64);
+            let (base_c, _gc) = dst.as_cuda_slice_mut::<f32>()?.device_ptr_mut(&stream);
+            let (base_a, _ga) = a.as_cuda_slice::<f32>()?.device_ptr(&stream);
+            let base_b = match b {
+                Some((b, _)) => b.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
+                None => base_c,
+            };
+            let compute = if candle_core::cuda::gemm_reduced_precision_f32() {
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+            } else {
+                sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
+            };
+            let at = |base: u64, off: usize| base + off as u64 * size;
+            // SAFETY: Mat::of checked every operand against its storage; dst's rows do not
+            // overlap the right operand's (another storage, or the rows after `top`); the
+            // handle is candle's, on candle's stream, which orders it with every other op.
+            unsafe {
+                blas::gemm_strided_batched_ex(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    &one as *const f32 as *const _,
+                    at(base_b, g.x.0) as *const _,
+                    sys::cudaDataType_t::CUDA_R_32F,
+                    ldx,
+                    0,
+                    at(base_a, g.y.0) as *const _,
+                    sys::cudaDataType_t::CUDA_R_32F,
+                    ldy,
+                    0,
+                    &one as *const f32 as *const _,
+                    at(base_c, g.c.0) as *mut _,
+                    sys::cudaDataType_t::CUDA_R_32F,
+                    ldc,
+                    0,
+                    1,
+                    compute,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                )
+            }
+        }
+        DType::F64 => {
+            let (one, size) = (1f64, std::mem::size_of::<f64>() as u64);
+            let (base_c, _gc) = dst.as_cuda_slice_mut::<f64>()?.device_ptr_mut(&stream);
+            let (base_a, _ga) = a.as_cuda_slice::<f64>()?.device_ptr(&stream);
+            let base_b = match b {
+                Some((b, _)) => b.as_cuda_slice::<f64>()?.device_ptr(&stream).0,
+                None => base_c,
+            };
+            let at = |base: u64, off: usize| base + off as u64 * size;
+            // SAFETY: as for f32.
+            unsafe {
+                blas::dgemm_strided_batched(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    &one,
+                    at(base_b, g.x.0) as *const f64,
+                    ldx,
+                    0,
+                    at(base_a, g.y.0) as *const f64,
+                    ldy,
+                    0,
+                    &one,
+                    at(base_c, g.c.0) as *mut f64,
+                    ldc,
+                    0,
+                    1,
+                )
+            }
+        }
+        other => return Err(unsupported(op, other)),
+    };
+    status.map_err(|e| msg(format!("{op} (cuda): cuBLAS: {e:?}")))
+}
