@@ -45,6 +45,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
             let measured = PEAK.load(Relaxed) - base;
             drop(r);
             let ratio = measured as f64 / predicted as f64;
+            eprintln!("{v} on {}: ×{ratio:.4}", cfg.describe());
             assert!(
                 (ratio - 1.0).abs() <= MODEL_REL_TOL,
                 "{v} on {}: measured {measured} B, predicted {predicted} B (×{ratio:.4})",
