@@ -76,30 +76,71 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
         bits(&impls::dense::product(&w, &x).unwrap())
     );
 
-    // A whole bc step: the emulated gradients move away from f64 by about TF32's precision,
-    // far more than the f32 step's own error.
-    let cfg = Config {
-        depth: 2,
-        dtype: DType::F32,
-        ..Config::tiny(Family::Bc)
+    // The products that add into their destination (Linear's, into its bias; the mlp input
+    // gradient, into the gradient buffer) see rounded operands too, the transposed Wᵀ included.
+    let bias = Tensor::randn(0f32, 1.0, 7, &dev).unwrap();
+    let emulated = with_tf32_emulation_on_cpu(r, || maths::dense_fwd(&w, Some(&bias), &x)).unwrap();
+    let accumulated = |w: &Tensor, x: &Tensor| {
+        let y = impls::kernels::repeat_rows(&bias, 50).unwrap();
+        impls::dense::accumulate(&y, w, x).unwrap();
+        y
     };
-    let case = Case::random(&cfg, &dev).unwrap();
-    let reference = case.reference().unwrap();
-    let run = || case.step(Variant::NAIVE).unwrap();
-    let err = |r: impls::StepResult| {
-        impls::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
-            .unwrap()
-            .overall
-            .max_rel
+    let by_hand = accumulated(&round_tf32(&w, r).unwrap(), &round_tf32(&x, r).unwrap());
+    assert_eq!(bits(&emulated), bits(&by_hand));
+    assert_ne!(bits(&emulated), bits(&accumulated(&w, &x)));
+    let gy = Tensor::randn(0f32, 1.0, (7, 50), &dev).unwrap();
+    let into = |round: bool| {
+        let dst = Tensor::ones((33, 50), DType::F32, &dev).unwrap();
+        let add = || maths::dense_bwd_input_accumulate(&w, &gy, &dst).unwrap();
+        if round {
+            with_tf32_emulation_on_cpu(r, add)
+        } else {
+            add()
+        }
+        bits(&dst)
     };
-    let f32_err = err(maths::with_tap_stack_on_cpu(run));
-    let tf32_err = err(with_tf32_emulation_on_cpu(r, run));
-    println!("tiny bc L=2: f32 {f32_err:.2e}, tf32 {tf32_err:.2e}");
-    assert!(
-        tf32_err > 30.0 * f32_err,
-        "f32 {f32_err:e}, tf32 {tf32_err:e}"
-    );
-    assert!(tf32_err > 1e-5 && tf32_err < 1e-1, "tf32 {tf32_err:e}");
+    let by_hand = Tensor::ones((33, 50), DType::F32, &dev).unwrap();
+    let wt = w.t().unwrap();
+    impls::dense::accumulate(
+        &by_hand,
+        &round_tf32(&wt, r).unwrap(),
+        &round_tf32(&gy, r).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(into(true), bits(&by_hand));
+    assert_ne!(into(true), into(false));
+
+    // A whole step of each family (bc: the Conv1×1 and tap-stack products; mlp: Linear's
+    // product added into its bias and the input gradient added into the gradient buffer): the
+    // emulated gradients move away from f64 by about TF32's precision, far more than the f32
+    // step's own error.
+    for family in [Family::Bc, Family::Mlp] {
+        let cfg = Config {
+            depth: 2,
+            dtype: DType::F32,
+            ..Config::tiny(family)
+        };
+        let case = Case::random(&cfg, &dev).unwrap();
+        let reference = case.reference().unwrap();
+        let run = || case.step(Variant::NAIVE).unwrap();
+        let err = |r: impls::StepResult| {
+            impls::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
+                .unwrap()
+                .overall
+                .max_rel
+        };
+        let f32_err = err(maths::with_tap_stack_on_cpu(run));
+        let tf32_err = err(with_tf32_emulation_on_cpu(r, run));
+        println!("tiny {family:?} L=2: f32 {f32_err:.2e}, tf32 {tf32_err:.2e}");
+        assert!(
+            tf32_err > 30.0 * f32_err,
+            "{family:?}: f32 {f32_err:e}, tf32 {tf32_err:e}"
+        );
+        assert!(
+            tf32_err > 1e-5 && tf32_err < 1e-1,
+            "{family:?}: tf32 {tf32_err:e}"
+        );
+    }
 }
 
 #[test]
