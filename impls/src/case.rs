@@ -43,12 +43,25 @@ pub struct Case {
     pub grad_output: Tensor,
 }
 
+/// Writes `map` as a safetensors file at `path` itself. Serialised in memory and written with
+/// one `write`, not through `safetensors`' own `serialize_to_file`, which writes a sibling
+/// temporary with a random name (`.tmpXXXXXX`) and renames it: a child killed mid-write left
+/// that file behind, and nothing could tell whose it was. Callers write to a temporary path of
+/// their own (named with their pid, which an interrupted sweep's cleanup recognises) and
+/// rename it into place.
 fn save_map(map: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
     let mut contiguous = HashMap::new();
     for (k, t) in map {
         contiguous.insert(k.clone(), t.contiguous().ctx(k)?);
     }
-    candle_core::safetensors::save(&contiguous, path).ctx(&format!("writing {}", path.display()))
+    let what = format!("writing {}", path.display());
+    let bytes = safetensors::serialize(&contiguous, None)
+        .map_err(candle_core::Error::from)
+        .ctx(&what)?;
+    std::fs::write(path, bytes).map_err(|source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    })
 }
 
 /// Opens `path` for reading, refusing anything but a regular file; returns it with its length.
