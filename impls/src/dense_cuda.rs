@@ -92,10 +92,12 @@ pub fn accumulate(
             let (one, size) = (1f32, std::mem::size_of::<f32>() as u64);
             let (base_c, _gc) = dst.as_cuda_slice_mut::<f32>()?.device_ptr_mut(&stream);
             let (base_a, _ga) = a.as_cuda_slice::<f32>()?.device_ptr(&stream);
-            let base_b = match b {
-                Some((b, _)) => b.as_cuda_slice::<f32>()?.device_ptr(&stream).0,
-                None => base_c,
+            // the right operand's guard lives until the call is queued, like the others'
+            let b_ptr = match b {
+                Some((b, _)) => Some(b.as_cuda_slice::<f32>()?.device_ptr(&stream)),
+                None => None,
             };
+            let base_b = b_ptr.as_ref().map_or(base_c, |(p, _)| *p);
             let compute = if candle_core::cuda::gemm_reduced_precision_f32() {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
             } else {
@@ -137,10 +139,12 @@ pub fn accumulate(
             let (one, size) = (1f64, std::mem::size_of::<f64>() as u64);
             let (base_c, _gc) = dst.as_cuda_slice_mut::<f64>()?.device_ptr_mut(&stream);
             let (base_a, _ga) = a.as_cuda_slice::<f64>()?.device_ptr(&stream);
-            let base_b = match b {
-                Some((b, _)) => b.as_cuda_slice::<f64>()?.device_ptr(&stream).0,
-                None => base_c,
+            // the right operand's guard lives until the call is queued, like the others'
+            let b_ptr = match b {
+                Some((b, _)) => Some(b.as_cuda_slice::<f64>()?.device_ptr(&stream)),
+                None => None,
             };
+            let base_b = b_ptr.as_ref().map_or(base_c, |(p, _)| *p);
             let at = |base: u64, off: usize| base + off as u64 * size;
             // SAFETY: as for f32.
             unsafe {
