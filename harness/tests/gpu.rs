@@ -452,6 +452,24 @@ fn gpu_fused_ops_allocate_only_their_output() {
     });
 }
 
+/// The `run` arguments of a small bc block (N=16, 16×16, C0=24, k=12) of `depth` layers.
+fn small_bc(depth: &'static str) -> [&'static str; 12] {
+    [
+        "--family",
+        "bc",
+        "--batch",
+        "16",
+        "--size",
+        "16",
+        "--channels",
+        "24",
+        "--growth",
+        "12",
+        "--depth",
+        depth,
+    ]
+}
+
 /// `densebench run ARGS --variant V --device cuda:0` through `cmd` (the binary, with any
 /// environment already set; the reference cache in `dir`): its one row,
 /// asserted `ok` with its gradients within tolerance.
@@ -491,21 +509,9 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
         return;
     }
     let dir = tempfile::tempdir().expect("temp dir");
+    let bc = small_bc("6");
     let configs: [&[&str]; 2] = [
-        &[
-            "--family",
-            "bc",
-            "--batch",
-            "16",
-            "--size",
-            "16",
-            "--channels",
-            "24",
-            "--growth",
-            "12",
-            "--depth",
-            "6",
-        ],
+        &bc,
         &[
             "--family",
             "mlp",
@@ -566,20 +572,7 @@ fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
         if v == impls::Variant::Autograd {
             continue;
         }
-        let args = [
-            "--family",
-            "bc",
-            "--batch",
-            "16",
-            "--size",
-            "16",
-            "--channels",
-            "24",
-            "--growth",
-            "12",
-            "--depth",
-            "8",
-        ];
+        let args = small_bc("8");
         let mut cmd = Command::new(bin());
         cmd.env_remove(densebench::measure::graph::ENV);
         let r = &checked_gpu_row(&args, v, dir.path(), cmd);

@@ -310,15 +310,12 @@ pub fn step_manual(
                         buffer: "bn statistics",
                         reason: "bc forward without feature statistics".to_string(),
                     })?;
-                let f = bc_front(cfg, params, i, &x, strategy.relu, FrontStats::Forward(ch))?;
+                let mut f = bc_front(cfg, params, i, &x, strategy.relu, FrontStats::Forward(ch))?;
                 drop(x);
-                let updates = f
-                    .running
-                    .clone()
-                    .ok_or_else(|| crate::Error::BufferMisuse {
-                        buffer: "bn statistics",
-                        reason: "forward ran without updating the running stats".to_string(),
-                    })?;
+                let updates = f.running.take().ok_or_else(|| crate::Error::BufferMisuse {
+                    buffer: "bn statistics",
+                    reason: "forward ran without updating the running stats".to_string(),
+                })?;
                 for (norm, (new_m, new_v)) in [1, 2].into_iter().zip(updates) {
                     running.insert(bn_name(i, norm, "running_mean"), new_m);
                     running.insert(bn_name(i, norm, "running_var"), new_v);

@@ -15,9 +15,10 @@ use crate::cuda_launch::{msg, unsupported};
 use crate::matrix::{ColMajorGemm, Mat};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cublas::{result as blas, sys};
-use candle_core::cuda_backend::cudarc::driver::{DevicePtr, DevicePtrMut};
-use candle_core::cuda_backend::CudaStorage;
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::{CudaDType, CudaStorage};
 use candle_core::{DType, Layout};
+use std::sync::Arc;
 
 /// `dst += a · b` (`b` another storage), or with `tail = Some(top)` the rows of `dst`'s view
 /// split after row `top`: `dst[..top] += a · dst[top..]` (`b` is `None`).
@@ -87,27 +88,19 @@ pub fn accumulate(
     let i = |v: usize| v as i32;
     let (m, n, k) = (i(g.m), i(g.n), i(g.k));
     let (ldx, ldy, ldc) = (i(g.x.1), i(g.y.1), i(g.c.1));
+    // SAFETY (both calls): Mat::of checked every operand against its storage; dst's rows do not
+    // overlap the right operand's (another storage, or the rows after `top`); the handle is
+    // candle's, on candle's stream, which orders the call with every other op.
     let status = match dtype {
         DType::F32 => {
-            let (one, size) = (1f32, std::mem::size_of::<f32>() as u64);
-            let (base_c, _gc) = dst.as_cuda_slice_mut::<f32>()?.device_ptr_mut(&stream);
-            let (base_a, _ga) = a.as_cuda_slice::<f32>()?.device_ptr(&stream);
-            // the right operand's guard lives until the call is queued, like the others'
-            let b_ptr = match b {
-                Some((b, _)) => Some(b.as_cuda_slice::<f32>()?.device_ptr(&stream)),
-                None => None,
-            };
-            let base_b = b_ptr.as_ref().map_or(base_c, |(p, _)| *p);
             let compute = if candle_core::cuda::gemm_reduced_precision_f32() {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
             } else {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
             };
-            let at = |base: u64, off: usize| base + off as u64 * size;
-            // SAFETY: Mat::of checked every operand against its storage; dst's rows do not
-            // overlap the right operand's (another storage, or the rows after `top`); the
-            // handle is candle's, on candle's stream, which orders it with every other op.
-            unsafe {
+            let one = &1f32 as *const f32 as *const _;
+            let r32 = sys::cudaDataType_t::CUDA_R_32F;
+            with_addresses::<f32, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
                 blas::gemm_strided_batched_ex(
                     handle,
                     ta,
@@ -115,62 +108,76 @@ pub fn accumulate(
                     m,
                     n,
                     k,
-                    &one as *const f32 as *const _,
-                    at(base_b, g.x.0) as *const _,
-                    sys::cudaDataType_t::CUDA_R_32F,
+                    one,
+                    x as *const _,
+                    r32,
                     ldx,
                     0,
-                    at(base_a, g.y.0) as *const _,
-                    sys::cudaDataType_t::CUDA_R_32F,
+                    y as *const _,
+                    r32,
                     ldy,
                     0,
-                    &one as *const f32 as *const _,
-                    at(base_c, g.c.0) as *mut _,
-                    sys::cudaDataType_t::CUDA_R_32F,
+                    one,
+                    c as *mut _,
+                    r32,
                     ldc,
                     0,
                     1,
                     compute,
                     sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
                 )
-            }
+            })?
         }
-        DType::F64 => {
-            let (one, size) = (1f64, std::mem::size_of::<f64>() as u64);
-            let (base_c, _gc) = dst.as_cuda_slice_mut::<f64>()?.device_ptr_mut(&stream);
-            let (base_a, _ga) = a.as_cuda_slice::<f64>()?.device_ptr(&stream);
-            // the right operand's guard lives until the call is queued, like the others'
-            let b_ptr = match b {
-                Some((b, _)) => Some(b.as_cuda_slice::<f64>()?.device_ptr(&stream)),
-                None => None,
-            };
-            let base_b = b_ptr.as_ref().map_or(base_c, |(p, _)| *p);
-            let at = |base: u64, off: usize| base + off as u64 * size;
-            // SAFETY: as for f32.
-            unsafe {
-                blas::dgemm_strided_batched(
-                    handle,
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    &one,
-                    at(base_b, g.x.0) as *const f64,
-                    ldx,
-                    0,
-                    at(base_a, g.y.0) as *const f64,
-                    ldy,
-                    0,
-                    &one,
-                    at(base_c, g.c.0) as *mut f64,
-                    ldc,
-                    0,
-                    1,
-                )
-            }
-        }
+        DType::F64 => with_addresses::<f64, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
+            blas::dgemm_strided_batched(
+                handle,
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                &1.0,
+                x as *const f64,
+                ldx,
+                0,
+                y as *const f64,
+                ldy,
+                0,
+                &1.0,
+                c as *mut f64,
+                ldc,
+                0,
+                1,
+            )
+        })?,
         other => return Err(unsupported(op, other)),
     };
     status.map_err(|e| msg(format!("{op} (cuda): cuBLAS: {e:?}")))
+}
+
+/// Runs `call` with the device addresses of `g`'s C (in `dst`), X (in `b`, or in `dst` itself
+/// for a tail) and Y (in `a`), each operand's offset applied, while the guards that keep the
+/// storages' pointers valid are held (until the call is queued).
+fn with_addresses<T: CudaDType, R>(
+    stream: &Arc<CudaStream>,
+    dst: &mut CudaStorage,
+    a: &CudaStorage,
+    b: Option<(&CudaStorage, &Layout)>,
+    g: &ColMajorGemm,
+    call: impl FnOnce(u64, u64, u64) -> R,
+) -> candle_core::Result<R> {
+    let size = std::mem::size_of::<T>() as u64;
+    let at = |base: u64, off: usize| base + off as u64 * size;
+    let (base_c, _c) = dst.as_cuda_slice_mut::<T>()?.device_ptr_mut(stream);
+    let (base_a, _a) = a.as_cuda_slice::<T>()?.device_ptr(stream);
+    let b = match b {
+        Some((b, _)) => Some(b.as_cuda_slice::<T>()?.device_ptr(stream)),
+        None => None,
+    };
+    let base_b = b.as_ref().map_or(base_c, |(p, _)| *p);
+    Ok(call(
+        at(base_c, g.c.0),
+        at(base_b, g.x.0),
+        at(base_a, g.y.0),
+    ))
 }

@@ -31,6 +31,9 @@ fn elems<'a, T: Float>(s: &'a CpuStorage, l: &Layout, op: &str) -> candle_core::
     slice(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, op)
 }
 
+/// A CPU operand of an op: its storage and its layout.
+type Operand<'a> = (&'a CpuStorage, &'a Layout);
+
 fn bad_dtype(op: &str) -> candle_core::Error {
     candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
 }
@@ -233,7 +236,7 @@ impl CustomOp3 for BnPrepareOp {
         // One dtype for all five; `elems` checks each operand holds it.
         fn go<T: Float>(
             n: &str,
-            ops: [(&CpuStorage, &Layout); 5],
+            ops: [Operand; 5],
             c: usize,
             k: PrepareScalars,
         ) -> candle_core::Result<Vec<T>> {
@@ -365,6 +368,35 @@ fn coef_rows<'a, T>(
     Ok(t)
 }
 
+/// [`coef_rows`] of a storage as `T`, or the op's dtype error.
+fn table<'a, T: Float>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    q: usize,
+    c: usize,
+    op: &str,
+) -> candle_core::Result<&'a [T]> {
+    coef_rows(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, q, c, op)
+}
+
+/// The gradient and input operands of a BN backward op as `T`: as many elements each, or an
+/// error (the kernels walk them row by row together).
+fn gy_and_x<'a, T: Float>(
+    op: &str,
+    (gs, gl): Operand<'a>,
+    (xs, xl): Operand<'a>,
+) -> candle_core::Result<(&'a [T], &'a [T])> {
+    let (g, x) = (elems::<T>(gs, gl, op)?, elems::<T>(xs, xl, op)?);
+    if g.len() != x.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "{op}: the gradient has {} elements, the input {}",
+            g.len(),
+            x.len()
+        )));
+    }
+    Ok((g, x))
+}
+
 /// BN backward's per-channel coefficients of `dx = A·gy + B·x + C` from the sums `sg = Σ gy`,
 /// `sgx = Σ gy·x̂` (in `T`), the batch mean and invstd and γ: in `T`, in the order of the candle
 /// ops of [`generic_bn_bwd_coef`], with `neg_inv_m = T(−1/M)`, `inv_m = T(1/M)` (candle's
@@ -404,7 +436,15 @@ impl CustomOp3 for BnBwdReduceOp {
         let n = self.name();
         let (c, m) = gl.shape().dims2()?;
         let (gms, gml) = carried(n, &self.gamma)?;
-        fn go<T: Float>(g: &[T], x: &[T], st: &[T], gamma: &[T], c: usize, m: usize) -> Vec<T> {
+        fn go<T: Float>(
+            n: &str,
+            [g, x, st, gamma]: [Operand; 4],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let st = table::<T>(st.0, st.1, 2, c, n)?;
+            let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
             let (means, invstds) = st.split_at(c);
             let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
             let rows: Vec<[T; 5]> = g
@@ -430,29 +470,12 @@ impl CustomOp3 for BnBwdReduceOp {
                     out[q * c + ch] = v;
                 }
             }
-            out
+            Ok(out)
         }
-        let out = match (gs, xs, ss, cpu_of(&gms)) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(s), CpuStorage::F32(gm)) => {
-                CpuStorage::F32(go(
-                    slice(g, gl, n)?,
-                    slice(x, xl, n)?,
-                    coef_rows(s, sl, 2, c, n)?,
-                    coef_rows(gm, gml, 1, c, n)?,
-                    c,
-                    m,
-                ))
-            }
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(s), CpuStorage::F64(gm)) => {
-                CpuStorage::F64(go(
-                    slice(g, gl, n)?,
-                    slice(x, xl, n)?,
-                    coef_rows(s, sl, 2, c, n)?,
-                    coef_rows(gm, gml, 1, c, n)?,
-                    c,
-                    m,
-                ))
-            }
+        let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, Shape::from((5, c))))
@@ -497,7 +520,14 @@ impl CustomOp3 for BnBwdDxOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(g: &[T], x: &[T], coef: &[T], c: usize, m: usize) -> Vec<T> {
+        fn go<T: Float>(
+            n: &str,
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
             let mut out = vec![T::ZERO; g.len()];
             out.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
@@ -508,24 +538,13 @@ impl CustomOp3 for BnBwdDxOp {
                         *o = dx_value(a, b, cc, *g, *x);
                     }
                 });
-            out
+            Ok(out)
         }
         let n = self.name();
-        let out = match (gs, xs, cs) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => CpuStorage::F32(go(
-                slice(g, gl, n)?,
-                slice(x, xl, n)?,
-                coef_rows(k, cl, 3, c, n)?,
-                c,
-                m,
-            )),
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => CpuStorage::F64(go(
-                slice(g, gl, n)?,
-                slice(x, xl, n)?,
-                coef_rows(k, cl, 3, c, n)?,
-                c,
-                m,
-            )),
+        let ops = [(gs, gl), (xs, xl), (cs, cl)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -566,7 +585,22 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xl: &Layout,
     ) -> candle_core::Result<()> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(d: &mut [T], g: &[T], x: &[T], coef: &[T], c: usize, m: usize) {
+        fn go<T: Float>(
+            n: &str,
+            d: &mut [T],
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<()> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            if d.len() != g.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: the destination has {} elements, the gradient {}",
+                    d.len(),
+                    g.len()
+                )));
+            }
             d.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
                 .enumerate()
@@ -576,32 +610,19 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
                         *d = *d + dx_value(a, b, cc, *g, *x);
                     }
                 });
+            Ok(())
         }
         let n = self.name();
         let (da, db) = dl.contiguous_offsets().ok_or_else(|| {
             candle_core::Error::Msg(format!("{n}: destination must be contiguous"))
         })?;
         let (cs, cl) = carried(n, &self.coef)?;
-        match (ds, gs, xs, cpu_of(&cs)) {
-            (CpuStorage::F32(d), CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => go(
-                &mut d[da..db],
-                slice(g, gl, n)?,
-                slice(x, xl, n)?,
-                coef_rows(k, cl, 3, c, n)?,
-                c,
-                m,
-            ),
-            (CpuStorage::F64(d), CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => go(
-                &mut d[da..db],
-                slice(g, gl, n)?,
-                slice(x, xl, n)?,
-                coef_rows(k, cl, 3, c, n)?,
-                c,
-                m,
-            ),
-            _ => return Err(bad_dtype(n)),
+        let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
+        match ds {
+            CpuStorage::F32(d) => go(n, &mut d[da..db], ops, c, m),
+            CpuStorage::F64(d) => go(n, &mut d[da..db], ops, c, m),
+            _ => Err(bad_dtype(n)),
         }
-        Ok(())
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(

@@ -65,8 +65,8 @@ fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
 
 /// Runs `f` with the CPU taking the GPU's path ([`crate::memory::Kernels::TapStack`]: the 3×3
 /// convolution through the tap stack, dense products through candle's matmul into new tensors
-/// except those that add into their destination) for the calls made on this thread. The GPU's allocations, op for op, on a machine
-/// without one: the memory model of the GPU path is checked against the CPU's exact allocator
+/// except those that add into their destination) for the calls made on this thread. The GPU's
+/// allocations, op for op, on a machine without one: the memory model of the GPU path is checked against the CPU's exact allocator
 /// this way (`tests/memory_model_pool.rs`). The values differ from the CPU kernels' by
 /// summation order only.
 pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
@@ -207,13 +207,8 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
     }
 }
 
-/// Whether dense products on `dev` can add into their destination ([`dense::accumulate`]): the
-/// CPU's `gemm` (on either path) and, with the `cuda` feature, cuBLAS with β = 1.
-fn accumulates(dev: &Device) -> bool {
-    dev.is_cpu() || (cfg!(feature = "cuda") && dev.is_cuda())
-}
-
-/// [`dense::accumulate`], with both operands rounded to TF32 first inside
+/// [`dense::accumulate`] (the CPU's `gemm`, on either path; cuBLAS with β = 1 on a GPU), with
+/// both operands rounded to TF32 first inside
 /// [`with_tf32_emulation_on_cpu`] (as cuBLAS does with `--math tf32`).
 fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     match TF32_ON_CPU.with(Cell::get) {
@@ -228,25 +223,18 @@ fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
 
 /// `W[out, in] @ x[in, M]` (+ bias `[out]`): Linear and Conv1×1 in channel-major form.
 ///
-/// With a bias, on the CPU and on a CUDA GPU: the bias is broadcast into the output first and
-/// the product added into it ([`dense::accumulate`]: `gemm`, or cuBLAS with β = 1; one
-/// `[out, M]` tensor); other devices: candle's matmul, then the bias added into a second
-/// tensor. Without one: the CPU's panels ([`dense::product`]), elsewhere candle's matmul.
+/// With a bias, the bias is broadcast into the output first and the product added into it
+/// ([`dense::accumulate`]: `gemm`, or cuBLAS with β = 1; one `[out, M]` tensor). Without one:
+/// the CPU's panels ([`dense::product`]), on the GPU's path candle's matmul.
 pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
-    let cpu = cpu_kernels(x.device());
     match bias {
-        Some(b) if accumulates(x.device()) => {
+        Some(b) => {
             // always a fresh tensor (even for M = 1): the product is added into it
             let y = kernels::repeat_rows(b, x.dims()[1])?;
             accumulate(&y, w, x)?;
             Ok(y)
         }
-        None if cpu => dense::product(w, x),
-        Some(b) => {
-            let y = matmul(w, x, "dense forward")?;
-            let b = b.reshape((b.dims()[0], 1)).ctx("dense bias")?;
-            y.broadcast_add(&b).ctx("dense bias")
-        }
+        None if cpu_kernels(x.device()) => dense::product(w, x),
         None => matmul(w, x, "dense forward"),
     }
 }
@@ -275,35 +263,23 @@ pub fn dense_bwd_input(w: &Tensor, gy: &Tensor) -> Result<Tensor> {
 }
 
 /// [`dense_bwd_input`] added into `dst [in, M]` (**in place**, e.g. a view of the gradient
-/// buffer; `gy` may be another, disjoint view of it). CPU and CUDA: the product is added
-/// straight into `dst` (`gemm`, cuBLAS with β = 1), no `[in, M]` temporary; other devices: the
-/// product, then [`kernels::add_assign`]. The same sums either way: `dst + Σ`, rounded once.
+/// buffer; `gy` may be another, disjoint view of it): the product is added straight into
+/// `dst` (`gemm`, cuBLAS with β = 1), `dst + Σ` rounded once, no `[in, M]` temporary.
 pub fn dense_bwd_input_accumulate(w: &Tensor, gy: &Tensor, dst: &Tensor) -> Result<()> {
-    let wt = w.t().ctx("dense dx")?;
-    if accumulates(gy.device()) {
-        return accumulate(dst, &wt, gy);
-    }
-    let dx = matmul(&wt, gy, "dense dx")?;
-    kernels::add_assign(dst, &dx)
+    accumulate(dst, &w.t().ctx("dense dx")?, gy)
 }
 
 /// [`dense_bwd_input_accumulate`] where `gy` is the `[out, M]` tail of `rows [top + out, M]`
 /// and `dst` its first `top` rows (one view of a gradient buffer): **writes rows `[0, top)`**.
 pub fn dense_bwd_input_accumulate_tail(w: &Tensor, rows: &Tensor, top: usize) -> Result<()> {
     let wt = w.t().ctx("dense dx")?;
-    let out = rows.dims()[0].saturating_sub(top);
-    let gy = || rows.narrow(0, top, out).ctx("dense dx");
-    let dst = || rows.narrow(0, 0, top).ctx("dense dx");
-    if accumulates(rows.device()) {
-        return match TF32_ON_CPU.with(Cell::get) {
-            None => dense::accumulate_tail(rows, top, &wt),
-            // the rounded operands are new tensors: no longer rows of the destination's storage
-            Some(_) => accumulate(&dst()?, &wt, &gy()?),
-        };
+    if TF32_ON_CPU.with(Cell::get).is_none() {
+        return dense::accumulate_tail(rows, top, &wt);
     }
-    let (gy, dst) = (gy()?, dst()?);
-    let dx = matmul(&wt, &gy, "dense dx")?;
-    kernels::add_assign(&dst, &dx)
+    // TF32 emulation: the rounded operands are new tensors, no longer rows of `dst`'s storage
+    let out = rows.dims()[0].saturating_sub(top);
+    let gy = rows.narrow(0, top, out).ctx("dense dx")?;
+    accumulate(&rows.narrow(0, 0, top).ctx("dense dx")?, &wt, &gy)
 }
 
 /// Offsets of the forward taps: tap j = (dy, dx) reads input pixel (y + dy − 1, x + dx − 1).

@@ -93,18 +93,21 @@ pub(crate) fn tune_gemm() {
     ONCE.call_once(|| gemm::set_lhs_packing_threshold_single_thread(1));
 }
 
-/// Every element's bits (as f64, exact for f32), for tests that compare bit for bit.
-#[cfg(test)]
-pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
-    t.to_dtype(candle_core::DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap()
+/// Every element's bits (as f64, exact for f32 and f64), for comparisons bit for bit (the
+/// crate's tests and the test binaries).
+pub fn tensor_bits(t: &candle_core::Tensor) -> candle_core::Result<Vec<u64>> {
+    Ok(t.to_dtype(candle_core::DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?
         .into_iter()
         .map(f64::to_bits)
-        .collect()
+        .collect())
+}
+
+/// [`tensor_bits`] for the crate's tests.
+#[cfg(test)]
+pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
+    tensor_bits(t).unwrap()
 }
 
 /// A standard-normal CPU tensor of `dtype` (drawn in f32, so f32 and f64 tests see the same

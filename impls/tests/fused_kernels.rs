@@ -32,15 +32,7 @@ fn rand(shape: (usize, usize), seed: u64) -> Tensor {
 
 /// Every element's bits (as f64, exact for f32), for bit-for-bit comparisons.
 fn bits(t: &Tensor) -> Vec<u64> {
-    t.to_dtype(DType::F64)
-        .unwrap()
-        .flatten_all()
-        .unwrap()
-        .to_vec1::<f64>()
-        .unwrap()
-        .into_iter()
-        .map(f64::to_bits)
-        .collect()
+    impls::shared::tensor_bits(t).unwrap()
 }
 
 fn assert_bitwise(a: &Tensor, b: &Tensor, what: &str) {
@@ -280,4 +272,23 @@ fn short_coefficient_tables_are_refused() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("coefficient table"), "{e}");
+}
+
+/// Operands of different sizes are an error naming both, never a partial result: the CPU
+/// kernels walk the gradient, the input and the destination row by row together.
+#[test]
+fn bn_backward_kernels_refuse_operands_of_different_sizes() {
+    let (c, m) = (3, 40);
+    let g = rand((c, m), 31);
+    let short = rand((c, m - 1), 32);
+    let coef = rand((3, c), 33);
+    let e = fused::bn_bwd_dx(&g, &short, &coef).expect_err("a short input accepted");
+    assert!(format!("{e:#}").contains("elements"), "{e:#}");
+    let e = fused::bn_bwd_dx_accumulate(&short.copy().unwrap(), &g, &g, &coef)
+        .expect_err("a short destination accepted");
+    assert!(format!("{e:#}").contains("destination has"), "{e:#}");
+    let st = rand((2, c), 34);
+    let gamma = rand((1, c), 35).flatten_all().unwrap();
+    let e = fused::bn_bwd_reduce(&g, &short, &st, &gamma).expect_err("a short input accepted");
+    assert!(format!("{e:#}").contains("elements"), "{e:#}");
 }
