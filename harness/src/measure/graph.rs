@@ -34,10 +34,13 @@ fn enabled_by(value: Option<&str>) -> bool {
     )
 }
 
+/// The key of the replays' median in a row's note ([`note`]), as results read it back.
+pub const MEDIAN_KEY: &str = "cuda_graph_median_ns=";
+
 /// The note of a verified graph timing: the replays' median, min and max in ns.
 pub fn note(median_ns: u64, min_ns: u64, max_ns: u64) -> String {
     format!(
-        "cuda_graph_median_ns={median_ns};cuda_graph_min_ns={min_ns};cuda_graph_max_ns={max_ns} \
+        "{MEDIAN_KEY}{median_ns};cuda_graph_min_ns={min_ns};cuda_graph_max_ns={max_ns} \
          (the whole step replayed as one CUDA graph; results bitwise those of the eager step; \
          the timing columns are eager)"
     )

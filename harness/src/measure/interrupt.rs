@@ -86,6 +86,15 @@ pub fn check() -> Result<()> {
     }
 }
 
+/// Whether process `pid` exists (kill(2) with signal 0 probes without sending anything; a
+/// process we may not signal exists too). Used to tell whether a recorded writer or the owner
+/// of a temporary file still runs.
+pub fn process_exists(pid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks whether the process exists.
+    let r = unsafe { libc::kill(pid, 0) };
+    r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::ESRCH)
+}
+
 fn live() -> std::sync::MutexGuard<'static, BTreeSet<i32>> {
     // A panic while holding the lock cannot leave the set inconsistent (one insert or remove).
     LIVE.lock()

@@ -390,10 +390,7 @@ fn remove_stale_temporaries(dir: &Path) {
         let Some(pid) = name.to_str().and_then(temporary_owner) else {
             continue;
         };
-        // SAFETY: kill(2) with signal 0 only checks whether the process exists.
-        let gone = unsafe { libc::kill(pid, 0) } != 0
-            && std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
-        if gone {
+        if !crate::measure::interrupt::process_exists(pid) {
             let _ = std::fs::remove_file(e.path());
         }
     }

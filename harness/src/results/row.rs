@@ -174,7 +174,7 @@ impl Row {
     /// checked bitwise against the eager step's); `None` where there is none.
     pub fn cuda_graph_median_ns(&self) -> Option<u64> {
         self.note
-            .split("cuda_graph_median_ns=")
+            .split(crate::measure::graph::MEDIAN_KEY)
             .nth(1)?
             .split(|c: char| !c.is_ascii_digit())
             .next()?

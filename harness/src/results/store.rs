@@ -38,19 +38,12 @@ const LOCK_ATTEMPTS: usize = 8;
 /// `kill -9` in the test suite on a busy 2-core machine.
 const DEAD_WRITER_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 
-/// Whether process `pid` exists (signal 0 probes without sending anything).
-fn alive(pid: i32) -> bool {
-    // SAFETY: kill with signal 0 only checks for existence and permission.
-    let r = unsafe { libc::kill(pid, 0) };
-    r == 0 || std::io::Error::last_os_error().raw_os_error() == Some(libc::EPERM)
-}
-
 /// Waits up to [`DEAD_WRITER_GRACE`] for a lock held past its writer's death; true once ours.
 fn lock_after_dead_writer(file: &File, holder: &str) -> bool {
     let Ok(pid) = holder.parse::<i32>() else {
         return false;
     };
-    if pid <= 0 || alive(pid) {
+    if pid <= 0 || crate::measure::interrupt::process_exists(pid) {
         return false;
     }
     let start = std::time::Instant::now();
