@@ -206,11 +206,18 @@ fn unsupported(op: &str, s: &CpuStorage) -> candle_core::Error {
     ))
 }
 
-/// `dst += a · b`, in place, on three distinct storages.
-struct Accumulate;
+/// `dst += a · b` (`add`), or `dst = a · b` (dst's values not read), in place, on three
+/// distinct storages.
+struct Accumulate {
+    add: bool,
+}
 impl InplaceOp3 for Accumulate {
     fn name(&self) -> &'static str {
-        "dense-accumulate"
+        if self.add {
+            "dense-accumulate"
+        } else {
+            "dense-product-into"
+        }
     }
     fn cpu_fwd(
         &self,
@@ -222,7 +229,7 @@ impl InplaceOp3 for Accumulate {
         bl: &Layout,
     ) -> candle_core::Result<()> {
         fn go<T: Float>(
-            op: &str,
+            (op, add): (&str, bool),
             d: &mut [T],
             dl: &Layout,
             (a, al): (&CpuStorage, &Layout),
@@ -237,14 +244,14 @@ impl InplaceOp3 for Accumulate {
             check_shapes(op, Some(dm), am, bm)?;
             // SAFETY: Mat::of checked all three against their slices; candle passes distinct
             // storages to an InplaceOp3 (it refuses operands sharing dst's).
-            unsafe { multiply(d.as_mut_ptr(), dm, true, a.as_ptr(), am, b.as_ptr(), bm) };
+            unsafe { multiply(d.as_mut_ptr(), dm, add, a.as_ptr(), am, b.as_ptr(), bm) };
             Ok(())
         }
-        let op = self.name();
+        let op = (self.name(), self.add);
         match dst {
             CpuStorage::F32(d) => go(op, d, dl, (a, al), (b, bl)),
             CpuStorage::F64(d) => go(op, d, dl, (a, al), (b, bl)),
-            other => Err(unsupported(op, other)),
+            other => Err(unsupported(op.0, other)),
         }
     }
     #[cfg(feature = "cuda")]
@@ -257,7 +264,14 @@ impl InplaceOp3 for Accumulate {
         b: &candle_core::CudaStorage,
         bl: &Layout,
     ) -> candle_core::Result<()> {
-        crate::dense_cuda::accumulate(self.name(), dst, dl, (a, al), Some((b, bl)), None)
+        crate::dense_cuda::accumulate(
+            (self.name(), self.add),
+            dst,
+            dl,
+            (a, al),
+            Some((b, bl)),
+            None,
+        )
     }
 }
 
@@ -324,7 +338,7 @@ impl InplaceOp2 for AccumulateTail {
         a: &candle_core::CudaStorage,
         al: &Layout,
     ) -> candle_core::Result<()> {
-        crate::dense_cuda::accumulate(self.name(), dst, dl, (a, al), None, Some(self.top))
+        crate::dense_cuda::accumulate((self.name(), true), dst, dl, (a, al), None, Some(self.top))
     }
 }
 
@@ -347,7 +361,16 @@ pub fn product_transposed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `dst += a · b`, **writing into `dst`'s storage** (which may be a view of a larger buffer);
 /// `a` and `b` must not share `dst`'s storage (candle refuses them): see [`accumulate_tail`].
 pub fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
-    dst.inplace_op3(a, b, &Accumulate).ctx("dense accumulate")
+    dst.inplace_op3(a, b, &Accumulate { add: true })
+        .ctx("dense accumulate")
+}
+
+/// `dst = a · b`, **writing into `dst`'s storage** (a view: e.g. a column range of a wider
+/// map); `dst`'s old values are not read (a NaN there does not propagate). As [`accumulate`]
+/// otherwise (`gemm` without reading the destination; cuBLAS with β = 0).
+pub fn product_into(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    dst.inplace_op3(a, b, &Accumulate { add: false })
+        .ctx("dense product into")
 }
 
 /// `rows[..top] += a · rows[top..]`, **writing into the first `top` rows of `rows`' storage**:

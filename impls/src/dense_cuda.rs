@@ -21,9 +21,10 @@ use candle_core::{DType, Layout};
 use std::sync::Arc;
 
 /// `dst += a · b` (`b` another storage), or with `tail = Some(top)` the rows of `dst`'s view
-/// split after row `top`: `dst[..top] += a · dst[top..]` (`b` is `None`).
+/// split after row `top`: `dst[..top] += a · dst[top..]` (`b` is `None`). Without `add`,
+/// `dst = a · b` (β = 0: dst's old values are not read).
 pub fn accumulate(
-    op: &str,
+    (op, add): (&str, bool),
     dst: &mut CudaStorage,
     dl: &Layout,
     (a, al): (&CudaStorage, &Layout),
@@ -69,7 +70,10 @@ pub fn accumulate(
         _ => return Err(msg(format!("{op} (cuda): one right operand, not two"))),
     };
     let g = ColMajorGemm::of(op, dm, am, bm)?;
-    if g.m == 0 || g.n == 0 || g.k == 0 {
+    if g.m == 0 || g.n == 0 {
+        return Ok(()); // no element to write
+    }
+    if g.k == 0 && add {
         return Ok(()); // nothing to add
     }
     let dev = dst.device.clone();
@@ -99,6 +103,11 @@ pub fn accumulate(
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
             };
             let one = &1f32 as *const f32 as *const _;
+            let beta = if add {
+                one
+            } else {
+                &0f32 as *const f32 as *const _
+            };
             let r32 = sys::cudaDataType_t::CUDA_R_32F;
             with_addresses::<f32, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
                 blas::gemm_strided_batched_ex(
@@ -117,7 +126,7 @@ pub fn accumulate(
                     r32,
                     ldy,
                     0,
-                    one,
+                    beta,
                     c as *mut _,
                     r32,
                     ldc,
@@ -143,7 +152,7 @@ pub fn accumulate(
                 y as *const f64,
                 ldy,
                 0,
-                &1.0,
+                if add { &1.0 } else { &0.0 },
                 c as *mut f64,
                 ldc,
                 0,

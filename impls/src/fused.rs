@@ -12,8 +12,11 @@
 
 use crate::config::{BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
+use crate::matrix::Mat;
 use crate::shared::Float;
-use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp2, InplaceOp3, Layout, Shape, Tensor,
+};
 use rayon::prelude::*;
 
 fn slice<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Result<&'a [T]> {
@@ -692,83 +695,148 @@ fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
     }
 }
 
-/// `out [9C, M]`: block j is `t` shifted by `offsets[j]` (zero padded).
-struct ShiftStackOp {
+/// Which shifted view an op writes: the stack `[C, m] → [9C, m]` (row `j·C + c` is row `c`
+/// shifted by tap `j`) or the sum `[9C, m] → [C, m]` (row `c` is `Σ_j` row `j·C + c` shifted by
+/// tap `j`, added in the order j = 0..9 to +0).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shift {
+    Stack,
+    Sum,
+}
+
+/// `dst = stack(src)` or `dst = sum(src)` (see [`Shift`]), **written into `dst`'s storage**:
+/// both operands are rows of unit column stride (a whole map or a range of whole images of a
+/// wider one, [`Mat::rows_of`]); every element of `dst`'s view is written, nothing else.
+struct ShiftIntoOp {
+    kind: Shift,
     grid: Grid,
     offsets: [(isize, isize); 9],
 }
-impl Kernel1 for ShiftStackOp {
-    const NAME: &'static str = "shift-stack";
-    fn run<T: Float + std::ops::Add<Output = T>>(&self, t: &[T], c: usize, m: usize) -> Vec<T> {
-        let plane = self.grid.h * self.grid.w;
-        let mut out = vec![T::ZERO; 9 * c * m];
-        out.par_chunks_mut(m).enumerate().for_each(|(row, dst)| {
-            let (j, ch) = (row / c, row % c);
-            let (oy, ox) = self.offsets[j];
-            let src = &t[ch * m..(ch + 1) * m];
-            for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
-                shift_plane::<T, false>(d, s, self.grid, oy, ox);
-            }
-        });
-        out
-    }
-}
-impl CustomOp1 for ShiftStackOp {
+
+impl ShiftIntoOp {
     fn name(&self) -> &'static str {
-        Self::NAME
+        match self.kind {
+            Shift::Stack => "shift-stack",
+            Shift::Sum => "shift-sum",
+        }
     }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (c, m) = l.shape().dims2()?;
-        Ok((map1(self, s, l)?, Shape::from((9 * c, m))))
-    }
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
+
+    /// `(C, m)` of the shift from its operands' shapes, or an error naming the mismatch.
+    fn dims(
         &self,
-        s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use crate::fused_cuda::{shift, Shift};
-        shift(Self::NAME, Shift::Stack, (s, l), self.grid, &self.offsets)
+        dst: (usize, usize),
+        src: (usize, usize),
+    ) -> candle_core::Result<(usize, usize)> {
+        let op = self.name();
+        let (c, m) = match self.kind {
+            Shift::Stack => (src.0, src.1),
+            Shift::Sum => (dst.0, dst.1),
+        };
+        let (want_dst, want_src) = match self.kind {
+            Shift::Stack => ((9 * c, m), (c, m)),
+            Shift::Sum => ((c, m), (9 * c, m)),
+        };
+        if dst != want_dst || src != want_src {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: destination {dst:?} and source {src:?} do not fit (expected {want_dst:?} from {want_src:?})"
+            )));
+        }
+        if self.grid.n * self.grid.h * self.grid.w != m {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: {m} columns, but the grid is N={} × H={} × W={}",
+                self.grid.n, self.grid.h, self.grid.w
+            )));
+        }
+        Ok((c, m))
+    }
+
+    fn run<T: Float + std::ops::Add<Output = T>>(
+        &self,
+        d: &mut [T],
+        dv: Mat,
+        s: &[T],
+        sv: Mat,
+    ) -> candle_core::Result<()> {
+        let (c, m) = self.dims((dv.rows, dv.cols), (sv.rows, sv.cols))?;
+        if dv.rows == 0 || m == 0 {
+            return Ok(());
+        }
+        let plane = self.grid.h * self.grid.w;
+        let src_row = |r: usize| &s[sv.off + r * sv.rs..][..m];
+        let (start, end) = dv.span();
+        // Row r of dst is the first m elements of the r-th chunk of rs elements from its start.
+        let rows = d[start..end].par_chunks_mut(dv.rs);
+        match self.kind {
+            Shift::Stack => rows.enumerate().for_each(|(row, dst)| {
+                let (j, ch) = (row / c, row % c);
+                let (oy, ox) = self.offsets[j];
+                for (d, s) in dst[..m].chunks_mut(plane).zip(src_row(ch).chunks(plane)) {
+                    shift_plane::<T, false>(d, s, self.grid, oy, ox);
+                }
+            }),
+            Shift::Sum => rows.enumerate().for_each(|(ch, dst)| {
+                let dst = &mut dst[..m];
+                dst.fill(T::ZERO);
+                for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
+                    for (d, s) in dst.chunks_mut(plane).zip(src_row(j * c + ch).chunks(plane)) {
+                        shift_plane::<T, true>(d, s, self.grid, oy, ox);
+                    }
+                }
+            }),
+        }
+        Ok(())
     }
 }
 
-/// `out [C, M] = Σ_j shift(p[jC..(j+1)C], offsets[j])`, j in order 0..9.
-struct ShiftSumOp {
-    grid: Grid,
-    offsets: [(isize, isize); 9],
-}
-impl Kernel1 for ShiftSumOp {
-    const NAME: &'static str = "shift-sum";
-    fn run<T: Float + std::ops::Add<Output = T>>(&self, p: &[T], c9: usize, m: usize) -> Vec<T> {
-        let (c, plane) = (c9 / 9, self.grid.h * self.grid.w);
-        let mut out = vec![T::ZERO; c * m];
-        out.par_chunks_mut(m).enumerate().for_each(|(ch, dst)| {
-            for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
-                let src = &p[(j * c + ch) * m..(j * c + ch + 1) * m];
-                for (d, s) in dst.chunks_mut(plane).zip(src.chunks(plane)) {
-                    shift_plane::<T, true>(d, s, self.grid, oy, ox);
-                }
-            }
-        });
-        out
-    }
-}
-impl CustomOp1 for ShiftSumOp {
+impl InplaceOp2 for ShiftIntoOp {
     fn name(&self) -> &'static str {
-        Self::NAME
+        ShiftIntoOp::name(self)
     }
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        let (c9, m) = l.shape().dims2()?;
-        Ok((map1(self, s, l)?, Shape::from((c9 / 9, m))))
+    fn cpu_fwd(
+        &self,
+        d: &mut CpuStorage,
+        dl: &Layout,
+        s: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Float + std::ops::Add<Output = T>>(
+            op: &ShiftIntoOp,
+            d: &mut [T],
+            dl: &Layout,
+            s: &CpuStorage,
+            sl: &Layout,
+        ) -> candle_core::Result<()> {
+            let n = op.name();
+            let s = T::slice(s).ok_or_else(|| bad_dtype(n))?;
+            let dv = Mat::rows_of(dl, d.len(), n, "the destination")?;
+            let sv = Mat::rows_of(sl, s.len(), n, "the source")?;
+            op.run(d, dv, s, sv)
+        }
+        match d {
+            CpuStorage::F32(d) => go(self, d, dl, s, sl),
+            CpuStorage::F64(d) => go(self, d, dl, s, sl),
+            _ => Err(bad_dtype(self.name())),
+        }
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
         &self,
+        d: &mut candle_core::CudaStorage,
+        dl: &Layout,
         s: &candle_core::CudaStorage,
-        l: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        use crate::fused_cuda::{shift, Shift};
-        shift(Self::NAME, Shift::Sum, (s, l), self.grid, &self.offsets)
+        sl: &Layout,
+    ) -> candle_core::Result<()> {
+        let dims = |l: &Layout| l.shape().dims2();
+        let (c, m) = self.dims(dims(dl)?, dims(sl)?)?;
+        crate::fused_cuda::shift_into(
+            self.name(),
+            self.kind,
+            (d, dl),
+            (s, sl),
+            (c, m),
+            self.grid,
+            &self.offsets,
+        )
     }
 }
 
@@ -1041,15 +1109,61 @@ pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor
     }
 }
 
-/// `[9C, M]`: block j holds `t [C, M]` shifted by `offsets[j]`: `out_j[c, n, y, x] =
-/// t[c, n, y + oy_j, x + ox_j]`, zero outside the image.
-pub fn shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
-    if has_kernels(t) && t.is_contiguous() {
-        t.apply_op1_no_bwd(&ShiftStackOp { grid, offsets })
-            .ctx("shift stack")
-    } else {
-        generic_shift_stack(t, grid, offsets)
+/// Writes [`Shift::Stack`] of `t [C, m]` into `dst [9C, m]` (block j: `t` shifted by
+/// `offsets[j]`, `out_j[c, n, y, x] = t[c, n, y + oy_j, x + ox_j]`, zero outside the image),
+/// **in place**: both may be column ranges of whole images of wider maps (rows of unit column
+/// stride); `grid` is the range's images. One kernel on a GPU, no allocation.
+pub fn shift_stack_into(
+    dst: &Tensor,
+    t: &Tensor,
+    grid: Grid,
+    offsets: [(isize, isize); 9],
+) -> Result<()> {
+    shift_into(Shift::Stack, dst, t, grid, offsets).ctx("shift stack")
+}
+
+/// Writes [`Shift::Sum`] of `p [9C, m]` into `dst [C, m]` (`Σ_j shift(p_j, offsets[j])`, j in
+/// order), **in place**, as [`shift_stack_into`].
+pub fn shift_sum_into(
+    dst: &Tensor,
+    p: &Tensor,
+    grid: Grid,
+    offsets: [(isize, isize); 9],
+) -> Result<()> {
+    shift_into(Shift::Sum, dst, p, grid, offsets).ctx("shift sum")
+}
+
+fn shift_into(
+    kind: Shift,
+    dst: &Tensor,
+    src: &Tensor,
+    grid: Grid,
+    offsets: [(isize, isize); 9],
+) -> candle_core::Result<()> {
+    let op = ShiftIntoOp {
+        kind,
+        grid,
+        offsets,
+    };
+    if !(has_kernels(dst) && has_kernels(src)) {
+        return Err(candle_core::Error::Msg(format!(
+            "{}: no kernel on {:?} (the CPU and CUDA devices have one)",
+            op.name(),
+            dst.device().location()
+        )));
     }
+    dst.inplace_op2(src, &op)
+}
+
+/// [`shift_stack_into`] a new `[9C, M]` tensor (zeros first, then every element written).
+pub fn shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
+    if !(has_kernels(t) && t.is_contiguous()) {
+        return generic_shift_stack(t, grid, offsets);
+    }
+    let (c, m) = t.dims2().ctx("shift stack")?;
+    let out = Tensor::zeros((9 * c, m), t.dtype(), t.device()).ctx("shift stack")?;
+    shift_stack_into(&out, t, grid, offsets)?;
+    Ok(out)
 }
 
 /// One shifted copy from candle ops: pad by one on every side, then narrow.
@@ -1079,14 +1193,16 @@ pub fn generic_shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9])
     Tensor::cat(&parts, 0).ctx("shift stack")
 }
 
-/// `[C, M] = Σ_j shift(p_j, offsets[j])` where `p [9C, M]` stacks the nine `p_j`.
+/// [`shift_sum_into`] a new `[C, M]` tensor: `Σ_j shift(p_j, offsets[j])` where `p [9C, M]`
+/// stacks the nine `p_j`.
 pub fn shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
-    if has_kernels(p) && p.is_contiguous() {
-        p.apply_op1_no_bwd(&ShiftSumOp { grid, offsets })
-            .ctx("shift sum")
-    } else {
-        generic_shift_sum(p, grid, offsets)
+    if !(has_kernels(p) && p.is_contiguous()) {
+        return generic_shift_sum(p, grid, offsets);
     }
+    let (c9, m) = p.dims2().ctx("shift sum")?;
+    let out = Tensor::zeros((c9 / 9, m), p.dtype(), p.device()).ctx("shift sum")?;
+    shift_sum_into(&out, p, grid, offsets)?;
+    Ok(out)
 }
 
 pub fn generic_shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {

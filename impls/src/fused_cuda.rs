@@ -16,7 +16,9 @@ use crate::cuda_launch::{
     unsupported, view, view_mut, Float,
 };
 use crate::cuda_src::{BN, SHIFT};
+use crate::fused::Shift;
 use crate::grid::Grid;
+use crate::matrix::Mat;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
@@ -372,69 +374,67 @@ fn check_grid(op: &str, grid: Grid, cols: usize) -> candle_core::Result<()> {
     Ok(())
 }
 
-/// Which shift kernel: the stack `[C, M] → [9C, M]` or the sum `[9C, M] → [C, M]`.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Shift {
-    Stack,
-    Sum,
-}
-
-/// [`Shift::Stack`] or [`Shift::Sum`] of `t` with the nine `offsets`, into a new tensor.
-pub(crate) fn shift(
+/// [`Shift::Stack`] (`src [C, m] → dst [9C, m]`) or [`Shift::Sum`] (`src [9C, m] → dst [C, m]`)
+/// with the nine `offsets`, written into `dst`'s view; both operands rows of unit column stride
+/// (any row stride ≥ m: column ranges of wider maps). `(c, m)` as checked by the op.
+pub(crate) fn shift_into(
     op: &str,
     kind: Shift,
-    (s, l): (&CudaStorage, &Layout),
+    (d, dl): (&mut CudaStorage, &Layout),
+    (s, sl): (&CudaStorage, &Layout),
+    (c, m): (usize, usize),
     grid: Grid,
     offsets: &[(isize, isize); 9],
-) -> candle_core::Result<(CudaStorage, Shape)> {
+) -> candle_core::Result<()> {
     fn run<T: Float>(
         op: &str,
         kind: Shift,
-        (s, l): (&CudaStorage, &Layout),
+        (d, dl): (&mut CudaStorage, &Layout),
+        (s, sl): (&CudaStorage, &Layout),
+        (c, m): (usize, usize),
         grid: Grid,
         taps: Taps,
-    ) -> candle_core::Result<CudaStorage> {
-        let (rows, m, r) = matrix(op, "the input", l)?;
+    ) -> candle_core::Result<()> {
         check_grid(op, grid, m)?;
-        let (c, out_rows, kernel) = match kind {
-            Shift::Stack => (rows, 9 * rows, "shift_stack"),
-            Shift::Sum => {
-                if rows % 9 != 0 {
-                    return Err(crate::cuda_launch::msg(format!(
-                        "{op} (cuda): {rows} rows, expected a multiple of 9 (nine tap blocks)"
-                    )));
-                }
-                (rows / 9, rows / 9, "shift_sum")
-            }
+        let (kernel, out_rows) = match kind {
+            Shift::Stack => ("shift_stack", 9 * c),
+            Shift::Sum => ("shift_sum", c),
         };
-        let dev = &s.device;
-        // SAFETY: every one of the out_rows·m elements is written by the kernel below.
-        let mut out = unsafe { dev.alloc::<T>(out_rows * m) }?;
-        if out_rows * m > 0 {
-            let func = function::<T>(dev, &SHIFT, kernel)?;
-            let t = view(op, s.as_cuda_slice::<T>()?, r)?;
-            let (h, w) = (grid.h, grid.w);
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            b.arg(&t)
-                .arg(&mut out)
-                .arg(&c)
-                .arg(&m)
-                .arg(&h)
-                .arg(&w)
-                .arg(&taps);
-            // SAFETY: m = N·H·W (checked), so every source index stays inside its row of the
-            // input view (rows·m elements); out holds out_rows·m.
-            unsafe { b.launch(rows_config(out_rows, m)) }.w()?;
+        let dv = Mat::rows_of(dl, d.as_cuda_slice::<T>()?.len(), op, "the destination")?;
+        let sv = Mat::rows_of(sl, s.as_cuda_slice::<T>()?.len(), op, "the source")?;
+        if dv.rows != out_rows || dv.cols != m {
+            return Err(crate::cuda_launch::msg(format!(
+                "{op} (cuda): the destination is {}×{}, expected {out_rows}×{m}",
+                dv.rows, dv.cols
+            )));
         }
-        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+        if out_rows * m == 0 {
+            return Ok(());
+        }
+        let dev = d.device.clone();
+        let func = function::<T>(&dev, &SHIFT, kernel)?;
+        let src = view(op, s.as_cuda_slice::<T>()?, sv.span())?;
+        let mut dst = view_mut(op, d.as_cuda_slice_mut::<T>()?, dv.span())?;
+        let (ld_s, ld_d) = (sv.rs, dv.rs);
+        let (h, w) = (grid.h, grid.w);
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&src)
+            .arg(&ld_s)
+            .arg(&mut dst)
+            .arg(&ld_d)
+            .arg(&c)
+            .arg(&m)
+            .arg(&h)
+            .arg(&w)
+            .arg(&taps);
+        // SAFETY: m = N·H·W (checked), so every source index stays inside its row (m elements
+        // from row r's start r·ld_s, all inside the source view's span, as the destination's
+        // rows are in dst's); candle hands dst as `&mut` and the source as another storage
+        // (it rejects aliasing for an in-place op).
+        unsafe { b.launch(rows_config(out_rows, m)) }.w()?;
+        Ok(())
     }
     let taps = Taps::new(op, offsets)?;
-    let (rows, m) = l.shape().dims2()?;
-    let out_rows = match kind {
-        Shift::Stack => 9 * rows,
-        Shift::Sum => rows / 9,
-    };
-    let res = by_dtype!(op, s, run(op, kind, (s, l), grid, taps))?;
-    Ok((res, Shape::from((out_rows, m))))
+    by_dtype!(op, s, run(op, kind, (d, dl), (s, sl), (c, m), grid, taps))
 }

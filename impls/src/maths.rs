@@ -211,13 +211,22 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
 /// both operands rounded to TF32 first inside
 /// [`with_tf32_emulation_on_cpu`] (as cuBLAS does with `--math tf32`).
 fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    gemm_into(dst, a, b, true)
+}
+
+/// `dst += a · b` (`add`) or `dst = a · b` into `dst`'s view ([`dense::accumulate`],
+/// [`dense::product_into`]), operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`].
+fn gemm_into(dst: &Tensor, a: &Tensor, b: &Tensor, add: bool) -> Result<()> {
+    let go = |a: &Tensor, b: &Tensor| {
+        if add {
+            dense::accumulate(dst, a, b)
+        } else {
+            dense::product_into(dst, a, b)
+        }
+    };
     match TF32_ON_CPU.with(Cell::get) {
-        None => dense::accumulate(dst, a, b),
-        Some(r) => dense::accumulate(
-            dst,
-            &kernels::round_tf32(a, r)?,
-            &kernels::round_tf32(b, r)?,
-        ),
+        None => go(a, b),
+        Some(r) => go(&kernels::round_tf32(a, r)?, &kernels::round_tf32(b, r)?),
     }
 }
 
@@ -313,13 +322,89 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
         .ctx("conv2 taps")
 }
 
+/// Columns a chunk of the tap-stack 3×3 convolution aims at (whole images, at least one),
+/// where chunking pays: the tap products and shifted gradients `[9k, ·]` are then made for one
+/// range of images at a time, so their transient is 9k·(images per chunk)·H·W instead of 9k·M,
+/// while each chunk's products keep ≥ 32768 columns (long enough for a GEMM to fill a GPU).
+/// It pays where those transients set the step's peak: shallow blocks whose layer inputs are
+/// narrower than 9k + 2B (the torchvision-style block at L = 6 and 12: 3 chunks), not BC-100's
+/// block, whose peak is a layer input's gradient. [`crate::step`] runs the chunks the memory
+/// model picks for the variant ([`crate::memory::tap_chunk_columns_for`]: these columns where
+/// they lower its predicted peak, else one chunk), unless overridden: [`TAP_CHUNK_ENV`]
+/// (0: one chunk) or [`with_tap_chunk_columns`].
+pub const TAP_CHUNK_COLUMNS: usize = 32_768;
+
+/// The environment variable that overrides the chunking of the tap stack for every variant
+/// (columns per chunk, rounded up to whole images; 0: the whole batch in one chunk).
+pub const TAP_CHUNK_ENV: &str = "DENSEBENCH_TAP_CHUNK_COLUMNS";
+
+thread_local! {
+    /// Set inside [`with_tap_chunk_columns`].
+    static TAP_CHUNK_COLUMNS_HERE: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with the tap-stack convolution chunked for `columns` (0: one chunk) on this thread,
+/// whatever the model would pick and the environment says (the model's predictions made inside
+/// follow it too): what [`crate::step`] runs a step in, and lets tests chunk small maps.
+pub fn with_tap_chunk_columns<R>(columns: usize, f: impl FnOnce() -> R) -> R {
+    scoped(&TAP_CHUNK_COLUMNS_HERE, Some(columns), f)
+}
+
+/// The chunking forced on this thread: [`with_tap_chunk_columns`], else [`TAP_CHUNK_ENV`];
+/// `None` when neither is set (the model picks). An environment value that is not a whole
+/// number is an error.
+pub fn tap_chunk_override() -> Result<Option<usize>> {
+    if let Some(c) = TAP_CHUNK_COLUMNS_HERE.with(Cell::get) {
+        return Ok(Some(c));
+    }
+    let bad = |what: String| crate::Error::InvalidConfig {
+        field: "DENSEBENCH_TAP_CHUNK_COLUMNS",
+        value: what,
+        reason: "expected a whole number of columns per chunk of the 3×3 tap stack (0: one \
+                 chunk), or unset"
+            .to_string(),
+    };
+    match std::env::var(TAP_CHUNK_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Ok(v) => v.trim().parse().map(Some).map_err(|_| bad(v)),
+        Err(std::env::VarError::NotUnicode(v)) => Err(bad(v.to_string_lossy().into_owned())),
+    }
+}
+
+/// The columns per chunk the convolution runs with: the override, else (outside a step, e.g.
+/// timing the op alone) [`TAP_CHUNK_COLUMNS`].
+fn tap_chunk_columns() -> Result<usize> {
+    Ok(tap_chunk_override()?.unwrap_or(TAP_CHUNK_COLUMNS))
+}
+
+/// Images per chunk of the tap-stack 3×3 convolution on `g` for `columns` per chunk (see
+/// [`TAP_CHUNK_COLUMNS`]): the fewest whole images with at least `columns` columns, at most
+/// the batch (`columns` = 0: the batch).
+pub fn tap_chunk_images(g: fused::Grid, columns: usize) -> usize {
+    let n = g.n.max(1);
+    if columns == 0 {
+        return n;
+    }
+    columns.div_ceil(g.h.saturating_mul(g.w).max(1)).clamp(1, n)
+}
+
+/// The chunks of `g` for `columns`: `(first column, images)` per chunk, in order.
+fn tap_chunks(g: fused::Grid, columns: usize) -> impl Iterator<Item = (usize, usize)> {
+    let (per, plane) = (tap_chunk_images(g, columns), g.h * g.w);
+    (0..g.n)
+        .step_by(per)
+        .map(move |n0| (n0 * plane, per.min(g.n - n0)))
+}
+
 /// Conv3×3 (padding 1, stride 1, no bias) on a channel-major bottleneck `s [B, M]` with a
 /// PyTorch weight `[k, B, 3, 3]`; returns channel-major `[k, M]`.
 ///
 /// CPU: the direct, cache-blocked kernel of [`conv3x3`] (no transient beyond one scratch tile
-/// per thread). Other devices: one matmul and one gather, `P = W_taps [9k, B] @ s` gives every
-/// tap's contribution at its source pixel, then `y = Σ_j shift(P_j, tap_j)`; transients `P`
-/// (9k·M) and the tap-stacked weight — an im2col would hold 9·B·M.
+/// per thread). Other devices: the tap stack, a range of whole images at a time
+/// ([`tap_chunk_images`]): `P = W_taps [9k, B] @ s[:, range]` gives every tap's contribution
+/// at its source pixel, then `y[:, range] = Σ_j shift(P_j, tap_j)`, written into `y`;
+/// transients `P` (9k·columns of a chunk, one buffer for all chunks) and the tap-stacked
+/// weight — an im2col would hold 9·B·M.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if cpu_kernels(s.device()) {
         return conv3x3::forward(s, w, grid(cfg));
@@ -330,16 +415,34 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
 /// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
 /// so the CPU can time it against the direct one).
 pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
-    let p = matmul(&taps_matrix(w)?, s, "conv2 forward")?;
-    fused::shift_sum(&p, grid(cfg), fwd_offsets())
+    let (g, columns) = (grid(cfg), tap_chunk_columns()?);
+    let (k, plane) = (w.dims()[0], g.h * g.w);
+    let taps = taps_matrix(w)?;
+    let y = Tensor::zeros((k, g.n * plane), s.dtype(), s.device()).ctx("conv2 forward")?;
+    let per = tap_chunk_images(g, columns) * plane;
+    let p = Tensor::zeros((9 * k, per), s.dtype(), s.device()).ctx("conv2 forward")?;
+    for (c0, n) in tap_chunks(g, columns) {
+        let (cols, chunk) = (n * plane, fused::Grid { n, ..g });
+        let pc = p.narrow(1, 0, cols).ctx("conv2 forward")?;
+        gemm_into(
+            &pc,
+            &taps,
+            &s.narrow(1, c0, cols).ctx("conv2 forward")?,
+            false,
+        )?;
+        let yc = y.narrow(1, c0, cols).ctx("conv2 forward")?;
+        fused::shift_sum_into(&yc, &pc, chunk, fwd_offsets())?;
+    }
+    Ok(y)
 }
 
 /// Gradients of [`conv3x3_fwd`]: `(ds [B, M], dW [k, B, 3, 3])`.
 ///
 /// CPU: [`conv3x3::backward_data`] (the flipped kernel, same tiles) then
 /// [`conv3x3::backward_weight`] (per-group partials summed in a fixed order). Other devices:
-/// with `G = shift_stack(gy) [9k, M]` (block j is gy shifted back by tap j),
-/// `ds = W_tapsᵀ @ G` and `dW_taps = G @ sᵀ`; transients `G` (9k·M).
+/// per range of whole images, with `G = shift_stack(gy[:, range]) [9k, ·]` (block j is gy
+/// shifted back by tap j), `ds[:, range] = W_tapsᵀ @ G` and `dW_taps (+)= G @ s[:, range]ᵀ`
+/// (the chunks' products added in chunk order); transients `G` (9k·columns of a chunk).
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     if cpu_kernels(gy.device()) {
         let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
@@ -356,12 +459,29 @@ pub fn conv3x3_bwd_tap_stack(
     s: &Tensor,
     w: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (k, b) = (w.dims()[0], w.dims()[1]);
+    let (g, columns) = (grid(cfg), tap_chunk_columns()?);
+    let (k, b, plane) = (w.dims()[0], w.dims()[1], g.h * g.w);
+    let (dtype, dev) = (gy.dtype(), gy.device());
     let taps = taps_matrix(w)?;
-    let g = fused::shift_stack(gy, grid(cfg), bwd_offsets())?;
-    let ds = matmul(&taps.t().ctx("conv2 bwd ds")?, &g, "conv2 bwd ds")?;
-    let dw_taps = matmul(&g, &s.t().ctx("conv2 bwd dW")?, "conv2 bwd dW")?;
-    drop(g);
+    let taps_t = taps.t().ctx("conv2 bwd ds")?;
+    let ds = Tensor::zeros((b, g.n * plane), dtype, dev).ctx("conv2 bwd ds")?;
+    let dw_taps = Tensor::zeros((9 * k, b), dtype, dev).ctx("conv2 bwd dW")?;
+    let per = tap_chunk_images(g, columns) * plane;
+    let stack = Tensor::zeros((9 * k, per), dtype, dev).ctx("conv2 bwd")?;
+    for (i, (c0, n)) in tap_chunks(g, columns).enumerate() {
+        let (cols, chunk) = (n * plane, fused::Grid { n, ..g });
+        let gc = stack.narrow(1, 0, cols).ctx("conv2 bwd")?;
+        let gy_c = gy.narrow(1, c0, cols).ctx("conv2 bwd")?;
+        fused::shift_stack_into(&gc, &gy_c, chunk, bwd_offsets())?;
+        let ds_c = ds.narrow(1, c0, cols).ctx("conv2 bwd ds")?;
+        gemm_into(&ds_c, &taps_t, &gc, false)?;
+        let s_t = s
+            .narrow(1, c0, cols)
+            .and_then(|v| v.t())
+            .ctx("conv2 bwd dW")?;
+        gemm_into(&dw_taps, &gc, &s_t, i > 0)?;
+    }
+    drop(stack);
     let dw = dw_taps
         .reshape((3, 3, k, b))
         .ctx("conv2 bwd dW")?

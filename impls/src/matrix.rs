@@ -42,6 +42,46 @@ impl Mat {
         Ok(m)
     }
 
+    /// The operand `l` describes as rows of unit column stride, `rs ≥ cols` elements apart (a
+    /// contiguous matrix, or a column range of a wider one): what the row-wise kernels take.
+    /// An error naming `what` for any other layout (a transposed view, overlapping rows).
+    pub(crate) fn rows_of(
+        l: &Layout,
+        len: usize,
+        op: &str,
+        what: &str,
+    ) -> candle_core::Result<Mat> {
+        let mut v = Mat::of(l, len, op, what)?;
+        if v.cols <= 1 {
+            v.cs = 1;
+        }
+        if v.rows <= 1 {
+            v.rs = v.cols;
+        }
+        if v.cs != 1 || v.rs < v.cols {
+            return Err(candle_core::Error::Msg(format!(
+                "{op}: {what} {}×{} with strides {:?} is not rows of unit column stride",
+                v.rows,
+                v.cols,
+                l.stride()
+            )));
+        }
+        Ok(v)
+    }
+
+    /// The elements `[start, end)` of the storage that this operand's rows span (for a
+    /// [`Mat::rows_of`] view: the first row's start to the last row's end).
+    pub(crate) fn span(self) -> (usize, usize) {
+        if self.rows == 0 || self.cols == 0 {
+            (self.off, self.off)
+        } else {
+            (
+                self.off,
+                self.off + (self.rows - 1) * self.rs + (self.cols - 1) * self.cs + 1,
+            )
+        }
+    }
+
     /// Rows `r0 .. r0 + n` of this operand.
     pub(crate) fn rows(self, r0: usize, n: usize) -> Mat {
         Mat {

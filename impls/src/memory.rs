@@ -181,10 +181,11 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
 /// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
 ///   (`copy`: 2·C_i·M, `inplace`: C_i·M), then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's
-///   scratch (CPU: one tile per thread; other devices: the tap products 9k·M);
+///   scratch (CPU: one tile per thread; other devices: the tap products of one chunk of whole
+///   images, 9k·M_c with M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
 ///   layer i: the recomputed front (`recompute`), Conv3×3's scratch (CPU: tiles and the weight
-///   gradient's partial sums; other devices: the shifted gradient 9k·M), then
+///   gradient's partial sums; other devices: the shifted gradients of one chunk, 9k·M_c), then
 ///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one); BN1's `dx` is added straight into
 ///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
 ///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
@@ -240,12 +241,49 @@ pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option
     trace(variant, cfg, path, &exact).map(|t| t.sizes)
 }
 
-/// The predicted allocation trace of one step (see [`predict_peak_bytes`]).
+/// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path) for `variant` on `cfg`,
+/// what [`crate::step`] runs it with: the override if one is set
+/// ([`crate::maths::tap_chunk_override`]), else [`crate::maths::TAP_CHUNK_COLUMNS`] where that
+/// lowers the variant's predicted peak (the tap transients set it), else 0 (one chunk, the
+/// fewest launches). An `Err` for an unreadable override.
+pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::Result<usize> {
+    if let Some(columns) = crate::maths::tap_chunk_override()? {
+        return Ok(columns);
+    }
+    if cfg.family != Family::Bc {
+        return Ok(0);
+    }
+    let peak =
+        |columns| trace_with(variant, cfg, Kernels::TapStack, &exact, columns).map(|t| t.peak);
+    Ok(match (peak(0), peak(crate::maths::TAP_CHUNK_COLUMNS)) {
+        (Some(whole), Some(parts)) if parts < whole => crate::maths::TAP_CHUNK_COLUMNS,
+        _ => 0,
+    })
+}
+
+/// The predicted allocation trace of one step (see [`predict_peak_bytes`]), the tap stack
+/// chunked as [`tap_chunk_columns_for`] says (an unreadable override fails the step before it
+/// measures anything; the trace then assumes one chunk).
 fn trace<'a>(
     variant: Variant,
     cfg: &Config,
     path: Kernels,
     charge: Charge<'a>,
+) -> Option<Trace<'a>> {
+    let columns = match path {
+        Kernels::TapStack => tap_chunk_columns_for(variant, cfg).unwrap_or(0),
+        Kernels::Cpu => 0,
+    };
+    trace_with(variant, cfg, path, charge, columns)
+}
+
+/// [`trace`] with the tap stack in chunks of `columns` (see [`crate::maths::tap_chunk_images`]).
+fn trace_with<'a>(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+    charge: Charge<'a>,
+    columns: usize,
 ) -> Option<Trace<'a>> {
     let Variant::Manual(st) = variant else {
         return None;
@@ -256,6 +294,10 @@ fn trace<'a>(
     let (m, k, b, l) = (cfg.m(), cfg.growth, cfg.bottleneck(), cfg.depth);
     let (c0, ct) = (cfg.channels, cfg.c_total());
     let g = crate::maths::grid(cfg);
+    // columns of one chunk of the tap-stack convolution
+    let chunk = (crate::maths::tap_chunk_images(g, columns))
+        .saturating_mul(g.h)
+        .saturating_mul(g.w);
     let pack = match path {
         Kernels::Cpu => {
             (GEMM_PACKING_ALLOWANCE_BYTES * rayon::current_num_threads() as u64) as i128
@@ -305,10 +347,10 @@ fn trace<'a>(
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
-                        t.alloc(9 * k * m); // tap products
-                        t.free(9 * k * b); // the weight, dropped with its statement
-                        t.alloc(k * m); // y
-                        t.free(9 * k * m);
+                        t.alloc(k * m); // y, written a chunk of images at a time
+                        t.alloc(9 * k * chunk); // tap products of one chunk (one buffer)
+                        t.free(9 * k * chunk);
+                        t.free(9 * k * b);
                     }
                 }
                 if i + 1 < l {
@@ -402,10 +444,10 @@ fn trace<'a>(
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
-                        t.alloc(9 * k * m); // shifted gradients
-                        t.alloc(b * m); // ds
-                        t.alloc(9 * k * b); // dW2 taps
-                        t.free(9 * k * m);
+                        t.alloc(b * m); // ds, written a chunk of images at a time
+                        t.alloc(9 * k * b); // dW2 taps, the chunks' products added in order
+                        t.alloc(9 * k * chunk); // shifted gradients of one chunk (one buffer)
+                        t.free(9 * k * chunk);
                         t.alloc(9 * k * b); // dW2 (kept)
                         t.free(9 * k * b); // dW2 taps
                         t.free(9 * k * b); // tap-stacked weight
@@ -469,4 +511,74 @@ pub fn flops(cfg: &Config) -> u64 {
             3 * forward
         })
         .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::maths::{with_tap_chunk_columns, TAP_CHUNK_COLUMNS};
+    use crate::variant::{Relu, Strategy};
+    use crate::Spatial;
+
+    fn manual(concat: Concat, intermediates: Intermediates, relu: Relu) -> Variant {
+        Variant::Manual(Strategy {
+            concat,
+            intermediates,
+            relu,
+        })
+    }
+
+    /// The torchvision-style block of the GPU sweep (batch 32, C0 = 64, k = 32, 56×56).
+    fn torchvision(depth: usize) -> Config {
+        Config {
+            batch: 32,
+            channels: 64,
+            growth: 32,
+            depth,
+            size: Spatial::square(56),
+            dtype: candle_core::DType::F32,
+            ..Config::bc100_block()
+        }
+    }
+
+    /// The tap stack is chunked exactly where that lowers the predicted GPU peak: every variant
+    /// of the torchvision-style block at L = 6 (its layer inputs, ≤ 224 channels, are narrower
+    /// than the 9k + 2B = 544 of the tap products and the bottleneck), the in-place ones at
+    /// L = 12, nothing on BC-100's block (its peak is a layer input's gradient) or the mlp.
+    #[test]
+    fn the_tap_stack_is_chunked_where_it_lowers_the_peak() {
+        let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
+        let brc = manual(Concat::Buffer, Intermediates::Recompute, Relu::Copy);
+        let columns = |v, cfg: &Config| tap_chunk_columns_for(v, cfg).unwrap();
+        for v in Variant::for_config(&torchvision(6)) {
+            if v != Variant::Autograd {
+                assert_eq!(columns(v, &torchvision(6)), TAP_CHUNK_COLUMNS, "{v}");
+            }
+        }
+        assert_eq!(columns(bri, &torchvision(12)), TAP_CHUNK_COLUMNS);
+        assert_eq!(columns(brc, &torchvision(12)), 0);
+        let bc100 = Config {
+            depth: 48,
+            ..Config::bc100_block()
+        };
+        for cfg in [Config::bc100_block(), bc100] {
+            assert_eq!(columns(bri, &cfg), 0, "{}", cfg.describe());
+        }
+        let mlp = Config::tiny(Family::Mlp);
+        assert_eq!(columns(bri, &mlp), 0);
+        // where chunked, the prediction follows: 3 chunks of 11, 11 and 10 images cut the
+        // shifted gradients from 9k·M to 9k·11·56² (bytes: 4 per element)
+        let tv = torchvision(6);
+        let chunked = predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap();
+        let whole = with_tap_chunk_columns(0, || {
+            predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap()
+        });
+        let m = 56 * 56;
+        assert_eq!(whole - chunked, (9 * 32 * (32 - 11) * m * 4) as u64);
+        // an override wins, for every variant
+        with_tap_chunk_columns(m, || {
+            assert_eq!(columns(bri, &Config::bc100_block()), m);
+            assert_eq!(columns(brc, &torchvision(12)), m);
+        });
+    }
 }

@@ -40,6 +40,12 @@ pub fn step(
     }
     match variant {
         Variant::Autograd => autograd::step_autograd(cfg, params, input, grad_output, probe),
-        Variant::Manual(s) => block::step_manual(s, cfg, params, input, grad_output, probe),
+        Variant::Manual(s) => {
+            // the chunks of the tap stack (a GPU's 3×3 convolution) the memory model has
+            let columns = crate::memory::tap_chunk_columns_for(variant, cfg)?;
+            crate::maths::with_tap_chunk_columns(columns, || {
+                block::step_manual(s, cfg, params, input, grad_output, probe)
+            })
+        }
     }
 }

@@ -132,3 +132,46 @@ fn direct_conv_is_bitwise_the_same_at_any_thread_count() {
         }
     }
 }
+
+/// The GPU path's convolution (the tap stack, `maths::conv3x3_*_tap_stack`, run here by the
+/// CPU) a range of whole images at a time: one chunk, chunks of one image, and chunks of two
+/// with a shorter last one all agree with the direct kernel, in f64, forward and both
+/// gradients (the weight gradient then sums the chunks' products in chunk order).
+#[test]
+fn tap_stack_conv_in_chunks_matches_the_direct_one() {
+    use impls::maths::{self, tap_chunk_images, with_tap_chunk_columns};
+    use impls::{Config, Family, Spatial};
+    let (g, b, k) = (Grid { n: 5, h: 4, w: 3 }, 6, 3);
+    let cfg = Config {
+        batch: g.n,
+        size: Spatial::new(g.h, g.w),
+        ..Config::tiny(Family::Bc)
+    };
+    let m = g.n * g.h * g.w;
+    let s = rand(&[b, m], 11);
+    let w = rand(&[k, b, 3, 3], 12);
+    let gy = rand(&[k, m], 13);
+    let direct = [
+        conv3x3::forward(&s, &w, g).unwrap(),
+        conv3x3::backward_data(&gy, &w, g).unwrap(),
+        conv3x3::backward_weight(&gy, &s, g).unwrap(),
+    ];
+    let plane = g.h * g.w;
+    // (columns per chunk, images per chunk): 0 is the whole batch; a count of columns that is
+    // not a whole number of images rounds up to whole images
+    for (columns, images) in [(0, 5), (1, 1), (plane, 1), (plane + 1, 2), (2 * plane, 2)] {
+        assert_eq!(tap_chunk_images(g, columns), images, "{columns} columns");
+        let got = with_tap_chunk_columns(columns, || {
+            let y = maths::conv3x3_fwd_tap_stack(&cfg, &s, &w).unwrap();
+            let (ds, dw) = maths::conv3x3_bwd_tap_stack(&cfg, &gy, &s, &w).unwrap();
+            [y, ds, dw]
+        });
+        for ((a, r), name) in got.iter().zip(&direct).zip(["y", "ds", "dW"]) {
+            let d = max_diff(a, r, name);
+            assert!(
+                d <= TOL,
+                "chunks of {images} images: {name}: max |tap stack − direct| = {d:e}"
+            );
+        }
+    }
+}

@@ -677,12 +677,17 @@ fn taps(offsets: &[(isize, isize); 9]) -> Taps {
 
 const GRIDS: [Grid; 2] = [Grid { n: 2, h: 5, w: 7 }, Grid { n: 1, h: 6, w: 3 }];
 
+/// Row strides of the shift kernels' operands: contiguous, and column ranges of wider maps
+/// (the extra columns of the input NaN, never to be read; those of the output never written).
+const SHIFT_PADS: [(usize, usize); 2] = [(0, 0), (5, 3)];
+
 fn shifts_match<T: El>(m: &Emulated) {
     let (stack_k, sum_k) = (
         format!("shift_stack_{}", T::SUFFIX),
         format!("shift_sum_{}", T::SUFFIX),
     );
     let c = 3;
+    let untouched = T::from_f64(7.0);
     for (gi, grid) in GRIDS.into_iter().enumerate() {
         let cols = grid.n * grid.h * grid.w;
         for offsets in tap_sets() {
@@ -697,29 +702,57 @@ fn shifts_match<T: El>(m: &Emulated) {
             );
             let (mut cc, mut mm) = (c as u64, cols as u64);
             let (mut h, mut w) = (grid.h as u64, grid.w as u64);
-            // (kernel, input, output rows, CPU result): the stack [C, M] → [9C, M], the sum
-            // [9C, M] → [C, M]; both take (input, output, C, M, H, W, taps).
-            for (kernel, input, rows, want) in
-                [(&stack_k, &t, 9 * c, &want), (&sum_k, &pp, c, &want_sum)]
-            {
-                for geom in row_geometries(rows, cols) {
-                    let mut out = vec![T::from_f64(7.0); rows * cols];
-                    let (mut ip, mut op) = (input.as_ptr().cast_mut(), out.as_mut_ptr());
-                    m.launch(
-                        kernel,
-                        geom,
-                        &mut [
-                            p(&mut ip),
-                            p(&mut op),
-                            p(&mut cc),
-                            p(&mut mm),
-                            p(&mut h),
-                            p(&mut w),
-                            p(&mut tp),
-                        ],
-                        false,
-                    );
-                    assert_bitwise(&format!("{kernel} {grid:?} {geom:?}"), &out, want);
+            // (kernel, input, its rows, output rows, CPU result): the stack [C, M] → [9C, M],
+            // the sum [9C, M] → [C, M]; both take (input, ld_in, output, ld_out, C, M, H, W,
+            // taps).
+            for (kernel, input, in_rows, rows, want) in [
+                (&stack_k, &t, c, 9 * c, &want),
+                (&sum_k, &pp, 9 * c, c, &want_sum),
+            ] {
+                for (pad_in, pad_out) in SHIFT_PADS {
+                    let (ld_in, ld_out) = (cols + pad_in, cols + pad_out);
+                    let wide: Vec<T> = (0..in_rows)
+                        .flat_map(|r| {
+                            input[r * cols..(r + 1) * cols]
+                                .iter()
+                                .copied()
+                                .chain(std::iter::repeat_n(T::from_f64(f64::NAN), pad_in))
+                        })
+                        .collect();
+                    for geom in row_geometries(rows, cols) {
+                        let mut out = vec![untouched; rows * ld_out];
+                        let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
+                        let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
+                        m.launch(
+                            kernel,
+                            geom,
+                            &mut [
+                                p(&mut ip),
+                                p(&mut li),
+                                p(&mut op),
+                                p(&mut lo),
+                                p(&mut cc),
+                                p(&mut mm),
+                                p(&mut h),
+                                p(&mut w),
+                                p(&mut tp),
+                            ],
+                            false,
+                        );
+                        let what = format!("{kernel} {grid:?} {geom:?} ld {ld_in}/{ld_out}");
+                        let view: Vec<T> = (0..rows)
+                            .flat_map(|r| out[r * ld_out..r * ld_out + cols].to_vec())
+                            .collect();
+                        assert_bitwise(&what, &view, want);
+                        let pads: Vec<T> = (0..rows)
+                            .flat_map(|r| out[r * ld_out + cols..(r + 1) * ld_out].to_vec())
+                            .collect();
+                        assert_bitwise(
+                            &format!("{what}: columns outside the view"),
+                            &pads,
+                            &vec![untouched; pads.len()],
+                        );
+                    }
                 }
             }
         }

@@ -10,9 +10,9 @@
 //! One test only in this binary, so no other test thread allocates while it measures.
 
 use candle_core::{DType, Device};
-use impls::maths::with_tap_stack_on_cpu;
+use impls::maths::{with_tap_chunk_columns, with_tap_stack_on_cpu};
 use impls::memory::{exact, predict_peak_bytes_charged, Kernels};
-use impls::{Case, Config, Relu, Spatial, Strategy, Variant};
+use impls::{Case, Config, Family, Relu, Spatial, Strategy, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
 mod counting;
@@ -81,70 +81,113 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
         ..Config::bc100_block()
     };
     let mut saving_seen = false;
+    // Each config at the default chunking of the tap stack (one chunk at these sizes), the bc
+    // blocks also a few whole images at a time with a shorter last chunk (16 = 5 + 5 + 5 + 1,
+    // 8 = 3 + 3 + 2): the model's chunk-sized transients against the allocator's.
+    let mut runs: Vec<(Config, Option<usize>)> = Vec::new();
     for cfg in model_configs().into_iter().chain([wide]) {
-        let case = Case::random(&cfg, &Device::Cpu).unwrap();
-        // (strategy, measured, predicted) at request sizes, for the in-place/copy comparison
-        let mut peaks = Vec::new();
-        for v in Variant::for_config(&cfg) {
-            let Some(predicted) = predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &exact)
-            else {
-                assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
-                continue;
-            };
-            let _ = measure(v, &case); // warm-up: settles gemm's thread-local scratch
-            let (measured, storages) = measure(v, &case);
-            if let Variant::Manual(st) = v {
-                peaks.push((st, measured, predicted));
-            }
-            let ratio = measured as f64 / predicted as f64;
-            eprintln!("{v} on {}: exact ×{ratio:.4}", cfg.describe());
-            if cfg.dtype == DType::F32 {
-                // every allocation of the model, the per-channel tables too, is one tensor of
-                // the step: the most live at once is the same number
-                let counted =
-                    predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &one_per_allocation)
-                        .unwrap();
-                eprintln!("  live f32 tensors at most: {storages} (model {counted})");
-                assert_eq!(
-                    storages as u64,
-                    counted,
-                    "{v} on {}, tap-stack path: at most {storages} f32 tensors were live at \
-                     once, the model's trace has {counted}",
-                    cfg.describe()
-                );
-                counted_configs += 1;
-            }
-            assert!(
-                (ratio - 1.0).abs() <= EXACT_REL_TOL,
-                "{v} on {}, tap-stack path: measured {measured} B, predicted {predicted} B \
-                 (×{ratio:.4})",
-                cfg.describe()
-            );
-            for (threshold, granule) in ROUNDINGS {
-                set_rounding(threshold, granule);
-                let (measured, _) = measure(v, &case);
-                set_rounding(0, 1);
-                let rule = |b: u64| rounded(b as usize, threshold, granule) as u64;
-                let charged =
-                    predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &rule).unwrap();
-                let ratio = measured as f64 / charged as f64;
-                worst_unrounded_miss =
-                    worst_unrounded_miss.max((measured as f64 / predicted as f64 - 1.0).abs());
-                eprintln!(
-                    "  rounding {threshold}/{granule}: ×{ratio:.4} (unrounded model ×{:.3})",
-                    measured as f64 / predicted as f64
-                );
-                assert!(
-                    (ratio - 1.0).abs() <= ROUNDED_REL_TOL,
-                    "{v} on {}, tap-stack path, allocations ≥ {threshold} B charged in \
-                     {granule}-B granules: measured {measured} B, predicted {charged} B \
-                     (×{ratio:.4})",
-                    cfg.describe()
-                );
+        let plane = cfg.size.height * cfg.size.width;
+        let images = if cfg.batch == 8 { 3 } else { 5 };
+        runs.push((cfg.clone(), None));
+        if cfg.family == Family::Bc {
+            runs.push((cfg, Some(images * plane)));
+        }
+    }
+    let mut chunking_lowered_a_peak = false;
+    for (cfg, chunk) in runs {
+        let chunked = |f: &mut dyn FnMut()| match chunk {
+            Some(columns) => with_tap_chunk_columns(columns, f),
+            None => f(),
+        };
+        if let Some(columns) = chunk {
+            eprintln!("-- tap stack in chunks of {columns} columns");
+            for v in Variant::for_config(&cfg) {
+                let model = |c: &mut Option<u64>| {
+                    *c = predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &exact)
+                };
+                let (mut whole, mut parts) = (None, None);
+                model(&mut whole);
+                chunked(&mut || model(&mut parts));
+                chunking_lowered_a_peak |= parts < whole;
             }
         }
-        saving_seen |= in_place_below_copy_where_the_model_says(&cfg.describe(), &peaks);
+        let label = match chunk {
+            Some(columns) => format!(
+                "{} (tap stack in chunks of {columns} columns)",
+                cfg.describe()
+            ),
+            None => cfg.describe(),
+        };
+        let mut body = || {
+            let case = Case::random(&cfg, &Device::Cpu).unwrap();
+            // (strategy, measured, predicted) at request sizes, for the in-place/copy comparison
+            let mut peaks = Vec::new();
+            for v in Variant::for_config(&cfg) {
+                let Some(predicted) =
+                    predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &exact)
+                else {
+                    assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
+                    continue;
+                };
+                let _ = measure(v, &case); // warm-up: settles gemm's thread-local scratch
+                let (measured, storages) = measure(v, &case);
+                if let Variant::Manual(st) = v {
+                    peaks.push((st, measured, predicted));
+                }
+                let ratio = measured as f64 / predicted as f64;
+                eprintln!("{v} on {}: exact ×{ratio:.4}", label);
+                if cfg.dtype == DType::F32 {
+                    // every allocation of the model, the per-channel tables too, is one tensor of
+                    // the step: the most live at once is the same number
+                    let counted =
+                        predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &one_per_allocation)
+                            .unwrap();
+                    eprintln!("  live f32 tensors at most: {storages} (model {counted})");
+                    assert_eq!(
+                        storages as u64, counted,
+                        "{v} on {}, tap-stack path: at most {storages} f32 tensors were live at \
+                     once, the model's trace has {counted}",
+                        label
+                    );
+                    counted_configs += 1;
+                }
+                assert!(
+                    (ratio - 1.0).abs() <= EXACT_REL_TOL,
+                    "{v} on {}, tap-stack path: measured {measured} B, predicted {predicted} B \
+                 (×{ratio:.4})",
+                    label
+                );
+                for (threshold, granule) in ROUNDINGS {
+                    set_rounding(threshold, granule);
+                    let (measured, _) = measure(v, &case);
+                    set_rounding(0, 1);
+                    let rule = |b: u64| rounded(b as usize, threshold, granule) as u64;
+                    let charged =
+                        predict_peak_bytes_charged(v, &cfg, Kernels::TapStack, &rule).unwrap();
+                    let ratio = measured as f64 / charged as f64;
+                    worst_unrounded_miss =
+                        worst_unrounded_miss.max((measured as f64 / predicted as f64 - 1.0).abs());
+                    eprintln!(
+                        "  rounding {threshold}/{granule}: ×{ratio:.4} (unrounded model ×{:.3})",
+                        measured as f64 / predicted as f64
+                    );
+                    assert!(
+                        (ratio - 1.0).abs() <= ROUNDED_REL_TOL,
+                        "{v} on {}, tap-stack path, allocations ≥ {threshold} B charged in \
+                     {granule}-B granules: measured {measured} B, predicted {charged} B \
+                     (×{ratio:.4})",
+                        label
+                    );
+                }
+            }
+            saving_seen |= in_place_below_copy_where_the_model_says(&label, &peaks);
+        };
+        chunked(&mut body);
     }
+    assert!(
+        chunking_lowered_a_peak,
+        "no chunked run lowered a predicted peak: the chunks were never exercised"
+    );
     assert!(
         saving_seen,
         "no bc block where in-place ReLU saves memory was checked"
