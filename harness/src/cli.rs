@@ -57,7 +57,20 @@ const BAD_INPUT: u8 = 2;
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = match cli.command {
+    let measures = matches!(
+        cli.command,
+        None | Some(
+            Command::Run(_) | Command::BenchAll(_) | Command::MaxDepth(_) | Command::Step(_)
+        )
+    );
+    // A malformed tuning variable is bad input, refused before any child starts.
+    let environment = match measures {
+        true => impls::maths::tap_chunk_override()
+            .map(|_| ())
+            .map_err(bounds::bad_input),
+        false => Ok(()),
+    };
+    let result = environment.and_then(|()| match cli.command {
         // `cargo run --release` with no arguments runs the main job: the default sweep.
         None => bench_all::run(bench_all::Args::default_sweep()),
         Some(Command::Run(a)) => run::run(a),
@@ -72,7 +85,7 @@ pub fn main() -> ExitCode {
         Some(Command::MaxDepth(a)) => max_depth::run(a),
         Some(Command::CriterionImport(a)) => criterion_import::run(a),
         Some(Command::Child(a)) => child::run(a),
-    };
+    });
     match result {
         Ok(code) => code,
         Err(e) => {

@@ -103,6 +103,36 @@ fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
     }
 }
 
+/// A malformed `DENSEBENCH_TAP_CHUNK_COLUMNS` (the GPU path's 3×3 tap-stack chunking) is bad
+/// input for every measuring command, refused before any child starts; a number is taken, and
+/// commands that measure nothing do not read it.
+#[test]
+fn a_malformed_tap_chunk_variable_fails_with_status_2_naming_it() {
+    let with_env = |value: &str, args: &[String]| {
+        Command::new(bin())
+            .args(args)
+            .env("DENSEBENCH_TAP_CHUNK_COLUMNS", value)
+            .output()
+            .expect("the densebench binary runs")
+    };
+    let run = run_args(&["--variant", "cat-store-copy"]);
+    let bad = ["abc", "-1", "1.5", ""];
+    for value in bad {
+        let o = with_env(value, &run);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(BAD_INPUT), "{value:?}: {err}");
+        assert!(
+            err.contains("DENSEBENCH_TAP_CHUNK_COLUMNS") && err.contains("whole number"),
+            "{value:?}: {err}"
+        );
+        assert!(o.stdout.is_empty(), "{value:?} printed a result");
+    }
+    let o = with_env("1024", &run);
+    assert!(o.status.success(), "a number is taken: {}", stderr(&o));
+    let o = with_env("abc", &["plan".to_string(), "--quick".to_string()]);
+    assert!(o.status.success(), "plan measures nothing: {}", stderr(&o));
+}
+
 #[test]
 fn huge_shard_counts_fail_at_once_and_create_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -31,6 +31,21 @@ pub fn predicted_peak_bytes(
     }
 }
 
+/// What a GPU row's `note` says of the tap-stack 3×3 convolution when it runs in several
+/// chunks of whole images (`impls::maths::TAP_CHUNK_COLUMNS`: the model picks them where they
+/// lower the variant's peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them), e.g. `3×3 tap
+/// stack in 3 chunks of ≤ 11 images`; `None` for one chunk, the mlp and `autograd`, and for an
+/// unreadable override (the row's step reports that).
+pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
+    if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
+        return None;
+    }
+    let columns = impls::memory::tap_chunk_columns_for(variant, cfg).ok()?;
+    let images = impls::maths::tap_chunk_images(impls::maths::grid(cfg), columns);
+    let chunks = cfg.batch.div_ceil(images.max(1));
+    (chunks > 1).then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"))
+}
+
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;
 /// recomputation not counted, so GFLOP/s compares variants on the same useful work).
 pub fn flops(cfg: &Config) -> Option<u64> {
@@ -114,4 +129,28 @@ pub fn static_bytes(cfg: &Config) -> u64 {
 /// 64 MiB).
 pub fn overhead_margin(budget: u64) -> u64 {
     (budget / 4).max(64 << 20)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gpu_row_notes_the_tap_stack_chunks_only_when_there_are_several() {
+        let bri = Variant::parse("buffer-recompute-inplace").unwrap();
+        let torchvision = Config {
+            batch: 32,
+            channels: 64,
+            growth: 32,
+            depth: 6,
+            size: impls::Spatial::square(56),
+            ..Config::bc100_block()
+        };
+        assert_eq!(
+            tap_chunk_note(bri, &torchvision).as_deref(),
+            Some("3×3 tap stack in 3 chunks of ≤ 11 images")
+        );
+        assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision), None);
+        assert_eq!(tap_chunk_note(bri, &Config::bc100_block()), None);
+    }
 }

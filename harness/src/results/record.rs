@@ -129,6 +129,11 @@ fn measure_densebench_row(
             tolerance.to_string(),
         ]);
     }
+    if s.device != DeviceSpec::Cpu {
+        if let Some(chunks) = estimates::tap_chunk_note(variant, cfg) {
+            add_note(&mut row, chunks);
+        }
+    }
     let outcome = child::spawn(&args, s)?;
     row.status = outcome.status().to_string();
     row.error = match &outcome {
