@@ -699,8 +699,10 @@ fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
 /// shifted by tap `j`) or the sum `[9C, m] → [C, m]` (row `c` is `Σ_j` row `j·C + c` shifted by
 /// tap `j`, added in the order j = 0..9 to +0).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Shift {
+pub enum Shift {
+    /// `[C, m] → [9C, m]`: the nine shifted copies.
     Stack,
+    /// `[9C, m] → [C, m]`: the nine shifted blocks added.
     Sum,
 }
 

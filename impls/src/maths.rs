@@ -328,7 +328,7 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
 /// while each chunk's products keep ≥ 32768 columns (long enough for a GEMM to fill a GPU).
 /// It pays where those transients set the step's peak: shallow blocks whose layer inputs are
 /// narrower than 9k + 2B (the torchvision-style block at L = 6 and 12: 3 chunks), not BC-100's
-/// block, whose peak is a layer input's gradient. [`crate::step`] runs the chunks the memory
+/// block, whose peak is a layer input's gradient. [`crate::step()`] runs the chunks the memory
 /// model picks for the variant ([`crate::memory::tap_chunk_columns_for`]: these columns where
 /// they lower its predicted peak, else one chunk), unless overridden: [`TAP_CHUNK_ENV`]
 /// (0: one chunk) or [`with_tap_chunk_columns`].
@@ -345,7 +345,7 @@ thread_local! {
 
 /// Runs `f` with the tap-stack convolution chunked for `columns` (0: one chunk) on this thread,
 /// whatever the model would pick and the environment says (the model's predictions made inside
-/// follow it too): what [`crate::step`] runs a step in, and lets tests chunk small maps.
+/// follow it too): what [`crate::step()`] runs a step in, and lets tests chunk small maps.
 pub fn with_tap_chunk_columns<R>(columns: usize, f: impl FnOnce() -> R) -> R {
     scoped(&TAP_CHUNK_COLUMNS_HERE, Some(columns), f)
 }

@@ -242,7 +242,7 @@ pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option
 }
 
 /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path) for `variant` on `cfg`,
-/// what [`crate::step`] runs it with: the override if one is set
+/// what [`crate::step()`] runs it with: the override if one is set
 /// ([`crate::maths::tap_chunk_override`]), else [`crate::maths::TAP_CHUNK_COLUMNS`] where that
 /// lowers the variant's predicted peak (the tap transients set it), else 0 (one chunk, the
 /// fewest launches). An `Err` for an unreadable override.
