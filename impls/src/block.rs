@@ -568,10 +568,12 @@ fn bc_backward(
         dw1.reshape((cfg.bottleneck(), cfg.c_in(i), 1, 1))
             .ctx("conv1 dW")?,
     );
+    // r's last reader: ReLU1's mask comes from x and BN1's table below, so r is freed before
+    // the gradient it would mask is made (one C_i·M tensor fewer at BN1's backward)
+    drop(r);
     let dr = maths::dense_bwd_input(&w1, &dz)?;
     drop(dz);
-    let da = maths::relu_bwd(dr, &r, strategy.relu)?;
-    drop(r);
+    let da = maths::relu_bwd_bn(dr, &x, &stats1, strategy.relu)?;
     let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
     let (dx, dg1, dbeta1) = match into {
         InputGrad::Into(dst) => {

@@ -83,6 +83,8 @@ pub const BN: CudaModule = CudaModule {
         "bn_prepare",
         "affine_rows",
         "affine_rows_relu",
+        "relu_bwd_affine",
+        "relu_bwd_affine_inplace",
         "bn_bwd_reduce",
         "bn_bwd_dx",
         "bn_bwd_dx_accumulate",

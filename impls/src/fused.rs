@@ -352,6 +352,178 @@ impl CustomOp2 for AffineRowsOp {
     }
 }
 
+/// `out = (x·scale + shift > 0) ? g : 0` per row (`g: None`: `out` holds the gradient and is
+/// masked in place), `coef` planar `(scale; shift)` of `c` rows of `m`: the mask of a ReLU
+/// after BN apply, from BN's input. `v = x·scale + shift` is [`AffineRowsOp`]'s value, so the
+/// mask is the one the ReLU's output gives, bit for bit.
+fn relu_mask_rows<T: Float>(
+    out: &mut [T],
+    g: Option<&[T]>,
+    x: &[T],
+    coef: &[T],
+    c: usize,
+    m: usize,
+) {
+    let (scales, shifts) = coef.split_at(c);
+    out.par_chunks_mut(m)
+        .zip(x.par_chunks(m))
+        .zip(scales.par_iter().zip(shifts))
+        .enumerate()
+        .for_each(|(r, ((o, x), (&scale, &shift)))| match g {
+            Some(g) => {
+                for ((o, g), x) in o.iter_mut().zip(&g[r * m..(r + 1) * m]).zip(x) {
+                    let v = *x * scale + shift;
+                    *o = if v > T::ZERO { *g } else { T::ZERO };
+                }
+            }
+            None => {
+                for (o, x) in o.iter_mut().zip(x) {
+                    let v = *x * scale + shift;
+                    *o = if v > T::ZERO { *o } else { T::ZERO };
+                }
+            }
+        });
+}
+
+/// The operands of [`relu_mask_rows`] checked: `(C, M)` from `g`'s layout, `x` of the same
+/// size, `coef` a `[2, C]` table.
+fn relu_mask_operands<'a, T: Float>(
+    n: &str,
+    gl: &Layout,
+    x: (&'a [T], &Layout),
+    coef: (&'a [T], &Layout),
+) -> candle_core::Result<(usize, usize, &'a [T], &'a [T])> {
+    let (c, m) = gl.shape().dims2()?;
+    let xs = slice(x.0, x.1, n)?;
+    if xs.len() != c * m {
+        return Err(candle_core::Error::Msg(format!(
+            "{n}: x has {} elements, the gradient {c}×{m}",
+            xs.len()
+        )));
+    }
+    Ok((c, m, xs, coef_rows(coef.0, coef.1, 2, c, n)?))
+}
+
+/// ReLU backward from BN's input (see [`relu_bwd_affine`]) into a new tensor.
+struct ReluBwdAffineOp;
+impl CustomOp3 for ReluBwdAffineOp {
+    fn name(&self) -> &'static str {
+        "relu-bwd-affine"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        fn go<T: Float>(
+            n: &str,
+            (g, gl): (&[T], &Layout),
+            x: (&[T], &Layout),
+            coef: (&[T], &Layout),
+        ) -> candle_core::Result<Vec<T>> {
+            let (c, m, x, coef) = relu_mask_operands(n, gl, x, coef)?;
+            let g = slice(g, gl, n)?;
+            let mut out = vec![T::ZERO; c * m];
+            relu_mask_rows(&mut out, Some(g), x, coef, c, m);
+            Ok(out)
+        }
+        let n = self.name();
+        let out = match (gs, xs, cs) {
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => {
+                CpuStorage::F32(go(n, (g, gl), (x, xl), (k, cl))?)
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => {
+                CpuStorage::F64(go(n, (g, gl), (x, xl), (k, cl))?)
+            }
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, gl.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let out = crate::fused_cuda::relu_bwd_affine(
+            self.name(),
+            (Some(gs), gl),
+            None,
+            (xs, xl),
+            (cs, cl),
+        )?;
+        match out {
+            Some(out) => Ok((out, gl.shape().clone())),
+            None => Err(candle_core::Error::Msg(format!(
+                "{}: no output",
+                self.name()
+            ))),
+        }
+    }
+}
+
+/// ReLU backward from BN's input (see [`relu_bwd_affine_inplace`]), over the gradient.
+struct ReluBwdAffineInplaceOp;
+impl InplaceOp3 for ReluBwdAffineInplaceOp {
+    fn name(&self) -> &'static str {
+        "relu-bwd-affine-inplace"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &mut CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Float>(
+            n: &str,
+            (g, gl): (&mut [T], &Layout),
+            x: (&[T], &Layout),
+            coef: (&[T], &Layout),
+        ) -> candle_core::Result<()> {
+            let (c, m, x, coef) = relu_mask_operands(n, gl, x, coef)?;
+            let (a, b) = gl.contiguous_offsets().ok_or_else(|| {
+                candle_core::Error::Msg(format!("{n}: the gradient must be contiguous"))
+            })?;
+            relu_mask_rows(&mut g[a..b], None, x, coef, c, m);
+            Ok(())
+        }
+        let n = self.name();
+        match (gs, xs, cs) {
+            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => {
+                go(n, (g, gl), (x, xl), (k, cl))
+            }
+            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => {
+                go(n, (g, gl), (x, xl), (k, cl))
+            }
+            _ => Err(bad_dtype(n)),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &mut candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::fused_cuda::relu_bwd_affine(self.name(), (None, gl), Some(gs), (xs, xl), (cs, cl))
+            .map(|_| ())
+    }
+}
+
 /// The elements of a planar coefficient table `[q, c]`, or an error naming the op: the kernels
 /// index it from `c`, so a table of another size would be read out of bounds.
 fn coef_rows<'a, T>(
@@ -695,16 +867,7 @@ fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
     }
 }
 
-/// Which shifted view an op writes: the stack `[C, m] → [9C, m]` (row `j·C + c` is row `c`
-/// shifted by tap `j`) or the sum `[9C, m] → [C, m]` (row `c` is `Σ_j` row `j·C + c` shifted by
-/// tap `j`, added in the order j = 0..9 to +0).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Shift {
-    /// `[C, m] → [9C, m]`: the nine shifted copies.
-    Stack,
-    /// `[9C, m] → [C, m]`: the nine shifted blocks added.
-    Sum,
-}
+pub use crate::grid::Shift;
 
 /// `dst = stack(src)` or `dst = sum(src)` (see [`Shift`]), **written into `dst`'s storage**:
 /// both operands are rows of unit column stride (a whole map or a range of whole images of a
@@ -1001,6 +1164,46 @@ pub fn generic_affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
         .ctx("bn apply")?
         .broadcast_add(&column(coef, 1)?)
         .ctx("bn apply")
+}
+
+/// The gradient through a ReLU that follows BN apply, masked from BN's **input**:
+/// `(x·scale + shift > 0) ? g : 0` per row (`coef [2, C]` = (scale; shift), the table
+/// [`affine_rows`] applied), into a new tensor. Bitwise `relu_bwd(g, affine_rows_relu(x, coef))`
+/// (the same `v`, the same predicate), without the ReLU's output: a backward that has BN's
+/// input at hand (the feature buffer's view) need not keep it.
+pub fn relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    if [g, x, coef]
+        .iter()
+        .all(|t| has_kernels(t) && t.is_contiguous())
+    {
+        g.apply_op3_no_bwd(x, coef, &ReluBwdAffineOp)
+            .ctx("relu bwd affine")
+    } else {
+        generic_relu_bwd_affine(g, x, coef)
+    }
+}
+
+/// [`relu_bwd_affine`] **over `g`** (returned): the in-place ReLU backward.
+pub fn relu_bwd_affine_inplace(g: Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    if [&g, x, coef]
+        .iter()
+        .all(|t| has_kernels(t) && t.is_contiguous())
+    {
+        g.inplace_op3(x, coef, &ReluBwdAffineInplaceOp)
+            .ctx("relu bwd affine inplace")?;
+        Ok(g)
+    } else {
+        generic_relu_bwd_affine(&g, x, coef)
+    }
+}
+
+/// [`relu_bwd_affine`] from the ReLU's output, recomputed with candle ops (any device): the
+/// oracle.
+pub fn generic_relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    let out = generic_affine_rows_relu(x, coef)?;
+    let mask = out.gt(0.0).ctx("relu bwd affine")?;
+    mask.where_cond(g, &g.zeros_like().ctx("relu bwd affine")?)
+        .ctx("relu bwd affine")
 }
 
 /// BN backward's reductions and coefficients in one op: `st [2, C]` = (mean; invstd) of the

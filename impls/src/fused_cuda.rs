@@ -16,8 +16,7 @@ use crate::cuda_launch::{
     unsupported, view, view_mut, Float,
 };
 use crate::cuda_src::{BN, SHIFT};
-use crate::fused::Shift;
-use crate::grid::Grid;
+use crate::grid::{Grid, Shift};
 use crate::matrix::Mat;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
@@ -191,6 +190,65 @@ pub(crate) fn affine_rows(
     }
     let res = by_dtype!(op, s, run(op, relu, (s, l), (cs, cl)))?;
     Ok((res, l.shape().clone()))
+}
+
+/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)): into a new
+/// tensor, or with `into` **over `g` in place** (`g` is then the destination `(d, dl)`).
+pub(crate) fn relu_bwd_affine(
+    op: &str,
+    (g, gl): (Option<&CudaStorage>, &Layout),
+    into: Option<&mut CudaStorage>,
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<Option<CudaStorage>> {
+    fn run<T: Float>(
+        op: &str,
+        (g, gl): (Option<&CudaStorage>, &Layout),
+        into: Option<&mut CudaStorage>,
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<Option<CudaStorage>> {
+        let (c, m, rg) = matrix(op, "the gradient", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 2)?;
+        let dev = xs.device.clone();
+        let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let stream = dev.cuda_stream();
+        match (g, into) {
+            (Some(g), None) => {
+                // SAFETY: every one of the c·m elements is written by the kernel below.
+                let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+                if c * m > 0 {
+                    let func = function::<T>(&dev, &BN, "relu_bwd_affine")?;
+                    let gv = view(op, g.as_cuda_slice::<T>()?, rg)?;
+                    let mut b = stream.launch_builder(&func);
+                    b.arg(&gv).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+                    // SAFETY: g, x and out hold c·m elements, coef 2·c; out is fresh.
+                    unsafe { b.launch(rows_config(c, m)) }.w()?;
+                }
+                Ok(Some(CudaStorage::wrap_cuda_slice(out, dev.clone())))
+            }
+            (None, Some(d)) => {
+                if c * m > 0 {
+                    let func = function::<T>(&dev, &BN, "relu_bwd_affine_inplace")?;
+                    let mut dv = view_mut(op, d.as_cuda_slice_mut::<T>()?, rg)?;
+                    let mut b = stream.launch_builder(&func);
+                    b.arg(&mut dv).arg(&x).arg(&coef).arg(&c).arg(&m);
+                    // SAFETY: the destination holds c·m elements (the gradient's range), x c·m,
+                    // coef 2·c; each element of the destination is read, then written, by one
+                    // thread; candle hands it as `&mut` and x, coef as other storages.
+                    unsafe { b.launch(rows_config(c, m)) }.w()?;
+                }
+                Ok(None)
+            }
+            _ => Err(crate::cuda_launch::msg(format!(
+                "{op} (cuda): a gradient to read, or a destination to overwrite, not both"
+            ))),
+        }
+    }
+    by_dtype!(op, xs, run(op, (g, gl), into, (xs, xl), (cs, cl)))
 }
 
 /// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;

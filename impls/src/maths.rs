@@ -207,6 +207,19 @@ pub fn relu_bwd(g: Tensor, out: &Tensor, mode: Relu) -> Result<Tensor> {
     }
 }
 
+/// ReLU backward of [`bn_apply_relu`]'s ReLU masked from BN's **input** `x` and its `stats`
+/// ([`fused::relu_bwd_affine`]: `x·scale + shift > 0`, the ReLU's own test of the same value),
+/// not from the ReLU's output: bitwise [`relu_bwd`] with that output, which can then be freed
+/// before the gradient it masks is made. `copy` writes a new tensor, `inplace` **overwrites
+/// `g`**.
+pub fn relu_bwd_bn(g: Tensor, x: &Tensor, stats: &BnStats, mode: Relu) -> Result<Tensor> {
+    let coef = stats.affine()?;
+    match mode {
+        Relu::Copy => fused::relu_bwd_affine(&g, x, &coef),
+        Relu::Inplace => fused::relu_bwd_affine_inplace(g, x, &coef),
+    }
+}
+
 /// [`dense::accumulate`] (the CPU's `gemm`, on either path; cuBLAS with β = 1 on a GPU), with
 /// both operands rounded to TF32 first inside
 /// [`with_tf32_emulation_on_cpu`] (as cuBLAS does with `--math tf32`).

@@ -186,7 +186,9 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
 ///   layer i: the recomputed front (`recompute`), Conv3×3's scratch (CPU: tiles and the weight
 ///   gradient's partial sums; other devices: the shifted gradients of one chunk, 9k·M_c), then
-///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one); BN1's `dx` is added straight into
+///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks from the
+///   layer input and BN1's table, so the recomputed or saved `r` is freed first, after dW1);
+///   BN1's `dx` is added straight into
 ///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
 ///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
 ///   their `dx` the same way (on a GPU too: cuBLAS with β = 1).
@@ -470,6 +472,7 @@ fn trace_with<'a>(
                 } else {
                     t.alloc(b * c); // dW1 (kept)
                 }
+                t.free(c * m); // r (ReLU1's backward masks from x and BN1's table)
                 t.alloc(c * m); // dr
                 t.product();
                 t.free(b * m); // dz
@@ -477,7 +480,6 @@ fn trace_with<'a>(
                     t.alloc(c * m); // ReLU1 backward copy
                     t.free(c * m); // dr
                 }
-                t.free(c * m); // r
                 if cat {
                     t.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
                 } // buffer: BN1's backward adds dx straight into the gradient buffer
@@ -542,27 +544,34 @@ mod tests {
     }
 
     /// The tap stack is chunked exactly where that lowers the predicted GPU peak: every variant
-    /// of the torchvision-style block at L = 6 (its layer inputs, ≤ 224 channels, are narrower
-    /// than the 9k + 2B = 544 of the tap products and the bottleneck), the in-place ones at
-    /// L = 12, nothing on BC-100's block (its peak is a layer input's gradient) or the mlp.
+    /// of the torchvision-style block at L = 6 and 12 and of BC-100's block at L = 16 (the tap
+    /// products and shifted gradients, 9k rows, outweigh a narrow layer input), only the
+    /// `buffer-*-inplace` ones at BC-100's L = 48 and the torchvision-style L = 24 (deeper, the
+    /// layer inputs and their gradients set the others' peaks), never on the mlp.
     #[test]
     fn the_tap_stack_is_chunked_where_it_lowers_the_peak() {
         let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
         let brc = manual(Concat::Buffer, Intermediates::Recompute, Relu::Copy);
         let columns = |v, cfg: &Config| tap_chunk_columns_for(v, cfg).unwrap();
-        for v in Variant::for_config(&torchvision(6)) {
-            if v != Variant::Autograd {
-                assert_eq!(columns(v, &torchvision(6)), TAP_CHUNK_COLUMNS, "{v}");
-            }
-        }
-        assert_eq!(columns(bri, &torchvision(12)), TAP_CHUNK_COLUMNS);
-        assert_eq!(columns(brc, &torchvision(12)), 0);
-        let bc100 = Config {
-            depth: 48,
+        let bc100 = |depth| Config {
+            depth,
             ..Config::bc100_block()
         };
-        for cfg in [Config::bc100_block(), bc100] {
-            assert_eq!(columns(bri, &cfg), 0, "{}", cfg.describe());
+        for cfg in [torchvision(6), torchvision(12), bc100(16)] {
+            for v in Variant::for_config(&cfg) {
+                if v != Variant::Autograd {
+                    assert_eq!(
+                        columns(v, &cfg),
+                        TAP_CHUNK_COLUMNS,
+                        "{v} {}",
+                        cfg.describe()
+                    );
+                }
+            }
+        }
+        for cfg in [torchvision(24), bc100(48)] {
+            assert_eq!(columns(bri, &cfg), TAP_CHUNK_COLUMNS, "{}", cfg.describe());
+            assert_eq!(columns(brc, &cfg), 0, "{}", cfg.describe());
         }
         let mlp = Config::tiny(Family::Mlp);
         assert_eq!(columns(bri, &mlp), 0);
@@ -577,8 +586,8 @@ mod tests {
         assert_eq!(whole - chunked, (9 * 32 * (32 - 11) * m * 4) as u64);
         // an override wins, for every variant
         with_tap_chunk_columns(m, || {
-            assert_eq!(columns(bri, &Config::bc100_block()), m);
-            assert_eq!(columns(brc, &torchvision(12)), m);
+            assert_eq!(columns(brc, &bc100(48)), m);
+            assert_eq!(columns(bri, &mlp), m);
         });
     }
 }

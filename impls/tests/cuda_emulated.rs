@@ -586,6 +586,77 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     }
 }
 
+/// `relu_bwd_affine[_inplace]`: the ReLU backward masked from BN's input and `(scale; shift)`,
+/// bit for bit the CPU twin's (a fresh tensor, or the gradient masked in place) under the
+/// launcher's and smaller row grids, on inputs with NaN, ±0, tiny values and ±∞ (x) and NaN
+/// gradients (passed through where the mask is open).
+fn relu_bwd_affine_matches<T: El>(m: &Emulated, inplace: bool) {
+    let kernel = format!(
+        "relu_bwd_affine{}_{}",
+        if inplace { "_inplace" } else { "" },
+        T::SUFFIX
+    );
+    let (c, cols) = (5, 300);
+    let x = relu_values::<T>(c * cols, 63);
+    let g = relu_values::<T>(c * cols, 64);
+    let scale = values::<T>(c, 65);
+    let mut shift = values::<T>(c, 66);
+    // row 0 holds x = +0 and −0 (relu_values): with shift +0, v = ±0·scale + 0 is exactly
+    // zero, where the mask must stay closed
+    shift[0] = T::from_f64(0.0);
+    let coef: Vec<T> = scale.iter().chain(&shift).copied().collect();
+    let (gt, xt, ct) = (
+        tensor(&g, (c, cols)),
+        tensor(&x, (c, cols)),
+        tensor(&coef, (2, c)),
+    );
+    let want = host::<T>(&fused::relu_bwd_affine(&gt, &xt, &ct).expect("cpu relu bwd affine"));
+    let want_inplace = host::<T>(
+        &fused::relu_bwd_affine_inplace(gt.copy().expect("copy"), &xt, &ct)
+            .expect("cpu relu bwd affine inplace"),
+    );
+    assert_bitwise_nan(
+        &format!("{kernel}: the CPU's two forms"),
+        &want_inplace,
+        &want,
+    );
+    for geom in row_geometries(c, cols) {
+        let mut xp = x.as_ptr().cast_mut();
+        let mut cp = coef.as_ptr().cast_mut();
+        let (mut rows, mut mm) = (c as u64, cols as u64);
+        let out = if inplace {
+            let mut out = g.clone();
+            let mut op = out.as_mut_ptr();
+            m.launch(
+                &kernel,
+                geom,
+                &mut [p(&mut op), p(&mut xp), p(&mut cp), p(&mut rows), p(&mut mm)],
+                false,
+            );
+            out
+        } else {
+            let mut out = vec![T::from_f64(7.0); c * cols];
+            let mut gp = g.as_ptr().cast_mut();
+            let mut op = out.as_mut_ptr();
+            m.launch(
+                &kernel,
+                geom,
+                &mut [
+                    p(&mut gp),
+                    p(&mut xp),
+                    p(&mut cp),
+                    p(&mut op),
+                    p(&mut rows),
+                    p(&mut mm),
+                ],
+                false,
+            );
+            out
+        };
+        assert_bitwise_nan(&format!("{kernel} {geom:?}"), &out, &want);
+    }
+}
+
 /// `bn_bwd_dx[_accumulate]` with planar `coef [3, C]` = (A; B; C), bit for bit the CPU twin's
 /// (the fresh tensor, or the destination updated in place) under the launcher's and smaller
 /// row grids.
@@ -827,7 +898,7 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
 }
 
 /// Every entry point of `bn.cu` (statistics, the forward per-channel step, apply with and
-/// without ReLU, backward reduction with its coefficients, dx fresh and accumulated), f32 and
+/// without ReLU, the ReLU backward masked from BN's input, backward reduction with its coefficients, dx fresh and accumulated), f32 and
 /// f64, against its CPU twin in `impls::fused`: the GPU path of every BN layer runs these.
 #[test]
 fn bn_kernels_match_their_cpu_twins_on_the_host() {
@@ -845,6 +916,10 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
     for accumulate in [false, true] {
         bn_bwd_dx_matches::<f32>(&m, accumulate);
         bn_bwd_dx_matches::<f64>(&m, accumulate);
+    }
+    for inplace in [false, true] {
+        relu_bwd_affine_matches::<f32>(&m, inplace);
+        relu_bwd_affine_matches::<f64>(&m, inplace);
     }
 }
 

@@ -506,3 +506,42 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
         }
     }
 }
+
+/// ReLU backward masked from BN's input and `(scale; shift)` (`relu_bwd_affine`, new and in
+/// place through a view with a start offset) equals the CPU bit for bit, and the mask the
+/// ReLU's output gives on the GPU.
+#[test]
+fn cuda_relu_bwd_affine_equals_cpu_bitwise() {
+    let Some(dev) = gpu("cuda_relu_bwd_affine_equals_cpu_bitwise") else {
+        return;
+    };
+    let m = GRID.n * GRID.h * GRID.w;
+    for dtype in [DType::F32, DType::F64] {
+        let g = rand((C, m), 41, dtype);
+        let x = rand((C, m), 42, dtype);
+        // (scale; shift)
+        let coef = rand((2, C), 43, dtype);
+        let cpu = fused::relu_bwd_affine(&g, &x, &coef).expect("cpu");
+        let (xg, cg) = (
+            x.to_device(&dev).expect("x"),
+            coef.to_device(&dev).expect("coef"),
+        );
+        let (_buf, gv) = in_buffer(&g, &dev);
+        let fresh = fused::relu_bwd_affine(&gv, &xg, &cg).expect("cuda");
+        assert_bitwise(&fresh, &cpu, &format!("relu_bwd_affine {dtype:?}"));
+        let via_output = impls::kernels::relu_bwd(
+            &gv,
+            &fused::affine_rows_relu(&xg, &cg).expect("cuda affine relu"),
+        )
+        .expect("cuda relu bwd");
+        assert_bitwise(&via_output, &cpu, &format!("mask of the output {dtype:?}"));
+        let (buf, gv) = in_buffer(&g, &dev);
+        let back = fused::relu_bwd_affine_inplace(gv, &xg, &cg).expect("cuda inplace");
+        assert_bitwise(&back, &cpu, &format!("relu_bwd_affine_inplace {dtype:?}"));
+        let outside = host(&buf.narrow(0, 0, 2).expect("head"));
+        assert!(
+            outside.iter().all(|v| *v == 7.0),
+            "relu_bwd_affine_inplace wrote outside its view"
+        );
+    }
+}

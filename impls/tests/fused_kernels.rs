@@ -292,3 +292,86 @@ fn bn_backward_kernels_refuse_operands_of_different_sizes() {
     let e = fused::bn_bwd_reduce(&g, &short, &st, &gamma).expect_err("a short input accepted");
     assert!(format!("{e:#}").contains("elements"), "{e:#}");
 }
+
+/// ReLU1's backward masked from BN1's input and table (`relu_bwd_affine`, new and in place) is
+/// bit for bit the ReLU backward masked from the ReLU's output, whether that output came from
+/// the fused BN → ReLU (`inplace` strategies) or BN apply then a ReLU copy (`copy`), on values
+/// where the mask is delicate: `x·scale + shift` exactly 0, ±0, tiny, ±∞, NaN (a NaN scale
+/// masks its whole row), and NaN gradients (passed where the mask is open); and the candle-op
+/// oracle agrees.
+#[test]
+fn relu_backward_from_the_bn_input_is_the_backward_from_the_relu_output() {
+    use impls::kernels;
+    let (c, m) = (5, 301);
+    let mut x: Vec<f64> = impls::params::uniform(40, "x", c * m, -2.0, 2.0);
+    let mut g: Vec<f64> = impls::params::uniform(41, "g", c * m, -2.0, 2.0);
+    for (i, v) in [
+        f64::NAN,
+        0.0,
+        -0.0,
+        1e-300,
+        -1e-300,
+        f64::INFINITY,
+        f64::NEG_INFINITY,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        x[i * 3] = v;
+        g[i * 5 + 1] = f64::NAN;
+    }
+    // channel 1: scale 0.5, shift −0.5, x = 1 → v = 0 exactly (closed), x = 1 + 2⁻⁵² → open
+    x[m] = 1.0;
+    x[m + 1] = 1.0 + f64::EPSILON;
+    let scale = [1.5, 0.5, -0.75, f64::NAN, 0.0];
+    let shift = [0.1, -0.5, 0.0, 0.2, -0.0];
+    let coef: Vec<f64> = scale.iter().chain(&shift).copied().collect();
+    for dtype in [DType::F32, DType::F64] {
+        let t = |v: &[f64], shape: (usize, usize)| {
+            Tensor::from_vec(v.to_vec(), shape, &Device::Cpu)
+                .unwrap()
+                .to_dtype(dtype)
+                .unwrap()
+        };
+        let (x, g, coef) = (t(&x, (c, m)), t(&g, (c, m)), t(&coef, (2, c)));
+        let fused_out = fused::affine_rows_relu(&x, &coef).unwrap();
+        let copied_out = kernels::relu(&fused::affine_rows(&x, &coef).unwrap()).unwrap();
+        let want = kernels::relu_bwd(&g, &fused_out).unwrap();
+        let what = |s: &str| format!("{dtype:?}: {s}");
+        assert_bitwise(
+            &kernels::relu_bwd(&g, &copied_out).unwrap(),
+            &want,
+            &what("masks of the two ReLU outputs"),
+        );
+        assert_bitwise(
+            &fused::relu_bwd_affine(&g, &x, &coef).unwrap(),
+            &want,
+            &what("relu_bwd_affine"),
+        );
+        let inplace = g.copy().unwrap();
+        let back = fused::relu_bwd_affine_inplace(inplace, &x, &coef).unwrap();
+        assert_bitwise(&back, &want, &what("relu_bwd_affine_inplace"));
+        assert_bitwise(
+            &fused::generic_relu_bwd_affine(&g, &x, &coef).unwrap(),
+            &want,
+            &what("the candle-op oracle"),
+        );
+        // the delicate channel: v = 0 closes the mask, the next value up opens it
+        let row1 = fused::relu_bwd_affine(&g, &x, &coef)
+            .unwrap()
+            .narrow(0, 1, 1)
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_vec1::<f64>()
+            .unwrap();
+        let g1 = g.narrow(0, 1, 1).unwrap().flatten_all().unwrap();
+        let g1 = g1.to_dtype(DType::F64).unwrap().to_vec1::<f64>().unwrap();
+        assert_eq!(row1[0], 0.0, "{dtype:?}: v = 0 must close the mask");
+        if dtype == DType::F64 {
+            assert_eq!(row1[1], g1[1], "v = 2⁻⁵³ must open it");
+        }
+    }
+}

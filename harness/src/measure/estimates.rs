@@ -151,6 +151,15 @@ mod tests {
             Some("3×3 tap stack in 3 chunks of ≤ 11 images")
         );
         assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision), None);
-        assert_eq!(tap_chunk_note(bri, &Config::bc100_block()), None);
+        let brc = Variant::parse("buffer-recompute-copy").unwrap();
+        let bc100 = Config {
+            depth: 48,
+            ..Config::bc100_block()
+        };
+        assert_eq!(tap_chunk_note(brc, &bc100), None);
+        assert_eq!(
+            tap_chunk_note(bri, &bc100).as_deref(),
+            Some("3×3 tap stack in 2 chunks of ≤ 32 images")
+        );
     }
 }

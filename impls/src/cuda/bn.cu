@@ -18,7 +18,7 @@
 // * the per-channel step (bn_prepare): 1-D, block = (256, 1, 1), grid-stride over C; one
 //   thread per channel, T arithmetic in the CPU twin's order: bitwise equal.
 //
-// * row-wise element-wise ops (affine_rows*, bn_bwd_dx*): block = (256, 1, 1) threads over
+// * row-wise element-wise ops (affine_rows*, relu_bwd_affine, bn_bwd_dx*): block = (256, 1, 1) threads over
 //   the columns, grid = (ceil(M / 256) capped, min(C, 65535), 1). blockIdx.y walks the rows
 //   (grid-stride for C > 65535), blockIdx.x and threadIdx.x the columns (grid-stride), so the
 //   per-channel coefficients are read once per row and no index is divided. Each element is
@@ -153,6 +153,28 @@ __device__ __forceinline__ void affine_rows(const T *__restrict__ x, const T *__
     }
 }
 
+// out [C, m] = (x * scale + shift > 0) ? g : 0 per row, coef [2, rows] = (scale; shift): the
+// backward of affine_rows_relu's ReLU (and of a ReLU after affine_rows) masked from BN's input
+// x rather than from the ReLU's output, so the output need not be kept for it. v is computed as
+// affine_rows computes it (same roundings, same predicate), so the mask is the one relu_bwd
+// reads from the output, bit for bit. out may be g itself (in place): each element is read and
+// then written by one thread, so g and out are not __restrict__.
+template <typename T>
+__device__ __forceinline__ void relu_bwd_affine(const T *g, const T *__restrict__ x,
+                                                const T *__restrict__ coef, T *out,
+                                                const u64 rows, const u64 m) {
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T scale = coef[r], shift = coef[rows + r];
+        const T *gr = g + r * m;
+        const T *xr = x + r * m;
+        T *o = out + r * m;
+        for (u64 i = db_first(); i < m; i += db_stride()) {
+            const T v = db_add(db_mul(xr[i], scale), shift);
+            o[i] = db_is_positive(v) ? gr[i] : (T)0;
+        }
+    }
+}
+
 // A * gy + B * x + C per row, evaluated in f64 as ((A*gy) + (B*x)) + C and rounded to T once,
 // like the CPU twin.
 template <typename T>
@@ -221,6 +243,14 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
     extern "C" __global__ void affine_rows_relu_##S(const T *x, const T *coef, T *y,            \
                                                     const u64 rows, const u64 m) {             \
         affine_rows<T, true>(x, coef, y, rows, m);                                             \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_##S(const T *g, const T *x, const T *coef,       \
+                                                   T *out, const u64 rows, const u64 m) {      \
+        relu_bwd_affine<T>(g, x, coef, out, rows, m);                                          \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_inplace_##S(T *g, const T *x, const T *coef,     \
+                                                           const u64 rows, const u64 m) {      \
+        relu_bwd_affine<T>(g, x, coef, g, rows, m);                                            \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const T *coef, T *dx,     \
                                              const u64 rows, const u64 m) {                    \
