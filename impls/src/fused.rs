@@ -352,35 +352,21 @@ impl CustomOp2 for AffineRowsOp {
     }
 }
 
-/// `out = (x·scale + shift > 0) ? g : 0` per row (`g: None`: `out` holds the gradient and is
-/// masked in place), `coef` planar `(scale; shift)` of `c` rows of `m`: the mask of a ReLU
-/// after BN apply, from BN's input. `v = x·scale + shift` is [`AffineRowsOp`]'s value, so the
-/// mask is the one the ReLU's output gives, bit for bit.
-fn relu_mask_rows<T: Float>(
-    out: &mut [T],
-    g: Option<&[T]>,
-    x: &[T],
-    coef: &[T],
-    c: usize,
-    m: usize,
-) {
+/// `g = (x·scale + shift > 0) ? g : 0` per row, in place, `coef` planar `(scale; shift)` of
+/// `c` rows of `m`: the mask of a ReLU after BN apply, from BN's input. `v = x·scale + shift`
+/// is [`AffineRowsOp`]'s value, so the mask is the one the ReLU's output gives, bit for bit.
+fn relu_mask_rows<T: Float>(g: &mut [T], x: &[T], coef: &[T], c: usize, m: usize) {
+    if c * m == 0 {
+        return;
+    }
     let (scales, shifts) = coef.split_at(c);
-    out.par_chunks_mut(m)
+    g.par_chunks_mut(m)
         .zip(x.par_chunks(m))
         .zip(scales.par_iter().zip(shifts))
-        .enumerate()
-        .for_each(|(r, ((o, x), (&scale, &shift)))| match g {
-            Some(g) => {
-                for ((o, g), x) in o.iter_mut().zip(&g[r * m..(r + 1) * m]).zip(x) {
-                    let v = *x * scale + shift;
-                    *o = if v > T::ZERO { *g } else { T::ZERO };
-                }
-            }
-            None => {
-                for (o, x) in o.iter_mut().zip(x) {
-                    let v = *x * scale + shift;
-                    *o = if v > T::ZERO { *o } else { T::ZERO };
-                }
+        .for_each(|((g, x), (&scale, &shift))| {
+            for (g, x) in g.iter_mut().zip(x) {
+                let v = *x * scale + shift;
+                *g = if v > T::ZERO { *g } else { T::ZERO };
             }
         });
 }
@@ -427,8 +413,14 @@ impl CustomOp3 for ReluBwdAffineOp {
         ) -> candle_core::Result<Vec<T>> {
             let (c, m, x, coef) = relu_mask_operands(n, gl, x, coef)?;
             let g = slice(g, gl, n)?;
-            let mut out = vec![T::ZERO; c * m];
-            relu_mask_rows(&mut out, Some(g), x, coef, c, m);
+            if g.len() != c * m {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: the gradient has {} elements, expected {c}×{m}",
+                    g.len()
+                )));
+            }
+            let mut out = g.to_vec();
+            relu_mask_rows(&mut out, x, coef, c, m);
             Ok(out)
         }
         let n = self.name();
@@ -495,7 +487,7 @@ impl InplaceOp3 for ReluBwdAffineInplaceOp {
             let (a, b) = gl.contiguous_offsets().ok_or_else(|| {
                 candle_core::Error::Msg(format!("{n}: the gradient must be contiguous"))
             })?;
-            relu_mask_rows(&mut g[a..b], None, x, coef, c, m);
+            relu_mask_rows(&mut g[a..b], x, coef, c, m);
             Ok(())
         }
         let n = self.name();
@@ -1176,6 +1168,12 @@ pub fn relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> 
         .iter()
         .all(|t| has_kernels(t) && t.is_contiguous())
     {
+        if g.device().is_cpu() {
+            // the CPU's fast copy, then the mask in place: 32 ms for [204, 65536] f32 on one
+            // thread, where writing the masked values into a new vector took 65–70 ms (and the
+            // ReLU backward from the output 30)
+            return relu_bwd_affine_inplace(crate::kernels::copy_rows(g)?, x, coef);
+        }
         g.apply_op3_no_bwd(x, coef, &ReluBwdAffineOp)
             .ctx("relu bwd affine")
     } else {
