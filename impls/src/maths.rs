@@ -339,9 +339,10 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
 /// where chunking pays: the tap products and shifted gradients `[9k, ·]` are then made for one
 /// range of images at a time, so their transient is 9k·(images per chunk)·H·W instead of 9k·M,
 /// while each chunk's products keep ≥ 32768 columns (long enough for a GEMM to fill a GPU).
-/// It pays where those transients set the step's peak: shallow blocks whose layer inputs are
-/// narrower than 9k + 2B (the torchvision-style block at L = 6 and 12: 3 chunks), not BC-100's
-/// block, whose peak is a layer input's gradient. [`crate::step()`] runs the chunks the memory
+/// It pays where those transients set the step's peak: `buffer-recompute-inplace` at every
+/// depth, every variant while the layer inputs are narrow (the torchvision-style block at L = 6
+/// and 12: 3 chunks; BC-100's at L = 16: 2), not where a layer input's gradient or stored
+/// intermediates set it (docs/gpu.md, "The 3×3 convolution"). [`crate::step()`] runs the chunks the memory
 /// model picks for the variant ([`crate::memory::tap_chunk_columns_for`]: these columns where
 /// they lower its predicted peak, else one chunk), unless overridden: [`TAP_CHUNK_ENV`]
 /// (0: one chunk) or [`with_tap_chunk_columns`].
