@@ -419,7 +419,10 @@ impl CustomOp3 for ReluBwdAffineOp {
                     g.len()
                 )));
             }
-            let mut out = g.to_vec();
+            // the crate's parallel vector copy, then the mask in place: 32 ms for [204, 65536]
+            // f32 on one thread, where writing the masked values into a new vector took 65–70
+            // (and made a BC-100 L=16 `cat-store-copy` step 1.4× slower)
+            let mut out = crate::kernels::concat_slices(&[g]);
             relu_mask_rows(&mut out, x, coef, c, m);
             Ok(out)
         }
@@ -1168,12 +1171,6 @@ pub fn relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> 
         .iter()
         .all(|t| has_kernels(t) && t.is_contiguous())
     {
-        if g.device().is_cpu() {
-            // the CPU's fast copy, then the mask in place: 32 ms for [204, 65536] f32 on one
-            // thread, where writing the masked values into a new vector took 65–70 ms (and the
-            // ReLU backward from the output 30)
-            return relu_bwd_affine_inplace(crate::kernels::copy_rows(g)?, x, coef);
-        }
         g.apply_op3_no_bwd(x, coef, &ReluBwdAffineOp)
             .ctx("relu bwd affine")
     } else {

@@ -418,7 +418,7 @@ unsafe fn copy_chunk<T: Copy>(src: *const T, dst: *mut T, len: usize) {
 }
 
 /// The slices one after the other in a new vector, copied in parallel chunks ([`copy_chunk`]).
-fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
+pub(crate) fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
     let n = parts.iter().map(|p| p.len()).sum();
     let mut out: Vec<T> = Vec::with_capacity(n);
     let mut jobs = Vec::new();
