@@ -469,7 +469,7 @@ fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
     assert_eq!(&rows[..before.len()], &before[..]);
 }
 
-/// One job whose measuring child runs for about a second (many steps of a tiny block), so a
+/// One job whose measuring child runs for a few seconds (many steps of a tiny block), so a
 /// test can find it and kill it.
 const SLOW_SWEEP: &str = r#"
 [[group]]
@@ -479,7 +479,7 @@ channels = 16
 growth = 8
 depth = 2
 variants = ["cat-store-copy"]
-steps = 1000
+steps = 4000
 warmup = 0
 "#;
 
@@ -561,7 +561,7 @@ fn start_slower_sweep(dir: &Path) -> (std::process::Child, Option<u32>, PathBuf,
         .replace("channels = 16", "channels = 64")
         .replace("growth = 8", "growth = 32")
         .replace("depth = 2", "depth = 4")
-        .replace("steps = 1000", "steps = 10000");
+        .replace("steps = 4000", "steps = 10000");
     let sweep_file = write(dir, "slower.toml", &slower);
     let out = dir.join("slow.csv");
     let cache = dir.join("cache");

@@ -100,7 +100,8 @@ impl LayerSaved {
 /// The intermediates of one bc layer's forward.
 struct BcForward {
     stats1: BnStats,
-    r: Tensor,
+    /// ReLU1's output, kept only when asked ([`bc_front`]'s `keep_r`).
+    r: Option<Tensor>,
     z: Tensor,
     stats2: BnStats,
     s: Tensor,
@@ -161,7 +162,9 @@ fn bn_forward(
 }
 
 /// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
-/// `stats`.
+/// `stats`. ReLU1's output r `[C_i, M]` is freed as soon as Conv1×1 has read it unless
+/// `keep_r` (`store` keeps it for backward; `recompute` remakes it where backward needs it,
+/// after the 3×3 convolution's backward, see [`bc_backward`]).
 fn bc_front(
     cfg: &Config,
     params: &Params,
@@ -169,6 +172,7 @@ fn bc_front(
     x: &Tensor,
     relu: crate::variant::Relu,
     stats: FrontStats,
+    keep_r: bool,
 ) -> Result<BcForward> {
     let (stats1, run1) = match stats {
         FrontStats::Saved(s1, _) => (s1.clone(), None),
@@ -180,6 +184,7 @@ fn bc_front(
     let r = maths::bn_apply_relu(x, &stats1, relu)?;
     let w1 = conv1_matrix(cfg, params, i)?;
     let z = maths::dense_fwd(&w1, None, &r)?;
+    let r = keep_r.then_some(r);
     let (stats2, run2) = match stats {
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
@@ -310,7 +315,16 @@ pub fn step_manual(
                         buffer: "bn statistics",
                         reason: "bc forward without feature statistics".to_string(),
                     })?;
-                let mut f = bc_front(cfg, params, i, &x, strategy.relu, FrontStats::Forward(ch))?;
+                let store = strategy.intermediates == Intermediates::Store;
+                let mut f = bc_front(
+                    cfg,
+                    params,
+                    i,
+                    &x,
+                    strategy.relu,
+                    FrontStats::Forward(ch),
+                    store,
+                )?;
                 drop(x);
                 let updates = f.running.take().ok_or_else(|| crate::Error::BufferMisuse {
                     buffer: "bn statistics",
@@ -328,7 +342,10 @@ pub fn step_manual(
                 let inner = match strategy.intermediates {
                     Intermediates::Store => Inner::BcStore {
                         stats1: f.stats1,
-                        r: f.r,
+                        r: f.r.ok_or_else(|| crate::Error::BufferMisuse {
+                            buffer: "saved state",
+                            reason: format!("layer {i}: the stored front lost r"),
+                        })?,
                         z: f.z,
                         stats2: f.stats2,
                         s: f.s,
@@ -459,7 +476,7 @@ pub fn step_manual(
                 gy,
                 x,
                 stats1,
-                r,
+                Some(r),
                 z,
                 stats2,
                 s,
@@ -474,6 +491,7 @@ pub fn step_manual(
                     &x,
                     strategy.relu,
                     FrontStats::Saved(&stats1, &stats2),
+                    false,
                 )?;
                 bc_backward(
                     cfg,
@@ -536,6 +554,12 @@ enum InputGrad {
 /// bc layer backward from its (saved or recomputed) intermediates; consumes and frees each as
 /// soon as it has been read. Adds the gradient of the layer input `[C_i, M]` as `into` says:
 /// returns the new gradient for [`InputGrad::New`], `None` for [`InputGrad::Into`].
+///
+/// `r` is `None` when recomputing: ReLU1's output is then remade from `x` and BN1's saved table
+/// just before Conv1×1's weight gradient reads it, so it is not live through the 3×3
+/// convolution's backward and BN2's (one BN1 apply more per layer, `C_i` rows fewer at what
+/// sets a recomputing variant's peak; bitwise the same values, the same kernel on the same
+/// inputs).
 #[allow(clippy::too_many_arguments)]
 fn bc_backward(
     cfg: &Config,
@@ -545,7 +569,7 @@ fn bc_backward(
     gy: Tensor,
     x: Tensor,
     stats1: BnStats,
-    r: Tensor,
+    r: Option<Tensor>,
     z: Tensor,
     stats2: BnStats,
     s: Tensor,
@@ -562,6 +586,10 @@ fn bc_backward(
     param_grads.insert(bn_name(i, 2, "weight"), dg2);
     param_grads.insert(bn_name(i, 2, "bias"), dbeta2);
     let w1 = conv1_matrix(cfg, params, i)?;
+    let r = match r {
+        Some(r) => r,
+        None => maths::bn_apply_relu(&x, &stats1, strategy.relu)?,
+    };
     let dw1 = maths::dense_bwd_weight(&dz, &r)?;
     param_grads.insert(
         conv_name(i, 1),

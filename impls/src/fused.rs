@@ -68,19 +68,17 @@ struct BnStatsOp;
 impl Kernel1 for BnStatsOp {
     const NAME: &'static str = "bn-stats";
     fn run<T: Float>(&self, x: &[T], c: usize, m: usize) -> Vec<T> {
-        let rows: Vec<(T, T)> = x
-            .par_chunks(m)
-            .map(|row| {
+        // straight into the planar rows: the output is the op's only allocation (the memory
+        // model counts one tensor per op, and a pool would hold nothing else)
+        let mut out = vec![T::ZERO; 2 * c];
+        let (means, vars) = out.split_at_mut(c);
+        x.par_chunks(m)
+            .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
+            .for_each(|(row, (mean_out, var_out))| {
                 let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
                 let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
-                (T::of(mean), T::of(var))
-            })
-            .collect();
-        let mut out = vec![T::ZERO; 2 * c];
-        for (ch, (mean, var)) in rows.into_iter().enumerate() {
-            out[ch] = mean;
-            out[c + ch] = var;
-        }
+                (*mean_out, *var_out) = (T::of(mean), T::of(var));
+            });
         out
     }
 }
@@ -617,11 +615,24 @@ impl CustomOp3 for BnBwdReduceOp {
             let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
             let (means, invstds) = st.split_at(c);
             let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
-            let rows: Vec<[T; 5]> = g
-                .par_chunks(m)
+            // straight into the five planar rows: the output is the op's only allocation
+            let mut out = vec![T::ZERO; 5 * c];
+            let (sgs, rest) = out.split_at_mut(c);
+            let (sgxs, rest) = rest.split_at_mut(c);
+            let (aas, rest) = rest.split_at_mut(c);
+            let (bbs, ccs) = rest.split_at_mut(c);
+            let outs = (
+                sgs.par_iter_mut(),
+                sgxs.par_iter_mut(),
+                aas.par_iter_mut(),
+                bbs.par_iter_mut(),
+                ccs.par_iter_mut(),
+            );
+            g.par_chunks(m)
                 .zip(x.par_chunks(m))
                 .zip(means.par_iter().zip(invstds).zip(gamma))
-                .map(|((g, x), ((&mean, &invstd), &gamma))| {
+                .zip(outs.into_par_iter())
+                .for_each(|(((g, x), ((&mean, &invstd), &gamma)), row)| {
                     let (mean64, invstd64) = (mean.f64(), invstd.f64());
                     let (mut sg, mut sgx) = (0f64, 0f64);
                     for (g, x) in g.iter().zip(x) {
@@ -631,15 +642,8 @@ impl CustomOp3 for BnBwdReduceOp {
                     }
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
-                    [sg, sgx, a, b, cc]
-                })
-                .collect();
-            let mut out = vec![T::ZERO; 5 * c];
-            for (ch, row) in rows.into_iter().enumerate() {
-                for (q, v) in row.into_iter().enumerate() {
-                    out[q * c + ch] = v;
-                }
-            }
+                    (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);
+                });
             Ok(out)
         }
         let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];

@@ -335,17 +335,13 @@ fn taps_matrix(w: &Tensor) -> Result<Tensor> {
         .ctx("conv2 taps")
 }
 
-/// Columns a chunk of the tap-stack 3×3 convolution aims at (whole images, at least one),
-/// where chunking pays: the tap products and shifted gradients `[9k, ·]` are then made for one
-/// range of images at a time, so their transient is 9k·(images per chunk)·H·W instead of 9k·M,
-/// while each chunk's products keep ≥ 32768 columns (long enough for a GEMM to fill a GPU).
-/// It pays where those transients set the step's peak: `buffer-recompute-inplace` at every
-/// depth, every variant while the layer inputs are narrow (the torchvision-style block at L = 6
-/// and 12: 3 chunks; BC-100's at L = 16: 2), not where a layer input's gradient or stored
-/// intermediates set it (docs/gpu.md, "The 3×3 convolution"). [`crate::step()`] runs the chunks the memory
-/// model picks for the variant ([`crate::memory::tap_chunk_columns_for`]: these columns where
-/// they lower its predicted peak, else one chunk), unless overridden: [`TAP_CHUNK_ENV`]
-/// (0: one chunk) or [`with_tap_chunk_columns`].
+/// Columns per chunk of the tap-stack 3×3 convolution (rounded up to whole images) where no
+/// step has picked them: the op timed or tested on its own. A step runs the chunking the
+/// memory model picks for its variant ([`crate::memory::tap_chunk_columns_for`]: the fewest
+/// chunks of whole images within 1% of the variant's least predicted peak, so the tap products
+/// and shifted gradients `[9k, ·]`, 9k·(images per chunk)·H·W instead of 9k·M, stop setting
+/// it; docs/gpu.md, "The 3×3 convolution"), unless overridden: [`TAP_CHUNK_ENV`] (0: one chunk)
+/// or [`with_tap_chunk_columns`].
 pub const TAP_CHUNK_COLUMNS: usize = 32_768;
 
 /// The environment variable that overrides the chunking of the tap stack for every variant

@@ -116,21 +116,29 @@ impl<'a> Trace<'a> {
     fn free(&mut self, elems: usize) {
         self.live -= (self.charge)(elems as u64 * self.s as u64) as i128;
     }
-    /// BN1 → ReLU → Conv1×1 → BN2 → ReLU of a bc layer with `c` inputs and a bottleneck of `b`
-    /// (`block::bc_front`), leaving r `[c, M]`, z and s `[b, M]` live: in forward with each
-    /// BN's per-channel table made (and kept: the running stats are the step's results),
-    /// recomputed in backward from the saved tables (`forward` false).
-    fn bc_front(&mut self, c: usize, b: usize, m: usize, copy: bool, forward: bool) {
-        if forward {
-            self.alloc(6 * c); // BN1's table and running stats
-        }
+    /// BN1 → ReLU of a bc layer's input `[c, M]`: r, left live.
+    fn bn1_relu(&mut self, c: usize, m: usize, copy: bool) {
         self.alloc(c * m); // BN1 output
         if copy {
             self.alloc(c * m); // ReLU copy
             self.free(c * m);
         }
+    }
+    /// BN1 → ReLU → Conv1×1 → BN2 → ReLU of a bc layer with `c` inputs and a bottleneck of `b`
+    /// (`block::bc_front`), leaving z and s `[b, M]` live, and r `[c, M]` if `keep_r` (else
+    /// freed once Conv1×1 has read it): in forward with each BN's per-channel table made (and
+    /// kept: the running stats are the step's results), recomputed in backward from the saved
+    /// tables (`forward` false).
+    fn bc_front(&mut self, c: usize, b: usize, m: usize, copy: bool, forward: bool, keep_r: bool) {
+        if forward {
+            self.alloc(6 * c); // BN1's table and running stats
+        }
+        self.bn1_relu(c, m, copy);
         self.alloc(b * m); // z = Conv1×1
         self.product();
+        if !keep_r {
+            self.free(c * m); // r, read by Conv1×1 only (recomputed in backward for dW1)
+        }
         if forward {
             self.alloc(2 * b); // z's (mean; var)
             self.alloc(6 * b); // BN2's table and running stats
@@ -184,10 +192,12 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///   scratch (CPU: one tile per thread; other devices: the tap products of one chunk of whole
 ///   images, 9k·M_c with M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
-///   layer i: the recomputed front (`recompute`), Conv3×3's scratch (CPU: tiles and the weight
-///   gradient's partial sums; other devices: the shifted gradients of one chunk, 9k·M_c), then
-///   `dr` and `da` of C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks from the
-///   layer input and BN1's table, so the recomputed or saved `r` is freed first, after dW1);
+///   layer i: the recomputed front (`recompute`: z and s, r freed once Conv1×1 has read it, in
+///   forward too), Conv3×3's scratch (CPU: tiles and the weight gradient's partial sums; other
+///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then r again
+///   (`recompute`: one BN1 apply more, C_i·M not live through the convolution's backward) for
+///   dW1, then `dr` and `da` of C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks
+///   from the layer input and BN1's table, so the recomputed or saved `r` is freed first);
 ///   BN1's `dx` is added straight into
 ///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
 ///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
@@ -243,11 +253,18 @@ pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option
     trace(variant, cfg, path, &exact).map(|t| t.sizes)
 }
 
+/// How far above its least possible predicted peak a variant's tap-stack chunking may leave
+/// it: [`tap_chunk_columns_for`] picks the fewest chunks whose peak is within this fraction of
+/// the peak with one image per chunk (the least the tap stack can add).
+pub const TAP_CHUNK_PEAK_SLACK: f64 = 0.01;
+
 /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path) for `variant` on `cfg`,
 /// what [`crate::step()`] runs it with: the override if one is set
-/// ([`crate::maths::tap_chunk_override`]), else [`crate::maths::TAP_CHUNK_COLUMNS`] where that
-/// lowers the variant's predicted peak (the tap transients set it), else 0 (one chunk, the
-/// fewest launches). An `Err` for an unreadable override.
+/// ([`crate::maths::tap_chunk_override`]); else the fewest chunks of whole images (the fewest
+/// launches, the longest GEMMs) whose predicted peak is within [`TAP_CHUNK_PEAK_SLACK`] of the
+/// peak with one image per chunk, as `images · H · W` columns, or 0 where one chunk is within
+/// it (the tap transients do not set the variant's peak). For q chunks the images per chunk
+/// are `⌈N/q⌉`, the most even split. An `Err` for an unreadable override.
 pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::Result<usize> {
     if let Some(columns) = crate::maths::tap_chunk_override()? {
         return Ok(columns);
@@ -255,12 +272,35 @@ pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::Result<us
     if cfg.family != Family::Bc {
         return Ok(0);
     }
-    let peak =
-        |columns| trace_with(variant, cfg, Kernels::TapStack, &exact, columns).map(|t| t.peak);
-    Ok(match (peak(0), peak(crate::maths::TAP_CHUNK_COLUMNS)) {
-        (Some(whole), Some(parts)) if parts < whole => crate::maths::TAP_CHUNK_COLUMNS,
-        _ => 0,
-    })
+    let g = crate::maths::grid(cfg);
+    let plane = g.h.saturating_mul(g.w).max(1);
+    let peak = |images: usize| {
+        trace_with(
+            variant,
+            cfg,
+            Kernels::TapStack,
+            &exact,
+            images.saturating_mul(plane),
+        )
+        .map(|t| t.peak)
+    };
+    let Some(floor) = peak(1) else {
+        return Ok(0);
+    };
+    let limit = floor as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
+    let n = g.n.max(1);
+    let mut last = 0;
+    for chunks in 1..=n {
+        let images = n.div_ceil(chunks);
+        if images == last {
+            continue; // the same split as fewer chunks
+        }
+        last = images;
+        if peak(images).is_some_and(|p| p as f64 <= limit) {
+            return Ok(if images >= n { 0 } else { images * plane });
+        }
+    }
+    Ok(plane)
 }
 
 /// The predicted allocation trace of one step (see [`predict_peak_bytes`]), the tap stack
@@ -337,7 +377,7 @@ fn trace_with<'a>(
                 }
             }
             Family::Bc => {
-                t.bc_front(c, b, m, copy, true);
+                t.bc_front(c, b, m, copy, true, !recompute);
                 match path {
                     Kernels::Cpu => {
                         let tiles = conv3x3::scratch_elems(g, conv3x3::Pass::Forward, b, k);
@@ -375,8 +415,7 @@ fn trace_with<'a>(
                     t.free(k * m); // appended, dropped
                 }
                 if recompute {
-                    // r, z, s not kept
-                    t.free(c * m);
+                    // z, s not kept (r was freed after Conv1×1)
                     t.free(b * m);
                     t.free(b * m);
                 }
@@ -426,7 +465,7 @@ fn trace_with<'a>(
             }
             Family::Bc => {
                 if recompute {
-                    t.bc_front(c, b, m, copy, false);
+                    t.bc_front(c, b, m, copy, false, false);
                 }
                 match path {
                     Kernels::Cpu => {
@@ -464,6 +503,9 @@ fn trace_with<'a>(
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
+                if recompute {
+                    t.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
+                }
                 if path == Kernels::Cpu {
                     t.alloc(b * c); // dW1ᵀ, transposed into dW1
                     t.product();
@@ -518,7 +560,7 @@ pub fn flops(cfg: &Config) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::maths::{with_tap_chunk_columns, TAP_CHUNK_COLUMNS};
+    use crate::maths::with_tap_chunk_columns;
     use crate::variant::{Relu, Strategy};
     use crate::Spatial;
 
@@ -543,51 +585,81 @@ mod tests {
         }
     }
 
-    /// The tap stack is chunked exactly where that lowers the predicted GPU peak: every variant
-    /// of the torchvision-style block at L = 6 and 12 and of BC-100's block at L = 16 (the tap
-    /// products and shifted gradients, 9k rows, outweigh a narrow layer input), only the
-    /// `buffer-*-inplace` ones at BC-100's L = 48 and the torchvision-style L = 24 (deeper, the
-    /// layer inputs and their gradients set the others' peaks), never on the mlp.
+    /// The model picks the fewest chunks of whole images within the slack of the least peak
+    /// (one image per chunk): never more peak than that, and one chunk fewer (the next larger
+    /// split) would exceed it. One chunk where the tap transients do not set the peak (BC-100's
+    /// block, where the layer input's gradient does), never on the mlp, and an override wins.
     #[test]
-    fn the_tap_stack_is_chunked_where_it_lowers_the_peak() {
+    fn the_tap_stack_is_chunked_as_little_as_the_peak_allows() {
         let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
         let brc = manual(Concat::Buffer, Intermediates::Recompute, Relu::Copy);
-        let columns = |v, cfg: &Config| tap_chunk_columns_for(v, cfg).unwrap();
         let bc100 = |depth| Config {
             depth,
             ..Config::bc100_block()
         };
-        for cfg in [torchvision(6), torchvision(12), bc100(16)] {
+        let plane = |cfg: &Config| cfg.size.height * cfg.size.width;
+        let peak_at = |v, cfg: &Config, images: usize| {
+            with_tap_chunk_columns(images * plane(cfg), || {
+                predict_peak_bytes_with(v, cfg, Kernels::TapStack).unwrap()
+            }) as f64
+        };
+        let mut chunked_somewhere = false;
+        for cfg in [torchvision(6), torchvision(12), bc100(16), bc100(48)] {
+            let n = cfg.batch;
             for v in Variant::for_config(&cfg) {
-                if v != Variant::Autograd {
-                    assert_eq!(
-                        columns(v, &cfg),
-                        TAP_CHUNK_COLUMNS,
-                        "{v} {}",
-                        cfg.describe()
+                if v == Variant::Autograd {
+                    continue;
+                }
+                let what = format!("{v} on {}", cfg.describe());
+                let columns = tap_chunk_columns_for(v, &cfg).unwrap();
+                let images = if columns == 0 {
+                    n
+                } else {
+                    columns / plane(&cfg)
+                };
+                assert!(
+                    columns.is_multiple_of(plane(&cfg)) && (1..=n).contains(&images),
+                    "{what}"
+                );
+                assert!(columns == 0 || images < n, "{what}: a one-chunk split is 0");
+                let limit = peak_at(v, &cfg, 1) * (1.0 + TAP_CHUNK_PEAK_SLACK);
+                let picked = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap() as f64;
+                assert_eq!(
+                    picked,
+                    peak_at(v, &cfg, images),
+                    "{what}: runs what it picked"
+                );
+                assert!(picked <= limit, "{what}: {picked} over {limit}");
+                let chunks = n.div_ceil(images);
+                if chunks > 1 {
+                    chunked_somewhere = true;
+                    let fewer = n.div_ceil(chunks - 1);
+                    assert!(
+                        peak_at(v, &cfg, fewer) > limit,
+                        "{what}: {fewer} images would do"
                     );
                 }
             }
         }
-        for cfg in [torchvision(24), bc100(48)] {
-            assert_eq!(columns(bri, &cfg), TAP_CHUNK_COLUMNS, "{}", cfg.describe());
-            assert_eq!(columns(brc, &cfg), 0, "{}", cfg.describe());
-        }
-        let mlp = Config::tiny(Family::Mlp);
-        assert_eq!(columns(bri, &mlp), 0);
-        // where chunked, the prediction follows: 3 chunks of 11, 11 and 10 images cut the
-        // shifted gradients from 9k·M to 9k·11·56² (bytes: 4 per element)
+        assert!(chunked_somewhere);
+        // the leanest variant of the torchvision-style block: two images per chunk, and the
+        // prediction follows: the shifted gradients drop from 9k·M to 9k·2·56² (4 B each)
         let tv = torchvision(6);
+        let m = 56 * 56;
+        assert_eq!(tap_chunk_columns_for(bri, &tv).unwrap(), 2 * m);
         let chunked = predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap();
         let whole = with_tap_chunk_columns(0, || {
             predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap()
         });
-        let m = 56 * 56;
-        assert_eq!(whole - chunked, (9 * 32 * (32 - 11) * m * 4) as u64);
+        assert_eq!(whole - chunked, (9 * 32 * (32 - 2) * m * 4) as u64);
+        // BC-100's: the layer input's gradient sets the peak, one chunk
+        assert_eq!(tap_chunk_columns_for(bri, &bc100(48)).unwrap(), 0);
+        let mlp = Config::tiny(Family::Mlp);
+        assert_eq!(tap_chunk_columns_for(bri, &mlp).unwrap(), 0);
         // an override wins, for every variant
         with_tap_chunk_columns(m, || {
-            assert_eq!(columns(brc, &bc100(48)), m);
-            assert_eq!(columns(bri, &mlp), m);
+            assert_eq!(tap_chunk_columns_for(brc, &bc100(48)).unwrap(), m);
+            assert_eq!(tap_chunk_columns_for(bri, &mlp).unwrap(), m);
         });
     }
 }

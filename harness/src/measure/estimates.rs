@@ -32,9 +32,9 @@ pub fn predicted_peak_bytes(
 }
 
 /// What a GPU row's `note` says of the tap-stack 3×3 convolution when it runs in several
-/// chunks of whole images (`impls::maths::TAP_CHUNK_COLUMNS`: the model picks them where they
-/// lower the variant's peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them), e.g. `3×3 tap
-/// stack in 3 chunks of ≤ 11 images`; `None` for one chunk, the mlp and `autograd`, and for an
+/// chunks of whole images (`impls::memory::tap_chunk_columns_for`: the fewest chunks within
+/// 1% of the variant's least predicted peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them),
+/// e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk, the mlp and `autograd`, and for an
 /// unreadable override (the row's step reports that).
 pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
     if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
@@ -148,7 +148,12 @@ mod tests {
         };
         assert_eq!(
             tap_chunk_note(bri, &torchvision).as_deref(),
-            Some("3×3 tap stack in 3 chunks of ≤ 11 images")
+            Some("3×3 tap stack in 16 chunks of ≤ 2 images")
+        );
+        let csi = Variant::parse("cat-store-inplace").unwrap();
+        assert_eq!(
+            tap_chunk_note(csi, &torchvision).as_deref(),
+            Some("3×3 tap stack in 7 chunks of ≤ 5 images")
         );
         assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision), None);
         let brc = Variant::parse("buffer-recompute-copy").unwrap();
@@ -157,9 +162,6 @@ mod tests {
             ..Config::bc100_block()
         };
         assert_eq!(tap_chunk_note(brc, &bc100), None);
-        assert_eq!(
-            tap_chunk_note(bri, &bc100).as_deref(),
-            Some("3×3 tap stack in 2 chunks of ≤ 32 images")
-        );
+        assert_eq!(tap_chunk_note(bri, &bc100), None);
     }
 }
