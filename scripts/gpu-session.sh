@@ -16,6 +16,11 @@
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
 #           when the CSV is given back in .gpu/reference-gpu.csv on the next call.
 #   report  plots (one tarball, $OUT/plots.tar.gz) and the Markdown report ($OUT/REPORT-gpu.md)
+#   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
+#           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
+#           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
+#   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
+#           exact arithmetic counted (scripts/relu_flips.py): $OUT/flips.txt (not a default stage)
 #
 # Exit status: that of the first stage that failed (the later ones still run).
 set -uo pipefail
@@ -116,8 +121,49 @@ CONFIGS
         tar -C /tmp -czf "$OUT/plots.tar.gz" densebench-gpu-plots
         "$db" report "$csv" --out "$OUT/REPORT-gpu.md" --plots plots || fail "report failed"
         ;;
+    chunks)
+        csv="$OUT/chunks.csv"
+        : > "$csv"
+        while read -r label args; do
+            for v in buffer-recompute-inplace cat-store-inplace cat-store-copy; do
+                for columns in model 0; do
+                    if [ "$columns" = model ]; then
+                        row=$("$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err")
+                    else
+                        row=$(DENSEBENCH_TAP_CHUNK_COLUMNS=0 "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err")
+                    fi || { fail "chunks run '$label' $v ($columns) failed (see chunks.err)"; continue; }
+                    if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
+                done
+            done
+        done <<'CONFIGS'
+torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+CONFIGS
+        # each pair: the model's chunks (the note says how many), then one chunk
+        python3 - "$csv" <<'PY' | tee "$OUT/chunks.txt"
+import csv, re, sys
+rows = list(csv.DictReader(open(sys.argv[1])))
+for a, b in zip(rows[0::2], rows[1::2]):
+    chunks = re.search(r"3×3 tap stack in [^;]*", a["note"])
+    ratio = int(a["median_ns"]) / int(b["median_ns"]) if a["median_ns"] and b["median_ns"] else float("nan")
+    print(f"{a['key']}: {chunks.group(0) if chunks else 'one chunk'}: "
+          f"median {a['median_ns']} ns vs {b['median_ns']} ns one chunk (x{ratio:.3f}), "
+          f"peak {a['peak_bytes']} vs {b['peak_bytes']} B, status {a['status']}/{b['status']}")
+PY
+        ;;
+    flips)
+        work=/tmp/densebench-flips
+        mkdir -p "$work"
+        args="--family mlp --batch 4096 --channels 256 --growth 64 --depth 64"
+        {
+            "$db" case $args --out "$work/case.st" &&
+                "$db" step --case "$work/case.st" --variant cat-store-copy --device cuda:0 --out "$work/gpu.st" &&
+                python3 scripts/relu_flips.py "$work/case.st" "$work/gpu.st"
+        } 2>&1 | tee "$OUT/flips.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || fail "flips failed (see flips.txt)"
+        ;;
     *)
-        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report)" >&2
+        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report, chunks, flips)" >&2
         exit 2
         ;;
     esac

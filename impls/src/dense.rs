@@ -31,6 +31,20 @@ const MIN_PANEL: usize = 80;
 /// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
 const MIN_ROW_PANEL: usize = 128;
 
+/// Makes `gemm`'s per-thread packing slab on every thread of the current rayon pool and on
+/// the calling thread. `gemm` allocates it (`gemm_common::gemm::L2_SLAB`: one L2 cache's bytes,
+/// 1 MiB on this project's CI machine) on a thread's first product that packs, and keeps it
+/// for the thread's life; which threads run a step's products varies from run to run, so a
+/// measured step could count 0 to `threads` of them (seen: 5 of 12 runs of one tiny bc row
+/// measured 1 MiB more than the other 7). Called before warm-up, the slabs are part of every
+/// baseline, like the rest of the runtime; the products' own packing buffers stay in the
+/// steps (the memory model's [`crate::memory::GEMM_PACKING_ALLOWANCE_BYTES`]).
+pub fn settle_thread_scratch() {
+    let touch = || gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+    rayon::broadcast(|_| touch());
+    touch();
+}
+
 /// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
 ///
 /// # Safety

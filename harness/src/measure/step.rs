@@ -393,7 +393,9 @@ pub fn measure(
     let device = spec.open()?;
     let meter = MemoryMeter::for_device(spec)?;
     let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
-    // Warm-up settles the allocator and gemm's thread-local scratch before the baseline.
+    // gemm's per-thread slab on every compute thread, whether or not warm-up runs a product
+    // there; warm-up settles the allocator and the rest before the baseline.
+    impls::dense::settle_thread_scratch();
     for _ in 0..warmup {
         let r = impls::step(
             variant,
