@@ -5,7 +5,9 @@
 //! 3×3 convolution alone, direct kernel against the tap stack. A benchmark, not a test:
 //! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
 //! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone, or
-//! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart).
+//! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart, or
+//! `-- defer VARIANT REPS [L]` for a recomputing variant with ReLU1's output kept for dW1 and
+//! remade, alternately, side by side: what `memory::Schedule::defer_r` costs).
 
 use candle_core::Device;
 use candle_core::Tensor;
@@ -44,6 +46,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Ok(cat_parts(
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3),
         )?);
+    }
+    if family == "defer" {
+        let variant = Variant::parse(
+            args.get(2)
+                .map(String::as_str)
+                .unwrap_or("buffer-recompute-inplace"),
+        )?;
+        let reps = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
+        let depth = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(16);
+        return Ok(defer(variant, reps, depth)?);
     }
     if family == "conv3x3" {
         return Ok(conv3x3(
@@ -92,6 +104,53 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             wall - fwd
         );
     }
+    Ok(())
+}
+
+/// A recomputing variant on DenseNet-BC-100's block at depth `depth`, its step with r kept
+/// for dW1 and with r remade (`block::step_manual`'s `defer_r`), alternately after one
+/// unmeasured step of each: wall seconds per step and the ratio of the medians.
+fn defer(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()> {
+    let Variant::Manual(strategy) = variant else {
+        println!("defer: a hand-written variant, not {variant}");
+        return Ok(());
+    };
+    let cfg = Config {
+        batch: 64,
+        size: 32.into(),
+        depth,
+        ..Config::bc100_block()
+    };
+    let case = Case::random(&cfg, &Device::Cpu)?;
+    let mut times = [Vec::new(), Vec::new()];
+    for rep in 0..=reps {
+        for (slot, defer_r) in [false, true].into_iter().enumerate() {
+            let t = Instant::now();
+            let r = impls::block::step_manual(
+                strategy,
+                &cfg,
+                &case.params,
+                &case.input,
+                &case.grad_output,
+                defer_r,
+                &mut impls::NoProbe,
+            )?;
+            drop(r);
+            if rep > 0 {
+                times[slot].push(t.elapsed().as_secs_f64());
+            }
+        }
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (kept, remade) = (median(&mut times[0]), median(&mut times[1]));
+    println!(
+        "{variant} on {}: r kept {kept:.3} s, r remade {remade:.3} s (median of {reps}): x{:.3}",
+        cfg.describe(),
+        remade / kept
+    );
     Ok(())
 }
 

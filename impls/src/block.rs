@@ -163,8 +163,8 @@ fn bn_forward(
 
 /// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
 /// `stats`. ReLU1's output r `[C_i, M]` is freed as soon as Conv1×1 has read it unless
-/// `keep_r` (`store` keeps it for backward; `recompute` remakes it where backward needs it,
-/// after the 3×3 convolution's backward, see [`bc_backward`]).
+/// `keep_r` (`store` keeps it for backward; `recompute` needs it in forward only for Conv1×1,
+/// and in backward keeps it for dW1 unless the schedule defers it, see [`bc_backward`]).
 fn bc_front(
     cfg: &Config,
     params: &Params,
@@ -254,13 +254,16 @@ enum Grads {
     Buffer(GradBuffer),
 }
 
-/// One training step of a hand-written strategy.
+/// One training step of a hand-written strategy. `defer_r`: a recomputing bc layer remakes
+/// ReLU1's output for dW1 after BN2's backward instead of keeping the recomputed front's
+/// (`crate::memory::Schedule::defer_r`, what the memory model picks).
 pub fn step_manual(
     strategy: Strategy,
     cfg: &Config,
     params: &Params,
     input: &Tensor,
     grad_output: &Tensor,
+    defer_r: bool,
     probe: &mut dyn Probe,
 ) -> Result<StepResult> {
     let (c_total, m, k) = (cfg.c_total(), cfg.m(), cfg.growth);
@@ -491,7 +494,7 @@ pub fn step_manual(
                     &x,
                     strategy.relu,
                     FrontStats::Saved(&stats1, &stats2),
-                    false,
+                    !defer_r,
                 )?;
                 bc_backward(
                     cfg,
@@ -555,10 +558,10 @@ enum InputGrad {
 /// soon as it has been read. Adds the gradient of the layer input `[C_i, M]` as `into` says:
 /// returns the new gradient for [`InputGrad::New`], `None` for [`InputGrad::Into`].
 ///
-/// `r` is `None` when recomputing: ReLU1's output is then remade from `x` and BN1's saved table
-/// just before Conv1×1's weight gradient reads it, so it is not live through the 3×3
-/// convolution's backward and BN2's (one BN1 apply more per layer, `C_i` rows fewer at what
-/// sets a recomputing variant's peak; bitwise the same values, the same kernel on the same
+/// `r` is `None` when a recomputing layer defers it (`defer_r`): ReLU1's output is then remade
+/// from `x` and BN1's saved table just before Conv1×1's weight gradient reads it, so it is not
+/// live through the 3×3 convolution's backward and BN2's (one BN1 apply more per layer, `C_i`
+/// rows fewer where that sets the peak; bitwise the same values, the same kernel on the same
 /// inputs).
 #[allow(clippy::too_many_arguments)]
 fn bc_backward(

@@ -73,8 +73,9 @@ pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
     scoped(&TAP_STACK_ON_CPU, true, f)
 }
 
-/// Whether operands on `dev` take the CPU's own kernels ([`crate::memory::Kernels::Cpu`]).
-fn cpu_kernels(dev: &Device) -> bool {
+/// Whether operands on `dev` take the CPU's own kernels on this thread
+/// ([`crate::memory::Kernels::Cpu`]; else the tap stack's path).
+pub fn cpu_kernels(dev: &Device) -> bool {
     dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
 }
 

@@ -253,19 +253,75 @@ pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option
     trace(variant, cfg, path, &exact).map(|t| t.sizes)
 }
 
+/// How a manual step runs where the strategy leaves a choice, picked by the memory model for
+/// the least predicted peak ([`schedule_for`]); [`crate::step()`] runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Schedule {
+    /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path; 0: one chunk), see
+    /// [`crate::maths::tap_chunk_images`].
+    pub tap_chunk_columns: usize,
+    /// A recomputing bc variant remakes ReLU1's output r `[C_i, M]` for Conv1×1's weight
+    /// gradient after BN2's backward instead of keeping the recomputed front's through the 3×3
+    /// convolution's backward (`block::bc_backward`): C_i·M fewer there, one BN1 apply more per
+    /// layer, bitwise the same values. Where the convolution's backward does not set the peak
+    /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time.
+    pub defer_r: bool,
+}
+
+/// The [`Schedule`] of `variant` on `cfg` for a device's kernels: for each choice of
+/// [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack chunking
+/// ([`tap_chunk_columns_given`], a GPU's path only), then the choice with the lower predicted
+/// peak (a tie keeps r: no extra work). An `Err` for an unreadable chunking override.
+pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Result<Schedule> {
+    let can_defer = matches!(variant, Variant::Manual(s)
+        if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
+    let mut best: Option<(i128, Schedule)> = None;
+    for defer_r in [false, true] {
+        if defer_r && !can_defer {
+            continue;
+        }
+        let tap_chunk_columns = match path {
+            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r)?,
+            Kernels::Cpu => 0,
+        };
+        let Some(t) = trace_with(variant, cfg, path, &exact, tap_chunk_columns, defer_r) else {
+            break; // autograd: nothing to pick
+        };
+        let s = Schedule {
+            tap_chunk_columns,
+            defer_r,
+        };
+        if best.is_none_or(|(peak, _)| t.peak < peak) {
+            best = Some((t.peak, s));
+        }
+    }
+    Ok(best.map_or(
+        Schedule {
+            tap_chunk_columns: 0,
+            defer_r: false,
+        },
+        |(_, s)| s,
+    ))
+}
+
 /// How far above its least possible predicted peak a variant's tap-stack chunking may leave
-/// it: [`tap_chunk_columns_for`] picks the fewest chunks whose peak is within this fraction of
-/// the peak with one image per chunk (the least the tap stack can add).
+/// it: [`tap_chunk_columns_given`] picks the fewest chunks whose peak is within this fraction
+/// of the peak with one image per chunk (the least the tap stack can add).
 pub const TAP_CHUNK_PEAK_SLACK: f64 = 0.01;
 
 /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path) for `variant` on `cfg`,
-/// what [`crate::step()`] runs it with: the override if one is set
-/// ([`crate::maths::tap_chunk_override`]); else the fewest chunks of whole images (the fewest
-/// launches, the longest GEMMs) whose predicted peak is within [`TAP_CHUNK_PEAK_SLACK`] of the
-/// peak with one image per chunk, as `images · H · W` columns, or 0 where one chunk is within
-/// it (the tap transients do not set the variant's peak). For q chunks the images per chunk
-/// are `⌈N/q⌉`, the most even split. An `Err` for an unreadable override.
+/// what [`crate::step()`] runs it with ([`schedule_for`] on [`Kernels::TapStack`]).
 pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::Result<usize> {
+    Ok(schedule_for(variant, cfg, Kernels::TapStack)?.tap_chunk_columns)
+}
+
+/// The tap-stack chunking of `variant` on `cfg` with r deferred or not: the override if one
+/// is set ([`crate::maths::tap_chunk_override`]); else the fewest chunks of whole images (the
+/// fewest launches, the longest GEMMs) whose predicted peak is within [`TAP_CHUNK_PEAK_SLACK`]
+/// of the peak with one image per chunk, as `images · H · W` columns, or 0 where one chunk is
+/// within it (the tap transients do not set the variant's peak). For q chunks the images per
+/// chunk are `⌈N/q⌉`, the most even split. An `Err` for an unreadable override.
+fn tap_chunk_columns_given(variant: Variant, cfg: &Config, defer_r: bool) -> crate::Result<usize> {
     if let Some(columns) = crate::maths::tap_chunk_override()? {
         return Ok(columns);
     }
@@ -275,14 +331,8 @@ pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::Result<us
     let g = crate::maths::grid(cfg);
     let plane = g.h.saturating_mul(g.w).max(1);
     let peak = |images: usize| {
-        trace_with(
-            variant,
-            cfg,
-            Kernels::TapStack,
-            &exact,
-            images.saturating_mul(plane),
-        )
-        .map(|t| t.peak)
+        let columns = images.saturating_mul(plane);
+        trace_with(variant, cfg, Kernels::TapStack, &exact, columns, defer_r).map(|t| t.peak)
     };
     let Some(floor) = peak(1) else {
         return Ok(0);
@@ -312,20 +362,23 @@ fn trace<'a>(
     path: Kernels,
     charge: Charge<'a>,
 ) -> Option<Trace<'a>> {
-    let columns = match path {
-        Kernels::TapStack => tap_chunk_columns_for(variant, cfg).unwrap_or(0),
-        Kernels::Cpu => 0,
-    };
-    trace_with(variant, cfg, path, charge, columns)
+    let s = schedule_for(variant, cfg, path).unwrap_or(Schedule {
+        tap_chunk_columns: 0,
+        defer_r: false,
+    });
+    trace_with(variant, cfg, path, charge, s.tap_chunk_columns, s.defer_r)
 }
 
-/// [`trace`] with the tap stack in chunks of `columns` (see [`crate::maths::tap_chunk_images`]).
+/// [`trace`] with the tap stack in chunks of `columns` (see [`crate::maths::tap_chunk_images`])
+/// and, for a recomputing bc variant, ReLU1's output remade for dW1 if `defer_r` (see
+/// [`Schedule::defer_r`]).
 fn trace_with<'a>(
     variant: Variant,
     cfg: &Config,
     path: Kernels,
     charge: Charge<'a>,
     columns: usize,
+    defer_r: bool,
 ) -> Option<Trace<'a>> {
     let Variant::Manual(st) = variant else {
         return None;
@@ -465,7 +518,7 @@ fn trace_with<'a>(
             }
             Family::Bc => {
                 if recompute {
-                    t.bc_front(c, b, m, copy, false, false);
+                    t.bc_front(c, b, m, copy, false, !defer_r);
                 }
                 match path {
                     Kernels::Cpu => {
@@ -503,7 +556,7 @@ fn trace_with<'a>(
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
-                if recompute {
+                if recompute && defer_r {
                     t.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
                 }
                 if path == Kernels::Cpu {
@@ -586,9 +639,10 @@ mod tests {
     }
 
     /// The model picks the fewest chunks of whole images within the slack of the least peak
-    /// (one image per chunk): never more peak than that, and one chunk fewer (the next larger
-    /// split) would exceed it. One chunk where the tap transients do not set the peak (BC-100's
-    /// block, where the layer input's gradient does), never on the mlp, and an override wins.
+    /// (one image per chunk), for each choice of deferring r: never more peak than that, and
+    /// one chunk fewer (the next larger split) would exceed it; then the choice with the lower
+    /// peak. One chunk where the tap transients do not set the peak (BC-100's block, where the
+    /// layer input's gradient does), never on the mlp, and an override wins.
     #[test]
     fn the_tap_stack_is_chunked_as_little_as_the_peak_allows() {
         let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
@@ -598,10 +652,11 @@ mod tests {
             ..Config::bc100_block()
         };
         let plane = |cfg: &Config| cfg.size.height * cfg.size.width;
-        let peak_at = |v, cfg: &Config, images: usize| {
-            with_tap_chunk_columns(images * plane(cfg), || {
-                predict_peak_bytes_with(v, cfg, Kernels::TapStack).unwrap()
-            }) as f64
+        let peak_at = |v, cfg: &Config, images: usize, defer| {
+            let columns = images * plane(cfg);
+            trace_with(v, cfg, Kernels::TapStack, &exact, columns, defer)
+                .unwrap()
+                .peak
         };
         let mut chunked_somewhere = false;
         for cfg in [torchvision(6), torchvision(12), bc100(16), bc100(48)] {
@@ -611,37 +666,62 @@ mod tests {
                     continue;
                 }
                 let what = format!("{v} on {}", cfg.describe());
-                let columns = tap_chunk_columns_for(v, &cfg).unwrap();
-                let images = if columns == 0 {
-                    n
+                let mut options = Vec::new();
+                for defer in [false, true] {
+                    let columns = tap_chunk_columns_given(v, &cfg, defer).unwrap();
+                    let images = if columns == 0 {
+                        n
+                    } else {
+                        columns / plane(&cfg)
+                    };
+                    assert!(
+                        columns.is_multiple_of(plane(&cfg)) && (1..=n).contains(&images),
+                        "{what}"
+                    );
+                    assert!(columns == 0 || images < n, "{what}: a one-chunk split is 0");
+                    let limit = peak_at(v, &cfg, 1, defer) as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
+                    let peak = peak_at(v, &cfg, images, defer);
+                    assert!(peak as f64 <= limit, "{what}: {peak} over {limit}");
+                    let chunks = n.div_ceil(images);
+                    if chunks > 1 {
+                        chunked_somewhere = true;
+                        let fewer = n.div_ceil(chunks - 1);
+                        assert!(
+                            peak_at(v, &cfg, fewer, defer) as f64 > limit,
+                            "{what}: {fewer} images would do"
+                        );
+                    }
+                    options.push((peak, columns, defer));
+                }
+                let recomputing = matches!(v, Variant::Manual(s)
+                    if s.intermediates == Intermediates::Recompute);
+                let s = schedule_for(v, &cfg, Kernels::TapStack).unwrap();
+                let picked = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap();
+                let best = if recomputing {
+                    options.iter().min_by_key(|o| o.0).unwrap() // ties: the first, r kept
                 } else {
-                    columns / plane(&cfg)
+                    &options[0]
                 };
-                assert!(
-                    columns.is_multiple_of(plane(&cfg)) && (1..=n).contains(&images),
+                assert_eq!(
+                    (picked as i128, s.tap_chunk_columns, s.defer_r),
+                    *best,
                     "{what}"
                 );
-                assert!(columns == 0 || images < n, "{what}: a one-chunk split is 0");
-                let limit = peak_at(v, &cfg, 1) * (1.0 + TAP_CHUNK_PEAK_SLACK);
-                let picked = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap() as f64;
-                assert_eq!(
-                    picked,
-                    peak_at(v, &cfg, images),
-                    "{what}: runs what it picked"
-                );
-                assert!(picked <= limit, "{what}: {picked} over {limit}");
-                let chunks = n.div_ceil(images);
-                if chunks > 1 {
-                    chunked_somewhere = true;
-                    let fewer = n.div_ceil(chunks - 1);
-                    assert!(
-                        peak_at(v, &cfg, fewer) > limit,
-                        "{what}: {fewer} images would do"
-                    );
-                }
             }
         }
         assert!(chunked_somewhere);
+        // r is remade for dW1 where that lowers the peak: the leanest variant, on both paths;
+        // not with a copy ReLU on BC-100's block, where the remade r's second tensor beside
+        // dz would set it (+B rows)
+        for path in [Kernels::Cpu, Kernels::TapStack] {
+            assert!(schedule_for(bri, &bc100(16), path).unwrap().defer_r);
+            assert!(!schedule_for(brc, &bc100(16), path).unwrap().defer_r);
+        }
+        assert!(
+            schedule_for(brc, &torchvision(6), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
         // the leanest variant of the torchvision-style block: two images per chunk, and the
         // prediction follows: the shifted gradients drop from 9k·M to 9k·2·56² (4 B each)
         let tv = torchvision(6);

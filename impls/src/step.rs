@@ -41,10 +41,16 @@ pub fn step(
     match variant {
         Variant::Autograd => autograd::step_autograd(cfg, params, input, grad_output, probe),
         Variant::Manual(s) => {
-            // the chunks of the tap stack (a GPU's 3×3 convolution) the memory model has
-            let columns = crate::memory::tap_chunk_columns_for(variant, cfg)?;
-            crate::maths::with_tap_chunk_columns(columns, || {
-                block::step_manual(s, cfg, params, input, grad_output, probe)
+            // what the memory model picked for the least peak on this device's kernels: the
+            // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1
+            let path = if crate::maths::cpu_kernels(input.device()) {
+                crate::memory::Kernels::Cpu
+            } else {
+                crate::memory::Kernels::TapStack
+            };
+            let schedule = crate::memory::schedule_for(variant, cfg, path)?;
+            crate::maths::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
+                block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)
             })
         }
     }
