@@ -270,7 +270,7 @@ pub struct Schedule {
 
 /// The [`Schedule`] of `variant` on `cfg` for a device's kernels: for each choice of
 /// [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack chunking
-/// ([`tap_chunk_columns_given`], a GPU's path only), then the choice with the lower predicted
+/// (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower predicted
 /// peak (a tie keeps r: no extra work). An `Err` for an unreadable chunking override.
 pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Result<Schedule> {
     let can_defer = matches!(variant, Variant::Manual(s)
@@ -305,7 +305,7 @@ pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Res
 }
 
 /// How far above its least possible predicted peak a variant's tap-stack chunking may leave
-/// it: [`tap_chunk_columns_given`] picks the fewest chunks whose peak is within this fraction
+/// it: `tap_chunk_columns_given` picks the fewest chunks whose peak is within this fraction
 /// of the peak with one image per chunk (the least the tap stack can add).
 pub const TAP_CHUNK_PEAK_SLACK: f64 = 0.01;
 
