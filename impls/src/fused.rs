@@ -369,25 +369,6 @@ fn relu_mask_rows<T: Float>(g: &mut [T], x: &[T], coef: &[T], c: usize, m: usize
         });
 }
 
-/// The operands of [`relu_mask_rows`] checked: `(C, M)` from `g`'s layout, `x` of the same
-/// size, `coef` a `[2, C]` table.
-fn relu_mask_operands<'a, T: Float>(
-    n: &str,
-    gl: &Layout,
-    x: (&'a [T], &Layout),
-    coef: (&'a [T], &Layout),
-) -> candle_core::Result<(usize, usize, &'a [T], &'a [T])> {
-    let (c, m) = gl.shape().dims2()?;
-    let xs = slice(x.0, x.1, n)?;
-    if xs.len() != c * m {
-        return Err(candle_core::Error::Msg(format!(
-            "{n}: x has {} elements, the gradient {c}×{m}",
-            xs.len()
-        )));
-    }
-    Ok((c, m, xs, coef_rows(coef.0, coef.1, 2, c, n)?))
-}
-
 /// ReLU backward from BN's input (see [`relu_bwd_affine`]) into a new tensor.
 struct ReluBwdAffineOp;
 impl CustomOp3 for ReluBwdAffineOp {
@@ -403,20 +384,15 @@ impl CustomOp3 for ReluBwdAffineOp {
         cs: &CpuStorage,
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = gl.shape().dims2()?;
         fn go<T: Float>(
             n: &str,
-            (g, gl): (&[T], &Layout),
-            x: (&[T], &Layout),
-            coef: (&[T], &Layout),
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
         ) -> candle_core::Result<Vec<T>> {
-            let (c, m, x, coef) = relu_mask_operands(n, gl, x, coef)?;
-            let g = slice(g, gl, n)?;
-            if g.len() != c * m {
-                return Err(candle_core::Error::Msg(format!(
-                    "{n}: the gradient has {} elements, expected {c}×{m}",
-                    g.len()
-                )));
-            }
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
             // the crate's parallel vector copy, then the mask in place: 32 ms for [204, 65536]
             // f32 on one thread, where writing the masked values into a new vector took 65–70
             // (and made a BC-100 L=16 `cat-store-copy` step 1.4× slower)
@@ -425,13 +401,10 @@ impl CustomOp3 for ReluBwdAffineOp {
             Ok(out)
         }
         let n = self.name();
-        let out = match (gs, xs, cs) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => {
-                CpuStorage::F32(go(n, (g, gl), (x, xl), (k, cl))?)
-            }
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => {
-                CpuStorage::F64(go(n, (g, gl), (x, xl), (k, cl))?)
-            }
+        let ops = [(gs, gl), (xs, xl), (cs, cl)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -446,20 +419,7 @@ impl CustomOp3 for ReluBwdAffineOp {
         cs: &candle_core::CudaStorage,
         cl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let out = crate::fused_cuda::relu_bwd_affine(
-            self.name(),
-            (Some(gs), gl),
-            None,
-            (xs, xl),
-            (cs, cl),
-        )?;
-        match out {
-            Some(out) => Ok((out, gl.shape().clone())),
-            None => Err(candle_core::Error::Msg(format!(
-                "{}: no output",
-                self.name()
-            ))),
-        }
+        crate::fused_cuda::relu_bwd_affine(self.name(), (gs, gl), (xs, xl), (cs, cl))
     }
 }
 
@@ -478,27 +438,34 @@ impl InplaceOp3 for ReluBwdAffineInplaceOp {
         cs: &CpuStorage,
         cl: &Layout,
     ) -> candle_core::Result<()> {
+        let (c, m) = gl.shape().dims2()?;
         fn go<T: Float>(
             n: &str,
-            (g, gl): (&mut [T], &Layout),
-            x: (&[T], &Layout),
-            coef: (&[T], &Layout),
+            g: &mut [T],
+            [x, coef]: [Operand; 2],
+            c: usize,
+            m: usize,
         ) -> candle_core::Result<()> {
-            let (c, m, x, coef) = relu_mask_operands(n, gl, x, coef)?;
-            let (a, b) = gl.contiguous_offsets().ok_or_else(|| {
-                candle_core::Error::Msg(format!("{n}: the gradient must be contiguous"))
-            })?;
-            relu_mask_rows(&mut g[a..b], x, coef, c, m);
+            let x = elems::<T>(x.0, x.1, n)?;
+            let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
+            if g.len() != x.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: the gradient has {} elements, the input {}",
+                    g.len(),
+                    x.len()
+                )));
+            }
+            relu_mask_rows(g, x, coef, c, m);
             Ok(())
         }
         let n = self.name();
-        match (gs, xs, cs) {
-            (CpuStorage::F32(g), CpuStorage::F32(x), CpuStorage::F32(k)) => {
-                go(n, (g, gl), (x, xl), (k, cl))
-            }
-            (CpuStorage::F64(g), CpuStorage::F64(x), CpuStorage::F64(k)) => {
-                go(n, (g, gl), (x, xl), (k, cl))
-            }
+        let (ga, gb) = gl.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{n}: the gradient must be contiguous"))
+        })?;
+        let ops = [(xs, xl), (cs, cl)];
+        match gs {
+            CpuStorage::F32(g) => go(n, &mut g[ga..gb], ops, c, m),
+            CpuStorage::F64(g) => go(n, &mut g[ga..gb], ops, c, m),
             _ => Err(bad_dtype(n)),
         }
     }
@@ -512,8 +479,7 @@ impl InplaceOp3 for ReluBwdAffineInplaceOp {
         cs: &candle_core::CudaStorage,
         cl: &Layout,
     ) -> candle_core::Result<()> {
-        crate::fused_cuda::relu_bwd_affine(self.name(), (None, gl), Some(gs), (xs, xl), (cs, cl))
-            .map(|_| ())
+        crate::fused_cuda::relu_bwd_affine_inplace(self.name(), (gs, gl), (xs, xl), (cs, cl))
     }
 }
 
@@ -1182,18 +1148,13 @@ pub fn relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> 
     }
 }
 
-/// [`relu_bwd_affine`] **over `g`** (returned): the in-place ReLU backward.
+/// [`relu_bwd_affine`] **over `g`** (returned): the in-place ReLU backward. Contiguous
+/// operands on a device with kernels only: anything else is an error, never a silent copy
+/// (like [`crate::kernels::relu_bwd_inplace`]).
 pub fn relu_bwd_affine_inplace(g: Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
-    if [&g, x, coef]
-        .iter()
-        .all(|t| has_kernels(t) && t.is_contiguous())
-    {
-        g.inplace_op3(x, coef, &ReluBwdAffineInplaceOp)
-            .ctx("relu bwd affine inplace")?;
-        Ok(g)
-    } else {
-        generic_relu_bwd_affine(&g, x, coef)
-    }
+    g.inplace_op3(x, coef, &ReluBwdAffineInplaceOp)
+        .ctx("relu bwd affine inplace")?;
+    Ok(g)
 }
 
 /// [`relu_bwd_affine`] from the ReLU's output, recomputed with candle ops (any device): the

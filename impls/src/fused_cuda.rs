@@ -192,63 +192,83 @@ pub(crate) fn affine_rows(
     Ok((res, l.shape().clone()))
 }
 
-/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)): into a new
-/// tensor, or with `into` **over `g` in place** (`g` is then the destination `(d, dl)`).
+/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)) into a new
+/// tensor: ReLU's backward from BN's input.
 pub(crate) fn relu_bwd_affine(
     op: &str,
-    (g, gl): (Option<&CudaStorage>, &Layout),
-    into: Option<&mut CudaStorage>,
+    (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (cs, cl): (&CudaStorage, &Layout),
-) -> candle_core::Result<Option<CudaStorage>> {
+) -> candle_core::Result<(CudaStorage, Shape)> {
     fn run<T: Float>(
         op: &str,
-        (g, gl): (Option<&CudaStorage>, &Layout),
-        into: Option<&mut CudaStorage>,
+        (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (cs, cl): (&CudaStorage, &Layout),
-    ) -> candle_core::Result<Option<CudaStorage>> {
+    ) -> candle_core::Result<CudaStorage> {
         let (c, m, rg) = matrix(op, "the gradient", gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
         let rc = coefficients(op, cl, c, 2)?;
-        let dev = xs.device.clone();
+        let dev = &gs.device;
+        // SAFETY: every one of the c·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+        if c * m > 0 {
+            let func = function::<T>(dev, &BN, "relu_bwd_affine")?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: g, x and out hold c·m elements, coef 2·c; out is fresh.
+            unsafe { b.launch(rows_config(c, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (cs, cl)))?;
+    Ok((res, gl.shape().clone()))
+}
+
+/// [`relu_bwd_affine`] **over the gradient `(gs, gl)` in place**.
+pub(crate) fn relu_bwd_affine_inplace(
+    op: &str,
+    (gs, gl): (&mut CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<()> {
+    fn run<T: Float>(
+        op: &str,
+        (gs, gl): (&mut CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        let (c, m, rg) = matrix(op, "the gradient", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 2)?;
+        if c * m == 0 {
+            return Ok(());
+        }
+        let dev = gs.device.clone();
+        let func = function::<T>(&dev, &BN, "relu_bwd_affine_inplace")?;
+        let mut g = view_mut(op, gs.as_cuda_slice_mut::<T>()?, rg)?;
         let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
         let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
         let stream = dev.cuda_stream();
-        match (g, into) {
-            (Some(g), None) => {
-                // SAFETY: every one of the c·m elements is written by the kernel below.
-                let mut out = unsafe { dev.alloc::<T>(c * m) }?;
-                if c * m > 0 {
-                    let func = function::<T>(&dev, &BN, "relu_bwd_affine")?;
-                    let gv = view(op, g.as_cuda_slice::<T>()?, rg)?;
-                    let mut b = stream.launch_builder(&func);
-                    b.arg(&gv).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
-                    // SAFETY: g, x and out hold c·m elements, coef 2·c; out is fresh.
-                    unsafe { b.launch(rows_config(c, m)) }.w()?;
-                }
-                Ok(Some(CudaStorage::wrap_cuda_slice(out, dev.clone())))
-            }
-            (None, Some(d)) => {
-                if c * m > 0 {
-                    let func = function::<T>(&dev, &BN, "relu_bwd_affine_inplace")?;
-                    let mut dv = view_mut(op, d.as_cuda_slice_mut::<T>()?, rg)?;
-                    let mut b = stream.launch_builder(&func);
-                    b.arg(&mut dv).arg(&x).arg(&coef).arg(&c).arg(&m);
-                    // SAFETY: the destination holds c·m elements (the gradient's range), x c·m,
-                    // coef 2·c; each element of the destination is read, then written, by one
-                    // thread; candle hands it as `&mut` and x, coef as other storages.
-                    unsafe { b.launch(rows_config(c, m)) }.w()?;
-                }
-                Ok(None)
-            }
-            _ => Err(crate::cuda_launch::msg(format!(
-                "{op} (cuda): a gradient to read, or a destination to overwrite, not both"
-            ))),
-        }
+        let mut b = stream.launch_builder(&func);
+        b.arg(&mut g).arg(&x).arg(&coef).arg(&c).arg(&m);
+        // SAFETY: the gradient's range holds c·m elements, x c·m, coef 2·c; each element of the
+        // gradient is read, then written, by one thread; candle hands it as `&mut` and x, coef
+        // as other storages.
+        unsafe { b.launch(rows_config(c, m)) }.w()?;
+        Ok(())
     }
-    by_dtype!(op, xs, run(op, (g, gl), into, (xs, xl), (cs, cl)))
+    match gs.dtype() {
+        DType::F32 => run::<f32>(op, (gs, gl), (xs, xl), (cs, cl)),
+        DType::F64 => run::<f64>(op, (gs, gl), (xs, xl), (cs, cl)),
+        other => Err(unsupported(op, other)),
+    }
 }
 
 /// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
