@@ -127,11 +127,11 @@ CONFIGS
         while read -r label args; do
             for v in buffer-recompute-inplace cat-store-inplace cat-store-copy; do
                 for columns in model 0; do
-                    if [ "$columns" = model ]; then
-                        row=$("$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err")
-                    else
-                        row=$(DENSEBENCH_TAP_CHUNK_COLUMNS=0 "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err")
-                    fi || { fail "chunks run '$label' $v ($columns) failed (see chunks.err)"; continue; }
+                    # the model's chunking, then one chunk forced
+                    chunking=()
+                    [ "$columns" = model ] || chunking=(DENSEBENCH_TAP_CHUNK_COLUMNS="$columns")
+                    row=$(env "${chunking[@]}" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err") \
+                        || { fail "chunks run '$label' $v ($columns) failed (see chunks.err)"; continue; }
                     if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
                 done
             done

@@ -254,8 +254,9 @@ pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option
 }
 
 /// How a manual step runs where the strategy leaves a choice, picked by the memory model for
-/// the least predicted peak ([`schedule_for`]); [`crate::step()`] runs it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// the least predicted peak ([`schedule_for`]); [`crate::step()`] runs it. The default is the
+/// plain one: the tap stack in one chunk, r kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Schedule {
     /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path; 0: one chunk), see
     /// [`crate::maths::tap_chunk_images`].
@@ -295,13 +296,7 @@ pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Res
             best = Some((t.peak, s));
         }
     }
-    Ok(best.map_or(
-        Schedule {
-            tap_chunk_columns: 0,
-            defer_r: false,
-        },
-        |(_, s)| s,
-    ))
+    Ok(best.map(|(_, s)| s).unwrap_or_default())
 }
 
 /// How far above its least possible predicted peak a variant's tap-stack chunking may leave
@@ -362,10 +357,7 @@ fn trace<'a>(
     path: Kernels,
     charge: Charge<'a>,
 ) -> Option<Trace<'a>> {
-    let s = schedule_for(variant, cfg, path).unwrap_or(Schedule {
-        tap_chunk_columns: 0,
-        defer_r: false,
-    });
+    let s = schedule_for(variant, cfg, path).unwrap_or_default();
     trace_with(variant, cfg, path, charge, s.tap_chunk_columns, s.defer_r)
 }
 
