@@ -181,10 +181,15 @@ fn bc_front(
             (s, Some(r))
         }
     };
-    let r = maths::bn_apply_relu(x, &stats1, relu)?;
     let w1 = conv1_matrix(cfg, params, i)?;
-    let z = maths::dense_fwd(&w1, None, &r)?;
-    let r = keep_r.then_some(r);
+    let (r, z) = if !keep_r && maths::cpu_kernels(x.device()) {
+        // r is needed for Conv1×1 only: made and multiplied a column chunk at a time
+        (None, maths::bn_relu_conv1_chunked(&w1, x, &stats1, relu)?)
+    } else {
+        let r = maths::bn_apply_relu(x, &stats1, relu)?;
+        let z = maths::dense_fwd(&w1, None, &r)?;
+        (keep_r.then_some(r), z)
+    };
     let (stats2, run2) = match stats {
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
@@ -494,7 +499,8 @@ pub fn step_manual(
                     &x,
                     strategy.relu,
                     FrontStats::Saved(&stats1, &stats2),
-                    !defer_r,
+                    // the CPU's blocked backward remakes r a channel block at a time
+                    !defer_r && !maths::cpu_kernels(x.device()),
                 )?;
                 bc_backward(
                     cfg,
@@ -589,36 +595,230 @@ fn bc_backward(
     param_grads.insert(bn_name(i, 2, "weight"), dg2);
     param_grads.insert(bn_name(i, 2, "bias"), dbeta2);
     let w1 = conv1_matrix(cfg, params, i)?;
-    let r = match r {
-        Some(r) => r,
-        None => maths::bn_apply_relu(&x, &stats1, strategy.relu)?,
+    let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
+    let front = Front {
+        x: &x,
+        stats1: &stats1,
+        w1: &w1,
+        gamma1,
+        relu: strategy.relu,
     };
-    let dw1 = maths::dense_bwd_weight(&dz, &r)?;
+    let (dw1, dg1, dbeta1, dx) = if maths::cpu_kernels(x.device()) {
+        front.backward_blocked(r, dz, into)?
+    } else {
+        front.backward_whole(r, dz, into)?
+    };
     param_grads.insert(
         conv_name(i, 1),
         dw1.reshape((cfg.bottleneck(), cfg.c_in(i), 1, 1))
             .ctx("conv1 dW")?,
     );
-    // r's last reader: ReLU1's mask comes from x and BN1's table below, so r is freed before
-    // the gradient it would mask is made (one C_i·M tensor fewer at BN1's backward)
-    drop(r);
-    let dr = maths::dense_bwd_input(&w1, &dz)?;
-    drop(dz);
-    let da = maths::relu_bwd_bn(dr, &x, &stats1, strategy.relu)?;
-    let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
-    let (dx, dg1, dbeta1) = match into {
-        InputGrad::Into(dst) => {
-            let (dg, db) = maths::bn_bwd_accumulate(&da, &x, &stats1, gamma1, &dst)?;
-            (None, dg, db)
-        }
-        InputGrad::New(prefix) => {
-            let next = kernels::copy_rows(&prefix)?;
-            drop(prefix);
-            let (dg, db) = maths::bn_bwd_accumulate(&da, &x, &stats1, gamma1, &next)?;
-            (Some(next), dg, db)
-        }
-    };
     param_grads.insert(bn_name(i, 1, "weight"), dg1);
     param_grads.insert(bn_name(i, 1, "bias"), dbeta1);
     Ok(dx)
+}
+
+/// The gradients of a bc layer's front, BN1 → ReLU → Conv1×1: `(dW1 [B, C_i], dγ1, dβ1, dx)`,
+/// with `dx` as [`bc_backward`] returns it.
+type FrontGrads = (Tensor, Tensor, Tensor, Option<Tensor>);
+
+/// A bc layer's BN1 → ReLU → Conv1×1 for its backward: the layer input, BN1's saved table,
+/// the Conv1×1 matrix `[B, C_i]` and γ1.
+struct Front<'a> {
+    x: &'a Tensor,
+    stats1: &'a BnStats,
+    w1: &'a Tensor,
+    gamma1: &'a Tensor,
+    relu: Relu,
+}
+
+impl Front<'_> {
+    /// The front's backward from Conv1×1's output gradient `dz`, over all C_i channels at once
+    /// (a GPU's path): dW1 from ReLU1's output `r` (remade from `x` and BN1's table where the
+    /// schedule deferred it), then `dr`, ReLU1's mask (from `x` and the table, so `r` is freed
+    /// first: one `C_i·M` tensor fewer at BN1's backward) and BN1's backward, which adds `dx`
+    /// into `into`.
+    fn backward_whole(&self, r: Option<Tensor>, dz: Tensor, into: InputGrad) -> Result<FrontGrads> {
+        let r = match r {
+            Some(r) => r,
+            None => maths::bn_apply_relu(self.x, self.stats1, self.relu)?,
+        };
+        let dw1 = maths::dense_bwd_weight(&dz, &r)?;
+        drop(r);
+        let dr = maths::dense_bwd_input(self.w1, &dz)?;
+        drop(dz);
+        let da = maths::relu_bwd_bn(dr, self.x, self.stats1, self.relu)?;
+        let (dx, dg1, dbeta1) = match into {
+            InputGrad::Into(dst) => {
+                let (dg, db) =
+                    maths::bn_bwd_accumulate(&da, self.x, self.stats1, self.gamma1, &dst)?;
+                (None, dg, db)
+            }
+            InputGrad::New(prefix) => {
+                let next = kernels::copy_rows(&prefix)?;
+                drop(prefix);
+                let (dg, db) =
+                    maths::bn_bwd_accumulate(&da, self.x, self.stats1, self.gamma1, &next)?;
+                (Some(next), dg, db)
+            }
+        };
+        Ok((dw1, dg1, dbeta1, dx))
+    }
+
+    /// [`Front::backward_whole`] a channel block at a time (the CPU's path), in two passes.
+    /// First dW1, from ReLU1's output a block of [`maths::channel_blocks`] at a time (rows of
+    /// the saved `r`, else remade from the block's rows of `x`): its rows of dW1ᵀ. Then, a
+    /// block of [`maths::grad_blocks`] at a time, the block's `dr`, ReLU1's mask and BN1's
+    /// backward on its channels, which adds the block's rows of `dx` into `into`. Every op is
+    /// per channel or sums over the whole inner dimension as the unsplit one does
+    /// ([`maths::MIN_SPLIT`]), so the results are bitwise [`Front::backward_whole`]'s, with
+    /// block-sized transients where that has `[C_i, M]` ones.
+    fn backward_blocked(
+        &self,
+        r: Option<Tensor>,
+        dz: Tensor,
+        into: InputGrad,
+    ) -> Result<FrontGrads> {
+        let (c, b) = (self.x.dims()[0], dz.dims()[0]);
+        // dW1ᵀ [C_i, B], a block of rows at a time, transposed once at the end
+        let dw1t = Tensor::zeros((c, b), dz.dtype(), dz.device()).ctx("conv1 dW")?;
+        for (c0, n) in maths::channel_blocks(c) {
+            let rows = |t: &Tensor| t.narrow(0, c0, n).ctx("channel block");
+            let rb = match &r {
+                Some(r) => rows(r)?,
+                None => {
+                    maths::bn_apply_relu(&rows(self.x)?, &self.stats1.channels(c0, n)?, self.relu)?
+                }
+            };
+            maths::dense_bwd_weight_t_into(&rows(&dw1t)?, &dz, &rb)?;
+        }
+        drop(r); // a saved r's last reader
+        let dw1 = dw1t.t().ctx("conv1 dW")?.contiguous().ctx("conv1 dW")?;
+        drop(dw1t);
+        // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
+        // prefix, made when BN1's backward first needs it
+        let (mut dst, mut prefix, new) = match into {
+            InputGrad::Into(dst) => (Some(dst), None, false),
+            InputGrad::New(prefix) => (None, Some(prefix), true),
+        };
+        let mut sums = Vec::new();
+        for (c0, n) in maths::grad_blocks(c) {
+            let rows = |t: &Tensor| t.narrow(0, c0, n).ctx("channel block");
+            let (x, stats) = (rows(self.x)?, self.stats1.channels(c0, n)?);
+            let w1 = self.w1.narrow(1, c0, n).ctx("channel block")?;
+            let dr = maths::dense_bwd_input(&w1, &dz)?;
+            let da = maths::relu_bwd_bn(dr, &x, &stats, self.relu)?;
+            if let Some(p) = prefix.take() {
+                dst = Some(kernels::copy_rows(&p)?);
+            }
+            let d = dst.as_ref().ok_or_else(|| crate::Error::BufferMisuse {
+                buffer: "feature gradients",
+                reason: "a channel block without its input gradient".to_string(),
+            })?;
+            let gamma = self.gamma1.narrow(0, c0, n).ctx("channel block")?;
+            sums.push(maths::bn_bwd_accumulate(
+                &da,
+                &x,
+                &stats,
+                &gamma,
+                &rows(d)?,
+            )?);
+        }
+        drop(dz);
+        let (dg1, dbeta1) = if sums.len() == 1 {
+            sums.remove(0)
+        } else {
+            let (dgs, dbs): (Vec<Tensor>, Vec<Tensor>) = sums.drain(..).unzip();
+            (
+                Tensor::cat(&dgs, 0).ctx("bn1 dγ")?,
+                Tensor::cat(&dbs, 0).ctx("bn1 dβ")?,
+            )
+        };
+        let next = if new { dst } else { None };
+        Ok((dw1, dg1, dbeta1, next))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::{bits, randn};
+    use candle_core::DType;
+
+    /// The CPU's front backward a channel block at a time is bitwise the whole one, for both
+    /// ReLU modes, with ReLU1's output given (store) or remade (recompute), its input gradient
+    /// added into a buffer view or into a new copy of the previous gradient's prefix (cat).
+    /// 200 channels make three blocks of at least `MIN_SPLIT` for dW1, with BC-100's
+    /// bottleneck of 48 and an inner dimension M over 512, where `gemm`'s small-size path
+    /// would sum otherwise (a smaller `MIN_SPLIT` fails this test).
+    #[test]
+    fn the_blocked_front_backward_is_bitwise_the_whole_one() -> Result<()> {
+        let (c, b, m) = (200, 48, 1100);
+        assert_eq!(maths::channel_blocks(c).len(), 3);
+        assert!(maths::grad_blocks(c).len() > 3);
+        for dtype in [DType::F32, DType::F64] {
+            let x = randn((c, m), dtype);
+            let stats1 = BnStats {
+                table: randn((4, c), dtype),
+            };
+            let (w1, gamma1) = (randn((b, c), dtype), randn(c, dtype));
+            let (dz, grad) = (randn((b, m), dtype), randn((c, m), dtype));
+            for relu in [Relu::Copy, Relu::Inplace] {
+                let front = Front {
+                    x: &x,
+                    stats1: &stats1,
+                    w1: &w1,
+                    gamma1: &gamma1,
+                    relu,
+                };
+                for keep_r in [false, true] {
+                    let r = || -> Result<Option<Tensor>> {
+                        Ok(if keep_r {
+                            Some(maths::bn_apply_relu(&x, &stats1, relu)?)
+                        } else {
+                            None
+                        })
+                    };
+                    for new in [false, true] {
+                        let what = format!("{dtype:?} {relu:?} keep_r {keep_r} new {new}");
+                        let run = |blocked: bool| -> Result<(FrontGrads, Tensor)> {
+                            let dst = kernels::copy_rows(&grad)?;
+                            let into = if new {
+                                InputGrad::New(dst.clone())
+                            } else {
+                                InputGrad::Into(dst.clone())
+                            };
+                            let dz = kernels::copy_rows(&dz)?;
+                            let out = if blocked {
+                                front.backward_blocked(r()?, dz, into)?
+                            } else {
+                                front.backward_whole(r()?, dz, into)?
+                            };
+                            Ok((out, dst))
+                        };
+                        let ((w_a, g_a, b_a, dx_a), dst_a) = run(false)?;
+                        let ((w_b, g_b, b_b, dx_b), dst_b) = run(true)?;
+                        assert_eq!(w_a.dims(), &[b, c], "{what}");
+                        assert!(bits(&w_a) == bits(&w_b), "{what}: dW1");
+                        assert!(bits(&g_a) == bits(&g_b), "{what}: dγ1");
+                        assert!(bits(&b_a) == bits(&b_b), "{what}: dβ1");
+                        assert!(bits(&dst_a) == bits(&dst_b), "{what}: the destination");
+                        match (dx_a, dx_b) {
+                            (Some(a), Some(b)) if new => {
+                                assert!(bits(&a) == bits(&b), "{what}: dx");
+                                // the prefix itself is untouched; dx is a new tensor
+                                assert!(bits(&dst_a) == bits(&grad), "{what}");
+                                assert!(bits(&a) != bits(&grad), "{what}");
+                            }
+                            (None, None) if !new => {
+                                assert!(bits(&dst_a) != bits(&grad), "{what}: nothing added");
+                            }
+                            _ => panic!("{what}: dx returned as it should not be"),
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
 }

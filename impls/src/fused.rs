@@ -305,11 +305,16 @@ impl CustomOp2 for AffineRowsOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = l.shape().dims2()?;
-        fn go<T: Float>(x: &[T], coef: &[T], c: usize, m: usize, relu: bool) -> Vec<T> {
+        // x: rows of unit column stride (a whole map, or a column range of a wider one)
+        fn go<T: Float>(x: &[T], xv: Mat, coef: &[T], c: usize, m: usize, relu: bool) -> Vec<T> {
             let (scales, shifts) = coef.split_at(c);
-            let mut out = vec![T::ZERO; x.len()];
+            let mut out = vec![T::ZERO; c * m];
+            if c * m == 0 {
+                return out;
+            }
             out.par_chunks_mut(m)
-                .zip(x.par_chunks(m))
+                .enumerate()
+                .map(|(r, o)| (o, &x[xv.off + r * xv.rs..][..m]))
                 .zip(scales.par_iter().zip(shifts))
                 .for_each(|((o, x), (&scale, &shift))| {
                     if relu {
@@ -329,10 +334,12 @@ impl CustomOp2 for AffineRowsOp {
         let (n, relu) = (self.name(), self.relu);
         let out = match (s, cs) {
             (CpuStorage::F32(v), CpuStorage::F32(k)) => {
-                CpuStorage::F32(go(slice(v, l, n)?, coef_rows(k, cl, 2, c, n)?, c, m, relu))
+                let xv = Mat::rows_of(l, v.len(), n, "input")?;
+                CpuStorage::F32(go(v, xv, coef_rows(k, cl, 2, c, n)?, c, m, relu))
             }
             (CpuStorage::F64(v), CpuStorage::F64(k)) => {
-                CpuStorage::F64(go(slice(v, l, n)?, coef_rows(k, cl, 2, c, n)?, c, m, relu))
+                let xv = Mat::rows_of(l, v.len(), n, "input")?;
+                CpuStorage::F64(go(v, xv, coef_rows(k, cl, 2, c, n)?, c, m, relu))
             }
             _ => return Err(bad_dtype(n)),
         };
@@ -976,6 +983,13 @@ fn has_kernels(t: &Tensor) -> bool {
     t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda())
 }
 
+/// Whether `t` is 2-D rows of unit column stride ([`Mat::rows_of`]: a contiguous map or a
+/// column range of a wider one).
+fn unit_column_stride(t: &Tensor) -> bool {
+    let (dims, stride) = (t.dims(), t.stride());
+    dims.len() == 2 && (stride[1] == 1 || dims[1] <= 1) && (dims[0] <= 1 || stride[0] >= dims[1])
+}
+
 /// Row `q` of a planar per-channel table `[Q, C]` as a column `[C, 1]` (a zero-copy view).
 pub fn column(table: &Tensor, q: usize) -> Result<Tensor> {
     let c = table.dims().get(1).copied().unwrap_or(0);
@@ -1103,7 +1117,11 @@ pub fn affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
 /// The fused kernel of [`affine_rows`] (`relu`: and of [`affine_rows_relu`]), or `None` where
 /// there is none (another device, a strided operand) and the caller composes candle ops.
 fn fused_affine_rows(x: &Tensor, coef: &Tensor, relu: bool) -> Option<Result<Tensor>> {
-    if !(has_kernels(x) && x.is_contiguous() && coef.is_contiguous()) {
+    // the CPU kernel also reads a column range of a wider map (rows of unit column stride: the
+    // recomputed front's column chunks, `maths::bn_relu_conv1_chunked`); the CUDA twin takes
+    // contiguous maps only
+    let layout_ok = x.is_contiguous() || (x.device().is_cpu() && unit_column_stride(x));
+    if !(has_kernels(x) && layout_ok && coef.is_contiguous()) {
         return None;
     }
     let what = if relu { "bn apply relu" } else { "bn apply" };

@@ -99,6 +99,92 @@ impl BnStats {
     pub fn affine(&self) -> Result<Tensor> {
         self.table.narrow(0, 2, 2).ctx("bn stats")
     }
+
+    /// The table of channels `c0 .. c0 + n` (a block of [`channel_blocks`]): a new contiguous
+    /// `[4, n]`, what the kernels read.
+    pub fn channels(&self, c0: usize, n: usize) -> Result<BnStats> {
+        Ok(BnStats {
+            table: self
+                .table
+                .narrow(1, c0, n)
+                .ctx("bn stats block")?
+                .contiguous()
+                .ctx("bn stats block")?,
+        })
+    }
+}
+
+/// Columns per chunk of a recomputed bc layer front on the CPU ([`bn_relu_conv1_chunked`]):
+/// ReLU1's output exists a chunk `[C_i, ≤ 4096]` at a time, never as the whole `[C_i, M]`.
+pub const FRONT_CHUNK_COLUMNS: usize = 4096;
+
+/// Fewest columns of a front chunk and rows of a channel block: more than 64, so every product
+/// of a chunk or block sums each output element exactly as the unsplit product does, and the
+/// split changes no bit. `gemm` blocks the inner dimension by a length that depends on the
+/// inner dimension alone, except for outputs of at most 64 × 64 (its small-size path blocks
+/// it by 512), and a bottleneck B ≤ 64 (BC-100's is 48) is the other side of these outputs.
+pub const MIN_SPLIT: usize = 65;
+
+/// `len` in `pieces` ranges `(start, len)` as even as possible, in order (the longer first).
+fn even_split(len: usize, pieces: usize) -> Vec<(usize, usize)> {
+    let pieces = pieces.clamp(1, len.max(1));
+    let (base, extra) = (len / pieces, len % pieces);
+    let mut start = 0;
+    (0..pieces)
+        .map(|p| {
+            let n = base + usize::from(p < extra);
+            let r = (start, n);
+            start += n;
+            r
+        })
+        .collect()
+}
+
+/// The column chunks `(start, columns)` of a recomputed front over `m` columns: the fewest of
+/// at most [`FRONT_CHUNK_COLUMNS`] (each at least [`MIN_SPLIT`], else one chunk).
+pub fn front_chunks(m: usize) -> Vec<(usize, usize)> {
+    even_split(m, m.div_ceil(FRONT_CHUNK_COLUMNS).min(m / MIN_SPLIT))
+}
+
+/// The channel blocks `(first channel, channels)` of a bc layer's Conv1×1 weight gradient over
+/// `c` input channels on the CPU: as many as keep each at least [`MIN_SPLIT`] channels (one
+/// block below `2 · MIN_SPLIT`), so a block's product `[n, B]` sums as the whole one does.
+/// A recomputing layer remakes ReLU1's output a block `[< 2·MIN_SPLIT, M]` at a time, never
+/// as the whole `[C_i, M]`.
+pub fn channel_blocks(c: usize) -> Vec<(usize, usize)> {
+    even_split(c, c / MIN_SPLIT)
+}
+
+/// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).
+pub const GRAD_BLOCK_ROWS: usize = 32;
+
+/// The channel blocks `(first channel, channels)` of a bc layer's `dr = W1ᵀ·dz`, ReLU1's mask
+/// and BN1's backward on the CPU, [`GRAD_BLOCK_ROWS`] channels each (the last fewer): per
+/// channel ops, and a product whose output `[n, M]` is never small, so any split keeps every
+/// bit.
+pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
+    even_split(c, c.div_ceil(GRAD_BLOCK_ROWS))
+}
+
+/// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, on the CPU a
+/// column chunk ([`front_chunks`]) at a time: each chunk's BN1 → ReLU (`copy`: the BN output
+/// and the ReLU's new tensor, as the strategy measures) is multiplied into its columns of `z`
+/// and freed. Bitwise [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the
+/// element-wise ops per element, the products over the whole inner dimension C (see
+/// [`MIN_SPLIT`]). Transient: one chunk's `[C, ≤ 4096]` instead of `[C, M]`.
+pub fn bn_relu_conv1_chunked(
+    w1: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    mode: Relu,
+) -> Result<Tensor> {
+    let (b, m) = (w1.dims()[0], x.dims()[1]);
+    let z = Tensor::zeros((b, m), x.dtype(), x.device()).ctx("conv1 output")?;
+    for (c0, n) in front_chunks(m) {
+        let r = bn_apply_relu(&x.narrow(1, c0, n).ctx("front chunk")?, stats, mode)?;
+        gemm_into(&z.narrow(1, c0, n).ctx("front chunk")?, w1, &r, false)?;
+    }
+    Ok(z)
 }
 
 /// Per-channel batch mean and biased variance of `x [C, M]`, planar `[2, C]` (two-pass, f64
@@ -269,6 +355,13 @@ pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
         return dense::product_transposed(x, &gy.t().ctx("dense dW")?);
     }
     matmul(gy, &x.t().ctx("dense dW")?, "dense dW")
+}
+
+/// [`dense_bwd_weight`] transposed into `dst [in, out]` (a view, e.g. a block of rows of a
+/// wider one): `dst = x · gyᵀ`, bitwise those rows of the CPU's `(X·Gᵀ)ᵀ` before its
+/// transpose. The CPU's kernels only (the blocked front, `block::Front::backward_blocked`).
+pub fn dense_bwd_weight_t_into(dst: &Tensor, gy: &Tensor, x: &Tensor) -> Result<()> {
+    gemm_into(dst, x, &gy.t().ctx("dense dW")?, false)
 }
 
 /// Bias gradient of [`dense_fwd`]: `Σ_M gy`.

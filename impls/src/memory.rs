@@ -129,15 +129,37 @@ impl<'a> Trace<'a> {
     /// freed once Conv1×1 has read it): in forward with each BN's per-channel table made (and
     /// kept: the running stats are the step's results), recomputed in backward from the saved
     /// tables (`forward` false).
-    fn bc_front(&mut self, c: usize, b: usize, m: usize, copy: bool, forward: bool, keep_r: bool) {
+    ///
+    /// `split` (the CPU's kernels): a front that does not keep r makes it a column chunk at a
+    /// time (`maths::bn_relu_conv1_chunked`), each multiplied into z and freed.
+    #[allow(clippy::too_many_arguments)]
+    fn bc_front(
+        &mut self,
+        c: usize,
+        b: usize,
+        m: usize,
+        copy: bool,
+        forward: bool,
+        keep_r: bool,
+        split: bool,
+    ) {
         if forward {
             self.alloc(6 * c); // BN1's table and running stats
         }
-        self.bn1_relu(c, m, copy);
-        self.alloc(b * m); // z = Conv1×1
-        self.product();
-        if !keep_r {
-            self.free(c * m); // r, read by Conv1×1 only (recomputed in backward for dW1)
+        if split && !keep_r {
+            self.alloc(b * m); // z, a column chunk at a time
+            for (_, w) in crate::maths::front_chunks(m) {
+                self.bn1_relu(c, w, copy); // the chunk's r
+                self.product();
+                self.free(c * w);
+            }
+        } else {
+            self.bn1_relu(c, m, copy);
+            self.alloc(b * m); // z = Conv1×1
+            self.product();
+            if !keep_r {
+                self.free(c * m); // r, read by Conv1×1 only (recomputed in backward for dW1)
+            }
         }
         if forward {
             self.alloc(2 * b); // z's (mean; var)
@@ -274,8 +296,10 @@ pub struct Schedule {
 /// (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower predicted
 /// peak (a tie keeps r: no extra work). An `Err` for an unreadable chunking override.
 pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Result<Schedule> {
-    let can_defer = matches!(variant, Variant::Manual(s)
-        if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
+    // the CPU's kernels never keep r whole in a recomputing backward (the blocked front)
+    let can_defer = path == Kernels::TapStack
+        && matches!(variant, Variant::Manual(s)
+            if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
     let mut best: Option<(i128, Schedule)> = None;
     for defer_r in [false, true] {
         if defer_r && !can_defer {
@@ -392,6 +416,9 @@ fn trace_with<'a>(
         Kernels::TapStack => 0,
     };
     let mut t = Trace::new(cfg, pack, charge);
+    // the CPU's kernels split a bc layer's front: r in column chunks where it is not kept,
+    // its backward in channel blocks (`maths::front_chunks`, `maths::channel_blocks`)
+    let split = path == Kernels::Cpu;
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy
     if !cat {
@@ -422,7 +449,7 @@ fn trace_with<'a>(
                 }
             }
             Family::Bc => {
-                t.bc_front(c, b, m, copy, true, !recompute);
+                t.bc_front(c, b, m, copy, true, !recompute, split);
                 match path {
                     Kernels::Cpu => {
                         let tiles = conv3x3::scratch_elems(g, conv3x3::Pass::Forward, b, k);
@@ -510,7 +537,7 @@ fn trace_with<'a>(
             }
             Family::Bc => {
                 if recompute {
-                    t.bc_front(c, b, m, copy, false, !defer_r);
+                    t.bc_front(c, b, m, copy, false, !defer_r && !split, split);
                 }
                 match path {
                     Kernels::Cpu => {
@@ -548,6 +575,56 @@ fn trace_with<'a>(
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
+                if split {
+                    // `block::Front::backward_blocked`: dW1 a channel block at a time
+                    t.alloc(b * c); // dW1ᵀ, a block of rows at a time
+                    for (_, n) in crate::maths::channel_blocks(c) {
+                        if recompute {
+                            t.alloc(4 * n); // the block's BN1 table
+                            t.bn1_relu(n, m, copy); // the block's r
+                            t.free(4 * n);
+                        }
+                        t.product();
+                        if recompute {
+                            t.free(n * m);
+                        }
+                    }
+                    if !recompute {
+                        t.free(c * m); // r (saved), read by the blocks
+                    }
+                    t.alloc(b * c); // dW1 (kept), transposed
+                    t.free(b * c);
+                    // then dr, ReLU1's and BN1's backward a (smaller) block at a time
+                    let blocks = crate::maths::grad_blocks(c);
+                    for (j, &(_, n)) in blocks.iter().enumerate() {
+                        t.alloc(4 * n); // the block's BN1 table
+                        t.alloc(n * m); // the block's dr
+                        t.product();
+                        if copy {
+                            t.alloc(n * m); // ReLU1 backward copy
+                            t.free(n * m); // dr
+                        }
+                        if cat && j == 0 {
+                            t.alloc(c * m); // new input gradient: the previous one's prefix
+                        }
+                        t.alloc(5 * n); // BN1's sums and coefficients of the block
+                        t.free(n * m); // the block's BN1 grad input
+                        t.free(4 * n);
+                    }
+                    t.free(b * m); // dz
+                    if blocks.len() > 1 {
+                        t.alloc(c); // dγ1 (kept), gathered from the blocks
+                        t.alloc(c); // dβ1 (kept)
+                        for &(_, n) in &blocks {
+                            t.free(5 * n);
+                        }
+                    } // one block: dγ1 and dβ1 are rows of its sums (kept)
+                    if cat {
+                        t.free(c * m); // the layer input (saved or re-concatenated)
+                        t.free((c + k) * m); // previous gradient
+                    }
+                    continue;
+                }
                 if recompute && defer_r {
                     t.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
                 }
@@ -702,12 +779,25 @@ mod tests {
             }
         }
         assert!(chunked_somewhere);
-        // r is remade for dW1 where that lowers the peak: the leanest variant, on both paths;
+        // r is remade for dW1 where that lowers the peak: the leanest variant on a GPU's path;
         // not with a copy ReLU on BC-100's block, where the remade r's second tensor beside
-        // dz would set it (+B rows)
-        for path in [Kernels::Cpu, Kernels::TapStack] {
-            assert!(schedule_for(bri, &bc100(16), path).unwrap().defer_r);
-            assert!(!schedule_for(brc, &bc100(16), path).unwrap().defer_r);
+        // dz would set it (+B rows). The CPU's path never keeps r whole in backward (its
+        // blocked front), so there is nothing to defer.
+        assert!(
+            schedule_for(bri, &bc100(16), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
+        assert!(
+            !schedule_for(brc, &bc100(16), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
+        for v in [bri, brc] {
+            assert_eq!(
+                schedule_for(v, &bc100(16), Kernels::Cpu).unwrap(),
+                Schedule::default()
+            );
         }
         assert!(
             schedule_for(brc, &torchvision(6), Kernels::TapStack)

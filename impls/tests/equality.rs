@@ -63,6 +63,10 @@ fn configs() -> Vec<Config> {
             (2, 3, 2, 3, 2, (3, 5)),
             (2, 3, 2, 3, 2, (5, 3)),
             (1, 2, 3, 2, 2, (1, 4)),
+            // wide and large enough for the CPU's split front: ReLU1's output made in three
+            // column chunks (M = 8464, `maths::front_chunks`) and its backward in two channel
+            // blocks (C_i = 170, 172, `maths::channel_blocks`)
+            (1, 170, 2, 2, 2, (92, 92)),
         ] {
             out.push(Config {
                 family: Family::Bc,

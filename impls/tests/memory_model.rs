@@ -2,9 +2,10 @@
 //! through the global allocator, so the measured peak is exact, not noisy. One test only in
 //! this binary, so no other test thread allocates while it measures.
 
-use candle_core::Device;
+use candle_core::{DType, Device};
+use impls::maths;
 use impls::memory::predict_peak_bytes;
-use impls::{step, Case, NoProbe, Variant};
+use impls::{step, Case, Config, NoProbe, Spatial, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
 mod counting;
@@ -20,7 +21,19 @@ const MODEL_REL_TOL: f64 = 0.05;
 
 #[test]
 fn predicted_peak_matches_the_allocator_within_5_percent() {
-    for cfg in model_configs() {
+    // wide and large enough for the CPU's split front: r in column chunks (M = 9216,
+    // `maths::front_chunks`), its backward in channel blocks (C_i ≥ 170, `maths::channel_blocks`)
+    let split = Config {
+        batch: 2,
+        channels: 170,
+        size: Spatial::new(64, 72),
+        depth: 3,
+        dtype: DType::F32,
+        ..Config::bc100_block()
+    };
+    assert!(maths::front_chunks(split.m()).len() > 1);
+    assert!(maths::channel_blocks(split.channels).len() > 1);
+    for cfg in model_configs().into_iter().chain([split]) {
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
         for v in Variant::for_config(&cfg) {
             let Some(predicted) = predict_peak_bytes(v, &cfg) else {
