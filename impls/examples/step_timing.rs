@@ -6,8 +6,10 @@
 //! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
 //! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone, or
 //! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart, or
-//! `-- defer VARIANT REPS [L]` for a recomputing variant with ReLU1's output kept for dW1 and
-//! remade, alternately, side by side: what `memory::Schedule::defer_r` costs).
+//! `-- front VARIANT REPS [L]` for a variant's step with the bc layer's front split, as the
+//! CPU runs it, and whole, as a GPU does — and, for a recomputing variant, whole with ReLU1's
+//! output remade for dW1 (`memory::Schedule::defer_r`) — alternately, side by side, with the
+//! model's peak of each (`defer` is the same)).
 
 use candle_core::Device;
 use candle_core::Tensor;
@@ -47,7 +49,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             args.get(2).and_then(|a| a.parse().ok()).unwrap_or(3),
         )?);
     }
-    if family == "defer" {
+    if family == "front" || family == "defer" {
         let variant = Variant::parse(
             args.get(2)
                 .map(String::as_str)
@@ -55,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         )?;
         let reps = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3).max(1);
         let depth = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(16);
-        return Ok(defer(variant, reps, depth)?);
+        return Ok(front(variant, reps, depth)?);
     }
     if family == "conv3x3" {
         return Ok(conv3x3(
@@ -107,12 +109,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-/// A recomputing variant on DenseNet-BC-100's block at depth `depth`, its step with r kept
-/// for dW1 and with r remade (`block::step_manual`'s `defer_r`), alternately after one
-/// unmeasured step of each: wall seconds per step and the ratio of the medians.
-fn defer(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()> {
+/// A hand-written variant on DenseNet-BC-100's block at depth `depth`: its step with the
+/// layer front split (the CPU's path), whole with r kept for dW1, and (recomputing variants)
+/// whole with r remade (`block::step_manual`'s `defer_r`), alternately after one unmeasured
+/// step of each: wall seconds per step, the ratios of the medians to the split's, and the
+/// model's peak of each (bitwise the same results, which the tests check).
+fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()> {
     let Variant::Manual(strategy) = variant else {
-        println!("defer: a hand-written variant, not {variant}");
+        println!("front: a hand-written variant, not {variant}");
         return Ok(());
     };
     let cfg = Config {
@@ -122,19 +126,32 @@ fn defer(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
         ..Config::bc100_block()
     };
     let case = Case::random(&cfg, &Device::Cpu)?;
-    let mut times = [Vec::new(), Vec::new()];
+    let recompute = strategy.intermediates == impls::Intermediates::Recompute;
+    // (name, whole front, defer_r)
+    let mut arms = vec![("split", false, false), ("whole, r kept", true, false)];
+    if recompute {
+        arms.push(("whole, r remade", true, true));
+    }
+    let mut times = vec![Vec::new(); arms.len()];
     for rep in 0..=reps {
-        for (slot, defer_r) in [false, true].into_iter().enumerate() {
+        for (slot, &(_, whole, defer_r)) in arms.iter().enumerate() {
+            let run = || {
+                impls::block::step_manual(
+                    strategy,
+                    &cfg,
+                    &case.params,
+                    &case.input,
+                    &case.grad_output,
+                    defer_r,
+                    &mut impls::NoProbe,
+                )
+            };
             let t = Instant::now();
-            let r = impls::block::step_manual(
-                strategy,
-                &cfg,
-                &case.params,
-                &case.input,
-                &case.grad_output,
-                defer_r,
-                &mut impls::NoProbe,
-            )?;
+            let r = if whole {
+                maths::with_whole_front_on_cpu(run)?
+            } else {
+                run()?
+            };
             drop(r);
             if rep > 0 {
                 times[slot].push(t.elapsed().as_secs_f64());
@@ -145,12 +162,20 @@ fn defer(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
-    let (kept, remade) = (median(&mut times[0]), median(&mut times[1]));
+    let medians: Vec<f64> = times.iter_mut().map(median).collect();
+    let mib = |b: Option<u64>| b.unwrap_or(0) as f64 / (1u64 << 20) as f64;
+    let split_peak = mib(impls::memory::predict_peak_bytes(variant, &cfg));
+    let whole_peak = mib(maths::with_whole_front_on_cpu(|| {
+        impls::memory::predict_peak_bytes(variant, &cfg)
+    }));
     println!(
-        "{variant} on {}: r kept {kept:.3} s, r remade {remade:.3} s (median of {reps}): x{:.3}",
-        cfg.describe(),
-        remade / kept
+        "{variant} on {} (median of {reps} steps; model peaks: split {split_peak:.1} MiB, whole \
+         {whole_peak:.1} MiB with the model's choice of keeping r)",
+        cfg.describe()
     );
+    for ((name, _, _), t) in arms.iter().zip(&medians) {
+        println!("  {name:>16}: {t:.3} s  x{:.3} of split", t / medians[0]);
+    }
     Ok(())
 }
 

@@ -164,7 +164,9 @@ fn bn_forward(
 /// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
 /// `stats`. ReLU1's output r `[C_i, M]` is freed as soon as Conv1×1 has read it unless
 /// `keep_r` (`store` keeps it for backward; `recompute` needs it in forward only for Conv1×1,
-/// and in backward keeps it for dW1 unless the schedule defers it, see [`bc_backward`]).
+/// and in backward, on a GPU's path, keeps it for dW1 unless the schedule defers it, see
+/// [`bc_backward`]). Where r is not kept, the CPU makes it a column chunk at a time
+/// ([`maths::bn_relu_conv1_chunked`], [`maths::split_front`]).
 fn bc_front(
     cfg: &Config,
     params: &Params,
@@ -182,7 +184,7 @@ fn bc_front(
         }
     };
     let w1 = conv1_matrix(cfg, params, i)?;
-    let (r, z) = if !keep_r && maths::cpu_kernels(x.device()) {
+    let (r, z) = if !keep_r && maths::split_front(x.device()) {
         // r is needed for Conv1×1 only: made and multiplied a column chunk at a time
         (None, maths::bn_relu_conv1_chunked(&w1, x, &stats1, relu)?)
     } else {
@@ -499,8 +501,8 @@ pub fn step_manual(
                     &x,
                     strategy.relu,
                     FrontStats::Saved(&stats1, &stats2),
-                    // the CPU's blocked backward remakes r a channel block at a time
-                    !defer_r && !maths::cpu_kernels(x.device()),
+                    // the CPU's split backward remakes r a channel block at a time
+                    !defer_r && !maths::split_front(x.device()),
                 )?;
                 bc_backward(
                     cfg,
@@ -564,11 +566,12 @@ enum InputGrad {
 /// soon as it has been read. Adds the gradient of the layer input `[C_i, M]` as `into` says:
 /// returns the new gradient for [`InputGrad::New`], `None` for [`InputGrad::Into`].
 ///
-/// `r` is `None` when a recomputing layer defers it (`defer_r`): ReLU1's output is then remade
-/// from `x` and BN1's saved table just before Conv1×1's weight gradient reads it, so it is not
-/// live through the 3×3 convolution's backward and BN2's (one BN1 apply more per layer, `C_i`
-/// rows fewer where that sets the peak; bitwise the same values, the same kernel on the same
-/// inputs).
+/// `r` is `None` when a recomputing layer does not keep it: ReLU1's output is then remade from
+/// `x` and BN1's saved table just before Conv1×1's weight gradient reads it, so it is not live
+/// through the 3×3 convolution's backward and BN2's (bitwise the same values, the same kernel
+/// on the same inputs): on the CPU a channel block at a time ([`Front::backward_blocked`]),
+/// on a GPU's path whole where the schedule defers it (`defer_r`: one BN1 apply more per
+/// layer, `C_i` rows fewer where that sets the peak).
 #[allow(clippy::too_many_arguments)]
 fn bc_backward(
     cfg: &Config,
@@ -603,7 +606,7 @@ fn bc_backward(
         gamma1,
         relu: strategy.relu,
     };
-    let (dw1, dg1, dbeta1, dx) = if maths::cpu_kernels(x.device()) {
+    let (dw1, dg1, dbeta1, dx) = if maths::split_front(x.device()) {
         front.backward_blocked(r, dz, into)?
     } else {
         front.backward_whole(r, dz, into)?

@@ -21,6 +21,8 @@ thread_local! {
     static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
     /// Set inside [`with_tf32_emulation_on_cpu`].
     static TF32_ON_CPU: Cell<Option<Tf32Rounding>> = const { Cell::new(None) };
+    /// Set inside [`with_whole_front_on_cpu`].
+    static WHOLE_FRONT_ON_CPU: Cell<bool> = const { Cell::new(false) };
 }
 
 pub use crate::kernels::Tf32Rounding;
@@ -77,6 +79,27 @@ pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
 /// ([`crate::memory::Kernels::Cpu`]; else the tap stack's path).
 pub fn cpu_kernels(dev: &Device) -> bool {
     dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
+}
+
+/// Runs `f` with the CPU's kernels taking a bc layer's front (BN1 → ReLU → Conv1×1) whole,
+/// as a GPU does, instead of split ([`split_front`]): ReLU1's output and its gradient
+/// `[C_i, M]` made whole, bitwise the same results. For timing the split against the whole
+/// side by side (`examples/step_timing.rs front`); the memory model made inside follows it.
+pub fn with_whole_front_on_cpu<R>(f: impl FnOnce() -> R) -> R {
+    scoped(&WHOLE_FRONT_ON_CPU, true, f)
+}
+
+/// Whether a bc layer's front on `dev` is split on this thread: the CPU's kernels make ReLU1's
+/// output a column chunk at a time where it is not kept ([`bn_relu_conv1_chunked`]), and the
+/// front's backward a channel block at a time ([`channel_blocks`], [`grad_blocks`]), unless
+/// inside [`with_whole_front_on_cpu`].
+pub fn split_front(dev: &Device) -> bool {
+    cpu_kernels(dev) && !whole_front_forced()
+}
+
+/// Whether [`with_whole_front_on_cpu`] is in force on this thread.
+pub fn whole_front_forced() -> bool {
+    WHOLE_FRONT_ON_CPU.with(Cell::get)
 }
 
 /// What one BatchNorm application saves for backward: its per-channel table, planar `[4, C]` =

@@ -210,20 +210,29 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
 ///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
 /// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
-///   (`copy`: 2·C_i·M, `inplace`: C_i·M), then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's
-///   scratch (CPU: one tile per thread; other devices: the tap products of one chunk of whole
-///   images, 9k·M_c with M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
+///   (`copy`: 2·C_i·M, `inplace`: C_i·M; CPU, `recompute`: a column chunk of them,
+///   C_i·M_f with M_f ≤ `maths::FRONT_CHUNK_COLUMNS`, see `maths::bn_relu_conv1_chunked`),
+///   then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's scratch (CPU: one tile per thread;
+///   other devices: the tap products of one chunk of whole images, 9k·M_c with
+///   M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
 ///   layer i: the recomputed front (`recompute`: z and s, r freed once Conv1×1 has read it, in
 ///   forward too), Conv3×3's scratch (CPU: tiles and the weight gradient's partial sums; other
-///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then r again
-///   (`recompute`: one BN1 apply more, C_i·M not live through the convolution's backward) for
-///   dW1, then `dr` and `da` of C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks
-///   from the layer input and BN1's table, so the recomputed or saved `r` is freed first);
-///   BN1's `dx` is added straight into
-///   the gradient buffer (`buffer`) or into the new input gradient C_i·M, a copy of the old one's
-///   prefix made at that moment, before the old C_{i+1}·M is freed (`cat`); mlp layers add
-///   their `dx` the same way (on a GPU too: cuBLAS with β = 1).
+///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then the
+///   front's:
+///   - CPU (`maths::split_front`): dW1 a channel block of n < 2·`maths::MIN_SPLIT` rows at a
+///     time (`recompute`: the block's r remade, n·M, twice with `copy`; `store`: rows of the
+///     saved r, freed after), then `dr`, ReLU1's and BN1's backward a block of
+///     `maths::GRAD_BLOCK_ROWS` rows at a time (n·M, twice with `copy`);
+///   - other devices: r again (`recompute` where [`Schedule::defer_r`]: one BN1 apply more,
+///     C_i·M not live through the convolution's backward) for dW1, then `dr` and `da` of
+///     C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks from the layer input and
+///     BN1's table, so the recomputed or saved `r` is freed first);
+///
+///   BN1's `dx` is added straight into the gradient buffer (`buffer`) or into the new input
+///   gradient C_i·M, a copy of the old one's prefix made when BN1's backward first needs it,
+///   before the old C_{i+1}·M is freed (`cat`); mlp layers add their `dx` the same way (on a
+///   GPU too: cuBLAS with β = 1).
 ///
 /// The tests check this against the counting allocator on small configs (exact on CPU), and
 /// the [`Kernels::TapStack`] trace against the CPU running that path
@@ -287,7 +296,9 @@ pub struct Schedule {
     /// gradient after BN2's backward instead of keeping the recomputed front's through the 3×3
     /// convolution's backward (`block::bc_backward`): C_i·M fewer there, one BN1 apply more per
     /// layer, bitwise the same values. Where the convolution's backward does not set the peak
-    /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time.
+    /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time. A whole
+    /// front's choice (a GPU's path): the CPU's split front never keeps r whole
+    /// ([`crate::maths::split_front`]), so there it is always false.
     pub defer_r: bool,
 }
 
@@ -296,8 +307,9 @@ pub struct Schedule {
 /// (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower predicted
 /// peak (a tie keeps r: no extra work). An `Err` for an unreadable chunking override.
 pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Result<Schedule> {
-    // the CPU's kernels never keep r whole in a recomputing backward (the blocked front)
-    let can_defer = path == Kernels::TapStack
+    // the CPU's kernels never keep r whole in a recomputing backward (the split front)
+    let split = path == Kernels::Cpu && !crate::maths::whole_front_forced();
+    let can_defer = !split
         && matches!(variant, Variant::Manual(s)
             if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
     let mut best: Option<(i128, Schedule)> = None;
@@ -418,7 +430,7 @@ fn trace_with<'a>(
     let mut t = Trace::new(cfg, pack, charge);
     // the CPU's kernels split a bc layer's front: r in column chunks where it is not kept,
     // its backward in channel blocks (`maths::front_chunks`, `maths::channel_blocks`)
-    let split = path == Kernels::Cpu;
+    let split = path == Kernels::Cpu && !crate::maths::whole_front_forced();
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy
     if !cat {

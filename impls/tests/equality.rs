@@ -238,3 +238,43 @@ fn autograd_f32_matches_in_f64_and_hand_written_f32_is_more_accurate() -> impls:
     assert!(theirs < 0.1, "autograd f32 error {theirs}");
     Ok(())
 }
+
+#[test]
+fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
+    // The CPU splits a bc layer's front (ReLU1's output in column chunks, its backward in
+    // channel blocks); a GPU runs it whole. Both orders of the same maths on the CPU's
+    // kernels, every hand-written variant: bit for bit the same step (M = 8464: three column
+    // chunks; C_i = 170, 172: two blocks for dW1, six for BN1's backward).
+    for dtype in [DType::F32, DType::F64] {
+        let cfg = Config {
+            batch: 1,
+            channels: 170,
+            growth: 2,
+            depth: 2,
+            bn_size: 2,
+            size: Spatial::square(92),
+            activation: true,
+            dtype,
+            seed: 5,
+            family: Family::Bc,
+        };
+        assert!(impls::maths::front_chunks(cfg.m()).len() > 2);
+        assert!(impls::maths::channel_blocks(cfg.channels).len() > 1);
+        let case = Case::random(&cfg, &Device::Cpu)?;
+        for v in Variant::for_config(&cfg) {
+            if v == Variant::Autograd {
+                continue;
+            }
+            let split = case.step(v)?;
+            let whole = impls::maths::with_whole_front_on_cpu(|| case.step(v))?;
+            let c = compare(&split, &whole)?;
+            assert!(
+                c.overall.bitwise,
+                "{v} on {}: the split front differs from the whole: {:?}",
+                cfg.describe(),
+                c.per_tensor.iter().find(|(_, e)| !e.bitwise)
+            );
+        }
+    }
+    Ok(())
+}

@@ -33,36 +33,56 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
     };
     assert!(maths::front_chunks(split.m()).len() > 1);
     assert!(maths::channel_blocks(split.channels).len() > 1);
-    for cfg in model_configs().into_iter().chain([split]) {
+    // the split config also with the front whole (a GPU's order, the CPU's kernels)
+    let cases = model_configs()
+        .into_iter()
+        .map(|c| (c, false))
+        .chain([(split.clone(), false), (split, true)]);
+    for (cfg, whole) in cases {
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
+        let label = format!(
+            "{}{}",
+            cfg.describe(),
+            if whole { ", front whole" } else { "" }
+        );
         for v in Variant::for_config(&cfg) {
-            let Some(predicted) = predict_peak_bytes(v, &cfg) else {
-                assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
+            let measure = || {
+                let Some(predicted) = predict_peak_bytes(v, &cfg) else {
+                    assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
+                    return None;
+                };
+                let run = || {
+                    step(
+                        v,
+                        &cfg,
+                        &case.params,
+                        &case.input,
+                        &case.grad_output,
+                        &mut NoProbe,
+                    )
+                    .unwrap()
+                };
+                drop(run()); // warm-up: settles gemm's thread-local scratch
+                let base = LIVE.load(Relaxed);
+                PEAK.store(base, Relaxed);
+                let r = run();
+                let measured = PEAK.load(Relaxed) - base;
+                drop(r);
+                Some((measured, predicted))
+            };
+            let got = if whole {
+                maths::with_whole_front_on_cpu(measure)
+            } else {
+                measure()
+            };
+            let Some((measured, predicted)) = got else {
                 continue;
             };
-            let run = || {
-                step(
-                    v,
-                    &cfg,
-                    &case.params,
-                    &case.input,
-                    &case.grad_output,
-                    &mut NoProbe,
-                )
-                .unwrap()
-            };
-            drop(run()); // warm-up: settles gemm's thread-local scratch
-            let base = LIVE.load(Relaxed);
-            PEAK.store(base, Relaxed);
-            let r = run();
-            let measured = PEAK.load(Relaxed) - base;
-            drop(r);
             let ratio = measured as f64 / predicted as f64;
-            eprintln!("{v} on {}: ×{ratio:.4}", cfg.describe());
+            eprintln!("{v} on {label}: ×{ratio:.4}");
             assert!(
                 (ratio - 1.0).abs() <= MODEL_REL_TOL,
-                "{v} on {}: measured {measured} B, predicted {predicted} B (×{ratio:.4})",
-                cfg.describe()
+                "{v} on {label}: measured {measured} B, predicted {predicted} B (×{ratio:.4})"
             );
         }
     }
