@@ -97,9 +97,39 @@ pub fn split_front(dev: &Device) -> bool {
     cpu_kernels(dev) && !whole_front_forced()
 }
 
-/// Whether [`with_whole_front_on_cpu`] is in force on this thread.
+/// The environment variable that makes the CPU run every bc layer's front whole, as a GPU
+/// does (`1`; `0` or unset: split): [`with_whole_front_on_cpu`] for a whole process, e.g. a
+/// `densebench run` timed against the split (bitwise the same results; the memory model
+/// follows it).
+pub const WHOLE_FRONT_ENV: &str = "DENSEBENCH_WHOLE_FRONT";
+
+/// Whether [`with_whole_front_on_cpu`] or [`WHOLE_FRONT_ENV`] `= 1` is in force on this
+/// thread (a value [`whole_front_override`] refuses counts as unset; steps check it first).
 pub fn whole_front_forced() -> bool {
-    WHOLE_FRONT_ON_CPU.with(Cell::get)
+    WHOLE_FRONT_ON_CPU.with(Cell::get) || matches!(whole_front_override(), Ok(true))
+}
+
+/// [`WHOLE_FRONT_ENV`] read: `1` true, `0` or unset false, anything else an error naming it.
+pub fn whole_front_override() -> Result<bool> {
+    match std::env::var(WHOLE_FRONT_ENV) {
+        Err(std::env::VarError::NotPresent) => Ok(false),
+        Ok(v) if v.trim() == "1" => Ok(true),
+        Ok(v) if v.trim() == "0" || v.trim().is_empty() => Ok(false),
+        Ok(v) => Err(bad_whole_front(v)),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            Err(bad_whole_front(v.to_string_lossy().into_owned()))
+        }
+    }
+}
+
+fn bad_whole_front(value: String) -> crate::Error {
+    crate::Error::InvalidConfig {
+        field: "DENSEBENCH_WHOLE_FRONT",
+        value,
+        reason: "expected 1 (every bc layer's front whole on the CPU, as a GPU runs it) or 0 \
+                 (split, the default), or unset"
+            .to_string(),
+    }
 }
 
 /// What one BatchNorm application saves for backward: its per-channel table, planar `[4, C]` =
@@ -179,7 +209,7 @@ pub fn channel_blocks(c: usize) -> Vec<(usize, usize)> {
 }
 
 /// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).
-pub const GRAD_BLOCK_ROWS: usize = 32;
+pub const GRAD_BLOCK_ROWS: usize = 64;
 
 /// The channel blocks `(first channel, channels)` of a bc layer's `dr = W1ᵀ·dz`, ReLU1's mask
 /// and BN1's backward on the CPU, [`GRAD_BLOCK_ROWS`] channels each (the last fewer): per

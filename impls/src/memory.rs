@@ -297,20 +297,33 @@ pub struct Schedule {
     /// convolution's backward (`block::bc_backward`): C_i·M fewer there, one BN1 apply more per
     /// layer, bitwise the same values. Where the convolution's backward does not set the peak
     /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time. A whole
-    /// front's choice (a GPU's path): the CPU's split front never keeps r whole
-    /// ([`crate::maths::split_front`]), so there it is always false.
+    /// front's choice: the CPU's split front never keeps r whole, so with
+    /// [`Schedule::split_front`] it is false.
     pub defer_r: bool,
+    /// The CPU's kernels split the bc layer's front ([`crate::maths::split_front`]): ReLU1's
+    /// output made a column chunk at a time where it is not kept, the front's backward a
+    /// channel block at a time, so neither it nor its gradient `[C_i, M]` is ever whole;
+    /// bitwise the same values, at some cost in time (see [`SPLIT_FRONT_MIN_GAIN`]).
+    pub split_front: bool,
 }
 
-/// The [`Schedule`] of `variant` on `cfg` for a device's kernels: for each choice of
-/// [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack chunking
-/// (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower predicted
-/// peak (a tie keeps r: no extra work). An `Err` for an unreadable chunking override.
+/// How much a split front ([`Schedule::split_front`]) must lower a variant's predicted peak,
+/// as a fraction of the whole front's, for [`schedule_for`] to pick it: the split costs time
+/// (more and smaller products and passes: ×1.03–1.11 of a BC-100 L = 16 step in the harness,
+/// README), so it runs where it saves memory, not where it only moves a transient.
+pub const SPLIT_FRONT_MIN_GAIN: f64 = 0.01;
+
+/// The [`Schedule`] of `variant` on `cfg` for a device's kernels. With the front whole: for
+/// each choice of [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack
+/// chunking (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower
+/// predicted peak (a tie keeps r: no extra work). On the CPU's kernels a bc variant's front
+/// split ([`Schedule::split_front`]) where that lowers the peak by at least
+/// [`SPLIT_FRONT_MIN_GAIN`] (never inside [`crate::maths::with_whole_front_on_cpu`] or with
+/// [`crate::maths::WHOLE_FRONT_ENV`] set). An `Err` for an unreadable chunking override.
 pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Result<Schedule> {
-    // the CPU's kernels never keep r whole in a recomputing backward (the split front)
-    let split = path == Kernels::Cpu && !crate::maths::whole_front_forced();
-    let can_defer = !split
-        && matches!(variant, Variant::Manual(s)
+    let manual_bc = matches!(variant, Variant::Manual(_)) && cfg.family == Family::Bc;
+    let can_split = manual_bc && path == Kernels::Cpu && !crate::maths::whole_front_forced();
+    let can_defer = matches!(variant, Variant::Manual(s)
             if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
     let mut best: Option<(i128, Schedule)> = None;
     for defer_r in [false, true] {
@@ -321,15 +334,37 @@ pub fn schedule_for(variant: Variant, cfg: &Config, path: Kernels) -> crate::Res
             Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r)?,
             Kernels::Cpu => 0,
         };
-        let Some(t) = trace_with(variant, cfg, path, &exact, tap_chunk_columns, defer_r) else {
+        let Some(t) = trace_with(
+            variant,
+            cfg,
+            path,
+            &exact,
+            tap_chunk_columns,
+            defer_r,
+            false,
+        ) else {
             break; // autograd: nothing to pick
         };
         let s = Schedule {
             tap_chunk_columns,
             defer_r,
+            split_front: false,
         };
         if best.is_none_or(|(peak, _)| t.peak < peak) {
             best = Some((t.peak, s));
+        }
+    }
+    if let (true, Some((whole, _))) = (can_split, best) {
+        if let Some(t) = trace_with(variant, cfg, path, &exact, 0, false, true) {
+            if (t.peak as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
+                best = Some((
+                    t.peak,
+                    Schedule {
+                        split_front: true,
+                        ..Schedule::default()
+                    },
+                ));
+            }
         }
     }
     Ok(best.map(|(_, s)| s).unwrap_or_default())
@@ -363,7 +398,16 @@ fn tap_chunk_columns_given(variant: Variant, cfg: &Config, defer_r: bool) -> cra
     let plane = g.h.saturating_mul(g.w).max(1);
     let peak = |images: usize| {
         let columns = images.saturating_mul(plane);
-        trace_with(variant, cfg, Kernels::TapStack, &exact, columns, defer_r).map(|t| t.peak)
+        trace_with(
+            variant,
+            cfg,
+            Kernels::TapStack,
+            &exact,
+            columns,
+            defer_r,
+            false,
+        )
+        .map(|t| t.peak)
     };
     let Some(floor) = peak(1) else {
         return Ok(0);
@@ -394,12 +438,21 @@ fn trace<'a>(
     charge: Charge<'a>,
 ) -> Option<Trace<'a>> {
     let s = schedule_for(variant, cfg, path).unwrap_or_default();
-    trace_with(variant, cfg, path, charge, s.tap_chunk_columns, s.defer_r)
+    trace_with(
+        variant,
+        cfg,
+        path,
+        charge,
+        s.tap_chunk_columns,
+        s.defer_r,
+        s.split_front,
+    )
 }
 
-/// [`trace`] with the tap stack in chunks of `columns` (see [`crate::maths::tap_chunk_images`])
-/// and, for a recomputing bc variant, ReLU1's output remade for dW1 if `defer_r` (see
-/// [`Schedule::defer_r`]).
+/// [`trace`] with the tap stack in chunks of `columns` (see [`crate::maths::tap_chunk_images`]),
+/// for a recomputing bc variant ReLU1's output remade for dW1 if `defer_r` (see
+/// [`Schedule::defer_r`]), and the bc layer's front split if `split` (the CPU's kernels, see
+/// [`Schedule::split_front`]).
 fn trace_with<'a>(
     variant: Variant,
     cfg: &Config,
@@ -407,6 +460,7 @@ fn trace_with<'a>(
     charge: Charge<'a>,
     columns: usize,
     defer_r: bool,
+    split: bool,
 ) -> Option<Trace<'a>> {
     let Variant::Manual(st) = variant else {
         return None;
@@ -428,9 +482,9 @@ fn trace_with<'a>(
         Kernels::TapStack => 0,
     };
     let mut t = Trace::new(cfg, pack, charge);
-    // the CPU's kernels split a bc layer's front: r in column chunks where it is not kept,
-    // its backward in channel blocks (`maths::front_chunks`, `maths::channel_blocks`)
-    let split = path == Kernels::Cpu && !crate::maths::whole_front_forced();
+    // a split front (the CPU's kernels): r in column chunks where it is not kept, its
+    // backward in channel blocks (`maths::front_chunks`, `maths::channel_blocks`)
+    let split = split && path == Kernels::Cpu;
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy
     if !cat {
@@ -735,7 +789,7 @@ mod tests {
         let plane = |cfg: &Config| cfg.size.height * cfg.size.width;
         let peak_at = |v, cfg: &Config, images: usize, defer| {
             let columns = images * plane(cfg);
-            trace_with(v, cfg, Kernels::TapStack, &exact, columns, defer)
+            trace_with(v, cfg, Kernels::TapStack, &exact, columns, defer, false)
                 .unwrap()
                 .peak
         };
@@ -805,12 +859,39 @@ mod tests {
                 .unwrap()
                 .defer_r
         );
+        let split = Schedule {
+            split_front: true,
+            ..Schedule::default()
+        };
         for v in [bri, brc] {
-            assert_eq!(
-                schedule_for(v, &bc100(16), Kernels::Cpu).unwrap(),
-                Schedule::default()
+            assert_eq!(schedule_for(v, &bc100(16), Kernels::Cpu).unwrap(), split);
+            assert!(
+                !schedule_for(v, &bc100(16), Kernels::TapStack)
+                    .unwrap()
+                    .split_front
+            );
+            // the split lowers the peak by more than SPLIT_FRONT_MIN_GAIN, and it is picked
+            // for that: with the front whole, the leanest variant remakes r as on a GPU
+            let whole = crate::maths::with_whole_front_on_cpu(|| {
+                assert_eq!(
+                    schedule_for(bri, &bc100(16), Kernels::Cpu).unwrap().defer_r,
+                    true
+                );
+                predict_peak_bytes(v, &bc100(16)).unwrap()
+            });
+            let picked = predict_peak_bytes(v, &bc100(16)).unwrap();
+            assert!(
+                (picked as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN),
+                "{v}"
             );
         }
+        // naive at L = 16: the split would save under 1% (its peak is the saved state), so the
+        // front stays whole, and no time is spent on it
+        let naive = manual(Concat::Cat, Intermediates::Store, Relu::Copy);
+        assert_eq!(
+            schedule_for(naive, &bc100(16), Kernels::Cpu).unwrap(),
+            Schedule::default()
+        );
         assert!(
             schedule_for(brc, &torchvision(6), Kernels::TapStack)
                 .unwrap()

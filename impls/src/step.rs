@@ -38,11 +38,13 @@ pub fn step(
             })?;
         check_tensor(&spec.name, t, &spec.shape, cfg.dtype)?;
     }
+    crate::maths::whole_front_override()?; // a mistyped DENSEBENCH_WHOLE_FRONT fails here
     match variant {
         Variant::Autograd => autograd::step_autograd(cfg, params, input, grad_output, probe),
         Variant::Manual(s) => {
             // what the memory model picked for the least peak on this device's kernels: the
-            // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1
+            // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1,
+            // whether the CPU splits the layer front
             let path = if crate::maths::cpu_kernels(input.device()) {
                 crate::memory::Kernels::Cpu
             } else {
@@ -50,7 +52,14 @@ pub fn step(
             };
             let schedule = crate::memory::schedule_for(variant, cfg, path)?;
             crate::maths::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
-                block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)
+                let mut run = || {
+                    block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)
+                };
+                if schedule.split_front {
+                    run()
+                } else {
+                    crate::maths::with_whole_front_on_cpu(run)
+                }
             })
         }
     }

@@ -162,6 +162,42 @@ fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
     assert!(zeros > 37 + 10, "only {zeros} zeros");
 }
 
+#[test]
+fn bn_apply_reads_a_column_range_of_a_wider_map() {
+    // The CPU's split front applies BN1 to column chunks of the layer input: row-strided
+    // views, read in place (no copy), with the values of the whole map's columns.
+    let x = rand((5, 41), 31);
+    let coef = rand((2, 5), 32);
+    for (c0, n) in [(0, 13), (13, 20), (33, 8), (40, 1)] {
+        let view = x.narrow(1, c0, n).unwrap();
+        assert!(!view.is_contiguous());
+        let copy = view.contiguous().unwrap();
+        for relu in [false, true] {
+            let (a, b) = if relu {
+                (
+                    fused::affine_rows_relu(&view, &coef).unwrap(),
+                    fused::affine_rows_relu(&copy, &coef).unwrap(),
+                )
+            } else {
+                (
+                    fused::affine_rows(&view, &coef).unwrap(),
+                    fused::affine_rows(&copy, &coef).unwrap(),
+                )
+            };
+            assert!(a.is_contiguous());
+            assert_bitwise(&a, &b, "bn apply of a column range");
+            let whole = fused::affine_rows(&x, &coef).unwrap();
+            if !relu {
+                assert_bitwise(
+                    &a,
+                    &whole.narrow(1, c0, n).unwrap(),
+                    "its columns of the whole",
+                );
+            }
+        }
+    }
+}
+
 /// Per-channel inputs of BN's forward step with the awkward values it must survive: variance
 /// zero, a variance of -0, tiny and huge values, γ = 0, β negative.
 fn per_channel(dtype: DType) -> [Tensor; 5] {
