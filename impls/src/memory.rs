@@ -873,10 +873,7 @@ mod tests {
             // the split lowers the peak by more than SPLIT_FRONT_MIN_GAIN, and it is picked
             // for that: with the front whole, the leanest variant remakes r as on a GPU
             let whole = crate::maths::with_whole_front_on_cpu(|| {
-                assert_eq!(
-                    schedule_for(bri, &bc100(16), Kernels::Cpu).unwrap().defer_r,
-                    true
-                );
+                assert!(schedule_for(bri, &bc100(16), Kernels::Cpu).unwrap().defer_r);
                 predict_peak_bytes(v, &bc100(16)).unwrap()
             });
             let picked = predict_peak_bytes(v, &bc100(16)).unwrap();
