@@ -10,6 +10,13 @@
 //! CPU runs it, and whole, as a GPU does — and, for a recomputing variant, whole with ReLU1's
 //! output remade for dW1 (`memory::Schedule::defer_r`) — alternately, side by side, with the
 //! model's peak of each (`defer` is the same)).
+//!
+//! The harness runs its children with glibc tunables that keep freed memory for reuse
+//! (`harness/src/measure/child.rs`); for timings comparable with its rows, run this with them:
+//! `GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=17179869184`.
+//! Without them every large tensor comes back as fresh pages the kernel zeroes, which
+//! penalises whole `[C_i, M]` tensors: the split front measured 15–25% faster than the whole
+//! one that way, and 3–11% slower with them.
 
 use candle_core::Device;
 use candle_core::Tensor;
