@@ -212,9 +212,9 @@ pub fn channel_blocks(c: usize) -> Vec<(usize, usize)> {
 pub const GRAD_BLOCK_ROWS: usize = 64;
 
 /// The channel blocks `(first channel, channels)` of a bc layer's `dr = W1ᵀ·dz`, ReLU1's mask
-/// and BN1's backward on the CPU, [`GRAD_BLOCK_ROWS`] channels each (the last fewer): per
-/// channel ops, and a product whose output `[n, M]` is never small, so any split keeps every
-/// bit.
+/// and BN1's backward on the CPU, at most [`GRAD_BLOCK_ROWS`] channels each (an even split):
+/// per-channel ops, and a product whose output `[n, M]` is never small, so any split keeps
+/// every bit.
 pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
     even_split(c, c.div_ceil(GRAD_BLOCK_ROWS))
 }
