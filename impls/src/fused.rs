@@ -983,11 +983,10 @@ fn has_kernels(t: &Tensor) -> bool {
     t.device().is_cpu() || (cfg!(feature = "cuda") && t.device().is_cuda())
 }
 
-/// Whether `t` is 2-D rows of unit column stride ([`Mat::rows_of`]: a contiguous map or a
-/// column range of a wider one).
+/// Whether `t` is 2-D rows of unit column stride ([`Mat::rows_of`]'s test: a contiguous map
+/// or a column range of a wider one; its storage bounds are checked when the kernel runs).
 fn unit_column_stride(t: &Tensor) -> bool {
-    let (dims, stride) = (t.dims(), t.stride());
-    dims.len() == 2 && (stride[1] == 1 || dims[1] <= 1) && (dims[0] <= 1 || stride[0] >= dims[1])
+    Mat::rows_of(t.layout(), usize::MAX, "", "").is_ok()
 }
 
 /// Row `q` of a planar per-channel table `[Q, C]` as a column `[C, 1]` (a zero-copy view).

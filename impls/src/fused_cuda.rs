@@ -192,42 +192,65 @@ pub(crate) fn affine_rows(
     Ok((res, l.shape().clone()))
 }
 
-/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)) into a new
-/// tensor: ReLU's backward from BN's input.
-pub(crate) fn relu_bwd_affine(
+/// A row kernel of `bn.cu` that reads a gradient `g [C, M]` (`g_name` in errors), BN's input
+/// `x` (as many elements) and a planar `[q, C]` table, and writes every element of a new
+/// `[C, M]`: `kernel(g, x, coef, out, C, M)`. [`relu_bwd_affine`] and [`bn_bwd_dx`].
+fn gx_table_into_new(
     op: &str,
+    kernel: &str,
+    g_name: &str,
+    q: usize,
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (cs, cl): (&CudaStorage, &Layout),
 ) -> candle_core::Result<(CudaStorage, Shape)> {
+    #[allow(clippy::too_many_arguments)]
     fn run<T: Float>(
         op: &str,
+        kernel: &str,
+        g_name: &str,
+        q: usize,
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (cs, cl): (&CudaStorage, &Layout),
     ) -> candle_core::Result<CudaStorage> {
-        let (c, m, rg) = matrix(op, "the gradient", gl)?;
+        let (c, m, rg) = matrix(op, g_name, gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
-        let rc = coefficients(op, cl, c, 2)?;
+        let rc = coefficients(op, cl, c, q)?;
         let dev = &gs.device;
         // SAFETY: every one of the c·m elements is written by the kernel below.
         let mut out = unsafe { dev.alloc::<T>(c * m) }?;
         if c * m > 0 {
-            let func = function::<T>(dev, &BN, "relu_bwd_affine")?;
+            let func = function::<T>(dev, &BN, kernel)?;
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
             let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
             b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
-            // SAFETY: g, x and out hold c·m elements, coef 2·c; out is fresh.
+            // SAFETY: g, x and out hold c·m elements, coef q·c; out is fresh.
             unsafe { b.launch(rows_config(c, m)) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
-    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (cs, cl)))?;
+    let res = by_dtype!(
+        op,
+        gs,
+        run(op, kernel, g_name, q, (gs, gl), (xs, xl), (cs, cl))
+    )?;
     Ok((res, gl.shape().clone()))
+}
+
+/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)) into a new
+/// tensor: ReLU's backward from BN's input.
+pub(crate) fn relu_bwd_affine(
+    op: &str,
+    g: (&CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    coef: (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    gx_table_into_new(op, "relu_bwd_affine", "the gradient", 2, g, x, coef)
 }
 
 /// [`relu_bwd_affine`] **over the gradient `(gs, gl)` in place**.
@@ -329,38 +352,11 @@ pub(crate) fn bn_bwd_reduce(
 /// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`.
 pub(crate) fn bn_bwd_dx(
     op: &str,
-    (gs, gl): (&CudaStorage, &Layout),
-    (xs, xl): (&CudaStorage, &Layout),
-    (cs, cl): (&CudaStorage, &Layout),
+    gy: (&CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    coef: (&CudaStorage, &Layout),
 ) -> candle_core::Result<(CudaStorage, Shape)> {
-    fn run<T: Float>(
-        op: &str,
-        (gs, gl): (&CudaStorage, &Layout),
-        (xs, xl): (&CudaStorage, &Layout),
-        (cs, cl): (&CudaStorage, &Layout),
-    ) -> candle_core::Result<CudaStorage> {
-        let (c, m, rg) = matrix(op, "gy", gl)?;
-        let rx = contiguous_range(xl, op)?;
-        expect_len(op, "x", rx, c * m)?;
-        let rc = coefficients(op, cl, c, 3)?;
-        let dev = &gs.device;
-        // SAFETY: every one of the c·m elements is written by the kernel below.
-        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
-        if c * m > 0 {
-            let func = function::<T>(dev, &BN, "bn_bwd_dx")?;
-            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
-            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
-            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
-            let stream = dev.cuda_stream();
-            let mut b = stream.launch_builder(&func);
-            b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
-            // SAFETY: gy, x and out hold c·m elements, coef 3·c.
-            unsafe { b.launch(rows_config(c, m)) }.w()?;
-        }
-        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
-    }
-    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (cs, cl)))?;
-    Ok((res, gl.shape().clone()))
+    gx_table_into_new(op, "bn_bwd_dx", "gy", 3, gy, x, coef)
 }
 
 /// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient

@@ -92,19 +92,22 @@ pub fn with_whole_front_on_cpu<R>(f: impl FnOnce() -> R) -> R {
 /// Whether a bc layer's front on `dev` is split on this thread: the CPU's kernels make ReLU1's
 /// output a column chunk at a time where it is not kept ([`bn_relu_conv1_chunked`]), and the
 /// front's backward a channel block at a time ([`channel_blocks`], [`grad_blocks`]), unless
-/// inside [`with_whole_front_on_cpu`].
+/// inside [`with_whole_front_on_cpu`] (which [`crate::step()`] enters wherever the schedule
+/// keeps the front whole, [`WHOLE_FRONT_ENV`] included: a thread-local read per layer, not
+/// the environment).
 pub fn split_front(dev: &Device) -> bool {
-    cpu_kernels(dev) && !whole_front_forced()
+    cpu_kernels(dev) && !WHOLE_FRONT_ON_CPU.with(Cell::get)
 }
 
-/// The environment variable that makes the CPU run every bc layer's front whole, as a GPU
-/// does (`1`; `0` or unset: split): [`with_whole_front_on_cpu`] for a whole process, e.g. a
-/// `densebench run` timed against the split (bitwise the same results; the memory model
-/// follows it).
+/// The environment variable that makes every [`crate::step()`] on the CPU run each bc layer's
+/// front whole, as a GPU does (`1`; `0` or unset: split where the schedule picks it): the
+/// step enters [`with_whole_front_on_cpu`], e.g. for a `densebench run` timed against the
+/// split (bitwise the same results; the memory model follows it).
 pub const WHOLE_FRONT_ENV: &str = "DENSEBENCH_WHOLE_FRONT";
 
 /// Whether [`with_whole_front_on_cpu`] or [`WHOLE_FRONT_ENV`] `= 1` is in force on this
-/// thread (a value [`whole_front_override`] refuses counts as unset; steps check it first).
+/// thread (a value [`whole_front_override`] refuses counts as unset; steps check it first):
+/// what the memory model's schedule reads.
 pub fn whole_front_forced() -> bool {
     WHOLE_FRONT_ON_CPU.with(Cell::get) || matches!(whole_front_override(), Ok(true))
 }

@@ -172,6 +172,102 @@ impl<'a> Trace<'a> {
             self.free(b * m);
         }
     }
+
+    /// A bc layer front's backward from dz `[b, M]` over `c` input channels, all channels at
+    /// once (`block::Front::backward_whole`): dW1 from r (remade first if `remake_r`; saved or
+    /// recomputed r is freed after it), then dr and ReLU1's and BN1's backward, dx added into
+    /// the gradient buffer or (`cat`) into the new input gradient made then.
+    #[allow(clippy::too_many_arguments)]
+    fn front_bwd_whole(
+        &mut self,
+        c: usize,
+        b: usize,
+        m: usize,
+        copy: bool,
+        remake_r: bool,
+        cat: bool,
+        path: Kernels,
+    ) {
+        if remake_r {
+            self.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
+        }
+        if path == Kernels::Cpu {
+            self.alloc(b * c); // dW1ᵀ, transposed into dW1
+            self.product();
+            self.alloc(b * c); // dW1 (kept)
+            self.free(b * c);
+        } else {
+            self.alloc(b * c); // dW1 (kept)
+        }
+        self.free(c * m); // r (ReLU1's backward masks from x and BN1's table)
+        self.alloc(c * m); // dr
+        self.product();
+        self.free(b * m); // dz
+        if copy {
+            self.alloc(c * m); // ReLU1 backward copy
+            self.free(c * m); // dr
+        }
+        if cat {
+            self.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
+        } // buffer: BN1's backward adds dx straight into the gradient buffer
+        self.alloc(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
+        self.free(c * m); // BN1 grad input
+    }
+
+    /// [`Trace::front_bwd_whole`] split (`block::Front::backward_blocked`, the CPU's): dW1 a
+    /// channel block at a time (`recompute`: the block's r remade; else rows of the saved r,
+    /// freed after), then dr, ReLU1's and BN1's backward a smaller block at a time.
+    fn front_bwd_split(
+        &mut self,
+        c: usize,
+        b: usize,
+        m: usize,
+        copy: bool,
+        recompute: bool,
+        cat: bool,
+    ) {
+        self.alloc(b * c); // dW1ᵀ, a block of rows at a time
+        for (_, n) in crate::maths::channel_blocks(c) {
+            if recompute {
+                self.alloc(4 * n); // the block's BN1 table
+                self.bn1_relu(n, m, copy); // the block's r
+                self.free(4 * n);
+            }
+            self.product();
+            if recompute {
+                self.free(n * m);
+            }
+        }
+        if !recompute {
+            self.free(c * m); // r (saved), read by the blocks
+        }
+        self.alloc(b * c); // dW1 (kept), transposed
+        self.free(b * c);
+        let blocks = crate::maths::grad_blocks(c);
+        for (j, &(_, n)) in blocks.iter().enumerate() {
+            self.alloc(4 * n); // the block's BN1 table
+            self.alloc(n * m); // the block's dr
+            self.product();
+            if copy {
+                self.alloc(n * m); // ReLU1 backward copy
+                self.free(n * m); // dr
+            }
+            if cat && j == 0 {
+                self.alloc(c * m); // new input gradient: the previous one's prefix
+            }
+            self.alloc(5 * n); // BN1's sums and coefficients of the block
+            self.free(n * m); // the block's BN1 grad input
+            self.free(4 * n);
+        }
+        self.free(b * m); // dz
+        if blocks.len() > 1 {
+            self.alloc(c); // dγ1 (kept), gathered from the blocks
+            self.alloc(c); // dβ1 (kept)
+            for &(_, n) in &blocks {
+                self.free(5 * n);
+            }
+        } // one block: dγ1 and dβ1 are rows of its sums (kept)
+    }
 }
 
 /// What an allocator charges for one allocation of `bytes`: the identity for the CPU's counting
@@ -644,79 +740,10 @@ fn trace_with<'a>(
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
                 if split {
-                    // `block::Front::backward_blocked`: dW1 a channel block at a time
-                    t.alloc(b * c); // dW1ᵀ, a block of rows at a time
-                    for (_, n) in crate::maths::channel_blocks(c) {
-                        if recompute {
-                            t.alloc(4 * n); // the block's BN1 table
-                            t.bn1_relu(n, m, copy); // the block's r
-                            t.free(4 * n);
-                        }
-                        t.product();
-                        if recompute {
-                            t.free(n * m);
-                        }
-                    }
-                    if !recompute {
-                        t.free(c * m); // r (saved), read by the blocks
-                    }
-                    t.alloc(b * c); // dW1 (kept), transposed
-                    t.free(b * c);
-                    // then dr, ReLU1's and BN1's backward a (smaller) block at a time
-                    let blocks = crate::maths::grad_blocks(c);
-                    for (j, &(_, n)) in blocks.iter().enumerate() {
-                        t.alloc(4 * n); // the block's BN1 table
-                        t.alloc(n * m); // the block's dr
-                        t.product();
-                        if copy {
-                            t.alloc(n * m); // ReLU1 backward copy
-                            t.free(n * m); // dr
-                        }
-                        if cat && j == 0 {
-                            t.alloc(c * m); // new input gradient: the previous one's prefix
-                        }
-                        t.alloc(5 * n); // BN1's sums and coefficients of the block
-                        t.free(n * m); // the block's BN1 grad input
-                        t.free(4 * n);
-                    }
-                    t.free(b * m); // dz
-                    if blocks.len() > 1 {
-                        t.alloc(c); // dγ1 (kept), gathered from the blocks
-                        t.alloc(c); // dβ1 (kept)
-                        for &(_, n) in &blocks {
-                            t.free(5 * n);
-                        }
-                    } // one block: dγ1 and dβ1 are rows of its sums (kept)
-                    if cat {
-                        t.free(c * m); // the layer input (saved or re-concatenated)
-                        t.free((c + k) * m); // previous gradient
-                    }
-                    continue;
-                }
-                if recompute && defer_r {
-                    t.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
-                }
-                if path == Kernels::Cpu {
-                    t.alloc(b * c); // dW1ᵀ, transposed into dW1
-                    t.product();
-                    t.alloc(b * c); // dW1 (kept)
-                    t.free(b * c);
+                    t.front_bwd_split(c, b, m, copy, recompute, cat);
                 } else {
-                    t.alloc(b * c); // dW1 (kept)
+                    t.front_bwd_whole(c, b, m, copy, recompute && defer_r, cat, path);
                 }
-                t.free(c * m); // r (ReLU1's backward masks from x and BN1's table)
-                t.alloc(c * m); // dr
-                t.product();
-                t.free(b * m); // dz
-                if copy {
-                    t.alloc(c * m); // ReLU1 backward copy
-                    t.free(c * m); // dr
-                }
-                if cat {
-                    t.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
-                } // buffer: BN1's backward adds dx straight into the gradient buffer
-                t.alloc(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
-                t.free(c * m); // BN1 grad input
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
                 }
