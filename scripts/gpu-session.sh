@@ -21,10 +21,20 @@
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
 #           exact arithmetic counted (scripts/relu_flips.py): $OUT/flips.txt (not a default stage)
+#   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck on the kernel
+#           tests (test-fused_cuda), then memcheck on one step of every hand-written variant on
+#           tiny bc and mlp cases: $OUT/sanitize.txt, each tool's log beside it (not a default
+#           stage; a few minutes)
+#   profile one BC-100 L = 16 step (DENSEBENCH_PROFILE_DEPTH to change L) of cat-store-copy and
+#           buffer-recompute-inplace, and of the PyTorch peer's naive and memory-efficient
+#           blocks when PyTorch is importable, under `ncu --metrics gpu__time_duration.sum`:
+#           kernel launches, kernel time and the heaviest kernels of each, side by side
+#           (scripts/ncu_summary.py): $OUT/profile.txt, the CSV exports and ncu reports beside
+#           it (not a default stage)
 #
 # Exit status: that of the first stage that failed (the later ones still run).
 set -uo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 
 OUT=${OUT:-/tmp/densebench-gpu}
 mkdir -p "$OUT"
@@ -162,8 +172,92 @@ PY
         } 2>&1 | tee "$OUT/flips.txt"
         [ "${PIPESTATUS[0]}" -eq 0 ] || fail "flips failed (see flips.txt)"
         ;;
+    sanitize)
+        cs=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+        [ -n "$cs" ] || { fail "compute-sanitizer not found (PATH, /usr/local/cuda*/bin)"; continue; }
+        : > "$OUT/sanitize.txt"
+        # The kernel tests under each tool; a tool's findings make it exit 97.
+        for tool in memcheck racecheck synccheck initcheck; do
+            log="$OUT/sanitize-$tool.log"
+            "$cs" --tool "$tool" --error-exitcode 97 --log-file "$log" \
+                "$bin/test-fused_cuda" --test-threads=1 > "$OUT/sanitize-$tool.out" 2>&1
+            code=$?
+            echo "$tool, test-fused_cuda: exit $code; $(grep -E "SUMMARY" "$log" 2>/dev/null | tail -n 1)" \
+                | tee -a "$OUT/sanitize.txt"
+            [ "$code" -eq 0 ] || fail "$tool on test-fused_cuda exited $code (see sanitize-$tool.log and .out)"
+        done
+        # One step of every hand-written variant through the real launch paths (views, buffer
+        # offsets, the tap stack), on tiny cases: non-square maps for bc.
+        work=/tmp/densebench-sanitize
+        mkdir -p "$work"
+        while read -r fam args; do
+            "$db" case --family "$fam" $args --out "$work/$fam.st" > /dev/null 2>> "$OUT/sanitize-steps.log" \
+                || { fail "case $fam failed (see sanitize-steps.log)"; continue; }
+            for v in cat-store-copy cat-store-inplace cat-recompute-copy cat-recompute-inplace \
+                buffer-store-copy buffer-store-inplace buffer-recompute-copy buffer-recompute-inplace; do
+                # an mlp layer has nothing to recompute that its buffer does not hold
+                [ "$fam" = mlp ] && [[ $v == buffer-recompute-* ]] && continue
+                log="$work/memcheck-$fam-$v.log"
+                "$cs" --tool memcheck --error-exitcode 97 --log-file "$log" "$db" step --case "$work/$fam.st" \
+                    --variant "$v" --device cuda:0 --out "$work/$fam-$v.st" < /dev/null >> "$OUT/sanitize-steps.log" 2>&1
+                code=$?
+                { echo "== $fam $v: exit $code"; cat "$log"; } >> "$OUT/sanitize-steps.log"
+                echo "memcheck, step $fam $v: exit $code; $(grep -E "SUMMARY" "$log" 2>/dev/null | tail -n 1)" \
+                    | tee -a "$OUT/sanitize.txt"
+                [ "$code" -eq 0 ] || fail "memcheck of the $fam $v step exited $code (see sanitize-steps.log)"
+            done
+        done <<'CONFIGS'
+bc --batch 2 --channels 8 --growth 4 --size 6x5 --depth 3
+mlp --batch 16 --channels 8 --growth 4 --depth 3
+CONFIGS
+        ;;
+    profile)
+        ncu=$(command -v ncu || ls /usr/local/cuda*/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -n 1)
+        [ -n "$ncu" ] || { fail "ncu not found (PATH, /usr/local/cuda*/bin, /opt/nvidia/nsight-compute)"; continue; }
+        work=/tmp/densebench-profile
+        mkdir -p "$work"
+        depth=${DENSEBENCH_PROFILE_DEPTH:-16}
+        "$db" case --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth "$depth" \
+            --out "$work/case.st" > /dev/null 2> "$OUT/profile-case.log" \
+            || { fail "case for the profile failed (see profile-case.log)"; continue; }
+        # profile LABEL COMMAND...: every kernel's GPU time, the report exported as CSV
+        profile() {
+            local label=$1
+            shift
+            "$ncu" --metrics gpu__time_duration.sum --target-processes all -f -o "$work/$label" "$@" \
+                < /dev/null > "$OUT/profile-$label.log" 2>&1 &&
+                "$ncu" --import "$work/$label.ncu-rep" --csv --page details --print-units base \
+                    > "$OUT/ncu-$label.csv" 2>> "$OUT/profile-$label.log" &&
+                cp "$work/$label.ncu-rep" "$OUT/"
+        }
+        inputs=()
+        for v in cat-store-copy buffer-recompute-inplace; do
+            if profile "$v" "$db" step --case "$work/case.st" --variant "$v" --device cuda:0 --out "$work/$v.st"; then
+                inputs+=("$v=$OUT/ncu-$v.csv")
+            else
+                fail "profile of $v failed (see profile-$v.log)"
+            fi
+        done
+        if python3 harness/peer/pytorch_peer.py --check > /dev/null 2>&1; then
+            for p in pytorch-naive pytorch-memory-efficient; do
+                if profile "$p" python3 harness/peer/pytorch_peer.py --case "$work/case.st" --family bc \
+                    --variant "$p" --device cuda:0 --warmup 0 --steps 1 --out "$work/$p.st"; then
+                    inputs+=("$p=$OUT/ncu-$p.csv")
+                else
+                    fail "profile of $p failed (see profile-$p.log)"
+                fi
+            done
+        else
+            echo "gpu-session: PyTorch is not importable here: no peer profiles" >&2
+        fi
+        if [ ${#inputs[@]} -gt 0 ]; then
+            { echo "BC-100 block L = $depth (N=64, C0=24, k=12, 32x32, f32), one step each"; echo; \
+              python3 scripts/ncu_summary.py "${inputs[@]}"; } | tee "$OUT/profile.txt"
+            [ "${PIPESTATUS[0]}" -eq 0 ] || fail "ncu_summary failed (see profile.txt)"
+        fi
+        ;;
     *)
-        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report, chunks, flips)" >&2
+        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report, chunks, flips, sanitize, profile)" >&2
         exit 2
         ;;
     esac
