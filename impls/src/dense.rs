@@ -362,6 +362,94 @@ pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
         .ctx("dense product")
 }
 
+/// `a · b` into a new `[m, n]` tensor (CPU), where the right operand `b [k, n]` is never made
+/// whole: `chunk(c0, cols)` makes its columns `c0 .. c0 + cols` for each `(c0, cols)` of
+/// `chunks`, which must tile `0 .. n` in order; each is multiplied into its columns of the
+/// output and dropped before the next is made. The output is not zeroed first: every column
+/// is written by its chunk's product (a zeroed `[m, n]` cost a memset pass per call). Bitwise
+/// those columns of [`product`]`(a, b)` where every chunk is wider than 64 columns (see
+/// [`MIN_PANEL`]); a bc layer's BN1 → ReLU → Conv1×1 on the CPU (`maths::bn_relu_conv1_chunked`).
+pub fn product_of_column_chunks(
+    a: &Tensor,
+    n: usize,
+    chunks: &[(usize, usize)],
+    mut chunk: impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    const OP: &str = "dense product of column chunks";
+    let mut next = 0;
+    for &(c0, cols) in chunks {
+        if c0 != next || cols == 0 {
+            return Err(candle_core::Error::Msg(format!(
+                "chunks must tile 0..{n} in order; got {chunks:?}"
+            )))
+            .ctx(OP);
+        }
+        next += cols;
+    }
+    if next != n {
+        return Err(candle_core::Error::Msg(format!(
+            "chunks cover 0..{next}, not 0..{n}"
+        )))
+        .ctx(OP);
+    }
+    let (s, l) = a.storage_and_layout();
+    match &*s {
+        candle_core::Storage::Cpu(CpuStorage::F32(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
+        candle_core::Storage::Cpu(CpuStorage::F64(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
+        _ => Err(crate::Error::Unsupported {
+            device: format!("{:?}", a.device().location()),
+            what: format!("{OP} (CPU f32/f64 only; got {:?})", a.dtype()),
+        }),
+    }
+}
+
+/// [`product_of_column_chunks`] for element type `T`.
+fn chunked<T: Float + candle_core::WithDType>(
+    op: &str,
+    (a, al): (&[T], &Layout),
+    n: usize,
+    chunks: &[(usize, usize)],
+    chunk: &mut impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let am = Mat::of(al, a.len(), op, "lhs").ctx(op)?;
+    let len = am.rows * n;
+    let whole = Mat {
+        rows: am.rows,
+        cols: n,
+        off: 0,
+        rs: n,
+        cs: 1,
+    };
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    for &(c0, cols) in chunks {
+        let b = chunk(c0, cols)?;
+        let (bs, bl) = b.storage_and_layout();
+        let bv = match &*bs {
+            candle_core::Storage::Cpu(s) => T::slice(s),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "chunk {c0}+{cols} is {:?} on {:?}, not the left operand's type on the CPU",
+                b.dtype(),
+                b.device().location()
+            ))
+        })
+        .ctx(op)?;
+        let bm = Mat::of(bl, bv.len(), op, "rhs").ctx(op)?;
+        let d = whole.columns(c0, cols);
+        check_shapes(op, Some(d), am, bm).ctx(op)?;
+        // SAFETY: Mat::of checked a and this chunk against their slices, check_shapes the
+        // product's shape against columns c0 .. c0 + cols of `out`, whose capacity is
+        // rows × n; out is a fresh allocation, distinct from both operands.
+        unsafe { multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, bv.as_ptr(), bm) };
+    }
+    // SAFETY: the chunks tile 0..n (checked by the caller), and a product that does not
+    // accumulate writes every element of its columns (`writes_every_element`).
+    unsafe { out.set_len(len) };
+    Tensor::from_vec(out, (am.rows, n), &candle_core::Device::Cpu).ctx(op)
+}
+
 /// `(a · b)ᵀ` into a new row-major `[n, m]` tensor: the product row-major `[m, n]` (a temporary
 /// of the output's size), then its transpose. A weight gradient `G·Xᵀ [out, in]` is taken as
 /// `(X·Gᵀ)ᵀ`: `gemm` then packs the small `G` and streams `X` as it lies, where `G·Xᵀ` made it
@@ -467,6 +555,70 @@ mod tests {
                 }
             });
         }
+    }
+
+    /// A product made a column chunk of the right operand at a time is bitwise the whole
+    /// product, at 1–3 threads, f32 and f64, with chunks of uneven widths over 64 (a bc
+    /// bottleneck of 48 rows, an inner dimension over gemm's 512), each chunk made only when
+    /// its turn comes.
+    #[test]
+    fn a_product_of_column_chunks_is_bitwise_the_whole_product() -> Result<()> {
+        let (m, k, n) = (48, 600, 1100);
+        let chunks = [(0, 400), (400, 365), (765, 335)];
+        for dtype in [DType::F32, DType::F64] {
+            let (a, b) = (randn((m, k), dtype), randn((k, n), dtype));
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .unwrap();
+                pool.install(|| -> Result<()> {
+                    let whole = product(&a, &b)?;
+                    let mut made = Vec::new();
+                    let chunked = product_of_column_chunks(&a, n, &chunks, |c0, cols| {
+                        made.push((c0, cols));
+                        Ok(b.narrow(1, c0, cols)?.contiguous()?)
+                    })?;
+                    assert_eq!(made, chunks, "{dtype:?}, {threads} threads");
+                    assert_eq!(chunked.dims(), &[m, n]);
+                    assert!(
+                        bits(&chunked) == bits(&whole),
+                        "{dtype:?}, {threads} threads"
+                    );
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Chunks that do not tile the columns in order, a chunk of the wrong shape or type and a
+    /// left operand the CPU does not hold are errors naming the op, never a partly written
+    /// output.
+    #[test]
+    fn a_product_of_column_chunks_refuses_bad_chunks() {
+        let (a, b) = (randn((4, 6), DType::F32), randn((6, 10), DType::F32));
+        let cols = |c0: usize, n: usize| Ok(b.narrow(1, c0, n)?.contiguous()?);
+        let err = |r: Result<Tensor>| r.unwrap_err().to_string();
+        for bad in [
+            vec![(0, 4), (5, 5)],
+            vec![(0, 4), (4, 5)],
+            vec![(0, 10), (10, 0)],
+            vec![(4, 6), (0, 4)],
+        ] {
+            let e = err(product_of_column_chunks(&a, 10, &bad, cols));
+            assert!(e.contains("dense product of column chunks"), "{bad:?}: {e}");
+        }
+        let e = err(product_of_column_chunks(&a, 10, &[(0, 10)], |_, _| {
+            Ok(randn((5, 10), DType::F32))
+        }));
+        assert!(e.contains("dense product of column chunks"), "{e}");
+        let e = err(product_of_column_chunks(&a, 10, &[(0, 10)], |_, _| {
+            Ok(randn((6, 10), DType::F64))
+        }));
+        assert!(e.contains("not the left operand's type"), "{e}");
+        let ok = product_of_column_chunks(&a, 10, &[(0, 3), (3, 7)], cols).unwrap();
+        assert_eq!(ok.dims(), &[4, 10]);
     }
 
     /// The three products of a dense layer, as the maths passes them (views, transposes),

@@ -307,29 +307,33 @@ impl CustomOp2 for AffineRowsOp {
         let (c, m) = l.shape().dims2()?;
         // x: rows of unit column stride (a whole map, or a column range of a wider one)
         fn go<T: Float>(x: &[T], xv: Mat, coef: &[T], c: usize, m: usize, relu: bool) -> Vec<T> {
-            let (scales, shifts) = coef.split_at(c);
-            let mut out = vec![T::ZERO; c * m];
-            if c * m == 0 {
-                return out;
+            if relu {
+                rows::<T, true>(x, xv, coef, c, m)
+            } else {
+                rows::<T, false>(x, xv, coef, c, m)
             }
-            out.par_chunks_mut(m)
-                .enumerate()
-                .map(|(r, o)| (o, &x[xv.off + r * xv.rs..][..m]))
-                .zip(scales.par_iter().zip(shifts))
-                .for_each(|((o, x), (&scale, &shift))| {
-                    if relu {
-                        // A select, not a branch around the store (see kernels.rs).
-                        for (o, x) in o.iter_mut().zip(x) {
-                            let v = *x * scale + shift;
-                            *o = if v > T::ZERO { v } else { T::ZERO };
-                        }
+        }
+        // one loop per mode, its branch resolved at compile time
+        fn rows<T: Float, const RELU: bool>(
+            x: &[T],
+            xv: Mat,
+            coef: &[T],
+            c: usize,
+            m: usize,
+        ) -> Vec<T> {
+            let (scales, shifts) = coef.split_at(c);
+            crate::kernels::new_rows(c, m, |r| {
+                let (scale, shift) = (scales[r], shifts[r]);
+                x[xv.off + r * xv.rs..][..m].iter().map(move |&x| {
+                    let v = x * scale + shift;
+                    // A select, not a branch around the store (see kernels.rs).
+                    if !RELU || v > T::ZERO {
+                        v
                     } else {
-                        for (o, x) in o.iter_mut().zip(x) {
-                            *o = *x * scale + shift;
-                        }
+                        T::ZERO
                     }
-                });
-            out
+                })
+            })
         }
         let (n, relu) = (self.name(), self.relu);
         let out = match (s, cs) {
@@ -675,17 +679,13 @@ impl CustomOp3 for BnBwdDxOp {
         ) -> candle_core::Result<Vec<T>> {
             let (g, x) = gy_and_x::<T>(n, g, x)?;
             let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
-            let mut out = vec![T::ZERO; g.len()];
-            out.par_chunks_mut(m)
-                .zip(g.par_chunks(m).zip(x.par_chunks(m)))
-                .enumerate()
-                .for_each(|(r, (o, (g, x)))| {
-                    let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                    for ((o, g), x) in o.iter_mut().zip(g).zip(x) {
-                        *o = dx_value(a, b, cc, *g, *x);
-                    }
-                });
-            Ok(out)
+            Ok(crate::kernels::new_rows(c, m, |r| {
+                let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
+                g.iter()
+                    .zip(x)
+                    .map(move |(&g, &x)| dx_value(a, b, cc, g, x))
+            }))
         }
         let n = self.name();
         let ops = [(gs, gl), (xs, xl), (cs, cl)];

@@ -225,7 +225,7 @@ pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
 /// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, on the CPU a
 /// column chunk ([`front_chunks`]) at a time: each chunk's BN1 → ReLU (`copy`: the BN output
 /// and the ReLU's new tensor, as the strategy measures) is multiplied into its columns of `z`
-/// and freed. Bitwise [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the
+/// and freed ([`dense::product_of_column_chunks`]: `z` is not zeroed first). Bitwise [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the
 /// element-wise ops per element, the products over the whole inner dimension C (see
 /// [`MIN_SPLIT`]). Transient: one chunk's `[C, ≤ 4096]` instead of `[C, M]`.
 pub fn bn_relu_conv1_chunked(
@@ -234,13 +234,21 @@ pub fn bn_relu_conv1_chunked(
     stats: &BnStats,
     mode: Relu,
 ) -> Result<Tensor> {
-    let (b, m) = (w1.dims()[0], x.dims()[1]);
-    let z = Tensor::zeros((b, m), x.dtype(), x.device()).ctx("conv1 output")?;
-    for (c0, n) in front_chunks(m) {
-        let r = bn_apply_relu(&x.narrow(1, c0, n).ctx("front chunk")?, stats, mode)?;
-        gemm_into(&z.narrow(1, c0, n).ctx("front chunk")?, w1, &r, false)?;
-    }
-    Ok(z)
+    let m = x.dims()[1];
+    // TF32 emulation (tests): the operands rounded as `gemm_into` rounds them
+    let tf32 = TF32_ON_CPU.with(Cell::get);
+    let round = |t: Tensor| match tf32 {
+        None => Ok(t),
+        Some(r) => kernels::round_tf32(&t, r),
+    };
+    let w1 = round(w1.clone())?;
+    dense::product_of_column_chunks(&w1, m, &front_chunks(m), |c0, n| {
+        round(bn_apply_relu(
+            &x.narrow(1, c0, n).ctx("front chunk")?,
+            stats,
+            mode,
+        )?)
+    })
 }
 
 /// Per-channel batch mean and biased variance of `x [C, M]`, planar `[2, C]` (two-pass, f64
