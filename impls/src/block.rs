@@ -501,7 +501,7 @@ pub fn step_manual(
                     &x,
                     strategy.relu,
                     FrontStats::Saved(&stats1, &stats2),
-                    // the CPU's split backward remakes r a channel block at a time
+                    // the CPU's split backward remakes r a column group at a time
                     !defer_r && !maths::split_front(x.device()),
                 )?;
                 bc_backward(
@@ -569,7 +569,7 @@ enum InputGrad {
 /// `r` is `None` when a recomputing layer does not keep it: ReLU1's output is then remade from
 /// `x` and BN1's saved table just before Conv1×1's weight gradient reads it, so it is not live
 /// through the 3×3 convolution's backward and BN2's (bitwise the same values, the same kernel
-/// on the same inputs): on the CPU a channel block at a time ([`Front::backward_blocked`]),
+/// on the same inputs): on the CPU a column group at a time ([`Front::backward_blocked`]),
 /// on a GPU's path whole where the schedule defers it (`defer_r`: one BN1 apply more per
 /// layer, `C_i` rows fewer where that sets the peak).
 #[allow(clippy::too_many_arguments)]
@@ -638,7 +638,8 @@ struct Front<'a> {
 impl Front<'_> {
     /// The front's backward from Conv1×1's output gradient `dz`, over all C_i channels at once
     /// (a GPU's path): dW1 from ReLU1's output `r` (remade from `x` and BN1's table where the
-    /// schedule deferred it), then `dr`, ReLU1's mask (from `x` and the table, so `r` is freed
+    /// schedule deferred it; on the CPU [`maths::conv1_bwd_weight`]'s chunked sum, as the
+    /// split front's), then `dr`, ReLU1's mask (from `x` and the table, so `r` is freed
     /// first: one `C_i·M` tensor fewer at BN1's backward) and BN1's backward, which adds `dx`
     /// into `into`.
     fn backward_whole(&self, r: Option<Tensor>, dz: Tensor, into: InputGrad) -> Result<FrontGrads> {
@@ -646,7 +647,12 @@ impl Front<'_> {
             Some(r) => r,
             None => maths::bn_apply_relu(self.x, self.stats1, self.relu)?,
         };
-        let dw1 = maths::dense_bwd_weight(&dz, &r)?;
+        let dw1 = if maths::cpu_kernels(dz.device()) {
+            let c = self.x.dims()[0];
+            maths::conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("conv1 dW"))?
+        } else {
+            maths::dense_bwd_weight(&dz, &r)?
+        };
         drop(r);
         let dr = maths::dense_bwd_input(self.w1, &dz)?;
         drop(dz);
@@ -668,38 +674,31 @@ impl Front<'_> {
         Ok((dw1, dg1, dbeta1, dx))
     }
 
-    /// [`Front::backward_whole`] a channel block at a time (the CPU's path), in two passes.
-    /// First dW1, from ReLU1's output a block of [`maths::channel_blocks`] at a time (rows of
-    /// the saved `r`, else remade from the block's rows of `x`): its rows of dW1ᵀ. Then, a
-    /// block of [`maths::grad_blocks`] at a time, the block's `dr`, ReLU1's mask and BN1's
-    /// backward on its channels, which adds the block's rows of `dx` into `into`. Every op is
-    /// per channel or sums over the whole inner dimension as the unsplit one does
-    /// ([`maths::MIN_SPLIT`]), so the results are bitwise [`Front::backward_whole`]'s, with
-    /// block-sized transients where that has `[C_i, M]` ones.
+    /// [`Front::backward_whole`] in pieces (the CPU's path), in two passes. First dW1
+    /// ([`maths::conv1_bwd_weight`]), from ReLU1's output a column group of
+    /// [`maths::dw_groups`] at a time (columns of the saved `r`, else remade from the group's
+    /// columns of `x`). Then, a block of [`maths::grad_blocks`] at a time, the block's `dr`,
+    /// ReLU1's mask and BN1's backward on its channels, which adds the block's rows of `dx`
+    /// into `into`. Every op is per channel or element, or sums as the unsplit one does, so the
+    /// results are bitwise [`Front::backward_whole`]'s, with group- and block-sized transients
+    /// where that has `[C_i, M]` ones.
     fn backward_blocked(
         &self,
         r: Option<Tensor>,
         dz: Tensor,
         into: InputGrad,
     ) -> Result<FrontGrads> {
-        let (c, b) = (self.x.dims()[0], dz.dims()[0]);
-        // dW1ᵀ [C_i, B], a block of rows at a time, transposed once at the end
-        let dw1t = Tensor::zeros((c, b), dz.dtype(), dz.device()).ctx("conv1 dW")?;
-        for (c0, n) in maths::channel_blocks(c) {
-            let rows = |t: &Tensor| t.narrow(0, c0, n).ctx("channel block");
-            let rb = match &r {
-                Some(r) => rows(r)?,
-                None => {
-                    maths::bn_apply_relu(&rows(self.x)?, &self.stats1.channels(c0, n)?, self.relu)?
-                }
-            };
-            maths::dense_bwd_weight_t_into(&rows(&dw1t)?, &dz, &rb)?;
-        }
+        let c = self.x.dims()[0];
+        let dw1 = maths::conv1_bwd_weight(&dz, c, |g0, n| match &r {
+            Some(r) => r.narrow(1, g0, n).ctx("column group"),
+            None => {
+                let x = self.x.narrow(1, g0, n).ctx("column group")?;
+                maths::bn_apply_relu(&x, self.stats1, self.relu)
+            }
+        })?;
         drop(r); // a saved r's last reader
-        let dw1 = dw1t.t().ctx("conv1 dW")?.contiguous().ctx("conv1 dW")?;
-        drop(dw1t);
-        // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
-        // prefix, made when BN1's backward first needs it
+                 // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
+                 // prefix, made when BN1's backward first needs it
         let (mut dst, mut prefix, new) = match into {
             InputGrad::Into(dst) => (Some(dst), None, false),
             InputGrad::New(prefix) => (None, Some(prefix), true),
@@ -748,16 +747,15 @@ mod tests {
     use crate::shared::{bits, randn};
     use candle_core::DType;
 
-    /// The CPU's front backward a channel block at a time is bitwise the whole one, for both
-    /// ReLU modes, with ReLU1's output given (store) or remade (recompute), its input gradient
-    /// added into a buffer view or into a new copy of the previous gradient's prefix (cat).
-    /// 200 channels make three blocks of at least `MIN_SPLIT` for dW1, with BC-100's
-    /// bottleneck of 48 and an inner dimension M over 512, where `gemm`'s small-size path
-    /// would sum otherwise (a smaller `MIN_SPLIT` fails this test).
+    /// The CPU's front backward in pieces is bitwise the whole one, for both ReLU modes, with
+    /// ReLU1's output given (store) or remade a column group at a time (recompute), its input
+    /// gradient added into a buffer view or into a new copy of the previous gradient's prefix
+    /// (cat). 4796 columns make two column groups for dW1 (4096 + 700, the last chunk 188
+    /// columns), 200 channels four blocks for BN1's backward, with BC-100's bottleneck of 48.
     #[test]
     fn the_blocked_front_backward_is_bitwise_the_whole_one() -> Result<()> {
-        let (c, b, m) = (200, 48, 1100);
-        assert_eq!(maths::channel_blocks(c).len(), 3);
+        let (c, b, m) = (200, 48, 4796);
+        assert_eq!(maths::dw_groups(m), [(0, 4096), (4096, 700)]);
         assert!(maths::grad_blocks(c).len() > 3);
         for dtype in [DType::F32, DType::F64] {
             let x = randn((c, m), dtype);

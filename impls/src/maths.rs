@@ -91,7 +91,8 @@ pub fn with_whole_front_on_cpu<R>(f: impl FnOnce() -> R) -> R {
 
 /// Whether a bc layer's front on `dev` is split on this thread: the CPU's kernels make ReLU1's
 /// output a column chunk at a time where it is not kept ([`bn_relu_conv1_chunked`]), and the
-/// front's backward a channel block at a time ([`channel_blocks`], [`grad_blocks`]), unless
+/// front's backward a column group ([`dw_groups`]) and then a channel block ([`grad_blocks`])
+/// at a time, unless
 /// inside [`with_whole_front_on_cpu`] (which [`crate::step()`] enters wherever the schedule
 /// keeps the front whole, [`WHOLE_FRONT_ENV`] included: a thread-local read per layer, not
 /// the environment).
@@ -156,7 +157,7 @@ impl BnStats {
         self.table.narrow(0, 2, 2).ctx("bn stats")
     }
 
-    /// The table of channels `c0 .. c0 + n` (a block of [`channel_blocks`]): a new contiguous
+    /// The table of channels `c0 .. c0 + n` (a block of [`grad_blocks`]): a new contiguous
     /// `[4, n]`, what the kernels read.
     pub fn channels(&self, c0: usize, n: usize) -> Result<BnStats> {
         Ok(BnStats {
@@ -174,9 +175,8 @@ impl BnStats {
 /// ReLU1's output exists a chunk `[C_i, ≤ 4096]` at a time, never as the whole `[C_i, M]`.
 pub const FRONT_CHUNK_COLUMNS: usize = 4096;
 
-/// Fewest columns of a front chunk and rows of a channel block: more than 64, so every product
-/// of a chunk or block sums each output element exactly as the unsplit product does, and the
-/// split changes no bit. `gemm` blocks the inner dimension by a length that depends on the
+/// Fewest columns of a front chunk: more than 64, so every product of a chunk sums each output
+/// element exactly as the unsplit product does, and the split changes no bit. `gemm` blocks the inner dimension by a length that depends on the
 /// inner dimension alone, except for outputs of at most 64 × 64 (its small-size path blocks
 /// it by 512), and a bottleneck B ≤ 64 (BC-100's is 48) is the other side of these outputs.
 pub const MIN_SPLIT: usize = 65;
@@ -202,13 +202,58 @@ pub fn front_chunks(m: usize) -> Vec<(usize, usize)> {
     even_split(m, m.div_ceil(FRONT_CHUNK_COLUMNS).min(m / MIN_SPLIT))
 }
 
-/// The channel blocks `(first channel, channels)` of a bc layer's Conv1×1 weight gradient over
-/// `c` input channels on the CPU: as many as keep each at least [`MIN_SPLIT`] channels (one
-/// block below `2 · MIN_SPLIT`), so a block's product `[n, B]` sums as the whole one does.
-/// A recomputing layer remakes ReLU1's output a block `[< 2·MIN_SPLIT, M]` at a time, never
-/// as the whole `[C_i, M]`.
-pub fn channel_blocks(c: usize) -> Vec<(usize, usize)> {
-    even_split(c, c / MIN_SPLIT)
+/// Columns per inner chunk of a bc layer's Conv1×1 weight gradient on the CPU
+/// ([`conv1_bwd_weight`]): `gemm` never blocks an inner dimension of 512 or less (its blocking
+/// length is at least `min(k, 512)` on any cache, and its small-size path blocks by 512), so a
+/// chunk's product sums its 512 columns in one run whatever the machine and the threads, and
+/// the chunks are added in order: the same bits for the whole front and the split one, which
+/// both take all C_i rows in each call (and for any block of more than 256 / B rows: `gemm`
+/// sums products of at most 256 outputs along another path).
+pub const DW_CHUNK_COLUMNS: usize = 512;
+
+/// The column groups `(start, columns)` a bc layer's Conv1×1 weight gradient reads ReLU1's
+/// output in on the CPU ([`conv1_bwd_weight`]): [`FRONT_CHUNK_COLUMNS`] each (the last the
+/// rest), whole [`DW_CHUNK_COLUMNS`] chunks, so a recomputing layer remakes r `[C_i, ≤ 4096]`
+/// at a time, never whole.
+pub fn dw_groups(m: usize) -> Vec<(usize, usize)> {
+    const _: () = assert!(FRONT_CHUNK_COLUMNS.is_multiple_of(DW_CHUNK_COLUMNS));
+    (0..m)
+        .step_by(FRONT_CHUNK_COLUMNS)
+        .map(|g0| (g0, FRONT_CHUNK_COLUMNS.min(m - g0)))
+        .collect()
+}
+
+/// Conv1×1's weight gradient of a bc layer on the CPU, `dW1 = dz · rᵀ [B, C]`, summed over the
+/// M columns in chunks of [`DW_CHUNK_COLUMNS`] added in order (`dW1ᵀ += r[:, chunk] ·
+/// dz[:, chunk]ᵀ`), ReLU1's output `r [c, ·]` given a column group of [`dw_groups`] at a time
+/// by `r_of(start, columns)`: columns of the saved r (whole front), or remade from the layer
+/// input (the split front's recompute, `block::Front::backward_blocked`). Both give the same
+/// bits. `dz`'s chunk stays in cache for all C rows, where a block of rows at a time streamed
+/// all of `dz` once per block.
+pub fn conv1_bwd_weight(
+    dz: &Tensor,
+    c: usize,
+    mut r_of: impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let (b, m) = dz.dims2().ctx("conv1 dW")?;
+    let dwt = Tensor::zeros((c, b), dz.dtype(), dz.device()).ctx("conv1 dW")?;
+    for (g0, gn) in dw_groups(m) {
+        let r = r_of(g0, gn)?;
+        for k0 in (0..gn).step_by(DW_CHUNK_COLUMNS) {
+            let n = DW_CHUNK_COLUMNS.min(gn - k0);
+            let dz_t = dz
+                .narrow(1, g0 + k0, n)
+                .and_then(|v| v.t())
+                .ctx("conv1 dW")?;
+            gemm_into(
+                &dwt,
+                &r.narrow(1, k0, n).ctx("conv1 dW")?,
+                &dz_t,
+                g0 + k0 > 0,
+            )?;
+        }
+    }
+    dwt.t().ctx("conv1 dW")?.contiguous().ctx("conv1 dW")
 }
 
 /// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).
@@ -419,13 +464,6 @@ pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
         return dense::product_transposed(x, &gy.t().ctx("dense dW")?);
     }
     matmul(gy, &x.t().ctx("dense dW")?, "dense dW")
-}
-
-/// [`dense_bwd_weight`] transposed into `dst [in, out]` (a view, e.g. a block of rows of a
-/// wider one): `dst = x · gyᵀ`, bitwise those rows of the CPU's `(X·Gᵀ)ᵀ` before its
-/// transpose. The CPU's kernels only (the blocked front, `block::Front::backward_blocked`).
-pub fn dense_bwd_weight_t_into(dst: &Tensor, gy: &Tensor, x: &Tensor) -> Result<()> {
-    gemm_into(dst, x, &gy.t().ctx("dense dW")?, false)
 }
 
 /// Bias gradient of [`dense_fwd`]: `Σ_M gy`.
@@ -687,4 +725,50 @@ pub fn to_canonical(cfg: &Config, t: &Tensor) -> Result<Tensor> {
         .ctx("to canonical")?
         .transpose(0, 1)
         .ctx("to canonical")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::shared::{bits, randn};
+    use candle_core::DType;
+
+    /// Conv1×1's weight gradient summed a column chunk at a time is `dz · rᵀ` (f64, within
+    /// rounding of another order), and a block of rows of r gives bitwise those rows of it,
+    /// whatever the rows in the call (6 to all: at most 5 × 48 = 240 outputs `gemm` sums along
+    /// another path, and 2 rows differ) and the threads (1–3): the chunk's sum does not depend
+    /// on the call's shape. Two column groups and a ragged last chunk.
+    #[test]
+    fn conv1_weight_gradient_in_chunks() -> Result<()> {
+        let (c, b, m) = (150, 48, 2 * FRONT_CHUNK_COLUMNS + 300);
+        assert_eq!(dw_groups(m).len(), 3);
+        let (r, dz) = (randn((c, m), DType::F64), randn((b, m), DType::F64));
+        let whole = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
+        assert_eq!(whole.dims(), &[b, c]);
+        let want = dz.matmul(&r.t()?)?;
+        let diff = (&whole - &want)?.abs()?.flatten_all()?.to_vec1::<f64>()?;
+        let err = diff.into_iter().fold(0.0, f64::max);
+        assert!(err < 1e-10, "max |chunked − matmul| = {err}");
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap();
+            pool.install(|| -> Result<()> {
+                let again = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
+                assert!(bits(&again) == bits(&whole), "{threads} threads");
+                for (r0, n) in [(0, 6), (0, 70), (70, 80)] {
+                    let rows = r.narrow(0, r0, n)?;
+                    let part = conv1_bwd_weight(&dz, n, |g0, k| rows.narrow(1, g0, k).ctx("test"))?;
+                    let expect = whole.narrow(1, r0, n)?;
+                    assert!(
+                        bits(&part) == bits(&expect),
+                        "rows {r0}+{n}, {threads} threads"
+                    );
+                }
+                Ok(())
+            })?;
+        }
+        Ok(())
+    }
 }

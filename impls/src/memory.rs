@@ -215,8 +215,9 @@ impl<'a> Trace<'a> {
     }
 
     /// [`Trace::front_bwd_whole`] split (`block::Front::backward_blocked`, the CPU's): dW1 a
-    /// channel block at a time (`recompute`: the block's r remade; else rows of the saved r,
-    /// freed after), then dr, ReLU1's and BN1's backward a smaller block at a time.
+    /// column group at a time (`recompute`: the group's r `[C, ≤ 4096]` remade; else columns of
+    /// the saved r, freed after), then dr, ReLU1's and BN1's backward a block of channels at a
+    /// time.
     fn front_bwd_split(
         &mut self,
         c: usize,
@@ -226,16 +227,14 @@ impl<'a> Trace<'a> {
         recompute: bool,
         cat: bool,
     ) {
-        self.alloc(b * c); // dW1ᵀ, a block of rows at a time
-        for (_, n) in crate::maths::channel_blocks(c) {
+        self.alloc(b * c); // dW1ᵀ, summed a column chunk at a time
+        for (_, n) in crate::maths::dw_groups(m) {
             if recompute {
-                self.alloc(4 * n); // the block's BN1 table
-                self.bn1_relu(n, m, copy); // the block's r
-                self.free(4 * n);
+                self.bn1_relu(c, n, copy); // the group's r
             }
             self.product();
             if recompute {
-                self.free(n * m);
+                self.free(c * n);
             }
         }
         if !recompute {
@@ -316,9 +315,9 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 ///   forward too), Conv3×3's scratch (CPU: tiles and the weight gradient's partial sums; other
 ///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then the
 ///   front's:
-///   - CPU (`maths::split_front`): dW1 a channel block of n < 2·`maths::MIN_SPLIT` rows at a
-///     time (`recompute`: the block's r remade, n·M, twice with `copy`; `store`: rows of the
-///     saved r, freed after), then `dr`, ReLU1's and BN1's backward a block of
+///   - CPU (`maths::split_front`): dW1 a column group of `maths::FRONT_CHUNK_COLUMNS` at a
+///     time (`recompute`: the group's r remade, C_i·4096, twice with `copy`; `store`: columns
+///     of the saved r, freed after), then `dr`, ReLU1's and BN1's backward a block of
 ///     `maths::GRAD_BLOCK_ROWS` rows at a time (n·M, twice with `copy`);
 ///   - other devices: r again (`recompute` where [`Schedule::defer_r`]: one BN1 apply more,
 ///     C_i·M not live through the convolution's backward) for dW1, then `dr` and `da` of
@@ -398,7 +397,8 @@ pub struct Schedule {
     pub defer_r: bool,
     /// The CPU's kernels split the bc layer's front ([`crate::maths::split_front`]): ReLU1's
     /// output made a column chunk at a time where it is not kept, the front's backward a
-    /// channel block at a time, so neither it nor its gradient `[C_i, M]` is ever whole;
+    /// column group, then a channel block at a time, so neither it nor its gradient `[C_i, M]`
+    /// is ever whole;
     /// bitwise the same values, at some cost in time (see [`SPLIT_FRONT_MIN_GAIN`]).
     pub split_front: bool,
 }
@@ -581,7 +581,8 @@ fn trace_with<'a>(
     };
     let mut t = Trace::new(cfg, pack, charge);
     // a split front (the CPU's kernels): r in column chunks where it is not kept, its
-    // backward in channel blocks (`maths::front_chunks`, `maths::channel_blocks`)
+    // backward in column groups, then channel blocks (`maths::front_chunks`,
+    // `maths::dw_groups`, `maths::grad_blocks`)
     let split = split && path == Kernels::Cpu;
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy

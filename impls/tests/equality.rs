@@ -64,8 +64,9 @@ fn configs() -> Vec<Config> {
             (2, 3, 2, 3, 2, (5, 3)),
             (1, 2, 3, 2, 2, (1, 4)),
             // wide and large enough for the CPU's split front: ReLU1's output made in three
-            // column chunks (M = 8464, `maths::front_chunks`) and its backward in two channel
-            // blocks (C_i = 170, 172, `maths::channel_blocks`)
+            // column chunks (M = 8464, `maths::front_chunks`), remade in three column groups
+            // for dW1 (`maths::dw_groups`) and its backward in three channel blocks (C_i =
+            // 170, 172, `maths::grad_blocks`)
             (1, 170, 2, 2, 2, (92, 92)),
         ] {
             out.push(Config {
@@ -242,9 +243,10 @@ fn autograd_f32_matches_in_f64_and_hand_written_f32_is_more_accurate() -> impls:
 #[test]
 fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
     // The CPU splits a bc layer's front (ReLU1's output in column chunks, its backward in
-    // channel blocks); a GPU runs it whole. Both orders of the same maths on the CPU's
-    // kernels, every hand-written variant: bit for bit the same step (M = 8464: three column
-    // chunks; C_i = 170, 172: two blocks for dW1, six for BN1's backward).
+    // column groups, then channel blocks); a GPU runs it whole. Both orders of the same maths
+    // on the CPU's kernels, every hand-written variant: bit for bit the same step (M = 8464:
+    // three column chunks, three column groups for dW1; C_i = 170, 172: three blocks for
+    // BN1's backward).
     for dtype in [DType::F32, DType::F64] {
         let cfg = Config {
             batch: 1,
@@ -259,7 +261,8 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
             family: Family::Bc,
         };
         assert!(impls::maths::front_chunks(cfg.m()).len() > 2);
-        assert!(impls::maths::channel_blocks(cfg.channels).len() > 1);
+        assert!(impls::maths::dw_groups(cfg.m()).len() > 2);
+        assert!(impls::maths::grad_blocks(cfg.channels).len() > 2);
         let case = Case::random(&cfg, &Device::Cpu)?;
         for v in Variant::for_config(&cfg) {
             if v == Variant::Autograd {

@@ -22,7 +22,8 @@ const MODEL_REL_TOL: f64 = 0.05;
 #[test]
 fn predicted_peak_matches_the_allocator_within_5_percent() {
     // wide and large enough for the CPU's split front: r in column chunks (M = 9216,
-    // `maths::front_chunks`), its backward in channel blocks (C_i ≥ 170, `maths::channel_blocks`)
+    // `maths::front_chunks`), its backward in column groups, then channel blocks (C_i ≥ 170,
+    // `maths::dw_groups`, `maths::grad_blocks`)
     let split = Config {
         batch: 2,
         channels: 170,
@@ -32,7 +33,8 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
         ..Config::bc100_block()
     };
     assert!(maths::front_chunks(split.m()).len() > 1);
-    assert!(maths::channel_blocks(split.channels).len() > 1);
+    assert!(maths::dw_groups(split.m()).len() > 1);
+    assert!(maths::grad_blocks(split.channels).len() > 1);
     // the split config also with the front whole (a GPU's order, the CPU's kernels)
     let cases = model_configs()
         .into_iter()
