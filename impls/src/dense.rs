@@ -509,11 +509,7 @@ mod tests {
     #[test]
     fn writes_every_element() {
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
+            crate::shared::in_pool(threads, || {
                 for (m, n, k) in [
                     (3, 1, 5),
                     (4, 1000, 7),
@@ -568,11 +564,7 @@ mod tests {
         for dtype in [DType::F32, DType::F64] {
             let (a, b) = (randn((m, k), dtype), randn((k, n), dtype));
             for threads in [1, 2, 3] {
-                let pool = rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .build()
-                    .unwrap();
-                pool.install(|| -> Result<()> {
+                crate::shared::in_pool(threads, || -> Result<()> {
                     let whole = product(&a, &b)?;
                     let mut made = Vec::new();
                     let chunked = product_of_column_chunks(&a, n, &chunks, |c0, cols| {
@@ -654,11 +646,7 @@ mod tests {
                 };
                 let mut first: Option<Vec<Vec<u64>>> = None;
                 for threads in [1, 2, 3] {
-                    let pool = rayon::ThreadPoolBuilder::new()
-                        .num_threads(threads)
-                        .build()
-                        .unwrap();
-                    let [y, dw, dwt, acc, rows] = pool.install(products);
+                    let [y, dw, dwt, acc, rows] = crate::shared::in_pool(threads, products);
                     let at = format!("{out}×{c}×{m} {dtype:?}, {threads} threads");
                     assert!(max_diff(&y, &w.matmul(&x).unwrap()) < tol, "W·X {at}");
                     assert!(max_diff(&dw, &g.matmul(&xt).unwrap()) < tol, "G·Xᵀ {at}");

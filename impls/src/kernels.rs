@@ -718,11 +718,7 @@ mod tests {
     #[test]
     fn new_rows_writes_each_row_from_its_iterator() {
         for threads in [1, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| {
+            crate::shared::in_pool(threads, || {
                 for (rows, cols) in [(0, 5), (4, 0), (1, 7), (5, 1), (37, 300)] {
                     let v: Vec<f64> = new_rows(rows, cols, |r| {
                         (0..cols).map(move |c| (r * 1000 + c) as f64)

@@ -750,11 +750,7 @@ mod tests {
         let err = diff.into_iter().fold(0.0, f64::max);
         assert!(err < 1e-10, "max |chunked − matmul| = {err}");
         for threads in [1, 2, 3] {
-            let pool = rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap();
-            pool.install(|| -> Result<()> {
+            crate::shared::in_pool(threads, || -> Result<()> {
                 let again = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
                 assert!(bits(&again) == bits(&whole), "{threads} threads");
                 for (r0, n) in [(0, 6), (0, 70), (70, 80)] {

@@ -398,17 +398,18 @@ pub struct Schedule {
     /// The CPU's kernels split the bc layer's front ([`crate::maths::split_front`]): ReLU1's
     /// output made a column chunk at a time where it is not kept, the front's backward a
     /// column group, then a channel block at a time, so neither it nor its gradient `[C_i, M]`
-    /// is ever whole;
-    /// bitwise the same values, at some cost in time (see [`SPLIT_FRONT_MIN_GAIN`]).
+    /// is ever whole; bitwise the same values (for its time, see [`SPLIT_FRONT_MIN_GAIN`]).
     pub split_front: bool,
 }
 
 /// How much a split front ([`Schedule::split_front`]) must lower a variant's predicted peak,
-/// as a fraction of the whole front's, for [`schedule_for`] to pick it: the split costs time
-/// (more and smaller products and passes: ×1.08–1.11 of a `buffer-recompute-inplace` BC-100
-/// L = 16 step in the harness, README), so it runs where it saves memory that matters — the
-/// recomputing variants, 8–37% on BC-100's block — not where it trims 1–2% off a store
-/// variant's saved state.
+/// as a fraction of the whole front's, for [`schedule_for`] to pick it. The split's `dr`
+/// blocks each repack `dz` (a few ms a layer on BC-100's block); since Conv1×1's weight
+/// gradient is summed in column chunks ([`crate::maths::conv1_bwd_weight`]), the split
+/// `buffer-recompute-inplace` step measured ×0.97 (L = 16) and ×1.00 (L = 48) of the whole
+/// front's, where the block-wise split had cost ×1.05 and ×1.17 (README). It runs where it
+/// saves memory that matters — the recomputing variants at BC-100's scale — not where it trims
+/// 1–2% off a store variant's saved state.
 pub const SPLIT_FRONT_MIN_GAIN: f64 = 0.05;
 
 /// The [`Schedule`] of `variant` on `cfg` for a device's kernels. With the front whole: for

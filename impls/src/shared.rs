@@ -110,6 +110,16 @@ pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
     tensor_bits(t).unwrap()
 }
 
+/// `f` run in a rayon pool of `threads` threads (the crate's tests of thread-count independence).
+#[cfg(test)]
+pub(crate) fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool for the test")
+        .install(f)
+}
+
 /// A standard-normal CPU tensor of `dtype` (drawn in f32, so f32 and f64 tests see the same
 /// values), for tests.
 #[cfg(test)]
