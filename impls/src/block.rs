@@ -696,9 +696,10 @@ impl Front<'_> {
                 maths::bn_apply_relu(&x, self.stats1, self.relu)
             }
         })?;
-        drop(r); // a saved r's last reader
-                 // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
-                 // prefix, made when BN1's backward first needs it
+        // a saved r's last reader
+        drop(r);
+        // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
+        // prefix, made when BN1's backward first needs it
         let (mut dst, mut prefix, new) = match into {
             InputGrad::Into(dst) => (Some(dst), None, false),
             InputGrad::New(prefix) => (None, Some(prefix), true),

@@ -368,7 +368,8 @@ pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// output and dropped before the next is made. The output is not zeroed first: every column
 /// is written by its chunk's product (a zeroed `[m, n]` cost a memset pass per call). Bitwise
 /// those columns of [`product`]`(a, b)` where every chunk is wider than 64 columns (see
-/// `MIN_PANEL`); a bc layer's BN1 → ReLU → Conv1×1 on the CPU (`maths::bn_relu_conv1_chunked`).
+/// `MIN_PANEL`); a bc layer's BN1 → ReLU → Conv1×1 on the CPU
+/// (`maths::bn_relu_conv1_chunked`).
 pub fn product_of_column_chunks(
     a: &Tensor,
     n: usize,

@@ -92,10 +92,9 @@ pub fn with_whole_front_on_cpu<R>(f: impl FnOnce() -> R) -> R {
 /// Whether a bc layer's front on `dev` is split on this thread: the CPU's kernels make ReLU1's
 /// output a column chunk at a time where it is not kept ([`bn_relu_conv1_chunked`]), and the
 /// front's backward a column group ([`dw_groups`]) and then a channel block ([`grad_blocks`])
-/// at a time, unless
-/// inside [`with_whole_front_on_cpu`] (which [`crate::step()`] enters wherever the schedule
-/// keeps the front whole, [`WHOLE_FRONT_ENV`] included: a thread-local read per layer, not
-/// the environment).
+/// at a time, unless inside [`with_whole_front_on_cpu`] (which [`crate::step()`] enters
+/// wherever the schedule keeps the front whole, [`WHOLE_FRONT_ENV`] included: a thread-local
+/// read per layer, not the environment).
 pub fn split_front(dev: &Device) -> bool {
     cpu_kernels(dev) && !WHOLE_FRONT_ON_CPU.with(Cell::get)
 }
@@ -176,9 +175,10 @@ impl BnStats {
 pub const FRONT_CHUNK_COLUMNS: usize = 4096;
 
 /// Fewest columns of a front chunk: more than 64, so every product of a chunk sums each output
-/// element exactly as the unsplit product does, and the split changes no bit. `gemm` blocks the inner dimension by a length that depends on the
-/// inner dimension alone, except for outputs of at most 64 × 64 (its small-size path blocks
-/// it by 512), and a bottleneck B ≤ 64 (BC-100's is 48) is the other side of these outputs.
+/// element exactly as the unsplit product does, and the split changes no bit. `gemm` blocks
+/// the inner dimension by a length that depends on the inner dimension alone, except for
+/// outputs of at most 64 × 64 (its small-size path blocks it by 512), and a bottleneck B ≤ 64
+/// (BC-100's is 48) is the other side of these outputs.
 pub const MIN_SPLIT: usize = 65;
 
 /// `len` in `pieces` ranges `(start, len)` as even as possible, in order (the longer first).
@@ -270,9 +270,10 @@ pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
 /// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, on the CPU a
 /// column chunk ([`front_chunks`]) at a time: each chunk's BN1 → ReLU (`copy`: the BN output
 /// and the ReLU's new tensor, as the strategy measures) is multiplied into its columns of `z`
-/// and freed ([`dense::product_of_column_chunks`]: `z` is not zeroed first). Bitwise [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the
-/// element-wise ops per element, the products over the whole inner dimension C (see
-/// [`MIN_SPLIT`]). Transient: one chunk's `[C, ≤ 4096]` instead of `[C, M]`.
+/// and freed ([`dense::product_of_column_chunks`]: `z` is not zeroed first). Bitwise
+/// [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the element-wise ops per
+/// element, the products over the whole inner dimension C (see [`MIN_SPLIT`]). Transient: one
+/// chunk's `[C, ≤ 4096]` instead of `[C, M]`.
 pub fn bn_relu_conv1_chunked(
     w1: &Tensor,
     x: &Tensor,
