@@ -112,11 +112,18 @@ unsafe fn multiply<T: Float>(
     } else {
         MIN_PANEL
     };
-    let width = long
+    let mut width = long
         .div_ceil(threads * PANELS_PER_THREAD)
         .max(least)
         .next_multiple_of(16)
         .max(MIN_PANEL);
+    // The rounding up to 16 must not leave a thread without a panel where each can have one of
+    // MIN_PANEL or more (204 rows on 2 threads: one panel of 204 rounded from 102 to 112, so
+    // one thread did Conv1×1's whole weight gradient; now 96 + 108).
+    let fair = long / threads / 16 * 16;
+    if long / width < threads && fair >= MIN_PANEL {
+        width = fair;
+    }
     let panels = (long / width).max(1);
     (0..panels).into_par_iter().for_each(|p| {
         let c0 = p * width;
