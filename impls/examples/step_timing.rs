@@ -143,17 +143,7 @@ fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
     let mut times = vec![Vec::new(); arms.len()];
     for rep in 0..=reps {
         for (slot, &(_, whole, defer_r)) in arms.iter().enumerate() {
-            let run = || {
-                impls::block::step_manual(
-                    strategy,
-                    &cfg,
-                    &case.params,
-                    &case.input,
-                    &case.grad_output,
-                    defer_r,
-                    &mut impls::NoProbe,
-                )
-            };
+            let run = || case.step_manual(strategy, defer_r);
             let t = Instant::now();
             let r = if whole {
                 maths::with_whole_front_on_cpu(run)?

@@ -638,8 +638,8 @@ struct Front<'a> {
 impl Front<'_> {
     /// The front's backward from Conv1×1's output gradient `dz`, over all C_i channels at once
     /// (a GPU's path): dW1 from ReLU1's output `r` (remade from `x` and BN1's table where the
-    /// schedule deferred it; on the CPU [`maths::conv1_bwd_weight`]'s chunked sum, as the
-    /// split front's), then `dr`, ReLU1's mask (from `x` and the table, so `r` is freed
+    /// schedule deferred it; [`maths::conv1_bwd_weight`], on the CPU a chunked sum as the split
+    /// front's), then `dr`, ReLU1's mask (from `x` and the table, so `r` is freed
     /// first: one `C_i·M` tensor fewer at BN1's backward) and BN1's backward, which adds `dx`
     /// into `into`.
     fn backward_whole(&self, r: Option<Tensor>, dz: Tensor, into: InputGrad) -> Result<FrontGrads> {
@@ -647,12 +647,8 @@ impl Front<'_> {
             Some(r) => r,
             None => maths::bn_apply_relu(self.x, self.stats1, self.relu)?,
         };
-        let dw1 = if maths::cpu_kernels(dz.device()) {
-            let c = self.x.dims()[0];
-            maths::conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("conv1 dW"))?
-        } else {
-            maths::dense_bwd_weight(&dz, &r)?
-        };
+        let c = self.x.dims()[0];
+        let dw1 = maths::conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("conv1 dW"))?;
         drop(r);
         let dr = maths::dense_bwd_input(self.w1, &dz)?;
         drop(dz);

@@ -422,6 +422,22 @@ impl Case {
         )
     }
 
+    /// Runs one step of a hand-written `strategy` on this case as given, without the schedule
+    /// [`crate::step()`] picks: the front split on the CPU unless inside
+    /// [`crate::maths::with_whole_front_on_cpu`], ReLU1's output remade for dW1 on a whole
+    /// front if `defer_r`. For tests and timings of one schedule choice against another.
+    pub fn step_manual(&self, strategy: crate::Strategy, defer_r: bool) -> Result<StepResult> {
+        crate::block::step_manual(
+            strategy,
+            &self.cfg,
+            &self.params,
+            &self.input,
+            &self.grad_output,
+            defer_r,
+            &mut crate::NoProbe,
+        )
+    }
+
     /// The reference results: `autograd` (independent of every hand-written backward) run in
     /// f64 on this case widened to f64 — exact-arithmetic truth up to f64 rounding, whatever
     /// the case's own dtype.

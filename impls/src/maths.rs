@@ -57,11 +57,15 @@ fn scoped<T: Copy + 'static, R>(
 /// `a @ b` through candle's matmul: the product of every path but the CPU's own kernels, with
 /// its operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`].
 fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
+    operand(a)?.matmul(&operand(b)?).ctx(what)
+}
+
+/// `t` as the products read it: rounded to TF32 (a new tensor) inside
+/// [`with_tf32_emulation_on_cpu`], else `t` itself.
+fn operand(t: &Tensor) -> Result<Tensor> {
     match TF32_ON_CPU.with(Cell::get) {
-        None => a.matmul(b).ctx(what),
-        Some(r) => kernels::round_tf32(a, r)?
-            .matmul(&kernels::round_tf32(b, r)?)
-            .ctx(what),
+        None => Ok(t.clone()),
+        Some(r) => kernels::round_tf32(t, r),
     }
 }
 
@@ -229,13 +233,17 @@ pub fn dw_groups(m: usize) -> Vec<(usize, usize)> {
 /// by `r_of(start, columns)`: columns of the saved r (whole front), or remade from the layer
 /// input (the split front's recompute, `block::Front::backward_blocked`). Both give the same
 /// bits. `dz`'s chunk stays in cache for all C rows, where a block of rows at a time streamed
-/// all of `dz` once per block.
+/// all of `dz` once per block. Other devices (a GPU's path): [`dense_bwd_weight`] of all of r,
+/// `r_of(0, M)`.
 pub fn conv1_bwd_weight(
     dz: &Tensor,
     c: usize,
     mut r_of: impl FnMut(usize, usize) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let (b, m) = dz.dims2().ctx("conv1 dW")?;
+    if !cpu_kernels(dz.device()) {
+        return dense_bwd_weight(dz, &r_of(0, m)?);
+    }
     let dwt = Tensor::zeros((c, b), dz.dtype(), dz.device()).ctx("conv1 dW")?;
     for (g0, gn) in dw_groups(m) {
         let r = r_of(g0, gn)?;
@@ -281,15 +289,8 @@ pub fn bn_relu_conv1_chunked(
     mode: Relu,
 ) -> Result<Tensor> {
     let m = x.dims()[1];
-    // TF32 emulation (tests): the operands rounded as `gemm_into` rounds them
-    let tf32 = TF32_ON_CPU.with(Cell::get);
-    let round = |t: Tensor| match tf32 {
-        None => Ok(t),
-        Some(r) => kernels::round_tf32(&t, r),
-    };
-    let w1 = round(w1.clone())?;
-    dense::product_of_column_chunks(&w1, m, &front_chunks(m), |c0, n| {
-        round(bn_apply_relu(
+    dense::product_of_column_chunks(&operand(w1)?, m, &front_chunks(m), |c0, n| {
+        operand(&bn_apply_relu(
             &x.narrow(1, c0, n).ctx("front chunk")?,
             stats,
             mode,
@@ -427,16 +428,11 @@ fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
 /// `dst += a · b` (`add`) or `dst = a · b` into `dst`'s view ([`dense::accumulate`],
 /// [`dense::product_into`]), operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`].
 fn gemm_into(dst: &Tensor, a: &Tensor, b: &Tensor, add: bool) -> Result<()> {
-    let go = |a: &Tensor, b: &Tensor| {
-        if add {
-            dense::accumulate(dst, a, b)
-        } else {
-            dense::product_into(dst, a, b)
-        }
-    };
-    match TF32_ON_CPU.with(Cell::get) {
-        None => go(a, b),
-        Some(r) => go(&kernels::round_tf32(a, r)?, &kernels::round_tf32(b, r)?),
+    let (a, b) = (operand(a)?, operand(b)?);
+    if add {
+        dense::accumulate(dst, &a, &b)
+    } else {
+        dense::product_into(dst, &a, &b)
     }
 }
 

@@ -272,17 +272,7 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
                 continue;
             };
             // the step itself, not `step()`, which splits only where the model says it pays
-            let run = || {
-                impls::block::step_manual(
-                    strategy,
-                    &cfg,
-                    &case.params,
-                    &case.input,
-                    &case.grad_output,
-                    false,
-                    &mut NoProbe,
-                )
-            };
+            let run = || case.step_manual(strategy, false);
             let split = run()?;
             let whole = impls::maths::with_whole_front_on_cpu(run)?;
             let c = compare(&split, &whole)?;
