@@ -10,7 +10,6 @@ use crate::commands::{
 use crate::measure::interrupt;
 use crate::plan::bounds;
 use clap::{Parser, Subcommand};
-use std::io::Write;
 use std::process::ExitCode;
 
 /// densebench: dense-block memory strategies, measured on identical inputs and weights.
@@ -76,7 +75,8 @@ pub fn main() -> ExitCode {
         Some(Command::Run(a)) => run::run(a),
         Some(Command::BenchAll(a)) => bench_all::run(a),
         Some(Command::Plan(a)) => plan::run(a),
-        Some(Command::Merge(a)) => merge::run(a),
+        // Status 2 is merge's "merged, keys missing": an unreadable input is 1, "nothing written".
+        Some(Command::Merge(a)) => merge::run(a).map_err(bounds::not_bad_input),
         Some(Command::Case(a)) => case::run(a),
         Some(Command::Step(a)) => step::run(a),
         Some(Command::Compare(a)) => compare::run(a),
@@ -90,14 +90,10 @@ pub fn main() -> ExitCode {
         Ok(code) => code,
         Err(e) => {
             if let Some(stop) = interrupt::interrupted(&e) {
-                // Not eprintln!: after SIGHUP the terminal may be gone.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "densebench: {stop}: its child processes were killed"
-                );
+                crate::say!("densebench: {stop}: its child processes were killed");
                 return ExitCode::from(stop.exit_status());
             }
-            eprintln!("densebench: error: {e:#}");
+            crate::say!("densebench: error: {e:#}");
             if bounds::is_bad_input(&e) {
                 ExitCode::from(BAD_INPUT)
             } else {

@@ -5,8 +5,37 @@
 //! use it.
 
 use indicatif::{ProgressBar, ProgressStyle};
-use std::io::IsTerminal;
+use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
+
+/// One line on stderr that never panics: `eprintln!` panics when stderr cannot be written (a
+/// full disk behind `2>file`, a closed pipe, a lost terminal), and a sweep must not die of its
+/// own progress line. Use [`say!`](crate::say) rather than calling this.
+pub fn say_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stderr(), "{args}");
+}
+
+/// `eprintln!` that never panics ([`say_line`]): the harness's every message on stderr.
+#[macro_export]
+macro_rules! say {
+    ($($t:tt)*) => {
+        $crate::progress::say_line(format_args!($($t)*))
+    };
+}
+
+/// One line on stdout that never panics (a listing of written files, a report's summary): what
+/// was written stays written when the reader has gone (`| head`).
+pub fn tell_line(args: std::fmt::Arguments<'_>) {
+    let _ = writeln!(std::io::stdout(), "{args}");
+}
+
+/// `println!` that never panics ([`tell_line`]), for informational lines on stdout.
+#[macro_export]
+macro_rules! tell {
+    ($($t:tt)*) => {
+        $crate::progress::tell_line(format_args!($($t)*))
+    };
+}
 
 /// The bar's length: progress is the fraction of the total estimated cost done, in these units.
 const BAR_UNITS: u64 = 1_000_000;
@@ -71,7 +100,7 @@ impl Progress {
         let msg = format!("[{index}/{}] {what}", self.total_jobs);
         match &self.bar {
             Some(bar) => bar.set_message(msg),
-            None => eprintln!("{msg} …"),
+            None => say_line(format_args!("{msg} …")),
         }
     }
 
@@ -93,11 +122,11 @@ impl Progress {
                 bar.println(line);
                 bar.inc((cost / self.total_cost * BAR_UNITS as f64) as u64);
             }
-            None => eprintln!(
+            None => say_line(format_args!(
                 "{line}  ({} elapsed, ETA {})",
                 human_duration(self.start.elapsed()),
                 self.eta()
-            ),
+            )),
         }
     }
 
@@ -105,7 +134,7 @@ impl Progress {
     pub fn note(&self, msg: &str) {
         match &self.bar {
             Some(bar) => bar.println(msg),
-            None => eprintln!("{msg}"),
+            None => say_line(format_args!("{msg}")),
         }
     }
 

@@ -449,3 +449,163 @@ fn write_synthetic_reference() {
     write_csv(&path, &rows);
     println!("{}", path.display());
 }
+
+/// A row whose gradients went wrong in NEW (out of tolerance, a NaN error, or no check at all)
+/// fails the comparison even without `--max-regression`, and even though it got faster: a
+/// result whose gradients are wrong is no result. A time of 0 ns is no measurement, never an
+/// improvement.
+#[test]
+fn compare_fails_rows_whose_gradients_went_wrong() {
+    let base = synthetic(&[4]);
+    let (dir, base_csv) = setup(&base);
+    let pick = |rows: &mut Vec<Row>, v: &str| -> usize {
+        rows.iter()
+            .position(|r| r.family == "bc" && r.variant == v)
+            .unwrap()
+    };
+    type Edit = fn(&mut Row);
+    let cases: [(&str, Edit, &str); 3] = [
+        (
+            "out of tolerance",
+            |r| {
+                r.grad_ok = Some(false);
+                r.max_rel_err = Some(0.5);
+                r.tolerance = Some(0.2);
+            },
+            "ok → gradients out of tolerance (max_rel_err 5.0e-1 > 2.0e-1)",
+        ),
+        (
+            "NaN",
+            |r| {
+                // grad_ok still says true: the reader makes a NaN error a failed check
+                r.max_abs_err = Some(f64::NAN);
+            },
+            "ok → gradients out of tolerance",
+        ),
+        (
+            "unchecked",
+            |r| {
+                r.grad_ok = None;
+                r.max_rel_err = None;
+            },
+            "ok → gradients not checked",
+        ),
+    ];
+    for (what, edit, said) in cases {
+        let mut new = base.clone();
+        let i = pick(&mut new, "buffer-store-copy");
+        edit(&mut new[i]);
+        new[i].median_ns = new[i].median_ns.map(|t| t / 2);
+        let new_csv = dir.path().join("new.csv");
+        write_csv(&new_csv, &new);
+        for threshold in [None, Some("10")] {
+            let mut args = vec![
+                "compare",
+                base_csv.to_str().unwrap(),
+                new_csv.to_str().unwrap(),
+            ];
+            if let Some(t) = threshold {
+                args.extend(["--max-regression", t]);
+            }
+            let o = densebench(&args, dir.path());
+            let log = text(&o);
+            assert_eq!(o.status.code(), Some(1), "{what}, {threshold:?}:\n{log}");
+            assert!(
+                log.contains("ok in BASE, failed in NEW (1)")
+                    && log.contains(&format!("buffer-store-copy: {said}"))
+                    && log.contains("FAIL"),
+                "{what}, {threshold:?}:\n{log}"
+            );
+        }
+    }
+    // The same row fixed in NEW is listed the other way and fails nothing.
+    let mut broken = base.clone();
+    let i = pick(&mut broken, "buffer-store-copy");
+    broken[i].grad_ok = Some(false);
+    let broken_csv = dir.path().join("broken.csv");
+    write_csv(&broken_csv, &broken);
+    let o = densebench(
+        &[
+            "compare",
+            broken_csv.to_str().unwrap(),
+            base_csv.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(log.contains("failed in BASE, ok in NEW (1)"), "{log}");
+    // A median of 0 ns in NEW is missing, not a 0.000 ratio.
+    let mut zero = base.clone();
+    let i = pick(&mut zero, "cat-store-copy");
+    zero[i].median_ns = Some(0);
+    let zero_csv = dir.path().join("zero.csv");
+    write_csv(&zero_csv, &zero);
+    let o = densebench(
+        &[
+            "compare",
+            base_csv.to_str().unwrap(),
+            zero_csv.to_str().unwrap(),
+            "--format",
+            "csv",
+        ],
+        dir.path(),
+    );
+    let csv_out = String::from_utf8_lossy(&o.stdout).to_string();
+    let line = csv_out
+        .lines()
+        .find(|l| l.contains(",cat-store-copy,median_ns,"))
+        .unwrap_or_else(|| panic!("{csv_out}"));
+    assert!(line.ends_with(",missing"), "{line}");
+}
+
+/// `report` on a file with no `ok` row writes nothing and says why, like `plots`.
+#[test]
+fn report_refuses_a_file_without_ok_rows() {
+    let (dir, csv) = setup(&[]);
+    // header only, as a sweep leaves it before its first row
+    std::fs::write(&csv, densebench::results::store::csv_bytes(&[]).unwrap()).unwrap();
+    let out = dir.path().join("REPORT.md");
+    let o = densebench(
+        &[
+            "report",
+            csv.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("no rows with status ok (0 rows in all)"),
+        "{log}"
+    );
+    assert!(!out.exists());
+    let mut rows = synthetic(&[4]);
+    for r in &mut rows {
+        r.status = "error".to_string();
+        r.error = "no reference could be computed".to_string();
+    }
+    write_csv(&csv, &rows);
+    let o = densebench(
+        &[
+            "report",
+            csv.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!(
+            "({} rows in all: error: {})",
+            rows.len(),
+            rows.len()
+        )),
+        "{log}"
+    );
+    assert!(!out.exists());
+}

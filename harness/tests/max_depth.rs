@@ -68,3 +68,40 @@ fn max_depth_fits_and_one_deeper_does_not() {
     assert!(depth("buffer-store-copy") > depth("cat-store-copy"));
     assert!(depth("cat-recompute-copy") > depth("cat-store-copy"));
 }
+
+/// `--no-confirm` answers from the model alone: it makes no measured run, so `autograd`, which
+/// has no model, is left out and said so (it used to be searched by measured runs anyway), and
+/// asking for autograd alone is refused.
+#[test]
+fn no_confirm_runs_nothing_and_leaves_out_what_has_no_model() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("md.csv");
+    let o = Command::new(env!("CARGO_BIN_EXE_densebench"))
+        .args(["max-depth", "--family", "mlp", "--batch", "128"])
+        .args(["--channels", "16", "--growth", "8", "--budget", "6MiB"])
+        .args(["--no-confirm", "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{stderr}");
+    assert!(stdout.contains("(0 measured runs)"), "{stdout}");
+    assert!(stdout.contains("within 6.0 MiB"), "{stdout}");
+    assert!(
+        stderr.contains("autograd left out: no memory model"),
+        "{stderr}"
+    );
+    let mut rdr = csv::Reader::from_path(&out).unwrap();
+    let answers: Vec<Answer> = rdr.deserialize().map(|r| r.unwrap()).collect();
+    assert_eq!(answers.len(), 6, "{answers:?}");
+    assert!(answers.iter().all(|a| a.method == "model"), "{answers:?}");
+    let o = Command::new(env!("CARGO_BIN_EXE_densebench"))
+        .args(["max-depth", "--family", "mlp", "--budget", "6MiB"])
+        .args(["--variants", "autograd", "--no-confirm"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("drop --no-confirm"), "{stderr}");
+}

@@ -283,6 +283,35 @@ fn merge_is_idempotent_and_protects_its_output() {
     }
 }
 
+/// Status 2 is merge's "merged, keys missing" (a Slurm merge job plots what it merged then):
+/// an input that cannot be read — missing, torn, not a result CSV — writes nothing and exits 1,
+/// as `merge --help` says, never 2.
+#[test]
+fn merge_of_an_unreadable_input_exits_1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let a = csv(d, "a.csv", &[row("x/1", T1, 10), row("y/1", T1, 20)]);
+    let text = std::fs::read_to_string(&a).expect("a.csv");
+    let torn = d.join("torn.csv");
+    std::fs::write(&torn, &text[..text.len() - 20]).expect("torn.csv");
+    let foreign = d.join("foreign.csv");
+    std::fs::write(&foreign, "a,b\n1,2\n").expect("foreign.csv");
+    let missing = d.join("missing.csv");
+    let out = d.join("merged.csv");
+    for bad in [&torn, &foreign, &missing] {
+        let o = densebench(&["merge", s(&out), s(&a), s(bad)]);
+        assert_eq!(
+            o.status.code(),
+            Some(1),
+            "{}: {}",
+            bad.display(),
+            stderr(&o)
+        );
+        assert!(stderr(&o).contains(s(bad)), "{}", stderr(&o));
+        assert!(!out.exists(), "{}: wrote {}", bad.display(), out.display());
+    }
+}
+
 #[test]
 fn merge_reports_missing_keys_per_shard() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -431,7 +460,13 @@ fn devices_without_cuda_give_error_rows_keyed_by_the_first_device() {
         "dev.csv",
         &["--quick", "--devices", "cuda:0,cuda:1"],
     );
-    assert!(o.status.success(), "{}", stderr(&o));
+    // every row written, and the run fails: nothing was measured
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("rows not measured (error: "),
+        "{}",
+        stderr(&o)
+    );
     let rows = read_rows(&out).expect("valid CSV");
     let keys: BTreeSet<String> = rows.iter().map(|r| r.key.clone()).collect();
     let want: BTreeSet<String> = sweep::retarget(jobs(sweep::QUICK_SWEEP), DeviceSpec::Cuda(0))

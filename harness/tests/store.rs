@@ -93,6 +93,53 @@ fn resume_refuses_a_file_that_is_not_a_result_csv_and_leaves_it_unchanged() {
     }
 }
 
+/// A result CSV re-saved with Windows line endings (a spreadsheet, Python's csv module): read
+/// by every reader with errors on the right line, and refused for appending with the real
+/// reason, the file unchanged.
+#[test]
+fn crlf_files_are_read_with_true_line_numbers_and_refused_for_appending_by_name() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows = [
+        good_row("cat-store-copy", 1),
+        good_row("cat-store-copy", 2),
+        good_row("cat-store-copy", 3),
+    ];
+    let lf = String::from_utf8(csv_bytes(&rows).expect("csv")).expect("utf8");
+    let crlf = lf.replace('\n', "\r\n");
+    let p = write(dir.path(), "crlf.csv", crlf.as_bytes());
+    assert_eq!(read_rows(&p).expect("readable"), rows.to_vec());
+    // a bad cell on the file's line 3 and an edited key on its line 4, LF and CRLF alike
+    let lines: Vec<&str> = lf.lines().collect();
+    for (line, edit, needle) in [
+        (3, (",2000,", ",lots,"), "line 3, column `peak_bytes`"),
+        (4, ("/3/", "/9/"), "line 4, column `key`"),
+    ] {
+        let mut edited: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+        edited[line - 1] = edited[line - 1].replacen(edit.0, edit.1, 1);
+        assert_ne!(edited[line - 1], lines[line - 1], "the edit must apply");
+        for eol in ["\n", "\r\n"] {
+            let text = edited
+                .iter()
+                .map(|l| format!("{l}{eol}"))
+                .collect::<String>();
+            let f = write(dir.path(), "edited.csv", text.as_bytes());
+            let e = read_rows(&f)
+                .err()
+                .map(|e| format!("{e:#}"))
+                .unwrap_or_default();
+            assert!(e.contains(needle), "{eol:?}: {e}");
+        }
+    }
+    let o = quick(dir.path(), &p, &["--resume"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("Windows (CRLF) line endings") && e.contains("not changed"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&p).expect("still there"), crlf.as_bytes());
+}
+
 #[test]
 fn resume_keeps_a_complete_last_row_without_newline_and_cuts_only_a_torn_one() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -570,4 +617,57 @@ fn committed_reference_predictions_are_the_current_models() {
         checked += usize::from(now.is_some());
     }
     assert!(checked > 50, "only {checked} modelled rows checked");
+}
+
+/// Progress lines go to stderr; a stderr that cannot be written (a full disk behind `2>`, a
+/// closed pipe) must not kill the sweep: every row is measured and written all the same.
+#[test]
+fn a_sweep_survives_a_stderr_it_cannot_write() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("q.csv");
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .expect("/dev/full");
+    let status = Command::new(common::bin())
+        .args([
+            "bench-all",
+            "--quick",
+            "--out",
+            path_str(&out),
+            "--cache-dir",
+        ])
+        .arg(dir.path().join("cache"))
+        .stderr(full)
+        .stdout(Stdio::null())
+        .status()
+        .expect("densebench");
+    assert_eq!(status.code(), Some(0));
+    let rows = read_rows(&out).expect("valid CSV");
+    assert_eq!(rows.len(), 49, "every quick-sweep job");
+    assert!(rows.iter().all(|r| r.status == "ok"));
+}
+
+/// A reference cache that cannot be made or written is refused before the output is touched
+/// (it used to be found by every configuration in turn, each of its rows an `error`).
+#[test]
+fn an_unusable_reference_cache_is_refused_before_any_work() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = write(dir.path(), "not-a-dir", b"x");
+    let out = dir.path().join("q.csv");
+    let o = densebench(&[
+        "bench-all",
+        "--quick",
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&file.join("cache")),
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("reference cache") && e.contains("not-a-dir"),
+        "{e}"
+    );
+    assert!(!out.exists(), "{} was written", out.display());
 }

@@ -117,6 +117,22 @@ pub fn read_header<R: Read>(r: &mut R, file_len: u64, max_bytes: Option<u64>) ->
     let mut len = [0u8; 8];
     r.read_exact(&mut len).map_err(|e| io("header length", e))?;
     let json_len = u64::from_le_bytes(len);
+    if json_len > MAX_HEADER_BYTES && json_len > file_len - 8 {
+        // More than the limit and the whole file: most likely not a safetensors file at all.
+        let text = std::str::from_utf8(&len)
+            .ok()
+            .filter(|t| t.chars().all(|c| c.is_ascii_graphic() || c == ' '))
+            .map(|t| format!(" (its first 8 bytes are the text `{t}`)"))
+            .unwrap_or_default();
+        return Err(bad(
+            "header",
+            format!(
+                "not a safetensors file{text}: read as a header length, its first 8 bytes say \
+                 the header's JSON needs {json_len} bytes, more than MAX_HEADER_BYTES = \
+                 {MAX_HEADER_BYTES} bytes and than the whole file ({file_len} bytes)"
+            ),
+        ));
+    }
     if json_len > MAX_HEADER_BYTES {
         return Err(Error::OverLimit {
             what: "the header's JSON".to_string(),

@@ -36,11 +36,47 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
     assert!(maths::dw_groups(split.m()).len() > 1);
     assert!(maths::grad_blocks(split.channels).len() > 1);
     // the split config also with the front whole (a GPU's order, the CPU's kernels)
+    // Below the model's scale (impls::memory::MODEL_MIN_PEAK_BYTES): two of the quick sweep's
+    // blocks (peaks of 10–300 KB), where a few KiB the model does not follow are a visible
+    // fraction; they are held to the band README states (×0.5…×1.1, here ×0.4…×1.5), which a
+    // packing allowance of 128 KiB per thread that gemm never allocates there broke (×0.03…×0.6).
+    let tiny = [
+        Config {
+            family: impls::Family::Mlp,
+            batch: 32,
+            channels: 16,
+            growth: 8,
+            depth: 4,
+            bn_size: 1,
+            size: Spatial::square(1),
+            activation: true,
+            dtype: DType::F32,
+            seed: 0,
+        },
+        Config {
+            batch: 4,
+            channels: 8,
+            growth: 4,
+            depth: 4,
+            bn_size: 2,
+            size: Spatial::square(8),
+            dtype: DType::F32,
+            ..Config::bc100_block()
+        },
+    ];
+    for cfg in &tiny {
+        assert!(
+            predict_peak_bytes(Variant::NAIVE, cfg).unwrap() < impls::memory::MODEL_MIN_PEAK_BYTES
+        );
+    }
     let cases = model_configs()
         .into_iter()
         .map(|c| (c, false))
-        .chain([(split.clone(), false), (split, true)]);
+        .chain([(split.clone(), false), (split, true)])
+        .chain(tiny.into_iter().map(|c| (c, false)));
     for (cfg, whole) in cases {
+        let small =
+            predict_peak_bytes(Variant::NAIVE, &cfg).unwrap() < impls::memory::MODEL_MIN_PEAK_BYTES;
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
         let label = format!(
             "{}{}",
@@ -82,8 +118,13 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
             };
             let ratio = measured as f64 / predicted as f64;
             eprintln!("{v} on {label}: ×{ratio:.4}");
+            let within = if small {
+                (0.4..=1.5).contains(&ratio)
+            } else {
+                (ratio - 1.0).abs() <= MODEL_REL_TOL
+            };
             assert!(
-                (ratio - 1.0).abs() <= MODEL_REL_TOL,
+                within,
                 "{v} on {label}: measured {measured} B, predicted {predicted} B (×{ratio:.4})"
             );
         }

@@ -8,8 +8,9 @@
 //! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing.
 //! SIGTERM, SIGINT or SIGHUP to this process kills the children and stops with exit status
 //! 128 + the signal and one line saying `--resume` continues; `--retries N` reruns rows whose
-//! child was killed or crashed. Bad input (the sweep, a flag) exits with status 2, before any
-//! work.
+//! child was killed or crashed. Bad input (the sweep, a flag, a reference cache that cannot be
+//! written) exits with status 2, before any work. A finished run exits 1 when a row's gradients
+//! are out of tolerance or a row failed (`error`, `killed`, `crashed`), 0 otherwise.
 //!
 //! Versus PyTorch: `--peer pytorch` (or `peer = "pytorch"` in the sweep file) runs each config's
 //! PyTorch peer variants too, before its densebench variants; PyTorch is probed once before any
@@ -32,7 +33,6 @@ use crate::results::runner;
 use crate::results::store::Output;
 use anyhow::Result;
 use std::collections::HashSet;
-use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -138,33 +138,36 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
 }
 
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
-/// gradients are out of tolerance; rows that ran out of memory or time are results, not failures.
+/// gradients are out of tolerance or a row failed (`error`, `killed`, `crashed`); rows that ran
+/// out of memory or time are results, not failures.
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (jobs, source) = jobs(&a).bad_input()?;
     if jobs.iter().any(|j| j.variant.is_peer()) {
         // Once, before anything is written: without PyTorch no peer row could be measured.
         let version = peer::check().map_err(anyhow::Error::msg).bad_input()?;
-        eprintln!("densebench bench-all: peer rows by {version}");
+        crate::say!("densebench bench-all: peer rows by {version}");
     }
     let out_path = a
         .out
         .clone()
         .unwrap_or_else(|| default_out(a.quick, a.shard));
-    let note = |m: &str| eprintln!("{m}");
-    let (out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
+    let note = |m: &str| crate::say!("{m}");
     let cache_dir = reference::default_dir(a.cache_dir.as_deref())?;
+    // Before the output is touched: a cache that cannot be written is refused at once.
+    reference::Cache::new(&cache_dir).bad_input()?;
+    let (out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
     let mine: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
     let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
     if foreign > 0 {
-        eprintln!(
+        crate::say!(
             "densebench bench-all: note: {foreign} rows of {} are not jobs of this run ({source}); \
              they are kept as they are (another shard's file, or another sweep?)",
             out_path.display()
         );
     }
     let todo: Vec<&Job> = jobs.iter().filter(|j| !done.contains(&j.key)).collect();
-    eprintln!(
+    crate::say!(
         "densebench bench-all: {source}: {} jobs, {} already in {}, {} to run → {}{}",
         jobs.len(),
         jobs.len() - todo.len(),
@@ -188,9 +191,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let start = Instant::now();
     let shared = runner::run(&todo, &a.devices, out, &cache_dir, a.retries)?;
     if let Some(stop) = shared.interrupted {
-        // Not eprintln!: after SIGHUP the terminal may be gone, and a failed write must not panic.
-        let _ = writeln!(
-            std::io::stderr(),
+        crate::say!(
             "densebench bench-all: {stop} after {} of {} rows: the running children were killed \
              and their temporary files removed, {} holds whole rows only; run the same command \
              with --resume to continue",
@@ -205,7 +206,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .iter()
         .map(|(k, v)| format!("{k}: {v}"))
         .collect();
-    eprintln!(
+    crate::say!(
         "densebench bench-all: {} rows written to {} in {:.1} s ({})",
         shared.finished,
         out_path.display(),
@@ -216,12 +217,35 @@ pub fn run(a: Args) -> Result<ExitCode> {
             counts.join(", ")
         }
     );
+    let mut failed = false;
     if !shared.out_of_tolerance.is_empty() {
-        eprintln!(
+        crate::say!(
             "densebench bench-all: gradients out of tolerance: {}",
             shared.out_of_tolerance.join(", ")
         );
-        return Ok(ExitCode::FAILURE);
+        failed = true;
     }
-    Ok(ExitCode::SUCCESS)
+    // A row that failed (`error`, `killed`, `crashed`) is written and the sweep goes on, but the
+    // run did not measure what it was asked to: exit 1, as for a row out of tolerance, so that a
+    // script does not plot a partial result as a whole one. `oom` and `timeout` are results of
+    // the limits the sweep set (this configuration does not fit them), not failures.
+    let not_ok: Vec<String> = shared
+        .counts
+        .iter()
+        .filter(|(status, _)| !["ok", "oom", "timeout"].contains(&status.as_str()))
+        .map(|(status, n)| format!("{status}: {n}"))
+        .collect();
+    if !not_ok.is_empty() {
+        crate::say!(
+            "densebench bench-all: rows not measured ({}): their `status` and `error` columns \
+             say why (`--resume` keeps them as they are)",
+            not_ok.join(", ")
+        );
+        failed = true;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }

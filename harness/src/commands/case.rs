@@ -31,11 +31,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         case.save(tmp)
             .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
     })?;
-    eprintln!(
-        "densebench case: {} (seed {}) → {}",
-        cfg.describe(),
-        cfg.seed,
-        a.out.display()
-    );
+    crate::say!("densebench case: {} → {}", cfg.describe(), a.out.display());
     Ok(ExitCode::SUCCESS)
 }

@@ -3,10 +3,11 @@
 //! flags regressions beyond `--max-regression`, lists rows present on one side only, and warns
 //! when the two files come from different devices.
 //!
-//! Exit status: 0 no regression beyond the threshold (or no threshold given); 1 at least one
-//! regression beyond it (a metric worse by more than PCT%, or a row ok in BASE and not in NEW),
-//! or rows of BASE missing from NEW (unless `--allow-missing`); 2 a file could not be read, is
-//! not a result CSV of this schema, or has a row whose key disagrees with its fields.
+//! Exit status: 0 no regression beyond the threshold (or no threshold given); 1 a metric worse
+//! than BASE by more than PCT%, a row ok in BASE that is not in NEW (another status, gradients
+//! out of tolerance or unchecked: with or without a threshold), or rows of BASE missing from NEW
+//! (unless `--allow-missing`); 2 a file could not be read, is not a result CSV of this schema,
+//! or has a row whose key disagrees with its fields.
 
 use crate::outputs::compare::{
     compare_rows, render_human, summary, write_csv, Metric, EXIT_REGRESSION,
@@ -14,6 +15,7 @@ use crate::outputs::compare::{
 use crate::results::row::{read_rows, Row};
 use anyhow::{Context, Result};
 use clap::ValueEnum;
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -23,10 +25,11 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     after_help = "Exit status: 0 no regression beyond --max-regression (or none given); 1 a \
-                  regression beyond it (a metric worse by more than PCT%, or a row ok in BASE \
-                  and failed in NEW), or rows of BASE missing from NEW without \
-                  --allow-missing; 2 an input could not be read, has another schema, or has a \
-                  row whose key disagrees with its fields."
+                  metric worse than BASE by more than --max-regression PCT%, a row ok in BASE \
+                  that failed in NEW (another status, or gradients out of tolerance or \
+                  unchecked: judged with or without --max-regression), or rows of BASE \
+                  missing from NEW without --allow-missing; 2 an input could not be read, has \
+                  another schema, or has a row whose key disagrees with its fields."
 )]
 pub struct Args {
     /// The baseline result CSV.
@@ -34,7 +37,8 @@ pub struct Args {
     /// The result CSV compared against the baseline (ratios are NEW/BASE).
     pub new: PathBuf,
     /// Flag a metric as a regression when NEW is worse than BASE by more than PCT percent
-    /// (e.g. 10), and exit with status 1 if any is. Without it nothing fails.
+    /// (e.g. 10), and exit with status 1 if any is. Without it no metric fails (a row that
+    /// stopped working, or a missing one, still does).
     #[arg(long, value_name = "PCT")]
     pub max_regression: Option<f64>,
     /// A metric to compare; repeat for several. Default: peak_bytes and median_ns.
@@ -67,7 +71,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         (Ok(b), Ok(n)) => (b, n),
         (b, n) => {
             for e in [b.err(), n.err()].into_iter().flatten() {
-                eprintln!("densebench compare: error: {e:#}");
+                crate::say!("densebench compare: error: {e:#}");
             }
             return Ok(ExitCode::from(EXIT_BAD_INPUT));
         }
@@ -88,35 +92,36 @@ pub fn run(a: Args) -> Result<ExitCode> {
     match a.format {
         Format::Csv => {
             for w in &c.warnings {
-                eprintln!("warning: {w}");
+                crate::say!("warning: {w}");
             }
             write_csv(&c, std::io::stdout().lock()).context("writing CSV to stdout")?;
-            eprintln!("{}", summary(&c, a.max_regression));
+            crate::say!("{}", summary(&c, a.max_regression));
         }
         Format::Text | Format::Markdown => {
-            print!(
-                "{}",
-                render_human(
-                    &c,
-                    &a.base,
-                    &a.new,
-                    a.max_regression,
-                    &metrics,
-                    a.format == Format::Markdown,
-                )
+            let text = render_human(
+                &c,
+                &a.base,
+                &a.new,
+                a.max_regression,
+                &metrics,
+                a.format == Format::Markdown,
             );
+            std::io::stdout()
+                .lock()
+                .write_all(text.as_bytes())
+                .context("writing the comparison to stdout")?;
         }
     }
     let missing = !c.only_base.is_empty() && !a.allow_missing;
     if missing {
-        eprintln!(
+        crate::say!(
             "densebench compare: FAIL: {} row(s) of BASE are missing from NEW (listed above); \
              pass --allow-missing to accept that",
             c.only_base.len()
         );
     }
     let failed =
-        missing || (a.max_regression.is_some() && (c.regressions() > 0 || !c.broke.is_empty()));
+        missing || !c.broke.is_empty() || (a.max_regression.is_some() && c.regressions() > 0);
     Ok(if failed {
         ExitCode::from(EXIT_REGRESSION)
     } else {

@@ -22,7 +22,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let dir = a.dir.unwrap_or_else(default_dir);
     let rows = import(&dir)?;
     write_csv(&rows, &a.out)?;
-    eprintln!(
+    crate::say!(
         "densebench criterion-import: {} benchmark(s) from {} → {}",
         rows.len(),
         dir.display(),

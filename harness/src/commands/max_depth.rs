@@ -2,7 +2,7 @@
 //! budget — answered per variant ([`crate::measure::capacity`]: the analytic model, confirmed by
 //! measured runs at the answer and one layer deeper), printed as a table and optionally a CSV.
 
-use crate::measure::capacity::Searcher;
+use crate::measure::capacity::{self, Searcher};
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates::overhead_margin;
 use crate::measure::interrupt;
@@ -30,19 +30,19 @@ pub struct Args {
     /// Memory budget in bytes (suffixes K, M, G or KiB, MiB, GiB), e.g. `1GiB`.
     #[arg(long, value_parser = job::parse_bytes)]
     pub budget: u64,
-    /// Batch size N.
+    /// Batch size N [default: bc 64, mlp 4096].
     #[arg(long)]
     pub batch: Option<usize>,
-    /// Input channels C0.
+    /// Input channels C0 [default: bc 24, mlp 256].
     #[arg(long)]
     pub channels: Option<usize>,
-    /// Growth rate k.
+    /// Growth rate k [default: bc 12, mlp 64].
     #[arg(long)]
     pub growth: Option<usize>,
-    /// Bottleneck factor (bc).
+    /// Bottleneck factor (bc) [default: 4].
     #[arg(long)]
     pub bn_size: Option<usize>,
-    /// Spatial size of the feature maps (bc): `32` (32×32) or `HxW`, height first.
+    /// Spatial size of the feature maps (bc): `32` (32×32) or `HxW`, height first [default: 32].
     #[arg(long, value_parser = job::parse_size)]
     pub size: Option<Spatial>,
     /// ReLU after each Linear (mlp).
@@ -149,6 +149,27 @@ pub fn run(a: Args) -> Result<ExitCode> {
         mem_limit: Some(a.budget.saturating_add(overhead_margin(a.budget))),
         timeout: Duration::from_secs(a.timeout),
     };
+    // --no-confirm is the model alone: a variant without one (autograd) would need measured
+    // runs, so it is left out, and said so.
+    let (variants, unmodelled): (Vec<Variant>, Vec<Variant>) = variants
+        .into_iter()
+        .partition(|v| !a.no_confirm || capacity::has_model(*v, &cfg, &settings));
+    if !unmodelled.is_empty() {
+        let names: Vec<String> = unmodelled.iter().map(|v| v.name()).collect();
+        if variants.is_empty() {
+            return Err(anyhow!(
+                "--no-confirm answers from the memory model, and {} has none (only measured runs \
+                 answer it): drop --no-confirm",
+                names.join(", ")
+            ))
+            .bad_input();
+        }
+        crate::say!(
+            "densebench max-depth: {} left out: no memory model, only measured runs answer it \
+             (drop --no-confirm)",
+            names.join(", ")
+        );
+    }
     let mut s = Searcher::new(&settings, a.budget);
     let mut answers = Vec::new();
     for v in &variants {
@@ -166,7 +187,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
-        "max depth of {} within {:.1} MiB on {} ({} measured runs)",
+        "max depth of {} within {} on {} ({} measured runs)",
         crate::results::row::Row {
             family: cfg.family.name().to_string(),
             batch: cfg.batch,
@@ -179,7 +200,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             ..Default::default()
         }
         .config_label(),
-        a.budget as f64 / (1 << 20) as f64,
+        crate::progress::human_bytes(Some(a.budget)),
         settings.device,
         s.runs
     )?;
@@ -210,6 +231,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 format!(" ({})", x.note)
             }
         )?;
+    }
+    if answers.iter().all(|x| x.max_depth == 0) {
+        crate::say!(
+            "densebench max-depth: nothing fits: even one layer of every variant needs more than \
+             {} (a larger --budget, or a smaller --batch or map?)",
+            crate::progress::human_bytes(Some(a.budget))
+        );
     }
     if let Some(path) = &a.out {
         let mut w = csv::Writer::from_writer(Vec::new());

@@ -140,7 +140,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .collect();
     }
     write_rows(&a.out, &merged.rows)?;
-    eprintln!(
+    crate::say!(
         "densebench merge: {} inputs, {read} rows → {} rows in {} ({} identical duplicates \
          dropped{})",
         inputs.len(),
@@ -160,16 +160,16 @@ pub fn run(a: Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     };
     if outside > 0 {
-        eprintln!("densebench merge: note: {outside} rows are not keys of {source}");
+        crate::say!("densebench merge: note: {outside} rows are not keys of {source}");
     }
     if missing.is_empty() {
-        eprintln!(
+        crate::say!(
             "densebench merge: complete: all {} keys of {source}",
             keys.len()
         );
         return Ok(ExitCode::SUCCESS);
     }
-    eprintln!(
+    crate::say!(
         "densebench merge: INCOMPLETE: {} of the {} keys of {source} are missing:",
         missing.len(),
         keys.len()
@@ -180,15 +180,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     for (s, ks) in &per_shard {
         if let (Some(s), Some(n)) = (s, a.shards) {
-            eprintln!("  shard {s}/{n} ({} missing):", ks.len());
+            crate::say!("  shard {s}/{n} ({} missing):", ks.len());
         }
         for k in ks {
-            eprintln!("    {k}");
+            crate::say!("    {k}");
         }
     }
     if let Some(n) = a.shards {
         let idx: Vec<String> = per_shard.keys().flatten().map(|s| s.to_string()).collect();
-        eprintln!(
+        crate::say!(
             "densebench merge: rerun shard(s) {} of {n} with --resume (Slurm: resubmit array \
              index {}), then merge again",
             idx.join(","),

@@ -28,38 +28,38 @@ pub fn run(a: Args) -> Result<ExitCode> {
             rows.len()
         );
     }
-    println!(
+    crate::tell!(
         "plots: {ok} ok rows of {} in {}",
         rows.len(),
         a.csv.display()
     );
     if replaced > 0 {
-        println!(
+        crate::tell!(
             "note: {replaced} row(s) repeat an earlier (config, depth, variant); the last one is plotted"
         );
     }
     let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
     if !skipped.is_empty() {
-        println!(
+        crate::tell!(
             "skipped {} row(s) whose status is not ok (listed in the figures' footers):",
             skipped.len()
         );
         for r in &skipped {
-            println!("  {} {}", r.config_label(), data::skipped_note(r));
+            crate::tell!("  {} {}", r.config_label(), data::skipped_note(r));
         }
     }
     for g in &groups {
         if g.depths().len() == 1 {
-            println!(
+            crate::tell!(
                 "note: {} has one depth only: no figures against depth",
                 g.label
             );
         }
     }
     let files = render_all(&rows, &a.out)?;
-    println!("wrote {} files:", files.len());
+    crate::tell!("wrote {} files:", files.len());
     for f in &files {
-        println!("  {}", f.display());
+        crate::tell!("  {}", f.display());
     }
     Ok(ExitCode::SUCCESS)
 }

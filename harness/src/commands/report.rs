@@ -24,10 +24,32 @@ pub struct Args {
 pub fn run(a: Args) -> Result<ExitCode> {
     refuse_input_as_output(&a.out, "--out", &[&a.csv])?;
     let rows = read_rows(&a.csv)?;
+    if !rows.iter().any(|r| r.is_ok()) {
+        let mut statuses = std::collections::BTreeMap::<&str, usize>::new();
+        for r in &rows {
+            *statuses.entry(r.status.as_str()).or_default() += 1;
+        }
+        let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        anyhow::bail!(
+            "{}: no rows with status ok ({} rows in all{}); nothing to report{}",
+            a.csv.display(),
+            rows.len(),
+            if statuses.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", statuses.join(", "))
+            },
+            if rows.is_empty() {
+                ""
+            } else {
+                " (their `error` column says why)"
+            }
+        );
+    }
     let text = render(&rows, &a.csv, &a.out, &a.plots)?;
     write_bytes_atomic(&a.out, text.as_bytes())
         .with_context(|| format!("writing the report {}", a.out.display()))?;
-    println!(
+    crate::tell!(
         "wrote {} ({} rows from {})",
         a.out.display(),
         rows.len(),

@@ -117,9 +117,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?)?;
     let mut on_retry = |failed: &Row, n: usize| {
-        eprintln!(
+        crate::say!(
             "densebench run: {}: {}; retrying ({n} of {})",
-            failed.key, failed.error, a.retries
+            failed.key,
+            failed.error,
+            a.retries
         );
     };
     let row = match measure_row_retrying(
@@ -134,11 +136,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         Ok(row) => row,
         Err(e) => match interrupt::interrupted(&e) {
             Some(stop) => {
-                // Not eprintln!: after SIGHUP the terminal may be gone.
-                let _ = writeln!(
-                    std::io::stderr(),
-                    "densebench run: {stop}: the child was killed; no row was printed"
-                );
+                crate::say!("densebench run: {stop}: the child was killed; no row was printed");
                 return Ok(ExitCode::from(stop.exit_status()));
             }
             None => return Err(e),
@@ -146,7 +144,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     print_row(&row, a.format, &mut std::io::stdout().lock())?;
     if !row.is_ok() || row.grad_ok != Some(true) {
-        eprintln!(
+        crate::say!(
             "densebench: {}: {} {}",
             row.key,
             row.status,

@@ -66,7 +66,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         impls::case::save_result(&result, tmp)
             .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
     })?;
-    eprintln!(
+    crate::say!(
         "densebench step: {variant} on {} → {}",
         case.cfg.describe(),
         a.out.display()

@@ -50,6 +50,12 @@ fn model_total(v: Variant, cfg: &Config, depth: usize, s: &Settings) -> Option<u
         .map(|p| p + static_bytes(&c))
 }
 
+/// Whether `v` has a memory model (every variant but `autograd`), i.e. whether it can be
+/// answered without measured runs.
+pub fn has_model(v: Variant, cfg: &Config, s: &Settings) -> bool {
+    model_total(v, cfg, 1, s).is_some()
+}
+
 /// A measured run's verdict.
 enum Probe {
     Fits(u64),
@@ -80,7 +86,7 @@ impl<'a> Searcher<'a> {
         };
         c.validate().map_err(|e| anyhow!("{e}"))?;
         self.runs += 1;
-        eprintln!("densebench max-depth: measuring {v} at L={depth}");
+        crate::say!("densebench max-depth: measuring {v} at L={depth}");
         match child::spawn(&child::flags(v, &c, self.settings), self.settings)? {
             Outcome::Ok(stdout) => {
                 let m = child::parse_measurement(&stdout)?;

@@ -16,7 +16,6 @@ use anyhow::{Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::BTreeSet;
 use std::fmt;
-use std::io::Write;
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
@@ -154,9 +153,7 @@ pub fn install() -> Result<()> {
                             .is_ok();
                         kill_all();
                         if !first {
-                            // Not eprintln!: after SIGHUP the terminal may be gone.
-                            let _ = writeln!(
-                                std::io::stderr(),
+                            crate::say!(
                                 "densebench: {} again: exiting now (the children are killed; \
                                  --resume continues a sweep)",
                                 signal_name(signal)

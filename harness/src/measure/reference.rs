@@ -128,6 +128,18 @@ impl Cache {
         let dir = root.join(build_id()?);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("creating the reference cache {}", dir.display()))?;
+        // Writable, checked now: else every configuration would compute its reference and fail
+        // to keep it, and each of its rows would be an `error`.
+        let probe = dir.join(format!("write-probe.tmp{}", std::process::id()));
+        std::fs::write(&probe, b"")
+            .and_then(|()| std::fs::remove_file(&probe))
+            .with_context(|| {
+                format!(
+                    "the reference cache {} is not writable: pass --cache-dir DIR or set \
+                     {CACHE_ENV}",
+                    dir.display()
+                )
+            })?;
         remove_stale_temporaries(&dir);
         Ok(Cache {
             dir,

@@ -73,6 +73,19 @@ impl Metric {
         self == Metric::GflopsPerS
     }
 
+    /// A time of 0 ns (or 0 GFLOP/s) is no measurement: such a value is compared as missing,
+    /// never as an infinitely better or worse one.
+    fn zero_is_unmeasured(self) -> bool {
+        !matches!(
+            self,
+            Metric::PeakBytes
+                | Metric::SavedBytes
+                | Metric::PredictedPeakBytes
+                | Metric::BaselineBytes
+                | Metric::PeakRssBytes
+        )
+    }
+
     /// The human unit of the text and markdown tables and the divisor from the raw unit.
     fn unit(self) -> (&'static str, f64) {
         match self {
@@ -166,9 +179,10 @@ pub struct Comparison {
     /// Rows (config label, variant, depth) only in BASE, then only in NEW.
     pub only_base: Vec<String>,
     pub only_new: Vec<String>,
-    /// Rows ok in BASE whose status in NEW is not ok (counted as regressions with a threshold).
+    /// Rows ok in BASE (status `ok`, gradients within tolerance) that are not in NEW: another
+    /// status, or gradients out of tolerance or unchecked. They fail the comparison.
     pub broke: Vec<String>,
-    /// Rows not ok in BASE that are ok in NEW.
+    /// Rows not ok in BASE (as for `broke`) that are ok in NEW.
     pub fixed: Vec<String>,
     pub warnings: Vec<String>,
     pub matched: usize,
@@ -180,6 +194,26 @@ impl Comparison {
             .iter()
             .filter(|l| l.verdict == Verdict::Regression)
             .count()
+    }
+}
+
+/// What is wrong with a row as a result, `None` when nothing is: its status when it is not
+/// `ok`, else its gradient check when that failed (out of tolerance, a NaN error) or is absent.
+/// A row whose gradients are wrong is no result, whatever its `status` cell says.
+fn health(r: &Row) -> Option<String> {
+    if !r.is_ok() {
+        return Some(r.status.clone());
+    }
+    match r.grad_ok {
+        Some(true) if !r.has_non_finite_error() => None,
+        Some(_) => Some(match (r.max_rel_err, r.tolerance) {
+            (Some(e), Some(t)) => {
+                format!("gradients out of tolerance (max_rel_err {e:.1e} > {t:.1e})")
+            }
+            (Some(e), None) => format!("gradients out of tolerance (max_rel_err {e:.1e})"),
+            _ => "gradients out of tolerance".to_string(),
+        }),
+        None => Some("gradients not checked".to_string()),
     }
 }
 
@@ -269,14 +303,25 @@ pub fn compare_rows(
             continue;
         };
         c.matched += 1;
-        if b.is_ok() && !n.is_ok() {
-            c.broke.push(format!("{}: ok → {}", describe(b), n.status));
-        } else if !b.is_ok() && n.is_ok() {
-            c.fixed.push(format!("{}: {} → ok", describe(b), b.status));
+        match (health(b), health(n)) {
+            (None, Some(why)) => c.broke.push(format!("{}: ok → {why}", describe(b))),
+            (Some(why), None) => c.fixed.push(format!("{}: {why} → ok", describe(b))),
+            _ => {}
         }
         for &m in metrics {
             let (bv, nv) = (m.value(b), m.value(n));
             let verdict = match (bv, nv, limit) {
+                (Some(bv), Some(nv), _) if m.zero_is_unmeasured() && (bv <= 0.0 || nv <= 0.0) => {
+                    Verdict::Missing
+                }
+                // from nothing to something (bytes): worse where lower is better
+                (Some(bv), Some(nv), Some(_)) if bv <= 0.0 && nv > 0.0 => {
+                    if m.higher_is_better() {
+                        Verdict::Improvement
+                    } else {
+                        Verdict::Regression
+                    }
+                }
                 (Some(bv), Some(nv), Some(lim)) if bv > 0.0 => {
                     let r = nv / bv;
                     // Worse means larger for lower-is-better metrics, smaller otherwise.
@@ -549,6 +594,11 @@ pub fn summary(c: &Comparison, thr: Option<f64>) -> String {
                 format!("ok: no regression beyond {p}%")
             }
         }
+        None if !c.broke.is_empty() => format!(
+            "FAIL: {} row(s) that stopped working (exit {EXIT_REGRESSION}); no --max-regression \
+             given: metrics not judged",
+            c.broke.len()
+        ),
         None => "no --max-regression given: nothing judged".to_string(),
     }
 }

@@ -60,6 +60,16 @@ pub fn bad_input(e: impl Into<anyhow::Error>) -> anyhow::Error {
     anyhow::Error::new(BadInput(e))
 }
 
+/// `e` without the bad-input mark (exit status 1, not 2), its message unchanged: for `merge`,
+/// whose status 2 means "merged, keys missing" and 1 "nothing written".
+pub fn not_bad_input(e: anyhow::Error) -> anyhow::Error {
+    if is_bad_input(&e) {
+        anyhow::anyhow!("{e:#}")
+    } else {
+        e
+    }
+}
+
 /// Whether `e` (or an error it wraps with context) is bad input.
 pub fn is_bad_input(e: &anyhow::Error) -> bool {
     e.downcast_ref::<BadInput>().is_some()

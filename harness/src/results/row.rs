@@ -307,9 +307,26 @@ impl Row {
     }
 }
 
-/// A CSV error in words: the line and the column by name, never "field 24".
-fn csv_error(path: &Path, headers: &[String], e: &csv::Error) -> anyhow::Error {
-    let line = e.position().map(|p| p.line());
+/// How far the csv crate's line numbers lag the file's: in a file with CRLF line endings a
+/// record's position is taken before the `\n` of the line above it is read, so its line is one
+/// too low (1 for a CRLF file, 0 otherwise; a file that mixes both may still be off by one).
+fn crlf_line_lag(path: &Path) -> u64 {
+    let mut start = Vec::new();
+    let read = std::fs::File::open(path)
+        .and_then(|f| std::io::Read::read_to_end(&mut std::io::Read::take(f, 1 << 16), &mut start));
+    if read.is_err() {
+        return 0;
+    }
+    match start.iter().position(|&b| b == b'\n') {
+        Some(i) if i > 0 && start[i - 1] == b'\r' => 1,
+        _ => 0,
+    }
+}
+
+/// A CSV error in words: the line and the column by name, never "field 24". `lag`:
+/// [`crlf_line_lag`].
+fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
+    let line = e.position().map(|p| p.line() + lag);
     let at = match line {
         Some(l) => format!("{} line {l}", path.display()),
         None => path.display().to_string(),
@@ -355,9 +372,10 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
 fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     let mut rdr = csv::Reader::from_path(path)
         .with_context(|| format!("opening result CSV {}", path.display()))?;
+    let lag = crlf_line_lag(path);
     let headers: Vec<String> = rdr
         .headers()
-        .map_err(|e| csv_error(path, &[], &e))
+        .map_err(|e| csv_error(path, &[], &e, 0))
         .with_context(|| format!("reading the header of {}", path.display()))?
         .iter()
         .map(str::to_string)
@@ -390,12 +408,12 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         match rdr.read_record(&mut record) {
             Ok(false) => break,
             Ok(true) => {}
-            Err(e) => return Err(csv_error(path, &headers, &e)),
+            Err(e) => return Err(csv_error(path, &headers, &e, lag)),
         }
-        let line = record.position().map_or(0, |p| p.line());
+        let line = record.position().map_or(0, |p| p.line() + lag);
         let mut row: Row = record
             .deserialize(Some(&csv::StringRecord::from(headers.clone())))
-            .map_err(|e| csv_error(path, &headers, &e))?;
+            .map_err(|e| csv_error(path, &headers, &e, lag))?;
         if row.schema != file_schema {
             bail!(
                 "{} line {line}, column `schema`: {} is not the schema of this file's header \

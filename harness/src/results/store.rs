@@ -321,6 +321,15 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
     if first == expected {
         return Ok(());
     }
+    if first.strip_suffix(b"\r") == Some(expected) {
+        return Err(bad_input(anyhow!(
+            "{} has Windows (CRLF) line endings (saved by a spreadsheet or Python's csv \
+             module?): refusing to append densebench's LF lines to it; convert it first \
+             (`sed -i 's/\\r$//' {}`) or write to a new file; the file was not changed",
+            path.display(),
+            path.display()
+        )));
+    }
     let shown = String::from_utf8_lossy(&first[..first.len().min(80)]).into_owned();
     let got: Vec<String> = csv::ReaderBuilder::new()
         .has_headers(false)

@@ -36,7 +36,13 @@ where
     } else {
         (0.1, 10.0)
     };
-    let within = rows
+    // Rows below the model's scale are drawn but not counted (impls::memory::MODEL_MIN_PEAK_BYTES).
+    let min = impls::memory::MODEL_MIN_PEAK_BYTES;
+    let (counted, small): (Vec<&Row>, Vec<&Row>) = rows
+        .iter()
+        .copied()
+        .partition(|r| r.peak_bytes.unwrap_or(0) >= min);
+    let within = counted
         .iter()
         .filter(|r| {
             let ratio =
@@ -44,13 +50,22 @@ where
             (ratio - 1.0).abs() <= 0.05
         })
         .count();
+    let small_note = if small.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " ({} rows with peaks under {} MiB not counted: below the model's scale)",
+            small.len(),
+            min >> 20
+        )
+    };
     let f = frame(
         root,
         &format!("Measured vs predicted peak memory — {family}"),
         &format!(
-            "{} · {within} of {} rows within ±5% of the prediction",
+            "{} · {within} of {} rows within ±5% of the prediction{small_note}",
             devices_of(&rows),
-            rows.len()
+            counted.len()
         ),
         &[],
     )?;
