@@ -317,10 +317,35 @@ fn cmdline(pid: u32) -> String {
 /// Whether `pid` still runs (a zombie does not) as a `densebench child` whose command line
 /// names `cache` (a test's own directory: its references are there).
 fn child_alive(pid: u32, cache: &str) -> bool {
+    child_alive_once(pid, cache) || child_alive_reread(pid, cache)
+}
+
+/// [`child_alive`] from one read of /proc (to scan every process for strays).
+fn child_alive_once(pid: u32, cache: &str) -> bool {
     let cmd = cmdline(pid);
     stat(pid).is_some_and(|(state, _)| state != 'Z')
         && cmd.contains(" child ")
         && cmd.contains(cache)
+}
+
+fn child_alive_reread(pid: u32, cache: &str) -> bool {
+    // A live process whose command line does not read back as expected is read again, for
+    // 100 ms: twice in some twenty runs of this file a live child was taken for dead or for one
+    // without the cache argument (not reproduced since; a transient /proc read is the suspect),
+    // and a test must not call a child dead on one read.
+    for attempt in 0..5 {
+        if !stat(pid).is_some_and(|(state, _)| state != 'Z') {
+            return false;
+        }
+        let cmd = cmdline(pid);
+        if cmd.contains(" child ") && cmd.contains(cache) {
+            return true;
+        }
+        if attempt < 4 {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    false
 }
 
 /// Waits (up to `limit`) for a `densebench child` of `parent` for which `pick` holds.
@@ -405,14 +430,14 @@ fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
         .spawn()
         .expect("spawn bench-all");
     let pid = parent.id();
-    let running = wait_for_child(pid, Duration::from_secs(60), |_| true);
-    let Some((running, running_cmd)) = running else {
-        let o = wait_with_limit(parent, Duration::from_secs(60));
-        panic!("no child ever ran: {}", stderr(&o));
-    };
-    // Every child of the quick sweep names the test's cache (its reference is there).
+    // Every child of the quick sweep names the test's cache (its reference is there): one
+    // that did not would never be seen here.
     let cache_str = path_str(&cache);
-    assert!(running_cmd.contains(cache_str), "{running_cmd}");
+    let running = wait_for_child(pid, Duration::from_secs(60), |cmd| cmd.contains(cache_str));
+    let Some((running, _)) = running else {
+        let o = wait_with_limit(parent, Duration::from_secs(60));
+        panic!("no child naming the cache ever ran: {}", stderr(&o));
+    };
     // The parent alone, as a scheduler or a closed terminal would.
     signal(pid, libc::SIGTERM);
     let o = wait_with_limit(parent, Duration::from_secs(30));
@@ -435,7 +460,7 @@ fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
         .flatten()
         .flatten()
         .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
-        .filter(|&p| child_alive(p, cache_str))
+        .filter(|&p| child_alive_once(p, cache_str))
         .collect();
     assert!(
         strays.is_empty(),
@@ -522,7 +547,6 @@ fn kill_measuring_child(
         "no measuring child seen: {}",
         stderr(&o)
     );
-    assert!(o.status.success(), "{}", stderr(&o));
     let rows = read_rows(&out).expect("a valid CSV");
     assert_eq!(rows.len(), 1, "one job, one row");
     let row = rows.into_iter().next().expect("one row");
@@ -537,6 +561,13 @@ fn a_child_killed_from_outside_is_killed_not_oom_and_retried() {
     assert!(row.error.starts_with("killed by SIGKILL"), "{}", row.error);
     assert!(row.peak_bytes.is_none(), "a killed child measured nothing");
     assert!(!stderr(&o).contains("retrying"), "{}", stderr(&o));
+    // The row is written and the run fails: it did not measure what it was asked to.
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("rows not measured (killed: 1)"),
+        "{}",
+        stderr(&o)
+    );
     // With one retry the row is measured again, says so, and this time is a result.
     let (o, row) = kill_measuring_child(dir.path(), "retried.csv", "1");
     let err = stderr(&o);
@@ -544,6 +575,7 @@ fn a_child_killed_from_outside_is_killed_not_oom_and_retried() {
         err.contains("killed by SIGKILL") && err.contains("retrying (1 of 1)"),
         "{err}"
     );
+    assert!(o.status.success(), "{err}");
     assert_eq!(
         (row.status.as_str(), row.grad_ok),
         ("ok", Some(true)),

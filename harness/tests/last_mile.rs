@@ -563,49 +563,38 @@ fn compare_fails_rows_whose_gradients_went_wrong() {
 #[test]
 fn report_refuses_a_file_without_ok_rows() {
     let (dir, csv) = setup(&[]);
-    // header only, as a sweep leaves it before its first row
-    std::fs::write(&csv, densebench::results::store::csv_bytes(&[]).unwrap()).unwrap();
     let out = dir.path().join("REPORT.md");
-    let o = densebench(
-        &[
+    // exit 1, nothing written; what it said
+    let report = || {
+        let args = [
             "report",
             csv.to_str().unwrap(),
             "--out",
             out.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    let log = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{log}");
+        ];
+        let o = densebench(&args, dir.path());
+        let log = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{log}");
+        assert!(!out.exists(), "{log}");
+        log
+    };
+    // header only, as a sweep leaves it before its first row
+    std::fs::write(&csv, densebench::results::store::csv_bytes(&[]).unwrap()).unwrap();
+    let log = report();
     assert!(
         log.contains("no rows with status ok (0 rows in all)"),
         "{log}"
     );
-    assert!(!out.exists());
     let mut rows = synthetic(&[4]);
     for r in &mut rows {
         r.status = "error".to_string();
         r.error = "no reference could be computed".to_string();
     }
     write_csv(&csv, &rows);
-    let o = densebench(
-        &[
-            "report",
-            csv.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-        dir.path(),
-    );
-    let log = text(&o);
-    assert_eq!(o.status.code(), Some(1), "{log}");
+    let log = report();
+    let n = rows.len();
     assert!(
-        log.contains(&format!(
-            "({} rows in all: error: {})",
-            rows.len(),
-            rows.len()
-        )),
+        log.contains(&format!("({n} rows in all: error: {n})")),
         "{log}"
     );
-    assert!(!out.exists());
 }
