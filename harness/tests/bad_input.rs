@@ -334,7 +334,7 @@ fn child_alive_reread(pid: u32, cache: &str) -> bool {
     // without the cache argument (not reproduced since; a transient /proc read is the suspect),
     // and a test must not call a child dead on one read.
     for attempt in 0..5 {
-        if !stat(pid).is_some_and(|(state, _)| state != 'Z') {
+        if stat(pid).is_none_or(|(state, _)| state == 'Z') {
             return false;
         }
         let cmd = cmdline(pid);
