@@ -598,3 +598,50 @@ fn report_refuses_a_file_without_ok_rows() {
         "{log}"
     );
 }
+
+/// A reference with PyTorch peer rows against a run without `--peer`: the peer rows are listed
+/// as not run, not as missing (a different run mode, not dropped configurations); a NEW with
+/// peer rows that lacks one of BASE's still fails as missing.
+#[test]
+fn compare_lists_peer_rows_a_run_without_peer_did_not_make() {
+    let mine = synthetic(&[4]);
+    let peer = |v: &str, family: &str| {
+        let mut r = row(family, "cat-store-copy", 4);
+        r.variant = v.to_string();
+        r.framework = "pytorch".to_string();
+        r.framework_version = "torch 2.15.0".to_string();
+        r.predicted_peak_bytes = None;
+        r.key = densebench::results::row::key_of_fields(&r);
+        r
+    };
+    let mut base = mine.clone();
+    base.extend([peer("pytorch-naive", "bc"), peer("pytorch-naive", "mlp")]);
+    let (dir, base_csv) = setup(&base);
+    let new_csv = dir.path().join("new.csv");
+    write_csv(&new_csv, &mine);
+    let args = [
+        "compare",
+        base_csv.to_str().unwrap(),
+        new_csv.to_str().unwrap(),
+    ];
+    let o = densebench(&args, dir.path());
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains("0 only in BASE")
+            && log.contains("2 PyTorch rows of BASE not run (NEW has no peer rows)")
+            && log.contains("pytorch-naive"),
+        "{log}"
+    );
+    // NEW ran with --peer but lacks one of BASE's peer rows: that one is missing.
+    let mut new = mine.clone();
+    new.push(peer("pytorch-naive", "bc"));
+    write_csv(&new_csv, &new);
+    let o = densebench(&args, dir.path());
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("1 only in BASE") && log.contains("missing from NEW"),
+        "{log}"
+    );
+}

@@ -178,6 +178,9 @@ pub struct Comparison {
     pub lines: Vec<Line>,
     /// Rows (config label, variant, depth) only in BASE, then only in NEW.
     pub only_base: Vec<String>,
+    /// PyTorch peer rows of BASE when NEW has none at all (a run without `--peer`): listed, not
+    /// counted as missing — a different run mode, not configurations NEW silently dropped.
+    pub peers_not_run: Vec<String>,
     pub only_new: Vec<String>,
     /// Rows ok in BASE (status `ok`, gradients within tolerance) that are not in NEW: another
     /// status, or gradients out of tolerance or unchecked. They fail the comparison.
@@ -297,9 +300,14 @@ pub fn compare_rows(
         ));
     }
     let limit = threshold_pct.map(|p| p / 100.0);
+    let new_has_peers = new.iter().any(Row::is_peer);
     for (k, b) in &bi {
         let Some(n) = ni.get(k) else {
-            c.only_base.push(describe(b));
+            if b.is_peer() && !new_has_peers {
+                c.peers_not_run.push(describe(b));
+            } else {
+                c.only_base.push(describe(b));
+            }
             continue;
         };
         c.matched += 1;
@@ -486,12 +494,20 @@ pub fn render_human(
     };
     let para_end = if md { "\n" } else { "" };
     out.push_str(&format!(
-        "compare: BASE {} vs NEW {}: {} rows matched, {} only in BASE, {} only in NEW\n{para_end}",
+        "compare: BASE {} vs NEW {}: {} rows matched, {} only in BASE, {} only in NEW{}\n{para_end}",
         base.display(),
         new.display(),
         c.matched,
         c.only_base.len(),
-        c.only_new.len()
+        c.only_new.len(),
+        if c.peers_not_run.is_empty() {
+            String::new()
+        } else {
+            format!(
+                ", {} PyTorch rows of BASE not run (NEW has no peer rows)",
+                c.peers_not_run.len()
+            )
+        }
     ));
     for w in &c.warnings {
         out.push_str(&warn(w));
@@ -570,6 +586,11 @@ pub fn render_human(
         }
     };
     list("only in BASE", &c.only_base, &mut out);
+    list(
+        "PyTorch rows of BASE not run in NEW (no --peer there; not counted as missing)",
+        &c.peers_not_run,
+        &mut out,
+    );
     list("only in NEW", &c.only_new, &mut out);
     list("ok in BASE, failed in NEW", &c.broke, &mut out);
     list("failed in BASE, ok in NEW", &c.fixed, &mut out);
@@ -629,7 +650,11 @@ pub fn write_csv(c: &Comparison, out: impl Write) -> Result<()> {
             .to_string(),
         ])?;
     }
-    for (items, verdict) in [(&c.only_base, "only-base"), (&c.only_new, "only-new")] {
+    for (items, verdict) in [
+        (&c.only_base, "only-base"),
+        (&c.only_new, "only-new"),
+        (&c.peers_not_run, "peer-not-run"),
+    ] {
         for i in items {
             w.write_record(["", i.as_str(), "", "", "", "", "", "", verdict])?;
         }
