@@ -645,3 +645,61 @@ fn compare_lists_peer_rows_a_run_without_peer_did_not_make() {
         "{log}"
     );
 }
+
+/// `plots` records which CSV its figures are (`figures-source.txt`); `report` links them only
+/// for that CSV, and for another one says so instead of embedding figures of other data. An
+/// infinite or NaN gradient error is drawn (as a failure), never a hang, and the report's
+/// worst-error column shows the NaN rather than skipping it.
+#[test]
+fn report_links_only_figures_drawn_from_its_own_csv() {
+    let rows = synthetic(&[4, 8]);
+    let (dir, csv) = setup(&rows);
+    let o = densebench(
+        &["plots", csv.to_str().unwrap(), "--out", "plots"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let source = std::fs::read_to_string(dir.path().join("plots/figures-source.txt")).unwrap();
+    assert!(source.contains("results.csv"), "{source}");
+    let report = |csv: &Path| {
+        let args = [
+            "report",
+            csv.to_str().unwrap(),
+            "--out",
+            "REPORT.md",
+            "--plots",
+            "plots",
+        ];
+        let o = densebench(&args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap()
+    };
+    let md = report(&csv);
+    assert!(
+        md.contains("](plots/memory-vs-depth-bc-N64-C24-k12-bn4-32.png)"),
+        "{md}"
+    );
+    assert!(!md.contains("drawn from another CSV"));
+    // another CSV (one error made NaN, one infinite), the same figures folder
+    let mut other = rows.clone();
+    other[1].max_rel_err = Some(f64::NAN);
+    other[2].max_rel_err = Some(f64::INFINITY);
+    let other_csv = dir.path().join("other.csv");
+    write_csv(&other_csv, &other);
+    let md = report(&other_csv);
+    assert!(md.contains("were drawn from another CSV"), "{md}");
+    assert!(
+        !md.contains(".png)"),
+        "a figure of other data is linked:\n{md}"
+    );
+    assert!(
+        md.contains("| NaN |"),
+        "the NaN error is not shown as the worst:\n{md}"
+    );
+    let o = densebench(
+        &["plots", other_csv.to_str().unwrap(), "--out", "plots2"],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(dir.path().join("plots2/grad-error-bc.png").exists());
+}

@@ -1,9 +1,10 @@
 //! `densebench plots RESULTS.csv`: regenerates every figure (SVG and PNG) of a result CSV
 //! ([`crate::outputs::plots::render_all`]) and says what it skipped.
 
-use crate::outputs::plots::{data, render_all};
+use crate::outputs::plots::{data, render_all, source_text, SOURCE_FILE};
 use crate::results::row::{read_rows, Row};
-use anyhow::{bail, Result};
+use crate::results::store::write_bytes_atomic;
+use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -56,7 +57,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
             );
         }
     }
-    let files = render_all(&rows, &a.out)?;
+    let mut files = render_all(&rows, &a.out)?;
+    // which CSV these figures are (for `report`)
+    let bytes = std::fs::read(&a.csv)
+        .with_context(|| format!("reading {} again to record it", a.csv.display()))?;
+    let source = a.out.join(SOURCE_FILE);
+    write_bytes_atomic(&source, source_text(&a.csv, &bytes).as_bytes())?;
+    files.push(source);
     crate::tell!("wrote {} files:", files.len());
     for f in &files {
         crate::tell!("  {}", f.display());

@@ -327,10 +327,17 @@ fn gradient_section(groups: &[Group], out: &mut String) {
             .map(|v| {
                 let vr: Vec<&&Row> = fam_rows.iter().filter(|r| &r.variant == v).collect();
                 let n_checked = vr.iter().filter(|r| r.max_rel_err.is_some()).count();
+                // the worst error; a NaN is the worst of all (f64::max would skip it)
                 let max = |f: fn(&Row) -> Option<f64>| {
                     vr.iter()
                         .filter_map(|r| f(r))
-                        .reduce(f64::max)
+                        .reduce(|a, b| {
+                            if a.is_nan() || b.is_nan() {
+                                f64::NAN
+                            } else {
+                                a.max(b)
+                            }
+                        })
                         .map(fmt_err)
                         .unwrap_or_else(|| "–".to_string())
                 };
@@ -385,6 +392,26 @@ fn figures_section(
         _ => PathBuf::from("."),
     };
     let rel = relative_path(&report_dir, plots_dir)?;
+    // Figures of another CSV are not this report's: name it and link none of them.
+    if let Ok(text) = std::fs::read_to_string(plots_dir.join(plots::SOURCE_FILE)) {
+        let bytes = std::fs::read(csv).with_context(|| format!("reading {}", csv.display()))?;
+        if plots::recorded_hash(&text) != Some(plots::content_hash(&bytes).as_str()) {
+            let from = text
+                .lines()
+                .find_map(|l| l.strip_prefix("drawn from: "))
+                .unwrap_or("another CSV");
+            let _ = writeln!(
+                out,
+                "The figures in `{}` were drawn from another CSV (`{from}`), not from this one: \
+                 run `densebench plots {} --out DIR` and `densebench report {} --plots DIR` to \
+                 link this CSV's figures.\n",
+                plots_dir.display(),
+                csv.display(),
+                csv.display()
+            );
+            return Ok(());
+        }
+    }
     let missing = figs
         .iter()
         .filter(|f| !plots_dir.join(format!("{}.png", f.stem)).exists())

@@ -70,6 +70,9 @@ pub struct ConfigKey {
     pub dtype: String,
     pub seed: u64,
     pub device: String,
+    /// `ieee` or `tf32`: rows of the two math modes are never one series (a tf32 time is not an
+    /// ieee one), so they are separate groups, figures and tables.
+    pub math: String,
 }
 
 impl ConfigKey {
@@ -85,6 +88,11 @@ impl ConfigKey {
             dtype: row.dtype.clone(),
             seed: row.seed,
             device: row.device.clone(),
+            math: if row.math.is_empty() {
+                "ieee".to_string()
+            } else {
+                row.math.clone()
+            },
         }
     }
 
@@ -113,6 +121,10 @@ impl ConfigKey {
         if self.device != "cpu" {
             s.push('-');
             s.push_str(&sanitize(&self.device));
+        }
+        if self.math != "ieee" {
+            s.push('-');
+            s.push_str(&sanitize(&self.math));
         }
         s
     }
@@ -268,8 +280,34 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
         .into_iter()
         .map(|(key, (ok, peers, skipped))| {
             let first = ok.first().or(skipped.first()).or(peers.first());
-            let label = first.map(Row::config_label).unwrap_or_default();
-            let device_label = first.map(device_label).unwrap_or_default();
+            let mut label = first.map(Row::config_label).unwrap_or_default();
+            if key.math != "ieee" {
+                label.push(' ');
+                label.push_str(&key.math);
+            }
+            let mut device_label = first.map(device_label).unwrap_or_default();
+            // densebench rows at several thread counts: their times are not one series; say so
+            // wherever the group's device is shown (subtitles, the report)
+            let mut threads: Vec<usize> = ok.iter().map(|r| r.threads).collect();
+            threads.sort_unstable();
+            threads.dedup();
+            if threads.len() > 1 {
+                let list: Vec<String> = threads.iter().map(ToString::to_string).collect();
+                device_label = format!(
+                    "{} — rows at {} threads: times are not comparable across them",
+                    first
+                        .map(|r| {
+                            let mut d = r.device.clone();
+                            if !r.device_desc.is_empty() {
+                                d.push_str(": ");
+                                d.push_str(r.device_desc.trim());
+                            }
+                            d
+                        })
+                        .unwrap_or_default(),
+                    list.join(" and ")
+                );
+            }
             Group {
                 slug: key.slug(),
                 key,

@@ -25,7 +25,7 @@ where
     let min_pos = checked
         .iter()
         .filter_map(|r| r.max_rel_err)
-        .filter(|&e| e > 0.0)
+        .filter(|&e| e > 0.0 && e.is_finite())
         .fold(f64::INFINITY, f64::min);
     // Exact zeros have no logarithm: draw them one decade below the smallest non-zero error (or
     // at 1e-9, below any f32 rounding error, when every error is zero).
@@ -37,7 +37,19 @@ where
     let max_err = checked
         .iter()
         .filter_map(|r| r.max_rel_err)
+        .filter(|e| e.is_finite())
         .fold(floor * 10.0, f64::max);
+    // A NaN or infinite error has no place on the axis: such rows are drawn at its right edge,
+    // as the failures they are (never at the floor, where "bitwise equal" is).
+    let off_scale = max_err * 2.0;
+    let x_of = |r: &Row| match r.max_rel_err {
+        Some(e) if e.is_finite() => e.max(floor),
+        _ => off_scale,
+    };
+    let non_finite = checked
+        .iter()
+        .filter(|r| r.max_rel_err.is_some_and(|e| !e.is_finite()))
+        .count();
     let bad = checked.iter().filter(|r| r.grad_ok == Some(false)).count();
     let bitwise = checked
         .iter()
@@ -53,6 +65,11 @@ where
     };
     let unchecked = rows.len() - checked.len();
     let mut footer = Vec::new();
+    if non_finite > 0 {
+        footer.push(format!(
+            "{non_finite} row(s) with a NaN or infinite error: drawn at the right edge, as failures"
+        ));
+    }
     if unchecked > 0 {
         footer.push(format!(
             "{unchecked} ok row(s) have no gradient check (empty max_rel_err) and are not drawn"
@@ -130,18 +147,23 @@ where
             .iter()
             .enumerate()
             .filter(|(_, r)| r.grad_ok != Some(false))
-            .map(|(i, r)| (r.max_rel_err.unwrap_or(0.0).max(floor), spread(i)))
+            .map(|(i, r)| (x_of(r), spread(i)))
             .collect();
         let fail: Vec<(f64, f64)> = vr
             .iter()
             .enumerate()
             .filter(|(_, r)| r.grad_ok == Some(false))
-            .map(|(i, r)| (r.max_rel_err.unwrap_or(0.0).max(floor), spread(i)))
+            .map(|(i, r)| (x_of(r), spread(i)))
             .collect();
         markers(&mut chart, &good, shape_of(v), rgb(v), 5)?;
         markers(&mut chart, &fail, Shape::Cross, RED, 6)?;
         let worst = vr.iter().filter_map(|r| r.max_rel_err).fold(0.0, f64::max);
-        let label = if worst == 0.0 {
+        let label = if vr
+            .iter()
+            .any(|r| r.max_rel_err.is_some_and(|e| !e.is_finite()))
+        {
+            format!("{v}  NaN or inf")
+        } else if worst == 0.0 {
             format!("{v}  0 (bitwise equal)")
         } else {
             format!("{v}  ≤ {worst:.1e}")

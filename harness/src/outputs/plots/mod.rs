@@ -71,6 +71,36 @@ pub struct Figure {
     pub key: bool,
 }
 
+/// The file `plots` writes beside the figures, naming the CSV they were drawn from and a hash
+/// of its bytes, so that `report` never embeds figures of another CSV as this one's.
+pub const SOURCE_FILE: &str = "figures-source.txt";
+
+/// FNV-1a over a file's bytes, as hex: enough to tell two result CSVs apart.
+pub fn content_hash(bytes: &[u8]) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for &b in bytes {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
+}
+
+/// The text of [`SOURCE_FILE`] for figures drawn from `csv` (its bytes `bytes`).
+pub fn source_text(csv: &Path, bytes: &[u8]) -> String {
+    format!(
+        "drawn from: {}\ncontent hash (FNV-1a 64): {}\n",
+        csv.display(),
+        content_hash(bytes)
+    )
+}
+
+/// The content hash a [`SOURCE_FILE`] records, if it is readable and has one.
+pub fn recorded_hash(text: &str) -> Option<&str> {
+    text.lines()
+        .find_map(|l| l.strip_prefix("content hash (FNV-1a 64): "))
+        .map(str::trim)
+}
+
 /// The figures a set of groups yields, in a stable order: per configuration memory and time
 /// against depth (when it has two depths or more), then per family the memory/time and
 /// timeline figures at the headline configuration, measured vs predicted and gradient errors.

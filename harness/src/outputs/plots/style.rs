@@ -387,6 +387,11 @@ pub(super) fn skipped_footer(notes: Vec<String>) -> Vec<String> {
 /// the powers of ten when that gives more than a dozen, every integer multiple when it gives
 /// fewer than three).
 pub(super) fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
+    // A non-finite or non-positive bound has no decades (an infinite one once asked for 2^31
+    // of them, and the process ran out of memory); nor does a span beyond any real data.
+    if !(lo.is_finite() && hi.is_finite() && lo > 0.0 && hi >= lo) || hi / lo > 1e60 {
+        return Vec::new();
+    }
     let decades = |mults: &[f64]| -> Vec<f64> {
         let (e0, e1) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
         (e0..=e1)
@@ -417,5 +422,30 @@ pub(super) fn devices_of(rows: &[&Row]) -> String {
         0 => String::new(),
         1 => d.remove(0),
         n => format!("{n} devices"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::log_ticks;
+
+    /// Bounds that are not finite, not positive or absurdly far apart give no ticks (an
+    /// infinite one used to ask for 2^31 decades and exhaust memory); ordinary ones do.
+    #[test]
+    fn log_ticks_refuse_bounds_without_decades() {
+        for (lo, hi) in [
+            (1e-9, f64::INFINITY),
+            (f64::NAN, 1.0),
+            (0.0, 1.0),
+            (-1.0, 1.0),
+            (2.0, 1.0),
+            (1e-200, 1e200),
+        ] {
+            assert!(log_ticks(lo, hi).is_empty(), "{lo}..{hi}");
+        }
+        assert_eq!(
+            log_ticks(1.0, 100.0),
+            [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
+        );
     }
 }
