@@ -16,7 +16,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-eval "$(scripts/install-cuda-toolkit.sh --cuda "${DENSEBENCH_CUDA:-13.0}" --print-env)"
+case "${1:-}" in
+    "") ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "gpu-pack: takes no arguments (got '$1'); settings are environment variables: see --help" >&2; exit 2 ;;
+esac
+
+# Not `eval "$(…)"` alone: that hides the installer's exit status from `set -e`, and a failed
+# toolkit went on to a build without nvcc.
+toolkit_env=$(scripts/install-cuda-toolkit.sh --cuda "${DENSEBENCH_CUDA:-13.0}" --print-env) \
+    || { echo "gpu-pack: the CUDA toolkit could not be installed or found (above); nothing was built" >&2; exit 1; }
+eval "$toolkit_env"
+command -v nvcc > /dev/null || { echo "gpu-pack: no nvcc on PATH after the toolkit's environment; nothing was built" >&2; exit 1; }
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-target/cuda}
 export CUDA_COMPUTE_CAP=${CUDA_COMPUTE_CAP:-90}
 export CUDAFORGE_THREADS=${CUDAFORGE_THREADS:-$(nproc)}

@@ -36,14 +36,27 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-OUT=${OUT:-/tmp/densebench-gpu}
-mkdir -p "$OUT"
+known=(info tests tf32 sweep report chunks flips sanitize profile)
+case "${1:-}" in
+    -h|--help)
+        sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
+        exit 0
+        ;;
+esac
 stages=("$@")
 [ ${#stages[@]} -gt 0 ] || stages=(info tests tf32 sweep report)
+# Every stage name checked before any work: a typo must not cost a GPU lease's minutes first.
+for stage in "${stages[@]}"; do
+    case " ${known[*]} " in
+        *" $stage "*) ;;
+        *) echo "gpu-session: unknown stage '$stage' (${known[*]}); nothing was run" >&2; exit 2 ;;
+    esac
+done
+[ -f .gpu/densebench.gz ] || { echo "gpu-session: .gpu/densebench.gz is missing: run scripts/gpu-pack.sh where Rust is, and carry .gpu" >&2; exit 2; }
+OUT=${OUT:-/tmp/densebench-gpu}
+mkdir -p "$OUT"
 status=0
 fail() { echo "gpu-session: $*" >&2; [ "$status" -ne 0 ] || status=1; }
-
-[ -f .gpu/densebench.gz ] || { echo "gpu-session: .gpu/densebench.gz is missing: run scripts/gpu-pack.sh where Rust is, and carry .gpu" >&2; exit 2; }
 
 # The CUDA libraries the binaries link (cuBLAS, cuRAND, NVRTC, the runtime), wherever this
 # machine has them (a system CUDA or PyTorch's nvidia-* wheels).

@@ -184,6 +184,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         p.error("--activation off applies to mlp only (a bc layer always has its ReLUs)")
     if a.math == "tf32" and (a.device == "cpu" or a.dtype == "f64"):
         p.error("--math tf32 applies to f32 on a CUDA device only")
+    # The result must not replace its own case (any path to the same file, a link included):
+    # the run would succeed and the next one find no input (as `densebench step` refuses).
+    if os.path.realpath(a.out) == os.path.realpath(a.case):
+        p.error(f"--out {a.out} is the case file --case {a.case}: write the result elsewhere")
     return a
 
 

@@ -242,6 +242,12 @@ def test_argument_errors_are_one_line(c: Ctx):
     r = c.peer("--case", c.path("missing.st"), "--family", "mlp", "--variant", "pytorch-naive",
                "--out", c.path("x.st"))
     assert r.returncode == pytorch_peer.EXIT_USAGE and "missing.st" in r.stderr, r.stderr
+    # the result over its own case (through another spelling of the path): refused, case kept
+    before = open(case, "rb").read()
+    same = os.path.join(os.path.dirname(case), ".", os.path.basename(case))
+    r = c.peer("--case", case, "--out", same, "--family", "mlp", "--variant", "pytorch-naive")
+    assert r.returncode == pytorch_peer.EXIT_USAGE and "is the case file" in r.stderr, r.stderr
+    assert open(case, "rb").read() == before
 
 
 def test_missing_torch_exits_3(c: Ctx):
