@@ -703,3 +703,46 @@ fn report_links_only_figures_drawn_from_its_own_csv() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(dir.path().join("plots2/grad-error-bc.png").exists());
 }
+
+/// The report's growth sentence names the depths each fit used (an `oom` naive row has no
+/// peak), and a CSV of naive rows alone gets no "most frugal" line comparing naive with itself.
+#[test]
+fn report_growth_sentences_say_what_was_fitted() {
+    let mut rows: Vec<Row> = synthetic(&[4, 8, 16])
+        .into_iter()
+        .filter(|r| r.family == "bc")
+        .collect();
+    let naive8 = rows
+        .iter_mut()
+        .find(|r| r.variant == "cat-store-copy" && r.depth == 8)
+        .unwrap();
+    naive8.status = "oom".to_string();
+    naive8.error = "memory allocation of 1 bytes failed".to_string();
+    naive8.peak_bytes = None;
+    let (dir, csv) = setup(&rows);
+    let report = |csv: &Path| {
+        let args = ["report", csv.to_str().unwrap(), "--out", "R.md"];
+        let o = densebench(&args, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        std::fs::read_to_string(dir.path().join("R.md")).unwrap()
+    };
+    let md = report(&csv);
+    let line = md
+        .lines()
+        .find(|l| l.starts_with("- bc") && l.contains("peak ∝ L^p"))
+        .unwrap_or_else(|| panic!("{md}"));
+    assert!(line.contains("over L = 4, 16 and L = 4, 8, 16"), "{line}");
+    let naive: Vec<Row> = rows
+        .into_iter()
+        .filter(|r| r.variant == "cat-store-copy" && r.status == "ok")
+        .collect();
+    let only = dir.path().join("naive.csv");
+    write_csv(&only, &naive);
+    let md = report(&only);
+    assert!(!md.contains("most frugal"), "{md}");
+    assert!(
+        !md.lines()
+            .any(|l| l.starts_with("- bc") && l.contains("peak ∝ L^p")),
+        "{md}"
+    );
+}
