@@ -141,10 +141,23 @@ def measure(a, t, rep, samples, versions):
             })
 
 
+def thread_list(text):
+    """`1,2` → [1, 2]: positive integers, at least one; else argparse's one-line usage error."""
+    try:
+        counts = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of thread counts")
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: give one or more thread counts ≥ 1, e.g. 1,2")
+    return counts
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--threads", default=f"1,{os.cpu_count() or 1}")
-    ap.add_argument("--only", choices=["bc", "mlp"])
+    ap.add_argument("--threads", type=thread_list, default=f"1,{os.cpu_count() or 1}",
+                    help="comma-separated thread counts to compare at, each run side by side "
+                    "(default: 1 and all cores)")
+    ap.add_argument("--only", choices=["bc", "mlp"], help="one family's configuration only")
     ap.add_argument("--bin", default=os.environ.get(
         "DENSEBENCH_BIN", os.path.join(ROOT, "target", "release", "densebench")))
     ap.add_argument("--out-dir", default=os.path.join(ROOT, "results"),
@@ -157,7 +170,7 @@ def main():
         sys.exit("bench-vs-pytorch: --repeat must be at least 1")
     if not os.path.exists(a.bin):
         sys.exit(f"bench-vs-pytorch: {a.bin} not found: run `cargo build --release` first")
-    threads = sorted({int(t) for t in a.threads.split(",") if t.strip()})
+    threads = a.threads
     samples = {}  # (config, threads, ours, theirs) -> list of per-repeat measurements
     versions = set()
     for rep in range(a.repeat):

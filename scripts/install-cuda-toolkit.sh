@@ -47,11 +47,15 @@ version=13.0
 prefix=
 print_env=0
 cudnn=0
+# The value of an option that takes one: present, and not another option.
+value() {
+    [ $# -ge 2 ] && [ -n "$2" ] && [ "${2#-}" = "$2" ] || die "$1 needs a value (see --help)"
+}
 while [ $# -gt 0 ]; do
     case "$1" in
-        --cuda) version=${2:?--cuda needs a version}; shift 2 ;;
+        --cuda) value "$@"; version=$2; shift 2 ;;
         --cuda=*) version=${1#--cuda=}; shift ;;
-        --prefix) prefix=${2:?--prefix needs a directory}; shift 2 ;;
+        --prefix) value "$@"; prefix=$2; shift 2 ;;
         --prefix=*) prefix=${1#--prefix=}; shift ;;
         --print-env) print_env=1; shift ;;
         --cudnn) cudnn=1; shift ;;

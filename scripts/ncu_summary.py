@@ -22,6 +22,7 @@ that is missing or holds no `gpu__time_duration.sum` of any kernel.
 from __future__ import annotations
 
 import csv
+import math
 import sys
 from dataclasses import dataclass, field
 
@@ -71,9 +72,12 @@ class Profile:
 def number(text: str, where: str) -> float:
     """A metric value as ncu prints it: thousands separators allowed."""
     try:
-        return float(text.replace(",", "").strip())
+        v = float(text.replace(",", "").strip())
     except ValueError:
         raise SummaryError(f"{where}: metric value {text!r} is not a number") from None
+    if not math.isfinite(v) or v < 0:
+        raise SummaryError(f"{where}: metric value {text!r} is not a finite duration")
+    return v
 
 
 def unit_ns(unit: str, where: str) -> float:
@@ -151,16 +155,25 @@ def summary(profiles: list[Profile], top: int) -> str:
 def main(argv: list[str]) -> int:
     top = 12
     args = list(argv)
+    usage = "usage: ncu_summary.py [--top N] LABEL=FILE.csv [LABEL=FILE.csv ...]"
+    if args[:1] in (["-h"], ["--help"]):
+        print((__doc__ or usage).strip())
+        return 0
     if args[:1] == ["--top"] and len(args) > 1:
         try:
             top = int(args[1])
         except ValueError:
-            print(f"ncu_summary: --top takes a number, not {args[1]!r}", file=sys.stderr)
+            top = -1
+        if top < 1:
+            print(f"ncu_summary: --top takes a number ≥ 1, not {args[1]!r}", file=sys.stderr)
             return 2
         args = args[2:]
     if not args or any(a.startswith("-") for a in args):
-        usage = "usage: ncu_summary.py [--top N] LABEL=FILE.csv [LABEL=FILE.csv ...]"
         print(usage, file=sys.stderr)
+        return 2
+    if any(a.startswith("=") for a in args):
+        print(f"ncu_summary: an empty label in {[a for a in args if a.startswith('=')]}; {usage}",
+              file=sys.stderr)
         return 2
     profiles = []
     for a in args:

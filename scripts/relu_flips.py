@@ -23,7 +23,13 @@ import json
 import struct
 import sys
 
-import numpy as np
+try:
+    import numpy as np
+except ImportError:
+    if len(sys.argv) != 3:
+        print("usage: relu_flips.py CASE.safetensors RESULT.safetensors", file=sys.stderr)
+        sys.exit(2)
+    sys.exit("relu_flips: needs numpy (e.g. the PyTorch peer's venv: harness/peer/.venv-peer/bin/python)")
 
 try:
     from safetensors.numpy import load_file
@@ -56,7 +62,13 @@ def main() -> int:
         print(__doc__.strip().splitlines()[0], file=sys.stderr)
         print("usage: relu_flips.py CASE.safetensors RESULT.safetensors", file=sys.stderr)
         return 2
-    case, result = load_file(sys.argv[1]), load_file(sys.argv[2])
+    try:
+        case, result = load_file(sys.argv[1]), load_file(sys.argv[2])
+    except Exception as e:  # noqa: BLE001 (safetensors raises its own error type too)
+        # a missing file, or one that is not safetensors (bad length, JSON or tensor table)
+        print(f"relu_flips: cannot read {sys.argv[1]} and {sys.argv[2]} as safetensors: {e}",
+              file=sys.stderr)
+        return 2
     depth = sum(1 for n in case if n.startswith("layers.") and n.endswith(".weight"))
     if depth == 0 or "output" not in result:
         print("relu_flips: not an mlp case and result (no layers.I.weight / output)", file=sys.stderr)

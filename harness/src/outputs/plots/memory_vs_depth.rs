@@ -136,11 +136,17 @@ where
             (first(|a, b| a < b), 1.0, "∝ L"),
         ] {
             let Some((x0, y0)) = start else { continue };
-            let end = (dmax, y0 * (dmax / x0).powf(slope));
+            // The guide ends where it leaves the panel (its top, `hi`): drawn further, plotters
+            // would clamp it into a flat dashed line along the top edge that looks like data.
+            let x1 = dmax.min(x0 * (hi / y0).powf(1.0 / slope));
+            if x1 <= x0 * 1.01 {
+                continue;
+            }
+            let end = (x1, y0 * (x1 / x0).powf(slope));
             // Dashes cut in log space: plotters' dashed series interpolates in data space,
             // which bends a power law on log axes.
             let at = |t: f64| {
-                let x = x0 * (dmax / x0).powf(t);
+                let x = x0 * (x1 / x0).powf(t);
                 (x, y0 * (x / x0).powf(slope))
             };
             for dash in (0..GUIDE_DASHES).step_by(2) {
@@ -153,15 +159,16 @@ where
                     BLACK.mix(0.45).stroke_width(1),
                 ))?;
             }
+            // at the right of its end, or, where the panel's top cut it, below-left of it (clear
+            // of the panel's caption)
+            let (offset, pos) = if x1 < dmax {
+                ((-6, 6), Pos::new(HPos::Right, VPos::Top))
+            } else {
+                ((6, 0), Pos::new(HPos::Left, VPos::Center))
+            };
             log.draw_series(std::iter::once(
                 EmptyElement::at(end)
-                    + Text::new(
-                        label,
-                        (6, 0),
-                        font(LABEL_PT)
-                            .color(&GREY)
-                            .pos(Pos::new(HPos::Left, VPos::Center)),
-                    ),
+                    + Text::new(label, offset, font(LABEL_PT).color(&GREY).pos(pos)),
             ))?;
         }
     }

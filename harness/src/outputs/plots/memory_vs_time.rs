@@ -56,6 +56,24 @@ where
             .filter(|(r, _)| r.depth == depth)
             .map(|(_, n)| n),
     );
+    // ok rows that have no point (no time or no peak): said, not silently absent
+    let unplotted: Vec<String> = g
+        .at_depth(depth)
+        .into_iter()
+        .filter(|r| !matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
+        .map(|r| format!("`{}`", r.variant))
+        .collect();
+    if !unplotted.is_empty() {
+        footer.push(format!(
+            "not drawn: {} (ok, but no measured time or peak){}",
+            unplotted.join(", "),
+            if unplotted.iter().any(|v| v == &format!("`{NAIVE}`")) {
+                "; no ratios to it"
+            } else {
+                ""
+            }
+        ));
+    }
     let f = frame(
         root,
         &format!("Memory vs time — {} L={depth}", g.label),

@@ -38,6 +38,10 @@ pub(super) fn font(pt: f64) -> TextStyle<'static> {
 
 /// An axis tick label: whole numbers without decimals, others with `fmt_num`'s precision.
 pub(super) fn tick(v: &f64) -> String {
+    // a computed grid value at zero is a rounding residue (8.67e-19), not a number to print
+    if v.abs() < 1e-12 {
+        return "0".to_string();
+    }
     if v.abs() >= 1.0 && (v - v.round()).abs() < 1e-9 * v.abs() {
         return format!("{v:.0}");
     }
@@ -427,7 +431,16 @@ pub(super) fn devices_of(rows: &[&Row]) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::log_ticks;
+    use super::{log_ticks, tick};
+
+    /// A grid value at zero computed with a rounding residue prints as 0, not 8.67e-19.
+    #[test]
+    fn ticks_at_zero_print_zero() {
+        assert_eq!(tick(&8.67e-19), "0");
+        assert_eq!(tick(&-3e-17), "0");
+        assert_eq!(tick(&0.0), "0");
+        assert_eq!(tick(&250.0), "250");
+    }
 
     /// Bounds that are not finite, not positive or absurdly far apart give no ticks (an
     /// infinite one used to ask for 2^31 decades and exhaust memory); ordinary ones do.
