@@ -152,9 +152,10 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     )
     p.add_argument(
         "--activation",
-        default="on",
+        default=None,
         choices=("on", "off"),
-        help="ReLU after each Linear (mlp only; the tensors cannot show it)",
+        help="ReLU after each Linear (mlp only; the tensors cannot show it): a case file written "
+        "by `densebench case` records it, and this must then agree; default: the file's, else on",
     )
     p.add_argument("--out", required=True, help="result file to write (safetensors)")
     p.add_argument(
@@ -392,6 +393,31 @@ def read_safetensors(torch, path: str) -> dict:
         )
         out[name] = t.reshape(info["shape"])
     return out
+
+
+ACTIVATION_KEY = "densebench.activation"
+
+
+def resolve_activation(path: str, family: str, asked: str | None) -> str:
+    """The mlp ReLU, `on` or `off`: what the case file records under `__metadata__`
+    (`densebench case` writes it; the tensors cannot show it) and what was asked for must agree
+    where both are given; either alone; on where neither is (as `densebench step`)."""
+    if family != "mlp":
+        return "on"
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        meta = json.loads(f.read(n)).get("__metadata__") or {}
+    recorded = meta.get(ACTIVATION_KEY) if isinstance(meta, dict) else None
+    if recorded not in (None, "on", "off"):
+        raise PeerError(f"case file {path}: __metadata__ {ACTIVATION_KEY} is {recorded!r}, not on or off",
+                        EXIT_USAGE)
+    if recorded and asked and recorded != asked:
+        raise PeerError(
+            f"case file {path} says the mlp's ReLU is {recorded} (densebench case --activation "
+            f"{recorded}), but --activation {asked} was asked for: drop the flag or make the case again",
+            EXIT_USAGE,
+        )
+    return asked or recorded or "on"
 
 
 def write_safetensors(torch, tensors: dict, path: str) -> None:
@@ -797,6 +823,7 @@ def run(a: argparse.Namespace) -> dict:
 
     tensors = read_safetensors(torch, a.case)
     cfg = read_config(tensors, a.family, a.case)
+    a.activation = resolve_activation(a.case, a.family, a.activation)
     case_dtype = {torch.float32: "f32", torch.float64: "f64"}.get(tensors["input"].dtype)
     if case_dtype is None:
         raise PeerError(f"case file {a.case}: input is {tensors['input'].dtype}, expected f32 or f64", EXIT_USAGE)

@@ -6,8 +6,9 @@
 //! exist (`layers.0.weight` → mlp, `denselayer1.conv1.weight` → bc), N and C0 from `input`,
 //! L from the number of layers, k from the last weight's output channels, bn_size from
 //! `conv1.weight`, H and W from `input` (any H × W, as torchvision's `_DenseBlock` takes), the
-//! dtype from `input`. Only the mlp activation cannot be seen in the tensors and is given by
-//! the caller (default on).
+//! dtype from `input`. Only the mlp activation cannot be seen in the tensors: `densebench case`
+//! records it in the file's `__metadata__` ([`ACTIVATION_KEY`]: `on` or `off`), else the caller
+//! gives it (default on); a caller's value that contradicts the file's is refused.
 //!
 //! Result file tensors: `output`, `grad.input`, `grad.<param name>`, and the updated
 //! `<bn name>.running_mean|running_var`.
@@ -31,6 +32,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fs::File;
 use std::path::Path;
 
+/// The `__metadata__` key of a case file that says whether an mlp block has its ReLU (`on`) or
+/// not (`off`): the one config field the tensors cannot show.
+pub const ACTIVATION_KEY: &str = "densebench.activation";
+
 /// Lower and upper bound of the uniform input and upstream gradient of a random case.
 const CASE_RANGE: (f64, f64) = (-1.0, 1.0);
 
@@ -49,13 +54,17 @@ pub struct Case {
 /// that file behind, and nothing could tell whose it was. Callers write to a temporary path of
 /// their own (named with their pid, which an interrupted sweep's cleanup recognises) and
 /// rename it into place.
-fn save_map(map: &HashMap<String, Tensor>, path: &Path) -> Result<()> {
+fn save_map(
+    map: &HashMap<String, Tensor>,
+    metadata: Option<HashMap<String, String>>,
+    path: &Path,
+) -> Result<()> {
     let mut contiguous = HashMap::new();
     for (k, t) in map {
         contiguous.insert(k.clone(), t.contiguous().ctx(k)?);
     }
     let what = format!("writing {}", path.display());
-    let bytes = safetensors::serialize(&contiguous, None)
+    let bytes = safetensors::serialize(&contiguous, metadata)
         .map_err(candle_core::Error::from)
         .ctx(&what)?;
     std::fs::write(path, bytes).map_err(|source| Error::Io {
@@ -135,7 +144,7 @@ fn dim(h: &Header, name: &str, axis: usize, rank: usize) -> Result<usize> {
 
 /// Infers a case file's config from its declared tensors (see the module docs) and validates
 /// it; nothing is read but the header.
-fn infer_config(h: &Header, activation: bool) -> Result<Config> {
+fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
     let input = entry(h, "input", "")?;
     let dtype = match input.dtype {
         "F32" => DType::F32,
@@ -186,6 +195,10 @@ fn infer_config(h: &Header, activation: bool) -> Result<Config> {
             (k, b / k, Spatial::new(input.shape[2], input.shape[3]))
         }
     };
+    let activation = match family {
+        Family::Bc => true,
+        Family::Mlp => resolve_activation(h, activation)?,
+    };
     let cfg = Config {
         family,
         batch,
@@ -200,6 +213,37 @@ fn infer_config(h: &Header, activation: bool) -> Result<Config> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// An mlp case's activation: the file's [`ACTIVATION_KEY`] and the caller's value, which must
+/// agree where both are given; either alone; on where neither is.
+fn resolve_activation(h: &Header, caller: Option<bool>) -> Result<bool> {
+    let file = match h.metadata.get(ACTIVATION_KEY).map(String::as_str) {
+        None => None,
+        Some("on") => Some(true),
+        Some("off") => Some(false),
+        Some(other) => {
+            return Err(Error::BadFile {
+                what: format!("`__metadata__` key `{ACTIVATION_KEY}`"),
+                reason: format!("`{other}` is not `on` or `off`"),
+            })
+        }
+    };
+    let word = |on: bool| if on { "on" } else { "off" };
+    match (file, caller) {
+        (Some(f), Some(c)) if f != c => Err(Error::BadFile {
+            what: format!("`__metadata__` key `{ACTIVATION_KEY}`"),
+            reason: format!(
+                "the file says the mlp's ReLU is {} (`densebench case --activation {}` wrote it), \
+                 but --activation {} was asked for: drop the flag, or make the case again",
+                word(f),
+                word(f),
+                word(c)
+            ),
+        }),
+        (Some(v), _) | (None, Some(v)) => Ok(v),
+        (None, None) => Ok(true),
+    }
 }
 
 /// Whether `name` is a tensor PyTorch adds that densebench does not use: the i64
@@ -455,13 +499,19 @@ impl Case {
             .collect();
         map.insert("input".to_string(), self.input.clone());
         map.insert("grad_output".to_string(), self.grad_output.clone());
-        save_map(&map, path)
+        // the mlp activation, which the tensors cannot show (a bc block always has its ReLUs)
+        let metadata = (self.cfg.family == Family::Mlp).then(|| {
+            let on = if self.cfg.activation { "on" } else { "off" };
+            HashMap::from([(ACTIVATION_KEY.to_string(), on.to_string())])
+        });
+        save_map(&map, metadata, path)
     }
 
     /// Loads a case, inferring the config from the tensors (see the module docs). `activation`
-    /// sets the mlp ReLU, which the tensors cannot show. No byte limit: see
-    /// [`Case::load_with_limit`].
-    pub fn load(path: &Path, activation: bool, device: &Device) -> Result<Case> {
+    /// sets the mlp ReLU, which the tensors cannot show, where the file does not record it
+    /// ([`ACTIVATION_KEY`]; a value contradicting the file's is an error; `None`: the file's, else
+    /// on). No byte limit: see [`Case::load_with_limit`].
+    pub fn load(path: &Path, activation: Option<bool>, device: &Device) -> Result<Case> {
         Case::load_with_limit(path, activation, device, None)
     }
 
@@ -472,7 +522,7 @@ impl Case {
     /// Every error names the file.
     pub fn load_with_limit(
         path: &Path,
-        activation: bool,
+        activation: Option<bool>,
         device: &Device,
         max_bytes: Option<u64>,
     ) -> Result<Case> {
@@ -521,7 +571,7 @@ pub fn save_result(result: &StepResult, path: &Path) -> Result<()> {
     for (k, v) in &result.running {
         map.insert(k.clone(), v.clone());
     }
-    save_map(&map, path)
+    save_map(&map, None, path)
 }
 
 /// The name of a parameter's entry in a result file: `grad.<param>`, or the running stat itself.

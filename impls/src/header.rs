@@ -82,6 +82,9 @@ impl Entry {
 #[derive(Debug, Clone)]
 pub struct Header {
     pub entries: BTreeMap<String, Entry>,
+    /// The `__metadata__` object's string values (safetensors' free-form `str → str` map;
+    /// values of other types are skipped): densebench's own keys are `densebench.*`.
+    pub metadata: BTreeMap<String, String>,
     /// Bytes of JSON.
     pub json_len: u64,
     /// Offset of the data section in the file: 8 + `json_len`.
@@ -173,6 +176,7 @@ pub fn read_header<R: Read>(r: &mut R, file_len: u64, max_bytes: Option<u64>) ->
     check_layout(&parsed.0, data_len)?;
     Ok(Header {
         entries: parsed.0,
+        metadata: parsed.1,
         json_len,
         data_start,
         data_len,
@@ -305,7 +309,16 @@ fn read_values<R: Read + Seek, T, const W: usize>(
 }
 
 /// The JSON header as typed entries (duplicate names refused).
-struct Parsed(BTreeMap<String, Entry>);
+struct Parsed(BTreeMap<String, Entry>, BTreeMap<String, String>);
+
+/// One `__metadata__` value: a string is kept, anything else skipped (not a reason to refuse
+/// a file that another writer annotated).
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum MetaValue {
+    Text(String),
+    Other(IgnoredAny),
+}
 
 impl<'de> Deserialize<'de> for Parsed {
     fn deserialize<D: Deserializer<'de>>(d: D) -> std::result::Result<Self, D::Error> {
@@ -320,9 +333,20 @@ impl<'de> Deserialize<'de> for Parsed {
                 mut map: A,
             ) -> std::result::Result<Parsed, A::Error> {
                 let mut out = BTreeMap::new();
+                let mut meta = BTreeMap::new();
                 while let Some(name) = map.next_key::<String>()? {
                     if name == "__metadata__" {
-                        map.next_value::<IgnoredAny>()?;
+                        let m: Option<BTreeMap<String, MetaValue>> = map
+                            .next_value()
+                            .map_err(|e| de::Error::custom(format!("`__metadata__`: {e}")))?;
+                        meta = m
+                            .unwrap_or_default()
+                            .into_iter()
+                            .filter_map(|(k, v)| match v {
+                                MetaValue::Text(t) => Some((k, t)),
+                                MetaValue::Other(_) => None,
+                            })
+                            .collect();
                         continue;
                     }
                     let raw: RawEntry = map
@@ -338,7 +362,7 @@ impl<'de> Deserialize<'de> for Parsed {
                         return Err(de::Error::custom(format!("tensor `{name}` appears twice")));
                     }
                 }
-                Ok(Parsed(out))
+                Ok(Parsed(out, meta))
             }
         }
         d.deserialize_map(V)

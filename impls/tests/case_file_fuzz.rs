@@ -95,7 +95,7 @@ fn bytes_of(input: &Input, bases: &[Vec<u8>]) -> Vec<u8> {
 }
 
 fn load(path: &Path, limit: Option<u64>) -> (Result<Case, impls::Error>, usize) {
-    peak_of(|| Case::load_with_limit(path, true, &Device::Cpu, limit))
+    peak_of(|| Case::load_with_limit(path, None, &Device::Cpu, limit))
 }
 
 #[test]

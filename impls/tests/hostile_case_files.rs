@@ -92,7 +92,7 @@ impl Dir {
 
 /// Loads `path` as a case, expecting an error; returns its message.
 fn load_err(path: &Path, limit: Option<u64>) -> String {
-    match Case::load_with_limit(path, true, &Device::Cpu, limit) {
+    match Case::load_with_limit(path, None, &Device::Cpu, limit) {
         Ok(c) => panic!("{} loaded as {}", path.display(), c.cfg.describe()),
         Err(e) => e.to_string(),
     }
@@ -186,7 +186,7 @@ fn byte_limit_refuses_a_load_that_would_not_fit_naming_the_limit() {
     let json_len = u64::from_le_bytes(bytes[..8].try_into().unwrap());
     // Exactly what the load charges: tensors + header × factor + fixed overhead.
     let needed = data.len() as u64 + json_len * HEADER_MEMORY_FACTOR + LOAD_OVERHEAD_BYTES;
-    let loaded = Case::load_with_limit(&p, true, &Device::Cpu, Some(needed)).unwrap();
+    let loaded = Case::load_with_limit(&p, None, &Device::Cpu, Some(needed)).unwrap();
     // The seed is not stored in a case file; every other field is inferred.
     let seed0 = Config {
         seed: 0,
@@ -319,7 +319,7 @@ fn pytorch_num_batches_tracked_scalars_are_accepted_and_skipped() {
         }
     }
     let p = d.write("torch.safetensors", &safetensors(&tensors));
-    let loaded = Case::load(&p, true, &Device::Cpu).unwrap();
+    let loaded = Case::load(&p, None, &Device::Cpu).unwrap();
     let v = Variant::NAIVE;
     let c = compare(&loaded.step(v).unwrap(), &case.step(v).unwrap()).unwrap();
     assert!(c.overall.bitwise, "the extras change nothing");
@@ -388,7 +388,11 @@ fn inconsistent_offsets_are_refused_naming_the_tensor() {
     );
     // Two tensors on the same bytes: an overlap.
     let mut h = header.clone();
-    let other = h.keys().find(|k| **k != name).unwrap().clone();
+    let other = h
+        .keys()
+        .find(|k| **k != name && *k != "__metadata__")
+        .unwrap()
+        .clone();
     h[&other]["data_offsets"] = h[&name]["data_offsets"].clone();
     h[&other]["shape"] = h[&name]["shape"].clone();
     let p = d.write("overlap.safetensors", &join(&h, &data));
@@ -580,4 +584,26 @@ fn result_files_are_checked_from_their_header_too() {
     };
     let e = load_result(&bad, &p, &Device::Cpu).unwrap_err().to_string();
     assert!(e.contains("size = 4294967297"), "{e}");
+}
+
+/// `__metadata__`: densebench's activation key must say `on` or `off`; other writers' keys,
+/// of any JSON type, are no reason to refuse a file.
+#[test]
+fn case_metadata_is_checked_where_it_is_densebenchs() {
+    let d = Dir::new();
+    let (bytes, case) = d.valid(Family::Mlp);
+    let (header, data) = split(&bytes);
+    assert_eq!(
+        header["__metadata__"][impls::case::ACTIVATION_KEY],
+        json!(if case.cfg.activation { "on" } else { "off" })
+    );
+    let mut h = header.clone();
+    h["__metadata__"][impls::case::ACTIVATION_KEY] = json!("maybe");
+    let p = d.write("maybe.safetensors", &join(&h, &data));
+    assert_names(&load_err(&p, None), &p, &["`maybe` is not `on` or `off`"]);
+    let mut h = header.clone();
+    h["__metadata__"] = json!({"format": "pt", "steps": 3, "nested": {"a": [1, 2]}});
+    let p = d.write("foreign.safetensors", &join(&h, &data));
+    let loaded = Case::load(&p, None, &Device::Cpu).unwrap();
+    assert!(loaded.cfg.activation, "no key: on");
 }

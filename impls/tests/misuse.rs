@@ -86,7 +86,7 @@ fn case_file_with_wrong_shape_or_missing_tensor_is_rejected() {
     );
     let path = dir.path().join("bad.safetensors");
     bad.save(&path).unwrap();
-    let e = Case::load(&path, true, &Device::Cpu)
+    let e = Case::load(&path, None, &Device::Cpu)
         .unwrap_err()
         .to_string();
     // The message names the tensor, the shape found and the shape expected.
@@ -101,7 +101,7 @@ fn case_file_with_wrong_shape_or_missing_tensor_is_rejected() {
         .tensors
         .remove("denselayer1.norm2.running_var");
     missing.save(&path).unwrap();
-    let e = Case::load(&path, true, &Device::Cpu)
+    let e = Case::load(&path, None, &Device::Cpu)
         .unwrap_err()
         .to_string();
     assert!(
@@ -109,7 +109,7 @@ fn case_file_with_wrong_shape_or_missing_tensor_is_rejected() {
         "{e}"
     );
     // Missing file.
-    let e = Case::load(&dir.path().join("nope.safetensors"), true, &Device::Cpu)
+    let e = Case::load(&dir.path().join("nope.safetensors"), None, &Device::Cpu)
         .unwrap_err()
         .to_string();
     assert!(e.contains("nope.safetensors"), "{e}");

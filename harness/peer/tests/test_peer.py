@@ -356,6 +356,25 @@ def test_result_file_layout(c: Ctx):
     assert c.torch.equal(r["output"][:, :3], inp)
 
 
+def test_the_case_files_activation_is_used_and_a_contradiction_refused(c: Ctx):
+    # A case written by `densebench case --activation off` records it in __metadata__: the peer
+    # runs the linear block without being told, and refuses --activation on.
+    if c.dense is None:
+        raise Skip("densebench binary not built (cargo build --release, or DENSEBENCH_BIN)")
+    case = c.path("off.st")
+    r = subprocess.run([c.dense, "case", "--family", "mlp", "--depth", "2", "--batch", "8",
+                        "--channels", "4", "--growth", "4", "--activation", "off", "--out", case],
+                       capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    r = c.peer("--case", case, "--family", "mlp", "--variant", "pytorch-naive",
+               "--out", c.path("off-out.st"))
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.strip().splitlines()[-1])["activation"] is False, r.stdout
+    r = c.peer("--case", case, "--family", "mlp", "--variant", "pytorch-naive",
+               "--activation", "on", "--out", c.path("on-out.st"))
+    assert r.returncode == pytorch_peer.EXIT_USAGE and "ReLU is off" in r.stderr, r.stderr
+
+
 TESTS = [v for k, v in sorted(globals().items()) if k.startswith("test_")]
 
 

@@ -32,13 +32,5 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
     })?;
     crate::say!("densebench case: {} → {}", cfg.describe(), a.out.display());
-    if cfg.family == impls::Family::Mlp && !cfg.activation {
-        // The tensors are the same with and without the ReLU: nothing in the file says which.
-        crate::say!(
-            "densebench case: note: the file does not record --activation off (the tensors are \
-             those of the block with ReLU too): pass --activation off to `step` and to the \
-             PyTorch peer as well, or they run the block with ReLU"
-        );
-    }
     Ok(ExitCode::SUCCESS)
 }

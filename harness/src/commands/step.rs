@@ -25,9 +25,11 @@ pub struct Args {
     /// Result file to write.
     #[arg(long)]
     pub out: PathBuf,
-    /// ReLU after each Linear (mlp only; the tensors cannot show it).
-    #[arg(long, value_enum, default_value_t = OnOff::On)]
-    pub activation: OnOff,
+    /// ReLU after each Linear (mlp only; the tensors cannot show it): a case file written by
+    /// `densebench case` records it, and this must then agree with it; default: the file's, else
+    /// on.
+    #[arg(long, value_enum)]
+    pub activation: Option<OnOff>,
     /// `cpu` or `cuda:N`.
     #[arg(long, default_value = "cpu")]
     pub device: String,
@@ -46,7 +48,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let spec: DeviceSpec = a.device.parse().context("--device").bad_input()?;
     let device = spec.open().bad_input()?;
     let limit = a.mem_limit.or_else(job::default_mem_limit);
-    let case = Case::load_with_limit(&a.case, a.activation.is_on(), &device, limit)
+    let case = Case::load_with_limit(&a.case, a.activation.map(OnOff::is_on), &device, limit)
         .map_err(|e| anyhow!("{e}"))
         .bad_input()?;
     variant
