@@ -215,6 +215,15 @@ fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
     Ok(cfg)
 }
 
+/// The [`ACTIVATION_KEY`] value of an activation.
+fn on_off(on: bool) -> &'static str {
+    if on {
+        "on"
+    } else {
+        "off"
+    }
+}
+
 /// An mlp case's activation: the file's [`ACTIVATION_KEY`] and the caller's value, which must
 /// agree where both are given; either alone; on where neither is.
 fn resolve_activation(h: &Header, caller: Option<bool>) -> Result<bool> {
@@ -229,16 +238,15 @@ fn resolve_activation(h: &Header, caller: Option<bool>) -> Result<bool> {
             })
         }
     };
-    let word = |on: bool| if on { "on" } else { "off" };
     match (file, caller) {
         (Some(f), Some(c)) if f != c => Err(Error::BadFile {
             what: format!("`__metadata__` key `{ACTIVATION_KEY}`"),
             reason: format!(
                 "the file says the mlp's ReLU is {} (`densebench case --activation {}` wrote it), \
                  but --activation {} was asked for: drop the flag, or make the case again",
-                word(f),
-                word(f),
-                word(c)
+                on_off(f),
+                on_off(f),
+                on_off(c)
             ),
         }),
         (Some(v), _) | (None, Some(v)) => Ok(v),
@@ -501,8 +509,10 @@ impl Case {
         map.insert("grad_output".to_string(), self.grad_output.clone());
         // the mlp activation, which the tensors cannot show (a bc block always has its ReLUs)
         let metadata = (self.cfg.family == Family::Mlp).then(|| {
-            let on = if self.cfg.activation { "on" } else { "off" };
-            HashMap::from([(ACTIVATION_KEY.to_string(), on.to_string())])
+            HashMap::from([(
+                ACTIVATION_KEY.to_string(),
+                on_off(self.cfg.activation).to_string(),
+            )])
         });
         save_map(&map, metadata, path)
     }

@@ -23,7 +23,7 @@
 //! child at a time) per device, whole configurations per device, rows appended under a lock.
 
 use crate::measure::device::check_devices;
-use crate::measure::{interrupt, peer, reference};
+use crate::measure::{child, interrupt, peer, reference};
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::device::DeviceSpec;
 use crate::plan::job::{Math, Peer};
@@ -232,7 +232,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let not_ok: Vec<String> = shared
         .counts
         .iter()
-        .filter(|(status, _)| !["ok", "oom", "timeout"].contains(&status.as_str()))
+        .filter(|(status, _)| !child::RESULT_STATUSES.contains(&status.as_str()))
         .map(|(status, n)| format!("{status}: {n}"))
         .collect();
     if !not_ok.is_empty() {

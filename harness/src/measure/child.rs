@@ -144,6 +144,10 @@ impl Outcome {
     }
 }
 
+/// Row statuses that are results: measured, or beyond the memory or time limit the run set
+/// (this configuration does not fit it). Any other status is a failed row.
+pub const RESULT_STATUSES: [&str; 3] = ["ok", "oom", "timeout"];
+
 /// Row statuses whose child may well end differently when run again (what `--retries` reruns).
 pub const RETRIED_STATUSES: [&str; 2] = ["killed", "crashed"];
 

@@ -94,17 +94,28 @@ pub struct Cache {
     failures: HashMap<String, String>,
 }
 
-/// FNV-1a over the executable's bytes: cheap, stable, and enough to tell builds apart.
-fn build_id() -> Result<String> {
-    let exe = std::env::current_exe().context("finding the densebench executable")?;
-    let bytes =
-        std::fs::read(&exe).with_context(|| format!("reading {} to hash it", exe.display()))?;
+/// FNV-1a 64 over `bytes`, as 16 hex digits: cheap, stable, and enough to tell two builds or
+/// two result files apart (not a cryptographic hash).
+pub fn content_hash(bytes: &[u8]) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in bytes {
+    for &b in bytes {
         h ^= u64::from(b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
-    Ok(format!("{h:016x}"))
+    format!("{h:016x}")
+}
+
+/// [`content_hash`] of the executable, computed once per process (every [`Cache::new`] asks:
+/// `bench-all` checks its cache before the run, and each sweep worker opens one).
+fn build_id() -> Result<String> {
+    static ID: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    if let Some(id) = ID.get() {
+        return Ok(id.clone());
+    }
+    let exe = std::env::current_exe().context("finding the densebench executable")?;
+    let bytes =
+        std::fs::read(&exe).with_context(|| format!("reading {} to hash it", exe.display()))?;
+    Ok(ID.get_or_init(|| content_hash(&bytes)).clone())
 }
 
 /// The cache directory: `explicit`, else `$DENSEBENCH_CACHE_DIR`, else next to the executable.

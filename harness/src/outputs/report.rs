@@ -395,11 +395,7 @@ fn figures_section(
     // Figures of another CSV are not this report's: name it and link none of them.
     if let Ok(text) = std::fs::read_to_string(plots_dir.join(plots::SOURCE_FILE)) {
         let bytes = std::fs::read(csv).with_context(|| format!("reading {}", csv.display()))?;
-        if plots::recorded_hash(&text) != Some(plots::content_hash(&bytes).as_str()) {
-            let from = text
-                .lines()
-                .find_map(|l| l.strip_prefix("drawn from: "))
-                .unwrap_or("another CSV");
+        if let Err(from) = plots::drawn_from(&text, &bytes) {
             let _ = writeln!(
                 out,
                 "The figures in `{}` were drawn from another CSV (`{from}`), not from this one: \

@@ -295,16 +295,7 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
                 let list: Vec<String> = threads.iter().map(ToString::to_string).collect();
                 device_label = format!(
                     "{} — rows at {} threads: times are not comparable across them",
-                    first
-                        .map(|r| {
-                            let mut d = r.device.clone();
-                            if !r.device_desc.is_empty() {
-                                d.push_str(": ");
-                                d.push_str(r.device_desc.trim());
-                            }
-                            d
-                        })
-                        .unwrap_or_default(),
+                    first.map(device_name).unwrap_or_default(),
                     list.join(" and ")
                 );
             }
@@ -332,13 +323,19 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
     (groups, replaced)
 }
 
-/// `cpu: AMD EPYC 7B13, 2 threads`.
-pub fn device_label(r: &Row) -> String {
+/// `cpu: AMD EPYC 7B13` (the device and its description, without threads).
+fn device_name(r: &Row) -> String {
     let mut s = r.device.clone();
     if !r.device_desc.is_empty() {
         s.push_str(": ");
         s.push_str(r.device_desc.trim());
     }
+    s
+}
+
+/// `cpu: AMD EPYC 7B13, 2 threads`.
+pub fn device_label(r: &Row) -> String {
+    let mut s = device_name(r);
     // Some descriptions already say "(2 threads)": do not repeat it.
     if r.threads > 0 && !r.device_desc.contains("thread") {
         s.push_str(&format!(

@@ -23,6 +23,7 @@ mod style;
 mod time_vs_depth;
 mod timeline;
 
+use crate::measure::reference::content_hash;
 use crate::results::row::Row;
 use crate::results::store::write_atomic;
 use anyhow::{bail, Context, Result};
@@ -74,31 +75,30 @@ pub struct Figure {
 /// The file `plots` writes beside the figures, naming the CSV they were drawn from and a hash
 /// of its bytes, so that `report` never embeds figures of another CSV as this one's.
 pub const SOURCE_FILE: &str = "figures-source.txt";
-
-/// FNV-1a over a file's bytes, as hex: enough to tell two result CSVs apart.
-pub fn content_hash(bytes: &[u8]) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for &b in bytes {
-        h ^= u64::from(b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
-    format!("{h:016x}")
-}
+const SOURCE_LINE: &str = "drawn from: ";
+const HASH_LINE: &str = "content hash (FNV-1a 64): ";
 
 /// The text of [`SOURCE_FILE`] for figures drawn from `csv` (its bytes `bytes`).
 pub fn source_text(csv: &Path, bytes: &[u8]) -> String {
     format!(
-        "drawn from: {}\ncontent hash (FNV-1a 64): {}\n",
+        "{SOURCE_LINE}{}\n{HASH_LINE}{}\n",
         csv.display(),
         content_hash(bytes)
     )
 }
 
-/// The content hash a [`SOURCE_FILE`] records, if it is readable and has one.
-pub fn recorded_hash(text: &str) -> Option<&str> {
-    text.lines()
-        .find_map(|l| l.strip_prefix("content hash (FNV-1a 64): "))
-        .map(str::trim)
+/// Whether a [`SOURCE_FILE`]'s `text` records the CSV whose bytes are `bytes`; else the CSV it
+/// names (or `another CSV`).
+pub fn drawn_from(text: &str, bytes: &[u8]) -> std::result::Result<(), String> {
+    let field = |prefix: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(prefix))
+            .map(str::trim)
+    };
+    if field(HASH_LINE) == Some(content_hash(bytes).as_str()) {
+        return Ok(());
+    }
+    Err(field(SOURCE_LINE).unwrap_or("another CSV").to_string())
 }
 
 /// The figures a set of groups yields, in a stable order: per configuration memory and time
