@@ -746,3 +746,72 @@ fn report_growth_sentences_say_what_was_fitted() {
         "{md}"
     );
 }
+
+/// Rows of both math modes in one file are two rows each, never one key: comparing such a file
+/// with itself after the tf32 rows got slower flags the tf32 rows (and only those), labelled
+/// `tf32`; a tf32-only run against an ieee-only one still pairs the rows, with a warning.
+#[test]
+fn compare_keeps_math_modes_of_one_file_apart() {
+    let ieee = synthetic(&[4]);
+    let tf32: Vec<Row> = ieee
+        .iter()
+        .map(|r| {
+            let mut r = r.clone();
+            r.math = "tf32".to_string();
+            r.key = densebench::results::row::key_of_fields(&r);
+            r
+        })
+        .collect();
+    let mut base = ieee.clone();
+    base.extend(tf32.iter().cloned());
+    let (dir, base_csv) = setup(&base);
+    let mut new = ieee.clone();
+    new.extend(tf32.iter().cloned().map(|mut r| {
+        r.median_ns = r.median_ns.map(|t| t * 2);
+        r
+    }));
+    let new_csv = dir.path().join("new.csv");
+    write_csv(&new_csv, &new);
+    let o = densebench(
+        &[
+            "compare",
+            base_csv.to_str().unwrap(),
+            new_csv.to_str().unwrap(),
+            "--metric",
+            "median_ns",
+            "--max-regression",
+            "10",
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains(&format!("{} rows matched", base.len()))
+            && !log.contains("duplicate")
+            && log.contains(&format!("FAIL: {} metric regression(s)", tf32.len())),
+        "{log}"
+    );
+    for line in log.lines().filter(|l| l.contains("REGRESSION")) {
+        assert!(line.contains(" tf32 "), "an ieee row flagged: {line}\n{log}");
+    }
+    // tf32-only NEW against ieee-only BASE: paired, warned.
+    let (ieee_csv, tf32_csv) = (dir.path().join("ieee.csv"), dir.path().join("tf32.csv"));
+    write_csv(&ieee_csv, &ieee);
+    write_csv(&tf32_csv, &tf32);
+    let o = densebench(
+        &[
+            "compare",
+            ieee_csv.to_str().unwrap(),
+            tf32_csv.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(0), "{log}");
+    assert!(
+        log.contains(&format!("{} rows matched, 0 only in BASE", ieee.len()))
+            && log.contains("math modes differ: BASE ieee vs NEW tf32; tf32 and ieee times"),
+        "{log}"
+    );
+}

@@ -119,10 +119,15 @@ pub struct MatchKey {
     pub seed: u64,
     pub depth: usize,
     pub variant: String,
+    /// The row's math mode (`ieee`, `tf32`), or empty where the comparison pairs rows across
+    /// modes: when BASE ran in one mode only and NEW in another (compared, with a warning).
+    /// Where a file holds rows of both modes, each mode is its own row: never collapsed.
+    pub math: String,
 }
 
 impl MatchKey {
-    pub fn of(r: &Row) -> Self {
+    /// The key of a row; `by_math` keeps its math mode in the key.
+    pub fn of(r: &Row, by_math: bool) -> Self {
         Self {
             family: r.family.clone(),
             batch: r.batch,
@@ -135,6 +140,16 @@ impl MatchKey {
             seed: r.seed,
             depth: r.depth,
             variant: r.variant.clone(),
+            math: if by_math { r.math.clone() } else { String::new() },
+        }
+    }
+
+    /// The config label of a row, with its math mode where the key carries a non-ieee one.
+    fn label(&self, r: &Row) -> String {
+        if self.math.is_empty() || self.math == "ieee" {
+            r.config_label()
+        } else {
+            format!("{} {}", r.config_label(), self.math)
         }
     }
 }
@@ -220,16 +235,16 @@ fn health(r: &Row) -> Option<String> {
     }
 }
 
-fn describe(r: &Row) -> String {
-    format!("{} L={} {}", r.config_label(), r.depth, r.variant)
+fn describe(k: &MatchKey, r: &Row) -> String {
+    format!("{} L={} {}", k.label(r), r.depth, r.variant)
 }
 
 /// Keyed rows of one file; duplicates (same key twice) keep the last and are counted.
-fn index(rows: &[Row]) -> (BTreeMap<MatchKey, &Row>, usize) {
+fn index(rows: &[Row], by_math: bool) -> (BTreeMap<MatchKey, &Row>, usize) {
     let mut map = BTreeMap::new();
     let mut dup = 0;
     for r in rows {
-        if map.insert(MatchKey::of(r), r).is_some() {
+        if map.insert(MatchKey::of(r, by_math), r).is_some() {
             dup += 1;
         }
     }
@@ -248,15 +263,6 @@ pub fn compare_rows(
     threshold_pct: Option<f64>,
 ) -> Comparison {
     let mut c = Comparison::default();
-    let (bi, bdup) = index(base);
-    let (ni, ndup) = index(new);
-    for (side, n) in [("BASE", bdup), ("NEW", ndup)] {
-        if n > 0 {
-            c.warnings.push(format!(
-                "{side} has {n} duplicate row(s) for the same variant and config; the last of each is compared"
-            ));
-        }
-    }
     let dev = |r: &Row| format!("{} ({})", r.device, r.device_desc.trim());
     let (bd, nd) = (distinct(base, dev), distinct(new, dev));
     if !base.is_empty() && !new.is_empty() && bd != nd {
@@ -277,12 +283,29 @@ pub fn compare_rows(
     }
     let math = |r: &Row| r.math.clone();
     let (bm, nm) = (distinct(base, math), distinct(new, math));
+    // Rows pair across math modes only when each side ran in one mode (a tf32 run against an
+    // ieee one, with a warning); where a side holds both modes, rows pair within their mode.
+    let by_math = !(bm.len() == 1 && nm.len() == 1);
     if !base.is_empty() && !new.is_empty() && bm != nm {
         c.warnings.push(format!(
-            "math modes differ: BASE {} vs NEW {}; tf32 and ieee times are not comparable",
-            bm.into_iter().collect::<Vec<_>>().join("/"),
-            nm.into_iter().collect::<Vec<_>>().join("/")
+            "math modes differ: BASE {} vs NEW {}; {}",
+            bm.iter().cloned().collect::<Vec<_>>().join("/"),
+            nm.iter().cloned().collect::<Vec<_>>().join("/"),
+            if by_math {
+                "rows are paired within their math mode"
+            } else {
+                "tf32 and ieee times are not comparable"
+            }
         ));
+    }
+    let (bi, bdup) = index(base, by_math);
+    let (ni, ndup) = index(new, by_math);
+    for (side, n) in [("BASE", bdup), ("NEW", ndup)] {
+        if n > 0 {
+            c.warnings.push(format!(
+                "{side} has {n} duplicate row(s) for the same variant and config; the last of each is compared"
+            ));
+        }
     }
     // Peer versions only where both sides have peer rows: a side without any is no difference.
     let peer_versions = |rows: &[Row]| -> BTreeSet<String> {
@@ -304,16 +327,16 @@ pub fn compare_rows(
     for (k, b) in &bi {
         let Some(n) = ni.get(k) else {
             if b.is_peer() && !new_has_peers {
-                c.peers_not_run.push(describe(b));
+                c.peers_not_run.push(describe(k, b));
             } else {
-                c.only_base.push(describe(b));
+                c.only_base.push(describe(k, b));
             }
             continue;
         };
         c.matched += 1;
         match (health(b), health(n)) {
-            (None, Some(why)) => c.broke.push(format!("{}: ok → {why}", describe(b))),
-            (Some(why), None) => c.fixed.push(format!("{}: {why} → ok", describe(b))),
+            (None, Some(why)) => c.broke.push(format!("{}: ok → {why}", describe(k, b))),
+            (Some(why), None) => c.fixed.push(format!("{}: {why} → ok", describe(k, b))),
             _ => {}
         }
         for &m in metrics {
@@ -356,7 +379,7 @@ pub fn compare_rows(
             };
             c.lines.push(Line {
                 key: k.clone(),
-                config: b.config_label(),
+                config: k.label(b),
                 metric: m,
                 base: bv,
                 new: nv,
@@ -366,7 +389,7 @@ pub fn compare_rows(
     }
     for (k, n) in &ni {
         if !bi.contains_key(k) {
-            c.only_new.push(describe(n));
+            c.only_new.push(describe(k, n));
         }
     }
     // Lines by metric (in the order asked for), then config, depth and the stable variant order.
@@ -384,6 +407,7 @@ pub fn compare_rows(
             k.dtype.clone(),
             k.seed,
             k.depth,
+            k.math.clone(),
         )
     };
     c.lines.sort_by(|a, b| {
