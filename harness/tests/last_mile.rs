@@ -793,7 +793,10 @@ fn compare_keeps_math_modes_of_one_file_apart() {
         "{log}"
     );
     for line in log.lines().filter(|l| l.contains("REGRESSION")) {
-        assert!(line.contains(" tf32 "), "an ieee row flagged: {line}\n{log}");
+        assert!(
+            line.contains(" tf32 "),
+            "an ieee row flagged: {line}\n{log}"
+        );
     }
     // tf32-only NEW against ieee-only BASE: paired, warned.
     let (ieee_csv, tf32_csv) = (dir.path().join("ieee.csv"), dir.path().join("tf32.csv"));

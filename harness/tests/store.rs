@@ -194,6 +194,83 @@ fn resume_keeps_a_complete_last_row_without_newline_and_cuts_only_a_torn_one() {
     assert_eq!(keys, [rows[0].key.clone(), rows[1].key.clone()]);
 }
 
+/// `--resume --rerun-failed` measures again the failed rows of this run's jobs (here a crashed
+/// one, its error text with a comma, a quote and a newline): removed, measured, appended; the ok
+/// row, an `oom` row and another sweep's failed row stay byte for byte. Plain `--resume` keeps
+/// the failed row, and `--rerun-failed` without `--resume` is refused.
+#[test]
+fn rerun_failed_measures_this_runs_failed_rows_again_and_keeps_every_other_byte() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let sweep = write(
+        dir.path(),
+        "two.toml",
+        b"[[group]]\nfamily = 'mlp'\nbatch = 4\nchannels = 3\ngrowth = 2\ndepth = 1\n\
+          variants = ['cat-store-copy', 'autograd']\nsteps = 1\n",
+    );
+    let ok = good_row("cat-store-copy", 1);
+    let mut crashed = good_row("autograd", 1);
+    crashed.status = "crashed".to_string();
+    crashed.error = "crashed (SIGSEGV), \"deep\"\nin gemm".to_string();
+    (crashed.peak_bytes, crashed.median_ns, crashed.grad_ok) = (None, None, None);
+    (crashed.max_abs_err, crashed.max_rel_err) = (None, None);
+    let mut oom = good_row("cat-store-copy", 7);
+    oom.status = "oom".to_string();
+    let mut foreign = good_row("autograd", 9);
+    foreign.status = "error".to_string();
+    let rows = [ok.clone(), crashed.clone(), oom.clone(), foreign.clone()];
+    let bytes = csv_bytes(&rows).expect("csv");
+    let f = write(dir.path(), "r.csv", &bytes);
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench-all",
+            "--sweep",
+            path_str(&sweep),
+            "--out",
+            path_str(&f),
+            "--cache-dir",
+            path_str(&cache),
+        ];
+        args.extend_from_slice(extra);
+        densebench(&args)
+    };
+    // without --resume: refused, nothing changed
+    let o = run(&["--rerun-failed"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&f).expect("file"), bytes);
+    // plain --resume: nothing to run, the crashed row stays
+    let o = run(&["--resume"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(std::fs::read(&f).expect("file"), bytes);
+    // --rerun-failed: the crashed row is measured again, everything else kept byte for byte
+    let o = run(&["--resume", "--rerun-failed"]);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    assert!(
+        e.contains("removed 1 rows to measure them again (crashed: 1)"),
+        "{e}"
+    );
+    let kept = csv_bytes(&[ok.clone(), oom.clone(), foreign.clone()]).expect("csv");
+    let now = std::fs::read(&f).expect("file");
+    assert_eq!(&now[..kept.len()], &kept[..], "other rows changed");
+    let after = read_rows(&f).expect("valid");
+    assert_eq!(after.len(), 4);
+    let new = &after[3];
+    assert_eq!(
+        (new.key.as_str(), new.status.as_str(), new.grad_ok),
+        (crashed.key.as_str(), "ok", Some(true))
+    );
+    // a second time: nothing left to rerun, said so, file unchanged
+    let o = run(&["--resume", "--rerun-failed"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no failed rows of this run"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&f).expect("file"), now);
+}
+
 #[test]
 fn a_second_writer_of_the_same_output_fails_at_once_naming_the_first() {
     let dir = tempfile::tempdir().expect("temp dir");

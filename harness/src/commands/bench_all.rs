@@ -5,7 +5,8 @@
 //! Guarantees: everything is validated before any work (sweep file, variant names, output
 //! path); an existing output file is never overwritten silently (`--resume` continues it,
 //! `--force` replaces it); the CSV is valid whenever the sweep is killed (header plus whole
-//! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing.
+//! rows; a torn last line is cut off on `--resume`); `--resume` runs only the keys missing,
+//! and with `--rerun-failed` also those of rows that failed (`error`, `killed`, `crashed`).
 //! SIGTERM, SIGINT or SIGHUP to this process kills the children and stops with exit status
 //! 128 + the signal and one line saying `--resume` continues; `--retries N` reruns rows whose
 //! child was killed or crashed. Bad input (the sweep, a flag, a reference cache that cannot be
@@ -30,7 +31,7 @@ use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::runner;
-use crate::results::store::Output;
+use crate::results::store::{Output, RowFilter};
 use anyhow::Result;
 use std::collections::HashSet;
 use std::path::PathBuf;
@@ -54,6 +55,12 @@ pub struct Args {
     /// Continue an existing output file: configurations whose key it already holds are skipped.
     #[arg(long, conflicts_with = "force")]
     pub resume: bool,
+    /// With --resume: measure again the rows that failed (status `error`, `killed` or
+    /// `crashed`): they are removed from the file first (rewritten atomically, every other row
+    /// kept byte for byte). Only rows of this run's jobs; `oom`, `timeout` and rows out of
+    /// tolerance are results and stay.
+    #[arg(long, requires = "resume")]
+    pub rerun_failed: bool,
     /// Replace an existing output file.
     #[arg(long)]
     pub force: bool,
@@ -156,8 +163,12 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let cache_dir = reference::default_dir(a.cache_dir.as_deref())?;
     // Before the output is touched: a cache that cannot be written is refused at once.
     reference::Cache::new(&cache_dir).bad_input()?;
-    let (out, done) = Output::open(&out_path, a.resume, a.force, &note)?;
     let mine: HashSet<&str> = jobs.iter().map(|j| j.key.as_str()).collect();
+    // Only this run's failed rows: another shard's or sweep's would be dropped and not rerun.
+    let failed_here =
+        |key: &str, status: &str| mine.contains(key) && child::FAILED_STATUSES.contains(&status);
+    let rerun: Option<&RowFilter> = a.rerun_failed.then_some(&failed_here);
+    let (out, done) = Output::open(&out_path, a.resume, a.force, rerun, &note)?;
     let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
     if foreign > 0 {
         crate::say!(
@@ -238,7 +249,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if !not_ok.is_empty() {
         crate::say!(
             "densebench bench-all: rows not measured ({}): their `status` and `error` columns \
-             say why (`--resume` keeps them as they are)",
+             say why (`--resume --rerun-failed` measures them again)",
             not_ok.join(", ")
         );
         failed = true;

@@ -145,8 +145,12 @@ impl Outcome {
 }
 
 /// Row statuses that are results: measured, or beyond the memory or time limit the run set
-/// (this configuration does not fit it). Any other status is a failed row.
+/// (this configuration does not fit it).
 pub const RESULT_STATUSES: [&str; 3] = ["ok", "oom", "timeout"];
+
+/// Row statuses of failed rows: nothing was measured (what `bench-all` exits 1 for and
+/// `--rerun-failed` measures again). With [`RESULT_STATUSES`], every status an outcome has.
+pub const FAILED_STATUSES: [&str; 3] = ["error", "killed", "crashed"];
 
 /// Row statuses whose child may well end differently when run again (what `--retries` reruns).
 pub const RETRIED_STATUSES: [&str; 2] = ["killed", "crashed"];
@@ -427,6 +431,31 @@ pub fn parse_measurement(stdout: &str) -> Result<Measurement> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every outcome's status is a result or a failure, never both or neither.
+    #[test]
+    fn every_status_is_a_result_or_a_failure() {
+        let d = Duration::from_secs(1);
+        let all = [
+            Outcome::Ok(String::new()),
+            Outcome::Oom(String::new()),
+            Outcome::Timeout(d),
+            Outcome::Killed(String::new()),
+            Outcome::Crashed(String::new()),
+            Outcome::Error(String::new()),
+        ];
+        for o in &all {
+            let s = o.status();
+            assert!(
+                RESULT_STATUSES.contains(&s) != FAILED_STATUSES.contains(&s),
+                "{s}"
+            );
+        }
+        assert_eq!(RESULT_STATUSES.len() + FAILED_STATUSES.len(), all.len());
+        for s in RETRIED_STATUSES {
+            assert!(FAILED_STATUSES.contains(&s), "{s}");
+        }
+    }
 
     #[test]
     fn last_line_skips_notes_and_prefix() {

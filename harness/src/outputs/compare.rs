@@ -140,7 +140,11 @@ impl MatchKey {
             seed: r.seed,
             depth: r.depth,
             variant: r.variant.clone(),
-            math: if by_math { r.math.clone() } else { String::new() },
+            math: if by_math {
+                r.math.clone()
+            } else {
+                String::new()
+            },
         }
     }
 

@@ -382,6 +382,76 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
     )))
 }
 
+/// Removes from the result CSV `path` the rows for which `drop` says true, given their `key` and
+/// `status`, rewriting it atomically (a hidden sibling renamed over it) with the header and
+/// every other row byte for byte. The caller holds the writer lock. Says what it removed (by
+/// status); returns whether it removed anything.
+fn drop_rows_where(path: &Path, drop: &RowFilter, note: &dyn Fn(&str)) -> Result<bool> {
+    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let mut rdr = csv::Reader::from_reader(bytes.as_slice());
+    let headers = rdr
+        .headers()
+        .with_context(|| format!("reading the header of {}", path.display()))?
+        .clone();
+    let column = |name: &str| {
+        headers
+            .iter()
+            .position(|h| h == name)
+            .with_context(|| format!("{} has no `{name}` column", path.display()))
+    };
+    let (key, status) = (column("key")?, column("status")?);
+    // (start byte, the status of a dropped row) of every record; a record ends where the next
+    // starts.
+    let mut records: Vec<(usize, Option<String>)> = Vec::new();
+    for rec in rdr.records() {
+        let rec = rec.with_context(|| format!("reading {}", path.display()))?;
+        let start = rec.position().map_or(0, |p| p.byte() as usize);
+        let (k, s) = (rec.get(key).unwrap_or(""), rec.get(status).unwrap_or(""));
+        records.push((start, drop(k, s).then(|| s.to_string())));
+    }
+    let dropped: Vec<&str> = records.iter().filter_map(|(_, d)| d.as_deref()).collect();
+    if dropped.is_empty() {
+        note(&format!(
+            "{}: no failed rows of this run to measure again",
+            path.display()
+        ));
+        return Ok(false);
+    }
+    let mut kept = bytes[..records.first().map_or(bytes.len(), |r| r.0)].to_vec();
+    for (i, (start, drop)) in records.iter().enumerate() {
+        let end = records.get(i + 1).map_or(bytes.len(), |r| r.0);
+        if drop.is_none() {
+            kept.extend_from_slice(&bytes[*start..end]);
+        }
+    }
+    let tmp = sibling(path, &format!(".tmp{}", std::process::id()))?;
+    let unchanged = format!("{} is unchanged", path.display());
+    let made = File::create(&tmp)
+        .and_then(|mut f| f.write_all(&kept).and_then(|()| f.sync_all()))
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .map_err(|e| io_failure(e, "removing the failed rows of", path, &unchanged));
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    sync_dir(path);
+    let mut counts = std::collections::BTreeMap::<&str, usize>::new();
+    for s in dropped {
+        *counts.entry(s).or_default() += 1;
+    }
+    note(&format!(
+        "{}: removed {} rows to measure them again ({})",
+        path.display(),
+        counts.values().sum::<usize>(),
+        counts
+            .iter()
+            .map(|(s, n)| format!("{s}: {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ));
+    Ok(true)
+}
+
 /// What to do with the last line of a file that does not end in a newline: a complete row is
 /// kept (its newline is added), anything else is a row torn by a kill and is cut off.
 fn repair_last_line(path: &Path, file: &mut File, note: &dyn Fn(&str)) -> Result<()> {
@@ -434,6 +504,9 @@ fn repair_last_line(path: &Path, file: &mut File, note: &dyn Fn(&str)) -> Result
     Ok(())
 }
 
+/// Which rows to remove from a file before resuming it, given a row's `key` and `status`.
+pub type RowFilter<'a> = dyn Fn(&str, &str) -> bool + 'a;
+
 /// The result CSV a sweep writes: locked for this process, every row appended as one write.
 pub struct Output {
     file: File,
@@ -446,10 +519,15 @@ impl Output {
     /// `resume`). Errs, before any work and without changing the file, when another process is
     /// writing it, when it exists without `resume`/`force`, when it is not a result CSV of this
     /// schema, or cannot be written.
+    ///
+    /// `rerun` (with `resume`): rows for which it says true, given their key and status, are
+    /// removed from the file first (rewritten atomically, every other byte kept), so their keys
+    /// run again.
     pub fn open(
         path: &Path,
         resume: bool,
         force: bool,
+        rerun: Option<&RowFilter>,
         note: &dyn Fn(&str),
     ) -> Result<(Output, HashSet<String>)> {
         if path.is_dir() {
@@ -470,6 +548,20 @@ impl Output {
                 .with_context(|| format!("cannot open the output file {}", path.display()))?;
             check_header(path, &mut f)?;
             repair_last_line(path, &mut f, note)?;
+            if let Some(rerun) = rerun {
+                // Checked as a whole first: a file that does not read is refused, not rewritten.
+                row::read_rows(path)?;
+                if drop_rows_where(path, rerun, note)? {
+                    // the rename replaced the file this handle has open
+                    f = OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .open(path)
+                        .with_context(|| {
+                            format!("cannot open the output file {}", path.display())
+                        })?;
+                }
+            }
             for r in row::read_rows(path)? {
                 done.insert(r.key);
             }
