@@ -16,9 +16,13 @@ pub const PRELUDE: &str = include_str!("cuda/prelude.cuh");
 
 /// Threads per block of the per-channel reductions (BN statistics, BN backward reduce): one
 /// block per channel. Passed to NVRTC as `-DDB_REDUCE_THREADS`, so the kernel's fixed-shape tree
-/// and the launch agree by construction. 256 = 8 warps: enough loads in flight per SM for rows
-/// of 10⁴–10⁵ elements, and a whole number of warps as the tree requires (a power of two).
-pub const REDUCE_THREADS: u32 = 256;
+/// and the launch agree by construction. 1024 (the most a block may have, a power of two as the
+/// tree requires): with each thread's loads issued 32 bytes per row at a time
+/// (`db_thread_rows` in `prelude.cuh`) a block keeps 32 KiB of reads in flight, so a BN over
+/// fewer channels than the GPU has SMs still streams (BN2's 48 channels on BC-100; with 256
+/// threads and ptxas's own 4× unrolling it was 4 KiB per block). ptxas (sm_90, CUDA 13.0):
+/// 32–37 registers, no spills, 8 KiB of shared memory per block.
+pub const REDUCE_THREADS: u32 = 1024;
 
 /// Threads per block of the element-wise and row-wise kernels (the columns of one row).
 /// A multiple of the warp size that every CUDA GPU accepts.

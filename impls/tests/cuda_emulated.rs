@@ -274,8 +274,11 @@ fn p<V>(v: &mut V) -> *mut c_void {
     (v as *mut V).cast()
 }
 
-/// `[C, M]` shapes of the BN kernels: one M below a block's 256 threads, one not a multiple.
-const BN_SHAPES: [(usize, usize); 2] = [(3, 200), (4, 517)];
+/// `[C, M]` shapes of the BN kernels: M below a block's threads (some threads sum nothing), and
+/// M past two whole batches of loads of every thread (2 · 8 · 1024 f32, 4 · 4 · 1024 f64) and
+/// not a multiple of the block: whole batches, a partial batch where only some threads have
+/// the last elements, and threads without any element of it (`db_thread_rows`).
+const BN_SHAPES: [(usize, usize); 3] = [(3, 200), (4, 517), (2, 2 * 8 * 1024 + 700)];
 
 /// `bn_stats`: the planar `[2, C]` (mean; variance) of each row, one block per row, within
 /// the f64-order bound of the CPU twin's sequential sums, and the same bits on a second run
@@ -308,23 +311,51 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
             let mu = row.iter().sum::<f64>() / cols as f64;
             let abs = row.iter().map(|v| v.abs()).sum::<f64>() / cols as f64;
             let sq = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
-            close::<T>(&kernel, "mean", r, a[r], mean[r], abs);
-            close::<T>(&kernel, "variance", r, a[c + r], var[r], sq);
+            close::<T>(&kernel, "mean", r, a[r], mean[r], cols, abs);
+            close::<T>(&kernel, "variance", r, a[c + r], var[r], cols, sq);
+            // and bitwise the kernel's own order (two passes, the second about the f64 mean)
+            let mu = kernel_order_sum(row.iter().copied()) / cols as f64;
+            let var = kernel_order_sum(row.iter().map(|v| (v - mu) * (v - mu))) / cols as f64;
+            let what = format!("{kernel} [{c}, {cols}] row {r} in the kernel's summation order");
+            assert_bitwise(&what, &a[r..=r], &[T::from_f64(mu)]);
+            assert_bitwise(&what, &a[c + r..=c + r], &[T::from_f64(var)]);
         }
     }
 }
 
-/// `got` and `want` are one result computed with two f64 summation orders over `m` ≤ 600
-/// terms whose absolute values sum to `scale`, then rounded to `T`: they may differ by
-/// `m · 2⁻⁵³ · scale` (the orders' error bound, 1e-12 · scale covers it) plus one rounding in
-/// `T`.
-fn close<T: El>(kernel: &str, what: &str, row: usize, got: T, want: T, scale: f64) {
+/// `got` and `want` are one result computed with two f64 summation orders over `m` terms whose
+/// absolute values sum to `scale`, then rounded to `T`: each order's error is at most
+/// `(m − 1) · 2⁻⁵³ · scale` (recursive summation; the kernel's tree of per-thread sums is within
+/// that too), so they may differ by `m · 2⁻⁵² · scale` plus one rounding in `T`.
+fn close<T: El>(kernel: &str, what: &str, row: usize, got: T, want: T, m: usize, scale: f64) {
     let (g, w) = (got.to_f64(), want.to_f64());
-    let tol = 1e-12 * scale + T::ULP * w.abs();
+    let tol = m as f64 * f64::EPSILON * scale + T::ULP * w.abs();
     assert!(
         (g - w).abs() <= tol,
         "{kernel}: {what} of row {row}: {g:e} on the emulated GPU, {w:e} on the CPU (tolerance {tol:e})"
     );
+}
+
+/// The kernels' summation order, on the host: thread t of a block of `REDUCE_THREADS` adds
+/// terms t, t + R, t + 2R, … to +0 in this order, then the fixed tree of `db_block_sum` (round
+/// s = R/2, R/4, …, 1: partial t += partial t + s). The kernels must give this sum bit for bit:
+/// batching the loads (`db_thread_rows`) may change when they are issued, never the order of
+/// the additions, and a skipped, repeated or reordered term shows up here as a different bit
+/// pattern long before it leaves the f64-order bound of [`close`].
+fn kernel_order_sum(terms: impl Iterator<Item = f64>) -> f64 {
+    let r = cuda_src::REDUCE_THREADS as usize;
+    let mut part = vec![0.0f64; r];
+    for (i, v) in terms.enumerate() {
+        part[i % r] += v;
+    }
+    let mut s = r / 2;
+    while s > 0 {
+        for t in 0..s {
+            part[t] += part[t + s];
+        }
+        s /= 2;
+    }
+    part[0]
 }
 
 /// `bn_bwd_reduce`: planar `[5, C]` = (Σ gy; Σ gy·x̂; A; B; C). The two sums within the
@@ -400,8 +431,15 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             let sgx_scale: f64 = range
                 .map(|i| (gy[i].to_f64() * (x[i].to_f64() - mu) * is).abs())
                 .sum();
-            close::<T>(&kernel, "Σgy", r, a[r], cpu[r], sg_scale);
-            close::<T>(&kernel, "Σgy·x̂", r, a[c + r], cpu[c + r], sgx_scale);
+            close::<T>(&kernel, "Σgy", r, a[r], cpu[r], cols, sg_scale);
+            close::<T>(&kernel, "Σgy·x̂", r, a[c + r], cpu[c + r], cols, sgx_scale);
+            // and bitwise the kernel's own order: gy · (x − mean) · invstd per term, in f64
+            let range = r * cols..(r + 1) * cols;
+            let sg = kernel_order_sum(gy[range.clone()].iter().map(|g| g.to_f64()));
+            let sgx = kernel_order_sum(range.map(|i| gy[i].to_f64() * (x[i].to_f64() - mu) * is));
+            let what = format!("{kernel} [{c}, {cols}] row {r} in the kernel's summation order");
+            assert_bitwise(&what, &a[r..=r], &[T::from_f64(sg)]);
+            assert_bitwise(&what, &a[c + r..=c + r], &[T::from_f64(sgx)]);
         }
         let coef = fused::generic_bn_bwd_coef(
             &tensor(&a[..c], (c, 1)),

@@ -11,23 +11,24 @@
 use candle_core::{DType, Device, Tensor};
 use impls::fused::{self, Grid, TAPS};
 
-/// f64 reductions: the CUDA kernel sums each row as 256 strided partial sums and a fixed tree,
-/// the CPU kernel sequentially; both in f64 over O(1) terms (|x| ≤ 2, rows of ≤ 10⁴ values),
-/// so they differ by a few ulps of the sums (≲ 1e-13 absolute). 1e-11 leaves margin without
-/// hiding a wrong term (any real error is O(1/M) ≥ 1e-5).
+/// f64 sums over few terms (the 3×3 convolution's ≤ 9·B products per output, |x| ≤ 2): two
+/// summation orders differ by a few ulps (≲ 1e-13 absolute); 1e-11 leaves margin without hiding
+/// a wrong term (O(1)).
 const F64_REDUCTION_TOL: f64 = 1e-11;
 
 /// f32 reductions: both kernels accumulate in f64 and round once to f32, so they agree to the
-/// f64 differences above plus at most one f32 rounding step: 1 ulp, relative 2⁻²³ ≈ 1.19e-7.
-/// Checked as |a − b| ≤ 2·ε_f32·max(1, |b|) (one ulp either side of a rounding boundary).
+/// f64 order difference ([`assert_reduction_close`]) plus at most one f32 rounding step either
+/// side of a rounding boundary: 2·ε_f32·|b|.
 const F32_REDUCTION_REL_TOL: f64 = 2.0 * f32::EPSILON as f64;
 
 /// Channels and grid: odd channel count, non-square images (H ≠ W) so that a swapped H/W would
-/// read the wrong pixels, and M = N·H·W = 1173 > 256 so each reduction block loops over its row.
+/// read the wrong pixels, and M = N·H·W = 1173 > 1024 so each reduction block's threads (1024,
+/// `cuda_src::REDUCE_THREADS`) loop over its row, some of them once more than others.
 const C: usize = 37;
 const GRID: Grid = Grid { n: 3, h: 17, w: 23 };
 
-/// A long row (M > 256 · 256) for the reductions' strided loop, with few channels.
+/// A long row for the reductions' strided loop, with few channels: several whole batches of
+/// loads of every thread (8 f32 or 4 f64 per batch, 1024 threads) and a partial one.
 const LONG_M: usize = 70_001;
 
 /// `cuda:0`, or `None` after printing why the calling test is skipped.
@@ -112,18 +113,39 @@ fn assert_bitwise(gpu: &Tensor, cpu: &Tensor, what: &str) {
     );
 }
 
-/// The reduction tolerance of `dtype` (see the constants).
-fn assert_reduction_close(gpu: &Tensor, cpu: &Tensor, what: &str) {
+/// `gpu` and `cpu` are per-row sums (or means) of `m` terms computed in two f64 summation
+/// orders (the kernel: 1024 strided partial sums and a fixed tree; the CPU: one sequential
+/// sum), where `scale[i]` is the sum of the terms' absolute values of element i (divided by
+/// `m` like the element, for a mean). Each order's error is at most (m − 1)·2⁻⁵³·scale, so they
+/// differ by at most m·ε_f64·scale; plus 2·ε_f64·scale for the candle oracle, which forms each
+/// term with its roundings in another order (gy·((x − mean)·invstd)), and one rounding of the
+/// result (ε_f64·|b|; in f32 one ulp either side, [`F32_REDUCTION_REL_TOL`]). Scaled by the row, not an absolute bound: the sum
+/// of 70 001 values in [−2, 2] differs by up to ~1e-11 between 1024-strided and sequential
+/// order, while a wrong or missing term is O(1) (O(1/m) in a mean: far above m·ε·scale).
+fn assert_reduction_close(gpu: &Tensor, cpu: &Tensor, scale: &[f64], m: usize, what: &str) {
     assert_eq!(gpu.dims(), cpu.dims(), "{what}: shapes");
     let f32 = gpu.dtype() == DType::F32;
-    for (i, (a, b)) in host(gpu).iter().zip(host(cpu)).enumerate() {
+    let (a, b) = (host(gpu), host(cpu));
+    assert_eq!(scale.len(), b.len(), "{what}: one scale per element");
+    for (i, (a, b)) in a.iter().zip(b).enumerate() {
+        let order = (m + 2) as f64 * f64::EPSILON * scale[i] + f64::EPSILON * b.abs();
         let tol = if f32 {
-            F32_REDUCTION_REL_TOL * b.abs().max(1.0)
+            order + F32_REDUCTION_REL_TOL * b.abs()
         } else {
-            F64_REDUCTION_TOL
+            order
         };
-        assert!((a - b).abs() <= tol, "{what}[{i}]: cuda {a:e}, cpu {b:e}");
+        assert!(
+            (a - b).abs() <= tol,
+            "{what}[{i}]: cuda {a:e}, cpu {b:e} (tolerance {tol:e})"
+        );
     }
+}
+
+/// Σ |f(i)| over each row of a `[c, m]` tensor given element by element (row-major index).
+fn abs_row_sums(c: usize, m: usize, f: impl Fn(usize) -> f64) -> Vec<f64> {
+    (0..c)
+        .map(|r| (r * m..(r + 1) * m).map(|i| f(i).abs()).sum())
+        .collect()
 }
 
 /// Runs `f` twice on the GPU and checks the two results bitwise equal (deterministic kernels).
@@ -142,11 +164,21 @@ fn bn_stats_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
         vec![fused::bn_stats(&xv).expect("cuda bn_stats")]
     });
     let cpu = fused::bn_stats(&x).expect("cpu bn_stats");
-    assert_reduction_close(&g[0], &cpu, &format!("bn (mean; var) {dtype:?} m={m}"));
+    // scales: Σ|x|/m for the mean, Σ(x − μ)²/m = the variance itself
+    let xs = host(&x);
+    let mut scale: Vec<f64> = abs_row_sums(c, m, |i| xs[i] / m as f64);
+    scale.extend(host(&cpu)[c..].iter().map(|v| v.abs()));
+    assert_reduction_close(
+        &g[0],
+        &cpu,
+        &scale,
+        m,
+        &format!("bn (mean; var) {dtype:?} m={m}"),
+    );
     if dtype == DType::F64 {
         // The candle-op oracle on the same GPU (its own summation order), f64 tolerance.
         let oracle = fused::generic_bn_stats(&xv).expect("oracle");
-        assert_reduction_close(&g[0], &oracle, "bn (mean; var) vs oracle");
+        assert_reduction_close(&g[0], &oracle, &scale, m, "bn (mean; var) vs oracle");
     }
 }
 
@@ -175,9 +207,18 @@ fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     });
     let cpu = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("cpu reduce");
     let sums = |t: &Tensor| t.narrow(0, 0, 2).expect("sums");
+    // scales: Σ|gy| and Σ|gy·(x − mean)·invstd| per row
+    let (gys, xs, sts) = (host(&gy), host(&x), host(&st));
+    let mut scale = abs_row_sums(c, m, |i| gys[i]);
+    scale.extend(abs_row_sums(c, m, |i| {
+        let r = i / m;
+        gys[i] * (xs[i] - sts[r]) * sts[c + r]
+    }));
     assert_reduction_close(
         &sums(&g[0]),
         &sums(&cpu),
+        &scale,
+        m,
         &format!("(Σgy; Σgy·x̂) {dtype:?} m={m}"),
     );
     // A, B, C: the CPU twin's arithmetic on the kernel's own sums, bit for bit.
@@ -192,7 +233,13 @@ fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     }
     if dtype == DType::F64 {
         let oracle = fused::generic_bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("oracle");
-        assert_reduction_close(&sums(&g[0]), &sums(&oracle), "(Σgy; Σgy·x̂) vs oracle");
+        assert_reduction_close(
+            &sums(&g[0]),
+            &sums(&oracle),
+            &scale,
+            m,
+            "(Σgy; Σgy·x̂) vs oracle",
+        );
     }
 }
 

@@ -10,7 +10,9 @@
 //
 // * per-channel reductions (bn_stats, bn_bwd_reduce): grid = (C, 1, 1), one block per channel,
 //   block = (DB_REDUCE_THREADS, 1, 1). Thread t accumulates elements t, t + T, t + 2T, ... of
-//   its row in f64, then db_block_sum adds the T partial sums in a fixed tree. No atomics, no
+//   its row in f64 (its loads issued 32 bytes per row at a time, db_thread_rows, so a block
+//   keeps 32 KiB of reads in flight: a BN over fewer channels than the GPU has SMs still
+//   streams), then db_block_sum adds the T partial sums in a fixed tree. No atomics, no
 //   dependence on scheduling: two runs are bitwise equal. Shared memory: T doubles (static).
 //   The result differs from the CPU twin (one sequential f64 sum per row) only by summation
 //   order, i.e. by a few f64 ulps before the final rounding to T.
@@ -43,14 +45,16 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, T *__restrict_
     __shared__ double buf[DB_REDUCE_THREADS];
     const u64 c = blockIdx.x;
     const T *row = x + c * m;
+    constexpr unsigned U = db_batch<T>::value;
+    const auto load = [row](const u64 i) { return row[i]; };
     double s = 0.0;
-    for (u64 i = threadIdx.x; i < m; i += DB_REDUCE_THREADS) s = db_add(s, (double)row[i]);
+    db_thread_rows<U>(m, load, [&s](const T v) { s = db_add(s, (double)v); });
     const double mean = db_div(db_block_sum(s, buf), (double)m);
     double q = 0.0;
-    for (u64 i = threadIdx.x; i < m; i += DB_REDUCE_THREADS) {
-        const double d = db_sub((double)row[i], mean);
+    db_thread_rows<U>(m, load, [&q, mean](const T v) {
+        const double d = db_sub((double)v, mean);
         q = db_add(q, db_mul(d, d));
-    }
+    });
     const double var = db_div(db_block_sum(q, buf), (double)m);
     if (threadIdx.x == 0) {
         mv[c] = db_from_f64<T>(mean);
@@ -81,11 +85,16 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
     const double mean = (double)mean_t;
     const double invstd = (double)invstd_t;
     double sg = 0.0, sgx = 0.0;
-    for (u64 i = threadIdx.x; i < m; i += DB_REDUCE_THREADS) {
-        const double gi = (double)g[i];
-        sg = db_add(sg, gi);
-        sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)xr[i], mean)), invstd));
-    }
+    struct pair {
+        T g, x;
+    };
+    db_thread_rows<db_batch<T>::value>(
+        m, [g, xr](const u64 i) { return pair{g[i], xr[i]}; },
+        [&sg, &sgx, mean, invstd](const pair p) {
+            const double gi = (double)p.g;
+            sg = db_add(sg, gi);
+            sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)p.x, mean)), invstd));
+        });
     sg = db_block_sum(sg, buf);
     sgx = db_block_sum(sgx, buf);
     if (threadIdx.x == 0) {
