@@ -68,6 +68,47 @@ fn run_args(extra: &[&str]) -> Vec<String> {
     a.into_iter().map(str::to_string).collect()
 }
 
+/// `report` and `plots` refuse an output of the wrong kind (a folder for the report's file, a
+/// file for the figures' folder) before any work, with status 2, writing nothing.
+#[test]
+fn report_and_plots_refuse_outputs_of_the_wrong_kind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let csv = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../results/reference-cpu.csv")
+        .to_string_lossy()
+        .into_owned();
+    let folder = dir.path().join("f");
+    std::fs::create_dir(&folder).expect("folder");
+    let file = write(dir.path(), "a-file.txt", "not a folder\n");
+    let (folder, file) = (path_str(&folder), path_str(&file));
+    refused(
+        &["report", &csv, "--out", folder],
+        &["--out", "is a folder", "REPORT.md"],
+    );
+    refused(
+        &[
+            "report",
+            &csv,
+            "--out",
+            &format!("{folder}/R.md"),
+            "--plots",
+            file,
+        ],
+        &["--plots", "is a file"],
+    );
+    refused(&["plots", &csv, "--out", file], &["--out", "is a file"]);
+    refused(&["plots", &csv, "--out", &csv], &["--out", "is a file"]);
+    assert_eq!(
+        std::fs::read_to_string(file).expect("file"),
+        "not a folder\n",
+        "untouched"
+    );
+    assert!(
+        std::fs::read_dir(folder).expect("folder").next().is_none(),
+        "nothing written"
+    );
+}
+
 #[test]
 fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
     let run = run_args;

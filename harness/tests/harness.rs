@@ -166,6 +166,21 @@ fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
     let big = by_key["cat-store-copy/mlp/2048/64/64/8/1/1/on/f32/0/cpu"];
     assert_eq!(big.status, "oom", "{}", big.error);
     assert!(big.error.contains("memory allocation of"), "{}", big.error);
+    // how close it came: the bytes live at the refusal, below the limit the sweep set
+    let live: u64 = big
+        .error
+        .split(" with ")
+        .nth(1)
+        .and_then(|s| s.split(" bytes live").next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no live bytes in {:?}", big.error));
+    assert!(big.error.contains("bytes live (limit "), "{}", big.error);
+    assert!(live > 0 && live <= 10_000_000, "{}", big.error);
+    assert!(
+        big.error.contains("(limit 10000000 bytes)"),
+        "{}",
+        big.error
+    );
     assert!(big.peak_bytes.is_none());
     for v in ["cat-store-copy", "buffer-store-copy"] {
         let r = by_key[format!("{v}/mlp/8/4/2/2/1/1/on/f32/0/cpu").as_str()];

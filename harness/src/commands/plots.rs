@@ -2,9 +2,10 @@
 //! ([`crate::outputs::plots::render_all`]) and says what it skipped.
 
 use crate::outputs::plots::{data, render_all, source_text, SOURCE_FILE};
+use crate::plan::bounds::bad_input;
 use crate::results::row::{read_rows, Row};
 use crate::results::store::write_bytes_atomic;
-use anyhow::{bail, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -19,6 +20,14 @@ pub struct Args {
 
 /// `densebench plots`.
 pub fn run(a: Args) -> Result<ExitCode> {
+    // Bad input, before any work: the figures go into a folder, never over a file (the CSV
+    // itself, given as --out by mistake, included).
+    if a.out.exists() && !a.out.is_dir() {
+        return Err(bad_input(anyhow!(
+            "--out {} is a file: give the folder to write the figures into (created if missing)",
+            a.out.display()
+        )));
+    }
     let rows = read_rows(&a.csv)?;
     let (groups, replaced) = data::group_rows(&rows);
     let ok = rows.iter().filter(|r| r.is_ok()).count();

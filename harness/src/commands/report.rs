@@ -2,9 +2,10 @@
 //! ([`crate::outputs::report::render`]).
 
 use crate::outputs::report::render;
+use crate::plan::bounds::bad_input;
 use crate::results::row::read_rows;
 use crate::results::store::{refuse_input_as_output, write_bytes_atomic};
-use anyhow::{Context, Result};
+use anyhow::{anyhow, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -23,6 +24,21 @@ pub struct Args {
 /// `densebench report`.
 pub fn run(a: Args) -> Result<ExitCode> {
     refuse_input_as_output(&a.out, "--out", &[&a.csv])?;
+    // Bad input, before any work: a folder where the markdown file goes, or a file where the
+    // figures' folder is.
+    if a.out.is_dir() {
+        return Err(bad_input(anyhow!(
+            "--out {} is a folder: give the markdown file to write (e.g. {})",
+            a.out.display(),
+            a.out.join("REPORT.md").display()
+        )));
+    }
+    if a.plots.exists() && !a.plots.is_dir() {
+        return Err(bad_input(anyhow!(
+            "--plots {} is a file, not the folder `densebench plots` wrote the figures to",
+            a.plots.display()
+        )));
+    }
     let rows = read_rows(&a.csv)?;
     if !rows.iter().any(|r| r.is_ok()) {
         let mut statuses = std::collections::BTreeMap::<&str, usize>::new();

@@ -7,6 +7,10 @@
 //! Rust aborts the process with "memory allocation of N bytes failed"; the parent process
 //! classifies that abort as `oom` (see [`crate::measure::child`]).
 //!
+//! The first refused allocation also writes one line to stderr ([`REFUSAL_PREFIX`], written
+//! with `write(2)` from a stack buffer: nothing is allocated inside the allocator) saying how
+//! many bytes were live and what the limit was, so an `oom` row says how close the step came.
+//!
 //! Counts are of requested sizes (`Layout::size`), not of what the system allocator rounds them
 //! up to: that is what a variant asks for, and it is exact and deterministic. The library (and
 //! therefore the integration tests) can be used without the allocator installed; then the
@@ -14,7 +18,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::ptr::null_mut;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
 static PEAK: AtomicUsize = AtomicUsize::new(0);
@@ -36,12 +40,62 @@ impl Default for Counting {
     }
 }
 
+/// The start of the line the first refused allocation writes to stderr: `{REFUSAL_PREFIX} N
+/// bytes requested with L bytes live (limit X bytes)`, read back by
+/// [`crate::measure::child::refusal`].
+pub const REFUSAL_PREFIX: &str = "densebench: memory limit:";
+
+/// Whether a refusal has been said (only the first is: the process aborts on it).
+static REFUSAL_SAID: AtomicBool = AtomicBool::new(false);
+
+/// A line in a stack buffer (the allocator must not allocate to report).
+struct LineBuf {
+    bytes: [u8; 192],
+    len: usize,
+}
+
+impl std::fmt::Write for LineBuf {
+    fn write_str(&mut self, s: &str) -> std::fmt::Result {
+        let end = self.len + s.len();
+        let dst = self.bytes.get_mut(self.len..end).ok_or(std::fmt::Error)?;
+        dst.copy_from_slice(s.as_bytes());
+        self.len = end;
+        Ok(())
+    }
+}
+
+/// Writes the refusal line of the first refused allocation to stderr with `write(2)`.
+#[cold]
+#[inline(never)]
+fn say_refusal(size: usize, live: usize, limit: usize) {
+    if REFUSAL_SAID.swap(true, Relaxed) {
+        return;
+    }
+    let mut line = LineBuf {
+        bytes: [0; 192],
+        len: 0,
+    };
+    let said = std::fmt::Write::write_fmt(
+        &mut line,
+        format_args!(
+            "{REFUSAL_PREFIX} {size} bytes requested with {live} bytes live (limit {limit} bytes)\n"
+        ),
+    );
+    if said.is_ok() {
+        // SAFETY: writes `len` initialised bytes of a live stack buffer to fd 2; a failed or
+        // short write loses only this diagnostic line.
+        let _ = unsafe { libc::write(2, line.bytes.as_ptr().cast(), line.len) };
+    }
+}
+
 /// Adds `size` live bytes unless that would pass the limit; updates the peak.
 #[inline]
 fn reserve(size: usize) -> bool {
     let now = CURRENT.fetch_add(size, Relaxed).saturating_add(size);
-    if now > LIMIT.load(Relaxed) {
+    let limit = LIMIT.load(Relaxed);
+    if now > limit {
         CURRENT.fetch_sub(size, Relaxed);
+        say_refusal(size, now - size, limit);
         return false;
     }
     // A plain load first: most allocations do not raise the peak, and a load is cheaper than

@@ -229,6 +229,17 @@ pub fn last_line(stderr: &str) -> Option<String> {
         })
 }
 
+/// What the counting allocator said when it refused the child's first allocation past the
+/// memory limit (`alloc::REFUSAL_PREFIX`): "L bytes live (limit X bytes)", or `None` when it
+/// said nothing (a child without the limit, or one that is not densebench).
+pub fn refusal(stderr: &str) -> Option<String> {
+    let rest = stderr
+        .lines()
+        .find_map(|l| l.trim().strip_prefix(crate::measure::alloc::REFUSAL_PREFIX))?;
+    let (_, live) = rest.split_once(" bytes requested with ")?;
+    Some(live.trim().to_string())
+}
+
 /// Makes the child die with the thread that spawns it (`PR_SET_PDEATHSIG`, SIGKILL), lead its
 /// own process group and ignore the stop signals ([`interrupt::STOP_SIGNALS`]; an ignored
 /// disposition survives exec). The death signal follows the spawning *thread*: every caller
@@ -392,7 +403,10 @@ pub fn classify(
         .lines()
         .find(|l| l.contains("memory allocation of") && l.contains("failed"))
     {
-        return Outcome::Oom(format!("{}{limit}", line.trim()));
+        return Outcome::Oom(match refusal(stderr) {
+            Some(r) => format!("{} with {r}", line.trim()),
+            None => format!("{}{limit}", line.trim()),
+        });
     }
     match (status.code(), status.signal()) {
         (None, Some(sig)) if CRASH_SIGNALS.contains(&sig) => {
@@ -501,6 +515,19 @@ mod tests {
             "memory allocation of 64 bytes failed\n",
         );
         assert_eq!(oom.status(), "oom");
+        // With the allocator's line, the error says how many bytes were live and the limit.
+        let said = c(
+            killed_by(libc::SIGABRT),
+            "densebench: memory limit: 64 bytes requested with 1000 bytes live (limit 1024 \
+             bytes)\nmemory allocation of 64 bytes failed\n",
+        );
+        assert_eq!(
+            said,
+            Outcome::Oom(
+                "memory allocation of 64 bytes failed with 1000 bytes live (limit 1024 bytes)"
+                    .to_string()
+            )
+        );
         // SIGKILL from outside: killed, not oom (nothing shows the limit was the cause).
         let k = c(killed_by(libc::SIGKILL), "");
         assert_eq!(k.status(), "killed");
