@@ -60,9 +60,46 @@ fail() { echo "gpu-session: $*" >&2; [ "$status" -ne 0 ] || status=1; }
 
 # The CUDA libraries the binaries link (cuBLAS, cuRAND, NVRTC, the runtime), wherever this
 # machine has them (a system CUDA or PyTorch's nvidia-* wheels).
+# NVRTC first (its folder leads LD_LIBRARY_PATH, ahead of a newer one beside cuBLAS).
+# NVRTC compiles densebench's kernels to PTX at run time, and a driver refuses PTX of a newer
+# CUDA: of several libnvrtc.so.13 (a system CUDA, PyTorch's wheels) the newest that is no newer
+# than the driver's CUDA version (nvidia-smi's "CUDA Version") is taken. densebench itself
+# refuses a newer one with one line (docs/gpu.md).
+driver_cuda=$(nvidia-smi 2>/dev/null | grep -o 'CUDA Version: [0-9.]*' | head -n 1 | awk '{print $3}')
+nvrtc_version() {
+    python3 -c 'import ctypes, sys
+l = ctypes.CDLL(sys.argv[1]); a, b = ctypes.c_int(), ctypes.c_int()
+sys.exit(1) if l.nvrtcVersion(ctypes.byref(a), ctypes.byref(b)) else print(f"{a.value}.{b.value}")' "$1" 2>/dev/null
+}
+# The newest of the files named on stdin that is no newer than the driver; empty if none.
+newest_nvrtc() {
+    local best="" best_v="" f v
+    while read -r f; do
+        [ -n "$f" ] || continue
+        v=$(nvrtc_version "$f") || continue
+        # no newer than the driver, and newer than the best so far (version order)
+        [ "$(printf '%s\n%s\n' "$v" "$driver_cuda" | sort -V | tail -n 1)" = "$driver_cuda" ] || continue
+        if [ -z "$best" ] || [ "$(printf '%s\n%s\n' "$v" "$best_v" | sort -V | tail -n 1)" = "$v" ]; then
+            best=$f best_v=$v
+        fi
+    done
+    [ -n "$best" ] && echo "libnvrtc: $best (CUDA $best_v; driver CUDA $driver_cuda)" >&2
+    echo "$best"
+}
+# A system CUDA's first; the whole disk (PyTorch's wheels) only when none of those will do.
+pick_nvrtc() {
+    local f
+    f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so.13 \
+        /usr/local/cuda*/lib64/libnvrtc.so.13 2>/dev/null | newest_nvrtc)
+    [ -n "$f" ] || f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name libnvrtc.so.13 \
+        -print 2>/dev/null | newest_nvrtc)
+    echo "$f"
+}
 dirs=""
-for l in libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libnvrtc.so.13 libcudart.so.13; do
-    f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/$l /usr/local/cuda*/lib64/$l 2>/dev/null | head -n 1)
+for l in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13; do
+    f=""
+    [ "$l" != libnvrtc.so.13 ] || [ -z "$driver_cuda" ] || f=$(pick_nvrtc)
+    [ -n "$f" ] || f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/$l /usr/local/cuda*/lib64/$l 2>/dev/null | head -n 1)
     [ -n "$f" ] || f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$l" -print 2>/dev/null | head -n 1)
     [ -n "$f" ] || { fail "$l not found on this machine"; continue; }
     case ":$dirs:" in *":$(dirname "$f"):"*) ;; *) dirs="$dirs:$(dirname "$f")" ;; esac

@@ -34,17 +34,25 @@ const TINY_RUN: &[&str] = &[
     "2",
 ];
 
-/// `cuda:0` if it is usable; otherwise prints why the calling test is skipped.
+/// `cuda:0` if it is usable; otherwise prints why the calling test is skipped. Only the
+/// absence of a GPU skips (a build without `cuda`, no driver, no device): a GPU that is there
+/// but fails its check (a driver call, an NVRTC newer than the driver) fails the test, so a GPU
+/// session never reads a broken machine as a row of skips.
 fn gpu_or_skip(test: &str) -> Option<GpuInfo> {
     match gpu::check_available(0) {
         Ok(info) => {
             println!("{test}: running on {}", info.describe());
             Some(info)
         }
-        Err(e) => {
-            println!("{test}: skipped, no usable GPU: {e:#}");
-            None
-        }
+        Err(e) => match e.downcast_ref::<gpu::GpuError>() {
+            Some(
+                gpu::GpuError::NotBuilt | gpu::GpuError::NoDriver | gpu::GpuError::NoDevice { .. },
+            ) => {
+                println!("{test}: skipped, no usable GPU: {e:#}");
+                None
+            }
+            _ => panic!("{test}: cuda:0 is there but cannot be used: {e:#}"),
+        },
     }
 }
 
@@ -193,12 +201,25 @@ fn no_gpu_check_available_error_is_typed() {
     }
 }
 
-/// A GPU as candle opens it, or a skip.
-fn cuda_device(test: &str) -> Option<Device> {
+/// Held by every test that allocates on or measures the GPU in this process: the default
+/// memory pool and its `USED_MEM_HIGH` are the process's, so a test's `reset` or its 64 MiB
+/// tensors inside another test's measured window would fail that test (cargo runs tests on
+/// several threads). Tests that measure in a `densebench` child process have a pool of their
+/// own and need not hold it.
+static POOL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// A GPU opened as a measured run opens it (`DeviceSpec::open`: event tracking off, cuBLAS's
+/// fixed workspace outside the pool), with [`POOL`] held for the test; or a skip.
+fn cuda_device(test: &str) -> Option<(Device, std::sync::MutexGuard<'static, ()>)> {
     gpu_or_skip(test)?;
-    match Device::new_cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => panic!("check_available(0) succeeded but candle cannot open cuda:0: {e}"),
+    // A test that failed while holding it poisoned it; the pool itself is fine.
+    let serial = POOL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    use densebench::measure::device::{DeviceOps, DeviceSpec};
+    match DeviceSpec::Cuda(0).open() {
+        Ok(d) => Some((d, serial)),
+        Err(e) => panic!("check_available(0) succeeded but densebench cannot open cuda:0: {e:#}"),
     }
 }
 
@@ -206,7 +227,8 @@ const MIB: u64 = 1 << 20;
 
 #[test]
 fn gpu_pool_peak_sees_a_candle_allocation_and_its_free() {
-    let Some(dev) = cuda_device("gpu_pool_peak_sees_a_candle_allocation_and_its_free") else {
+    let Some((dev, _serial)) = cuda_device("gpu_pool_peak_sees_a_candle_allocation_and_its_free")
+    else {
         return;
     };
     let peak = PoolPeak::new(0).expect("meter");
@@ -275,7 +297,7 @@ fn kernels_match_cpu(dev: &Device, dtype: DType) {
 
 #[test]
 fn gpu_inplace_kernels_match_cpu_through_views() {
-    let Some(dev) = cuda_device("gpu_inplace_kernels_match_cpu_through_views") else {
+    let Some((dev, _serial)) = cuda_device("gpu_inplace_kernels_match_cpu_through_views") else {
         return;
     };
     kernels_match_cpu(&dev, DType::F32);
@@ -285,7 +307,7 @@ fn gpu_inplace_kernels_match_cpu_through_views() {
 /// An in-place op allocates nothing on the GPU: the pool's peak does not move.
 #[test]
 fn gpu_inplace_add_allocates_nothing() {
-    let Some(dev) = cuda_device("gpu_inplace_add_allocates_nothing") else {
+    let Some((dev, _serial)) = cuda_device("gpu_inplace_add_allocates_nothing") else {
         return;
     };
     let peak = PoolPeak::new(0).expect("meter");
@@ -376,7 +398,7 @@ const FUSED_POOL_SLACK_BYTES: u64 = 4 * MIB;
 #[test]
 fn gpu_fused_ops_allocate_only_their_output() {
     use impls::fused::{self, Grid, TAPS};
-    let Some(dev) = cuda_device("gpu_fused_ops_allocate_only_their_output") else {
+    let Some((dev, _serial)) = cuda_device("gpu_fused_ops_allocate_only_their_output") else {
         return;
     };
     let peak = PoolPeak::new(0).expect("meter");
@@ -595,7 +617,7 @@ fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
 /// least the request and, for requests of a MiB and more, under 2 MiB above it.
 #[test]
 fn gpu_pool_charges_at_least_each_request() {
-    let Some(dev) = cuda_device("gpu_pool_charges_at_least_each_request") else {
+    let Some((dev, _serial)) = cuda_device("gpu_pool_charges_at_least_each_request") else {
         return;
     };
     let meter = densebench::measure::device::MemoryMeter::for_device(

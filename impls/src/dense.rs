@@ -11,6 +11,8 @@
 //! Every output element is computed by one panel from the whole inner dimension, in `gemm`'s
 //! order for that inner length, so results do not depend on the number of threads or panels.
 
+#[cfg(feature = "cuda")]
+pub use crate::dense_cuda::{pin_cublas_workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::error::{CandleContext, Result};
 use crate::kernels;
 use crate::matrix::{check_shapes, Mat};

@@ -9,6 +9,9 @@
 //! `cublasDgemmStridedBatched` in f64. The row-major operands are mapped to BLAS's column-major
 //! convention by [`ColMajorGemm::of`], which the CPU tests check against `gemm`.
 //!
+//! Also here: [`pin_cublas_workspace`], the fixed workspace every cuBLAS call of a measured
+//! device uses (outside the memory pool a GPU row's peak is read from).
+//!
 //! Only compiled with the `cuda` feature. Every failure is an `Err` naming the op.
 
 use crate::cuda_launch::{msg, unsupported};
@@ -189,4 +192,58 @@ fn with_addresses<T: CudaDType, R>(
         at(base_b, g.x.0),
         at(base_a, g.y.0),
     ))
+}
+
+/// Bytes of the fixed workspace [`pin_cublas_workspace`] gives a device's cuBLAS handle:
+/// NVIDIA's recommended size for Hopper (cuBLAS documentation, `cublasSetWorkspace`: 32 MiB;
+/// 4 MiB suffices before it).
+pub const CUBLAS_WORKSPACE_BYTES: usize = 32 << 20;
+
+/// Gives candle's cuBLAS handle of `dev` a fixed workspace of [`CUBLAS_WORKSPACE_BYTES`],
+/// allocated with `cuMemAlloc` (not from the stream-ordered pool), for the life of the process.
+///
+/// Why: without one, cuBLAS of CUDA ≥ 12.2 takes its workspace with `cudaMallocAsync` from the
+/// device's current memory pool — the default pool whose `USED_MEM_HIGH` is a GPU row's peak —
+/// so a GEMM that wants workspace (split-K on `dW = G·Sᵀ`, inner dimension M) would add up to
+/// tens of MiB to a step's peak that no model of the variant's tensors has, and a CUDA graph
+/// capture would record the allocation as a node (PyTorch #113994, #124250; cudarc #595). With
+/// it, every cuBLAS call of the handle — candle's matmuls and [`crate::dense`]'s accumulating
+/// products — uses this buffer: nothing of cuBLAS is in the pool, by construction, as
+/// `docs/gpu.md` states. Candle binds the handle to its stream once, when the device is made
+/// (`cublasSetStream` would reset the workspace; nothing calls it later).
+///
+/// Never freed: one buffer per opened device (a measuring child opens one), released with the
+/// context at exit.
+pub fn pin_cublas_workspace(dev: &candle_core::CudaDevice) -> candle_core::Result<()> {
+    use candle_core::cuda_backend::cudarc::driver::result as drv;
+    let stream = dev.cuda_stream();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| msg(format!("cuBLAS workspace: binding the context: {e:?}")))?;
+    // SAFETY: a plain device allocation in the context bound above; the pointer is handed to
+    // cuBLAS below and outlives every call of the handle (it is never freed).
+    let ptr = unsafe { drv::malloc_sync(CUBLAS_WORKSPACE_BYTES) }.map_err(|e| {
+        msg(format!(
+            "cuBLAS workspace: cuMemAlloc of {CUBLAS_WORKSPACE_BYTES} bytes failed: {e:?}"
+        ))
+    })?;
+    let blas_handle = dev.cublas_handle();
+    // SAFETY: candle's live handle; `ptr` is `CUBLAS_WORKSPACE_BYTES` of device memory of the
+    // handle's context, 256-byte aligned as cuMemAlloc returns it (cuBLAS asks for 256).
+    let status = unsafe {
+        sys::cublasSetWorkspace_v2(
+            *blas_handle.handle(),
+            ptr as *mut std::ffi::c_void,
+            CUBLAS_WORKSPACE_BYTES,
+        )
+    };
+    if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+        // SAFETY: allocated above, handed to nobody.
+        let _ = unsafe { drv::free_sync(ptr) };
+        return Err(msg(format!(
+            "cuBLAS workspace: cublasSetWorkspace failed: {status:?}"
+        )));
+    }
+    Ok(())
 }

@@ -53,6 +53,10 @@ impl DeviceOps for DeviceSpec {
                     // 11: host work is what a GPU step of small kernels spends its time on).
                     // Turned off before any tensor exists.
                     unsafe { c.disable_event_tracking() };
+                    // cuBLAS's workspace outside the pool the row's peak is read from (and out
+                    // of a captured graph): see `pin_cublas_workspace`.
+                    impls::dense::pin_cublas_workspace(c)
+                        .with_context(|| format!("giving cuBLAS a fixed workspace on cuda:{n}"))?;
                 }
                 Ok(dev)
             }

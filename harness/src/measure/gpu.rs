@@ -38,6 +38,26 @@ pub enum GpuError {
     NoDevice { ordinal: usize, count: usize },
     /// A driver call failed: which call, and the driver's name and text for the error.
     Driver { call: &'static str, error: String },
+    /// The NVRTC this process loaded (it compiles densebench's kernels to PTX at run time) is of
+    /// a newer CUDA than the driver: the driver refuses its PTX
+    /// (`CUDA_ERROR_UNSUPPORTED_PTX_VERSION`), so every fused kernel would fail.
+    NvrtcNewerThanDriver {
+        nvrtc: (i32, i32),
+        driver: (i32, i32),
+    },
+}
+
+/// [`GpuError::NvrtcNewerThanDriver`] when NVRTC's CUDA version (if known) is newer than the
+/// driver's: PTX from a newer toolkit does not load, minor version compatibility included
+/// (NVIDIA's CUDA compatibility guide: it covers binaries, not JIT-compiling newer PTX).
+pub fn check_nvrtc_against_driver(
+    nvrtc: Option<(i32, i32)>,
+    driver: (i32, i32),
+) -> std::result::Result<(), GpuError> {
+    match nvrtc {
+        Some(nvrtc) if nvrtc > driver => Err(GpuError::NvrtcNewerThanDriver { nvrtc, driver }),
+        _ => Ok(()),
+    }
 }
 
 impl fmt::Display for GpuError {
@@ -55,6 +75,13 @@ impl fmt::Display for GpuError {
                 )
             }
             GpuError::Driver { call, error } => write!(f, "CUDA driver: {call} failed: {error}"),
+            GpuError::NvrtcNewerThanDriver { nvrtc, driver } => write!(
+                f,
+                "the NVRTC library loaded (CUDA {}.{}) is newer than the driver (CUDA {}.{}), \
+                 which cannot load the PTX it makes: put the libnvrtc.so of a CUDA {}.{} or older \
+                 toolkit first on LD_LIBRARY_PATH",
+                nvrtc.0, nvrtc.1, driver.0, driver.1, driver.0, driver.1
+            ),
         }
     }
 }
@@ -285,15 +312,19 @@ mod imp {
         let driver_release = std::fs::read_to_string("/proc/driver/nvidia/version")
             .ok()
             .and_then(|s| parse_driver_release(&s));
+        // The driver encodes 12.4 as 12040.
+        let driver_cuda_version = (version / 1000, (version % 1000) / 10);
+        let toolkit_cuda_version = toolkit_version();
+        // Refused here, before any row: otherwise every fused kernel's module load fails.
+        check_nvrtc_against_driver(toolkit_cuda_version, driver_cuda_version)?;
         Ok(GpuInfo {
             ordinal,
             name,
             total_memory_bytes: total as u64,
             compute_capability: cc,
-            // The driver encodes 12.4 as 12040.
-            driver_cuda_version: (version / 1000, (version % 1000) / 10),
+            driver_cuda_version,
             driver_release,
-            toolkit_cuda_version: toolkit_version(),
+            toolkit_cuda_version,
             memory_pools: pools_supported(dev)?,
         })
     }
@@ -522,6 +553,38 @@ mod tests {
         for (e, want) in cases {
             assert_eq!(e.to_string(), want);
             assert!(!e.to_string().contains('\n'));
+        }
+        let newer = GpuError::NvrtcNewerThanDriver {
+            nvrtc: (13, 1),
+            driver: (13, 0),
+        }
+        .to_string();
+        assert!(!newer.contains('\n'), "{newer}");
+        for part in [
+            "CUDA 13.1",
+            "driver (CUDA 13.0)",
+            "13.0 or older",
+            "LD_LIBRARY_PATH",
+        ] {
+            assert!(newer.contains(part), "{part}: {newer}");
+        }
+    }
+
+    /// PTX of a newer toolkit does not load: a newer NVRTC is refused, an equal or older one
+    /// (and an unknown one) is not.
+    #[test]
+    fn nvrtc_newer_than_the_driver_is_refused() {
+        let drv = (13, 0);
+        assert_eq!(
+            check_nvrtc_against_driver(Some((13, 1)), drv),
+            Err(GpuError::NvrtcNewerThanDriver {
+                nvrtc: (13, 1),
+                driver: drv
+            })
+        );
+        assert!(check_nvrtc_against_driver(Some((14, 0)), drv).is_err());
+        for ok in [Some((13, 0)), Some((12, 9)), None] {
+            assert_eq!(check_nvrtc_against_driver(ok, drv), Ok(()), "{ok:?}");
         }
     }
 
