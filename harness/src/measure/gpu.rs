@@ -190,7 +190,10 @@ mod imp {
 mod imp {
     //! The CUDA driver calls. cudarc is linked (candle's `dynamic-linking`): a process that runs
     //! at all has libcuda.so.1 loaded, so cudarc's calls cannot panic for a missing library.
-    use super::{parse_driver_release, GpuError, GpuInfo, PeakSource, SAMPLE_INTERVAL};
+    use super::{
+        check_nvrtc_against_driver, parse_driver_release, GpuError, GpuInfo, PeakSource,
+        SAMPLE_INTERVAL,
+    };
     use anyhow::Result;
     use cudarc::driver::{result, sys, DriverError};
     use std::cell::RefCell;
