@@ -161,7 +161,13 @@ fn a_perturbed_gradient_fails_any_densebench_row_the_reference_variants_included
 
 #[test]
 fn a_peer_out_of_memory_is_an_oom_row() {
-    let (o, rows) = bench(BC_SWEEP, &["--peer", "pytorch"], &[("FAKE_EXIT", "4")]);
+    let log_dir = tempfile::tempdir().expect("temp dir");
+    let log = log_dir.path().join("runs.log");
+    let (o, rows) = bench(
+        BC_SWEEP,
+        &["--peer", "pytorch"],
+        &[("FAKE_EXIT", "4"), ("FAKE_LOG", path_str(&log))],
+    );
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = rows.expect("rows written");
     let r = row(&rows, "pytorch-naive");
@@ -173,6 +179,17 @@ fn a_peer_out_of_memory_is_an_oom_row() {
     let d = row(&rows, "autograd");
     assert_eq!(d.tolerance, Some(F32_REL_BOUND));
     assert!(d.note.contains("documented f32 bound"), "{}", d.note);
+    let b = row(&rows, "buffer-recompute-inplace");
+    assert_eq!(b.tolerance, Some(F32_REL_BOUND));
+    assert!(b.note.contains("documented f32 bound"), "{}", b.note);
+    // The peer's two rows, then one attempt at its error for the tolerance: the failure is
+    // remembered for the config's other rows (each attempt is a PyTorch start on a GPU).
+    let runs = std::fs::read_to_string(&log).expect("the fake peer's log");
+    assert_eq!(
+        runs.lines().collect::<Vec<_>>(),
+        ["pytorch-naive", "pytorch-memory-efficient", "pytorch-naive"],
+        "{runs}"
+    );
 }
 
 #[test]

@@ -399,6 +399,14 @@ pub fn classify(
         .mem_limit
         .map(|l| format!(" (memory limit {l} bytes)"))
         .unwrap_or_default();
+    // Past the GPU's memory: the driver's out-of-memory, as candle reports it, is the device's
+    // limit as the allocator's abort is the host's.
+    if let Some(line) = stderr
+        .lines()
+        .find(|l| l.contains("CUDA_ERROR_OUT_OF_MEMORY"))
+    {
+        return Outcome::Oom(format!("out of GPU memory: {}", line.trim()));
+    }
     if let Some(line) = stderr
         .lines()
         .find(|l| l.contains("memory allocation of") && l.contains("failed"))
@@ -515,6 +523,16 @@ mod tests {
             "memory allocation of 64 bytes failed\n",
         );
         assert_eq!(oom.status(), "oom");
+        // The GPU's own limit: candle's driver error is an oom too, not an error row.
+        let gpu = c(
+            exited(1),
+            "densebench: error: step: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n",
+        );
+        assert_eq!(gpu.status(), "oom");
+        assert!(
+            matches!(&gpu, Outcome::Oom(m) if m.starts_with("out of GPU memory: ")),
+            "{gpu:?}"
+        );
         // With the allocator's line, the error says how many bytes were live and the limit.
         let said = c(
             killed_by(libc::SIGABRT),

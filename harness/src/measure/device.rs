@@ -57,6 +57,9 @@ impl DeviceOps for DeviceSpec {
                     // of a captured graph): see `pin_cublas_workspace`.
                     impls::dense::pin_cublas_workspace(c)
                         .with_context(|| format!("giving cuBLAS a fixed workspace on cuda:{n}"))?;
+                    // Freed memory stays reserved in the pool between steps, as in PyTorch's
+                    // caching allocator: see `keep_pool_reserved`.
+                    crate::measure::gpu::keep_pool_reserved(*n)?;
                 }
                 Ok(dev)
             }

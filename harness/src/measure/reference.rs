@@ -92,6 +92,9 @@ pub struct Cache {
     dir: PathBuf,
     /// Config key → why no reference could be computed.
     failures: HashMap<String, String>,
+    /// (config, peer, reference) → why the peer's own error could not be measured: asked once
+    /// per configuration, not once per row (each attempt starts PyTorch, seconds on a GPU).
+    peer_failures: std::sync::Mutex<HashMap<String, String>>,
 }
 
 /// FNV-1a 64 over `bytes`, as 16 hex digits: cheap, stable, and enough to tell two builds or
@@ -155,6 +158,7 @@ impl Cache {
         Ok(Cache {
             dir,
             failures: HashMap::new(),
+            peer_failures: std::sync::Mutex::default(),
         })
     }
 
@@ -294,9 +298,27 @@ impl Cache {
             .peer_error(cfg, s, naive)
             .filter(|e| e.reference == label)
             .map(|e| e.max_rel_err);
-        let err = match known {
-            Some(e) => Ok(e),
-            None => self.measure_peer_error(cfg, s, naive, reference, &label),
+        let memo = format!("{}|{peer}|{label}", config_key(cfg, s.device));
+        let failed_before = || {
+            self.peer_failures
+                .lock()
+                .ok()
+                .and_then(|m| m.get(&memo).cloned())
+        };
+        let err = match (known, failed_before()) {
+            (Some(e), _) => Ok(e),
+            (None, Some(why)) => Err(anyhow::anyhow!("{why}")),
+            (None, None) => {
+                let measured = self.measure_peer_error(cfg, s, naive, reference, &label);
+                if let Err(e) = &measured {
+                    if interrupt::interrupted(e).is_none() {
+                        if let Ok(mut m) = self.peer_failures.lock() {
+                            m.insert(memo, format!("{e:#}"));
+                        }
+                    }
+                }
+                measured
+            }
         };
         match err {
             Ok(e) => Ok((measure::peer_derived_tolerance(cfg, e), String::new())),

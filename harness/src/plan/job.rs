@@ -325,11 +325,23 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
 /// This build's version.
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
+/// The environment variable that names the revision for [`git_rev`] where the source tree is
+/// not at hand: a binary packed for a GPU machine (`scripts/gpu-session.sh` sets it from
+/// `.gpu/git-rev`, the revision `gpu-pack.sh` built).
+pub const GIT_REV_ENV: &str = "DENSEBENCH_GIT_REV";
+
 /// `git rev-parse --short HEAD` of the source tree this binary was built from, with `+dirty`
-/// when tracked files differ from it; `unknown` outside a git checkout. Computed once.
+/// when tracked files differ from it; `unknown` outside a git checkout; [`GIT_REV_ENV`] when it
+/// is set and not empty. Computed once.
 pub fn git_rev() -> &'static str {
     static REV: OnceLock<String> = OnceLock::new();
     REV.get_or_init(|| {
+        if let Some(rev) = std::env::var(GIT_REV_ENV)
+            .ok()
+            .filter(|r| !r.trim().is_empty())
+        {
+            return rev.trim().to_string();
+        }
         let dir = env!("CARGO_MANIFEST_DIR");
         let git = |args: &[&str]| {
             std::process::Command::new("git")
