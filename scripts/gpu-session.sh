@@ -32,6 +32,12 @@
 #           (scripts/ncu_summary.py): $OUT/profile.txt, the CSV exports and ncu reports beside
 #           it (not a default stage)
 #
+# Time: one call of a lent GPU machine may run 10 minutes. The stages share a budget of
+# DENSEBENCH_SESSION_SECS (default 540) from the script's start: every command is bounded by
+# what is left of it (`timeout`), the sweep stops cleanly when it runs out (its CSV resumable),
+# and a stage that finds less than a minute left is not started ("not run: out of time") and
+# fails the call, to be named in the next one. Rows time out after gpu.toml's timeout_secs.
+#
 # Exit status: that of the first stage that failed (the later ones still run).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -57,6 +63,31 @@ OUT=${OUT:-/tmp/densebench-gpu}
 mkdir -p "$OUT"
 status=0
 fail() { echo "gpu-session: $*" >&2; [ "$status" -ne 0 ] || status=1; }
+
+# The session's time budget (see the header): seconds left, and a cap for one command.
+budget=${DENSEBENCH_SESSION_SECS:-540}
+case "$budget" in ''|*[!0-9]*) echo "gpu-session: DENSEBENCH_SESSION_SECS must be a whole number of seconds" >&2; exit 2 ;; esac
+left() { echo $(( budget - SECONDS )); }
+# cap N: N seconds, or what is left of the budget less 15 s for the stages' own ends (at least 1)
+cap() { local l; l=$(( $(left) - 15 )); [ "$l" -ge 1 ] || l=1; [ "$1" -lt "$l" ] && echo "$1" || echo "$l"; }
+# bounded N CMD...: CMD under `timeout` (TERM, then KILL 10 s later); 124/137 mean it ran out
+bounded() { local n; n=$(cap "$1"); shift; timeout -k 10 "$n" "$@"; }
+
+# The driver's JIT cache (candle's kernels are PTX): kept where it can be written, so only the
+# first process of the session compiles them.
+export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/densebench-cuda-jit}
+# Rows name the revision the binaries were built from (the checkout here may have no .git).
+if [ -f .gpu/git-rev ]; then
+    DENSEBENCH_GIT_REV=$(cat .gpu/git-rev)
+    export DENSEBENCH_GIT_REV
+fi
+# Whether the PyTorch peer can run on this GPU: importable and CUDA available (a peer without
+# CUDA would fail every peer row and every tolerance it is asked for).
+peer_on_gpu() {
+    local j
+    j=$(bounded 120 python3 harness/peer/pytorch_peer.py --check 2>/dev/null) || return 1
+    echo "$j" | grep -q '"cuda_available": *true'
+}
 
 # The CUDA libraries the binaries link (cuBLAS, cuRAND, NVRTC, the runtime), wherever this
 # machine has them (a system CUDA or PyTorch's nvidia-* wheels).
@@ -115,12 +146,23 @@ export DENSEBENCH_BIN="$bin/densebench"
 db="$DENSEBENCH_BIN"
 
 for stage in "${stages[@]}"; do
+    if [ "$(left)" -lt 60 ]; then
+        fail "$stage: not run: out of time ($(left) s left of DENSEBENCH_SESSION_SECS=$budget); name it in the next call"
+        continue
+    fi
     case "$stage" in
     info)
         {
             nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
             echo "built with CUDA $(cat .gpu/cuda-version 2>/dev/null || echo '?') at $(cat .gpu/git-rev 2>/dev/null || echo '?')"
-            python3 harness/peer/pytorch_peer.py --check || echo "PyTorch peer: not available"
+            bounded 120 python3 harness/peer/pytorch_peer.py --check || echo "PyTorch peer: not available"
+            # one tiny row: what a process costs here (context, cuBLAS, NVRTC; it also fills the
+            # driver's JIT cache for the stages after it)
+            start=$SECONDS
+            bounded 180 "$db" run --family mlp --variant buffer-store-inplace --depth 2 --batch 64 \
+                --channels 8 --growth 4 --device cuda:0 < /dev/null > "$OUT/info-run.csv" 2> "$OUT/info-run.err" \
+                && echo "a tiny cuda:0 row: $(( SECONDS - start )) s, the process included" \
+                || echo "a tiny cuda:0 row FAILED (see info-run.err): $(tail -n 1 "$OUT/info-run.err")"
         } 2>&1 | tee "$OUT/info.txt"
         ;;
     tests)
@@ -129,7 +171,7 @@ for stage in "${stages[@]}"; do
             [ -e "$t" ] || continue
             echo "== $(basename "$t")" | tee -a "$OUT/tests.log"
             # From the repository root: the tests read files relative to it.
-            "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || fail "$(basename "$t") failed (see tests.log)"
+            bounded 300 "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || fail "$(basename "$t") failed or ran out of time (exit $?; see tests.log)"
             grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 3
         done
         ;;
@@ -138,8 +180,11 @@ for stage in "${stages[@]}"; do
         : > "$csv"
         : > "$OUT/tf32.txt"
         while read -r label args; do
-            row=$("$db" run $args --variant cat-store-copy --device cuda:0 --math tf32 < /dev/null 2>> "$OUT/tf32.err") \
-                || { fail "tf32 run '$label' failed (see tf32.err)"; continue; }
+            [ "$(left)" -ge 30 ] || { fail "tf32 '$label' and after: not run: out of time"; break; }
+            # A row out of tolerance exits 1 but is printed: kept (its note is what this is for).
+            row=$(bounded 180 "$db" run $args --variant cat-store-copy --device cuda:0 --math tf32 < /dev/null 2>> "$OUT/tf32.err") \
+                || fail "tf32 run '$label' exited $? (see tf32.err)"
+            [ -n "$row" ] || continue
             if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
             echo "$label: $(echo "$row" | tail -n 1 | grep -o "the tf32 step's own error against f64 is [^;\",]*")" \
                 | tee -a "$OUT/tf32.txt"
@@ -155,20 +200,33 @@ CONFIGS
         ;;
     sweep)
         csv="$OUT/reference-gpu.csv"
-        [ ! -f .gpu/reference-gpu.csv ] || cp .gpu/reference-gpu.csv "$csv"
+        if [ -f .gpu/reference-gpu.csv ]; then
+            cp .gpu/reference-gpu.csv "$csv" && chmod u+w "$csv"
+            # Resumed rows must be of this GPU: a call on another kind (an H200 for an H100)
+            # would mix two devices' rows under one key.
+            gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+            if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
+                fail "sweep: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (run on the kind that made it, or start a new file)"
+                continue
+            fi
+        fi
         peer=()
-        if python3 harness/peer/pytorch_peer.py --check > /dev/null 2>&1; then
+        if peer_on_gpu; then
             peer=(--peer pytorch)
         else
-            echo "gpu-session: PyTorch is not importable here: the sweep runs without peer rows" >&2
+            echo "gpu-session: PyTorch is not importable here or has no CUDA: the sweep runs without peer rows" >&2
         fi
-        # SIGTERM after the budget: the harness stops its child, keeps every finished row and
-        # leaves a valid CSV for --resume.
-        timeout -s TERM "${DENSEBENCH_SWEEP_SECS:-480}" "$db" bench-all --sweep harness/sweeps/gpu.toml \
+        # SIGTERM after its budget (DENSEBENCH_SWEEP_SECS, at most what the session has left,
+        # less a minute for a report stage after it): the harness stops its child, keeps every
+        # finished row and leaves a valid CSV for --resume.
+        secs=${DENSEBENCH_SWEEP_SECS:-480}
+        [ "$secs" -le $(( $(left) - 60 )) ] || secs=$(( $(left) - 60 ))
+        [ "$secs" -ge 30 ] || secs=30
+        timeout -s TERM -k 30 "$secs" "$db" bench-all --sweep harness/sweeps/gpu.toml \
             "${peer[@]}" --resume --out "$csv" 2>&1 | tail -n 40
         code=${PIPESTATUS[0]}
         if [ "$code" -eq 124 ]; then
-            echo "gpu-session: sweep stopped after ${DENSEBENCH_SWEEP_SECS:-480} s; copy $csv back into .gpu/ and run the sweep stage again to go on"
+            echo "gpu-session: sweep stopped after $secs s; copy $csv back into .gpu/ and run the sweep stage again to go on"
         elif [ "$code" -ne 0 ]; then
             fail "the sweep exited with $code"
         fi
@@ -177,9 +235,11 @@ CONFIGS
         csv="$OUT/reference-gpu.csv"
         [ -f "$csv" ] || { fail "no $csv: run the sweep stage first"; continue; }
         rm -rf /tmp/densebench-gpu-plots
-        "$db" plots "$csv" --out /tmp/densebench-gpu-plots || fail "plots failed"
+        bounded 120 "$db" plots "$csv" --out /tmp/densebench-gpu-plots || fail "plots failed"
         tar -C /tmp -czf "$OUT/plots.tar.gz" densebench-gpu-plots
-        "$db" report "$csv" --out "$OUT/REPORT-gpu.md" --plots plots || fail "report failed"
+        # the figures of this CSV (the repository's plots/ are the CPU reference's)
+        bounded 60 "$db" report "$csv" --out "$OUT/REPORT-gpu.md" --plots /tmp/densebench-gpu-plots \
+            || fail "report failed"
         ;;
     chunks)
         csv="$OUT/chunks.csv"
@@ -190,8 +250,10 @@ CONFIGS
                     # the model's chunking, then one chunk forced
                     chunking=()
                     [ "$columns" = model ] || chunking=(DENSEBENCH_TAP_CHUNK_COLUMNS="$columns")
-                    row=$(env "${chunking[@]}" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err") \
-                        || { fail "chunks run '$label' $v ($columns) failed (see chunks.err)"; continue; }
+                    [ "$(left)" -ge 30 ] || { fail "chunks run '$label' $v ($columns): not run: out of time"; continue; }
+                    row=$(bounded 180 env "${chunking[@]}" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err") \
+                        || fail "chunks run '$label' $v ($columns) exited $? (see chunks.err)"
+                    [ -n "$row" ] || continue
                     if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
                 done
             done
@@ -199,11 +261,19 @@ CONFIGS
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 CONFIGS
-        # each pair: the model's chunks (the note says how many), then one chunk
+        # each pair, by key: the model's chunks (the note says how many), then one chunk; a key
+        # with a row missing (its run failed) is said, never paired with another key's row
+        [ -s "$csv" ] || { fail "chunks: no rows"; continue; }
         python3 - "$csv" <<'PY' | tee "$OUT/chunks.txt"
 import csv, re, sys
-rows = list(csv.DictReader(open(sys.argv[1])))
-for a, b in zip(rows[0::2], rows[1::2]):
+by_key = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    by_key.setdefault(r["key"], []).append(r)
+for key, rs in by_key.items():
+    if len(rs) != 2:
+        print(f"{key}: {len(rs)} row(s), not a pair (a run failed: chunks.err)")
+        continue
+    a, b = rs
     chunks = re.search(r"3×3 tap stack in [^;]*", a["note"])
     ratio = int(a["median_ns"]) / int(b["median_ns"]) if a["median_ns"] and b["median_ns"] else float("nan")
     print(f"{a['key']}: {chunks.group(0) if chunks else 'one chunk'}: "
@@ -216,9 +286,9 @@ PY
         mkdir -p "$work"
         args="--family mlp --batch 4096 --channels 256 --growth 64 --depth 64"
         {
-            "$db" case $args --out "$work/case.st" &&
-                "$db" step --case "$work/case.st" --variant cat-store-copy --device cuda:0 --out "$work/gpu.st" &&
-                python3 scripts/relu_flips.py "$work/case.st" "$work/gpu.st"
+            bounded 120 "$db" case $args --out "$work/case.st" &&
+                bounded 180 "$db" step --case "$work/case.st" --variant cat-store-copy --device cuda:0 --out "$work/gpu.st" &&
+                bounded 120 python3 scripts/relu_flips.py "$work/case.st" "$work/gpu.st"
         } 2>&1 | tee "$OUT/flips.txt"
         [ "${PIPESTATUS[0]}" -eq 0 ] || fail "flips failed (see flips.txt)"
         ;;
@@ -229,7 +299,8 @@ PY
         # The kernel tests under each tool; a tool's findings make it exit 97.
         for tool in memcheck racecheck synccheck initcheck; do
             log="$OUT/sanitize-$tool.log"
-            "$cs" --tool "$tool" --error-exitcode 97 --log-file "$log" \
+            [ "$(left)" -ge 30 ] || { fail "sanitize $tool: not run: out of time"; continue; }
+            bounded 240 "$cs" --tool "$tool" --error-exitcode 97 --log-file "$log" \
                 "$bin/test-fused_cuda" --test-threads=1 > "$OUT/sanitize-$tool.out" 2>&1
             code=$?
             echo "$tool, test-fused_cuda: exit $code; $(grep -E "SUMMARY" "$log" 2>/dev/null | tail -n 1)" \
@@ -248,7 +319,8 @@ PY
                 # an mlp layer has nothing to recompute that its buffer does not hold
                 [ "$fam" = mlp ] && [[ $v == buffer-recompute-* ]] && continue
                 log="$work/memcheck-$fam-$v.log"
-                "$cs" --tool memcheck --error-exitcode 97 --log-file "$log" "$db" step --case "$work/$fam.st" \
+                [ "$(left)" -ge 30 ] || { fail "memcheck of the $fam $v step: not run: out of time"; continue; }
+                bounded 120 "$cs" --tool memcheck --error-exitcode 97 --log-file "$log" "$db" step --case "$work/$fam.st" \
                     --variant "$v" --device cuda:0 --out "$work/$fam-$v.st" < /dev/null >> "$OUT/sanitize-steps.log" 2>&1
                 code=$?
                 { echo "== $fam $v: exit $code"; cat "$log"; } >> "$OUT/sanitize-steps.log"
@@ -274,7 +346,7 @@ CONFIGS
         profile() {
             local label=$1
             shift
-            "$ncu" --metrics gpu__time_duration.sum --target-processes all -f -o "$work/$label" "$@" \
+            bounded 240 "$ncu" --metrics gpu__time_duration.sum --target-processes all -f -o "$work/$label" "$@" \
                 < /dev/null > "$OUT/profile-$label.log" 2>&1 &&
                 "$ncu" --import "$work/$label.ncu-rep" --csv --page details --print-units base \
                     > "$OUT/ncu-$label.csv" 2>> "$OUT/profile-$label.log" &&
@@ -288,7 +360,7 @@ CONFIGS
                 fail "profile of $v failed (see profile-$v.log)"
             fi
         done
-        if python3 harness/peer/pytorch_peer.py --check > /dev/null 2>&1; then
+        if peer_on_gpu; then
             for p in pytorch-naive pytorch-memory-efficient; do
                 if profile "$p" python3 harness/peer/pytorch_peer.py --case "$work/case.st" --family bc \
                     --variant "$p" --device cuda:0 --warmup 0 --steps 1 --out "$work/$p.st"; then
@@ -298,7 +370,7 @@ CONFIGS
                 fi
             done
         else
-            echo "gpu-session: PyTorch is not importable here: no peer profiles" >&2
+            echo "gpu-session: PyTorch is not importable here or has no CUDA: no peer profiles" >&2
         fi
         if [ ${#inputs[@]} -gt 0 ]; then
             { echo "BC-100 block L = $depth (N=64, C0=24, k=12, 32x32, f32), one step each"; echo; \
