@@ -31,6 +31,7 @@
 use crate::measure::child::{self, Outcome};
 use crate::measure::interrupt;
 use crate::measure::step as measure;
+use crate::plan::device::DeviceSpec;
 use crate::plan::job::{config_key, Peer, PeerVariant, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Variant};
@@ -77,6 +78,24 @@ fn predicted_reference_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
             Some(static_bytes + (naive as f64 * factor) as u64)
         }
         v => impls::memory::predict_peak_bytes(v, &wide).map(|p| p + static_bytes),
+    }
+}
+
+/// What an f64 reference of `s`'s rows must fit in, and how to name it: the child's memory
+/// limit on the CPU; on a GPU the device's memory, where the reference's tensors live (the
+/// host limit is far larger there, and a reference past the device's memory would be tried and
+/// fail on the GPU before the next candidate is).
+fn reference_budget(s: &Settings) -> Option<(u64, String)> {
+    match s.device {
+        DeviceSpec::Cpu => s
+            .mem_limit
+            .map(|l| (l, format!("the {} MiB limit", l >> 20))),
+        DeviceSpec::Cuda(n) => crate::measure::gpu::check_available(n).ok().map(|i| {
+            (
+                i.total_memory_bytes,
+                format!("cuda:{n}'s {} MiB", i.total_memory_bytes >> 20),
+            )
+        }),
     }
 }
 
@@ -190,14 +209,13 @@ impl Cache {
             if path.is_file() {
                 return Ok(Ok(Reference { path, variant }));
             }
-            if let (Some(need), Some(limit)) =
-                (predicted_reference_bytes(variant, cfg), s.mem_limit)
+            if let (Some(need), Some((limit, what))) =
+                (predicted_reference_bytes(variant, cfg), reference_budget(s))
             {
                 if need > limit {
                     why.push(format!(
-                        "{variant}: skipped, needs about {} MiB in f64, over the {} MiB limit",
-                        need >> 20,
-                        limit >> 20
+                        "{variant}: skipped, needs about {} MiB in f64, over {what}",
+                        need >> 20
                     ));
                     continue;
                 }
@@ -444,6 +462,40 @@ fn remove_stale_temporaries(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A CPU reference must fit the child's limit; a GPU one the device's memory (none known
+    /// where no GPU is usable: no pre-check then, the child's own error decides).
+    #[test]
+    fn a_reference_fits_the_host_limit_on_the_cpu_and_the_device_on_a_gpu() {
+        let mut s = Settings {
+            device: DeviceSpec::Cpu,
+            math: crate::plan::job::Math::Ieee,
+            threads: 1,
+            steps: 1,
+            warmup: 0,
+            mem_limit: Some(2 << 30),
+            timeout: std::time::Duration::from_secs(5),
+        };
+        assert_eq!(
+            reference_budget(&s),
+            Some((2 << 30, "the 2048 MiB limit".to_string()))
+        );
+        s.mem_limit = None;
+        assert_eq!(reference_budget(&s), None);
+        s.device = DeviceSpec::Cuda(0);
+        s.mem_limit = Some(2 << 30);
+        match crate::measure::gpu::check_available(0) {
+            Ok(info) => assert_eq!(
+                reference_budget(&s),
+                Some((
+                    info.total_memory_bytes,
+                    format!("cuda:0's {} MiB", info.total_memory_bytes >> 20)
+                ))
+            ),
+            // not the host's limit, which is not where a GPU reference lives
+            Err(_) => assert_eq!(reference_budget(&s), None),
+        }
+    }
 
     #[test]
     fn temporary_names_give_their_owner() {
