@@ -85,12 +85,16 @@ fi
 # CUDA would fail every peer row and every tolerance it is asked for).
 peer_on_gpu() {
     local j
-    j=$(bounded 120 python3 harness/peer/pytorch_peer.py --check 2>/dev/null) || return 1
+    j=$(bounded 120 "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --check 2>/dev/null) || return 1
     echo "$j" | grep -q '"cuda_available": *true'
 }
 
 # The CUDA libraries the binaries link (cuBLAS, cuRAND, NVRTC, the runtime), wherever this
 # machine has them (a system CUDA or PyTorch's nvidia-* wheels).
+# The PyTorch peer keeps the library path it had (it loads the CUDA libraries it ships with,
+# as outside densebench): densebench passes this to it, and the script's own peer calls use it.
+export DENSEBENCH_PEER_LD_LIBRARY_PATH="${LD_LIBRARY_PATH:-}"
+peer_env=(env "LD_LIBRARY_PATH=${LD_LIBRARY_PATH:-}")
 # NVRTC first (its folder leads LD_LIBRARY_PATH, ahead of a newer one beside cuBLAS).
 # NVRTC compiles densebench's kernels to PTX at run time, and a driver refuses PTX of a newer
 # CUDA: of several libnvrtc.so.13 (a system CUDA, PyTorch's wheels) the newest that is no newer
@@ -155,7 +159,7 @@ for stage in "${stages[@]}"; do
         {
             nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
             echo "built with CUDA $(cat .gpu/cuda-version 2>/dev/null || echo '?') at $(cat .gpu/git-rev 2>/dev/null || echo '?')"
-            bounded 120 python3 harness/peer/pytorch_peer.py --check || echo "PyTorch peer: not available"
+            bounded 120 "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --check || echo "PyTorch peer: not available"
             # one tiny row: what a process costs here (context, cuBLAS, NVRTC; it also fills the
             # driver's JIT cache for the stages after it)
             start=$SECONDS
@@ -362,7 +366,7 @@ CONFIGS
         done
         if peer_on_gpu; then
             for p in pytorch-naive pytorch-memory-efficient; do
-                if profile "$p" python3 harness/peer/pytorch_peer.py --case "$work/case.st" --family bc \
+                if profile "$p" "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --case "$work/case.st" --family bc \
                     --variant "$p" --device cuda:0 --warmup 0 --steps 1 --out "$work/$p.st"; then
                     inputs+=("$p=$OUT/ncu-$p.csv")
                 else

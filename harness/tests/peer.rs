@@ -192,6 +192,35 @@ fn a_peer_out_of_memory_is_an_oom_row() {
     );
 }
 
+/// DENSEBENCH_PEER_LD_LIBRARY_PATH is the peer's library path (its own CUDA libraries, not the
+/// ones densebench's binaries were given), for the probe and every run; unset, the peer
+/// inherits densebench's.
+#[test]
+fn the_peer_gets_its_own_library_path_when_one_is_given() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    for (given, want) in [
+        (Some("/peer/own/libs"), "/peer/own/libs"),
+        (None, "/densebench/libs"),
+    ] {
+        let log = dir.path().join(format!("env-{}.log", given.is_some()));
+        let mut env = vec![
+            ("FAKE_ENV_LOG", path_str(&log)),
+            ("LD_LIBRARY_PATH", "/densebench/libs"),
+        ];
+        if let Some(g) = given {
+            env.push(("DENSEBENCH_PEER_LD_LIBRARY_PATH", g));
+        }
+        let (o, _) = bench(BC_SWEEP, &["--peer", "pytorch"], &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        let seen = std::fs::read_to_string(&log).expect("the fake peer's log");
+        assert!(
+            seen.lines().count() >= 3,
+            "the probe and the two rows: {seen}"
+        );
+        assert!(seen.lines().all(|l| l == want), "{given:?}: {seen}");
+    }
+}
+
 #[test]
 fn without_pytorch_the_sweep_fails_fast_saying_how_to_get_it() {
     let (o, rows) = bench(BC_SWEEP, &["--peer", "pytorch"], &[("FAKE_NO_TORCH", "1")]);

@@ -25,6 +25,12 @@ pub const SCRIPT_ENV: &str = "DENSEBENCH_PEER";
 pub const PYTHON_ENV: &str = "DENSEBENCH_PYTHON";
 /// The peer program's path inside the repository.
 pub const SCRIPT_IN_REPO: &str = "harness/peer/pytorch_peer.py";
+/// Environment variable whose value, when set, is the peer's `LD_LIBRARY_PATH` (empty: none):
+/// on a GPU machine densebench's binaries may need CUDA libraries first on the path that are
+/// not the ones PyTorch ships with; PyTorch should load its own, as it does outside densebench,
+/// so that its rows time the PyTorch a user runs (`scripts/gpu-session.sh` sets it to the path
+/// it found).
+pub const LD_PATH_ENV: &str = "DENSEBENCH_PEER_LD_LIBRARY_PATH";
 /// The peer's exit status for "out of memory" (its `--mem-limit`, or the device's).
 pub const EXIT_OOM: i32 = 4;
 /// The peer's exit status for "PyTorch is not importable".
@@ -34,6 +40,22 @@ pub const SETUP_HINT: &str = "run `just peer-setup` (harness/peer/setup.sh: a ve
      pinned torch + torchvision in harness/peer/.venv-peer, or an importable PyTorch)";
 /// Time limit of the `--check` probe: importing torch took 12.7 s on 2 busy cores.
 pub const CHECK_TIMEOUT_SECS: u64 = 120;
+
+/// The command that starts the peer's Python, with its `LD_LIBRARY_PATH` from [`LD_PATH_ENV`]
+/// where that is set.
+fn python_command() -> Command {
+    let mut cmd = Command::new(python());
+    match std::env::var_os(LD_PATH_ENV) {
+        Some(p) if p.is_empty() => {
+            cmd.env_remove("LD_LIBRARY_PATH");
+        }
+        Some(p) => {
+            cmd.env("LD_LIBRARY_PATH", p);
+        }
+        None => {}
+    }
+    cmd
+}
 
 /// The peer program: `$DENSEBENCH_PEER`; else `harness/peer/pytorch_peer.py` of the source tree
 /// this binary was built from (`CARGO_MANIFEST_DIR/peer/`), if it is still there; else of the
@@ -98,7 +120,7 @@ pub fn check() -> std::result::Result<String, String> {
         mem_limit: None,
         timeout: std::time::Duration::from_secs(CHECK_TIMEOUT_SECS),
     };
-    let mut cmd = Command::new(python());
+    let mut cmd = python_command();
     cmd.arg(&script).arg("--check");
     let ended = child::run(cmd, &s).map_err(|e| {
         format!(
@@ -194,7 +216,7 @@ pub fn run(
     out: &Path,
 ) -> Result<Outcome> {
     let script = script()?;
-    let mut cmd = Command::new(python());
+    let mut cmd = python_command();
     cmd.arg(&script).args(args(variant, cfg, s, case, out));
     let e = child::run(cmd, s)?;
     if !e.timed_out && e.status.code() == Some(EXIT_OOM) {
