@@ -316,15 +316,18 @@ pub fn relu(x: &Tensor) -> Result<Tensor> {
 /// candle's broadcast-then-copy indexed every element (1.6% of an mlp step, perf).
 pub fn repeat_rows(values: &Tensor, cols: usize) -> Result<Tensor> {
     let n = values.dims1().ctx("repeat-rows")?;
-    if values.device().is_cpu() {
+    if crate::maths::cpu_kernels(values.device()) {
         values
             .apply_op1_no_bwd(&RepeatRows { cols })
             .ctx("repeat-rows")
     } else {
+        // `force_contiguous`, not `contiguous`: with one column the broadcast keeps the
+        // values' strides, counts as contiguous, and `contiguous` would return a view of
+        // `values` (the bias parameter, which the product is then added into).
         values
             .reshape((n, 1))
             .and_then(|v| v.broadcast_as((n, cols)))
-            .and_then(|v| v.contiguous())
+            .and_then(|v| v.force_contiguous())
             .ctx("repeat-rows")
     }
 }
@@ -490,6 +493,9 @@ pub(crate) fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
 pub fn cat_rows(pieces: &[&Tensor]) -> Result<Tensor> {
     match cat_rows_cpu(pieces) {
         Some(t) => t,
+        // candle's `cat` of one piece is that piece (its storage shared): a new tensor, as on
+        // the CPU and as the memory model counts it
+        None if pieces.len() == 1 => pieces[0].force_contiguous().ctx("concatenate"),
         None => Tensor::cat(pieces, 0).ctx("concatenate"),
     }
 }
@@ -575,11 +581,13 @@ pub fn to_channel_major(t: &Tensor) -> Option<Result<Tensor>> {
 }
 
 /// A fresh contiguous copy of a 2-D tensor, copied in parallel on the CPU like [`cat_rows`];
-/// candle's `copy` elsewhere. Always a new allocation, never a view of `t`.
+/// candle's `force_contiguous` elsewhere. Always a new allocation of exactly `t`'s elements,
+/// never a view of `t`. (Not candle's `copy`: it clones `t`'s whole storage, on a GPU all of a
+/// buffer `t` is a prefix of.)
 pub fn copy_rows(t: &Tensor) -> Result<Tensor> {
     match cat_rows_cpu(&[t]) {
         Some(t) => t,
-        None => t.copy().ctx("copy"),
+        None => t.force_contiguous().ctx("copy"),
     }
 }
 
@@ -590,8 +598,10 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
         [_, c] => *c,
         _ => return None,
     };
+    // (`cpu_kernels`, not `is_cpu`: a CPU taking the GPU's path, `maths::with_tap_stack_on_cpu`,
+    // takes the GPU's branches here too, so the memory model's check of that path sees them)
     let eligible = pieces.iter().all(|p| {
-        p.device().is_cpu()
+        crate::maths::cpu_kernels(p.device())
             && p.dtype() == first.dtype()
             && matches!(p.dims(), [_, c] if *c == cols)
             && p.is_contiguous()
@@ -634,6 +644,40 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
 mod tests {
     use super::*;
     use candle_core::{DType, Device};
+
+    /// `repeat_rows`, `copy_rows` and a one-piece `cat_rows` make new tensors on the CPU's
+    /// kernels and on the GPU's path (taken on the CPU): writing into the result leaves the
+    /// source as it was. (On the GPU's path `repeat_rows` of one column was a view of the
+    /// values — the bias the product is added into — and a one-piece `cat` the piece itself.)
+    #[test]
+    fn new_tensors_are_new_on_either_path() {
+        let v = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).expect("values");
+        let m = v.reshape((3, 1)).expect("[3, 1]");
+        for gpu_path in [false, true] {
+            let made =
+                || [repeat_rows(&v, 1), copy_rows(&m), cat_rows(&[&m])].map(|t| t.expect("made"));
+            let outs = if gpu_path {
+                crate::maths::with_tap_stack_on_cpu(made)
+            } else {
+                made()
+            };
+            for (name, out) in ["repeat_rows", "copy_rows", "cat_rows"].iter().zip(&outs) {
+                add_assign(out, &out.ones_like().expect("ones")).expect("add");
+                assert_eq!(
+                    v.to_vec1::<f32>().expect("values"),
+                    [1., 2., 3.],
+                    "{name} (GPU path: {gpu_path}) wrote into its source"
+                );
+                assert_eq!(
+                    out.flatten_all()
+                        .and_then(|t| t.to_vec1::<f32>())
+                        .expect("out"),
+                    [2., 3., 4.],
+                    "{name} (GPU path: {gpu_path})"
+                );
+            }
+        }
+    }
 
     use crate::shared::{bits, randn};
 
