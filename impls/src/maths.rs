@@ -17,8 +17,6 @@ use candle_core::{Device, Tensor};
 use std::cell::Cell;
 
 thread_local! {
-    /// Set inside [`with_tap_stack_on_cpu`].
-    static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
     /// Set inside [`with_tf32_emulation_on_cpu`].
     static TF32_ON_CPU: Cell<Option<Tf32Rounding>> = const { Cell::new(None) };
     /// Set inside [`with_whole_front_on_cpu`].
@@ -26,6 +24,8 @@ thread_local! {
 }
 
 pub use crate::kernels::Tf32Rounding;
+pub use crate::shared::cpu_kernels;
+use crate::shared::TAP_STACK_ON_CPU;
 
 /// Runs `f` with the CPU emulating a GPU's f32 products in TF32 (`--math tf32`): the path of
 /// [`with_tap_stack_on_cpu`], and both operands of every matrix product (Linear, Conv1×1, the
@@ -77,12 +77,6 @@ fn operand(t: &Tensor) -> Result<Tensor> {
 /// summation order only.
 pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
     scoped(&TAP_STACK_ON_CPU, true, f)
-}
-
-/// Whether operands on `dev` take the CPU's own kernels on this thread
-/// ([`crate::memory::Kernels::Cpu`]; else the tap stack's path).
-pub fn cpu_kernels(dev: &Device) -> bool {
-    dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
 }
 
 /// Runs `f` with the CPU's kernels taking a bc layer's front (BN1 → ReLU → Conv1×1) whole,

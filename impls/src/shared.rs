@@ -1,7 +1,21 @@
 //! What the CPU kernels (`kernels`, `fused`, `conv3x3`, `dense`) share: the float type they run
-//! on, the raw pointer their parallel tasks write one output through, and `gemm`'s tuning.
+//! on, the raw pointer their parallel tasks write one output through, `gemm`'s tuning, and
+//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]).
 
-use candle_core::CpuStorage;
+use candle_core::{CpuStorage, Device};
+use std::cell::Cell;
+
+thread_local! {
+    /// Set inside [`crate::maths::with_tap_stack_on_cpu`].
+    pub(crate) static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether operands on `dev` take the CPU's own kernels on this thread
+/// ([`crate::memory::Kernels::Cpu`]; else the tap stack's path, the GPU's, which
+/// [`crate::maths::with_tap_stack_on_cpu`] has the CPU take).
+pub fn cpu_kernels(dev: &Device) -> bool {
+    dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
+}
 
 /// A float type the CPU kernels run on (f32 and f64).
 pub trait Float:

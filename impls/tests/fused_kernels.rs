@@ -1,8 +1,10 @@
 //! The fused CPU kernels against the same maths composed from candle ops (the path other
-//! devices take), in f64 on odd shapes so every border of the shifted views is exercised.
+//! devices take), in f64 on odd shapes so every border of the shifted views is exercised; and
+//! the copies `kernels` makes being new tensors on the CPU's kernels and the GPU's path alike.
 
 use candle_core::{DType, Device, Tensor};
 use impls::fused::{self, Grid, TAPS};
+use impls::kernels;
 
 /// f64 results of two summation orders of the same sums of O(1) terms: ~1e-15 apart.
 const TOL: f64 = 1e-12;
@@ -408,6 +410,46 @@ fn relu_backward_from_the_bn_input_is_the_backward_from_the_relu_output() {
         assert_eq!(row1[0], 0.0, "{dtype:?}: v = 0 must close the mask");
         if dtype == DType::F64 {
             assert_eq!(row1[1], g1[1], "v = 2⁻⁵³ must open it");
+        }
+    }
+}
+
+/// `repeat_rows`, `copy_rows` and a one-piece `cat_rows` make new tensors on the CPU's
+/// kernels and on the GPU's path (taken on the CPU): writing into the result leaves the
+/// source as it was. (On the GPU's path `repeat_rows` of one column was a view of the
+/// values — the bias the product is added into — and a one-piece `cat` the piece itself.)
+#[test]
+fn new_tensors_are_new_on_either_path() {
+    let v = Tensor::new(&[1f32, 2., 3.], &Device::Cpu).expect("values");
+    let m = v.reshape((3, 1)).expect("[3, 1]");
+    for gpu_path in [false, true] {
+        let made = || {
+            [
+                kernels::repeat_rows(&v, 1),
+                kernels::copy_rows(&m),
+                kernels::cat_rows(&[&m]),
+            ]
+            .map(|t| t.expect("made"))
+        };
+        let outs = if gpu_path {
+            impls::maths::with_tap_stack_on_cpu(made)
+        } else {
+            made()
+        };
+        for (name, out) in ["repeat_rows", "copy_rows", "cat_rows"].iter().zip(&outs) {
+            kernels::add_assign(out, &out.ones_like().expect("ones")).expect("add");
+            assert_eq!(
+                v.to_vec1::<f32>().expect("values"),
+                [1., 2., 3.],
+                "{name} (GPU path: {gpu_path}) wrote into its source"
+            );
+            assert_eq!(
+                out.flatten_all()
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .expect("out"),
+                [2., 3., 4.],
+                "{name} (GPU path: {gpu_path})"
+            );
         }
     }
 }
