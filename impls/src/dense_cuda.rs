@@ -231,18 +231,19 @@ pub fn pin_cublas_workspace(dev: &candle_core::CudaDevice) -> candle_core::Resul
     let blas_handle = dev.cublas_handle();
     // SAFETY: candle's live handle; `ptr` is `CUBLAS_WORKSPACE_BYTES` of device memory of the
     // handle's context, 256-byte aligned as cuMemAlloc returns it (cuBLAS asks for 256).
-    let status = unsafe {
+    let bound = unsafe {
         sys::cublasSetWorkspace_v2(
             *blas_handle.handle(),
             ptr as *mut std::ffi::c_void,
             CUBLAS_WORKSPACE_BYTES,
         )
-    };
-    if status != sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+    }
+    .result();
+    if let Err(e) = bound {
         // SAFETY: allocated above, handed to nobody.
         let _ = unsafe { drv::free_sync(ptr) };
         return Err(msg(format!(
-            "cuBLAS workspace: cublasSetWorkspace failed: {status:?}"
+            "cuBLAS workspace: cublasSetWorkspace failed: {e:?}"
         )));
     }
     Ok(())

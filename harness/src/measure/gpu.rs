@@ -415,17 +415,12 @@ mod imp {
         /// The meter of `cuda:ordinal`: its default pool, or the sampler where pools are
         /// unsupported (then [`PoolPeak::source`] is [`PeakSource::Sampled`]).
         pub fn new(ordinal: usize) -> Result<Self> {
-            let dev = device(ordinal)?;
-            let meter = if pools_supported(dev)? {
-                // SAFETY: `dev` is valid.
-                let pool = unsafe { result::device::get_default_mem_pool(dev) }
-                    .map_err(driver("cuDeviceGetDefaultMemPool"))?;
-                Meter::Pool(pool)
-            } else {
-                Meter::Sampled {
+            let meter = match default_pool(ordinal)? {
+                Some(pool) => Meter::Pool(pool),
+                None => Meter::Sampled {
                     ordinal,
                     running: RefCell::new(None),
-                }
+                },
             };
             Ok(PoolPeak { meter })
         }
@@ -513,13 +508,9 @@ mod imp {
     /// variants with the largest peaks. The `USED_MEM_*` counters a row's peak is read from
     /// count bytes handed out, not reserved, so they do not change.
     pub fn keep_pool_reserved(ordinal: usize) -> Result<()> {
-        let dev = device(ordinal)?;
-        if !pools_supported(dev)? {
+        let Some(pool) = default_pool(ordinal)? else {
             return Ok(());
-        }
-        // SAFETY: `dev` is valid.
-        let pool = unsafe { result::device::get_default_mem_pool(dev) }
-            .map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        };
         let mut keep_all = u64::MAX;
         // SAFETY: RELEASE_THRESHOLD is a cuuint64_t we own for the call.
         unsafe {
@@ -531,6 +522,18 @@ mod imp {
         }
         .map_err(driver("cuMemPoolSetAttribute(RELEASE_THRESHOLD)"))?;
         Ok(())
+    }
+
+    /// The default memory pool of `cuda:ordinal`, or `None` where the device has no pools.
+    fn default_pool(ordinal: usize) -> Result<Option<sys::CUmemoryPool>> {
+        let dev = device(ordinal)?;
+        if !pools_supported(dev)? {
+            return Ok(None);
+        }
+        // SAFETY: `dev` is valid.
+        let pool = unsafe { result::device::get_default_mem_pool(dev) }
+            .map_err(driver("cuDeviceGetDefaultMemPool"))?;
+        Ok(Some(pool))
     }
 
     fn pool_attr(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Result<u64> {

@@ -204,15 +204,17 @@ impl Cache {
             return Ok(Err(why.clone()));
         }
         let mut why = Vec::new();
+        // once per configuration (on a GPU a query of the device), not per candidate
+        let budget = reference_budget(s);
         for variant in candidates(cfg) {
             let path = self.path(cfg, s, variant);
             if path.is_file() {
                 return Ok(Ok(Reference { path, variant }));
             }
             if let (Some(need), Some((limit, what))) =
-                (predicted_reference_bytes(variant, cfg), reference_budget(s))
+                (predicted_reference_bytes(variant, cfg), &budget)
             {
-                if need > limit {
+                if need > *limit {
                     why.push(format!(
                         "{variant}: skipped, needs about {} MiB in f64, over {what}",
                         need >> 20
