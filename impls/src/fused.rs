@@ -825,11 +825,12 @@ fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
             continue;
         }
         let srow = &src[(sy * w) as usize..((sy + 1) * w) as usize];
-        let x0 = (-ox).max(0);
-        let x1 = (w - ox).min(w);
+        // Columns x0..x1 have their source x + ox inside the row (none when |ox| >= w).
+        let x0 = (-ox).clamp(0, w);
+        let x1 = (w - ox).clamp(x0, w);
         if !ADD {
-            drow[..x0.max(0) as usize].fill(T::ZERO);
-            drow[x1.max(x0) as usize..].fill(T::ZERO);
+            drow[..x0 as usize].fill(T::ZERO);
+            drow[x1 as usize..].fill(T::ZERO);
         }
         for x in x0..x1 {
             let v = srow[(x + ox) as usize];

@@ -470,6 +470,8 @@ pub(crate) fn shift_into(
         taps: Taps,
     ) -> candle_core::Result<()> {
         check_grid(op, grid, m)?;
+        // Both kernels walk the C channel rows in the grid's y (a stack thread writes the nine
+        // tap rows of its column); the destination has 9C rows for the stack.
         let (kernel, out_rows) = match kind {
             Shift::Stack => ("shift_stack", 9 * c),
             Shift::Sum => ("shift_sum", c),
@@ -506,7 +508,7 @@ pub(crate) fn shift_into(
         // from row r's start r·ld_s, all inside the source view's span, as the destination's
         // rows are in dst's); candle hands dst as `&mut` and the source as another storage
         // (it rejects aliasing for an in-place op).
-        unsafe { b.launch(rows_config(out_rows, m)) }.w()?;
+        unsafe { b.launch(rows_config(c, m)) }.w()?;
         Ok(())
     }
     let taps = Taps::new(op, offsets)?;

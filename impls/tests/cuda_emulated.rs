@@ -86,6 +86,12 @@ fn cxx() -> String {
 
 impl Emulated {
     fn build(module: &CudaModule) -> Emulated {
+        Emulated::build_with(module, &[], "")
+    }
+
+    /// [`Emulated::build`] with more `-D` definitions and C++ appended to the module (probes of
+    /// its device functions, `extern "C"`).
+    fn build_with(module: &CudaModule, defines: &[&str], extra: &str) -> Emulated {
         let dir = tempfile::tempdir().expect("temp dir");
         let shim_dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/cuda_emulated");
         let mut table = String::from(
@@ -101,7 +107,7 @@ impl Emulated {
         table.push_str("return -1;\n}\n");
         let src = dir.path().join(format!("{}.cpp", module.name));
         let text = format!(
-            "#include \"shim.hpp\"\n{}\n#line 1 \"emu_launch\"\n{table}",
+            "#include \"shim.hpp\"\n{}\n#line 1 \"emu_launch\"\n{table}{extra}",
             module.source()
         );
         std::fs::write(&src, text).expect("writing the C++ source");
@@ -111,6 +117,7 @@ impl Emulated {
             .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread"])
             .args(["-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas"])
             .arg(format!("-DDB_REDUCE_THREADS={}", cuda_src::REDUCE_THREADS))
+            .args(defines.iter().map(|d| format!("-D{d}")))
             .arg("-I")
             .arg(&shim_dir)
             .arg("-o")
@@ -771,10 +778,23 @@ struct Taps {
 
 /// Tap offsets of the forward convolution (TAPS − 1) and of its flipped backward, in the
 /// order the block lists them; non-square maps.
-fn tap_sets() -> [[(isize, isize); 9]; 2] {
+/// The convolution's taps forward and flipped, and offsets past the map's edges (the kernels
+/// take any `i32` offset: a source outside the image reads as zero).
+fn tap_sets() -> [[(isize, isize); 9]; 3] {
     let fwd = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
     let flipped = TAPS.map(|(dy, dx)| (1 - dy as isize, 1 - dx as isize));
-    [fwd, flipped]
+    let far = [
+        (-7, 0),
+        (0, -9),
+        (2, 3),
+        (-1, -4),
+        (0, 0),
+        (5, -1),
+        (-2, 8),
+        (9, 9),
+        (1, 2),
+    ];
+    [fwd, flipped, far]
 }
 
 fn taps(offsets: &[(isize, isize); 9]) -> Taps {
@@ -784,7 +804,15 @@ fn taps(offsets: &[(isize, isize); 9]) -> Taps {
     }
 }
 
-const GRIDS: [Grid; 2] = [Grid { n: 2, h: 5, w: 7 }, Grid { n: 1, h: 6, w: 3 }];
+const GRIDS: [Grid; 5] = [
+    Grid { n: 2, h: 5, w: 7 },
+    Grid { n: 1, h: 6, w: 3 },
+    // W = 1 and H = 1 (division by one), and a map of several blocks' columns whose H·W and W
+    // are no powers of two (shift.cu divides by multiplying with a magic number).
+    Grid { n: 3, h: 4, w: 1 },
+    Grid { n: 2, h: 1, w: 6 },
+    Grid { n: 2, h: 17, w: 23 },
+];
 
 /// Row strides of the shift kernels' operands: contiguous, and column ranges of wider maps
 /// (the extra columns of the input NaN, never to be read; those of the output never written).
@@ -828,7 +856,8 @@ fn shifts_match<T: El>(m: &Emulated) {
                                 .chain(std::iter::repeat_n(T::from_f64(f64::NAN), pad_in))
                         })
                         .collect();
-                    for geom in row_geometries(rows, cols) {
+                    // Both kernels walk the C channel rows in y (the launcher's geometry).
+                    for geom in row_geometries(c, cols) {
                         let mut out = vec![untouched; rows * ld_out];
                         let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
                         let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
@@ -962,12 +991,78 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
 }
 
 /// `shift_stack` and `shift_sum` of `shift.cu` (the 3×3 convolution's shifted views), f32 and
-/// f64, bit for bit their CPU twins on non-square grids, forward and flipped taps.
+/// f64, bit for bit their CPU twins on non-square grids, forward, flipped and far taps.
 #[test]
 fn shift_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&cuda_src::SHIFT);
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
+}
+
+/// The same through the shift kernels' 64-bit locator, which a GPU takes only for maps of 2³¹
+/// columns or more (too large to emulate): the module built with `DB_NARROW_COLUMNS=0`.
+#[test]
+fn shift_kernels_wide_locator_matches_too() {
+    let m = Emulated::build_with(&cuda_src::SHIFT, &["DB_NARROW_COLUMNS=0"], "");
+    shifts_match::<f32>(&m);
+    shifts_match::<f64>(&m);
+}
+
+/// `shift.cu`'s division by a magic number is exact: every n < 2³¹ it can be given (a column,
+/// or a column's offset in its image) divided by every divisor d < 2³¹ (H·W or W), checked
+/// against integer division on divisors 1…2¹² with the numerators around their multiples and
+/// on ten thousand random divisors up to 2³¹ − 1 with numerators at both ends and around
+/// multiples of d.
+#[test]
+fn shift_magic_division_is_exact() {
+    let m = Emulated::build_with(
+        &cuda_src::SHIFT,
+        &[],
+        "extern \"C\" unsigned emu_quotient(unsigned n, unsigned d) {\n\
+             return db_quotient(n, db_make_divider(d));\n}\n",
+    );
+    // SAFETY: `emu_quotient` is the probe just compiled with exactly this signature.
+    let quotient: Symbol<unsafe extern "C" fn(u32, u32) -> u32> =
+        unsafe { m.lib.get(b"emu_quotient\0") }.expect("emu_quotient");
+    const MAX: u32 = (1 << 31) - 1;
+    let mut checked = 0u64;
+    let mut check = |n: u32, d: u32| {
+        if n > MAX {
+            return;
+        }
+        // SAFETY: a pure function of two integers.
+        let q = unsafe { quotient(n, d) };
+        assert_eq!(q, n / d, "{n} / {d}");
+        checked += 1;
+    };
+    let mut s = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        s ^= s << 13;
+        s ^= s >> 7;
+        s ^= s << 17;
+        s
+    };
+    for d in 1..=4096u32 {
+        for n in 0..=3 * d {
+            check(n, d);
+        }
+        for k in [1000u32, 65_536, 1 << 20, MAX / d] {
+            let base = k.saturating_mul(d);
+            for n in [base.saturating_sub(1), base, base.saturating_add(1), MAX] {
+                check(n, d);
+            }
+        }
+    }
+    for _ in 0..10_000 {
+        let d = (next() % u64::from(MAX)) as u32 + 1;
+        let k = (next() % (u64::from(MAX / d) + 1)) as u32;
+        let base = k * d;
+        for n in [0, 1, d - 1, d, base.saturating_sub(1), base, base.saturating_add(1), MAX] {
+            check(n, d);
+        }
+        check((next() % (u64::from(MAX) + 1)) as u32, d);
+    }
+    assert!(checked > 25_000_000, "{checked} divisions checked");
 }
 
 /// The in-place element-wise kernels of `inplace.cu` (ReLU, its backward, `add_assign`), f32

@@ -64,6 +64,10 @@ inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline double __drcp_rn(double a) { return 1.0 / a; }
 inline float __double2float_rn(double v) { return static_cast<float>(v); }
+// The high 32 bits of the 64-bit product (shift.cu's division by a magic number).
+inline unsigned __umulhi(unsigned a, unsigned b) {
+    return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);
+}
 
 // Calls `f` with its arguments read from `params` (one pointer per argument, as the driver
 // API's kernelParams).
