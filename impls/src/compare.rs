@@ -137,3 +137,139 @@ pub fn compare(result: &StepResult, reference: &StepResult) -> Result<Comparison
         per_tensor,
     })
 }
+
+/// The bits of one tensor as a SHA-256 over its dtype, shape and elements in row-major order
+/// (f32 and f64 by their own bits; other dtypes widened to f64, which is exact for the floats
+/// candle has).
+fn tensor_digest(name: &str, t: &Tensor) -> Result<[u8; 32]> {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update(format!("{:?} {:?}", t.dtype(), t.dims()).as_bytes());
+    let flat = t.flatten_all().ctx(name)?;
+    match t.dtype() {
+        DType::F32 => flat
+            .to_vec1::<f32>()
+            .ctx(name)?
+            .iter()
+            .for_each(|v| h.update(v.to_bits().to_le_bytes())),
+        DType::F64 => flat
+            .to_vec1::<f64>()
+            .ctx(name)?
+            .iter()
+            .for_each(|v| h.update(v.to_bits().to_le_bytes())),
+        _ => values(t, name)?
+            .iter()
+            .for_each(|v| h.update(v.to_bits().to_le_bytes())),
+    }
+    Ok(h.finalize().into())
+}
+
+/// Every tensor of a step's results as a SHA-256 of its bits, by the names of
+/// [`Comparison::per_tensor`]. Two results with the same digests are equal bit for bit (up to
+/// a hash collision), element by element, which a [`Comparison`] with a reference (worst
+/// figures only) cannot say. Costs one copy of each tensor to the host.
+pub fn digests(result: &StepResult) -> Result<BTreeMap<String, [u8; 32]>> {
+    let mut out = BTreeMap::new();
+    out.insert("output".into(), tensor_digest("output", &result.output)?);
+    out.insert(
+        "grad.input".into(),
+        tensor_digest("grad.input", &result.grad_input)?,
+    );
+    for (name, t) in &result.grads {
+        let full = format!("grad.{name}");
+        out.insert(full.clone(), tensor_digest(&full, t)?);
+    }
+    for (name, t) in &result.running {
+        out.insert(name.clone(), tensor_digest(name, t)?);
+    }
+    Ok(out)
+}
+
+/// The names of the tensors whose bits differ between two [`digests`] (a tensor on one side
+/// only counts as differing), in name order; empty when the results are bitwise equal.
+pub fn differing(a: &BTreeMap<String, [u8; 32]>, b: &BTreeMap<String, [u8; 32]>) -> Vec<String> {
+    let mut names: Vec<String> = a
+        .keys()
+        .chain(b.keys())
+        .filter(|n| a.get(*n) != b.get(*n))
+        .cloned()
+        .collect();
+    names.sort();
+    names.dedup();
+    names
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn result(out: &[f32], g: &[f32], w: &[f32]) -> StepResult {
+        let t = |v: &[f32]| Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap();
+        StepResult {
+            output: t(out),
+            grad_input: t(g),
+            grads: [("w".to_string(), t(w))].into_iter().collect(),
+            running: BTreeMap::new(),
+        }
+    }
+
+    /// Digests see every element's bits: one element one ulp off, −0 for +0, another NaN, a
+    /// strided view of the same values, another shape or dtype.
+    #[test]
+    fn digests_differ_exactly_where_bits_differ() {
+        let base = result(&[1.0, 2.0, 0.0], &[3.0], &[f32::NAN, 5.0]);
+        let d = digests(&base).unwrap();
+        assert_eq!(
+            d.keys().collect::<Vec<_>>(),
+            ["grad.input", "grad.w", "output"]
+        );
+        assert!(differing(&d, &digests(&base.clone()).unwrap()).is_empty());
+        let ulp = f32::from_bits(2.0f32.to_bits() + 1);
+        let cases = [
+            (result(&[1.0, ulp, 0.0], &[3.0], &[f32::NAN, 5.0]), "output"),
+            (
+                result(&[1.0, 2.0, -0.0], &[3.0], &[f32::NAN, 5.0]),
+                "output",
+            ),
+            (
+                result(
+                    &[1.0, 2.0, 0.0],
+                    &[3.0],
+                    &[f32::from_bits(0x7fc0_0001), 5.0],
+                ),
+                "grad.w",
+            ),
+            (
+                result(&[1.0, 2.0, 0.0], &[3.5], &[f32::NAN, 5.0]),
+                "grad.input",
+            ),
+        ];
+        for (r, name) in cases {
+            assert_eq!(differing(&d, &digests(&r).unwrap()), vec![name.to_string()]);
+        }
+        // Same values in another shape or dtype are different results.
+        let mut reshaped = base.clone();
+        reshaped.output = reshaped.output.reshape((1, 3)).unwrap();
+        assert_eq!(differing(&d, &digests(&reshaped).unwrap()), vec!["output"]);
+        let wide = base.to_dtype(DType::F64).unwrap();
+        assert_eq!(differing(&d, &digests(&wide).unwrap()).len(), 3);
+        // A strided view is read in logical order: the same bits as a contiguous copy.
+        let m = Tensor::from_slice(&[1f32, 2., 3., 4.], (2, 2), &Device::Cpu).unwrap();
+        let mut tr = base.clone();
+        tr.output = m.t().unwrap();
+        let mut copy = base.clone();
+        copy.output = m.t().unwrap().contiguous().unwrap();
+        assert!(differing(&digests(&tr).unwrap(), &digests(&copy).unwrap()).is_empty());
+        // A tensor on one side only.
+        let mut more = base.clone();
+        more.running.insert(
+            "bn.running_mean".into(),
+            Tensor::new(&[0f32], &Device::Cpu).unwrap(),
+        );
+        assert_eq!(
+            differing(&d, &digests(&more).unwrap()),
+            vec!["bn.running_mean"]
+        );
+    }
+}

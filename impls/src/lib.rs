@@ -45,6 +45,7 @@ mod matrix;
 pub mod memory;
 pub mod params;
 pub mod probe;
+pub mod ptx_cache;
 pub mod result;
 pub mod shared;
 mod size;

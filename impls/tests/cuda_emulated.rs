@@ -1057,7 +1057,16 @@ fn shift_magic_division_is_exact() {
         let d = (next() % u64::from(MAX)) as u32 + 1;
         let k = (next() % (u64::from(MAX / d) + 1)) as u32;
         let base = k * d;
-        for n in [0, 1, d - 1, d, base.saturating_sub(1), base, base.saturating_add(1), MAX] {
+        for n in [
+            0,
+            1,
+            d - 1,
+            d,
+            base.saturating_sub(1),
+            base,
+            base.saturating_add(1),
+            MAX,
+        ] {
             check(n, d);
         }
         check((next() % (u64::from(MAX) + 1)) as u32, d);

@@ -293,3 +293,33 @@ fn a_syntax_error_is_reported_with_nvrtc_log() {
     );
     assert!(e.contains("error"), "{e}");
 }
+
+/// Real NVRTC output round-trips through the on-disk PTX cache (`impls::ptx_cache`): every
+/// module's PTX, stored by one "process", is read back byte for byte by the next without
+/// compiling, under a key that differs per module and architecture.
+#[test]
+fn real_ptx_round_trips_through_the_disk_cache() {
+    use impls::ptx_cache::{self, Source};
+    let Some(nvrtc) = nvrtc("real_ptx_round_trips_through_the_disk_cache") else {
+        return;
+    };
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut keys = std::collections::HashSet::new();
+    for m in cuda_src::MODULES {
+        for arch in ARCHS {
+            let key = ptx_cache::key(&m.source(), &cuda_src::nvrtc_options(arch), (13, 0));
+            assert!(keys.insert(key.clone()), "{} {arch}: key shared", m.file);
+            let (ptx, how) = ptx_cache::get_or_compile(Some(dir.path()), &key, || {
+                compile_module(&nvrtc, &m, arch)
+            })
+            .unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(how, Source::Compiled);
+            let (again, how) = ptx_cache::get_or_compile(Some(dir.path()), &key, || {
+                Err("compiled again instead of read from the cache".into())
+            })
+            .unwrap_or_else(|e| panic!("{} {arch}: {e}", m.file));
+            assert_eq!(how, Source::Cache);
+            assert!(again == ptx, "{} {arch}: the cached PTX differs", m.file);
+        }
+    }
+}

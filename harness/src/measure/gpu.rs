@@ -283,14 +283,6 @@ mod imp {
         Ok(v != 0)
     }
 
-    /// NVRTC's version: the toolkit the process compiles its run-time kernels with.
-    fn toolkit_version() -> Option<(i32, i32)> {
-        let (mut major, mut minor) = (0, 0);
-        // SAFETY: nvrtcVersion writes two ints we own.
-        let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-        (rc == cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
-    }
-
     pub fn check_available(ordinal: usize) -> Result<GpuInfo> {
         let dev = device(ordinal)?;
         let name = result::device::get_name(dev).map_err(driver("cuDeviceGetName"))?;
@@ -317,7 +309,8 @@ mod imp {
             .and_then(|s| parse_driver_release(&s));
         // The driver encodes 12.4 as 12040.
         let driver_cuda_version = (version / 1000, (version % 1000) / 10);
-        let toolkit_cuda_version = toolkit_version();
+        // NVRTC's version: the toolkit the process compiles its run-time kernels with.
+        let toolkit_cuda_version = impls::ptx_cache::nvrtc_version();
         // Refused here, before any row: otherwise every fused kernel's module load fails.
         check_nvrtc_against_driver(toolkit_cuda_version, driver_cuda_version)?;
         Ok(GpuInfo {
@@ -524,6 +517,20 @@ mod imp {
         Ok(())
     }
 
+    /// Gives the memory the default pool of `cuda:ordinal` holds unused back to the device
+    /// (`cuMemPoolTrimTo(pool, 0)`; the device must be synchronised first). [`keep_pool_reserved`]
+    /// keeps a step's whole peak reserved; a CUDA graph allocates from its own memory, not the
+    /// pool, so without this a row would need its peak twice to be replayed (and the deepest
+    /// rows could not be). Nothing measured changes: the `USED_MEM_*` counters count bytes in
+    /// use.
+    pub fn trim_pool(ordinal: usize) -> Result<()> {
+        let Some(pool) = default_pool(ordinal)? else {
+            return Ok(());
+        };
+        // SAFETY: `pool` is the device's default pool.
+        unsafe { result::mem_pool::trim_to(pool, 0) }.map_err(driver("cuMemPoolTrimTo"))
+    }
+
     /// The default memory pool of `cuda:ordinal`, or `None` where the device has no pools.
     fn default_pool(ordinal: usize) -> Result<Option<sys::CUmemoryPool>> {
         let dev = device(ordinal)?;
@@ -545,9 +552,9 @@ mod imp {
     }
 }
 
-#[cfg(feature = "cuda")]
-pub use imp::keep_pool_reserved;
 pub use imp::PoolPeak;
+#[cfg(feature = "cuda")]
+pub use imp::{keep_pool_reserved, trim_pool};
 
 /// Checks that `cuda:ordinal` can be used and describes it; one clear error line otherwise:
 /// "built without CUDA support…", "no CUDA driver found…", "device cuda:3 does not exist

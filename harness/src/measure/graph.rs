@@ -9,9 +9,12 @@
 //! captured on candle's stream (`begin_capture` in relaxed mode … `end_capture`, instantiated with
 //! `AUTO_FREE_ON_LAUNCH`, so the captured outputs are reallocated at their fixed addresses on
 //! each launch); one untimed replay, then `steps` replays each timed between two device
-//! synchronisations. The replays' results are then compared with the reference exactly as the
-//! eager step's were: the timing is reported only when every error figure is bit for bit the
-//! eager step's (the same kernels on the same inputs, deterministic), never otherwise.
+//! synchronisations. The last replay's results must then be the eager step's bit for bit,
+//! tensor by tensor and element by element (SHA-256 of each tensor's bits,
+//! `impls::compare::digests`; the same kernels on the same inputs, deterministic): the
+//! timing is reported only then, never otherwise. The eager step was checked against the
+//! reference, so the replay is too. Before the capture the pool's unused reserve is given
+//! back (`gpu::trim_pool`): a graph allocates its own memory.
 //!
 //! Reported in the row's `note` (`cuda_graph_median_ns=…;cuda_graph_min_ns=…;
 //! cuda_graph_max_ns=…`), not in the timing columns, which stay the eager step's: the graph
@@ -67,6 +70,10 @@ mod cuda {
     struct Capturing<'a>(&'a Arc<CudaStream>);
     impl Drop for Capturing<'_> {
         fn drop(&mut self) {
+            // A free that failed while the step unwound (a panic under capture) leaves its
+            // error stored in the context, and `capture_status` would return that error
+            // instead of the status, leaving the capture open: take it out first.
+            let _ = self.0.context().check_err();
             if matches!(
                 self.0.capture_status(),
                 Ok(s) if s != CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE
@@ -101,6 +108,9 @@ mod cuda {
                 .map_err(|e| anyhow!("eager step before capture: {e}"))?,
         );
         device.synchronize()?;
+        if let candle_core::DeviceLocation::Cuda { gpu_id } = device.location() {
+            crate::measure::gpu::trim_pool(gpu_id)?;
+        }
         let guard = Capturing(&stream);
         // Relaxed: a call the driver deems unsafe during a capture (a lazy cuBLAS or module
         // initialisation, say) runs instead of failing the capture; whatever it did outside
@@ -115,8 +125,8 @@ mod cuda {
         // The tensors the step made under capture are the graph's allocations: they exist only
         // once the graph has run. Until every launch has succeeded they are never dropped (a
         // free of an address nothing allocated is a driver error at a later call): on any
-        // failure from here on they are forgotten instead. The child exits after its row, and
-        // the graph's own memory goes with the graph.
+        // failure from here on they are forgotten instead. Destroying a graph does not free
+        // what it allocated; the child exits after its row, which does.
         let graph = match graph {
             Ok(Some(g)) => g,
             failed => {

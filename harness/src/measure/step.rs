@@ -428,10 +428,10 @@ pub fn measure(
         .max_by_key(|r| r.peak)
         .context("no measured step")?;
     let mut tf32_max_rel_err = None;
-    // Graph timing (CUDA rows) is verified against the measured step's own comparison.
+    // Graph timing (CUDA rows of a checked variant) is verified against the measured step's
+    // results, bit for bit.
     let graph_wanted = device.is_cuda() && crate::measure::graph::enabled();
-    let mut measured_comparison = None;
-    let mut reference_result = None;
+    let mut eager_digests = None;
     let errors = match (reference, last) {
         (Some((path, ref_variant)), Some(result)) => {
             // Checked from its header, within what the child's memory limit has left.
@@ -443,13 +443,14 @@ pub fn measure(
                 impls::compare::compare(r, &reference)
                     .map_err(|e| anyhow!("comparing with the reference: {e}"))
             };
-            if graph_wanted || math == Math::Tf32 {
-                measured_comparison = Some(compare(&result)?);
+            if graph_wanted {
+                eager_digests = Some(
+                    impls::compare::digests(&result)
+                        .map_err(|e| anyhow!("reading the measured step's results: {e}"))?,
+                );
             }
             let checked = if math == Math::Tf32 {
-                tf32_max_rel_err = measured_comparison
-                    .as_ref()
-                    .map(|c| c.overall.max_rel.to_string());
+                tf32_max_rel_err = Some(compare(&result)?.overall.max_rel.to_string());
                 drop(result);
                 device::set_math(Math::Ieee);
                 let ieee = case
@@ -461,9 +462,6 @@ pub fn measure(
                 result
             };
             let c = compare(&perturbed(checked)?)?;
-            if graph_wanted {
-                reference_result = Some(reference);
-            }
             Some(Errors::from_comparison(
                 &c,
                 reference_label(ref_variant),
@@ -482,17 +480,17 @@ pub fn measure(
             None
         }
     };
-    let cuda_graph = match (graph_wanted, &reference_result, &measured_comparison) {
-        (false, _, _) => None,
-        (true, ..) if !meter.is_gpu_pool() => Some(
+    // Before the graph's steps: the column is the measured steps' process.
+    let peak_rss_bytes = device::peak_rss_bytes();
+    let cuda_graph = match (graph_wanted, &eager_digests) {
+        (false, _) => None,
+        (true, _) if !meter.is_gpu_pool() => Some(
             "CUDA graph timing not reported: the device has no memory pools (a capture records \
              stream-ordered allocations only)"
                 .to_string(),
         ),
-        (true, Some(reference), Some(measured)) => Some(graph_timing(
-            variant, &case, &device, steps, reference, measured,
-        )),
-        (true, _, _) => Some(
+        (true, Some(eager)) => Some(graph_timing(variant, &case, &device, steps, eager)),
+        (true, None) => Some(
             "CUDA graph timing not reported: no reference to check the replayed results \
              against"
                 .to_string(),
@@ -503,7 +501,7 @@ pub fn measure(
         baseline_bytes: worst.baseline,
         peak_bytes: worst.peak,
         saved_bytes: worst.saved,
-        peak_rss_bytes: device::peak_rss_bytes(),
+        peak_rss_bytes,
         forward,
         backward,
         total,
@@ -517,28 +515,28 @@ pub fn measure(
 }
 
 /// The note of a row's CUDA-graph timing ([`crate::measure::graph`]): the replay times when the
-/// replayed results compare with the reference exactly as the measured step's did, or why no
-/// timing is reported. Never an error: the eager row stands either way.
+/// replayed results are the measured eager step's bit for bit (`eager`: its
+/// [`impls::compare::digests`]), or why no timing is reported. Never an error: the eager row
+/// stands either way.
 fn graph_timing(
     variant: Variant,
     case: &Case,
     device: &Device,
     steps: usize,
-    reference: &StepResult,
-    measured: &Comparison,
+    eager: &Digests,
 ) -> String {
     let attempt = || -> Result<String> {
         #[cfg(feature = "cuda")]
         {
             let (times, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
-            let c = impls::compare::compare(&replayed.result, reference)
-                .map_err(|e| anyhow!("comparing the replayed results: {e}"))?;
+            let replay = impls::compare::digests(&replayed.result)
+                .map_err(|e| anyhow!("reading the replayed results: {e}"))?;
             drop(replayed);
-            if !same_comparison(&c, measured) {
+            let differ = impls::compare::differing(eager, &replay);
+            if !differ.is_empty() {
                 bail!(
-                    "the replayed results differ from the eager step's (max |error| {:e} vs {:e})",
-                    c.overall.max_abs,
-                    measured.overall.max_abs
+                    "the replayed results differ from the eager step's in {}",
+                    differ.join(", ")
                 );
             }
             let s = Stats::of(&times);
@@ -546,7 +544,7 @@ fn graph_timing(
         }
         #[cfg(not(feature = "cuda"))]
         {
-            let _ = (variant, case, device, steps, reference, measured);
+            let _ = (variant, case, device, steps, eager);
             bail!("this build has no CUDA support")
         }
     };
@@ -557,22 +555,8 @@ fn graph_timing(
     }
 }
 
-#[cfg_attr(not(feature = "cuda"), allow(dead_code))] // used by the CUDA build and the tests
-/// Whether two comparisons with one reference are the same figures bit for bit (every tensor's
-/// max abs and max rel error and bitwise flag; the group and overall figures are their worst):
-/// the same results, as far as a comparison shows.
-fn same_comparison(a: &Comparison, b: &Comparison) -> bool {
-    let same = |x: &TensorError, y: &TensorError| {
-        x.max_abs.to_bits() == y.max_abs.to_bits()
-            && x.max_rel.to_bits() == y.max_rel.to_bits()
-            && x.bitwise == y.bitwise
-    };
-    a.per_tensor.len() == b.per_tensor.len()
-        && a.per_tensor
-            .iter()
-            .zip(&b.per_tensor)
-            .all(|((na, ea), (nb, eb))| na == nb && same(ea, eb))
-}
+/// A step's results as SHA-256 digests of each tensor's bits, by name.
+type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
 /// The memory model of `variant` on the GPU path ([`impls::memory::Kernels::TapStack`]) with
 /// each allocation charged what the device's pool charges for its size, measured once per size
@@ -657,40 +641,6 @@ pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Pa
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Graph timing is reported only when the replay compares with the reference exactly as the
-    /// eager step did: one tensor's error moved by one ulp, or a tensor missing, is a difference.
-    #[test]
-    fn same_comparison_is_every_figure_bit_for_bit() {
-        let e = |a: f64| TensorError {
-            max_abs: a,
-            max_rel: a / 2.0,
-            bitwise: a == 0.0,
-        };
-        let cmp = |errs: &[(&str, f64)]| Comparison {
-            output: e(0.0),
-            grad_input: e(0.0),
-            grad_params: e(0.0),
-            running: e(0.0),
-            overall: e(errs.iter().map(|p| p.1).fold(0.0, f64::max)),
-            per_tensor: errs.iter().map(|&(n, a)| (n.to_string(), e(a))).collect(),
-        };
-        let base = cmp(&[("output", 1e-7), ("grad.input", 3e-6)]);
-        assert!(same_comparison(
-            &base,
-            &cmp(&[("output", 1e-7), ("grad.input", 3e-6)])
-        ));
-        let ulp = f64::from_bits(1e-7f64.to_bits() + 1);
-        assert!(!same_comparison(
-            &base,
-            &cmp(&[("output", ulp), ("grad.input", 3e-6)])
-        ));
-        assert!(!same_comparison(&base, &cmp(&[("output", 1e-7)])));
-        assert!(!same_comparison(
-            &base,
-            &cmp(&[("output", 1e-7), ("grad.w", 3e-6)])
-        ));
-    }
 
     #[test]
     fn stats_median_min_max() {
