@@ -76,6 +76,9 @@ bounded() { local n; n=$(cap "$1"); shift; timeout -k 10 "$n" "$@"; }
 # The driver's JIT cache (candle's kernels are PTX): kept where it can be written, so only the
 # first process of the session compiles them.
 export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/densebench-cuda-jit}
+# densebench's own kernels: NVRTC's PTX, kept on disk so each row's process does not compile it
+# again (impls::ptx_cache; a folder that can be written on a lent machine).
+export DENSEBENCH_PTX_CACHE=${DENSEBENCH_PTX_CACHE:-/tmp/densebench-ptx}
 # Rows name the revision the binaries were built from (the checkout here may have no .git).
 if [ -f .gpu/git-rev ]; then
     DENSEBENCH_GIT_REV=$(cat .gpu/git-rev)
