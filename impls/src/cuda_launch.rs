@@ -31,22 +31,12 @@ pub(crate) fn msg(s: String) -> candle_core::Error {
     candle_core::Error::Msg(s)
 }
 
-/// The version of the NVRTC library this process compiles with (`(13, 0)`), or `None` where
-/// it cannot be loaded or asked.
-pub fn nvrtc_version() -> Option<(i32, i32)> {
-    let (mut major, mut minor) = (0, 0);
-    // SAFETY: nvrtcVersion writes two ints we own; cudarc loads the library (an error, not a
-    // crash, where it is missing).
-    let rc = unsafe { nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
-    (rc == nvrtc::sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
-}
-
 /// The PTX of `module` for `arch`: from the on-disk cache ([`crate::ptx_cache`]) where this
 /// source, these options and this NVRTC were compiled before, else compiled with NVRTC (and
 /// stored for the next process); NVRTC's log as the message of a compile error.
 fn compile(module: &CudaModule, arch: &str) -> std::result::Result<String, String> {
     let options = cuda_src::nvrtc_options(arch);
-    let cache = crate::ptx_cache::dir().zip(nvrtc_version());
+    let cache = crate::ptx_cache::dir().zip(crate::ptx_cache::nvrtc_version());
     let key = cache
         .as_ref()
         .map(|(_, v)| crate::ptx_cache::key(&module.source(), &options, *v));

@@ -13,7 +13,7 @@
 use crate::config::{BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
 use crate::matrix::Mat;
-use crate::shared::Float;
+use crate::shared::{unfilled, Float};
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, CustomOp3, InplaceOp2, InplaceOp3, Layout, Shape, Tensor,
 };
@@ -1338,13 +1338,15 @@ fn shift_into(
     dst.inplace_op2(src, &op)
 }
 
-/// [`shift_stack_into`] a new `[9C, M]` tensor (zeros first, then every element written).
+/// [`shift_stack_into`] a new `[9C, M]` tensor (every element written, none read first).
 pub fn shift_stack(t: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result<Tensor> {
     if !(has_kernels(t) && t.is_contiguous()) {
         return generic_shift_stack(t, grid, offsets);
     }
     let (c, m) = t.dims2().ctx("shift stack")?;
-    let out = Tensor::zeros((9 * c, m), t.dtype(), t.device()).ctx("shift stack")?;
+    // SAFETY: the shift stack writes every element of its destination (zero where a tap's
+    // source is outside the image) and reads none of it.
+    let out = unsafe { unfilled((9 * c, m), t.dtype(), t.device(), "shift stack")? };
     shift_stack_into(&out, t, grid, offsets)?;
     Ok(out)
 }
@@ -1383,7 +1385,9 @@ pub fn shift_sum(p: &Tensor, grid: Grid, offsets: [(isize, isize); 9]) -> Result
         return generic_shift_sum(p, grid, offsets);
     }
     let (c9, m) = p.dims2().ctx("shift sum")?;
-    let out = Tensor::zeros((c9 / 9, m), p.dtype(), p.device()).ctx("shift sum")?;
+    // SAFETY: the shift sum writes every element of its destination (from +0) before it
+    // reads it.
+    let out = unsafe { unfilled((c9 / 9, m), p.dtype(), p.device(), "shift sum")? };
     shift_sum_into(&out, p, grid, offsets)?;
     Ok(out)
 }

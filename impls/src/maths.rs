@@ -25,7 +25,7 @@ thread_local! {
 
 pub use crate::kernels::Tf32Rounding;
 pub use crate::shared::cpu_kernels;
-use crate::shared::TAP_STACK_ON_CPU;
+use crate::shared::{unfilled, TAP_STACK_ON_CPU};
 
 /// Runs `f` with the CPU emulating a GPU's f32 products in TF32 (`--math tf32`): the path of
 /// [`with_tap_stack_on_cpu`], and both operands of every matrix product (Linear, Conv1×1, the
@@ -615,9 +615,11 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
     let (g, columns) = (grid(cfg), tap_chunk_columns()?);
     let (k, plane) = (w.dims()[0], g.h * g.w);
     let taps = taps_matrix(w)?;
-    let y = Tensor::zeros((k, g.n * plane), s.dtype(), s.device()).ctx("conv2 forward")?;
+    // SAFETY: the chunks cover every column of y, each written whole by its shift sum; each
+    // chunk's columns of p are written whole by its product (β = 0) before the sum reads them.
+    let y = unsafe { unfilled((k, g.n * plane), s.dtype(), s.device(), "conv2 forward")? };
     let per = tap_chunk_images(g, columns) * plane;
-    let p = Tensor::zeros((9 * k, per), s.dtype(), s.device()).ctx("conv2 forward")?;
+    let p = unsafe { unfilled((9 * k, per), s.dtype(), s.device(), "conv2 forward")? };
     for (c0, n) in tap_chunks(g, columns) {
         let (cols, chunk) = (n * plane, fused::Grid { n, ..g });
         let pc = p.narrow(1, 0, cols).ctx("conv2 forward")?;
@@ -661,10 +663,14 @@ pub fn conv3x3_bwd_tap_stack(
     let (dtype, dev) = (gy.dtype(), gy.device());
     let taps = taps_matrix(w)?;
     let taps_t = taps.t().ctx("conv2 bwd ds")?;
-    let ds = Tensor::zeros((b, g.n * plane), dtype, dev).ctx("conv2 bwd ds")?;
-    let dw_taps = Tensor::zeros((9 * k, b), dtype, dev).ctx("conv2 bwd dW")?;
+    // SAFETY: the chunks cover every column of ds, each written by its product (β = 0); dW_taps
+    // is written whole by the first chunk's product (β = 0) before later chunks add to it;
+    // each chunk's columns of the stack are written whole by its shift stack before the
+    // products read them.
+    let ds = unsafe { unfilled((b, g.n * plane), dtype, dev, "conv2 bwd ds")? };
+    let dw_taps = unsafe { unfilled((9 * k, b), dtype, dev, "conv2 bwd dW")? };
     let per = tap_chunk_images(g, columns) * plane;
-    let stack = Tensor::zeros((9 * k, per), dtype, dev).ctx("conv2 bwd")?;
+    let stack = unsafe { unfilled((9 * k, per), dtype, dev, "conv2 bwd")? };
     for (i, (c0, n)) in tap_chunks(g, columns).enumerate() {
         let (cols, chunk) = (n * plane, fused::Grid { n, ..g });
         let gc = stack.narrow(1, 0, cols).ctx("conv2 bwd")?;

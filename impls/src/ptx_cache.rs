@@ -19,12 +19,22 @@
 //! - **Where:** `DENSEBENCH_PTX_CACHE` names the folder (`0`, `off` or empty: no cache);
 //!   otherwise `$XDG_CACHE_HOME/densebench/ptx`, else `$HOME/.cache/densebench/ptx`.
 //!
-//! Needs no CUDA: the compile is a closure, so the cache is tested in every build.
+//! Needs no CUDA but for `nvrtc_version` (`cuda` feature): the compile is a closure, so the
+//! cache is tested in every build.
 
 use sha2::{Digest, Sha256};
 
+/// The version of the NVRTC library this process compiles with (`(13, 0)`), part of the key,
+/// or `None` where it cannot be loaded or asked (`cuda` feature).
 #[cfg(feature = "cuda")]
-pub use crate::cuda_launch::nvrtc_version;
+pub fn nvrtc_version() -> Option<(i32, i32)> {
+    use candle_core::cuda_backend::cudarc::nvrtc::sys;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints we own; cudarc loads the library (an error, not a
+    // crash, where it is missing).
+    let rc = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    (rc == sys::nvrtcResult::NVRTC_SUCCESS).then_some((major, minor))
+}
 use std::path::{Path, PathBuf};
 
 /// The environment variable naming the cache folder, or turning the cache off.

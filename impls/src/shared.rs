@@ -1,8 +1,9 @@
 //! What the CPU kernels (`kernels`, `fused`, `conv3x3`, `dense`) share: the float type they run
 //! on, the raw pointer their parallel tasks write one output through, `gemm`'s tuning, and
-//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]).
+//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]), and
+//! the new tensors a kernel writes whole ([`unfilled`]).
 
-use candle_core::{CpuStorage, Device};
+use candle_core::{CpuStorage, DType, Device, Shape, Tensor};
 use std::cell::Cell;
 
 thread_local! {
@@ -15,6 +16,25 @@ thread_local! {
 /// [`crate::maths::with_tap_stack_on_cpu`] has the CPU take).
 pub fn cpu_kernels(dev: &Device) -> bool {
     dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
+}
+
+/// A new tensor of uninitialised memory, for an output that the caller writes whole before any
+/// element of it is read (a shift kernel's output, a product with β = 0 that does not read its
+/// destination). Same allocation as [`Tensor::zeros`], without its fill: on a GPU a memset
+/// launch over the whole tensor (the 3×3 convolution's tap products and stacked gradients,
+/// `[9k, ·]`, 28 MB per layer on BC-100's block) that the kernel then overwrites.
+///
+/// # Safety
+/// Every element must be written before any is read; callers say how at each call.
+pub(crate) unsafe fn unfilled(
+    shape: impl Into<Shape>,
+    dtype: DType,
+    device: &Device,
+    what: &'static str,
+) -> crate::error::Result<Tensor> {
+    use crate::error::CandleContext;
+    // SAFETY: the caller's contract; f32 and f64 have no invalid bit patterns.
+    unsafe { Tensor::empty(shape, dtype, device) }.ctx(what)
 }
 
 /// A float type the CPU kernels run on (f32 and f64).
