@@ -24,7 +24,9 @@ pub struct AppendBuffer {
 }
 
 impl AppendBuffer {
-    /// Allocates `[capacity, cols]` (zero-filled) with nothing written yet.
+    /// Allocates `[capacity, cols]` with nothing written yet. The storage is not filled (on a
+    /// GPU a fill is a memset over the whole buffer, `C_L·M` elements, every step): a row can
+    /// only be viewed once written ([`AppendBuffer::rows`], [`AppendBuffer::into_full`]).
     pub fn new(
         name: &'static str,
         capacity: usize,
@@ -32,7 +34,10 @@ impl AppendBuffer {
         dtype: DType,
         device: &Device,
     ) -> Result<Self> {
-        let storage = Tensor::zeros((capacity, cols), dtype, device).ctx(name)?;
+        // SAFETY: every view of the storage is of written rows (`rows` and `into_full` check
+        // the fill mark, the only other access is `write_at`'s write), so no element is read
+        // before it is written.
+        let storage = unsafe { crate::shared::unfilled((capacity, cols), dtype, device, name)? };
         Ok(AppendBuffer {
             name,
             storage,

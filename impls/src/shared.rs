@@ -1,7 +1,7 @@
 //! What the CPU kernels (`kernels`, `fused`, `conv3x3`, `dense`) share: the float type they run
 //! on, the raw pointer their parallel tasks write one output through, `gemm`'s tuning, and
 //! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]), and
-//! the new tensors a kernel writes whole ([`unfilled`]).
+//! the new tensors a kernel writes whole (`unfilled`).
 
 use candle_core::{CpuStorage, DType, Device, Shape, Tensor};
 use std::cell::Cell;
