@@ -24,6 +24,9 @@ pub fn cpu_kernels(dev: &Device) -> bool {
 /// launch over the whole tensor (the 3×3 convolution's tap products and stacked gradients,
 /// `[9k, ·]`, 28 MB per layer on BC-100's block) that the kernel then overwrites.
 ///
+/// Debug builds fill it with NaN on the CPU (see the body), so the tests catch a read of an
+/// element before its write.
+///
 /// # Safety
 /// Every element must be written before any is read; callers say how at each call.
 pub(crate) unsafe fn unfilled(
@@ -33,6 +36,16 @@ pub(crate) unsafe fn unfilled(
     what: &'static str,
 ) -> crate::error::Result<Tensor> {
     use crate::error::CandleContext;
+    // Debug builds (the tests) fill CPU tensors with NaN instead, one allocation as in a
+    // release build: an element read before it is written then shows in every result made
+    // from it, where fresh memory, often zero, would hide it.
+    if cfg!(debug_assertions) && device.is_cpu() {
+        match dtype {
+            DType::F32 => return Tensor::full(f32::NAN, shape, device).ctx(what),
+            DType::F64 => return Tensor::full(f64::NAN, shape, device).ctx(what),
+            _ => {}
+        }
+    }
     // SAFETY: the caller's contract; f32 and f64 have no invalid bit patterns.
     unsafe { Tensor::empty(shape, dtype, device) }.ctx(what)
 }
