@@ -188,15 +188,12 @@ pub fn digests(result: &StepResult) -> Result<BTreeMap<String, [u8; 32]>> {
 /// The names of the tensors whose bits differ between two [`digests`] (a tensor on one side
 /// only counts as differing), in name order; empty when the results are bitwise equal.
 pub fn differing(a: &BTreeMap<String, [u8; 32]>, b: &BTreeMap<String, [u8; 32]>) -> Vec<String> {
-    let mut names: Vec<String> = a
+    let names: std::collections::BTreeSet<&String> = a
         .keys()
         .chain(b.keys())
         .filter(|n| a.get(*n) != b.get(*n))
-        .cloned()
         .collect();
-    names.sort();
-    names.dedup();
-    names
+    names.into_iter().cloned().collect()
 }
 
 #[cfg(test)]

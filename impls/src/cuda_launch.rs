@@ -35,17 +35,16 @@ pub(crate) fn msg(s: String) -> candle_core::Error {
 /// source, these options and this NVRTC were compiled before, else compiled with NVRTC (and
 /// stored for the next process); NVRTC's log as the message of a compile error.
 fn compile(module: &CudaModule, arch: &str) -> std::result::Result<String, String> {
+    use crate::ptx_cache;
     let options = cuda_src::nvrtc_options(arch);
-    let cache = crate::ptx_cache::dir().zip(crate::ptx_cache::nvrtc_version());
-    let key = cache
-        .as_ref()
-        .map(|(_, v)| crate::ptx_cache::key(&module.source(), &options, *v));
-    crate::ptx_cache::get_or_compile(
-        cache.as_ref().map(|(d, _)| d.as_path()),
-        key.as_deref().unwrap_or(""),
-        || nvrtc_compile(module, arch, options),
-    )
-    .map(|(ptx, _)| ptx)
+    match ptx_cache::dir().zip(ptx_cache::nvrtc_version()) {
+        Some((dir, nvrtc)) => {
+            let key = ptx_cache::key(&module.source(), &options, nvrtc);
+            ptx_cache::get_or_compile(Some(&dir), &key, || nvrtc_compile(module, arch, options))
+                .map(|(ptx, _)| ptx)
+        }
+        None => nvrtc_compile(module, arch, options),
+    }
 }
 
 /// Compiles `module` for `arch` with NVRTC; the PTX text, or NVRTC's log as the message.

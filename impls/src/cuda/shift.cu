@@ -150,18 +150,19 @@ __device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_
         T *dst = out + r * ld_out;
         for (u64 i = db_first(); i < m; i += db_stride()) {
             const auto px = locate(i);
+            // The nine loads first, then the additions in order, skipping taps from outside.
             T v[9];
+            bool in[9];
 #pragma unroll
             for (unsigned j = 0; j < 9; ++j) {
                 const auto s = locate.src(px, taps.oy[j], taps.ox[j]);
-                v[j] = s < 0 ? (T)0 : src[j * tap_step + s];
+                in[j] = s >= 0;
+                v[j] = in[j] ? src[j * tap_step + s] : (T)0;
             }
             T acc = (T)0;
 #pragma unroll
-            for (unsigned j = 0; j < 9; ++j) {
-                const auto s = locate.src(px, taps.oy[j], taps.ox[j]);
-                if (s >= 0) acc = db_add(acc, v[j]);
-            }
+            for (unsigned j = 0; j < 9; ++j)
+                if (in[j]) acc = db_add(acc, v[j]);
             dst[i] = acc;
         }
     }
