@@ -163,7 +163,12 @@ impl Cache {
             .with_context(|| format!("creating the reference cache {}", dir.display()))?;
         // Writable, checked now: else every configuration would compute its reference and fail
         // to keep it, and each of its rows would be an `error`.
-        let probe = dir.join(format!("write-probe.tmp{}", std::process::id()));
+        // One probe file per call: the workers of a sweep over several devices open their
+        // caches at once in one process, and a name shared between them let one worker remove
+        // the other's probe before it did (a flaky "not writable: No such file").
+        static PROBES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let probe = dir.join(format!("write-probe.{n}.tmp{}", std::process::id()));
         std::fs::write(&probe, b"")
             .and_then(|()| std::fs::remove_file(&probe))
             .with_context(|| {
@@ -464,6 +469,25 @@ fn remove_stale_temporaries(dir: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The workers of a sweep over several devices open their caches at once in one process:
+    /// each one's writability probe must be its own (a shared probe name let one remove the
+    /// other's first, a flaky "not writable" for a writable cache).
+    #[test]
+    fn caches_opened_at_once_in_one_process_all_succeed() {
+        let root = tempfile::tempdir().expect("temp dir");
+        std::thread::scope(|s| {
+            for _ in 0..8 {
+                s.spawn(|| {
+                    for _ in 0..200 {
+                        if let Err(e) = Cache::new(root.path()) {
+                            panic!("{e:#}");
+                        }
+                    }
+                });
+            }
+        });
+    }
 
     /// A CPU reference must fit the child's limit; a GPU one the device's memory (none known
     /// where no GPU is usable: no pre-check then, the child's own error decides).
