@@ -84,6 +84,12 @@ fn cxx() -> String {
     std::env::var("CXX").unwrap_or_else(|_| "c++".to_string())
 }
 
+/// `-fno-gnu-unique` for g++, nothing for clang (which emits no GNU_UNIQUE symbols).
+fn gnu_unique_off(cxx: &str) -> Option<&'static str> {
+    let version = Command::new(cxx).arg("--version").output().ok()?;
+    (!String::from_utf8_lossy(&version.stdout).contains("clang")).then_some("-fno-gnu-unique")
+}
+
 impl Emulated {
     fn build(module: &CudaModule) -> Emulated {
         Emulated::build_with(module, &[], "")
@@ -116,6 +122,10 @@ impl Emulated {
         let out = Command::new(&cxx)
             .args(["-std=c++20", "-O1", "-ffp-contract=off", "-pthread"])
             .args(["-fPIC", "-shared", "-Wall", "-Wno-unknown-pragmas"])
+            // every library its own statics, the __shared__ arrays of template kernels too
+            // (shim.hpp: g++'s GNU_UNIQUE symbols are one object per process; clang makes none
+            // and knows no such flag)
+            .args(gnu_unique_off(&cxx))
             .arg(format!("-DDB_REDUCE_THREADS={}", cuda_src::REDUCE_THREADS))
             .args(defines.iter().map(|d| format!("-D{d}")))
             .arg("-I")
@@ -1006,6 +1016,52 @@ fn shift_kernels_wide_locator_matches_too() {
     let m = Emulated::build_with(&cuda_src::SHIFT, &["DB_NARROW_COLUMNS=0"], "");
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
+}
+
+/// Each emulated module has its own launch geometry: a launch in one leaves `gridDim` and
+/// `blockDim` of another as they were. (`inline` globals in the shim were one object for the
+/// whole process, so the tests of this binary, which run at once, raced on them and a launch
+/// could run on another's grid: a flaky unwritten column in CI.)
+#[test]
+fn emulated_modules_do_not_share_their_launch_state() {
+    let probe = "extern \"C\" unsigned emu_geometry() { return gridDim.x * 1000 + blockDim.x; }\n";
+    let a = Emulated::build_with(&cuda_src::SHIFT, &[], probe);
+    let b = Emulated::build_with(&cuda_src::SHIFT, &["DB_NARROW_COLUMNS=0"], probe);
+    let geometry = |m: &Emulated| {
+        // SAFETY: `emu_geometry` is the probe just compiled with exactly this signature.
+        let f: Symbol<unsafe extern "C" fn() -> u32> =
+            unsafe { m.lib.get(b"emu_geometry\0") }.expect("emu_geometry");
+        // SAFETY: reads two globals of the module.
+        unsafe { f() }
+    };
+    assert_eq!(
+        (geometry(&a), geometry(&b)),
+        (1001, 1001),
+        "before any launch"
+    );
+    // A sum of no columns: the kernel returns at once, the geometry stays set.
+    let mut tp = taps(&tap_sets()[0]);
+    let (mut input, mut output) = ([0f32; 9], [0f32; 1]);
+    let (mut src, mut dst) = (input.as_mut_ptr(), output.as_mut_ptr());
+    let (mut ld_in, mut ld_out, mut c, mut m, mut h, mut w) = (1u64, 1u64, 1u64, 0u64, 1u64, 1u64);
+    a.launch(
+        "shift_sum_f32",
+        ((7, 1, 1), (3, 1, 1)),
+        &mut [
+            p(&mut src),
+            p(&mut ld_in),
+            p(&mut dst),
+            p(&mut ld_out),
+            p(&mut c),
+            p(&mut m),
+            p(&mut h),
+            p(&mut w),
+            p(&mut tp),
+        ],
+        false,
+    );
+    assert_eq!(geometry(&a), 7003, "the launched module");
+    assert_eq!(geometry(&b), 1001, "the other module");
 }
 
 /// `shift.cu`'s division by a magic number is exact: every n < 2³¹ it can be given (a column,

@@ -8,7 +8,8 @@
 //   CUDA thread with a std::barrier for __syncthreads (kernels that synchronise), or the
 //   threads one after another on the calling thread (kernels that never synchronise: the
 //   result cannot depend on the order, each output element has one writer);
-// - threadIdx / blockIdx are per-thread (thread_local), blockDim / gridDim per launch;
+// - threadIdx / blockIdx are per-thread (thread_local), blockDim / gridDim per launch, all of
+//   them per module (one library each, see below);
 // - __shared__ is `static`: one array for the whole launch, which is one block's shared memory
 //   because blocks never overlap;
 // - the explicitly rounded intrinsics are the plain IEEE operations (the test compiles with
@@ -32,10 +33,16 @@ struct db_dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
 
-inline thread_local db_dim3 threadIdx, blockIdx;
-inline db_dim3 blockDim, gridDim;
+// The emulation's state has internal linkage (`static`; each module is one translation unit
+// built into its own library), never `inline`: g++ makes an inline variable (and a static local
+// of a template, such as a __shared__ array) a GNU_UNIQUE symbol, one object for every library
+// of the process, so the tests that run at once in one test binary shared gridDim and blockDim
+// across their modules and one launch's grid-stride loops ran on another launch's geometry
+// (columns left unwritten, found by a CI run). The test also builds with -fno-gnu-unique.
+static thread_local db_dim3 threadIdx, blockIdx;
+static db_dim3 blockDim, gridDim;
 // The barrier of the block being run by threads, null when its threads run one by one.
-inline std::barrier<> *db_emu_barrier = nullptr;
+static std::barrier<> *db_emu_barrier = nullptr;
 
 inline void __syncthreads() {
     if (db_emu_barrier == nullptr) {
