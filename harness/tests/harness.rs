@@ -147,6 +147,66 @@ variants = ["buffer-store-copy"]
 device = "cuda:0"
 "#;
 
+/// `--mem-limit` is the measured steps' limit: a row whose step fits is `ok`, though its
+/// gradient check (the reference beside the step's results) needs more than the limit. Before,
+/// the check made f64 copies of every tensor under the step's limit, and a step that fit with
+/// room to spare came out `oom`. (The reference is computed first without a limit and cached,
+/// as a sweep's earlier rows would have: an f64 reference needs more than the step.)
+#[test]
+fn a_memory_limit_the_step_fits_gives_an_ok_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let run = |limit: Option<u64>| {
+        let mut args = vec![
+            "run",
+            "--family",
+            "bc",
+            "--variant",
+            "buffer-recompute-inplace",
+            "--depth",
+            "8",
+            "--batch",
+            "8",
+            "--channels",
+            "8",
+            "--growth",
+            "8",
+            "--size",
+            "16",
+            "--steps",
+            "1",
+            "--warmup",
+            "0",
+            "--format",
+            "json",
+            "--cache-dir",
+            path_str(&cache),
+        ]
+        .into_iter()
+        .map(String::from)
+        .collect::<Vec<_>>();
+        if let Some(l) = limit {
+            args.extend(["--mem-limit".to_string(), l.to_string()]);
+        }
+        let o = densebench(&args.iter().map(String::as_str).collect::<Vec<_>>());
+        let row: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+            panic!("{e}: {}{}", String::from_utf8_lossy(&o.stdout), stderr(&o))
+        });
+        row
+    };
+    let free = run(None);
+    assert_eq!(free["status"], "ok", "{free}");
+    let need = free["baseline_bytes"].as_u64().unwrap() + free["peak_bytes"].as_u64().unwrap();
+    // The step's own footprint and a little: the check's reference and comparison come on top.
+    let limited = run(Some(need + (256 << 10)));
+    assert_eq!(
+        (limited["status"].as_str(), limited["grad_ok"].as_bool()),
+        (Some("ok"), Some(true)),
+        "{limited}"
+    );
+    assert_eq!(limited["peak_bytes"], free["peak_bytes"], "{limited}");
+}
+
 #[test]
 fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
     let dir = tempfile::tempdir().expect("temp dir");

@@ -55,6 +55,65 @@ fn values(t: &Tensor, name: &str) -> Result<Vec<f64>> {
         .ctx(name)
 }
 
+/// Calls `f` with `t`'s elements in row-major order, each widened to f64 as it is read: from a
+/// contiguous CPU tensor's own storage, else from one host copy in the tensor's dtype (f32,
+/// f64; other dtypes widened whole). Never a whole f64 copy of an f32 tensor: a gradient check
+/// holds the reference beside the step's results, and three f64 copies of the largest tensor
+/// made it need more memory than the measured step itself.
+fn with_values<R>(
+    t: &Tensor,
+    name: &str,
+    f: impl FnOnce(&mut dyn Iterator<Item = f64>) -> R,
+) -> Result<R> {
+    use candle_core::{CpuStorage, Storage};
+    if t.device().is_cpu() {
+        let (storage, layout) = t.storage_and_layout();
+        match (&*storage, layout.contiguous_offsets()) {
+            (Storage::Cpu(CpuStorage::F32(v)), Some((a, b))) => {
+                return Ok(f(&mut v[a..b].iter().map(|&x| f64::from(x))))
+            }
+            (Storage::Cpu(CpuStorage::F64(v)), Some((a, b))) => {
+                return Ok(f(&mut v[a..b].iter().copied()))
+            }
+            (Storage::Cpu(CpuStorage::F32(v)), None) => {
+                return Ok(f(&mut offsets(layout).map(|i| f64::from(v[i]))))
+            }
+            (Storage::Cpu(CpuStorage::F64(v)), None) => {
+                return Ok(f(&mut offsets(layout).map(|i| v[i])))
+            }
+            _ => {}
+        }
+    }
+    let flat = t.flatten_all().ctx(name)?;
+    Ok(match t.dtype() {
+        DType::F32 => f(&mut flat.to_vec1::<f32>().ctx(name)?.into_iter().map(f64::from)),
+        DType::F64 => f(&mut flat.to_vec1::<f64>().ctx(name)?.into_iter()),
+        _ => f(&mut values(t, name)?.into_iter()),
+    })
+}
+
+/// The storage offsets of `l`'s elements in row-major order (candle's own iterator is private
+/// to it): a strided view read in place.
+fn offsets(l: &candle_core::Layout) -> impl Iterator<Item = usize> + '_ {
+    let (dims, strides) = (l.dims(), l.stride());
+    let mut index = vec![0usize; dims.len()];
+    let mut at = l.start_offset();
+    (0..l.shape().elem_count()).map(move |k| {
+        if k > 0 {
+            for d in (0..dims.len()).rev() {
+                index[d] += 1;
+                at += strides[d];
+                if index[d] < dims[d] {
+                    break;
+                }
+                at -= strides[d] * dims[d];
+                index[d] = 0;
+            }
+        }
+        at
+    })
+}
+
 /// Compares one tensor with its reference; shapes must match.
 pub fn tensor_error(name: &str, a: &Tensor, reference: &Tensor) -> Result<TensorError> {
     if a.dims() != reference.dims() {
@@ -64,21 +123,24 @@ pub fn tensor_error(name: &str, a: &Tensor, reference: &Tensor) -> Result<Tensor
             found: a.dims().to_vec(),
         });
     }
-    let (va, vb) = (values(a, name)?, values(reference, name)?);
     let mut max_abs = 0f64;
     let mut ref_max = 0f64;
     let mut bitwise = a.dtype() == reference.dtype();
-    for (x, y) in va.iter().zip(&vb) {
-        let d = (x - y).abs();
-        // NaN anywhere must not hide: it makes the error infinite.
-        max_abs = if d.is_nan() {
-            f64::INFINITY
-        } else {
-            max_abs.max(d)
-        };
-        ref_max = ref_max.max(y.abs());
-        bitwise &= x.to_bits() == y.to_bits();
-    }
+    with_values(a, name, |va| {
+        with_values(reference, name, |vb| {
+            for (x, y) in va.zip(vb) {
+                let d = (x - y).abs();
+                // NaN anywhere must not hide: it makes the error infinite.
+                max_abs = if d.is_nan() {
+                    f64::INFINITY
+                } else {
+                    max_abs.max(d)
+                };
+                ref_max = ref_max.max(y.abs());
+                bitwise &= x.to_bits() == y.to_bits();
+            }
+        })
+    })??;
     let max_rel = if max_abs == 0.0 {
         0.0
     } else if ref_max == 0.0 {
@@ -209,6 +271,52 @@ mod tests {
             grads: [("w".to_string(), t(w))].into_iter().collect(),
             running: BTreeMap::new(),
         }
+    }
+
+    /// A strided view (a permutation, a narrowed start, a step over a dimension) compares in
+    /// logical order, read in place: the same errors as its contiguous copy, f32 against f64
+    /// and bit for bit against itself; a NaN anywhere makes the error infinite.
+    #[test]
+    fn strided_views_compare_in_logical_order() {
+        let v: Vec<f32> = (0..60).map(|i| (i as f32 * 0.37).sin()).collect();
+        let base = Tensor::from_vec(v, (3, 4, 5), &Device::Cpu).unwrap();
+        let views = [
+            base.permute((2, 0, 1)).unwrap(),
+            base.narrow(1, 1, 2).unwrap().t().unwrap(),
+            base.narrow(2, 1, 3).unwrap(),
+        ];
+        for view in views {
+            assert!(!view.is_contiguous());
+            let copy = view.contiguous().unwrap();
+            let reference = copy
+                .to_dtype(DType::F64)
+                .unwrap()
+                .affine(1.001, 0.0)
+                .unwrap();
+            assert_eq!(
+                tensor_error("v", &view, &reference).unwrap(),
+                tensor_error("v", &copy, &reference).unwrap()
+            );
+            let same = tensor_error("v", &view, &copy).unwrap();
+            assert!(same.bitwise && same.max_abs == 0.0, "{same:?}");
+            // One element changed in the copy: seen at its logical place, never missed.
+            let mut vals = copy.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            let last = vals.len() - 1;
+            vals[last] += 0.5;
+            let changed = Tensor::from_vec(vals, copy.dims(), &Device::Cpu).unwrap();
+            let e = tensor_error("v", &view, &changed).unwrap();
+            assert!(!e.bitwise && (e.max_abs - 0.5).abs() < 1e-6, "{e:?}");
+        }
+        let mut nan = base.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        nan[7] = f32::NAN;
+        let nan = Tensor::from_vec(nan, (3, 4, 5), &Device::Cpu).unwrap();
+        let e = tensor_error(
+            "v",
+            &nan.permute((1, 2, 0)).unwrap(),
+            &base.permute((1, 2, 0)).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(e.max_abs, f64::INFINITY);
     }
 
     /// Digests see every element's bits: one element one ulp off, −0 for +0, another NaN, a

@@ -7,7 +7,8 @@
 //! - killed by us at the time limit → `timeout`;
 //! - aborted with Rust's "memory allocation of N bytes failed" (the counting allocator refused
 //!   to pass the memory limit) → `oom`, the only case where the memory limit is the evident
-//!   cause;
+//!   cause; after the child said its measured steps were done
+//!   ([`measure::CHECK_MARKER`]), the gradient check's → `error` (the step fit);
 //! - killed by a crash signal ([`CRASH_SIGNALS`]: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, …)
 //!   → `crashed`, error `crashed (SIGSEGV)` and the child's last stderr line if it said one;
 //! - killed by any other signal we did not send (SIGKILL from a user, a scheduler or the
@@ -401,20 +402,30 @@ pub fn classify(
         .unwrap_or_default();
     // Past the GPU's memory: the driver's out-of-memory, as candle reports it, is the device's
     // limit as the allocator's abort is the host's.
-    if let Some(line) = stderr
+    let out_of_memory = if let Some(line) = stderr
         .lines()
         .find(|l| l.contains("CUDA_ERROR_OUT_OF_MEMORY"))
     {
-        return Outcome::Oom(format!("out of GPU memory: {}", line.trim()));
-    }
-    if let Some(line) = stderr
-        .lines()
-        .find(|l| l.contains("memory allocation of") && l.contains("failed"))
-    {
-        return Outcome::Oom(match refusal(stderr) {
-            Some(r) => format!("{} with {r}", line.trim()),
-            None => format!("{}{limit}", line.trim()),
-        });
+        Some(format!("out of GPU memory: {}", line.trim()))
+    } else {
+        stderr
+            .lines()
+            .find(|l| l.contains("memory allocation of") && l.contains("failed"))
+            .map(|line| match refusal(stderr) {
+                Some(r) => format!("{} with {r}", line.trim()),
+                None => format!("{}{limit}", line.trim()),
+            })
+    };
+    if let Some(what) = out_of_memory {
+        // After the measured steps the memory is the gradient check's: the step fit.
+        if stderr.lines().any(|l| l.trim() == measure::CHECK_MARKER) {
+            return Outcome::Error(format!(
+                "the measured steps fit, but checking their gradients against the reference \
+                 ran out of memory: {what}; the check holds the reference beside the step's \
+                 results (on the host, up to twice their bytes above --mem-limit)"
+            ));
+        }
+        return Outcome::Oom(what);
     }
     match (status.code(), status.signal()) {
         (None, Some(sig)) if CRASH_SIGNALS.contains(&sig) => {
@@ -546,6 +557,24 @@ mod tests {
                     .to_string()
             )
         );
+        // Past the measured steps, the gradient check's out-of-memory is an error: the step fit.
+        let check = format!(
+            "{}\ndensebench: memory limit: 64 bytes requested with 1000 bytes live (limit 1024 \
+             bytes)\nmemory allocation of 64 bytes failed\n",
+            measure::CHECK_MARKER
+        );
+        let e = c(killed_by(libc::SIGABRT), &check);
+        assert_eq!(e.status(), "error");
+        assert!(
+            matches!(&e, Outcome::Error(m) if m.starts_with("the measured steps fit, but \
+                checking their gradients") && m.contains("1000 bytes live")),
+            "{e:?}"
+        );
+        let gpu_check = format!(
+            "{}\ndensebench: error: DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")\n",
+            measure::CHECK_MARKER
+        );
+        assert_eq!(c(exited(1), &gpu_check).status(), "error");
         // SIGKILL from outside: killed, not oom (nothing shows the limit was the cause).
         let k = c(killed_by(libc::SIGKILL), "");
         assert_eq!(k.status(), "killed");
