@@ -192,6 +192,32 @@ fn resume_keeps_a_complete_last_row_without_newline_and_cuts_only_a_torn_one() {
         .map(|r| r.key)
         .collect();
     assert_eq!(keys, [rows[0].key.clone(), rows[1].key.clone()]);
+    // A file of the header alone, without its newline: the header is kept (it was cut as a
+    // torn row, which emptied the file and then refused it for missing columns).
+    let header_end = full
+        .iter()
+        .position(|&b| b == b'\n')
+        .expect("a header line");
+    let bare = write(dir.path(), "header-only.csv", &full[..header_end]);
+    let o = densebench(&[
+        "bench-all",
+        "--sweep",
+        path_str(&sweep),
+        "--out",
+        path_str(&bare),
+        "--resume",
+        "--cache-dir",
+        path_str(&cache),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("header had no newline"),
+        "{}",
+        stderr(&o)
+    );
+    let bytes = std::fs::read(&bare).expect("file");
+    assert_eq!(&bytes[..=header_end], &full[..=header_end], "the header");
+    assert_eq!(read_rows(&bare).expect("valid").len(), 2);
 }
 
 /// `--resume --rerun-failed` measures again the failed rows of this run's jobs (here a crashed

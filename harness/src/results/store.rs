@@ -474,6 +474,21 @@ fn repair_last_line(path: &Path, file: &mut File, note: &dyn Fn(&str)) -> Result
         .and_then(|_| file.read_to_end(&mut bytes))
         .with_context(|| format!("reading {}", path.display()))?;
     let start = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    let kept = format!("{} is unchanged", path.display());
+    if start == 0 {
+        // The only line is the header, which `check_header` has accepted: a file of no rows
+        // whose header lost its newline (written by hand, or by a tool that strips the last
+        // one). Cutting it as a torn row emptied the file.
+        file.seek(SeekFrom::End(0))
+            .and_then(|_| file.write_all(b"\n"))
+            .and_then(|()| file.sync_data())
+            .map_err(|e| io_failure(e, "completing the header of", path, &kept))?;
+        note(&format!(
+            "{}: its header had no newline; added one",
+            path.display()
+        ));
+        return Ok(());
+    }
     let tail = &bytes[start..];
     let mut probe = header_line()?;
     probe.extend_from_slice(tail);
@@ -482,7 +497,6 @@ fn repair_last_line(path: &Path, file: &mut File, note: &dyn Fn(&str)) -> Result
         .deserialize::<Row>()
         .next()
         .is_some_and(|r| r.is_ok());
-    let kept = format!("{} is unchanged", path.display());
     if complete {
         file.seek(SeekFrom::End(0))
             .and_then(|_| file.write_all(b"\n"))
