@@ -11,9 +11,9 @@ bench-all *ARGS:
 bench-quick *ARGS:
     cargo run --release -- bench-all --quick {{ARGS}}
 
-# NEW/BASE per metric; exits 1 on a regression beyond 10%
+# NEW/BASE per metric; exits 1 on a regression beyond 10%, or beyond PCT with `--max-regression PCT`
 compare A B *ARGS:
-    cargo run --release -- compare {{A}} {{B}} --max-regression 10 {{ARGS}}
+    cargo run --release -- compare {{A}} {{B}} {{ if ARGS =~ '--max-regression' { '' } else { '--max-regression 10' } }} {{ARGS}}
 
 # Every figure of a result CSV as SVG and PNG into plots/
 plots CSV="results/reference-cpu.csv":

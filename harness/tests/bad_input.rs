@@ -109,6 +109,184 @@ fn report_and_plots_refuse_outputs_of_the_wrong_kind() {
     );
 }
 
+/// A command line built from an `--out` path and extra flags.
+type Args<'a> = dyn Fn(&str, &[&str]) -> Vec<String> + 'a;
+
+/// `report --out`, `case --out` and `max-depth --out` replace an earlier output of their own
+/// kind (or an empty file), and refuse any other file — a result CSV above all — with status 2,
+/// naming it and the way on, leaving it byte for byte; `--force` replaces it. (They used to
+/// overwrite a result CSV silently, exit 0.)
+#[test]
+fn outputs_refuse_to_replace_a_result_csv_or_a_file_of_another_kind() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let reference =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");
+    let results = std::fs::read(&reference).expect("the reference CSV");
+    let victim = d.join("v.csv");
+    std::fs::write(&victim, &results).expect("v.csv");
+    let notes = write(d, "notes.md", "my notes\n");
+    let plots = d.join("plots");
+    let (csv, plots) = (path_str(&reference), path_str(&plots));
+    let report = |out: &str, extra: &[&str]| {
+        let mut a = vec!["report", csv, "--out", out, "--plots", plots];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let case = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "case",
+            "--family",
+            "mlp",
+            "--depth",
+            "2",
+            "--batch",
+            "2",
+            "--growth",
+            "2",
+            "--channels",
+            "2",
+            "--out",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let max_depth = |out: &str, extra: &[&str]| {
+        let mut a = vec![
+            "max-depth",
+            "--family",
+            "mlp",
+            "--batch",
+            "128",
+            "--channels",
+            "16",
+            "--growth",
+            "8",
+            "--budget",
+            "6MiB",
+            "--no-confirm",
+            "--variants",
+            "cat-store-copy",
+            "--out",
+            out,
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let commands: [(&Args<'_>, &str); 3] = [
+        (&report, "r.md"),
+        (&case, "c.safetensors"),
+        (&max_depth, "md.csv"),
+    ];
+    let ok = |args: &[String]| {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = densebench(&args);
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+    };
+    for (command, own) in commands {
+        let refuse = |out: &std::path::Path, needles: &[&str]| {
+            let args = command(path_str(out), &[]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            let mut all = vec!["--out", path_str(out), "--force", "another --out path"];
+            all.extend_from_slice(needles);
+            refused(&args, &all);
+        };
+        refuse(&victim, &["a densebench result CSV (schema 2)"]);
+        assert_eq!(std::fs::read(&victim).expect("v.csv"), results, "replaced");
+        refuse(&notes, &["a file starting `my notes`"]);
+        assert_eq!(
+            std::fs::read_to_string(&notes).expect("notes"),
+            "my notes\n"
+        );
+        // Its own kind is replaced, and an empty file is taken.
+        let own = d.join(own);
+        std::fs::write(&own, "").expect("empty file");
+        ok(&command(path_str(&own), &[]));
+        let first = std::fs::read(&own).expect("written");
+        assert!(!first.is_empty());
+        ok(&command(path_str(&own), &[]));
+    }
+    // Each kind refuses the others' files.
+    refuse_kind(&case(path_str(&d.join("r.md")), &[]), "not a case file");
+    refuse_kind(
+        &report(path_str(&d.join("md.csv")), &[]),
+        "not a densebench report",
+    );
+    refuse_kind(
+        &max_depth(path_str(&d.join("c.safetensors")), &[]),
+        "a safetensors file, not a max-depth CSV",
+    );
+    // --force replaces a result CSV.
+    ok(&max_depth(path_str(&victim), &["--force"]));
+    let text = std::fs::read_to_string(&victim).expect("v.csv");
+    assert!(
+        text.starts_with("variant,family,budget_bytes,max_depth"),
+        "{text}"
+    );
+}
+
+fn refuse_kind(args: &[String], needle: &str) {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    refused(&args, &[needle]);
+}
+
+/// An existing folder as `case --out` is a usage mistake, exit 2 like every other command's
+/// (it was 1), nothing written. `merge`'s usage mistakes (`--shards 0`, a missing `--sweep`
+/// file, `--shards` without a sweep) exit 1, nothing written: its status 2 means "merged, keys
+/// missing", and a script must tell that apart from nothing written.
+#[test]
+fn usage_mistakes_of_case_exit_2_and_of_merge_1() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let folder = d.join("folder");
+    std::fs::create_dir(&folder).expect("folder");
+    refused(
+        &[
+            "case",
+            "--family",
+            "mlp",
+            "--depth",
+            "2",
+            "--batch",
+            "2",
+            "--growth",
+            "2",
+            "--channels",
+            "2",
+            "--out",
+            path_str(&folder),
+        ],
+        &["--out", path_str(&folder), "is a folder"],
+    );
+    assert!(std::fs::read_dir(&folder).expect("folder").next().is_none());
+    let input =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");
+    let (input, out) = (path_str(&input), d.join("merged.csv"));
+    let missing = d.join("missing.toml");
+    // merge's status 2 is "merged, keys missing": its usage mistakes exit 1, nothing written.
+    let merge = |extra: &[&str], needles: &[&str]| {
+        let mut a = vec!["merge", path_str(&out), input];
+        a.extend_from_slice(extra);
+        let o = densebench(&a);
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(1), "{a:?}: {err}");
+        for n in needles {
+            assert!(err.contains(n), "{a:?}: `{n}` not in: {err}");
+        }
+        assert!(!out.exists(), "{a:?} wrote {}", out.display());
+    };
+    merge(
+        &["--quick", "--shards", "0"],
+        &["--shards must be at least 1"],
+    );
+    merge(&["--sweep", path_str(&missing)], &[path_str(&missing)]);
+    merge(
+        &["--shards", "3"],
+        &["--shards and --devices describe a sweep"],
+    );
+}
+
 #[test]
 fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
     let run = run_args;

@@ -464,7 +464,17 @@ fn compare_fails_rows_whose_gradients_went_wrong() {
             .unwrap()
     };
     type Edit = fn(&mut Row);
-    let cases: [(&str, Edit, &str); 3] = [
+    let cases: [(&str, Edit, &str); 4] = [
+        (
+            // a tf32 row past the TF32 sanity bound: failed, though within its tolerance
+            "failed within tolerance",
+            |r| {
+                r.grad_ok = Some(false);
+                r.max_rel_err = Some(1e-6);
+                r.tolerance = Some(0.2);
+            },
+            "ok → gradient check failed (max_rel_err 1.0e-6 is within 2.0e-1: see the row's note)",
+        ),
         (
             "out of tolerance",
             |r| {
@@ -557,6 +567,41 @@ fn compare_fails_rows_whose_gradients_went_wrong() {
         .find(|l| l.contains(",cat-store-copy,median_ns,"))
         .unwrap_or_else(|| panic!("{csv_out}"));
     assert!(line.ends_with(",missing"), "{line}");
+    // A threshold cannot pass what it could not judge: a time of 0, or a peak left empty, in
+    // an ok row of NEW fails the gate (it passed, shown as n/a); without one it is listed only.
+    let mut empty = base.clone();
+    let j = pick(&mut empty, "buffer-store-copy");
+    empty[j].peak_bytes = None;
+    let empty_csv = dir.path().join("empty.csv");
+    write_csv(&empty_csv, &empty);
+    for (new_csv, metric) in [(&zero_csv, "median_ns"), (&empty_csv, "peak_bytes")] {
+        let args = |gate: bool| {
+            let mut a = vec![
+                "compare".to_string(),
+                base_csv.to_str().unwrap().to_string(),
+                new_csv.to_str().unwrap().to_string(),
+                "--metric".to_string(),
+                metric.to_string(),
+            ];
+            if gate {
+                a.extend(["--max-regression".to_string(), "10".to_string()]);
+            }
+            a
+        };
+        let run = |a: Vec<String>| {
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            densebench(&a, dir.path())
+        };
+        let o = run(args(true));
+        let log = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{metric}:\n{log}");
+        assert!(
+            log.contains("1 metric(s) measured in BASE and empty (or 0 ns) in NEW: not judged"),
+            "{metric}:\n{log}"
+        );
+        let o = run(args(false));
+        assert_eq!(o.status.code(), Some(0), "{metric}:\n{}", text(&o));
+    }
 }
 
 /// `report` on a file with no `ok` row writes nothing and says why, like `plots`.
@@ -597,6 +642,38 @@ fn report_refuses_a_file_without_ok_rows() {
         log.contains(&format!("({n} rows in all: error: {n})")),
         "{log}"
     );
+}
+
+/// A median of 0 ns (an edited cell: no step takes no time) is no measurement in the report:
+/// shown as "–", never a 0.00× ratio, a −100% overhead or the fastest variant.
+#[test]
+fn report_takes_a_zero_time_for_no_measurement() {
+    let mut rows = synthetic(&[4, 8]);
+    for r in rows.iter_mut().filter(|r| r.variant == "buffer-store-copy") {
+        r.median_ns = Some(0);
+    }
+    let (dir, csv) = setup(&rows);
+    let out = dir.path().join("REPORT.md");
+    let o = densebench(
+        &[
+            "report",
+            csv.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
+        dir.path(),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let md = std::fs::read_to_string(&out).unwrap();
+    assert!(md.contains("`buffer-store-copy`"), "{md}");
+    for wrong in [
+        "(0.00×)",
+        "−100%",
+        "-100%",
+        "fastest linear-memory: `buffer-store-copy`",
+    ] {
+        assert!(!md.contains(wrong), "{wrong}:\n{md}");
+    }
 }
 
 /// A reference with PyTorch peer rows against a run without `--peer`: the peer rows are listed

@@ -3,6 +3,9 @@
 
 use std::process::Command;
 
+mod common;
+use common::{densebench, path_str, stderr};
+
 #[derive(Debug, serde::Deserialize)]
 struct Answer {
     variant: String,
@@ -104,4 +107,113 @@ fn no_confirm_runs_nothing_and_leaves_out_what_has_no_model() {
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("drop --no-confirm"), "{stderr}");
+}
+
+/// A row of the CSV as the bound test reads it.
+#[derive(Debug, serde::Deserialize)]
+struct Bounded {
+    variant: String,
+    max_depth: usize,
+    depth_ratio_to_naive: Option<f64>,
+    note: String,
+}
+
+/// `max-depth --no-confirm` on the small mlp block within 6 MiB (naive fits L = 47,
+/// `buffer-store-copy` 129 by the model) with `--max-depth BOUND`: the table and the CSV.
+fn bounded(dir: &std::path::Path, bound: &str, variants: &str) -> (String, Vec<Bounded>) {
+    let out = dir.join(format!("bound-{bound}.csv"));
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "mlp",
+        "--batch",
+        "128",
+        "--channels",
+        "16",
+        "--growth",
+        "8",
+        "--budget",
+        "6MiB",
+        "--no-confirm",
+        "--max-depth",
+        bound,
+        "--variants",
+        variants,
+        "--out",
+        path_str(&out),
+    ]);
+    let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{stdout}{}", stderr(&o));
+    let mut rdr = csv::Reader::from_path(&out).unwrap();
+    let rows = rdr.deserialize().map(|r| r.unwrap()).collect();
+    (stdout, rows)
+}
+
+/// The table line of `variant`.
+fn line<'a>(table: &'a str, variant: &str) -> &'a str {
+    table
+        .lines()
+        .find(|l| l.starts_with(&format!("{variant} ")))
+        .unwrap_or_else(|| panic!("no line for {variant} in:\n{table}"))
+}
+
+/// A depth equal to `--max-depth` is where the search stopped, not where the block stops
+/// fitting: the table shows `≥N` and its ratio as a bound, the CSV leaves the ratio empty and
+/// says why in `note` (it used to print `1024 1.76` and write the ratio as if exact).
+#[test]
+fn a_depth_at_the_search_bound_is_a_lower_bound_in_table_and_csv() {
+    let dir = tempfile::tempdir().unwrap();
+    let pick = "cat-store-copy,buffer-store-copy";
+    // Bound 1024: nothing reaches it; exact depths and ratio, empty notes.
+    let (table, rows) = bounded(dir.path(), "1024", pick);
+    assert!(!table.contains('≥'), "{table}");
+    let buffer = rows.iter().find(|r| r.variant == "buffer-store-copy");
+    let buffer = buffer.unwrap();
+    assert_eq!(buffer.max_depth, 129, "{rows:?}");
+    assert!(buffer.depth_ratio_to_naive.is_some() && buffer.note.is_empty());
+
+    // Bound 100: buffer-store-copy stops at it, naive (47) does not.
+    let (table, rows) = bounded(dir.path(), "100", pick);
+    assert!(
+        line(&table, "buffer-store-copy").contains("≥100")
+            && line(&table, "buffer-store-copy").contains("≥2.13"),
+        "{table}"
+    );
+    assert!(
+        line(&table, "cat-store-copy").contains(" 47 ")
+            && !line(&table, "cat-store-copy").contains('≥'),
+        "{table}"
+    );
+    assert!(table.contains("raise --max-depth"), "{table}");
+    let (naive, buffer) = (&rows[0], &rows[1]);
+    assert_eq!(
+        (naive.variant.as_str(), naive.max_depth),
+        ("cat-store-copy", 47)
+    );
+    assert_eq!(naive.depth_ratio_to_naive, Some(1.0));
+    assert!(naive.note.is_empty(), "{naive:?}");
+    assert_eq!(buffer.max_depth, 100);
+    assert_eq!(
+        buffer.depth_ratio_to_naive, None,
+        "a lower bound written as exact"
+    );
+    assert!(
+        buffer
+            .note
+            .contains("search bound reached: fits at least up to L=100; raise --max-depth")
+            && buffer.note.contains("at least 2.13"),
+        "{buffer:?}"
+    );
+
+    // Bound 5: both stop at it; naive against itself is still 1, the other ratio unknown.
+    let (table, rows) = bounded(dir.path(), "5", pick);
+    assert!(line(&table, "cat-store-copy").contains("≥5"), "{table}");
+    assert!(line(&table, "buffer-store-copy").contains(" ? "), "{table}");
+    assert_eq!(rows[1].depth_ratio_to_naive, None);
+    assert!(
+        rows.iter()
+            .all(|r| r.max_depth == 5 && r.note.contains("search bound reached")),
+        "{rows:?}"
+    );
+    assert!(rows[1].note.contains("both reached"), "{rows:?}");
 }

@@ -5,6 +5,7 @@
 
 use crate::plan::bounds::ResultExt;
 use crate::plan::job::ConfigArgs;
+use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
 use crate::results::store::write_atomic;
 use anyhow::{anyhow, Result};
 use candle_core::Device;
@@ -17,14 +18,23 @@ use std::process::ExitCode;
 pub struct Args {
     #[command(flatten)]
     pub config: ConfigArgs,
-    /// The case file to write (safetensors); replaced atomically if it exists.
+    /// The case file to write (safetensors). An existing file is replaced (atomically) only
+    /// when it is safetensors (or empty), unless --force.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace --out even when it is not safetensors (e.g. a result CSV).
+    #[arg(long)]
+    pub force: bool,
 }
 
 /// `densebench case`.
 pub fn run(a: Args) -> Result<ExitCode> {
     let cfg = a.config.to_config().bad_input()?;
+    let kind = Kind {
+        name: "a case file (safetensors)",
+        recognise: is_safetensors,
+    };
+    refuse_foreign(&a.out, "--out", &kind, a.force)?;
     let case = Case::random(&cfg, &Device::Cpu)
         .map_err(|e| anyhow!("building the case of {}: {e}", cfg.describe()))?;
     write_atomic(&a.out, |tmp| {

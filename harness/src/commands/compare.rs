@@ -7,10 +7,12 @@
 //! than BASE by more than PCT%, a row ok in BASE that is not in NEW (another status, gradients
 //! out of tolerance or unchecked: with or without a threshold), or rows of BASE missing from NEW
 //! (unless `--allow-missing`); 2 a file could not be read, is not a result CSV of this schema,
-//! or has a row whose key disagrees with its fields.
+//! or has a row whose key disagrees with its fields, no row of NEW matches one of BASE (nothing
+//! to compare: refused, `--allow-missing` or not), or a bad flag value (`--max-regression` not a
+//! finite percentage ≥ 0: clap's usage error).
 
 use crate::outputs::compare::{
-    compare_rows, render_human, summary, write_csv, Metric, EXIT_REGRESSION,
+    compare_rows, nothing_matched, render_human, summary, write_csv, Gate, Metric, EXIT_REGRESSION,
 };
 use crate::results::row::{read_rows, Row};
 use anyhow::{Context, Result};
@@ -29,7 +31,9 @@ pub const EXIT_BAD_INPUT: u8 = 2;
                   that failed in NEW (another status, or gradients out of tolerance or \
                   unchecked: judged with or without --max-regression), or rows of BASE \
                   missing from NEW without --allow-missing; 2 an input could not be read, has \
-                  another schema, or has a row whose key disagrees with its fields."
+                  another schema, or has a row whose key disagrees with its fields, no row of \
+                  NEW matches a row of BASE (nothing compared, --allow-missing or not), or a \
+                  flag value is bad (--max-regression not a finite percentage ≥ 0)."
 )]
 pub struct Args {
     /// The baseline result CSV.
@@ -37,9 +41,14 @@ pub struct Args {
     /// The result CSV compared against the baseline (ratios are NEW/BASE).
     pub new: PathBuf,
     /// Flag a metric as a regression when NEW is worse than BASE by more than PCT percent
-    /// (e.g. 10), and exit with status 1 if any is. Without it no metric fails (a row that
-    /// stopped working, or a missing one, still does).
-    #[arg(long, value_name = "PCT")]
+    /// (a finite number ≥ 0, e.g. 10; 0 flags any worsening), and exit with status 1 if any is.
+    /// Without it no metric fails (a row that stopped working, or a missing one, still does).
+    #[arg(
+        long,
+        value_name = "PCT",
+        value_parser = percentage,
+        allow_negative_numbers = true
+    )]
     pub max_regression: Option<f64>,
     /// A metric to compare; repeat for several. Default: peak_bytes and median_ns.
     #[arg(long = "metric", value_enum, value_name = "METRIC")]
@@ -61,6 +70,20 @@ pub enum Format {
     Csv,
 }
 
+/// `--max-regression PCT`: a finite percentage ≥ 0. Anything else is clap's usage error (exit
+/// 2), saying what a valid value is; a negative one reaches here too, not "unexpected argument".
+fn percentage(s: &str) -> std::result::Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        // `abs` turns -0 into 0, printed as "0%"
+        Ok(p) if p.is_finite() && p >= 0.0 => Ok(p.abs()),
+        _ => Err(PERCENTAGE.to_string()),
+    }
+}
+
+/// What a valid `--max-regression` is, as clap's usage error says it.
+const PERCENTAGE: &str = "expected a percentage: a finite number ≥ 0 such as 10 (NEW may be \
+                          10% worse than BASE; 0 flags any worsening)";
+
 fn read(path: &Path, side: &str) -> Result<Vec<Row>> {
     read_rows(path).with_context(|| format!("reading {side} {}", path.display()))
 }
@@ -76,11 +99,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
             return Ok(ExitCode::from(EXIT_BAD_INPUT));
         }
     };
-    if let Some(p) = a.max_regression {
-        if !(p.is_finite() && p >= 0.0) {
-            anyhow::bail!("--max-regression {p}: expected a percentage ≥ 0, e.g. 10");
-        }
-    }
     let metrics = if a.metrics.is_empty() {
         vec![Metric::PeakBytes, Metric::MedianNs]
     } else {
@@ -89,20 +107,29 @@ pub fn run(a: Args) -> Result<ExitCode> {
         m
     };
     let c = compare_rows(&base, &new, &metrics, a.max_regression);
+    // Nothing paired: no verdict to give, pass or fail; the inputs are what to fix.
+    if let Some(why) = nothing_matched(&c, &a.base, &a.new) {
+        crate::say!("densebench compare: error: {why}");
+        return Ok(ExitCode::from(EXIT_BAD_INPUT));
+    }
+    let gate = Gate {
+        max_regression: a.max_regression,
+        allow_missing: a.allow_missing,
+    };
     match a.format {
         Format::Csv => {
             for w in &c.warnings {
                 crate::say!("warning: {w}");
             }
             write_csv(&c, std::io::stdout().lock()).context("writing CSV to stdout")?;
-            crate::say!("{}", summary(&c, a.max_regression));
+            crate::say!("{}", summary(&c, gate));
         }
         Format::Text | Format::Markdown => {
             let text = render_human(
                 &c,
                 &a.base,
                 &a.new,
-                a.max_regression,
+                gate,
                 &metrics,
                 a.format == Format::Markdown,
             );
@@ -112,17 +139,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 .context("writing the comparison to stdout")?;
         }
     }
-    let missing = !c.only_base.is_empty() && !a.allow_missing;
-    if missing {
-        crate::say!(
-            "densebench compare: FAIL: {} row(s) of BASE are missing from NEW (listed above); \
-             pass --allow-missing to accept that",
-            c.only_base.len()
-        );
-    }
-    let failed =
-        missing || !c.broke.is_empty() || (a.max_regression.is_some() && c.regressions() > 0);
-    Ok(if failed {
+    // The verdict printed above (`summary`) and the exit status come from the same failures.
+    Ok(if !c.failures(gate).is_empty() {
         ExitCode::from(EXIT_REGRESSION)
     } else {
         ExitCode::SUCCESS

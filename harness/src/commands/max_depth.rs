@@ -2,12 +2,13 @@
 //! budget — answered per variant ([`crate::measure::capacity`]: the analytic model, confirmed by
 //! measured runs at the answer and one layer deeper), printed as a table and optionally a CSV.
 
-use crate::measure::capacity::{self, Searcher};
+use crate::measure::capacity::{self, Answer, Searcher};
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates::overhead_margin;
 use crate::measure::interrupt;
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
+use crate::results::replace::{csv_header, refuse_foreign, Kind};
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
@@ -51,15 +52,20 @@ pub struct Args {
     /// f32 or f64.
     #[arg(long, default_value = "f32")]
     pub dtype: String,
-    /// Deepest block considered.
+    /// Deepest block considered. A variant that fits this deep is shown as `≥N` (the search
+    /// stopped there: a lower bound, said in the CSV's note); raise it to look deeper.
     #[arg(long, default_value_t = 1024)]
     pub max_depth: usize,
     /// Answer from the model only, without measured confirmation runs.
     #[arg(long)]
     pub no_confirm: bool,
-    /// Also write the table as CSV to this file.
+    /// Also write the table as CSV to this file. An existing file is replaced only when it is an
+    /// earlier max-depth CSV (or empty), unless --force.
     #[arg(long)]
     pub out: Option<PathBuf>,
+    /// Replace --out even when it is not a max-depth CSV (e.g. a result CSV).
+    #[arg(long, requires = "out")]
+    pub force: bool,
     /// Compute threads of each measured run (0: all physical cores; at most 1024).
     #[arg(long, default_value_t = 0, value_parser = bounds::flags::threads)]
     pub threads: usize,
@@ -105,6 +111,36 @@ fn block(a: &Args) -> Result<Config> {
     Ok(cfg)
 }
 
+/// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer::columns`].
+fn is_max_depth_csv(start: &[u8], _len: u64) -> bool {
+    csv_header(start).is_some_and(|h| h == Answer::columns())
+}
+
+/// A variant's depth over naive's, and how far it can be trusted: the search stops at
+/// `--max-depth`, so a depth that reached it is only a lower bound.
+enum Ratio {
+    /// Neither depth reached the bound (or the variant is naive itself).
+    Exact(f64),
+    /// The variant reached the bound, naive did not.
+    AtLeast(f64),
+    /// Naive reached the bound, the variant did not.
+    AtMost(f64),
+    /// Both reached the bound: nothing is known.
+    Unknown,
+}
+
+fn ratio(x: &Answer, naive: Option<&Answer>) -> Option<Ratio> {
+    let n = naive.filter(|n| n.max_depth > 0)?;
+    let r = x.max_depth as f64 / n.max_depth as f64;
+    Some(match (x.bound_reached, n.bound_reached) {
+        _ if x.variant == n.variant => Ratio::Exact(r),
+        (false, false) => Ratio::Exact(r),
+        (true, false) => Ratio::AtLeast(r),
+        (false, true) => Ratio::AtMost(r),
+        (true, true) => Ratio::Unknown,
+    })
+}
+
 fn mib(b: Option<u64>) -> String {
     b.map_or_else(
         || "-".to_string(),
@@ -136,6 +172,13 @@ fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (cfg, variants) = validate(&a).bad_input()?;
+    if let Some(out) = &a.out {
+        let kind = Kind {
+            name: "a max-depth CSV",
+            recognise: is_max_depth_csv,
+        };
+        refuse_foreign(out, "--out", &kind, a.force)?;
+    }
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
     if !a.no_confirm {
         device.check_available().bad_input()?;
@@ -178,12 +221,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let naive = answers
         .iter()
         .find(|x| x.variant == Variant::NAIVE.name())
-        .map(|x| x.max_depth);
-    for x in &mut answers {
-        x.depth_ratio_to_naive = naive
-            .filter(|&n| n > 0)
-            .map(|n| x.max_depth as f64 / n as f64);
-    }
+        .cloned();
+    let ratios: Vec<Option<Ratio>> = answers.iter().map(|x| ratio(x, naive.as_ref())).collect();
     let mut out = std::io::stdout().lock();
     writeln!(
         out,
@@ -209,14 +248,23 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "{:<26} {:>9} {:>8} {:>14} {:>14} {:>14}  method",
         "variant", "max depth", "×naive", "predicted MiB", "measured MiB", "L+1 MiB"
     )?;
-    for x in &answers {
+    for (x, r) in answers.iter().zip(&ratios) {
         writeln!(
             out,
             "{:<26} {:>9} {:>8} {:>14} {:>14} {:>14}  {}{}",
             x.variant,
-            x.max_depth,
-            x.depth_ratio_to_naive
-                .map_or("-".to_string(), |r| format!("{r:.2}")),
+            if x.bound_reached {
+                format!("≥{}", x.max_depth)
+            } else {
+                x.max_depth.to_string()
+            },
+            match r {
+                None => "-".to_string(),
+                Some(Ratio::Exact(r)) => format!("{r:.2}"),
+                Some(Ratio::AtLeast(r)) => format!("≥{r:.2}"),
+                Some(Ratio::AtMost(r)) => format!("≤{r:.2}"),
+                Some(Ratio::Unknown) => "?".to_string(),
+            },
             mib(x.predicted_total_bytes),
             mib(x.measured_total_bytes),
             if x.measured_next_total_bytes.is_none() && x.method != "model" {
@@ -231,6 +279,48 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 format!(" ({})", x.note)
             }
         )?;
+    }
+    if answers.iter().any(|x| x.bound_reached) {
+        writeln!(
+            out,
+            "≥{}: the search stops at --max-depth {}: these variants fit at least that deep, how \
+             much deeper is not known (×naive: ≥ at least, ≤ at most, ? unknown); raise \
+             --max-depth to find out",
+            a.max_depth, a.max_depth
+        )?;
+    }
+    // The CSV's ratio is exact or empty; the note says which bound was reached and why.
+    for (x, r) in answers.iter_mut().zip(&ratios) {
+        let mut notes: Vec<String> = Vec::new();
+        if !x.note.is_empty() {
+            notes.push(std::mem::take(&mut x.note));
+        }
+        if x.bound_reached {
+            notes.push(format!(
+                "search bound reached: fits at least up to L={}; raise --max-depth",
+                x.max_depth
+            ));
+        }
+        x.depth_ratio_to_naive = match r {
+            Some(Ratio::Exact(r)) => Some(*r),
+            _ => None,
+        };
+        match r {
+            Some(Ratio::AtLeast(r)) => notes.push(format!(
+                "depth_ratio_to_naive left empty: at least {r:.2} (naive's depth is exact, this \
+                 one a lower bound)"
+            )),
+            Some(Ratio::AtMost(r)) => notes.push(format!(
+                "depth_ratio_to_naive left empty: at most {r:.2} (naive reached the search bound)"
+            )),
+            Some(Ratio::Unknown) => notes.push(
+                "depth_ratio_to_naive left empty: this variant and naive both reached the search \
+                 bound"
+                    .to_string(),
+            ),
+            None | Some(Ratio::Exact(_)) => {}
+        }
+        x.note = notes.join("; ");
     }
     if answers.iter().all(|x| x.max_depth == 0) {
         crate::say!(

@@ -1,8 +1,9 @@
 //! `densebench report RESULTS.csv`: writes the markdown report of one result CSV
 //! ([`crate::outputs::report::render`]).
 
-use crate::outputs::report::render;
+use crate::outputs::report::{is_report, render};
 use crate::plan::bounds::bad_input;
+use crate::results::replace::{refuse_foreign, Kind};
 use crate::results::row::read_rows;
 use crate::results::store::{refuse_input_as_output, write_bytes_atomic};
 use anyhow::{anyhow, Context, Result};
@@ -13,9 +14,13 @@ use std::process::ExitCode;
 pub struct Args {
     /// Result CSV written by `bench-all` or `run`.
     pub csv: PathBuf,
-    /// Markdown file to write (its folder is created if missing).
+    /// Markdown file to write (its folder is created if missing). An existing file is replaced
+    /// only when it is an earlier report (or empty), unless --force.
     #[arg(long, default_value = "results/REPORT.md")]
     pub out: PathBuf,
+    /// Replace --out even when it is not an earlier report (e.g. a result CSV).
+    #[arg(long)]
+    pub force: bool,
     /// Folder holding the figures written by `densebench plots` (linked relative to the report).
     #[arg(long, default_value = "plots")]
     pub plots: PathBuf,
@@ -33,6 +38,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             a.out.join("REPORT.md").display()
         )));
     }
+    let report = Kind {
+        name: "a densebench report (Markdown)",
+        recognise: is_report,
+    };
+    refuse_foreign(&a.out, "--out", &report, a.force)?;
     if a.plots.exists() && !a.plots.is_dir() {
         return Err(bad_input(anyhow!(
             "--plots {} is a file, not the folder `densebench plots` wrote the figures to",

@@ -16,8 +16,8 @@ use anyhow::{anyhow, bail, Result};
 use impls::{Config, Variant};
 use serde::Serialize;
 
-/// One variant's answer.
-#[derive(Debug, Clone, Serialize)]
+/// One variant's answer: a row of `max-depth --out`'s CSV.
+#[derive(Debug, Clone, Default, Serialize)]
 pub struct Answer {
     pub variant: String,
     pub family: String,
@@ -34,8 +34,29 @@ pub struct Answer {
     pub depth_ratio_to_naive: Option<f64>,
     /// `model`, `model+measured`, or `measured` (autograd).
     pub method: String,
-    /// Where the model and the measurement disagreed, what was done.
+    /// Where the model and the measurement disagreed, what was done; that the search reached
+    /// its bound (`max-depth` adds it).
     pub note: String,
+    /// `max_depth` is the search's bound (`--max-depth`): the block fits at least that deep, how
+    /// much deeper is unknown. Not a column: `max-depth` says it in `note`.
+    #[serde(skip)]
+    pub bound_reached: bool,
+}
+
+impl Answer {
+    /// The CSV columns, in order (the header of `max-depth --out`).
+    pub fn columns() -> Vec<String> {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        if w.serialize(Answer::default()).is_err() {
+            return Vec::new();
+        }
+        let bytes = w.into_inner().unwrap_or_default();
+        String::from_utf8_lossy(&bytes)
+            .lines()
+            .next()
+            .map(|h| h.split(',').map(str::to_string).collect())
+            .unwrap_or_default()
+    }
 }
 
 /// Model footprint at `depth` on the device and thread count of `s` (a GPU's tap-stack path has
@@ -150,6 +171,7 @@ impl<'a> Searcher<'a> {
             depth_ratio_to_naive: None,
             method: String::new(),
             note: String::new(),
+            bound_reached: false,
         };
         if model_total(v, cfg, 1, s).is_some() {
             let mut depth = Self::bisect(max, |l| {
@@ -218,6 +240,8 @@ impl<'a> Searcher<'a> {
                 }
             }
         }
+        // The search looks no deeper than `max`: an answer there is a lower bound.
+        ans.bound_reached = ans.max_depth == max;
         Ok(ans)
     }
 }

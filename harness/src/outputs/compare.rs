@@ -191,21 +191,66 @@ impl Line {
     }
 }
 
+/// A row listed rather than compared metric by metric: present on one side only, or matched
+/// with a health that changed between BASE and NEW.
+#[derive(Debug, Clone)]
+pub struct Listed {
+    pub key: MatchKey,
+    /// The config label, as [`Line::config`].
+    pub config: String,
+    /// For a matched row whose health changed: what BASE and NEW were (`ok`, or their status or
+    /// gradient failure); `None` for a row on one side only.
+    pub change: Option<(String, String)>,
+}
+
+impl Listed {
+    fn new(k: &MatchKey, r: &Row) -> Self {
+        Self {
+            key: k.clone(),
+            config: k.label(r),
+            change: None,
+        }
+    }
+}
+
+/// `config L=depth variant`, then `: BASE → NEW` for a changed row.
+impl std::fmt::Display for Listed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} L={} {}",
+            self.config, self.key.depth, self.key.variant
+        )?;
+        if let Some((b, n)) = &self.change {
+            write!(f, ": {b} → {n}")?;
+        }
+        Ok(())
+    }
+}
+
+/// What fails a comparison besides a broken row: the `--max-regression` threshold (none: no
+/// metric fails) and whether rows of BASE may be missing from NEW (`--allow-missing`).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Gate {
+    pub max_regression: Option<f64>,
+    pub allow_missing: bool,
+}
+
 /// Everything `compare` found.
 #[derive(Debug, Clone, Default)]
 pub struct Comparison {
     pub lines: Vec<Line>,
-    /// Rows (config label, variant, depth) only in BASE, then only in NEW.
-    pub only_base: Vec<String>,
+    /// Rows only in BASE, then only in NEW.
+    pub only_base: Vec<Listed>,
     /// PyTorch peer rows of BASE when NEW has none at all (a run without `--peer`): listed, not
     /// counted as missing — a different run mode, not configurations NEW silently dropped.
-    pub peers_not_run: Vec<String>,
-    pub only_new: Vec<String>,
+    pub peers_not_run: Vec<Listed>,
+    pub only_new: Vec<Listed>,
     /// Rows ok in BASE (status `ok`, gradients within tolerance) that are not in NEW: another
     /// status, or gradients out of tolerance or unchecked. They fail the comparison.
-    pub broke: Vec<String>,
+    pub broke: Vec<Listed>,
     /// Rows not ok in BASE (as for `broke`) that are ok in NEW.
-    pub fixed: Vec<String>,
+    pub fixed: Vec<Listed>,
     pub warnings: Vec<String>,
     pub matched: usize,
 }
@@ -216,6 +261,55 @@ impl Comparison {
             .iter()
             .filter(|l| l.verdict == Verdict::Regression)
             .count()
+    }
+
+    /// Metrics a threshold cannot judge because NEW lost them: BASE has a measurement (for a
+    /// time, above zero), NEW none (an empty cell, or a time of 0) in a row whose health did
+    /// not change (a row that broke is counted as broken).
+    pub fn lost(&self) -> usize {
+        let measured = |l: &Line, v: Option<f64>| {
+            v.is_some_and(|v| !(l.metric.zero_is_unmeasured() && v <= 0.0))
+        };
+        self.lines
+            .iter()
+            .filter(|l| l.verdict == Verdict::Missing && measured(l, l.base) && !measured(l, l.new))
+            .filter(|l| !self.broke.iter().any(|b| b.key == l.key))
+            .count()
+    }
+
+    /// Why the comparison fails under `gate`, one reason each; empty when it passes. (A
+    /// comparison that matched no row is refused before it is judged: [`nothing_matched`].)
+    pub fn failures(&self, gate: Gate) -> Vec<String> {
+        let mut why = Vec::new();
+        if let Some(p) = gate.max_regression {
+            if self.regressions() > 0 {
+                why.push(format!(
+                    "{} metric regression(s) beyond {p}%",
+                    self.regressions()
+                ));
+            }
+            if self.lost() > 0 {
+                why.push(format!(
+                    "{} metric(s) measured in BASE and empty (or 0 ns) in NEW: not judged \
+                     against {p}% (listed as n/a)",
+                    self.lost()
+                ));
+            }
+        }
+        if !self.broke.is_empty() {
+            why.push(format!(
+                "{} row(s) that stopped working (ok in BASE, failed in NEW)",
+                self.broke.len()
+            ));
+        }
+        if !self.only_base.is_empty() && !gate.allow_missing {
+            why.push(format!(
+                "{} row(s) of BASE are missing from NEW, listed as only in BASE (pass \
+                 --allow-missing to accept that)",
+                self.only_base.len()
+            ));
+        }
+        why
     }
 }
 
@@ -229,6 +323,12 @@ fn health(r: &Row) -> Option<String> {
     match r.grad_ok {
         Some(true) if !r.has_non_finite_error() => None,
         Some(_) => Some(match (r.max_rel_err, r.tolerance) {
+            // Failed within its tolerance: a tf32 row past the TF32 sanity bound (its note says
+            // so), or an edited cell; never "6.6e-7 > 2.0e-2".
+            (Some(e), Some(t)) if e <= t => format!(
+                "gradient check failed (max_rel_err {e:.1e} is within {t:.1e}: see the row's \
+                 note)"
+            ),
             (Some(e), Some(t)) => {
                 format!("gradients out of tolerance (max_rel_err {e:.1e} > {t:.1e})")
             }
@@ -237,10 +337,6 @@ fn health(r: &Row) -> Option<String> {
         }),
         None => Some("gradients not checked".to_string()),
     }
-}
-
-fn describe(k: &MatchKey, r: &Row) -> String {
-    format!("{} L={} {}", k.label(r), r.depth, r.variant)
 }
 
 /// Keyed rows of one file; duplicates (same key twice) keep the last and are counted.
@@ -331,16 +427,20 @@ pub fn compare_rows(
     for (k, b) in &bi {
         let Some(n) = ni.get(k) else {
             if b.is_peer() && !new_has_peers {
-                c.peers_not_run.push(describe(k, b));
+                c.peers_not_run.push(Listed::new(k, b));
             } else {
-                c.only_base.push(describe(k, b));
+                c.only_base.push(Listed::new(k, b));
             }
             continue;
         };
         c.matched += 1;
+        let changed = |base: String, new: String| Listed {
+            change: Some((base, new)),
+            ..Listed::new(k, b)
+        };
         match (health(b), health(n)) {
-            (None, Some(why)) => c.broke.push(format!("{}: ok → {why}", describe(k, b))),
-            (Some(why), None) => c.fixed.push(format!("{}: {why} → ok", describe(k, b))),
+            (None, Some(why)) => c.broke.push(changed("ok".to_string(), why)),
+            (Some(why), None) => c.fixed.push(changed(why, "ok".to_string())),
             _ => {}
         }
         for &m in metrics {
@@ -393,7 +493,7 @@ pub fn compare_rows(
     }
     for (k, n) in &ni {
         if !bi.contains_key(k) {
-            c.only_new.push(describe(k, n));
+            c.only_new.push(Listed::new(k, n));
         }
     }
     // Lines by metric (in the order asked for), then config, depth and the stable variant order.
@@ -501,7 +601,7 @@ pub fn render_human(
     c: &Comparison,
     base: &Path,
     new: &Path,
-    max_regression: Option<f64>,
+    gate: Gate,
     metrics: &[Metric],
     md: bool,
 ) -> String {
@@ -547,7 +647,7 @@ pub fn render_human(
         } else {
             "lower is better"
         };
-        let thr = match max_regression {
+        let thr = match gate.max_regression {
             Some(p) => format!(
                 "; regression when NEW/BASE {} {:.3}",
                 if m.higher_is_better() { "<" } else { ">" },
@@ -604,7 +704,7 @@ pub fn render_human(
             ));
         }
     }
-    let list = |title: &str, items: &[String], out: &mut String| {
+    let list = |title: &str, items: &[Listed], out: &mut String| {
         if items.is_empty() {
             return;
         }
@@ -623,33 +723,76 @@ pub fn render_human(
     list("ok in BASE, failed in NEW", &c.broke, &mut out);
     list("failed in BASE, ok in NEW", &c.fixed, &mut out);
     out.push('\n');
-    out.push_str(&summary(c, max_regression));
+    out.push_str(&summary(c, gate));
     out.push('\n');
     out
 }
 
-/// The verdict line: FAIL with counts, ok, or nothing judged.
-pub fn summary(c: &Comparison, thr: Option<f64>) -> String {
-    match thr {
-        Some(p) => {
-            let n = c.regressions() + c.broke.len();
-            if n > 0 {
-                format!(
-                    "FAIL: {} metric regression(s) beyond {p}% and {} row(s) that stopped working (exit {EXIT_REGRESSION})",
-                    c.regressions(),
-                    c.broke.len()
-                )
-            } else {
-                format!("ok: no regression beyond {p}%")
-            }
-        }
-        None if !c.broke.is_empty() => format!(
-            "FAIL: {} row(s) that stopped working (exit {EXIT_REGRESSION}); no --max-regression \
-             given: metrics not judged",
-            c.broke.len()
-        ),
-        None => "no --max-regression given: nothing judged".to_string(),
+/// The verdict line: `FAIL:` with every reason (and nothing that reads as a pass) when the
+/// comparison fails, else `ok:` with what was judged and what was accepted.
+pub fn summary(c: &Comparison, gate: Gate) -> String {
+    let unjudged = "no --max-regression given: metrics not judged";
+    let failures = c.failures(gate);
+    if !failures.is_empty() {
+        let note = match gate.max_regression {
+            Some(_) => String::new(),
+            None => format!("; {unjudged}"),
+        };
+        return format!(
+            "FAIL: {}{note} (exit {EXIT_REGRESSION})",
+            failures.join("; ")
+        );
     }
+    let mut ok = match gate.max_regression {
+        Some(p) => format!("ok: no regression beyond {p}% and no row that stopped working"),
+        None => format!("ok: no row that stopped working; {unjudged}"),
+    };
+    if !c.only_base.is_empty() {
+        ok.push_str(&format!(
+            "; {} row(s) of BASE missing from NEW accepted (--allow-missing)",
+            c.only_base.len()
+        ));
+    }
+    ok
+}
+
+/// Why a comparison that paired no row of NEW with one of BASE is no comparison, naming what
+/// each side holds; `None` when a row matched. Such a run judges nothing and must not pass,
+/// whatever the flags: the caller refuses it as unusable input.
+pub fn nothing_matched(c: &Comparison, base: &Path, new: &Path) -> Option<String> {
+    if c.matched > 0 {
+        return None;
+    }
+    // Each side's rows (for BASE, peer rows NEW did not run included), by config and depth.
+    let holds = |side: &str, path: &Path, items: &[&Listed]| {
+        if items.is_empty() {
+            return format!("{side} {} has no rows (a header only)", path.display());
+        }
+        let configs: BTreeSet<String> = items
+            .iter()
+            .map(|l| format!("{} L={}", l.config, l.key.depth))
+            .collect();
+        let shown: Vec<&str> = configs.iter().take(3).map(String::as_str).collect();
+        let more = match configs.len().saturating_sub(shown.len()) {
+            0 => String::new(),
+            n => format!(" and {n} more"),
+        };
+        format!(
+            "{side} {} has {} row(s) of {}{more}",
+            path.display(),
+            items.len(),
+            shown.join(", ")
+        )
+    };
+    let base_rows: Vec<&Listed> = c.only_base.iter().chain(&c.peers_not_run).collect();
+    let new_rows: Vec<&Listed> = c.only_new.iter().collect();
+    Some(format!(
+        "no row of NEW matches a row of BASE: {}; {}. Rows pair by variant and every config \
+         field (family, N, C0, k, bn, size, activation, dtype, seed, depth): compare two result \
+         CSVs of the same sweep (the same configurations and variants)",
+        holds("BASE", base, &base_rows),
+        holds("NEW", new, &new_rows)
+    ))
 }
 
 /// CSV: one line per (row, metric) in raw units, then the one-sided rows.
@@ -678,18 +821,31 @@ pub fn write_csv(c: &Comparison, out: impl Write) -> Result<()> {
             .to_string(),
         ])?;
     }
+    // Listed rows fill the same identifying columns; a changed row says what its status was
+    // on each side in `base` and `new`, under the metric `status`.
     for (items, verdict) in [
         (&c.only_base, "only-base"),
         (&c.only_new, "only-new"),
         (&c.peers_not_run, "peer-not-run"),
+        (&c.broke, "broke"),
+        (&c.fixed, "fixed"),
     ] {
-        for i in items {
-            w.write_record(["", i.as_str(), "", "", "", "", "", "", verdict])?;
-        }
-    }
-    for (items, verdict) in [(&c.broke, "broke"), (&c.fixed, "fixed")] {
-        for i in items {
-            w.write_record(["", i.as_str(), "", "", "status", "", "", "", verdict])?;
+        for l in items {
+            let (metric, base, new) = match &l.change {
+                Some((b, n)) => ("status", b.clone(), n.clone()),
+                None => ("", String::new(), String::new()),
+            };
+            w.write_record([
+                l.key.family.clone(),
+                l.config.clone(),
+                l.key.depth.to_string(),
+                l.key.variant.clone(),
+                metric.to_string(),
+                base,
+                new,
+                String::new(),
+                verdict.to_string(),
+            ])?;
         }
     }
     w.flush()?;

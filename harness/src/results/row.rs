@@ -359,6 +359,35 @@ fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyho
     }
 }
 
+/// The header of a schema-1 file: every schema-2 column but those schema 2 added.
+fn schema_1_columns() -> Vec<String> {
+    Row::columns()
+        .into_iter()
+        .filter(|c| !SCHEMA_2_COLUMNS.contains(&c.as_str()))
+        .collect()
+}
+
+/// The schema whose header `headers` is, column for column: [`SCHEMA_VERSION`] or 1 (the
+/// schemas [`read_rows`] reads); `None` for any other header.
+pub fn header_schema(headers: &[String]) -> Option<u32> {
+    if headers == Row::columns().as_slice() {
+        Some(SCHEMA_VERSION)
+    } else if headers == schema_1_columns().as_slice() {
+        Some(1)
+    } else {
+        None
+    }
+}
+
+/// Whether `headers` is the header of a densebench result CSV: of a schema this densebench reads
+/// ([`header_schema`]), or of any other (an older or newer densebench, columns reordered or
+/// edited) that still has the two columns every schema has, `schema` and `key`. Commands that
+/// replace a file test it first (`crate::results::replace`).
+pub fn is_result_header(headers: &[String]) -> bool {
+    header_schema(headers).is_some()
+        || (headers.iter().any(|c| c == "schema") && headers.iter().any(|c| c == "key"))
+}
+
 /// Reads a result CSV and checks it (`read_rows_unmarked`); every error is the user's input
 /// (exit status 2).
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
@@ -381,13 +410,7 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         .map(str::to_string)
         .collect();
     let expected = Row::columns();
-    // A schema-1 file: every schema-2 column but the three schema 2 added.
-    let schema_1: Vec<String> = expected
-        .iter()
-        .filter(|c| !SCHEMA_2_COLUMNS.contains(&c.as_str()))
-        .cloned()
-        .collect();
-    let file_schema = if headers == schema_1 {
+    let file_schema = if header_schema(&headers) == Some(1) {
         1
     } else {
         SCHEMA_VERSION
