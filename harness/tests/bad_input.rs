@@ -116,6 +116,81 @@ type Args<'a> = dyn Fn(&str, &[&str]) -> Vec<String> + 'a;
 /// kind (or an empty file), and refuse any other file — a result CSV above all — with status 2,
 /// naming it and the way on, leaving it byte for byte; `--force` replaces it. (They used to
 /// overwrite a result CSV silently, exit 0.)
+/// `step --out` and `criterion-import --out` refuse a result CSV too (exit 2, unchanged);
+/// `step` replaces an earlier result file, and a result CSV with `--force`.
+#[test]
+fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let reference =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");
+    let results = std::fs::read(&reference).expect("the reference CSV");
+    let victim = d.join("v.csv");
+    std::fs::write(&victim, &results).expect("v.csv");
+    let case = d.join("case.safetensors");
+    let o = densebench(&[
+        "case",
+        "--family",
+        "mlp",
+        "--depth",
+        "2",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "2",
+        "--out",
+        path_str(&case),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let step = |out: &std::path::Path, force: bool| {
+        let mut a = vec![
+            "step",
+            "--case",
+            path_str(&case),
+            "--variant",
+            "cat-store-copy",
+            "--out",
+            path_str(out),
+        ];
+        if force {
+            a.push("--force");
+        }
+        densebench(&a)
+    };
+    let o = step(&victim, false);
+    assert_eq!(o.status.code(), Some(BAD_INPUT), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("a densebench result CSV (schema 2)"),
+        "{}",
+        stderr(&o)
+    );
+    let empty = d.join("criterion");
+    std::fs::create_dir(&empty).expect("folder");
+    let o = densebench(&[
+        "criterion-import",
+        "--dir",
+        path_str(&empty),
+        "--out",
+        path_str(&victim),
+    ]);
+    assert_eq!(o.status.code(), Some(BAD_INPUT), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("not a criterion companion CSV"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&victim).expect("v.csv"), results, "replaced");
+    let out = d.join("result.safetensors");
+    for _ in 0..2 {
+        let o = step(&out, false);
+        assert!(o.status.success(), "an earlier result file: {}", stderr(&o));
+    }
+    let o = step(&victim, true);
+    assert!(o.status.success(), "--force: {}", stderr(&o));
+}
+
 #[test]
 fn outputs_refuse_to_replace_a_result_csv_or_a_file_of_another_kind() {
     let dir = tempfile::tempdir().expect("temp dir");

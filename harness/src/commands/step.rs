@@ -6,6 +6,7 @@
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::plan::bounds::ResultExt;
 use crate::plan::job::{self, OnOff};
+use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
 use crate::results::store::{refuse_input_as_output, write_atomic};
 use anyhow::{anyhow, Context, Result};
 use impls::{Case, NoProbe, Variant};
@@ -22,9 +23,13 @@ pub struct Args {
     /// Variant to run, e.g. `buffer-recompute-inplace` or `autograd`.
     #[arg(long)]
     pub variant: String,
-    /// Result file to write.
+    /// Result file to write (safetensors). An existing file is replaced (atomically) only when
+    /// it is safetensors (or empty), unless --force.
     #[arg(long)]
     pub out: PathBuf,
+    /// Replace --out even when it is not safetensors (e.g. a result CSV).
+    #[arg(long)]
+    pub force: bool,
     /// ReLU after each Linear (mlp only; the tensors cannot show it): a case file written by
     /// `densebench case` records it, and this must then agree with it; default: the file's, else
     /// on.
@@ -42,6 +47,11 @@ pub struct Args {
 pub fn run(a: Args) -> Result<ExitCode> {
     // Every error before the step is the user's input (exit status 2).
     refuse_input_as_output(&a.out, "--out", &[&a.case]).bad_input()?;
+    let kind = Kind {
+        name: "a step result file (safetensors)",
+        recognise: is_safetensors,
+    };
+    refuse_foreign(&a.out, "--out", &kind, a.force)?;
     let variant = Variant::parse(&a.variant)
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;

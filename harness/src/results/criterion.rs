@@ -116,6 +116,15 @@ pub struct CriterionRow {
     pub estimates_file: String,
 }
 
+/// Whether a file is a companion CSV [`write_csv`] wrote, from its first bytes: its header
+/// starts with `group` and has `estimates_file` (`results::replace::Kind`'s signature; the
+/// length is unused).
+pub fn is_criterion_csv(start: &[u8], _len: u64) -> bool {
+    crate::results::replace::csv_header(start).is_some_and(|h| {
+        h.first().is_some_and(|c| c == "group") && h.iter().any(|c| c == "estimates_file")
+    })
+}
+
 /// Where criterion writes by default: `$CARGO_TARGET_DIR/criterion`, else `target/criterion`.
 pub fn default_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
