@@ -396,7 +396,8 @@ fn a_full_disk_leaves_the_previous_files_intact_with_one_clear_line() {
     let csv = dir.path().join("x.csv");
     write_rows(&csv, &rows).expect("csv");
     // The report grows past 1 KiB: the write fails, the old report stays.
-    let report = write(dir.path(), "REPORT.md", b"the old report\n");
+    let old_report: &[u8] = b"# densebench report\n\nthe old one\n";
+    let report = write(dir.path(), "REPORT.md", old_report);
     let o = with_fsize_limit(1, &["report", path_str(&csv), "--out", path_str(&report)]);
     let e = stderr(&o);
     assert!(!o.status.success(), "{e}");
@@ -405,7 +406,7 @@ fn a_full_disk_leaves_the_previous_files_intact_with_one_clear_line() {
         "{e}"
     );
     assert_eq!(e.lines().count(), 1, "one line: {e}");
-    assert_eq!(std::fs::read(&report).expect("report"), b"the old report\n");
+    assert_eq!(std::fs::read(&report).expect("report"), old_report);
     // Merge: the merged file would exceed the limit.
     let merged = write(dir.path(), "merged.csv", b"old merge");
     let o = with_fsize_limit(1, &["merge", path_str(&merged), path_str(&csv), "--force"]);
