@@ -189,6 +189,13 @@ fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
     }
     let o = step(&victim, true);
     assert!(o.status.success(), "--force: {}", stderr(&o));
+    // The case file does not record its seed: step does not print one (it said seed=0).
+    let said = stderr(&o);
+    assert!(
+        said.contains("densebench step: cat-store-copy on mlp N=2"),
+        "{said}"
+    );
+    assert!(!said.contains("seed="), "{said}");
 }
 
 #[test]

@@ -78,9 +78,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
         impls::case::save_result(&result, tmp)
             .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
     })?;
+    // A case file holds tensors, not the seed that drew them: the config's seed is a
+    // placeholder, not to be printed as if it were the file's.
+    let described = case.cfg.describe();
+    let described = described
+        .rsplit_once(" seed=")
+        .map_or(described.as_str(), |(d, _)| d);
     crate::say!(
-        "densebench step: {variant} on {} → {}",
-        case.cfg.describe(),
+        "densebench step: {variant} on {described} → {}",
         a.out.display()
     );
     Ok(ExitCode::SUCCESS)
