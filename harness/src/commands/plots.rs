@@ -1,7 +1,8 @@
 //! `densebench plots RESULTS.csv`: regenerates every figure (SVG and PNG) of a result CSV
-//! ([`crate::outputs::plots::render_all`]) and says what it skipped.
+//! ([`crate::outputs::plots::render_all`]) and says what it skipped: on stderr, every row whose
+//! status is not ok, apart as the figures' footers show it or no figure does.
 
-use crate::outputs::plots::{data, render_all, source_text, SOURCE_FILE};
+use crate::outputs::plots::{data, footer_listed, plan, render_all, source_text, SOURCE_FILE};
 use crate::plan::bounds::bad_input;
 use crate::results::row::{read_rows, Row};
 use crate::results::store::write_bytes_atomic;
@@ -48,16 +49,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "note: {replaced} row(s) repeat an earlier (config, depth, variant); the last one is plotted"
         );
     }
-    let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
-    if !skipped.is_empty() {
-        crate::tell!(
-            "skipped {} row(s) whose status is not ok (listed in the figures' footers):",
-            skipped.len()
-        );
-        for r in &skipped {
-            crate::tell!("  {} {}", r.config_label(), data::skipped_note(r));
-        }
-    }
+    tell_skipped(&groups);
     for g in &groups {
         if g.depths().len() == 1 {
             crate::tell!(
@@ -78,4 +70,40 @@ pub fn run(a: Args) -> Result<ExitCode> {
         crate::tell!("  {}", f.display());
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Lists on stderr the rows whose status is not ok, each with its device: first those some
+/// figure's footer shows, then those none does (a configuration whose every row failed has no
+/// figure; a full footer shows its first rows only).
+fn tell_skipped(groups: &[data::Group]) {
+    let listed = footer_listed(groups, &plan(groups));
+    let (mut shown, mut unshown): (Vec<&Row>, Vec<&Row>) = (Vec::new(), Vec::new());
+    for (g, flags) in groups.iter().zip(&listed) {
+        for (r, &l) in g.skipped.iter().zip(flags) {
+            if l {
+                shown.push(r);
+            } else {
+                unshown.push(r);
+            }
+        }
+    }
+    if shown.is_empty() && unshown.is_empty() {
+        return;
+    }
+    crate::say!(
+        "skipped {} row(s) whose status is not ok:",
+        shown.len() + unshown.len()
+    );
+    for (list, what) in [
+        (&shown, "listed in the figures' footers"),
+        (&unshown, "in no figure's footer"),
+    ] {
+        if list.is_empty() {
+            continue;
+        }
+        crate::say!("  {} {what}:", list.len());
+        for r in list.iter() {
+            crate::say!("    {}", data::row_listing(r));
+        }
+    }
 }

@@ -293,10 +293,13 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
             threads.dedup();
             if threads.len() > 1 {
                 let list: Vec<String> = threads.iter().map(ToString::to_string).collect();
+                // the device without the first row's "(1 threads)": the rows are at several
                 device_label = format!(
                     "{} — rows at {} threads: times are not comparable across them",
-                    first.map(device_name).unwrap_or_default(),
-                    list.join(" and ")
+                    first
+                        .map(|r| device_name(&r.device, bare_desc(&r.device_desc)))
+                        .unwrap_or_default(),
+                    and_list(&list)
                 );
             }
             Group {
@@ -323,19 +326,60 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
     (groups, replaced)
 }
 
-/// `cpu: AMD EPYC 7B13` (the device and its description, without threads).
-fn device_name(r: &Row) -> String {
-    let mut s = r.device.clone();
-    if !r.device_desc.is_empty() {
+/// A device description without the thread count a CPU's carries: `AMD EPYC (2 threads)` →
+/// `AMD EPYC` (other descriptions unchanged).
+pub fn bare_desc(desc: &str) -> &str {
+    let desc = desc.trim();
+    if let Some(head) = desc.strip_suffix(" threads)") {
+        if let Some((name, n)) = head.rsplit_once(" (") {
+            if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) {
+                return name.trim_end();
+            }
+        }
+    }
+    desc
+}
+
+/// `1`, `1 and 2`, `1, 2 and 4`.
+pub fn and_list(items: &[String]) -> String {
+    match items {
+        [] => String::new(),
+        [one] => one.clone(),
+        [init @ .., last] => format!("{} and {last}", init.join(", ")),
+    }
+}
+
+/// A row for a listing outside any figure: its configuration, device (and math when not
+/// ieee), variant, depth and status, e.g. `mlp N=8 C0=4 k=2 relu=on f32 on cuda:0:
+/// cat-store-copy L=2: error (…)`; the device always, since rows of one label on two devices are
+/// two configurations.
+pub fn row_listing(r: &Row) -> String {
+    let math = if r.math.is_empty() || r.math == "ieee" {
+        String::new()
+    } else {
+        format!(" {}", r.math)
+    };
+    format!(
+        "{}{math} on {}: {}",
+        r.config_label(),
+        r.device,
+        skipped_note(r)
+    )
+}
+
+/// `cpu: AMD EPYC 7B13` (a device and its description).
+fn device_name(device: &str, desc: &str) -> String {
+    let mut s = device.to_string();
+    if !desc.trim().is_empty() {
         s.push_str(": ");
-        s.push_str(r.device_desc.trim());
+        s.push_str(desc.trim());
     }
     s
 }
 
 /// `cpu: AMD EPYC 7B13, 2 threads`.
 pub fn device_label(r: &Row) -> String {
-    let mut s = device_name(r);
+    let mut s = device_name(&r.device, &r.device_desc);
     // Some descriptions already say "(2 threads)": do not repeat it.
     if r.threads > 0 && !r.device_desc.contains("thread") {
         s.push_str(&format!(
@@ -612,6 +656,29 @@ mod tests {
             "the oom peer row is listed, not dropped"
         );
         assert_eq!(g.drawable_peers().0.len(), 1);
+    }
+
+    /// Only a trailing `(N threads)` goes; the label of a group at several thread counts names
+    /// none of them as the device's.
+    #[test]
+    fn bare_desc_drops_only_a_thread_count() {
+        assert_eq!(bare_desc("AMD EPYC (2 threads)"), "AMD EPYC");
+        assert_eq!(bare_desc("NVIDIA H100 (80 GiB)"), "NVIDIA H100 (80 GiB)");
+        assert_eq!(bare_desc("cpu (x threads)"), "cpu (x threads)");
+        assert_eq!(
+            and_list(&["1".into(), "2".into(), "4".into()]),
+            "1, 2 and 4"
+        );
+        let mut one = row(NAIVE, "densebench", "ok");
+        one.device_desc = "AMD EPYC (1 threads)".to_string();
+        let mut two = one.clone();
+        two.threads = 2;
+        two.depth = 32;
+        let (groups, _) = group_rows(&[one, two]);
+        assert_eq!(
+            groups[0].device_label,
+            "cpu: AMD EPYC — rows at 1 and 2 threads: times are not comparable across them"
+        );
     }
 
     #[test]

@@ -2,16 +2,19 @@
 
 use super::data::{self};
 use super::style::*;
+use super::FamilyKey;
 use crate::results::row::Row;
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
 /// Figure 6: the worst relative gradient error of each row, per variant, log scale; exact
-/// zeros drawn at a floor one decade below the smallest non-zero error.
+/// zeros drawn at a floor one decade below the smallest non-zero error. `rows` are of one
+/// family, dtype and math mode (`fam`), which the title and subtitle name: an f32 error and an
+/// f64 one are never one series.
 pub fn grad_error<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
-    family: &str,
+    fam: &FamilyKey,
     rows: &[&Row],
 ) -> Result<()>
 where
@@ -77,10 +80,11 @@ where
     }
     let f = frame(
         root,
-        &format!("Gradient error vs {reference} — {family}"),
+        &format!("Gradient error vs {reference} — {}", fam.label()),
         &format!(
-            "{} · {} rows checked: {} within tolerance, {bitwise} bitwise equal",
-            devices_of(rows),
+            "{} rows · {} · {} rows checked: {} within tolerance, {bitwise} bitwise equal",
+            fam.dtype,
+            devices_of(&checked),
             checked.len(),
             checked.len() - bad
         ),

@@ -2,15 +2,17 @@
 
 use super::data::{self, mib};
 use super::style::*;
+use super::FamilyKey;
 use crate::results::row::Row;
 use anyhow::Result;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 
-/// Figure 5: measured peak against the analytic prediction, log–log, with y = x and ±5%.
+/// Figure 5: measured peak against the analytic prediction, log–log, with y = x and ±5%; `rows`
+/// are of one family, dtype and math mode (`fam`), which the title and subtitle name.
 pub fn measured_vs_predicted<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
-    family: &str,
+    fam: &FamilyKey,
     rows: &[&Row],
 ) -> Result<()>
 where
@@ -61,9 +63,10 @@ where
     };
     let f = frame(
         root,
-        &format!("Measured vs predicted peak memory — {family}"),
+        &format!("Measured vs predicted peak memory — {}", fam.label()),
         &format!(
-            "{} · {within} of {} rows within ±5% of the prediction{small_note}",
+            "{} rows · {} · {within} of {} rows within ±5% of the prediction{small_note}",
+            fam.dtype,
             devices_of(&rows),
             counted.len()
         ),

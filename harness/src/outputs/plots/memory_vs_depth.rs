@@ -17,9 +17,7 @@ pub fn memory_vs_depth<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Gr
 where
     DB::ErrorType: 'static,
 {
-    let (peers, left_out) = g.drawable_peers();
-    let mut footer = skipped_footer(g.skipped_notes());
-    footer.extend(left_out.into_iter().map(|(_, n)| n));
+    let (peers, _) = g.drawable_peers();
     let f = frame(
         root,
         &format!("Peak memory vs depth — {}", g.label),
@@ -27,7 +25,7 @@ where
             "{} · one training step, allocator peak above baseline",
             g.device_label
         ),
-        &footer,
+        &footer(g),
     )?;
     let depths = g.depths_with(&peers);
     let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
@@ -198,6 +196,15 @@ where
     ];
     notes.extend(peer_notes(&peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
+}
+
+/// The footer of the memory-vs-depth figure: the group's rows not ok, then the peer rows not
+/// drawn and why.
+pub(super) fn footer(g: &Group) -> Vec<String> {
+    let (_, left_out) = g.drawable_peers();
+    let mut footer = skipped_footer(g.skipped_notes());
+    footer.extend(left_out.into_iter().map(|(_, n)| n));
+    footer
 }
 
 /// The drawable peer rows as one series per peer variant (in the peer order): (depth, value)

@@ -1,6 +1,8 @@
 //! Figure 3, `memory-vs-time-<config>-L<depth>`: each variant a point (time, peak memory), the
 //! Pareto front of densebench's variants marked; the PyTorch peer's comparable rows as diamonds
 //! joined by a dashed line (its naive block to its memory-saving one), outside the front.
+//! Ratios and the front are taken only among rows at one thread count (naive's, else the
+//! commonest): a row at another is drawn, named in the footer, and set against none.
 
 use super::data::{self, incomparable, mib, ms, pareto_front, peer_label, Group, NAIVE};
 use super::style::*;
@@ -10,6 +12,7 @@ use plotters::coord::ranged1d::ValueFormatter;
 use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
+use std::collections::BTreeMap;
 
 /// Figure 3: peak memory against median time at one depth; the Pareto front ringed, joined
 /// and labelled.
@@ -21,17 +24,22 @@ pub fn memory_vs_time<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    let rows: Vec<&Row> = g
-        .at_depth(depth)
-        .into_iter()
-        .filter(|r| matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
-        .collect();
+    let rows = drawn_rows(g, depth);
     let pts: Vec<(f64, f64)> = rows
         .iter()
         .map(|r| (ms(r.median_ns.unwrap_or(0)), mib(r.peak_bytes.unwrap_or(0))))
         .collect();
-    let front = pareto_front(&pts);
-    let (drawable, left_out) = g.drawable_peers();
+    // The front among the rows at the base thread count only (indices into `rows`).
+    let base = base_threads(g, depth, &rows);
+    let compared: Vec<usize> = (0..rows.len())
+        .filter(|&i| Some(rows[i].threads) == base)
+        .collect();
+    let cpts: Vec<(f64, f64)> = compared.iter().map(|&i| pts[i]).collect();
+    let front: Vec<usize> = pareto_front(&cpts)
+        .into_iter()
+        .map(|i| compared[i])
+        .collect();
+    let (drawable, _) = g.drawable_peers();
     let mut peer_rows: Vec<&Row> = drawable
         .into_iter()
         .filter(|r| r.depth == depth)
@@ -43,37 +51,6 @@ where
         .iter()
         .map(|r| (ms(r.median_ns.unwrap_or(0)), mib(r.peak_bytes.unwrap_or(0))))
         .collect();
-    let skipped: Vec<String> = g
-        .skipped
-        .iter()
-        .filter(|r| r.depth == depth)
-        .map(data::skipped_note)
-        .collect();
-    let mut footer = skipped_footer(skipped);
-    footer.extend(
-        left_out
-            .into_iter()
-            .filter(|(r, _)| r.depth == depth)
-            .map(|(_, n)| n),
-    );
-    // ok rows that have no point (no time or no peak): said, not silently absent
-    let unplotted: Vec<String> = g
-        .at_depth(depth)
-        .into_iter()
-        .filter(|r| !matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
-        .map(|r| format!("`{}`", r.variant))
-        .collect();
-    if !unplotted.is_empty() {
-        footer.push(format!(
-            "not drawn: {} (ok, but no measured time or peak){}",
-            unplotted.join(", "),
-            if unplotted.iter().any(|v| v == &format!("`{NAIVE}`")) {
-                "; no ratios to it"
-            } else {
-                ""
-            }
-        ));
-    }
     let f = frame(
         root,
         &format!("Memory vs time — {} L={depth}", g.label),
@@ -81,7 +58,7 @@ where
             "{} · each variant one point; lower-left is better",
             g.device_label
         ),
-        &footer,
+        &footer(g, depth),
     )?;
     let span = |sel: fn(&(f64, f64)) -> f64| {
         let all = || pts.iter().chain(peer_pts.iter());
@@ -151,11 +128,15 @@ where
         (false, true) => body.draw(&mut builder().build_cartesian_2d(x_lin.clone(), y_log())?)?,
         (true, true) => body.draw(&mut builder().build_cartesian_2d(x_log(), y_log())?)?,
     }
-    let naive = rows.iter().find(|r| r.variant == NAIVE);
+    let naive = rows
+        .iter()
+        .find(|r| r.variant == NAIVE && Some(r.threads) == base);
     let mut entries = Vec::new();
     for (i, r) in rows.iter().enumerate() {
         let mut label = r.variant.clone();
-        if let (Some(n), Some(p), Some(t)) = (naive, r.peak_bytes, r.median_ns) {
+        if Some(r.threads) != base {
+            label = format!("{label}  ({} thr.)", r.threads);
+        } else if let (Some(n), Some(p), Some(t)) = (naive, r.peak_bytes, r.median_ns) {
             if let (Some(np), Some(nt)) = (n.peak_bytes, n.median_ns) {
                 if np > 0 && nt > 0 {
                     label = format!(
@@ -193,11 +174,99 @@ where
         "(no other variant is both faster".to_string(),
         " and smaller)".to_string(),
     ];
+    if rows.iter().any(|r| Some(r.threads) != base) {
+        notes.push("(n thr.): at another thread count:".to_string());
+        notes.push("  no ratios, not on the front".to_string());
+    }
     notes.extend(peer_notes(&peer_rows, "diamonds, dashed"));
     if !peer_rows.is_empty() {
         notes.push("(PyTorch is not on the front)".to_string());
     }
     legend(&f.legend, &entries, &notes)
+}
+
+/// densebench's rows with a point at `depth` (a peak and a time), in variant order.
+fn drawn_rows(g: &Group, depth: usize) -> Vec<&Row> {
+    g.at_depth(depth)
+        .into_iter()
+        .filter(|r| matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
+        .collect()
+}
+
+/// The thread count the front and the ratios are taken at: that of the naive row at `depth`
+/// (every ratio is to it), else the one of the most drawn `rows` (the fewer threads on a tie).
+fn base_threads(g: &Group, depth: usize, rows: &[&Row]) -> Option<usize> {
+    if let Some(n) = g.row(NAIVE, depth) {
+        return Some(n.threads);
+    }
+    let mut counts: BTreeMap<usize, usize> = BTreeMap::new();
+    for r in rows {
+        *counts.entry(r.threads).or_default() += 1;
+    }
+    counts
+        .into_iter()
+        .max_by_key(|&(t, n)| (n, std::cmp::Reverse(t)))
+        .map(|(t, _)| t)
+}
+
+/// The footer of the memory-vs-time figure at `depth`: its rows not ok, the peer rows not drawn,
+/// the ok rows without a point, and the rows at another thread count than the base, which are
+/// drawn but set against nothing.
+pub(super) fn footer(g: &Group, depth: usize) -> Vec<String> {
+    let (_, left_out) = g.drawable_peers();
+    let skipped: Vec<String> = g
+        .skipped
+        .iter()
+        .filter(|r| r.depth == depth)
+        .map(data::skipped_note)
+        .collect();
+    let mut footer = skipped_footer(skipped);
+    footer.extend(
+        left_out
+            .into_iter()
+            .filter(|(r, _)| r.depth == depth)
+            .map(|(_, n)| n),
+    );
+    // ok rows that have no point (no time or no peak): said, not silently absent
+    let unplotted: Vec<String> = g
+        .at_depth(depth)
+        .into_iter()
+        .filter(|r| !matches!((r.peak_bytes, r.median_ns), (Some(p), Some(t)) if p > 0 && t > 0))
+        .map(|r| format!("`{}`", r.variant))
+        .collect();
+    if !unplotted.is_empty() {
+        footer.push(format!(
+            "not drawn: {} (ok, but no measured time or peak){}",
+            unplotted.join(", "),
+            if unplotted.iter().any(|v| v == &format!("`{NAIVE}`")) {
+                "; no ratios to it"
+            } else {
+                ""
+            }
+        ));
+    }
+    let rows = drawn_rows(g, depth);
+    if let Some(base) = base_threads(g, depth, &rows) {
+        let others: Vec<String> = rows
+            .iter()
+            .filter(|r| r.threads != base)
+            .map(|r| format!("`{}` ({} threads)", r.variant, r.threads))
+            .collect();
+        if !others.is_empty() {
+            let whose = if g.row(NAIVE, depth).is_some() {
+                format!("`{NAIVE}`'s")
+            } else {
+                "most rows'".to_string()
+            };
+            footer.push(format!(
+                "not compared: {} (not at {whose} {base} thread{}): drawn, but no ratios, not on \
+                 the Pareto front",
+                others.join(", "),
+                if base == 1 { "" } else { "s" }
+            ));
+        }
+    }
+    footer
 }
 
 /// The points, front and labels of the memory/time figure, drawn on linear or log axes.

@@ -11,8 +11,14 @@
 //! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
 //! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
 //!
+//! Figures 5 and 6 are drawn per family, dtype and math mode, never mixing them (an f64 error
+//! and an f32 one have tolerances eight decades apart): their stems take the per-configuration
+//! figures' suffixes, `-f64` for f64 and `-tf32` for tf32 (`grad-error-mlp-f64`).
+//!
 //! PNG text is drawn with DejaVu Sans, embedded from `harness/assets/` (licence beside it), so
-//! rendering needs no system fonts. Rows whose status is not `ok` are left out and listed.
+//! rendering needs no system fonts. Rows whose status is not `ok` are left out and listed: in
+//! the footers of their configuration's figures, and by `plots` ([`footer_listed`] says which
+//! of them some footer shows).
 
 pub mod data;
 mod grad_error;
@@ -55,8 +61,52 @@ pub enum Target {
     Group(usize),
     /// One depth of one configuration.
     GroupDepth(usize, usize),
-    /// Every ok row of one family.
-    Family(String),
+    /// Every ok row of one family in one dtype and math mode.
+    Family(FamilyKey),
+}
+
+/// What a family-level figure (measured vs predicted, gradient errors) is drawn from: one
+/// family in one dtype and one math mode, so that f32 and f64 rows are never one series.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct FamilyKey {
+    pub family: String,
+    pub dtype: String,
+    pub math: String,
+}
+
+impl FamilyKey {
+    fn of(key: &data::ConfigKey) -> Self {
+        Self {
+            family: key.family.clone(),
+            dtype: key.dtype.clone(),
+            math: key.math.clone(),
+        }
+    }
+
+    /// `mlp`, `mlp-f64`, `bc-tf32`: the suffixes of [`data::ConfigKey::slug`] (the dtype when
+    /// not f32, the math when not ieee).
+    pub fn slug(&self) -> String {
+        let mut s = data::sanitize(&self.family);
+        if self.dtype != "f32" {
+            s.push('-');
+            s.push_str(&data::sanitize(&self.dtype));
+        }
+        if self.math != "ieee" {
+            s.push('-');
+            s.push_str(&data::sanitize(&self.math));
+        }
+        s
+    }
+
+    /// `mlp f64`, `bc f32 tf32`: always naming the dtype.
+    pub fn label(&self) -> String {
+        let mut s = format!("{} {}", self.family, self.dtype);
+        if self.math != "ieee" {
+            s.push(' ');
+            s.push_str(&self.math);
+        }
+        s
+    }
 }
 
 /// One planned figure: written as `<stem>.svg` and `<stem>.png`.
@@ -157,12 +207,12 @@ pub fn plan(groups: &[Group]) -> Vec<Figure> {
             });
         }
     }
-    let mut families: Vec<&str> = groups.iter().map(|g| g.key.family.as_str()).collect();
+    let mut families: Vec<FamilyKey> = groups.iter().map(|g| FamilyKey::of(&g.key)).collect();
     families.sort_unstable();
     families.dedup();
     for fam in families {
-        let rows = family_rows(groups, fam);
-        let slug = data::sanitize(fam);
+        let rows = family_rows(groups, &fam);
+        let (slug, label) = (fam.slug(), fam.label());
         if rows
             .iter()
             .any(|r| r.predicted_peak_bytes.is_some() && r.peak_bytes.is_some())
@@ -170,8 +220,8 @@ pub fn plan(groups: &[Group]) -> Vec<Figure> {
             figs.push(Figure {
                 kind: Kind::MeasuredVsPredicted,
                 stem: format!("measured-vs-predicted-{slug}"),
-                title: format!("Measured vs predicted peak memory, {fam}"),
-                target: Target::Family(fam.to_string()),
+                title: format!("Measured vs predicted peak memory, {label}"),
+                target: Target::Family(fam.clone()),
                 key: false,
             });
         }
@@ -179,8 +229,8 @@ pub fn plan(groups: &[Group]) -> Vec<Figure> {
             figs.push(Figure {
                 kind: Kind::GradError,
                 stem: format!("grad-error-{slug}"),
-                title: format!("Gradient error per variant, {fam}"),
-                target: Target::Family(fam.to_string()),
+                title: format!("Gradient error per variant, {label}"),
+                target: Target::Family(fam),
                 key: true,
             });
         }
@@ -188,12 +238,54 @@ pub fn plan(groups: &[Group]) -> Vec<Figure> {
     figs
 }
 
-/// Every ok row of one family, across configurations.
-fn family_rows<'a>(groups: &'a [Group], family: &str) -> Vec<&'a Row> {
+/// Every ok row of one family in one dtype and math mode, across configurations.
+fn family_rows<'a>(groups: &'a [Group], fam: &FamilyKey) -> Vec<&'a Row> {
     groups
         .iter()
-        .filter(|g| g.key.family == family)
+        .filter(|g| FamilyKey::of(&g.key) == *fam)
         .flat_map(|g| g.ok.iter())
+        .collect()
+}
+
+/// The footer notes of one figure, as its frame gets them (before [`style::shown_footer`]
+/// cuts them to what fits).
+fn footer_of(fig: &Figure, groups: &[Group]) -> Vec<String> {
+    match (&fig.kind, &fig.target) {
+        (Kind::MemoryVsDepth, Target::Group(gi)) => memory_vs_depth::footer(&groups[*gi]),
+        (Kind::TimeVsDepth, Target::Group(gi)) => time_vs_depth::footer(&groups[*gi]),
+        (Kind::MemoryVsTime, Target::GroupDepth(gi, d)) => memory_vs_time::footer(&groups[*gi], *d),
+        _ => Vec::new(),
+    }
+}
+
+/// For each group, for each of its `skipped` rows (status not ok), whether the footer of some
+/// figure of `figs` shows it: a row whose configuration has no figure (every row failed, one
+/// depth only), or that a full footer's `… and n more` stands for, is shown by none, and
+/// `plots` must list it itself.
+pub fn footer_listed(groups: &[Group], figs: &[Figure]) -> Vec<Vec<bool>> {
+    let footers: Vec<(usize, Vec<String>)> = figs
+        .iter()
+        .filter_map(|f| match f.target {
+            Target::Group(gi) | Target::GroupDepth(gi, _) => {
+                Some((gi, style::shown_footer(&footer_of(f, groups))))
+            }
+            Target::Family(_) => None,
+        })
+        .collect();
+    groups
+        .iter()
+        .enumerate()
+        .map(|(gi, g)| {
+            g.skipped
+                .iter()
+                .map(|r| {
+                    let line = style::skipped_line(&data::skipped_note(r));
+                    footers
+                        .iter()
+                        .any(|(fgi, lines)| *fgi == gi && lines.contains(&line))
+                })
+                .collect()
+        })
         .collect()
 }
 
@@ -268,4 +360,87 @@ pub fn render_all(rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
         .map(|f| render(f, &groups, out))
         .collect::<Result<_>>()?;
     Ok(files.into_iter().flatten().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{data, footer_listed, plan, Kind, Target};
+    use crate::results::row::Row;
+
+    fn row(dtype: &str, device: &str, depth: usize, status: &str) -> Row {
+        Row {
+            variant: data::NAIVE.to_string(),
+            framework: "densebench".to_string(),
+            family: "mlp".to_string(),
+            dtype: dtype.to_string(),
+            device: device.to_string(),
+            math: "ieee".to_string(),
+            status: status.to_string(),
+            depth,
+            threads: 1,
+            peak_bytes: Some(1 << 20),
+            predicted_peak_bytes: Some(1 << 20),
+            median_ns: Some(1_000_000),
+            max_rel_err: Some(1e-7),
+            ..Row::default()
+        }
+    }
+
+    /// f32 and f64 rows of a family get figures of their own, the f64 ones with the `-f64`
+    /// suffix of per-configuration figures.
+    #[test]
+    fn family_figures_are_per_dtype() {
+        let rows = [
+            row("f32", "cpu", 1, "ok"),
+            row("f64", "cpu", 1, "ok"),
+            row("f64", "cpu", 2, "ok"),
+        ];
+        let (groups, _) = data::group_rows(&rows);
+        let stems: Vec<String> = plan(&groups)
+            .into_iter()
+            .filter(|f| matches!(f.target, Target::Family(_)))
+            .map(|f| f.stem)
+            .collect();
+        assert_eq!(
+            stems,
+            [
+                "measured-vs-predicted-mlp",
+                "grad-error-mlp",
+                "measured-vs-predicted-mlp-f64",
+                "grad-error-mlp-f64"
+            ]
+        );
+        let titles: Vec<String> = plan(&groups)
+            .into_iter()
+            .filter(|f| f.kind == Kind::GradError)
+            .map(|f| f.title)
+            .collect();
+        assert_eq!(
+            titles,
+            [
+                "Gradient error per variant, mlp f32",
+                "Gradient error per variant, mlp f64"
+            ]
+        );
+    }
+
+    /// A failed row of a configuration with figures is in their footers; one of a
+    /// configuration without any (every row failed) is in none.
+    #[test]
+    fn footer_listed_marks_rows_no_figure_shows() {
+        let rows = [
+            row("f32", "cpu", 1, "ok"),
+            row("f32", "cpu", 2, "ok"),
+            row("f32", "cpu", 3, "oom"),
+            row("f32", "cuda:0", 1, "error"),
+        ];
+        let (groups, _) = data::group_rows(&rows);
+        let listed = footer_listed(&groups, &plan(&groups));
+        let by_device: Vec<(&str, Vec<bool>)> = groups
+            .iter()
+            .map(|g| g.key.device.as_str())
+            .zip(listed)
+            .collect();
+        assert_eq!(by_device, [("cpu", vec![true]), ("cuda:0", vec![false])]);
+    }
 }

@@ -194,10 +194,7 @@ where
         &font(SUBTITLE_PT).color(&GREY).pos(centre),
         (w as i32 / 2, 46),
     )?;
-    let mut lines: Vec<String> = footer.iter().take(FOOT_MAX).cloned().collect();
-    if footer.len() > FOOT_MAX {
-        lines.push(format!("… and {} more", footer.len() - FOOT_MAX));
-    }
+    let lines = shown_footer(footer);
     let foot_h = if lines.is_empty() {
         0
     } else {
@@ -375,6 +372,20 @@ pub(super) fn from_zero(lo: f64, hi: f64) -> std::ops::Range<f64> {
     (lo - (hi - lo) * 0.02)..(hi + (hi - lo) * 0.08)
 }
 
+/// The footer lines a frame draws: the first [`FOOT_MAX`] notes, then `… and n more`.
+pub(super) fn shown_footer(footer: &[String]) -> Vec<String> {
+    let mut lines: Vec<String> = footer.iter().take(FOOT_MAX).cloned().collect();
+    if footer.len() > FOOT_MAX {
+        lines.push(format!("… and {} more", footer.len() - FOOT_MAX));
+    }
+    lines
+}
+
+/// The footer line of one skipped row's note (see [`skipped_footer`]).
+pub(super) fn skipped_line(note: &str) -> String {
+    format!("  {note}")
+}
+
 pub(super) fn skipped_footer(notes: Vec<String>) -> Vec<String> {
     if notes.is_empty() {
         return notes;
@@ -383,7 +394,7 @@ pub(super) fn skipped_footer(notes: Vec<String>) -> Vec<String> {
         "Not plotted ({} row(s) with status other than ok):",
         notes.len()
     )];
-    out.extend(notes.into_iter().map(|n| format!("  {n}")));
+    out.extend(notes.iter().map(|n| skipped_line(n)));
     out
 }
 
@@ -417,21 +428,84 @@ pub(super) fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
 /// outlier (typically `autograd`) does not squeeze every other variant into one corner.
 pub(super) const LOG_SPREAD: f64 = 4.0;
 
-/// Devices of a set of rows, for a family-level subtitle.
+/// The devices of the rows a family-level figure draws, for its subtitle: `cpu: AMD EPYC, 2
+/// threads`; `cpu: AMD EPYC, 1 and 2 threads` (one device, rows at two thread counts, not two
+/// devices); `2 devices: cpu, cuda:0`. Pass the drawn rows only: a device whose rows all failed
+/// is no device of the figure.
 pub(super) fn devices_of(rows: &[&Row]) -> String {
-    let mut d: Vec<String> = rows.iter().map(|r| data::device_label(r)).collect();
-    d.sort();
-    d.dedup();
-    match d.len() {
-        0 => String::new(),
-        1 => d.remove(0),
-        n => format!("{n} devices"),
+    let mut devices: Vec<&str> = rows.iter().map(|r| r.device.as_str()).collect();
+    devices.sort_unstable();
+    devices.dedup();
+    if devices.len() > 1 {
+        return format!("{} devices: {}", devices.len(), devices.join(", "));
     }
+    let Some(device) = devices.first() else {
+        return String::new();
+    };
+    let mut descs: Vec<&str> = rows
+        .iter()
+        .map(|r| data::bare_desc(&r.device_desc))
+        .filter(|d| !d.is_empty())
+        .collect();
+    descs.sort_unstable();
+    descs.dedup();
+    let mut s = match descs.as_slice() {
+        [] => device.to_string(),
+        [one] => format!("{device}: {one}"),
+        many => format!("{device} ({} descriptions)", many.len()),
+    };
+    let mut threads: Vec<usize> = rows.iter().map(|r| r.threads).filter(|&t| t > 0).collect();
+    threads.sort_unstable();
+    threads.dedup();
+    if let Some(&last) = threads.last() {
+        let list: Vec<String> = threads.iter().map(ToString::to_string).collect();
+        s.push_str(&format!(
+            ", {} thread{}",
+            list.join(" and "),
+            if threads.len() == 1 && last == 1 {
+                ""
+            } else {
+                "s"
+            }
+        ));
+    }
+    s
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{log_ticks, tick};
+    use super::{devices_of, log_ticks, shown_footer, tick};
+    use crate::results::row::Row;
+
+    fn row(device: &str, desc: &str, threads: usize) -> Row {
+        Row {
+            device: device.to_string(),
+            device_desc: desc.to_string(),
+            threads,
+            ..Row::default()
+        }
+    }
+
+    /// One device at two thread counts is one device; two devices are named.
+    #[test]
+    fn devices_of_counts_devices_not_thread_counts() {
+        let a = row("cpu", "AMD EPYC (1 threads)", 1);
+        let b = row("cpu", "AMD EPYC (2 threads)", 2);
+        assert_eq!(devices_of(&[&a, &b]), "cpu: AMD EPYC, 1 and 2 threads");
+        assert_eq!(devices_of(&[&a]), "cpu: AMD EPYC, 1 thread");
+        let gpu = row("cuda:0", "NVIDIA H100", 0);
+        assert_eq!(devices_of(&[&gpu]), "cuda:0: NVIDIA H100");
+        assert_eq!(devices_of(&[&a, &gpu]), "2 devices: cpu, cuda:0");
+        assert_eq!(devices_of(&[]), "");
+    }
+
+    /// A frame draws four footer lines, then says how many more there are.
+    #[test]
+    fn footer_cut_after_four_lines() {
+        let lines: Vec<String> = (0..6).map(|i| i.to_string()).collect();
+        assert_eq!(shown_footer(&lines), ["0", "1", "2", "3", "… and 2 more"]);
+        assert_eq!(shown_footer(&lines[..4]), ["0", "1", "2", "3"]);
+    }
 
     /// A grid value at zero computed with a rounding residue prints as 0, not 8.67e-19.
     #[test]
