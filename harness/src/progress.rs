@@ -113,7 +113,9 @@ impl Progress {
         human_duration(Duration::from_secs_f64(left))
     }
 
-    /// A job is done, `summary` says how (one line); `cost` is its estimated cost.
+    /// A job is done, `summary` says how (one line); `index` is the number its
+    /// [`start`](Self::start) line gave it (jobs on several devices finish in any order);
+    /// `cost` is its estimated cost.
     pub fn finish(&mut self, index: usize, summary: &str, cost: f64) {
         self.done_cost += cost;
         let line = format!("[{index}/{}] {summary}", self.total_jobs);

@@ -865,7 +865,7 @@ fn a_child_killed_from_outside_is_killed_not_oom_and_retried() {
     // The row is written and the run fails: it did not measure what it was asked to.
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("rows not measured (killed: 1)"),
+        stderr(&o).contains("rows that failed (killed: 1)"),
         "{}",
         stderr(&o)
     );

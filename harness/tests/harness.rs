@@ -207,6 +207,46 @@ fn a_memory_limit_the_step_fits_gives_an_ok_row() {
     assert_eq!(limited["peak_bytes"], free["peak_bytes"], "{limited}");
 }
 
+/// A row that was measured but whose gradients could not be checked (no reference fits the
+/// memory limit: every candidate's f64 step is predicted over 4 MiB, the variant's own step is
+/// not) is an `error` row like one never measured, and the summary must not call it "not
+/// measured": it says the rows failed, which is true of both.
+#[test]
+fn a_measured_but_unchecked_row_is_summarised_as_failed_not_as_unmeasured() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sweep_file = write(
+        dir.path(),
+        "unchecked.toml",
+        r#"
+name = "unchecked"
+[defaults]
+steps = 1
+warmup = 0
+mem_limit = "4MiB"
+[[group]]
+family = "mlp"
+batch = 512
+channels = 32
+growth = 32
+depth = 8
+variants = ["buffer-store-inplace"]
+"#,
+    );
+    let (out, o) = bench_all(dir.path(), "u.csv", &["--sweep", path_str(&sweep_file)]);
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let rows = read_rows(&out).expect("valid CSV");
+    assert_eq!(rows.len(), 1, "{err}");
+    let row = &rows[0];
+    assert_eq!(row.status, "error", "{}", row.error);
+    assert!(
+        row.error.starts_with("measured, but unchecked") && row.median_ns.is_some(),
+        "{row:?}"
+    );
+    assert!(err.contains("rows that failed (error: 1)"), "{err}");
+    assert!(!err.contains("not measured"), "{err}");
+}
+
 #[test]
 fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -217,7 +257,7 @@ fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let err = stderr(&o);
     assert!(
-        err.contains("rows not measured (error: 1)") && err.contains("(error: 1, ok: 2, oom: 1)"),
+        err.contains("rows that failed (error: 1)") && err.contains("(error: 1, ok: 2, oom: 1)"),
         "{err}"
     );
     let rows = read_rows(&out).expect("valid CSV");

@@ -463,7 +463,7 @@ fn devices_without_cuda_give_error_rows_keyed_by_the_first_device() {
     // every row written, and the run fails: nothing was measured
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert!(
-        stderr(&o).contains("rows not measured (error: "),
+        stderr(&o).contains("rows that failed (error: "),
         "{}",
         stderr(&o)
     );
@@ -487,4 +487,339 @@ fn devices_without_cuda_give_error_rows_keyed_by_the_first_device() {
     assert!(stderr(&o).contains("only be used alone"), "{}", stderr(&o));
     let o = densebench(&["bench-all", "--quick", "--devices", "cuda:1,cuda:1"]);
     assert!(stderr(&o).contains("twice"), "{}", stderr(&o));
+}
+
+/// Two tiny mlp configurations on the CPU (rows `ok`) and one on `cuda:0`, which a build or
+/// machine without CUDA turns into `error` rows at once.
+const FAIL_SWEEP: &str = r#"
+name = "fail"
+[defaults]
+steps = 1
+warmup = 0
+[[group]]
+family = "mlp"
+batch = 4
+channels = 3
+growth = 2
+depth = [1, 2]
+variants = ["cat-store-copy", "autograd"]
+[[group]]
+family = "mlp"
+batch = 4
+channels = 3
+growth = 2
+depth = 1
+variants = ["cat-store-copy", "autograd"]
+device = "cuda:0"
+"#;
+
+fn cuda_available() -> bool {
+    let yes = DeviceSpec::Cuda(0).check_available().is_ok();
+    if yes {
+        eprintln!("skipped: CUDA is available here, so cuda rows would measure, not fail");
+    }
+    yes
+}
+
+/// Removes the row of `key` from a result CSV (as a preemption before it was written would
+/// have left the file).
+fn drop_row(p: &Path, key: &str) {
+    let text = std::fs::read_to_string(p).expect("a result CSV");
+    let kept: String = text
+        .split_inclusive('\n')
+        .filter(|l| !l.contains(&format!("{key},")))
+        .collect();
+    assert_ne!(kept, text, "{key} not in {}", p.display());
+    std::fs::write(p, kept).expect("rewriting the CSV");
+}
+
+/// A shard task retried with `--resume` (after a preemption) judges every row of its jobs in
+/// its file, the kept ones too: it exits 1 while the file holds failed rows of this shard, as
+/// the fresh run did (docs/slurm.md: such a task "ends with exit status 1"), and says how many
+/// were kept from before.
+#[test]
+fn a_resumed_shard_still_fails_on_the_failed_rows_it_kept() {
+    if cuda_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let sweep_file = d.join("fail.toml");
+    std::fs::write(&sweep_file, FAIL_SWEEP).expect("sweep file");
+    let all = jobs(FAIL_SWEEP);
+    let shard_of = |i: usize| shard::select(all.clone(), ShardSpec { index: i, count: 2 });
+    let is_cuda = |j: &Job| j.key.ends_with("/cuda:0");
+    // The shard with both: error rows (cuda) and ok rows (cpu).
+    let mixed = (1..=2)
+        .find(|&i| {
+            let js = shard_of(i);
+            js.iter().any(is_cuda) && js.iter().any(|j| !is_cuda(j))
+        })
+        .expect("a shard holds cuda and cpu jobs");
+    let spec = format!("{mixed}/2");
+    let args = ["--sweep", s(&sweep_file), "--shard", &spec];
+    let (out, o) = bench(d, "f.csv", &args);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let rows = read_rows(&out).expect("valid CSV");
+    let errors = rows.iter().filter(|r| r.status == "error").count();
+    assert!(errors > 0, "{}", stderr(&o));
+    let ok_key = rows
+        .iter()
+        .find(|r| r.status == "ok")
+        .map(|r| r.key.clone())
+        .expect("an ok row");
+
+    // Preempted before its last ok row was written: the retry measures it, and still fails.
+    drop_row(&out, &ok_key);
+    let mut resume = args.to_vec();
+    resume.push("--resume");
+    let (_, o) = bench(d, "f.csv", &resume);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(e.contains("1 rows written") && e.contains("(ok: 1)"), "{e}");
+    assert!(e.contains("kept from before"), "{e}");
+    assert!(
+        e.contains(&format!(
+            "rows that failed (error: {errors}; {errors} of them kept from before (error: \
+             {errors}))"
+        )),
+        "{e}"
+    );
+    // Nothing left to run: the file still holds them, the status says so.
+    let (_, o) = bench(d, "f.csv", &resume);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("nothing to do") && e.contains(&format!("rows that failed (error: {errors}")),
+        "{e}"
+    );
+    // (A shard whose rows are all ok resumes with status 0: three_shards_merge_to_the_whole_…)
+}
+
+/// A merge whose inputs hold failed rows says how many, by status, and which shards to rerun
+/// with `--resume --rerun-failed`; "complete" (every key has a row) stays exit status 0.
+#[test]
+fn merge_counts_failed_rows_and_names_their_shards() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let text = r#"
+name = "m"
+[[group]]
+family = "mlp"
+batch = 4
+channels = 3
+growth = 2
+depth = [1, 2, 3]
+variants = ["cat-store-copy", "autograd"]
+"#;
+    let sweep_file = d.join("m.toml");
+    std::fs::write(&sweep_file, text).expect("sweep file");
+    let all = jobs(text);
+    let shard2: BTreeSet<String> = shard::select(all.clone(), ShardSpec { index: 2, count: 2 })
+        .into_iter()
+        .map(|j| j.key)
+        .collect();
+    // Two failed rows, both of shard 2: an error and a crash.
+    let mut failed = shard2.iter();
+    let (e1, e2) = (
+        failed.next().expect("a key"),
+        failed.next().expect("two keys"),
+    );
+    let rows: Vec<Row> = all
+        .iter()
+        .map(|j| {
+            let mut r = row(&j.key, T1, 1);
+            if &j.key == e1 {
+                r.status = "error".into();
+                r.error = "built without CUDA support".into();
+            } else if &j.key == e2 {
+                r.status = "crashed".into();
+                r.error = "crashed by SIGSEGV".into();
+            }
+            r
+        })
+        .collect();
+    let input = csv(d, "all.csv", &rows);
+    let out = d.join("out.csv");
+    let o = densebench(&[
+        "merge",
+        s(&out),
+        s(&input),
+        "--sweep",
+        s(&sweep_file),
+        "--shards",
+        "2",
+    ]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    assert!(e.contains("2 rows failed (crashed: 1, error: 1)"), "{e}");
+    assert!(
+        e.contains("rerun shard(s) 2 of 2 with --resume --rerun-failed"),
+        "{e}"
+    );
+    assert!(
+        e.contains("complete") && e.contains("2 of them failed"),
+        "{e}"
+    );
+    // Without a sweep: counted all the same.
+    let o = densebench(&["merge", s(&out), s(&input), "--force"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(0), "{e}");
+    assert!(e.contains("2 rows failed (crashed: 1, error: 1)"), "{e}");
+    // All ok: no word of failures.
+    let ok = csv(
+        d,
+        "ok.csv",
+        &all.iter().map(|j| row(&j.key, T1, 1)).collect::<Vec<_>>(),
+    );
+    let o = densebench(&["merge", s(&out), s(&ok), "--force"]);
+    assert!(
+        o.status.success() && !stderr(&o).contains("failed"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// With several devices, jobs finish in another order than they start: each finish line
+/// carries its start line's number and names the device it ran on, so the two can be matched.
+#[test]
+fn progress_lines_of_several_devices_match_start_and_finish() {
+    if cuda_available() {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let text = r#"
+name = "dev"
+[defaults]
+steps = 1
+warmup = 0
+[[group]]
+family = "mlp"
+batch = 4
+channels = 3
+growth = 2
+depth = [1, 2, 3]
+variants = ["cat-store-copy", "autograd"]
+"#;
+    let sweep_file = d.join("dev.toml");
+    std::fs::write(&sweep_file, text).expect("sweep file");
+    let (_, o) = bench(
+        d,
+        "dev.csv",
+        &["--sweep", s(&sweep_file), "--devices", "cuda:0,cuda:1"],
+    );
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    // [n/N] <config> <variant> on <device> …
+    let mut started: BTreeMap<usize, (String, String, String)> = BTreeMap::new();
+    // [n/N] <key> on <device> <status>: …
+    let mut finished: BTreeMap<usize, (String, String)> = BTreeMap::new();
+    for line in e.lines().filter(|l| l.starts_with('[')) {
+        let (n, rest) = line[1..].split_once('/').expect("[n/N]");
+        let n: usize = n.parse().expect("a job number");
+        let rest = rest.split_once("] ").expect("[n/N] ").1;
+        if let Some(what) = rest.strip_suffix(" …") {
+            let (what, dev) = what.rsplit_once(" on ").expect("a device named");
+            let (config, variant) = what.rsplit_once(' ').expect("config and variant");
+            let depth = config
+                .split(' ')
+                .find_map(|w| w.strip_prefix("L="))
+                .expect("L=");
+            let old = started.insert(n, (variant.into(), depth.into(), dev.into()));
+            assert!(old.is_none(), "job {n} started twice:\n{e}");
+        } else {
+            let (key, rest) = rest.split_once(' ').expect("a key");
+            let dev = rest
+                .strip_prefix("on ")
+                .and_then(|r| r.split(' ').next())
+                .unwrap_or_else(|| panic!("no device on the finish line `{line}`"));
+            let old = finished.insert(n, (key.into(), dev.into()));
+            assert!(old.is_none(), "job {n} finished twice:\n{e}");
+        }
+    }
+    assert_eq!(started.len(), 6, "{e}");
+    assert_eq!(
+        started.keys().collect::<Vec<_>>(),
+        finished.keys().collect::<Vec<_>>(),
+        "{e}"
+    );
+    let mut devices = BTreeSet::new();
+    for (n, (variant, depth, dev)) in &started {
+        let (key, fdev) = &finished[n];
+        let f: Vec<&str> = key.split('/').collect();
+        assert_eq!(
+            (f[0], f[5], fdev.as_str()),
+            (variant.as_str(), depth.as_str(), dev.as_str()),
+            "job {n}: started as {variant} L={depth} on {dev}, finished as {key} on {fdev}\n{e}"
+        );
+        assert!(key.ends_with("/cuda:0"), "keyed by the first device: {key}");
+        devices.insert(dev.clone());
+    }
+    assert_eq!(devices.len(), 2, "both devices ran jobs:\n{e}");
+}
+
+/// The costliest job of a sweep with its reference: no shard can be shorter than it.
+fn floor(all: &[Job]) -> f64 {
+    all.iter()
+        .map(|j| j.cost + shard::reference_cost(&j.cfg))
+        .fold(0.0, f64::max)
+}
+
+fn longest_and_total(all: &[Job], n: usize) -> (f64, f64) {
+    let parts = shard::partition(all, n);
+    let longest = parts.iter().map(|p| p.cost).fold(0.0, f64::max);
+    (longest, parts.iter().map(|p| p.cost).sum())
+}
+
+/// A configuration is split only when that shortens the longest shard: once the longest shard
+/// is as short as it can be (the costliest job with its reference), more shards split nothing
+/// more, and the total (each split pays its reference again) stays.
+#[test]
+fn more_shards_split_nothing_once_the_longest_cannot_shorten() {
+    let all = jobs(sweep::DEFAULT_SWEEP);
+    let floor = floor(&all);
+    let (longest24, total24) = longest_and_total(&all, 24);
+    assert!(
+        longest24 <= floor * (1.0 + shard::WORTH_SPLITTING),
+        "24 shards: longest {longest24:e}, the floor {floor:e}"
+    );
+    for n in [32, 48] {
+        let (longest, total) = longest_and_total(&all, n);
+        assert!(
+            longest >= floor * (1.0 - 1e-12),
+            "{n} shards below the floor?"
+        );
+        assert!(
+            total <= total24 * (1.0 + 1e-12),
+            "{n} shards: {total:e} in all against {total24:e} at 24, for a longest shard of \
+             {longest:e} (24: {longest24:e}): splits that shorten nothing"
+        );
+    }
+}
+
+/// And where a split shortens the longest shard, it is made: four configurations of about the
+/// same cost on three shards would put two whole ones together; one of them split shortens
+/// that shard by about a job.
+#[test]
+fn a_split_is_made_where_it_shortens_the_longest_shard() {
+    let text = r#"
+[[group]]
+family = "mlp"
+batch = 4
+channels = 3
+growth = 2
+depth = [1, 2, 3, 4]
+variants = ["cat-store-copy", "autograd"]
+"#;
+    let all = jobs(text);
+    let groups = shard::groups(&all);
+    assert_eq!(groups.len(), 4);
+    let least = groups.iter().map(|g| g.cost).fold(f64::INFINITY, f64::min);
+    let (longest, _) = longest_and_total(&all, 3);
+    assert!(
+        longest < 1.9 * least,
+        "3 shards: longest {longest:e}, two whole configurations cost {:e}",
+        2.0 * least
+    );
 }

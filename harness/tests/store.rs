@@ -223,7 +223,7 @@ fn resume_keeps_a_complete_last_row_without_newline_and_cuts_only_a_torn_one() {
 /// `--resume --rerun-failed` measures again the failed rows of this run's jobs (here a crashed
 /// one, its error text with a comma, a quote and a newline): removed, measured, appended; the ok
 /// row, an `oom` row and another sweep's failed row stay byte for byte. Plain `--resume` keeps
-/// the failed row, and `--rerun-failed` without `--resume` is refused.
+/// the failed row (and exits 1 for it), and `--rerun-failed` without `--resume` is refused.
 #[test]
 fn rerun_failed_measures_this_runs_failed_rows_again_and_keeps_every_other_byte() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -264,9 +264,15 @@ fn rerun_failed_measures_this_runs_failed_rows_again_and_keeps_every_other_byte(
     let o = run(&["--rerun-failed"]);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert_eq!(std::fs::read(&f).expect("file"), bytes);
-    // plain --resume: nothing to run, the crashed row stays
+    // plain --resume: nothing to run, the crashed row stays, and fails the run as it did the
+    // run that wrote it (the other sweep's failed row is not this run's: not counted)
     let o = run(&["--resume"]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{e}");
+    assert!(
+        e.contains("rows that failed (crashed: 1; 1 of them kept from before (crashed: 1))"),
+        "{e}"
+    );
     assert_eq!(std::fs::read(&f).expect("file"), bytes);
     // --rerun-failed: the crashed row is measured again, everything else kept byte for byte
     let o = run(&["--resume", "--rerun-failed"]);

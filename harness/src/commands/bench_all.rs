@@ -10,8 +10,10 @@
 //! SIGTERM, SIGINT or SIGHUP to this process kills the children and stops with exit status
 //! 128 + the signal and one line saying `--resume` continues; `--retries N` reruns rows whose
 //! child was killed or crashed. Bad input (the sweep, a flag, a reference cache that cannot be
-//! written) exits with status 2, before any work. A finished run exits 1 when a row's gradients
-//! are out of tolerance or a row failed (`error`, `killed`, `crashed`), 0 otherwise.
+//! written) exits with status 2, before any work. A finished run exits 1 when a row of its jobs
+//! in the output file (written now, or kept by `--resume`) has gradients out of tolerance or
+//! failed (`error`, `killed`, `crashed`), 0 otherwise: a resumed run judges the whole file's
+//! rows of its jobs as a fresh run would, never only the rows it added.
 //!
 //! Versus PyTorch: `--peer pytorch` (or `peer = "pytorch"` in the sweep file) runs each config's
 //! PyTorch peer variants too, before its densebench variants; PyTorch is probed once before any
@@ -30,10 +32,11 @@ use crate::plan::device::DeviceSpec;
 use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
+use crate::results::row::Row;
 use crate::results::runner;
 use crate::results::store::{Output, RowFilter};
 use anyhow::Result;
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
@@ -144,9 +147,19 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
     Ok((jobs, source))
 }
 
-/// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row's
-/// gradients are out of tolerance or a row failed (`error`, `killed`, `crashed`); rows that ran
-/// out of memory or time are results, not failures.
+/// `status: n, …` in status order.
+fn join_counts(counts: &BTreeMap<String, usize>) -> String {
+    counts
+        .iter()
+        .map(|(k, v)| format!("{k}: {v}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row of
+/// this run's jobs in the output (written now, or kept by `--resume`) has gradients out of
+/// tolerance or failed (`error`, `killed`, `crashed`); rows that ran out of memory or time are
+/// results, not failures.
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (jobs, source) = jobs(&a).bad_input()?;
@@ -168,7 +181,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let failed_here =
         |key: &str, status: &str| mine.contains(key) && child::FAILED_STATUSES.contains(&status);
     let rerun: Option<&RowFilter> = a.rerun_failed.then_some(&failed_here);
-    let (out, done) = Output::open(&out_path, a.resume, a.force, rerun, &note)?;
+    let (out, held) = Output::open(&out_path, a.resume, a.force, rerun, &note)?;
+    let done: HashSet<String> = held.iter().map(|r| r.key.clone()).collect();
+    // The rows of this run's jobs that `--resume` keeps: part of this run's result, so the
+    // verdict (exit status, summary) counts them as it counts the rows written now.
+    let kept: Vec<&Row> = held
+        .iter()
+        .filter(|r| mine.contains(r.key.as_str()))
+        .collect();
     let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
     if foreign > 0 {
         crate::say!(
@@ -212,45 +232,80 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
         return Ok(ExitCode::from(stop.exit_status()));
     }
-    let counts: Vec<String> = shared
-        .counts
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect();
     crate::say!(
         "densebench bench-all: {} rows written to {} in {:.1} s ({})",
         shared.finished,
         out_path.display(),
         start.elapsed().as_secs_f64(),
-        if counts.is_empty() {
+        if shared.counts.is_empty() {
             "nothing to do".to_string()
         } else {
-            counts.join(", ")
+            join_counts(&shared.counts)
         }
     );
-    let mut failed = false;
-    if !shared.out_of_tolerance.is_empty() {
+    // The verdict covers every row of this run's jobs the file holds: those written now and
+    // those `--resume` kept (a shard retried after a preemption still holds its failed rows).
+    let mut kept_counts: BTreeMap<String, usize> = BTreeMap::new();
+    for r in &kept {
+        *kept_counts.entry(r.status.clone()).or_default() += 1;
+    }
+    if !kept.is_empty() {
         crate::say!(
-            "densebench bench-all: gradients out of tolerance: {}",
-            shared.out_of_tolerance.join(", ")
+            "densebench bench-all: {} also holds {} rows of this run's jobs from before ({}); \
+             the verdict below counts them",
+            out_path.display(),
+            kept.len(),
+            join_counts(&kept_counts)
         );
+    }
+    let mut failed = false;
+    let kept_out: Vec<&str> = kept
+        .iter()
+        .filter(|r| r.grad_ok == Some(false))
+        .map(|r| r.key.as_str())
+        .collect();
+    if !shared.out_of_tolerance.is_empty() || !kept_out.is_empty() {
+        let mut keys = shared.out_of_tolerance.join(", ");
+        if !kept_out.is_empty() {
+            if !keys.is_empty() {
+                keys.push_str("; ");
+            }
+            keys.push_str(&format!("kept from before: {}", kept_out.join(", ")));
+        }
+        crate::say!("densebench bench-all: gradients out of tolerance: {keys}");
         failed = true;
     }
     // A row that failed (`error`, `killed`, `crashed`) is written and the sweep goes on, but the
-    // run did not measure what it was asked to: exit 1, as for a row out of tolerance, so that a
-    // script does not plot a partial result as a whole one. `oom` and `timeout` are results of
-    // the limits the sweep set (this configuration does not fit them), not failures.
-    let not_ok: Vec<String> = shared
-        .counts
-        .iter()
-        .filter(|(status, _)| !child::RESULT_STATUSES.contains(&status.as_str()))
-        .map(|(status, n)| format!("{status}: {n}"))
-        .collect();
-    if !not_ok.is_empty() {
+    // run did not get what it was asked for (nothing measured, or a measurement whose gradients
+    // could not be checked): exit 1, as for a row out of tolerance, so that a script does not
+    // plot a partial result as a whole one. `oom` and `timeout` are results of the limits the
+    // sweep set (this configuration does not fit them), not failures.
+    let failures = |counts: &BTreeMap<String, usize>| -> BTreeMap<String, usize> {
+        counts
+            .iter()
+            .filter(|(status, _)| !child::RESULT_STATUSES.contains(&status.as_str()))
+            .map(|(status, &n)| (status.clone(), n))
+            .collect()
+    };
+    let kept_failed = failures(&kept_counts);
+    let mut all_failed = failures(&shared.counts);
+    for (status, n) in &kept_failed {
+        *all_failed.entry(status.clone()).or_default() += n;
+    }
+    if !all_failed.is_empty() {
+        let from_before = if kept_failed.is_empty() {
+            String::new()
+        } else {
+            format!(
+                "; {} of them kept from before ({})",
+                kept_failed.values().sum::<usize>(),
+                join_counts(&kept_failed)
+            )
+        };
         crate::say!(
-            "densebench bench-all: rows not measured ({}): their `status` and `error` columns \
-             say why (`--resume --rerun-failed` measures them again)",
-            not_ok.join(", ")
+            "densebench bench-all: rows that failed ({}{from_before}): their `status` and \
+             `error` columns say why (`--resume --rerun-failed` measures them again)",
+            join_counts(&all_failed)
         );
         failed = true;
     }

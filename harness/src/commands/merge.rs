@@ -10,18 +10,22 @@
 //!   shard with `--shards N`: the array indices to resubmit) and the exit status is
 //!   [`EXIT_INCOMPLETE`]; rows are written in the sweep's order, rows outside the sweep after
 //!   them. Without a sweep, rows keep the order in which their keys first appear.
+//! - Rows that failed (`error`, `killed`, `crashed`) are counted by status, with the shards
+//!   holding them (`--shards N`) to rerun with `--resume --rerun-failed`. Their keys have rows,
+//!   so they change no exit status (each shard's `bench-all` already exited 1 for them).
 //! - OUT is written whole under a temporary name and renamed. An existing OUT is refused unless
 //!   it is one of the inputs (its rows take part, so `merge all.csv all.csv shard-*.csv` adds
 //!   new shards to it) or `--force` is given. Merging the output again with the same inputs
 //!   gives the same bytes (idempotent).
 
+use crate::measure::child;
 use crate::plan::device::DeviceSpec;
 use crate::plan::sweep::sweep_keys;
 use crate::results::merge::{merge_rows, Input, Prefer};
 use crate::results::row;
 use crate::results::store::{same_file, write_rows};
 use anyhow::{bail, Context, Result};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -33,7 +37,9 @@ pub const EXIT_INCOMPLETE: u8 = 2;
 #[command(
     after_help = "Exit status: 0 merged (and complete, when a sweep is given); 2 merged, \
                         but keys of the sweep are missing (listed); 1 nothing written: an input \
-                        is unreadable, rows conflict, or OUT exists."
+                        is unreadable, rows conflict, or OUT exists. Rows that failed (error, \
+                        killed, crashed) are counted by status, with the shards to rerun with \
+                        --resume --rerun-failed; their keys have rows, so they change no status."
 )]
 pub struct Args {
     /// The merged result CSV. Refused if it exists, unless it is also one of the inputs or
@@ -66,6 +72,66 @@ pub struct Args {
     /// Overwrite OUT when it exists and is not one of the inputs.
     #[arg(long)]
     pub force: bool,
+}
+
+/// Says how many merged rows failed (`error`, `killed`, `crashed`), by status, and which shards
+/// to rerun with `--resume --rerun-failed` (with a sweep and `--shards`); and how many have
+/// gradients out of tolerance. Returns the number of failed rows. They change no exit status:
+/// their keys have rows (what merge checks), and each shard's `bench-all` already exited 1.
+fn report_failed_rows(
+    rows: &[row::Row],
+    keys: Option<&[(String, Option<usize>)]>,
+    shards: Option<usize>,
+) -> usize {
+    let shard_of: HashMap<&str, usize> = keys
+        .into_iter()
+        .flatten()
+        .filter_map(|(k, s)| Some((k.as_str(), (*s)?)))
+        .collect();
+    let mut by_status: BTreeMap<&str, usize> = BTreeMap::new();
+    let mut in_shards: BTreeSet<usize> = BTreeSet::new();
+    let mut unsharded = false;
+    for r in rows
+        .iter()
+        .filter(|r| !child::RESULT_STATUSES.contains(&r.status.as_str()))
+    {
+        *by_status.entry(r.status.as_str()).or_default() += 1;
+        match shard_of.get(r.key.as_str()) {
+            Some(&s) => {
+                in_shards.insert(s);
+            }
+            None => unsharded = true,
+        }
+    }
+    let failed: usize = by_status.values().sum();
+    if failed > 0 {
+        let statuses: Vec<String> = by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
+        let rerun = match shards {
+            Some(n) if !in_shards.is_empty() && !unsharded => {
+                let idx: Vec<String> = in_shards.iter().map(ToString::to_string).collect();
+                format!(
+                    "rerun shard(s) {} of {n} with --resume --rerun-failed (Slurm: export \
+                     DENSEBENCH_BENCH_ARGS=--rerun-failed and resubmit array index {})",
+                    idx.join(","),
+                    idx.join(",")
+                )
+            }
+            _ => "rerun their shards (or sweep) with --resume --rerun-failed".to_string(),
+        };
+        crate::say!(
+            "densebench merge: {failed} rows failed ({}): their `status` and `error` columns say \
+             why; {rerun}, then merge again",
+            statuses.join(", ")
+        );
+    }
+    let out_of_tolerance = rows.iter().filter(|r| r.grad_ok == Some(false)).count();
+    if out_of_tolerance > 0 {
+        crate::say!(
+            "densebench merge: note: {out_of_tolerance} rows have gradients out of tolerance \
+             (`grad_ok` false; `densebench report` lists them)"
+        );
+    }
+    failed
 }
 
 /// `densebench merge`.
@@ -156,6 +222,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             )
         }
     );
+    let failed = report_failed_rows(
+        &merged.rows,
+        expected.as_ref().map(|(_, k)| k.as_slice()),
+        a.shards,
+    );
     let Some((source, keys)) = expected else {
         return Ok(ExitCode::SUCCESS);
     };
@@ -164,8 +235,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     if missing.is_empty() {
         crate::say!(
-            "densebench merge: complete: all {} keys of {source}",
-            keys.len()
+            "densebench merge: complete: all {} keys of {source}{}",
+            keys.len(),
+            if failed > 0 {
+                format!(" have a row ({failed} of them failed rows, above)")
+            } else {
+                String::new()
+            }
         );
         return Ok(ExitCode::SUCCESS);
     }

@@ -149,8 +149,9 @@ impl Outcome {
 /// (this configuration does not fit it).
 pub const RESULT_STATUSES: [&str; 3] = ["ok", "oom", "timeout"];
 
-/// Row statuses of failed rows: nothing was measured (what `bench-all` exits 1 for and
-/// `--rerun-failed` measures again). With [`RESULT_STATUSES`], every status an outcome has.
+/// Row statuses of failed rows: nothing was measured, or a measurement could not be checked
+/// (`error`: "measured, but unchecked") — what `bench-all` exits 1 for and `--rerun-failed`
+/// measures again. With [`RESULT_STATUSES`], every status an outcome has.
 pub const FAILED_STATUSES: [&str; 3] = ["error", "killed", "crashed"];
 
 /// Row statuses whose child may well end differently when run again (what `--retries` reruns).

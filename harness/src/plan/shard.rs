@@ -11,20 +11,23 @@
 //! Configurations are assigned greedily, longest predicted cost first, each to the shard where
 //! it leaves the least predicted cost (ties: the lower shard index; equal costs: sweep order).
 //! This is Graham's LPT rule: the largest shard exceeds the mean by at most the cost of one
-//! item. A configuration costing more than a shard's share on its own is the exception: it is
-//! split into its jobs (each shard holding part of it computes its reference, and pays for it
-//! in the balance). Within a shard, jobs keep the sweep's order (each config shallow to deep).
+//! item. A configuration costing more than a shard's share on its own is the exception: it may
+//! be split into chunks of its jobs (each shard holding part of it computes its reference, and
+//! pays for it in the balance), but only when that shortens the longest shard ([`partition`]):
+//! a split that does not is extra work for nothing.
+//! Within a shard, jobs keep the sweep's order (each config shallow to deep).
 //!
 //! The partition depends only on the sweep's jobs (their keys, configs and step counts), never
 //! on the machine, the output file or what is already done, so every array task computes the
-//! same split, and `--resume` on a shard filters *after* sharding.
+//! same split, and `--resume` on a shard filters *after* sharding. It is the same for the same
+//! densebench, not promised across versions: the shards of one sweep run one binary.
 
 use crate::plan::bounds::MAX_SHARDS;
 use crate::plan::job::{self, Job, Settings, Target};
 use anyhow::{bail, Context, Result};
 use impls::variant::Intermediates;
 use impls::{Config, Variant};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
 
@@ -190,30 +193,375 @@ pub struct Part {
     pub cost: f64,
 }
 
-/// A unit of assignment: a whole configuration, or one job of a split one.
-struct Item {
-    group: usize,
-    jobs: Vec<usize>,
-    /// The jobs' cost, without the reference.
-    cost: f64,
-}
+/// How much the search for splits may do beyond the two partitions always computed (whole
+/// configurations, and the oversized ones cut to the mean), in chunks placed and shards set
+/// up by [`Planner::place`]: a few tenths of a second. Counted, not timed, so the split stays
+/// deterministic.
+const SEARCH_BUDGET: usize = 1_000_000;
+
+/// How much shorter a split must make the longest shard to be worth the references it adds:
+/// a split that shortens it by less (1%; the predicted costs are estimates) is not made.
+pub const WORTH_SPLITTING: f64 = 0.01;
 
 /// Splits `jobs` into `count` parts (LPT over configurations, see the module docs). Part `i`
-/// (0-based) is shard `i + 1`. Some parts are empty when there are fewer configs than shards.
+/// (0-based) is shard `i + 1`. Some parts are empty when there are fewer configs than shards
+/// and splitting one would not shorten the longest shard.
 ///
-/// A configuration that alone costs more than a shard's share (the mean) makes its shard the
-/// straggler. Such a configuration may be split into `ceil(cost / mean)` chunks of its jobs;
-/// every shard holding a chunk computes the config's reference and is charged for it. Both
-/// partitions (whole configurations only, and with the oversized ones split) are computed and
-/// the one whose largest shard is cheaper is kept (on a tie, whole configurations).
+/// A configuration that alone costs more than a shard's share makes its shard the straggler.
+/// It may be cut into chunks of its jobs (LPT over its jobs); every shard holding a chunk
+/// computes the config's reference and is charged for it. A configuration is split only when
+/// that shortens the longest shard (by [`WORTH_SPLITTING`] at least):
+///
+/// 1. candidates: whole configurations; every configuration above the mean cut into
+///    `ceil(cost / mean)` chunks (the rule before); and, for every target shard length below
+///    the longest shard of whole configurations at which some configuration's chunk count
+///    changes, each configuration cut into as many chunks as that length needs. Of those whose
+///    longest shard is within [`WORTH_SPLITTING`] of the shortest, the one with the least
+///    total cost wins (the first on a tie: whole configurations first);
+/// 2. one chunk more for a configuration of the longest shard, while that shortens it by
+///    [`WORTH_SPLITTING`];
+/// 3. one chunk less for any split configuration while the longest shard stays within
+///    [`WORTH_SPLITTING`] of the shortest found: no split is left that does not shorten it.
+///
+/// Beyond [`SEARCH_BUDGET`] (sweeps of many thousands of configurations over thousands of
+/// shards) the search stops early, deterministically, with the best partition found.
 pub fn partition(jobs: &[Job], count: usize) -> Vec<Part> {
-    let whole = partition_with(jobs, count, false);
-    let split = partition_with(jobs, count, true);
-    let max = |ps: &[Part]| ps.iter().map(|p| p.cost).fold(0.0, f64::max);
-    if max(&split) < max(&whole) {
-        split
-    } else {
-        whole
+    let count = count.max(1);
+    let plan = Planner::new(jobs, count);
+    let whole = vec![1; plan.groups.len()];
+    let mut budget = SEARCH_BUDGET;
+    // Spends the budget for placing `chunks` unless that leaves less than `keep` (kept for the
+    // later steps); false when it does.
+    let mut spend = |chunks: &[usize], keep: usize| {
+        let steps = chunks.iter().sum::<usize>() + count;
+        let ok = budget >= steps + keep;
+        if ok {
+            budget -= steps;
+        }
+        ok
+    };
+    // 1. The candidates: whole configurations and the rule before (always), then every target
+    // length at which some configuration's chunk count changes (sampled evenly when there are
+    // more than the budget allows).
+    let first = plan.place(&whole);
+    let mean = plan.groups.iter().map(|g| g.cost).sum::<f64>() / count as f64;
+    let to_mean: Vec<usize> = plan
+        .groups
+        .iter()
+        .map(|g| {
+            if g.cost > mean && mean > 0.0 {
+                ((g.cost / mean).ceil() as usize).clamp(1, g.jobs.len())
+            } else {
+                1
+            }
+        })
+        .collect();
+    let mut targets: Vec<f64> = Vec::new();
+    for (gi, g) in plan.groups.iter().enumerate() {
+        for k in 2..=g.jobs.len() {
+            let t = plan.jobs_cost[gi] / k as f64 + plan.refs[gi];
+            if t < first.longest() {
+                targets.push(t);
+            }
+        }
+    }
+    targets.sort_by(|a, b| b.total_cmp(a));
+    targets.dedup();
+    let room = (SEARCH_BUDGET / 2 / (plan.groups.len() + count)).max(1);
+    let stride = targets.len().div_ceil(room).max(1);
+    let mut scored = vec![(whole.clone(), first.longest(), first.total())];
+    let old = plan.place(&to_mean);
+    scored.push((to_mean, old.longest(), old.total()));
+    for &t in targets.iter().step_by(stride) {
+        let chunks = plan.chunks_for(t);
+        // Lower targets cut no configuration into fewer chunks: equal candidates are
+        // neighbours (or one of the first two).
+        if scored
+            .iter()
+            .take(2)
+            .chain(scored.last())
+            .any(|c| c.0 == chunks)
+        {
+            continue;
+        }
+        if !spend(&chunks, SEARCH_BUDGET / 2) {
+            break;
+        }
+        let p = plan.place(&chunks);
+        scored.push((chunks, p.longest(), p.total()));
+    }
+    let shortest = scored.iter().map(|c| c.1).fold(f64::INFINITY, f64::min);
+    let mut chunks = whole;
+    let mut least = f64::INFINITY;
+    for (c, longest, total) in scored {
+        if longest <= shortest * (1.0 + WORTH_SPLITTING) && total < least {
+            (chunks, least) = (c, total);
+        }
+    }
+    let mut best = plan.place(&chunks);
+    // 2. One chunk more for a configuration of the longest shard, while that shortens it.
+    'grow: loop {
+        let max = best.longest();
+        let mut next: Option<(Vec<usize>, Placement)> = None;
+        for g in best.longest_groups() {
+            if chunks[g] >= plan.groups[g].jobs.len() {
+                continue;
+            }
+            let mut more = chunks.clone();
+            more[g] += 1;
+            if !spend(&more, SEARCH_BUDGET / 4) {
+                break 'grow;
+            }
+            let cand = plan.place(&more);
+            let shorter = cand.longest() < max * (1.0 - WORTH_SPLITTING);
+            let better = |n: &Placement| (cand.longest(), cand.total()) < (n.longest(), n.total());
+            if shorter && next.as_ref().is_none_or(|(_, n)| better(n)) {
+                next = Some((more, cand));
+            }
+        }
+        match next {
+            Some((c, p)) => (chunks, best) = (c, p),
+            None => break,
+        }
+    }
+    // 3. One chunk less wherever the longest shard stays within WORTH_SPLITTING of the
+    // shortest found (a fixed bound, so that removals do not creep up on it).
+    let bound = shortest.min(best.longest()) * (1.0 + WORTH_SPLITTING);
+    'prune: loop {
+        let mut changed = false;
+        for g in 0..chunks.len() {
+            if chunks[g] <= 1 {
+                continue;
+            }
+            let mut fewer = chunks.clone();
+            fewer[g] -= 1;
+            if !spend(&fewer, 0) {
+                break 'prune;
+            }
+            let cand = plan.place(&fewer);
+            if cand.longest() <= bound && cand.total() <= best.total() {
+                (chunks, best) = (fewer, cand);
+                changed = true;
+            }
+        }
+        if !changed {
+            break;
+        }
+    }
+    plan.parts(&best)
+}
+
+/// Where [`Planner::place`] put each chunk, and the shards' costs.
+struct Placement {
+    /// Each shard's cost, references included.
+    loads: Vec<f64>,
+    /// (configuration, its chunk, shard) for every chunk.
+    placed: Vec<(usize, usize, usize)>,
+    /// The chunk count of each configuration.
+    chunks: Vec<usize>,
+}
+
+impl Placement {
+    fn longest(&self) -> f64 {
+        self.loads.iter().copied().fold(0.0, f64::max)
+    }
+
+    fn total(&self) -> f64 {
+        self.loads.iter().sum()
+    }
+
+    /// The configurations of the first longest shard.
+    fn longest_groups(&self) -> Vec<usize> {
+        let max = self.longest();
+        let Some(at) = self.loads.iter().position(|&l| l == max) else {
+            return Vec::new();
+        };
+        let mut gs: Vec<usize> = self
+            .placed
+            .iter()
+            .filter(|p| p.2 == at)
+            .map(|p| p.0)
+            .collect();
+        gs.sort_unstable();
+        gs.dedup();
+        gs
+    }
+}
+
+/// One configuration cut into chunks: each chunk's jobs (sweep order) and their cost.
+type Cut = std::rc::Rc<Vec<(Vec<usize>, f64)>>;
+
+/// What assigning a sweep's configurations to shards needs: the configurations, their
+/// references' costs, their jobs' costs, and each cut of a configuration made so far.
+struct Planner<'a> {
+    jobs: &'a [Job],
+    count: usize,
+    groups: Vec<Group>,
+    refs: Vec<f64>,
+    /// Per configuration, its jobs' cost without the reference.
+    jobs_cost: Vec<f64>,
+    cuts: std::cell::RefCell<HashMap<(usize, usize), Cut>>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(jobs: &'a [Job], count: usize) -> Self {
+        let groups = groups(jobs);
+        let refs: Vec<f64> = groups
+            .iter()
+            .map(|g| reference_cost(&jobs[g.jobs[0]].cfg))
+            .collect();
+        let jobs_cost = groups
+            .iter()
+            .map(|g| g.jobs.iter().map(|&j| jobs[j].cost).sum())
+            .collect();
+        Planner {
+            jobs,
+            count,
+            groups,
+            refs,
+            jobs_cost,
+            cuts: Default::default(),
+        }
+    }
+
+    /// The chunk count of each configuration for shards of about `target` (a chunk's jobs and
+    /// its reference): one when the whole configuration fits, every job alone at most.
+    fn chunks_for(&self, target: f64) -> Vec<usize> {
+        (0..self.groups.len())
+            .map(|g| {
+                let room = target - self.refs[g];
+                let n = self.groups[g].jobs.len();
+                if self.jobs_cost[g] + self.refs[g] <= target {
+                    1
+                } else if room <= 0.0 {
+                    n
+                } else {
+                    ((self.jobs_cost[g] / room).ceil() as usize).clamp(1, n)
+                }
+            })
+            .collect()
+    }
+
+    /// Configuration `g` cut into `k` chunks (LPT over its jobs), computed once.
+    fn cut(&self, g: usize, k: usize) -> Cut {
+        let mut cuts = self.cuts.borrow_mut();
+        cuts.entry((g, k))
+            .or_insert_with(|| {
+                let costs = self.groups[g]
+                    .jobs
+                    .iter()
+                    .map(|&j| (j, self.jobs[j].cost))
+                    .collect();
+                let chunks = lpt_bins(costs, k)
+                    .into_iter()
+                    .map(|c| {
+                        let cost = c.iter().map(|&j| self.jobs[j].cost).sum();
+                        (c, cost)
+                    })
+                    .collect();
+                std::rc::Rc::new(chunks)
+            })
+            .clone()
+    }
+
+    /// Greedy (LPT) placement of the configurations, configuration `g` cut into `chunks[g]`
+    /// chunks, on the shards: longest chunk (with its reference) first, each to the first
+    /// shard where it leaves the least (see the module docs).
+    fn place(&self, chunks: &[usize]) -> Placement {
+        let refs = &self.refs;
+        // (configuration, chunk, the chunk's jobs' cost)
+        let mut items: Vec<(usize, usize, f64)> = Vec::new();
+        for (g, &k) in chunks.iter().enumerate() {
+            for (c, (_, cost)) in self.cut(g, k).iter().enumerate() {
+                items.push((g, c, *cost));
+            }
+        }
+        // Longest (with its reference) first; equal costs keep sweep order (the sort is
+        // stable). `total_cmp` is a total order, so the split never depends on float
+        // comparison quirks.
+        items.sort_by(|a, b| (b.2 + refs[b.0]).total_cmp(&(a.2 + refs[a.0])));
+        let count = self.count;
+        let mut loads = vec![0.0; count];
+        // The shards by load (a load is ≥ 0, so its bits order as it does), and the shards
+        // holding each configuration so far: an item goes to the least loaded shard without its
+        // reference or to one holding it already, found without a pass over every shard.
+        let mut by_load: BTreeSet<(u64, usize)> = (0..count).map(|i| (0, i)).collect();
+        let mut holders: Vec<Vec<usize>> = vec![Vec::new(); self.groups.len()];
+        let mut placed = Vec::with_capacity(items.len());
+        for (g, c, cost) in items {
+            // The first shard (lowest index) where it leaves the least, as a scan of every
+            // shard would find it: the least loaded ones not holding it (cost after them rises
+            // with their load), then those holding it.
+            let mut best: Option<(f64, usize)> = None;
+            let mut consider = |after: f64, i: usize| {
+                let better = match best {
+                    None => true,
+                    Some((b, j)) => after.total_cmp(&b).then(i.cmp(&j)).is_lt(),
+                };
+                if better {
+                    best = Some((after, i));
+                }
+            };
+            let mut first: Option<f64> = None;
+            let mut from = (0, 0);
+            while let Some(&(bits, i)) = by_load.range(from..).next() {
+                if holders[g].contains(&i) {
+                    from = (bits, i + 1);
+                    continue;
+                }
+                let after = loads[i] + cost + refs[g];
+                if first.is_some_and(|f| after.total_cmp(&f).is_gt()) {
+                    break;
+                }
+                first.get_or_insert(after);
+                consider(after, i);
+                // The other shards of this load leave as much and come later: past them.
+                match bits.checked_add(1) {
+                    Some(b) => from = (b, 0),
+                    None => break,
+                }
+            }
+            for &h in &holders[g] {
+                // `+ 0.0`: the very sum a scan of every shard makes (no reference to pay).
+                consider(loads[h] + cost + 0.0, h);
+            }
+            let Some((least, target)) = best else {
+                continue;
+            };
+            if !holders[g].contains(&target) {
+                holders[g].push(target);
+            }
+            by_load.remove(&(loads[target].to_bits(), target));
+            loads[target] = least;
+            by_load.insert((least.to_bits(), target));
+            placed.push((g, c, target));
+        }
+        Placement {
+            loads,
+            placed,
+            chunks: chunks.to_vec(),
+        }
+    }
+
+    /// The shards of a placement.
+    fn parts(&self, p: &Placement) -> Vec<Part> {
+        let mut parts: Vec<Part> = p
+            .loads
+            .iter()
+            .map(|&cost| Part {
+                cost,
+                ..Part::default()
+            })
+            .collect();
+        for &(g, c, shard) in &p.placed {
+            let cut = self.cut(g, p.chunks[g]);
+            parts[shard].configs.insert(g);
+            parts[shard].jobs.extend_from_slice(&cut[c].0);
+        }
+        for part in &mut parts {
+            part.jobs.sort_unstable();
+        }
+        parts
     }
 }
 
@@ -235,62 +583,6 @@ fn lpt_bins(mut items: Vec<(usize, f64)>, k: usize) -> Vec<Vec<usize>> {
         })
         .filter(|b| !b.is_empty())
         .collect()
-}
-
-fn partition_with(jobs: &[Job], count: usize, split: bool) -> Vec<Part> {
-    let count = count.max(1);
-    let gs = groups(jobs);
-    let refs: Vec<f64> = gs
-        .iter()
-        .map(|g| reference_cost(&jobs[g.jobs[0]].cfg))
-        .collect();
-    let mean = gs.iter().map(|g| g.cost).sum::<f64>() / count as f64;
-    let mut items: Vec<Item> = Vec::new();
-    for (gi, g) in gs.iter().enumerate() {
-        let chunks = if split && g.cost > mean && mean > 0.0 {
-            ((g.cost / mean).ceil() as usize).min(g.jobs.len())
-        } else {
-            1
-        };
-        let costs = g.jobs.iter().map(|&j| (j, jobs[j].cost)).collect();
-        for chunk in lpt_bins(costs, chunks) {
-            items.push(Item {
-                group: gi,
-                cost: chunk.iter().map(|&j| jobs[j].cost).sum(),
-                jobs: chunk,
-            });
-        }
-    }
-    // Longest (with its reference) first; equal costs keep sweep order (the sort is stable).
-    // `total_cmp` is a total order, so the split never depends on float comparison quirks.
-    items.sort_by(|a, b| (b.cost + refs[b.group]).total_cmp(&(a.cost + refs[a.group])));
-    let mut parts = vec![Part::default(); count];
-    for item in items {
-        let after = |p: &Part| {
-            p.cost
-                + item.cost
-                + if p.configs.contains(&item.group) {
-                    0.0
-                } else {
-                    refs[item.group]
-                }
-        };
-        let target = (0..count)
-            .min_by(|&a, &b| {
-                after(&parts[a])
-                    .total_cmp(&after(&parts[b]))
-                    .then(a.cmp(&b))
-            })
-            .unwrap_or(0);
-        let p = &mut parts[target];
-        p.cost = after(p);
-        p.configs.insert(item.group);
-        p.jobs.extend_from_slice(&item.jobs);
-    }
-    for p in &mut parts {
-        p.jobs.sort_unstable();
-    }
-    parts
 }
 
 /// The jobs of one shard, in sweep order.

@@ -71,14 +71,18 @@ fn worker(
             if let Some(d) = device {
                 settings.device = d;
             }
-            {
+            let on = device.map(|d| format!(" on {d}")).unwrap_or_default();
+            // The job's number: its start line and its finish line both carry it, so that with
+            // several devices (jobs finishing in another order than they started) each finish
+            // line is matched to its start.
+            let number = {
                 let mut sh = shared.lock().map_err(|_| lock_err())?;
                 sh.started += 1;
                 let n = sh.started;
-                let on = device.map(|d| format!(" on {d}")).unwrap_or_default();
                 sh.progress
                     .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
-            }
+                n
+            };
             let mut on_retry = |failed: &crate::results::row::Row, n: usize| {
                 if let Ok(sh) = shared.lock() {
                     sh.progress.note(&format!(
@@ -112,11 +116,16 @@ fn worker(
                 row.device = j.settings.device.to_string();
                 row.device_desc = format!("ran on {}: {}", settings.device, row.device_desc);
             }
+            // The device it ran on, after the key (which names the sweep's device).
+            let summary = row.summary();
+            let summary = match summary.strip_prefix(row.key.as_str()) {
+                Some(rest) if !on.is_empty() => format!("{}{on}{rest}", row.key),
+                _ => summary,
+            };
             let mut sh = shared.lock().map_err(|_| lock_err())?;
             sh.out.append(&row)?;
             sh.finished += 1;
-            let n = sh.finished;
-            sh.progress.finish(n, &row.summary(), j.cost);
+            sh.progress.finish(number, &summary, j.cost);
             *sh.counts.entry(row.status.clone()).or_default() += 1;
             if row.grad_ok == Some(false) {
                 sh.out_of_tolerance.push(row.key.clone());

@@ -18,7 +18,6 @@
 use crate::plan::bounds::bad_input;
 use crate::results::row::{self, Row};
 use anyhow::{anyhow, bail, Context, Result};
-use std::collections::HashSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::os::unix::fs::MetadataExt;
@@ -529,8 +528,9 @@ pub struct Output {
 }
 
 impl Output {
-    /// Opens `path` for a sweep. Returns the output and the keys it already holds (with
-    /// `resume`). Errs, before any work and without changing the file, when another process is
+    /// Opens `path` for a sweep. Returns the output and the rows it already holds (with
+    /// `resume`; none otherwise), so the caller can skip their keys and count them in its
+    /// verdict. Errs, before any work and without changing the file, when another process is
     /// writing it, when it exists without `resume`/`force`, when it is not a result CSV of this
     /// schema, or cannot be written.
     ///
@@ -543,7 +543,7 @@ impl Output {
         force: bool,
         rerun: Option<&RowFilter>,
         note: &dyn Fn(&str),
-    ) -> Result<(Output, HashSet<String>)> {
+    ) -> Result<(Output, Vec<Row>)> {
         if path.is_dir() {
             return Err(bad_input(anyhow!(
                 "output {} is a folder, not a CSV file",
@@ -553,7 +553,7 @@ impl Output {
         create_parent(path)?;
         let lock = WriterLock::acquire(path)?;
         let existing = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
-        let mut done = HashSet::new();
+        let mut done = Vec::new();
         let file = if existing && resume {
             let mut f = OpenOptions::new()
                 .read(true)
@@ -576,9 +576,7 @@ impl Output {
                         })?;
                 }
             }
-            for r in row::read_rows(path)? {
-                done.insert(r.key);
-            }
+            done = row::read_rows(path)?;
             f.seek(SeekFrom::End(0))
                 .with_context(|| format!("cannot append to {}", path.display()))?;
             f
