@@ -223,7 +223,7 @@ pub const WORTH_SPLITTING: f64 = 0.01;
 /// 3. one chunk less for any split configuration while the longest shard stays within
 ///    [`WORTH_SPLITTING`] of the shortest found: no split is left that does not shorten it.
 ///
-/// Beyond [`SEARCH_BUDGET`] (sweeps of many thousands of configurations over thousands of
+/// Beyond a fixed budget of search steps (sweeps of many thousands of configurations over thousands of
 /// shards) the search stops early, deterministically, with the best partition found.
 pub fn partition(jobs: &[Job], count: usize) -> Vec<Part> {
     let count = count.max(1);
