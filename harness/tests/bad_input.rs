@@ -198,6 +198,76 @@ fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
     assert!(!said.contains("seed="), "{said}");
 }
 
+/// `--activation off` on a bc block is refused (exit 2) by `run`, `case` and `step`: a bc layer
+/// always has its ReLUs, and the flag was silently dropped (a `relu=on` row for it).
+#[test]
+fn activation_off_is_refused_for_bc_blocks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let bc = [
+        "--family",
+        "bc",
+        "--depth",
+        "1",
+        "--batch",
+        "1",
+        "--growth",
+        "2",
+        "--channels",
+        "2",
+        "--size",
+        "3",
+    ];
+    let with = |cmd: &str, extra: &[&str]| {
+        let mut a = vec![cmd];
+        a.extend_from_slice(&bc);
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    let case = dir.path().join("bc.safetensors");
+    let run = with(
+        "run",
+        &["--variant", "cat-store-copy", "--activation", "off"],
+    );
+    let make = with("case", &["--out", path_str(&case), "--activation", "off"]);
+    let fits: Vec<String> = [
+        "max-depth",
+        "--family",
+        "bc",
+        "--budget",
+        "1GiB",
+        "--no-confirm",
+        "--activation",
+        "off",
+    ]
+    .into_iter()
+    .map(str::to_string)
+    .collect();
+    for args in [run, make, fits] {
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        refused(&args, &["--activation off applies to mlp blocks only"]);
+    }
+    assert!(!case.exists());
+    let made = with("case", &["--out", path_str(&case)]);
+    let o = densebench(&made.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = dir.path().join("r.safetensors");
+    refused(
+        &[
+            "step",
+            "--case",
+            path_str(&case),
+            "--variant",
+            "cat-store-copy",
+            "--out",
+            path_str(&out),
+            "--activation",
+            "off",
+        ],
+        &["--activation off applies to mlp cases only"],
+    );
+    assert!(!out.exists());
+}
+
 #[test]
 fn outputs_refuse_to_replace_a_result_csv_or_a_file_of_another_kind() {
     let dir = tempfile::tempdir().expect("temp dir");

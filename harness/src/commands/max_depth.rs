@@ -96,6 +96,12 @@ fn block(a: &Args) -> Result<Config> {
             seed: 0,
         },
     };
+    if family == Family::Bc && !a.activation.is_on() {
+        return Err(anyhow!(
+            "--activation off applies to mlp blocks only: a bc (DenseNet-BC) layer always has \
+             its BN → ReLU; leave the flag out for bc"
+        ));
+    }
     let cfg = normalize(Config {
         batch: a.batch.unwrap_or(base.batch),
         channels: a.channels.unwrap_or(base.channels),

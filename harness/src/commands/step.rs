@@ -61,6 +61,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let case = Case::load_with_limit(&a.case, a.activation.map(OnOff::is_on), &device, limit)
         .map_err(|e| anyhow!("{e}"))
         .bad_input()?;
+    if case.cfg.family == impls::Family::Bc && a.activation == Some(OnOff::Off) {
+        return Err(anyhow!(
+            "--activation off applies to mlp cases only: {} is a bc block, whose layers always \
+             have their BN → ReLU; leave the flag out",
+            a.case.display()
+        ))
+        .bad_input();
+    }
     variant
         .check(&case.cfg)
         .map_err(|e| anyhow!("--variant: {e}"))
