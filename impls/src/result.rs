@@ -20,6 +20,20 @@ pub struct StepResult {
 }
 
 impl StepResult {
+    /// Bytes of every tensor it holds (their elements in their dtypes; a view counts as its
+    /// elements, not its storage).
+    pub fn bytes(&self) -> usize {
+        let b = |t: &Tensor| t.elem_count() * t.dtype().size_in_bytes();
+        b(&self.output)
+            + b(&self.grad_input)
+            + self
+                .grads
+                .values()
+                .chain(self.running.values())
+                .map(b)
+                .sum::<usize>()
+    }
+
     /// The same results in another dtype (e.g. f32 results widened to compare with an f64
     /// reference; widening is exact).
     pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<StepResult> {

@@ -32,7 +32,7 @@ use crate::plan::device::DeviceSpec;
 use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
-use crate::results::row::Row;
+use crate::results::row::{join_counts, Row};
 use crate::results::runner;
 use crate::results::store::{Output, RowFilter};
 use anyhow::Result;
@@ -145,15 +145,6 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
         source = format!("{source}, shard {s} ({} of {total} jobs)", jobs.len());
     }
     Ok((jobs, source))
-}
-
-/// `status: n, …` in status order.
-fn join_counts(counts: &BTreeMap<String, usize>) -> String {
-    counts
-        .iter()
-        .map(|(k, v)| format!("{k}: {v}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row of

@@ -9,6 +9,7 @@ use crate::measure::interrupt;
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::replace::{csv_header, refuse_foreign, Kind};
+use crate::results::row::csv_columns;
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
@@ -117,9 +118,9 @@ fn block(a: &Args) -> Result<Config> {
     Ok(cfg)
 }
 
-/// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer::columns`].
+/// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer`]'s columns.
 fn is_max_depth_csv(start: &[u8], _len: u64) -> bool {
-    csv_header(start).is_some_and(|h| h == Answer::columns())
+    csv_header(start).is_some_and(|h| h == csv_columns::<Answer>())
 }
 
 /// A variant's depth over naive's, and how far it can be trusted: the search stops at

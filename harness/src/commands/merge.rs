@@ -105,7 +105,6 @@ fn report_failed_rows(
     }
     let failed: usize = by_status.values().sum();
     if failed > 0 {
-        let statuses: Vec<String> = by_status.iter().map(|(s, n)| format!("{s}: {n}")).collect();
         let rerun = match shards {
             Some(n) if !in_shards.is_empty() && !unsharded => {
                 let idx: Vec<String> = in_shards.iter().map(ToString::to_string).collect();
@@ -121,7 +120,7 @@ fn report_failed_rows(
         crate::say!(
             "densebench merge: {failed} rows failed ({}): their `status` and `error` columns say \
              why; {rerun}, then merge again",
-            statuses.join(", ")
+            row::join_counts(&by_status)
         );
     }
     let out_of_tolerance = rows.iter().filter(|r| r.grad_ok == Some(false)).count();

@@ -55,7 +55,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         for r in &rows {
             *statuses.entry(r.status.as_str()).or_default() += 1;
         }
-        let statuses: Vec<String> = statuses.iter().map(|(s, n)| format!("{s}: {n}")).collect();
         anyhow::bail!(
             "{}: no rows with status ok ({} rows in all{}); nothing to report{}",
             a.csv.display(),
@@ -63,7 +62,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             if statuses.is_empty() {
                 String::new()
             } else {
-                format!(": {}", statuses.join(", "))
+                format!(": {}", crate::results::row::join_counts(&statuses))
             },
             if rows.is_empty() {
                 ""

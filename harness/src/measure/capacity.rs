@@ -43,22 +43,6 @@ pub struct Answer {
     pub bound_reached: bool,
 }
 
-impl Answer {
-    /// The CSV columns, in order (the header of `max-depth --out`).
-    pub fn columns() -> Vec<String> {
-        let mut w = csv::Writer::from_writer(Vec::new());
-        if w.serialize(Answer::default()).is_err() {
-            return Vec::new();
-        }
-        let bytes = w.into_inner().unwrap_or_default();
-        String::from_utf8_lossy(&bytes)
-            .lines()
-            .next()
-            .map(|h| h.split(',').map(str::to_string).collect())
-            .unwrap_or_default()
-    }
-}
-
 /// Model footprint at `depth` on the device and thread count of `s` (a GPU's tap-stack path has
 /// other transients than the CPU's kernels, see `estimates::predicted_peak_bytes`), or `None`
 /// for variants without a model.

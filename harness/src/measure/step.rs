@@ -433,7 +433,7 @@ pub fn measure(
     let graph_wanted = device.is_cuda() && crate::measure::graph::enabled();
     let mut eager_digests = None;
     if reference.is_some() {
-        begin_check(cfg);
+        begin_check(last.as_ref().map_or(0, StepResult::bytes));
     }
     let errors = match (reference, last) {
         (Some((path, ref_variant)), Some(result)) => {
@@ -522,29 +522,16 @@ pub fn measure(
 /// says `error`, never `oom`).
 pub const CHECK_MARKER: &str = "densebench: the measured steps are done; checking their gradients";
 
-/// Bytes the gradient check may hold beyond the memory limit: twice the step's results in the
-/// config's dtype (the reference result read beside them, then host copies of one tensor and
-/// its reference at a time). The limit is the measured steps' (a row is `oom` when the step
-/// does not fit); the check is the harness's memory, not the variant's, and it came on top: an
-/// f32 check once needed 2.7× a step that fit easily.
-pub fn check_allowance(cfg: &Config) -> u64 {
-    let elements = |shape: &[usize]| shape.iter().product::<usize>() as u64;
-    let tensors = elements(&cfg.output_shape())
-        + elements(&cfg.input_shape())
-        + impls::params::specs(cfg)
-            .iter()
-            .map(|s| elements(&s.shape))
-            .sum::<u64>();
-    2 * tensors * cfg.dtype.size_in_bytes() as u64
-}
-
 /// The measured steps are over: says so on stderr ([`CHECK_MARKER`]) and raises the child's
-/// memory limit, if any, by [`check_allowance`].
-fn begin_check(cfg: &Config) {
+/// memory limit, if any, by twice the step's results (`result_bytes`): the reference result read
+/// beside them, then host copies of one tensor and its reference at a time. The limit is the
+/// measured steps' (a row is `oom` when the step does not fit); the check is the harness's
+/// memory, not the variant's, and it came on top: an f32 check once needed 2.7× a step that
+/// fit easily.
+fn begin_check(result_bytes: usize) {
     eprintln!("{CHECK_MARKER}");
     if let Some(limit) = crate::measure::alloc::limit() {
-        let extra = usize::try_from(check_allowance(cfg)).unwrap_or(usize::MAX);
-        crate::measure::alloc::set_limit(Some(limit.saturating_add(extra)));
+        crate::measure::alloc::set_limit(Some(limit.saturating_add(2 * result_bytes)));
     }
 }
 

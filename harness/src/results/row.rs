@@ -127,11 +127,12 @@ pub struct Row {
 }
 
 impl Row {
-    /// One line summarising a finished row (progress output).
-    pub fn summary(&self) -> String {
+    /// One line summarising a finished row (progress output); `ran_on` follows the key (" on
+    /// cuda:1" where a sweep over several devices ran it elsewhere than its key says).
+    pub fn summary(&self, ran_on: &str) -> String {
         let row = self;
         let mut s = format!(
-            "{} {}: peak {} median {}",
+            "{}{ran_on} {}: peak {} median {}",
             row.key,
             row.status,
             human_bytes(row.peak_bytes),
@@ -152,17 +153,7 @@ impl Row {
 
     /// The column names, in order.
     pub fn columns() -> Vec<String> {
-        let mut w = csv::Writer::from_writer(Vec::new());
-        // Serializing a default row cannot fail: every field is a plain value.
-        if w.serialize(Row::default()).is_err() {
-            return Vec::new();
-        }
-        let bytes = w.into_inner().unwrap_or_default();
-        let text = String::from_utf8_lossy(&bytes);
-        text.lines()
-            .next()
-            .map(|h| h.split(',').map(str::to_string).collect())
-            .unwrap_or_default()
+        csv_columns::<Row>()
     }
 
     pub fn is_ok(&self) -> bool {
@@ -305,6 +296,30 @@ impl Row {
             .iter()
             .any(|(_, v)| v.is_some_and(|v| !v.is_finite()))
     }
+}
+
+/// The CSV header of a record type: its serde field names in order, from serializing its
+/// default (which cannot fail for records of plain values; an empty list if it did).
+pub fn csv_columns<T: Serialize + Default>() -> Vec<String> {
+    let mut w = csv::Writer::from_writer(Vec::new());
+    if w.serialize(T::default()).is_err() {
+        return Vec::new();
+    }
+    let bytes = w.into_inner().unwrap_or_default();
+    String::from_utf8_lossy(&bytes)
+        .lines()
+        .next()
+        .map(|h| h.split(',').map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Counts by name as `a: 1, b: 2`, in the map's order (row statuses in summaries).
+pub fn join_counts<K: std::fmt::Display>(counts: &std::collections::BTreeMap<K, usize>) -> String {
+    counts
+        .iter()
+        .map(|(k, n)| format!("{k}: {n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// How far the csv crate's line numbers lag the file's: in a file with CRLF line endings a

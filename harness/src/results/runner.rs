@@ -117,11 +117,7 @@ fn worker(
                 row.device_desc = format!("ran on {}: {}", settings.device, row.device_desc);
             }
             // The device it ran on, after the key (which names the sweep's device).
-            let summary = row.summary();
-            let summary = match summary.strip_prefix(row.key.as_str()) {
-                Some(rest) if !on.is_empty() => format!("{}{on}{rest}", row.key),
-                _ => summary,
-            };
+            let summary = row.summary(&on);
             let mut sh = shared.lock().map_err(|_| lock_err())?;
             sh.out.append(&row)?;
             sh.finished += 1;

@@ -442,11 +442,7 @@ fn drop_rows_where(path: &Path, drop: &RowFilter, note: &dyn Fn(&str)) -> Result
         "{}: removed {} rows to measure them again ({})",
         path.display(),
         counts.values().sum::<usize>(),
-        counts
-            .iter()
-            .map(|(s, n)| format!("{s}: {n}"))
-            .collect::<Vec<_>>()
-            .join(", ")
+        row::join_counts(&counts)
     ));
     Ok(true)
 }
