@@ -1,8 +1,9 @@
 //! `densebench plots` on small synthetic CSVs, for what its figures and messages state: the
 //! timed steps a time-vs-depth figure really has, f32 and f64 rows never one series, every row
 //! not ok listed (with its device) where no footer shows it, the devices a family figure draws,
-//! and no ratio or Pareto front across thread counts. `PLOTS_AUDIT_BIN` runs them against
-//! another `densebench` binary (an older build, to see them fail there).
+//! no ratio or Pareto front across thread counts, and `report`'s gradient tables one per dtype.
+//! `PLOTS_AUDIT_BIN` runs them against another `densebench` binary (an older build, to see
+//! them fail there).
 
 use densebench::results::row::{key_of_fields, Row, SCHEMA_VERSION};
 use std::path::{Path, PathBuf};
@@ -459,5 +460,54 @@ fn no_ratio_or_front_across_thread_counts() {
             "not compared: `cat-recompute-copy` (2 threads) (not at `cat-store-copy`'s 1 thread)"
         )),
         "{mvt:?}"
+    );
+}
+
+/// Defect: `report`'s gradient table was one per family, its "worst" over f32 and f64 (or
+/// tf32 and ieee) rows at once: the f64 rows' errors vanished under the f32 ones, and "rows
+/// checked" counted both. Now one table per family, dtype and math, each named.
+#[test]
+fn report_gradient_tables_never_mix_dtypes() {
+    let mut rows = Vec::new();
+    for d in [1, 2] {
+        rows.push(row("cat-store-copy", d));
+        rows.push(with(row("cat-store-copy", d), |r| {
+            r.dtype = "f64".to_string();
+            r.max_rel_err = Some(3e-16);
+            r.max_abs_err = Some(1e-16);
+        }));
+    }
+    let (dir, figs, _) = plots(&rows);
+    let csv = dir.path().join("results.csv");
+    let md = dir.path().join("REPORT.md");
+    let o = Command::new(bin())
+        .args(["report", path_str(&csv), "--out", path_str(&md)])
+        .args(["--plots", path_str(&figs)])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "report failed:\n{}", log(&o));
+    let text = std::fs::read_to_string(&md).unwrap();
+    let section = text
+        .split("## Gradient check")
+        .nth(1)
+        .and_then(|s| s.split("\n## ").next())
+        .unwrap_or_default();
+    let f32_table = section.split("`mlp`, f32 (worst").nth(1);
+    let f64_table = section.split("`mlp`, f64 (worst").nth(1);
+    assert!(f32_table.is_some() && f64_table.is_some(), "{section}");
+    let first_row = |t: &str| {
+        t.lines()
+            .find(|l| l.starts_with("| `cat-store-copy`"))
+            .unwrap_or_default()
+            .to_string()
+    };
+    // two rows in each, and each table's worst is its own dtype's
+    let r32 = first_row(f32_table.unwrap_or_default());
+    let r64 = first_row(f64_table.unwrap_or_default());
+    assert!(r32.contains("| 2 / 2 |") && r32.contains("1.4e-7"), "{r32}");
+    assert!(
+        r64.contains("| 2 / 2 |") && r64.contains("3.0e-16"),
+        "{r64}"
     );
 }

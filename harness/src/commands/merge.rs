@@ -221,6 +221,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
             )
         }
     );
+    if !merged.tied.is_empty() {
+        crate::say!(
+            "densebench merge: warning: {} of them had two differing rows with the same newest \
+             timestamp; kept the row whose CSV line sorts last (a rule, not the newer \
+             measurement): {}",
+            merged.tied.len(),
+            merged.tied.join(", ")
+        );
+    }
     let failed = report_failed_rows(
         &merged.rows,
         expected.as_ref().map(|(_, k)| k.as_slice()),

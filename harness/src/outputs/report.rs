@@ -323,10 +323,27 @@ fn gradient_section(groups: &[Group], out: &mut String) {
     if !failed.is_empty() {
         let _ = writeln!(out);
     }
-    let mut families: Vec<&str> = groups.iter().map(|g| g.key.family.as_str()).collect();
-    families.dedup();
-    for fam in families {
-        let fam_rows: Vec<&Row> = ok.iter().copied().filter(|r| r.family == fam).collect();
+    // One table per family, dtype and math (an f64 or tf32 row's error is not an f32 one's: a
+    // worst over both would hide one in the other), in order of first appearance.
+    let mut families: Vec<plots::FamilyKey> = Vec::new();
+    for g in groups {
+        let k = plots::FamilyKey::of(&g.key);
+        if !families.contains(&k) {
+            families.push(k);
+        }
+    }
+    let several = families.len()
+        > groups
+            .iter()
+            .map(|g| &g.key.family)
+            .collect::<std::collections::BTreeSet<_>>()
+            .len();
+    for fam in &families {
+        let fam_rows: Vec<&Row> = groups
+            .iter()
+            .filter(|g| plots::FamilyKey::of(&g.key) == *fam)
+            .flat_map(|g| g.ok.iter())
+            .collect();
         let order = data::variant_order(fam_rows.iter().map(|r| r.variant.as_str()));
         let rows: Vec<Vec<String>> = order
             .iter()
@@ -363,7 +380,22 @@ fn gradient_section(groups: &[Group], out: &mut String) {
                 ]
             })
             .collect();
-        let _ = writeln!(out, "`{fam}` (worst over every configuration and depth):\n");
+        // the family alone where it has one dtype and math, as before; else each named
+        let name = if several {
+            format!(
+                "`{}`, {}{}",
+                fam.family,
+                fam.dtype,
+                if fam.math == "ieee" {
+                    String::new()
+                } else {
+                    format!(", {}", fam.math)
+                }
+            )
+        } else {
+            format!("`{}`", fam.family)
+        };
+        let _ = writeln!(out, "{name} (worst over every configuration and depth):\n");
         out.push_str(&markdown_table(
             &[
                 "variant",

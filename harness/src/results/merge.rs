@@ -39,6 +39,9 @@ pub struct Merged {
     pub identical_duplicates: usize,
     /// Keys whose rows differed and were resolved by `--prefer newest`.
     pub resolved: Vec<String>,
+    /// Of those, the keys whose newest timestamp two differing rows share: the row kept is the
+    /// one whose CSV line sorts last, a rule, not a measurement's age (said, never silent).
+    pub tied: Vec<String>,
 }
 
 /// A candidate row of one key and where it came from.
@@ -68,6 +71,14 @@ fn timestamp(c: &Candidate) -> Result<chrono::DateTime<chrono::FixedOffset>> {
             c.source, c.row.key, c.row.timestamp
         )
     })
+}
+
+/// How many of `times` equal `t`.
+fn newest_count(
+    times: &[chrono::DateTime<chrono::FixedOffset>],
+    t: chrono::DateTime<chrono::FixedOffset>,
+) -> usize {
+    times.iter().filter(|&&x| x == t).count()
 }
 
 /// Merges the inputs' rows by key (see the module docs). Errs on conflicting rows without
@@ -124,6 +135,7 @@ pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
     }
     let mut rows = Vec::with_capacity(order.len());
     let mut resolved = Vec::new();
+    let mut tied = Vec::new();
     for k in &order {
         let cands = by_key
             .remove(k)
@@ -132,8 +144,10 @@ pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
             resolved.push(k.clone());
         }
         let mut best: Option<(chrono::DateTime<chrono::FixedOffset>, Candidate)> = None;
+        let mut by_time = Vec::with_capacity(cands.len());
         for c in cands {
             let t = timestamp(&c)?;
+            by_time.push(t);
             let better = match &best {
                 None => true,
                 Some((bt, b)) => (t, &c.line) > (*bt, &b.line),
@@ -142,7 +156,10 @@ pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
                 best = Some((t, c));
             }
         }
-        if let Some((_, c)) = best {
+        if let Some((t, c)) = best {
+            if newest_count(&by_time, t) > 1 {
+                tied.push(k.clone());
+            }
             rows.push(c.row);
         }
     }
@@ -150,6 +167,7 @@ pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
         rows,
         identical_duplicates,
         resolved,
+        tied,
     })
 }
 
@@ -185,6 +203,27 @@ mod tests {
             let m = merge_rows(&inputs, Some(Prefer::Newest)).map_err(|e| e.to_string());
             assert_eq!(m.map(|m| m.rows), Ok(vec![new.clone()]));
         }
+    }
+
+    /// Two differing rows of one key with the same newest timestamp: one is kept by the
+    /// documented rule, and the key is reported as a tie (not silently resolved); an older
+    /// third row does not make a tie.
+    #[test]
+    fn a_tie_on_the_newest_timestamp_is_reported() {
+        let a = row("a", "2024-01-02T00:00:00Z", 1);
+        let b = row("a", "2024-01-02T00:00:00+00:00", 2);
+        let old = row("b", "2024-01-01T00:00:00Z", 3);
+        let new = row("b", "2024-01-02T00:00:00Z", 4);
+        let inputs = [
+            input("x", vec![a.clone(), old]),
+            input("y", vec![b.clone(), new.clone()]),
+        ];
+        let m = merge_rows(&inputs, Some(Prefer::Newest)).map_err(|e| e.to_string());
+        let m = m.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(m.resolved, vec!["a".to_string(), "b".to_string()]);
+        assert_eq!(m.tied, vec!["a".to_string()]);
+        assert_eq!(m.rows.len(), 2);
+        assert_eq!(m.rows[1], new);
     }
 
     #[test]

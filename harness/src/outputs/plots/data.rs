@@ -114,19 +114,20 @@ impl ConfigKey {
                 if self.activation { "relu" } else { "linear" }
             )
         };
-        if self.dtype != "f32" {
-            s.push('-');
-            s.push_str(&sanitize(&self.dtype));
-        }
-        if self.device != "cpu" {
-            s.push('-');
-            s.push_str(&sanitize(&self.device));
-        }
-        if self.math != "ieee" {
-            s.push('-');
-            s.push_str(&sanitize(&self.math));
-        }
+        push_slug_suffixes(&mut s, &self.dtype, Some(&self.device), &self.math);
         s
+    }
+}
+
+/// The suffixes of a figure's file name, in this order, each only when not the default: the
+/// dtype (not `f32`), the device (not `cpu`; `None` for figures over every device) and the math
+/// (not `ieee`). One rule for [`ConfigKey::slug`] and the family figures' slug.
+pub fn push_slug_suffixes(s: &mut String, dtype: &str, device: Option<&str>, math: &str) {
+    for (part, default) in [(Some(dtype), "f32"), (device, "cpu"), (Some(math), "ieee")] {
+        if let Some(p) = part.filter(|p| *p != default) {
+            s.push('-');
+            s.push_str(&sanitize(p));
+        }
     }
 }
 

@@ -75,7 +75,7 @@ pub struct FamilyKey {
 }
 
 impl FamilyKey {
-    fn of(key: &data::ConfigKey) -> Self {
+    pub fn of(key: &data::ConfigKey) -> Self {
         Self {
             family: key.family.clone(),
             dtype: key.dtype.clone(),
@@ -87,14 +87,7 @@ impl FamilyKey {
     /// not f32, the math when not ieee).
     pub fn slug(&self) -> String {
         let mut s = data::sanitize(&self.family);
-        if self.dtype != "f32" {
-            s.push('-');
-            s.push_str(&data::sanitize(&self.dtype));
-        }
-        if self.math != "ieee" {
-            s.push('-');
-            s.push_str(&data::sanitize(&self.math));
-        }
+        data::push_slug_suffixes(&mut s, &self.dtype, None, &self.math);
         s
     }
 
