@@ -511,3 +511,92 @@ fn report_gradient_tables_never_mix_dtypes() {
         "{r64}"
     );
 }
+
+/// Defect: a row whose gradients were out of tolerance (status ok, `grad_ok` false) was ringed
+/// as the only point of the Pareto front and picked as the report's "most frugal" variant,
+/// unmarked, where a reader pastes from. Now it is drawn and tabled with `†`, never on the
+/// front, never picked.
+#[test]
+fn rows_out_of_tolerance_are_marked_and_never_best() {
+    // buffer-store-inplace smallest and fastest, but its gradients are wrong
+    let wrong = with(row("buffer-store-inplace", 2), |r| {
+        r.peak_bytes = Some(1000);
+        r.median_ns = Some(1000);
+        r.min_ns = Some(900);
+        r.max_ns = Some(1100);
+        r.max_rel_err = Some(0.5);
+        r.grad_ok = Some(false);
+    });
+    let frugal = with(row("buffer-store-copy", 2), |r| {
+        r.peak_bytes = Some(5000);
+        r.median_ns = Some(1_500_000);
+    });
+    // L = 1 all within tolerance (a depth-wise figure needs two depths)
+    let mut rows = vec![row("cat-store-copy", 2), frugal, wrong];
+    for v in [
+        "cat-store-copy",
+        "buffer-store-copy",
+        "buffer-store-inplace",
+    ] {
+        rows.push(row(v, 1));
+    }
+    let (dir, figs, _) = plots(&rows);
+    let t = texts(&figs.join("memory-vs-time-mlp-N8-C4-k2-relu-L2.svg"));
+    let label = |v: &str| {
+        t.iter()
+            .find(|s| s.starts_with(&format!("{v}  ")))
+            .cloned()
+            .unwrap_or_default()
+    };
+    assert!(label("buffer-store-inplace").ends_with('†'), "{t:?}");
+    assert!(!label("buffer-store-inplace").contains('*'), "{t:?}");
+    assert!(label("buffer-store-copy").ends_with('*'), "{t:?}");
+    assert!(
+        t.iter()
+            .any(|s| s.starts_with("†: gradients out of tolerance")),
+        "{t:?}"
+    );
+    for stem in [
+        "memory-vs-depth-mlp-N8-C4-k2-relu",
+        "time-vs-depth-mlp-N8-C4-k2-relu",
+    ] {
+        let t = texts(&figs.join(format!("{stem}.svg")));
+        assert!(
+            t.iter()
+                .any(|s| s.starts_with("buffer-store-inplace") && s.ends_with('†')),
+            "{stem}: {t:?}"
+        );
+        assert!(
+            t.iter()
+                .any(|s| s.starts_with("buffer-store-copy") && !s.ends_with('†')),
+            "{stem}: {t:?}"
+        );
+    }
+    let csv = dir.path().join("results.csv");
+    let md = dir.path().join("REPORT.md");
+    let o = Command::new(bin())
+        .args(["report", path_str(&csv), "--out", path_str(&md)])
+        .args(["--plots", path_str(&figs)])
+        .current_dir(dir.path())
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "report failed:\n{}", log(&o));
+    let text = std::fs::read_to_string(&md).unwrap();
+    assert!(
+        text.contains("densebench most frugal: `buffer-store-copy`"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("most frugal: `buffer-store-inplace`"),
+        "{text}"
+    );
+    // its measured cells marked (peak and time tables), no other variant's
+    let marked = |v: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(&format!("| `{v}` |")))
+            .filter(|l| l.contains(" † |"))
+            .count()
+    };
+    assert_eq!(marked("buffer-store-inplace"), 2, "{text}");
+    assert_eq!(marked("buffer-store-copy"), 0, "{text}");
+}

@@ -106,14 +106,22 @@ fn depth_table(
         .map(|v| {
             let mut cells = vec![format!("`{v}`")];
             for &d in &depths {
-                let val = g.row(v, d).and_then(&value);
+                let row = g.row(v, d);
+                let val = row.and_then(&value);
                 let naive = g.row(NAIVE, d).and_then(&value);
-                cells.push(match (val, ratio(val, naive)) {
+                let cell = match (val, ratio(val, naive)) {
                     (Some(x), Some(r)) if v != NAIVE => {
                         format!("{} ({r:.2}×)", fmt_num(to_unit(x)))
                     }
                     (Some(x), _) => fmt_num(to_unit(x)),
                     (None, _) => "–".to_string(),
+                };
+                // a measured row whose gradients are not within tolerance: said in the cell
+                cells.push(match row {
+                    Some(r) if val.is_some() && !data::trusted(r) => {
+                        format!("{cell} {}", data::UNTRUSTED)
+                    }
+                    _ => cell,
                 });
             }
             if with_exponent {
@@ -242,6 +250,15 @@ fn family_sections(groups: &[Group], out: &mut String) {
                 out.push_str(&depth_table(g, |r| r.peak_bytes, mib, true));
                 let _ = writeln!(out, "\nMedian step time, forward + backward (ms):\n");
                 out.push_str(&depth_table(g, measured_ns, ms, false));
+                if g.ok.iter().any(|r| !data::trusted(r)) {
+                    let _ = writeln!(
+                        out,
+                        "\n{} gradients out of tolerance or not checked (\"Gradient check\" \
+                         below): measured, but not a result; never picked as the best in \
+                         \"Measured beside the published numbers\".",
+                        data::UNTRUSTED
+                    );
+                }
                 if g.ok.iter().any(|r| r.predicted_peak_bytes.is_some()) {
                     let _ = writeln!(out, "\nMeasured / predicted peak:\n");
                     out.push_str(&prediction_table(g));
@@ -546,13 +563,18 @@ fn published_section(groups: &[Group], out: &mut String) {
         };
         let at = g.at_depth(depth);
         // another variant than naive itself (a naive-only CSV has no "most frugal")
+        // and only among rows whose gradients are within tolerance (a wrong row is no option)
         let frugal = at
             .iter()
-            .filter(|r| r.peak_bytes.is_some() && r.variant != NAIVE)
+            .filter(|r| r.peak_bytes.is_some() && r.variant != NAIVE && data::trusted(r))
             .min_by_key(|r| r.peak_bytes);
         let fastest_linear = at
             .iter()
-            .filter(|r| is_linear_memory(&r.variant, &r.family) && measured_ns(r).is_some())
+            .filter(|r| {
+                is_linear_memory(&r.variant, &r.family)
+                    && measured_ns(r).is_some()
+                    && data::trusted(r)
+            })
             .min_by_key(|r| measured_ns(r));
         let mut picks: Vec<(&str, &Row)> = Vec::new();
         if let Some(f) = frugal {

@@ -28,6 +28,39 @@ pub fn peer_label(variant: &str) -> String {
     }
 }
 
+/// Whether a row's numbers are a result: its gradients were checked and are within tolerance.
+/// A row out of tolerance or unchecked is drawn and tabled, marked [`UNTRUSTED`], but never on a
+/// Pareto front or picked as the best of anything (README: a faster row with wrong gradients is
+/// no improvement).
+pub fn trusted(r: &Row) -> bool {
+    r.grad_ok == Some(true)
+}
+
+/// The mark of a row (or a variant with such a row) that is not [`trusted`]: the peer's mark,
+/// one meaning in every figure and table.
+pub const UNTRUSTED: &str = "†";
+
+/// `label` with `  †` when any of `rows` is not [`trusted`].
+pub fn marked(label: String, rows: &[&Row]) -> String {
+    if rows.iter().all(|r| trusted(r)) {
+        label
+    } else {
+        format!("{label}  {UNTRUSTED}")
+    }
+}
+
+/// The legend notes of a figure whose densebench `rows` include any not [`trusted`].
+pub fn untrusted_notes(rows: &[&Row]) -> Vec<String> {
+    if rows.iter().all(|r| trusted(r)) {
+        Vec::new()
+    } else {
+        vec![
+            format!("{UNTRUSTED}: gradients out of tolerance"),
+            "  or unchecked: not a result".to_string(),
+        ]
+    }
+}
+
 /// Why two rows of one configuration (same [`ConfigKey`]) must not be set against each other,
 /// or `None` when they may: times and peaks are comparable only on the same device with the same
 /// dtype, compute threads and math mode.

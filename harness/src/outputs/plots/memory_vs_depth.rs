@@ -2,7 +2,7 @@
 //! the fitted growth exponent and slope guides (Pleiss et al.'s quadratic-vs-linear figure); the
 //! PyTorch peer's rows, when the CSV has comparable ones, as dashed series of their own.
 
-use super::data::{growth_exponent, mib, variant_exponent, Group};
+use super::data::{self, growth_exponent, mib, variant_exponent, Group};
 use super::style::*;
 use crate::results::row::Row;
 use anyhow::Result;
@@ -177,7 +177,7 @@ where
                 Some(p) => format!("{v}  p = {p:.2}"),
                 None => v.clone(),
             };
-            Entry::variant(v, label, true)
+            Entry::variant(v, data::marked(label, &g.variant_rows(v)), true)
         })
         .collect();
     entries.extend(
@@ -194,6 +194,8 @@ where
         "quadratic ≈ 2, linear ≈ 1".to_string(),
         "dashed guides: slope 2 and slope 1".to_string(),
     ];
+    let drawn: Vec<&Row> = series.iter().flat_map(|(v, _)| g.variant_rows(v)).collect();
+    notes.extend(data::untrusted_notes(&drawn));
     notes.extend(peer_notes(&peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
 }

@@ -2,7 +2,9 @@
 //! Pareto front of densebench's variants marked; the PyTorch peer's comparable rows as diamonds
 //! joined by a dashed line (its naive block to its memory-saving one), outside the front.
 //! Ratios and the front are taken only among rows at one thread count (naive's, else the
-//! commonest): a row at another is drawn, named in the footer, and set against none.
+//! commonest): a row at another is drawn, named in the footer, and set against none. A row
+//! whose gradients are out of tolerance or unchecked is drawn, marked `†`, and never on the
+//! front.
 
 use super::data::{self, incomparable, mib, ms, pareto_front, peer_label, Group, NAIVE};
 use super::style::*;
@@ -31,8 +33,9 @@ where
         .collect();
     // The front among the rows at the base thread count only (indices into `rows`).
     let base = base_threads(g, depth, &rows);
+    // ... and only among rows whose gradients are within tolerance: a wrong row is no option
     let compared: Vec<usize> = (0..rows.len())
-        .filter(|&i| Some(rows[i].threads) == base)
+        .filter(|&i| Some(rows[i].threads) == base && data::trusted(rows[i]))
         .collect();
     let cpts: Vec<(f64, f64)> = compared.iter().map(|&i| pts[i]).collect();
     let front: Vec<usize> = pareto_front(&cpts)
@@ -150,6 +153,7 @@ where
         if front.contains(&i) {
             label.push_str("  *");
         }
+        let label = data::marked(label, &[r]);
         entries.push(Entry::variant(&r.variant, label, false));
     }
     for p in &peer_rows {
@@ -177,6 +181,11 @@ where
     if rows.iter().any(|r| Some(r.threads) != base) {
         notes.push("(n thr.): at another thread count:".to_string());
         notes.push("  no ratios, not on the front".to_string());
+    }
+    let untrusted = data::untrusted_notes(&rows);
+    if !untrusted.is_empty() {
+        notes.extend(untrusted);
+        notes.push("  and not on the front".to_string());
     }
     notes.extend(peer_notes(&peer_rows, "diamonds, dashed"));
     if !peer_rows.is_empty() {
@@ -322,35 +331,58 @@ impl Scatter<'_> {
                 rgb(&self.peers[0].variant).stroke_width(2),
             ))?;
         }
+        // Labels right of their point, or left of it in the right third of the axis, placed
+        // so that none overlaps another (style::place_labels): the peer's first, then the
+        // front's.
+        let area = chart.plotting_area().strip_coord_spec();
+        let size_of = |text: &str, style: &TextStyle| -> (i32, i32) {
+            area.estimate_text_size(text, style)
+                .map(|(w, h)| (w as i32, h as i32))
+                .unwrap_or((8 * text.len() as i32, 14))
+        };
+        let label_style = |hpos: HPos| font(LABEL_PT).pos(Pos::new(hpos, VPos::Center));
+        let mut taken = Vec::new();
         for (p, &pt) in self.peers.iter().zip(self.peer_pts) {
             markers(chart, &[pt], shape_of(&p.variant), rgb(&p.variant), 8)?;
-            let (dx, hpos) = if (self.xfrac)(pt.0) > 0.66 {
+            let to_left = (self.xfrac)(pt.0) > 0.66;
+            let (dx, hpos) = if to_left {
                 (-16, HPos::Right)
             } else {
                 (16, HPos::Left)
             };
+            let text = peer_label(&p.variant);
             let color = rgb(&p.variant);
-            let style = font(LABEL_PT)
-                .color(&color)
-                .pos(Pos::new(hpos, VPos::Center));
+            let style = label_style(hpos).color(&color);
+            taken.push(label_box(
+                chart.backend_coord(&pt),
+                (dx, 0),
+                to_left,
+                size_of(&text, &style),
+            ));
             chart.draw_series(std::iter::once(
-                EmptyElement::at(pt) + Text::new(peer_label(&p.variant), (dx, 0), style),
+                EmptyElement::at(pt) + Text::new(text, (dx, 0), style),
             ))?;
         }
-        for (n, &i) in front.iter().enumerate() {
+        let anchors: Vec<(i32, i32)> = front
+            .iter()
+            .map(|&i| chart.backend_coord(&pts[i]))
+            .collect();
+        let sizes: Vec<(i32, i32)> = front
+            .iter()
+            .map(|&i| size_of(&self.rows[i].variant, &label_style(HPos::Left)))
+            .collect();
+        let left: Vec<bool> = front
+            .iter()
+            .map(|&i| (self.xfrac)(pts[i].0) > 0.66)
+            .collect();
+        let places = place_labels(&anchors, &sizes, &left, &taken);
+        for (&i, &(offset, to_left)) in front.iter().zip(&places) {
+            let hpos = if to_left { HPos::Right } else { HPos::Left };
             let p = pts[i];
             chart.draw_series(std::iter::once(Circle::new(p, 12, BLACK.stroke_width(2))))?;
-            // Labels right of the point, or left of it in the right third of the axis;
-            // alternate above and below so neighbours on the front do not collide.
-            let (dx, hpos) = if (self.xfrac)(p.0) > 0.66 {
-                (-16, HPos::Right)
-            } else {
-                (16, HPos::Left)
-            };
-            let dy = if n % 2 == 0 { -16 } else { 16 };
-            let style = font(LABEL_PT).pos(Pos::new(hpos, VPos::Center));
             chart.draw_series(std::iter::once(
-                EmptyElement::at(p) + Text::new(self.rows[i].variant.clone(), (dx, dy), style),
+                EmptyElement::at(p)
+                    + Text::new(self.rows[i].variant.clone(), offset, label_style(hpos)),
             ))?;
         }
         Ok(())

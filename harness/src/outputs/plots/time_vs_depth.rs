@@ -1,7 +1,7 @@
 //! Figure 2, `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
 //! the PyTorch peer's comparable rows as dashed series of their own (medians).
 
-use super::data::{incomparable, ms, Group, NAIVE};
+use super::data::{self, incomparable, ms, Group, NAIVE};
 use super::memory_vs_depth::peer_points;
 use super::style::*;
 use crate::results::row::Row;
@@ -107,7 +107,7 @@ where
                 (None, Some(t)) => format!("{v}  (no ratio: {t} thr.)"),
                 (None, None) => v.clone(),
             };
-            Entry::variant(v, label, true)
+            Entry::variant(v, data::marked(label, &g.variant_rows(v)), true)
         })
         .collect();
     for (v, pts) in &peer_pts {
@@ -137,6 +137,7 @@ where
         notes.push("  at the same thread count (thr.)".to_string());
     }
     notes.push("(variants nudged sideways to stay apart)".to_string());
+    notes.extend(data::untrusted_notes(&whiskered));
     notes.extend(peer_notes(&peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
 }
