@@ -50,7 +50,12 @@ cargo test --release --features cuda --workspace --no-run --message-format=json 
     | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true)
              | "\(.target.name) \(.executable)"' > "$listing"
 
+# A sweep's partial CSV put there to resume (.gpu/reference-gpu*.csv) survives the repack.
+keep=$(mktemp -d)
+trap 'rm -f "$listing"; rm -rf "$keep"' EXIT
+cp .gpu/*.csv "$keep"/ 2>/dev/null || true
 rm -rf .gpu && mkdir -p .gpu
+cp "$keep"/*.csv .gpu/ 2>/dev/null || true
 gzip -c "${CARGO_TARGET_DIR}/release/densebench" > .gpu/densebench.gz
 for t in "${tests[@]}"; do
     exe=$(awk -v t="$t" '$1 == t { print $2 }' "$listing" | tail -n 1)
@@ -59,7 +64,10 @@ for t in "${tests[@]}"; do
 done
 # The CUDA version these were built with: gpu-session.sh checks it against the driver's.
 nvcc --version | sed -n 's/.*release \([0-9.]*\).*/\1/p' > .gpu/cuda-version
-git rev-parse --short HEAD > .gpu/git-rev
+# The revision, as the binary records it (harness/build.rs): +dirty when tracked files differ.
+rev=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- 2>/dev/null || rev="$rev+dirty"
+echo "$rev" > .gpu/git-rev
 
 ls -l .gpu
 total=$(du -sm .gpu | cut -f1)

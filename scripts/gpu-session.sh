@@ -3,7 +3,7 @@
 # the CUDA libraries they link, and runs the GPU checklist of issue 11, writing everything under
 # $OUT (default /tmp/densebench-gpu). Stages, in order (default: all of them):
 #
-#   bash scripts/gpu-session.sh [info] [tests] [tf32] [sweep] [report]
+#   bash scripts/gpu-session.sh [info] [tests] [sweep] [tf32] [report]
 #
 #   info    nvidia-smi, driver vs the toolkit the binaries were built with, PyTorch's version
 #   tests   the packed GPU test binaries (fused CUDA kernels vs the CPU, pool peaks, GPU CLI
@@ -50,7 +50,7 @@ case "${1:-}" in
         ;;
 esac
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(info tests tf32 sweep report)
+[ ${#stages[@]} -gt 0 ] || stages=(info tests sweep tf32 report)
 # Every stage name checked before any work: a typo must not cost a GPU lease's minutes first.
 for stage in "${stages[@]}"; do
     case " ${known[*]} " in
@@ -79,17 +79,19 @@ export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/densebench-cuda-jit}
 # densebench's own kernels: NVRTC's PTX, kept on disk so each row's process does not compile it
 # again (impls::ptx_cache; a folder that can be written on a lent machine).
 export DENSEBENCH_PTX_CACHE=${DENSEBENCH_PTX_CACHE:-/tmp/densebench-ptx}
-# Rows name the revision the binaries were built from (the checkout here may have no .git).
-if [ -f .gpu/git-rev ]; then
-    DENSEBENCH_GIT_REV=$(cat .gpu/git-rev)
-    export DENSEBENCH_GIT_REV
-fi
+# Rows name the revision the binaries were built from: recorded in them at build time (the
+# checkout here may have no .git); .gpu/git-rev says the same for info.
 # Whether the PyTorch peer can run on this GPU: importable and CUDA available (a peer without
 # CUDA would fail every peer row and every tolerance it is asked for).
+# Asked once per call (it imports PyTorch: seconds); `info` prints the answer's JSON.
+peer_json=""
+peer_asked=""
+peer_check() {
+    [ -n "$peer_asked" ] || { peer_json=$(bounded 120 "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --check 2>/dev/null); peer_asked=1; }
+    [ -n "$peer_json" ]
+}
 peer_on_gpu() {
-    local j
-    j=$(bounded 120 "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --check 2>/dev/null) || return 1
-    echo "$j" | grep -q '"cuda_available": *true'
+    peer_check && echo "$peer_json" | grep -q '"cuda_available": *true'
 }
 
 # The CUDA libraries the binaries link (cuBLAS, cuRAND, NVRTC, the runtime), wherever this
@@ -124,13 +126,22 @@ newest_nvrtc() {
     [ -n "$best" ] && echo "libnvrtc: $best (CUDA $best_v; driver CUDA $driver_cuda)" >&2
     echo "$best"
 }
-# A system CUDA's first; the whole disk (PyTorch's wheels) only when none of those will do.
+# PyTorch's nvidia-* wheels, asked of Python (its site-packages may be on another filesystem
+# than /, which `find / -xdev` does not enter); then the root filesystem, bounded.
+wheel_roots=$(python3 -c 'import nvidia; print(*nvidia.__path__)' 2>/dev/null || true)
+find_everywhere() {
+    local found=""
+    # shellcheck disable=SC2086  # the roots are words
+    [ -z "$wheel_roots" ] || found=$(timeout 60 find $wheel_roots -name "$1" 2>/dev/null)
+    [ -n "$found" ] || found=$(timeout 120 find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$1" -print 2>/dev/null)
+    echo "$found"
+}
+# A system CUDA's first; the wheels (and the disk) only when none of those will do.
 pick_nvrtc() {
     local f
     f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/libnvrtc.so.13 \
         /usr/local/cuda*/lib64/libnvrtc.so.13 2>/dev/null | newest_nvrtc)
-    [ -n "$f" ] || f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name libnvrtc.so.13 \
-        -print 2>/dev/null | newest_nvrtc)
+    [ -n "$f" ] || f=$(find_everywhere libnvrtc.so.13 | newest_nvrtc)
     echo "$f"
 }
 dirs=""
@@ -138,7 +149,7 @@ for l in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcud
     f=""
     [ "$l" != libnvrtc.so.13 ] || [ -z "$driver_cuda" ] || f=$(pick_nvrtc)
     [ -n "$f" ] || f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/$l /usr/local/cuda*/lib64/$l 2>/dev/null | head -n 1)
-    [ -n "$f" ] || f=$(find / -xdev \( -path /proc -o -path /sys \) -prune -o -name "$l" -print 2>/dev/null | head -n 1)
+    [ -n "$f" ] || f=$(find_everywhere "$l" | head -n 1)
     [ -n "$f" ] || { fail "$l not found on this machine"; continue; }
     case ":$dirs:" in *":$(dirname "$f"):"*) ;; *) dirs="$dirs:$(dirname "$f")" ;; esac
 done
@@ -152,17 +163,36 @@ done
 export DENSEBENCH_BIN="$bin/densebench"
 db="$DENSEBENCH_BIN"
 
+# The least time a stage is started with (report: seconds of work; the others: a minute).
+least() { case "$1" in report) echo 20 ;; *) echo 60 ;; esac; }
+# What a stage leaves for the stages named after it: their least time, tf32 (seven rows) a
+# minute and a half, the sweep four minutes.
+reserve_after() {
+    local after="" t r=0
+    for t in "${stages[@]}"; do
+        if [ -n "$after" ]; then
+            case "$t" in
+                sweep) r=$(( r + 240 )) ;;  # the call's main product: never squeezed out
+                tf32) r=$(( r + 90 )) ;;
+                *) r=$(( r + $(least "$t") + 10 )) ;;
+            esac
+        fi
+        [ "$t" != "$1" ] || after=1
+    done
+    echo "$r"
+}
 for stage in "${stages[@]}"; do
-    if [ "$(left)" -lt 60 ]; then
+    if [ "$(left)" -lt "$(least "$stage")" ]; then
         fail "$stage: not run: out of time ($(left) s left of DENSEBENCH_SESSION_SECS=$budget); name it in the next call"
         continue
     fi
     case "$stage" in
     info)
+        peer_check || true  # here, not in the pipeline's subshell below: its answer is kept
         {
             nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap --format=csv
             echo "built with CUDA $(cat .gpu/cuda-version 2>/dev/null || echo '?') at $(cat .gpu/git-rev 2>/dev/null || echo '?')"
-            bounded 120 "${peer_env[@]}" python3 harness/peer/pytorch_peer.py --check || echo "PyTorch peer: not available"
+            if [ -n "$peer_json" ]; then echo "$peer_json"; else echo "PyTorch peer: not available"; fi
             # one tiny row: what a process costs here (context, cuBLAS, NVRTC; it also fills the
             # driver's JIT cache for the stages after it)
             start=$SECONDS
@@ -178,7 +208,11 @@ for stage in "${stages[@]}"; do
             [ -e "$t" ] || continue
             echo "== $(basename "$t")" | tee -a "$OUT/tests.log"
             # From the repository root: the tests read files relative to it.
-            bounded 300 "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || fail "$(basename "$t") failed or ran out of time (exit $?; see tests.log)"
+            # at most 300 s, and never the time the stages after it need
+            n=$(( $(left) - $(reserve_after tests) ))
+            [ "$n" -le 300 ] || n=300
+            [ "$n" -ge 30 ] || n=30
+            bounded "$n" "$t" --test-threads=1 --nocapture >> "$OUT/tests.log" 2>&1 || fail "$(basename "$t") failed or ran out of time (exit $?; see tests.log)"
             grep -E "^test result|FAILED|panicked" "$OUT/tests.log" | tail -n 3
         done
         ;;
@@ -187,7 +221,7 @@ for stage in "${stages[@]}"; do
         : > "$csv"
         : > "$OUT/tf32.txt"
         while read -r label args; do
-            [ "$(left)" -ge 30 ] || { fail "tf32 '$label' and after: not run: out of time"; break; }
+            [ "$(left)" -ge $(( 30 + $(reserve_after tf32) )) ] || { fail "tf32 '$label' and after: not run: out of time"; break; }
             # A row out of tolerance exits 1 but is printed: kept (its note is what this is for).
             row=$(bounded 180 "$db" run $args --variant cat-store-copy --device cuda:0 --math tf32 < /dev/null 2>> "$OUT/tf32.err") \
                 || fail "tf32 run '$label' exited $? (see tf32.err)"
@@ -213,8 +247,10 @@ CONFIGS
             # would mix two devices' rows under one key.
             gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
             if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
-                fail "sweep: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (run on the kind that made it, or start a new file)"
-                continue
+                # kept (it comes back as reference-gpu-other.csv), and this call's sweep starts
+                # a file of its own GPU instead of running nothing
+                mv "$csv" "$OUT/reference-gpu-other.csv"
+                echo "gpu-session: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (kept as reference-gpu-other.csv); this sweep starts a new reference-gpu.csv" >&2
             fi
         fi
         peer=()
@@ -223,11 +259,12 @@ CONFIGS
         else
             echo "gpu-session: PyTorch is not importable here or has no CUDA: the sweep runs without peer rows" >&2
         fi
-        # SIGTERM after its budget (DENSEBENCH_SWEEP_SECS, at most what the session has left,
-        # less a minute for a report stage after it): the harness stops its child, keeps every
-        # finished row and leaves a valid CSV for --resume.
+        # SIGTERM after its budget (DENSEBENCH_SWEEP_SECS, at most what the session has left
+        # less the stages named after it (reserve_after) and the 30 s its stop may take): the
+        # harness stops its child, keeps every finished row and leaves a valid CSV for --resume.
         secs=${DENSEBENCH_SWEEP_SECS:-480}
-        [ "$secs" -le $(( $(left) - 60 )) ] || secs=$(( $(left) - 60 ))
+        most=$(( $(left) - $(reserve_after sweep) - 30 ))
+        [ "$secs" -le "$most" ] || secs=$most
         [ "$secs" -ge 30 ] || secs=30
         timeout -s TERM -k 30 "$secs" "$db" bench-all --sweep harness/sweeps/gpu.toml \
             "${peer[@]}" --resume --out "$csv" 2>&1 | tail -n 40

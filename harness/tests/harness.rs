@@ -721,3 +721,51 @@ fn step_round_trip_matches_the_library() {
     ]);
     assert!(stderr(&o).contains("nope.safetensors"), "{}", stderr(&o));
 }
+
+/// Defect: `git_rev` was asked of git when the binary ran, in the source folder baked into it,
+/// so one unchanged binary wrote three revisions as the checkout moved on (and `unknown` where
+/// git could not read it). Now it is the build's: with git unable to read any repository at run
+/// time, the row still names the revision this package was built from; `DENSEBENCH_GIT_REV`
+/// still overrides it (a binary packed for another machine).
+#[test]
+fn git_rev_is_the_builds_not_the_checkouts_at_run_time() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let args = [
+        "run",
+        "--family",
+        "mlp",
+        "--variant",
+        "cat-store-copy",
+        "--depth",
+        "2",
+        "--batch",
+        "4",
+        "--growth",
+        "2",
+        "--channels",
+        "3",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    let rev_of = |env: Option<&str>| {
+        let mut c = Command::new(bin());
+        c.args(args)
+            .env("GIT_DIR", dir.path().join("no-such-repository"))
+            .env("GIT_CEILING_DIRECTORIES", "/");
+        match env {
+            Some(v) => c.env("DENSEBENCH_GIT_REV", v),
+            None => c.env_remove("DENSEBENCH_GIT_REV"),
+        };
+        let o = c.output().expect("densebench runs");
+        assert!(o.status.success(), "{}", stderr(&o));
+        let row: Row = serde_json::from_slice(&o.stdout).expect("one JSON row");
+        row.git_rev
+    };
+    assert_eq!(rev_of(None), env!("DENSEBENCH_BUILD_GIT_REV"));
+    assert_eq!(rev_of(Some("abc1234")), "abc1234");
+}

@@ -158,8 +158,9 @@ impl MemoryMeter {
     /// measured: for each size, one tensor of that many bytes allocated alone and the pool's
     /// bytes in use read before and after (synchronised). `None` where the meter is not a
     /// pool (the CPU's counting allocator charges request sizes exactly; the `cuMemGetInfo`
-    /// sampler has no per-allocation resolution). An error if the pool ever charges less than
-    /// the request (the meter would not be what it is taken for).
+    /// sampler has no per-allocation resolution). Raw: a charge below its request (the meter
+    /// would not be what it is taken for) is returned as measured, for the caller to judge
+    /// ([`undercharged`]) after it has recorded the numbers.
     pub fn pool_charges(
         &self,
         device: &Device,
@@ -182,14 +183,7 @@ impl MemoryMeter {
             let after = self.current()?;
             drop(t);
             synchronize(device)?;
-            let charged = after.saturating_sub(before);
-            if charged < bytes {
-                bail!(
-                    "the memory pool's used bytes grew by {charged} B for a {bytes}-B \
-                     allocation: USED_MEM_CURRENT does not count this process's allocations"
-                );
-            }
-            charges.insert(bytes, charged);
+            charges.insert(bytes, after.saturating_sub(before));
         }
         Ok(Some(charges))
     }
@@ -208,6 +202,21 @@ impl MemoryMeter {
             MemoryMeter::Gpu(p) => p.warning(),
         }
     }
+}
+
+/// Why measured pool `charges` cannot be taken as the pool's rounding: the first size charged
+/// less than its request (`USED_MEM_CURRENT` would then not count this process's allocations
+/// as it is taken to), or `None` when every charge is at least its request.
+pub fn undercharged(charges: &BTreeMap<u64, u64>) -> Option<String> {
+    charges
+        .iter()
+        .find(|(&bytes, &charged)| charged < bytes)
+        .map(|(bytes, charged)| {
+            format!(
+                "the memory pool's used bytes grew by {charged} B for a {bytes}-B allocation: \
+                 USED_MEM_CURRENT does not count this process's allocations as assumed"
+            )
+        })
 }
 
 /// Times a span of a step's queued work on the device itself: on a GPU the host runs ahead of
@@ -310,6 +319,16 @@ pub fn set_math(math: Math) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A charge below its request is named (size and charge); charges at or above are fine.
+    #[test]
+    fn undercharged_names_the_first_size_charged_below_its_request() {
+        let fine: BTreeMap<u64, u64> = [(4, 512), (1 << 20, 2 << 20)].into_iter().collect();
+        assert_eq!(undercharged(&fine), None);
+        let odd: BTreeMap<u64, u64> = [(4, 0), (1000, 0), (4096, 4096)].into_iter().collect();
+        let why = undercharged(&odd).unwrap_or_default();
+        assert!(why.contains("grew by 0 B for a 4-B allocation"), "{why}");
+    }
 
     #[test]
     fn parses_devices() {

@@ -597,6 +597,9 @@ fn pool_prediction(
     let Some(charges) = meter.pool_charges(device, &sizes)? else {
         return Ok(None);
     };
+    if let Some(why) = device::undercharged(&charges) {
+        anyhow::bail!(why);
+    }
     let charge = |bytes: u64| charges.get(&bytes).copied().unwrap_or(bytes);
     Ok(predict_peak_bytes_charged(
         variant,

@@ -339,40 +339,18 @@ pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 pub const GIT_REV_ENV: &str = "DENSEBENCH_GIT_REV";
 
 /// `git rev-parse --short HEAD` of the source tree this binary was built from, with `+dirty`
-/// when tracked files differ from it; `unknown` outside a git checkout; [`GIT_REV_ENV`] when it
-/// is set and not empty. Computed once.
+/// when tracked files differed from it, as the build script saw them at build time (`unknown`
+/// for a build outside a git checkout); [`GIT_REV_ENV`] when it is set and not empty. Never
+/// the checkout's state when the binary runs: a commit or edit after the build does not make a
+/// row claim a source it was not measured with.
 pub fn git_rev() -> &'static str {
     static REV: OnceLock<String> = OnceLock::new();
     REV.get_or_init(|| {
-        if let Some(rev) = std::env::var(GIT_REV_ENV)
+        std::env::var(GIT_REV_ENV)
             .ok()
-            .filter(|r| !r.trim().is_empty())
-        {
-            return rev.trim().to_string();
-        }
-        let dir = env!("CARGO_MANIFEST_DIR");
-        let git = |args: &[&str]| {
-            std::process::Command::new("git")
-                .args(args)
-                .current_dir(dir)
-                .stderr(std::process::Stdio::null())
-                .output()
-                .ok()
-                .filter(|o| o.status.success())
-                .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        };
-        match git(&["rev-parse", "--short", "HEAD"]) {
-            Some(rev) if !rev.is_empty() => {
-                let dirty = git(&["status", "--porcelain", "--untracked-files=no"])
-                    .is_some_and(|s| !s.is_empty());
-                if dirty {
-                    format!("{rev}+dirty")
-                } else {
-                    rev
-                }
-            }
-            _ => "unknown".to_string(),
-        }
+            .map(|r| r.trim().to_string())
+            .filter(|r| !r.is_empty())
+            .unwrap_or_else(|| env!("DENSEBENCH_BUILD_GIT_REV").to_string())
     })
 }
 
