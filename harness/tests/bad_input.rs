@@ -504,6 +504,72 @@ fn a_malformed_tap_chunk_variable_fails_with_status_2_naming_it() {
     assert!(o.status.success(), "plan measures nothing: {}", stderr(&o));
 }
 
+/// Defect: the same bad input exited 2 from one subcommand and 1 from another: a reference
+/// cache that is a file (`run` 1, `bench-all` 2), a criterion folder that does not exist
+/// (`criterion-import` 1, a missing CSV 2 for `compare`, `plots`, `report`). Now 2 everywhere.
+#[test]
+fn missing_or_unusable_inputs_exit_2_in_every_subcommand() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let file = write(dir.path(), "a-file", "not a folder");
+    let mut args = run_args(&[]);
+    args.extend(["--cache-dir".to_string(), path_str(&file).to_string()]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    refused(&args, &["reference cache", "a-file"]);
+    refused(
+        &[
+            "bench-all",
+            "--quick",
+            "--out",
+            path_str(&dir.path().join("o.csv")),
+            "--cache-dir",
+            path_str(&file),
+        ],
+        &["reference cache", "a-file"],
+    );
+    let missing = dir.path().join("no-criterion");
+    refused(
+        &[
+            "criterion-import",
+            "--dir",
+            path_str(&missing),
+            "--out",
+            path_str(&dir.path().join("c.csv")),
+        ],
+        &["does not exist", "no-criterion"],
+    );
+}
+
+/// An empty file, or another tool's CSV, given as a result CSV: one short line saying so (it
+/// was a list of all 56 missing columns, for an empty file too).
+#[test]
+fn an_empty_or_foreign_csv_is_named_as_such() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let empty = write(dir.path(), "empty.csv", "");
+    let foreign = write(dir.path(), "foreign.csv", "a,b,c\n1,2,3\n");
+    let figs = dir.path().join("figs");
+    let err = refused(
+        &["plots", path_str(&empty), "--out", path_str(&figs)],
+        &["empty file"],
+    );
+    assert!(!err.contains("peak_bytes"), "{err}");
+    let err = refused(
+        &["compare", path_str(&foreign), path_str(&foreign)],
+        &[
+            "not a densebench result CSV",
+            "columns are missing",
+            "`a,b,c`",
+        ],
+    );
+    assert!(!err.contains("peak_bytes"), "{err}");
+}
+
+/// Defect: `--resume` without `--out` was accepted and, the default output being a new file on
+/// every run, measured everything again into a new file. Refused now, naming `--out`.
+#[test]
+fn resume_without_out_is_refused() {
+    refused(&["bench-all", "--quick", "--resume"], &["--out"]);
+}
+
 #[test]
 fn huge_shard_counts_fail_at_once_and_create_nothing() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -852,10 +918,17 @@ fn sigterm_to_the_parent_kills_its_children_and_resume_completes_the_sweep() {
         .map(|j| j.key)
         .collect();
     assert!(before.len() < expected.len(), "stopped after every row");
-    // --resume completes it: every key once, the rows from before kept as they were.
-    let mut resume = args.to_vec();
-    resume.push("--resume");
-    let o = densebench(&resume);
+    // The command the last line prints completes it (run as printed): every key once, the
+    // rows from before kept as they were.
+    let printed = last
+        .split("to continue, run: ")
+        .nth(1)
+        .unwrap_or_else(|| panic!("no command to continue in: {last}"));
+    let words: Vec<&str> = printed.split_whitespace().collect();
+    assert_eq!(words.first(), Some(&"densebench"), "{last}");
+    let resume = &words[1..];
+    assert!(resume.contains(&"--resume"), "{last}");
+    let o = densebench(resume);
     assert!(o.status.success(), "resume failed: {}", stderr(&o));
     let rows = read_rows(&out).expect("a valid CSV after the resume");
     let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();

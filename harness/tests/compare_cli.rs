@@ -363,3 +363,29 @@ fn readme_just_compare_examples_take_their_threshold() {
         assert!(log.contains(want), "{example} → {line}:\n{log}");
     }
 }
+
+/// Defect: a time of 0 ns in NEW (no measurement, an edited cell) was `missing`, but its CSV
+/// line wrote the ratio `0`, which reads as infinitely faster. The ratio is empty now.
+#[test]
+fn compare_csv_writes_no_ratio_for_a_missing_measurement() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = reference("mlp");
+    let mut new = base.clone();
+    new[1].median_ns = Some(0);
+    let o = compare(
+        &write(dir.path(), "base.csv", &base),
+        &write(dir.path(), "new.csv", &new),
+        &["--format", "csv"],
+    );
+    let out = stdout(&o);
+    let mut r = csv::Reader::from_reader(out.as_bytes());
+    let headers = r.headers().expect("a header").clone();
+    let col = |name: &str| headers.iter().position(|h| h == name).expect(name);
+    let records: Vec<csv::StringRecord> = r.records().map(|x| x.expect("a record")).collect();
+    let line = records
+        .iter()
+        .find(|x| &x[col("metric")] == "median_ns" && &x[col("new")] == "0")
+        .unwrap_or_else(|| panic!("no median_ns line with new 0:\n{out}"));
+    assert_eq!(&line[col("verdict")], "missing", "{out}");
+    assert_eq!(&line[col("ratio")], "", "{out}");
+}

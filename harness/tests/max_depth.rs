@@ -217,3 +217,31 @@ fn a_depth_at_the_search_bound_is_a_lower_bound_in_table_and_csv() {
     );
     assert!(rows[1].note.contains("both reached"), "{rows:?}");
 }
+
+/// Defect: a measured search that stopped at `--max-depth` printed `oom` in the L+1 column,
+/// for a depth it never ran (the variant used a fraction of the budget there). Now `not run`.
+#[test]
+fn a_depth_past_the_search_bound_is_not_reported_as_oom() {
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "mlp",
+        "--batch",
+        "8",
+        "--channels",
+        "4",
+        "--growth",
+        "2",
+        "--budget",
+        "3MiB",
+        "--variants",
+        "buffer-store-inplace",
+        "--max-depth",
+        "40",
+    ]);
+    let table = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "{table}{}", stderr(&o));
+    let l = line(&table, "buffer-store-inplace");
+    assert!(l.contains("≥40") && l.contains("not run"), "{table}");
+    assert!(!l.contains("oom"), "{table}");
+}

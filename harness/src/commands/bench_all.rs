@@ -37,7 +37,7 @@ use crate::results::runner;
 use crate::results::store::{Output, RowFilter};
 use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -56,7 +56,8 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Continue an existing output file: configurations whose key it already holds are skipped.
-    #[arg(long, conflicts_with = "force")]
+    /// Needs --out: without it each run writes a new file, so there would be nothing to resume.
+    #[arg(long, conflicts_with = "force", requires = "out")]
     pub resume: bool,
     /// With --resume: measure again the rows that failed (status `error`, `killed` or
     /// `crashed`): they are removed from the file first (rewritten atomically, every other row
@@ -147,6 +148,42 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
     Ok((jobs, source))
 }
 
+/// The command that continues an interrupted run: this one's arguments with `bench-all` where
+/// there was no subcommand (the main job), `--out` naming the file it wrote (a default name is
+/// new on every run) and `--resume`; each word shell-quoted where it needs it.
+fn resume_command(argv: Vec<String>, out: &Path) -> String {
+    let mut words: Vec<String> = argv.into_iter().skip(1).collect();
+    if !words.iter().any(|w| w == "bench-all") {
+        words.insert(0, "bench-all".to_string());
+    }
+    let has = |words: &[String], flag: &str| {
+        words
+            .iter()
+            .any(|w| w == flag || w.starts_with(&format!("{flag}=")))
+    };
+    if !has(&words, "--out") {
+        words.push("--out".to_string());
+        words.push(out.display().to_string());
+    }
+    if !has(&words, "--resume") {
+        words.push("--resume".to_string());
+    }
+    let quote = |w: &String| {
+        let plain = !w.is_empty()
+            && w.chars()
+                .all(|c| c.is_ascii_alphanumeric() || "-_./=:,+@%".contains(c));
+        if plain {
+            w.clone()
+        } else {
+            format!("'{}'", w.replace('\'', "'\\''"))
+        }
+    };
+    std::iter::once("densebench".to_string())
+        .chain(words.iter().map(quote))
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row of
 /// this run's jobs in the output (written now, or kept by `--resume`) has gradients out of
 /// tolerance or failed (`error`, `killed`, `crashed`); rows that ran out of memory or time are
@@ -215,11 +252,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if let Some(stop) = shared.interrupted {
         crate::say!(
             "densebench bench-all: {stop} after {} of {} rows: the running children were killed \
-             and their temporary files removed, {} holds whole rows only; run the same command \
-             with --resume to continue",
+             and their temporary files removed, {} holds whole rows only; to continue, run: {}",
             shared.finished,
             todo.len(),
-            out_path.display()
+            out_path.display(),
+            resume_command(std::env::args().collect(), &out_path)
         );
         return Ok(ExitCode::from(stop.exit_status()));
     }
@@ -243,7 +280,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if !kept.is_empty() {
         crate::say!(
             "densebench bench-all: {} also holds {} rows of this run's jobs from before ({}); \
-             the verdict below counts them",
+             the verdict (the last line, and the exit status) counts them",
             out_path.display(),
             kept.len(),
             join_counts(&kept_counts)
@@ -300,9 +337,64 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
         failed = true;
     }
+    if !failed {
+        // One verdict line either way: the failures above, or this.
+        let mut all = shared.counts.clone();
+        for (status, n) in &kept_counts {
+            *all.entry(status.clone()).or_default() += n;
+        }
+        crate::say!(
+            "densebench bench-all: verdict: no row of this run's jobs failed or is out of \
+             tolerance ({})",
+            if all.is_empty() {
+                "no rows".to_string()
+            } else {
+                join_counts(&all)
+            }
+        );
+    }
     Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The continue command an interrupted run prints: the main job (no subcommand, no --out)
+    /// gets `bench-all`, the file it wrote and `--resume`; a run that named its file keeps it;
+    /// a word with a space is quoted; `--resume` is not added twice.
+    #[test]
+    fn the_resume_command_names_the_file_and_the_subcommand() {
+        let argv = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let out = Path::new("results/bench-20261126-002548.csv");
+        assert_eq!(
+            resume_command(argv(&["target/release/densebench"]), out),
+            "densebench bench-all --out results/bench-20261126-002548.csv --resume"
+        );
+        assert_eq!(
+            resume_command(
+                argv(&["densebench", "bench-all", "--sweep", "my sweep.toml"]),
+                out
+            ),
+            "densebench bench-all --sweep 'my sweep.toml' --out \
+             results/bench-20261126-002548.csv --resume"
+        );
+        assert_eq!(
+            resume_command(
+                argv(&[
+                    "db",
+                    "bench-all",
+                    "--out=x.csv",
+                    "--resume",
+                    "--rerun-failed"
+                ]),
+                out
+            ),
+            "densebench bench-all --out=x.csv --resume --rerun-failed"
+        );
+    }
 }

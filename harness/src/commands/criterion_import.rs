@@ -1,6 +1,7 @@
 //! `densebench criterion-import`: criterion's estimates (`target/criterion`, from `cargo bench`)
 //! into the companion CSV `results/criterion.csv` ([`crate::results::criterion`]).
 
+use crate::plan::bounds::ResultExt;
 use crate::results::criterion::{default_dir, import, is_criterion_csv, write_csv};
 use crate::results::replace::{refuse_foreign, Kind};
 use anyhow::Result;
@@ -30,7 +31,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     refuse_foreign(&a.out, "--out", &kind, a.force)?;
     let dir = a.dir.unwrap_or_else(default_dir);
-    let rows = import(&dir)?;
+    // A folder that is missing, empty or unreadable is the input's fault: exit 2, as a missing
+    // CSV is for compare, plots and report.
+    let rows = import(&dir).bad_input()?;
     write_csv(&rows, &a.out)?;
     crate::say!(
         "densebench criterion-import: {} benchmark(s) from {} → {}",

@@ -274,8 +274,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             },
             mib(x.predicted_total_bytes),
             mib(x.measured_total_bytes),
-            if x.measured_next_total_bytes.is_none() && x.method != "model" {
+            // L+1 was measured only below the search bound: past it, nothing ran there
+            if x.measured_next_total_bytes.is_none() && x.method != "model" && !x.bound_reached {
                 "oom".to_string()
+            } else if x.measured_next_total_bytes.is_none() && x.bound_reached {
+                "not run".to_string()
             } else {
                 mib(x.measured_next_total_bytes)
             },

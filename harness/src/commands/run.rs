@@ -115,7 +115,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         mem_limit: a.mem_limit.or_else(job::default_mem_limit),
         timeout: Duration::from_secs(a.timeout),
     };
-    let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?)?;
+    // A cache that cannot be made or written is bad input (exit 2), as for bench-all.
+    let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?).bad_input()?;
     let mut on_retry = |failed: &Row, n: usize| {
         crate::say!(
             "densebench run: {}: {}; retrying ({n} of {})",

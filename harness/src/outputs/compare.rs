@@ -183,8 +183,11 @@ pub struct Line {
 }
 
 impl Line {
+    /// NEW / BASE; `None` where a side has no measurement (verdict `missing`: a 0-ns time is
+    /// none), never a 0 that reads as infinitely better.
     pub fn ratio(&self) -> Option<f64> {
         match (self.base, self.new) {
+            _ if self.verdict == Verdict::Missing => None,
             (Some(b), Some(n)) if b > 0.0 => Some(n / b),
             _ => None,
         }

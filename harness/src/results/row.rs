@@ -430,8 +430,31 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     } else {
         SCHEMA_VERSION
     };
+    if headers.iter().all(|h| h.trim().is_empty()) {
+        bail!(
+            "{}: empty file (no header line): not a densebench result CSV (a run that wrote \
+             nothing yet, or the wrong file?)",
+            path.display()
+        );
+    }
     let missing: Vec<&String> = expected.iter().filter(|c| !headers.contains(c)).collect();
     let extra: Vec<&String> = headers.iter().filter(|c| !expected.contains(c)).collect();
+    // Most columns missing: not a result CSV at all; naming 56 columns would bury that.
+    if file_schema == SCHEMA_VERSION && missing.len() > expected.len() / 2 {
+        bail!(
+            "{}: not a densebench result CSV: {} of its {} columns are missing (its header \
+             starts `{}`)",
+            path.display(),
+            missing.len(),
+            expected.len(),
+            headers
+                .iter()
+                .take(4)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(",")
+        );
+    }
     if file_schema == SCHEMA_VERSION && (!missing.is_empty() || !extra.is_empty()) {
         bail!(
             "{}: not a densebench schema-{SCHEMA_VERSION} (or schema-1) result CSV: missing columns [{}], extra columns [{}]",
