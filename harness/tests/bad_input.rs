@@ -467,6 +467,27 @@ fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
         // TF32 is a GPU mode: refused on the CPU before any work, naming the flag.
         (run(&["--math", "tf32"]), vec!["--math", "GPU mode"]),
         (run(&["--math", "fast"]), vec!["--math"]),
+        // a search past 10000 layers ran silently for minutes (the model's replay)
+        (
+            [
+                "max-depth",
+                "--family",
+                "mlp",
+                "--batch",
+                "8",
+                "--channels",
+                "4",
+                "--growth",
+                "2",
+                "--budget",
+                "3MiB",
+                "--max-depth",
+                "100000000",
+            ]
+            .map(str::to_string)
+            .to_vec(),
+            vec!["--max-depth", "between 1 and 10000"],
+        ),
     ];
     for (args, needles) in &cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();

@@ -54,8 +54,9 @@ pub struct Args {
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Deepest block considered. A variant that fits this deep is shown as `≥N` (the search
-    /// stopped there: a lower bound, said in the CSV's note); raise it to look deeper.
-    #[arg(long, default_value_t = 1024)]
+    /// stopped there: a lower bound, said in the CSV's note); raise it to look deeper (at most
+    /// 10000).
+    #[arg(long, default_value_t = 1024, value_parser = bounds::flags::search_depth)]
     pub max_depth: usize,
     /// Answer from the model only, without measured confirmation runs.
     #[arg(long)]
