@@ -389,3 +389,27 @@ fn compare_csv_writes_no_ratio_for_a_missing_measurement() {
     assert_eq!(&line[col("verdict")], "missing", "{out}");
     assert_eq!(&line[col("ratio")], "", "{out}");
 }
+
+/// Defect: `compare` believed a row's `grad_ok = true` whose `max_rel_err` (0.5) was above its
+/// `tolerance` (0.2), an edited row, and passed it. Such a row is refused on reading (exit 2),
+/// naming the line and the column, as a key that disagrees with its fields is.
+#[test]
+fn compare_refuses_a_grad_ok_that_contradicts_its_error_and_tolerance() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let base = reference("mlp");
+    let mut new = base.clone();
+    new[0].grad_ok = Some(true);
+    new[0].max_rel_err = Some(0.5);
+    new[0].tolerance = Some(0.2);
+    let o = compare(
+        &write(dir.path(), "base.csv", &base),
+        &write(dir.path(), "new.csv", &new),
+        &[],
+    );
+    let log = text(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("line 2, column `grad_ok`") && log.contains("tolerance"),
+        "{log}"
+    );
+}

@@ -411,7 +411,8 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
 
 /// Reads a result CSV and checks it: the header against the schema (missing or extra columns
 /// are named), every row's `schema` against this densebench's, every row's `key` against its own
-/// fields. A NaN in any gradient error makes the row's `grad_ok` false. Errors name the file,
+/// fields, every `grad_ok` true against its `max_rel_err` and `tolerance`. A NaN in any
+/// gradient error makes the row's `grad_ok` false. Errors name the file,
 /// the line and the column.
 fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     let mut rdr = csv::Reader::from_path(path)
@@ -506,6 +507,16 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
                 path.display(),
                 row.key
             );
+        }
+        if let (Some(true), Some(err), Some(tol)) = (row.grad_ok, row.max_rel_err, row.tolerance) {
+            if err > tol {
+                bail!(
+                    "{} line {line}, column `grad_ok`: `true`, but its max_rel_err {err:e} is \
+                     above its tolerance {tol:e} (grad_ok is max_rel_err ≤ tolerance: an edited \
+                     row?)",
+                    path.display()
+                );
+            }
         }
         if row.has_non_finite_error() {
             row.grad_ok = Some(false);
