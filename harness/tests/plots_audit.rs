@@ -120,6 +120,21 @@ fn plots(rows: &[Row]) -> (tempfile::TempDir, PathBuf, Output) {
     (dir, out, o)
 }
 
+/// Runs `densebench report` on the `results.csv` that [`plots`] wrote in `dir`, linking `figs`;
+/// returns the Markdown. Fails the test when `report` fails.
+fn report(dir: &Path, figs: &Path) -> String {
+    let csv = dir.join("results.csv");
+    let md = dir.join("REPORT.md");
+    let o = Command::new(bin())
+        .args(["report", path_str(&csv), "--out", path_str(&md)])
+        .args(["--plots", path_str(figs)])
+        .current_dir(dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "report failed:\n{}", log(&o));
+    std::fs::read_to_string(&md).unwrap()
+}
+
 fn path_str(p: &Path) -> &str {
     p.to_str().unwrap()
 }
@@ -478,16 +493,7 @@ fn report_gradient_tables_never_mix_dtypes() {
         }));
     }
     let (dir, figs, _) = plots(&rows);
-    let csv = dir.path().join("results.csv");
-    let md = dir.path().join("REPORT.md");
-    let o = Command::new(bin())
-        .args(["report", path_str(&csv), "--out", path_str(&md)])
-        .args(["--plots", path_str(&figs)])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "report failed:\n{}", log(&o));
-    let text = std::fs::read_to_string(&md).unwrap();
+    let text = report(dir.path(), &figs);
     let section = text
         .split("## Gradient check")
         .nth(1)
@@ -572,16 +578,7 @@ fn rows_out_of_tolerance_are_marked_and_never_best() {
             "{stem}: {t:?}"
         );
     }
-    let csv = dir.path().join("results.csv");
-    let md = dir.path().join("REPORT.md");
-    let o = Command::new(bin())
-        .args(["report", path_str(&csv), "--out", path_str(&md)])
-        .args(["--plots", path_str(&figs)])
-        .current_dir(dir.path())
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "report failed:\n{}", log(&o));
-    let text = std::fs::read_to_string(&md).unwrap();
+    let text = report(dir.path(), &figs);
     assert!(
         text.contains("densebench most frugal: `buffer-store-copy`"),
         "{text}"
