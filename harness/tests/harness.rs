@@ -177,6 +177,9 @@ fn a_memory_limit_the_step_fits_gives_an_ok_row() {
             "1",
             "--warmup",
             "0",
+            // one thread: the per-thread scratch of several would move the peak between runs
+            "--threads",
+            "1",
             "--format",
             "json",
             "--cache-dir",
@@ -204,7 +207,13 @@ fn a_memory_limit_the_step_fits_gives_an_ok_row() {
         (Some("ok"), Some(true)),
         "{limited}"
     );
-    assert_eq!(limited["peak_bytes"], free["peak_bytes"], "{limited}");
+    // The same step: its peak within a few KiB of the unlimited one's (not bitwise: a loaded
+    // machine measured 23-37 KB apart with 2 threads, and this test failed 2 runs in 5).
+    let (a, b) = (
+        limited["peak_bytes"].as_u64().unwrap_or(0),
+        free["peak_bytes"].as_u64().unwrap_or(u64::MAX),
+    );
+    assert!(a.abs_diff(b) <= 64 << 10, "{a} vs {b}: {limited}");
 }
 
 /// A row that was measured but whose gradients could not be checked (no reference fits the

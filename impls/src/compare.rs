@@ -273,6 +273,61 @@ mod tests {
         }
     }
 
+    /// Every tensor counts in `overall`: a step wrong in only one of them — the output, the
+    /// input gradient, the first, a middle or the last parameter gradient, the first or the
+    /// last running statistic — has that error as its overall error, in its group too. (A
+    /// `compare` that left the output out of `overall` passed every other test.)
+    #[test]
+    fn a_step_wrong_in_any_one_tensor_is_wrong_overall() {
+        let t = |v: &[f32]| Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap();
+        let map = |names: &[&str]| -> BTreeMap<String, Tensor> {
+            names
+                .iter()
+                .map(|n| (n.to_string(), t(&[1.0, 2.0])))
+                .collect()
+        };
+        let params = ["a.weight", "m.weight", "z.weight"];
+        let stats = ["a.running_mean", "z.running_var"];
+        let good = StepResult {
+            output: t(&[1.0, 2.0]),
+            grad_input: t(&[1.0, 2.0]),
+            grads: map(&params),
+            running: map(&stats),
+        };
+        let clean = compare(&good, &good).unwrap();
+        assert_eq!(clean.overall.max_rel, 0.0);
+        let bad = || t(&[1.0, 3.0]); // max |a − b| / max |ref| = 1 / 2
+        let mut cases: Vec<(String, StepResult)> = Vec::new();
+        let mut r = good.clone();
+        r.output = bad();
+        cases.push(("output".into(), r));
+        let mut r = good.clone();
+        r.grad_input = bad();
+        cases.push(("grad.input".into(), r));
+        for p in params {
+            let mut r = good.clone();
+            r.grads.insert(p.to_string(), bad());
+            cases.push((format!("grad.{p}"), r));
+        }
+        for st in stats {
+            let mut r = good.clone();
+            r.running.insert(st.to_string(), bad());
+            cases.push((st.to_string(), r));
+        }
+        for (which, r) in cases {
+            let c = compare(&r, &good).unwrap();
+            assert_eq!(c.overall.max_rel, 0.5, "{which}: {c:?}");
+            assert_eq!(c.per_tensor[&which].max_rel, 0.5, "{which}");
+            let group = match which.as_str() {
+                "output" => c.output,
+                "grad.input" => c.grad_input,
+                w if w.starts_with("grad.") => c.grad_params,
+                _ => c.running,
+            };
+            assert_eq!(group.max_rel, 0.5, "{which}: {c:?}");
+        }
+    }
+
     /// A strided view (a permutation, a narrowed start, a step over a dimension) compares in
     /// logical order, read in place: the same errors as its contiguous copy, f32 against f64
     /// and bit for bit against itself; a NaN anywhere makes the error infinite.
