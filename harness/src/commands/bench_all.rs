@@ -277,6 +277,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for r in &kept {
         *kept_counts.entry(r.status.clone()).or_default() += 1;
     }
+    // Every row of this run's jobs in the file, by status: written now plus kept.
+    let mut all = shared.counts.clone();
+    for (status, n) in &kept_counts {
+        *all.entry(status.clone()).or_default() += n;
+    }
     if !kept.is_empty() {
         crate::say!(
             "densebench bench-all: {} also holds {} rows of this run's jobs from before ({}); \
@@ -316,10 +321,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .collect()
     };
     let kept_failed = failures(&kept_counts);
-    let mut all_failed = failures(&shared.counts);
-    for (status, n) in &kept_failed {
-        *all_failed.entry(status.clone()).or_default() += n;
-    }
+    let all_failed = failures(&all);
     if !all_failed.is_empty() {
         let from_before = if kept_failed.is_empty() {
             String::new()
@@ -339,10 +341,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     if !failed {
         // One verdict line either way: the failures above, or this.
-        let mut all = shared.counts.clone();
-        for (status, n) in &kept_counts {
-            *all.entry(status.clone()).or_default() += n;
-        }
         crate::say!(
             "densebench bench-all: verdict: no row of this run's jobs failed or is out of \
              tolerance ({})",

@@ -98,12 +98,7 @@ fn block(a: &Args) -> Result<Config> {
             seed: 0,
         },
     };
-    if family == Family::Bc && !a.activation.is_on() {
-        return Err(anyhow!(
-            "--activation off applies to mlp blocks only: a bc (DenseNet-BC) layer always has \
-             its BN → ReLU; leave the flag out for bc"
-        ));
-    }
+    crate::plan::job::check_activation(family, a.activation)?;
     let cfg = normalize(Config {
         batch: a.batch.unwrap_or(base.batch),
         channels: a.channels.unwrap_or(base.channels),
@@ -275,13 +270,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             },
             mib(x.predicted_total_bytes),
             mib(x.measured_total_bytes),
-            // L+1 was measured only below the search bound: past it, nothing ran there
-            if x.measured_next_total_bytes.is_none() && x.method != "model" && !x.bound_reached {
-                "oom".to_string()
-            } else if x.measured_next_total_bytes.is_none() && x.bound_reached {
-                "not run".to_string()
-            } else {
-                mib(x.measured_next_total_bytes)
+            // L+1 is measured only below the search bound: past it, nothing ran there
+            match (x.measured_next_total_bytes, x.bound_reached) {
+                (None, true) => "not run".to_string(),
+                (None, false) if x.method != "model" => "oom".to_string(),
+                (next, _) => mib(next),
             },
             x.method,
             if x.note.is_empty() {

@@ -92,19 +92,25 @@ pub struct ConfigArgs {
     pub seed: u64,
 }
 
+/// Refuses `--activation off` for a bc block. Not normalised away: a bc block always has its
+/// ReLUs, and a row keyed `relu=on` for an explicit `--activation off` would measure what was
+/// not asked for.
+pub fn check_activation(family: Family, activation: OnOff) -> Result<()> {
+    if family == Family::Bc && !activation.is_on() {
+        bail!(
+            "--activation off applies to mlp blocks only: a bc (DenseNet-BC) layer always has \
+             its BN → ReLU; leave the flag out for bc"
+        );
+    }
+    Ok(())
+}
+
 impl ConfigArgs {
     /// The validated config (fields that do not apply to the family normalised, see
     /// [`normalize`]).
     pub fn to_config(&self) -> Result<Config> {
         let family = Family::parse(&self.family).map_err(|e| anyhow!("--family: {e}"))?;
-        // Not normalised away: a bc block always has its ReLUs, and a row keyed `relu=on` for
-        // an explicit `--activation off` would measure what was not asked for.
-        if family == Family::Bc && !self.activation.is_on() {
-            bail!(
-                "--activation off applies to mlp blocks only: a bc (DenseNet-BC) layer always \
-                 has its BN → ReLU; leave the flag out for bc"
-            );
-        }
+        check_activation(family, self.activation)?;
         let dtype = impls::config::parse_dtype(&self.dtype).map_err(|e| anyhow!("--dtype: {e}"))?;
         let cfg = normalize(Config {
             family,

@@ -73,14 +73,6 @@ fn timestamp(c: &Candidate) -> Result<chrono::DateTime<chrono::FixedOffset>> {
     })
 }
 
-/// How many of `times` equal `t`.
-fn newest_count(
-    times: &[chrono::DateTime<chrono::FixedOffset>],
-    t: chrono::DateTime<chrono::FixedOffset>,
-) -> usize {
-    times.iter().filter(|&&x| x == t).count()
-}
-
 /// Merges the inputs' rows by key (see the module docs). Errs on conflicting rows without
 /// `prefer`, naming the keys, files and differing columns.
 pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
@@ -157,7 +149,7 @@ pub fn merge_rows(inputs: &[Input], prefer: Option<Prefer>) -> Result<Merged> {
             }
         }
         if let Some((t, c)) = best {
-            if newest_count(&by_time, t) > 1 {
+            if by_time.iter().filter(|&&x| x == t).count() > 1 {
                 tied.push(k.clone());
             }
             rows.push(c.row);
