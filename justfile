@@ -15,13 +15,14 @@ bench-quick *ARGS:
 compare A B *ARGS:
     cargo run --release -- compare {{A}} {{B}} {{ if ARGS =~ '--max-regression' { '' } else { '--max-regression 10' } }} {{ARGS}}
 
-# Every figure of a result CSV as SVG and PNG into plots/
-plots CSV="results/reference-cpu.csv":
-    cargo run --release -- plots {{CSV}} --out plots
+# Every figure of result CSVs (default: the CPU and the H200 reference) as SVG and PNG into plots/
+plots *CSVS="results/reference-cpu.csv results/reference-h200.csv":
+    cargo run --release -- plots {{CSVS}} --out plots
 
-# Markdown report of a result CSV into results/REPORT.md, linking plots/
-report CSV="results/reference-cpu.csv":
-    cargo run --release -- report {{CSV}} --out results/REPORT.md --plots plots
+# Markdown report of result CSVs (default: the CPU and the H200 reference) into results/REPORT.md,
+# linking plots/
+report *CSVS="results/reference-cpu.csv results/reference-h200.csv":
+    cargo run --release -- report {{CSVS}} --out results/REPORT.md --plots plots
 
 # PyTorch for the peer rows: uses an importable torch+torchvision, else makes harness/peer/.venv-peer
 # (pinned in harness/peer/requirements.txt; ~5 GiB) and builds the CPU allocation counter

@@ -781,6 +781,92 @@ fn report_links_only_figures_drawn_from_its_own_csv() {
     assert!(dir.path().join("plots2/grad-error-bc.png").exists());
 }
 
+/// A CPU and a GPU reference drawn and reported together (`plots A B`, `report A B`): every
+/// label names its device, so no two headings or figure titles are one; each device keeps its
+/// own headline figures (memory vs time, timeline); `figures-source.txt` records both files, and
+/// the report links the figures of exactly that pair. A CSV named twice is refused.
+#[test]
+fn plots_and_report_of_a_cpu_and_a_gpu_csv_keep_the_devices_apart() {
+    let cpu = synthetic(&[4, 8]);
+    let gpu: Vec<Row> = cpu
+        .iter()
+        .map(|r| {
+            let mut g = r.clone();
+            g.device = "cuda:0".to_string();
+            g.device_desc = "Synthetic GPU".to_string();
+            g.threads = 0;
+            g.peak_bytes = g.peak_bytes.map(|b| b + 4096);
+            g.key = densebench::results::row::key_of_fields(&g);
+            g
+        })
+        .collect();
+    let (dir, cpu_csv) = setup(&cpu);
+    let gpu_csv = dir.path().join("gpu.csv");
+    write_csv(&gpu_csv, &gpu);
+    let (a, b) = (cpu_csv.to_str().unwrap(), gpu_csv.to_str().unwrap());
+    let o = densebench(&["plots", a, b, "--out", "plots"], dir.path());
+    assert!(o.status.success(), "{}", text(&o));
+    let source = std::fs::read_to_string(dir.path().join("plots/figures-source.txt")).unwrap();
+    assert!(
+        source.contains("results.csv") && source.contains("gpu.csv"),
+        "{source}"
+    );
+    for stem in [
+        "memory-vs-time-bc-N64-C24-k12-bn4-32-L8",
+        "memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-L8",
+        "memory-vs-depth-bc-N64-C24-k12-bn4-32",
+        "memory-vs-depth-bc-N64-C24-k12-bn4-32-cuda0",
+    ] {
+        assert!(
+            dir.path().join(format!("plots/{stem}.png")).exists(),
+            "{stem}.png missing:\n{}",
+            text(&o)
+        );
+    }
+    let report = |args: &[&str]| {
+        let mut all = vec!["report"];
+        all.extend_from_slice(args);
+        all.extend_from_slice(&["--out", "REPORT.md", "--plots", "plots"]);
+        let o = densebench(&all, dir.path());
+        assert!(o.status.success(), "{}", text(&o));
+        std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap()
+    };
+    let md = report(&[a, b]);
+    assert!(!md.contains("drawn from another CSV"), "{md}");
+    let headings: Vec<&str> = md.lines().filter(|l| l.starts_with("### ")).collect();
+    let mut unique = headings.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(
+        unique.len(),
+        headings.len(),
+        "a heading repeats: {headings:#?}"
+    );
+    assert!(
+        md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cpu")
+            && md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cuda:0"),
+        "{md}"
+    );
+    assert!(
+        md.contains("](plots/memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-L8.png)"),
+        "{md}"
+    );
+    // the published comparison has a densebench line per device
+    let frugal = md
+        .lines()
+        .filter(|l| l.starts_with("| densebench most frugal") && l.contains("bc N=64"))
+        .count();
+    assert_eq!(frugal, 2, "{md}");
+    // the CPU CSV alone: the pair's figures are not its own; one device: no "on cpu"
+    let md = report(&[a]);
+    assert!(md.contains("were drawn from another CSV"), "{md}");
+    assert!(!md.contains(" on cpu"), "{md}");
+    // one file twice would count its rows twice
+    let o = densebench(&["report", a, a, "--out", "R2.md"], dir.path());
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("named twice"), "{}", text(&o));
+}
+
 /// The report's growth sentence names the depths each fit used (an `oom` naive row has no
 /// peak), and a CSV of naive rows alone gets no "most frugal" line comparing naive with itself.
 #[test]

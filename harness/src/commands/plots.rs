@@ -1,10 +1,12 @@
-//! `densebench plots RESULTS.csv`: regenerates every figure (SVG and PNG) of a result CSV
-//! ([`crate::outputs::plots::render_all`]) and says what it skipped: on stderr, every row whose
+//! `densebench plots RESULTS.csv...`: regenerates every figure (SVG and PNG) of one or more
+//! result CSVs read as one set ([`crate::outputs::plots::render_all`]) and says what it skipped: on stderr, every row whose
 //! status is not ok, apart as the figures' footers show it or no figure does.
 
-use crate::outputs::plots::{data, footer_listed, plan, render_all, source_text, SOURCE_FILE};
+use crate::outputs::plots::{
+    csv_bytes, data, footer_listed, plan, render_all, shown, source_text, SOURCE_FILE,
+};
 use crate::plan::bounds::bad_input;
-use crate::results::row::{read_rows, Row};
+use crate::results::row::{read_rows_all, Row};
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::PathBuf;
@@ -12,8 +14,10 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Result CSV written by `bench-all` or `run`.
-    pub csv: PathBuf,
+    /// Result CSVs written by `bench-all` or `run`, drawn as one set (e.g. the CPU and the GPU
+    /// reference: each configuration's figures are per device).
+    #[arg(required = true, value_name = "CSV")]
+    pub csvs: Vec<PathBuf>,
     /// Folder the figures are written to (created if missing); each figure as .svg and .png.
     #[arg(long, default_value = "plots")]
     pub out: PathBuf,
@@ -29,20 +33,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
             a.out.display()
         )));
     }
-    let rows = read_rows(&a.csv)?;
+    let rows = read_rows_all(&a.csvs)?;
     let (groups, replaced) = data::group_rows(&rows);
     let ok = rows.iter().filter(|r| r.is_ok()).count();
     if ok == 0 {
         bail!(
             "{}: no rows with status ok ({} rows in all); nothing to plot",
-            a.csv.display(),
+            shown(&a.csvs),
             rows.len()
         );
     }
     crate::tell!(
         "plots: {ok} ok rows of {} in {}",
         rows.len(),
-        a.csv.display()
+        shown(&a.csvs)
     );
     if replaced > 0 {
         crate::tell!(
@@ -59,11 +63,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     }
     let mut files = render_all(&rows, &a.out)?;
-    // which CSV these figures are (for `report`)
-    let bytes = std::fs::read(&a.csv)
-        .with_context(|| format!("reading {} again to record it", a.csv.display()))?;
+    // which CSVs these figures are (for `report`)
+    let bytes = csv_bytes(&a.csvs).context("reading the CSVs again to record them")?;
     let source = a.out.join(SOURCE_FILE);
-    write_bytes_atomic(&source, source_text(&a.csv, &bytes).as_bytes())?;
+    write_bytes_atomic(&source, source_text(&a.csvs, &bytes).as_bytes())?;
     files.push(source);
     crate::tell!("wrote {} files:", files.len());
     for f in &files {

@@ -1,10 +1,11 @@
-//! `densebench report RESULTS.csv`: writes the markdown report of one result CSV
-//! ([`crate::outputs::report::render`]).
+//! `densebench report RESULTS.csv...`: writes the markdown report of one or more result CSVs
+//! read as one set ([`crate::outputs::report::render`]).
 
+use crate::outputs::plots::shown;
 use crate::outputs::report::{is_report, render};
 use crate::plan::bounds::bad_input;
 use crate::results::replace::{refuse_foreign, Kind};
-use crate::results::row::read_rows;
+use crate::results::row::read_rows_all;
 use crate::results::store::{refuse_input_as_output, write_bytes_atomic};
 use anyhow::{anyhow, Context, Result};
 use std::path::PathBuf;
@@ -12,8 +13,10 @@ use std::process::ExitCode;
 
 #[derive(clap::Args, Debug, Clone)]
 pub struct Args {
-    /// Result CSV written by `bench-all` or `run`.
-    pub csv: PathBuf,
+    /// Result CSVs written by `bench-all` or `run`, reported as one set (e.g. the CPU and the
+    /// GPU reference: each configuration's tables are per device).
+    #[arg(required = true, value_name = "CSV")]
+    pub csvs: Vec<PathBuf>,
     /// Markdown file to write (its folder is created if missing). An existing file is replaced
     /// only when it is an earlier report (or empty), unless --force.
     #[arg(long, default_value = "results/REPORT.md")]
@@ -28,7 +31,8 @@ pub struct Args {
 
 /// `densebench report`.
 pub fn run(a: Args) -> Result<ExitCode> {
-    refuse_input_as_output(&a.out, "--out", &[&a.csv])?;
+    let inputs: Vec<&std::path::Path> = a.csvs.iter().map(PathBuf::as_path).collect();
+    refuse_input_as_output(&a.out, "--out", &inputs)?;
     // Bad input, before any work: a folder where the markdown file goes, or a file where the
     // figures' folder is.
     if a.out.is_dir() {
@@ -49,7 +53,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             a.plots.display()
         )));
     }
-    let rows = read_rows(&a.csv)?;
+    let rows = read_rows_all(&a.csvs)?;
     if !rows.iter().any(|r| r.is_ok()) {
         let mut statuses = std::collections::BTreeMap::<&str, usize>::new();
         for r in &rows {
@@ -57,7 +61,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         anyhow::bail!(
             "{}: no rows with status ok ({} rows in all{}); nothing to report{}",
-            a.csv.display(),
+            shown(&a.csvs),
             rows.len(),
             if statuses.is_empty() {
                 String::new()
@@ -71,14 +75,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }
         );
     }
-    let text = render(&rows, &a.csv, &a.out, &a.plots)?;
+    let text = render(&rows, &a.csvs, &a.out, &a.plots)?;
     write_bytes_atomic(&a.out, text.as_bytes())
         .with_context(|| format!("writing the report {}", a.out.display()))?;
     crate::tell!(
         "wrote {} ({} rows from {})",
         a.out.display(),
         rows.len(),
-        a.csv.display()
+        shown(&a.csvs)
     );
     Ok(ExitCode::SUCCESS)
 }

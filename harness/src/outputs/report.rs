@@ -431,7 +431,7 @@ fn gradient_section(groups: &[Group], out: &mut String) {
 
 fn figures_section(
     groups: &[Group],
-    csv: &Path,
+    csvs: &[PathBuf],
     report: &Path,
     plots_dir: &Path,
     out: &mut String,
@@ -449,7 +449,7 @@ fn figures_section(
     let rel = relative_path(&report_dir, plots_dir)?;
     // Figures of another CSV are not this report's: name it and link none of them.
     if let Ok(text) = std::fs::read_to_string(plots_dir.join(plots::SOURCE_FILE)) {
-        let bytes = std::fs::read(csv).with_context(|| format!("reading {}", csv.display()))?;
+        let bytes = plots::csv_bytes(csvs)?;
         if let Err(from) = plots::drawn_from(&text, &bytes) {
             let _ = writeln!(
                 out,
@@ -457,8 +457,8 @@ fn figures_section(
                  run `densebench plots {} --out DIR` and `densebench report {} --plots DIR` to \
                  link this CSV's figures.\n",
                 plots_dir.display(),
-                csv.display(),
-                csv.display()
+                plots::shown(csvs),
+                plots::shown(csvs)
             );
             return Ok(());
         }
@@ -473,7 +473,7 @@ fn figures_section(
             "{missing} of {} figures are not in `{}` yet: run `densebench plots {} --out {}`.\n",
             figs.len(),
             plots_dir.display(),
-            csv.display(),
+            plots::shown(csvs),
             plots_dir.display()
         );
     }
@@ -686,9 +686,10 @@ pub fn is_report(start: &[u8], _len: u64) -> bool {
     line.strip_suffix(b"\r").unwrap_or(line) == TITLE.as_bytes()
 }
 
-/// The whole report as markdown. `csv` is named in the text; `report` is where it will be
-/// written (figure links are relative to its folder); `plots_dir` holds the figures.
-pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Result<String> {
+/// The whole report as markdown. `csvs` (the rows' files) are named in the text; `report` is
+/// where it will be written (figure links are relative to its folder); `plots_dir` holds the
+/// figures.
+pub fn render(rows: &[Row], csvs: &[PathBuf], report: &Path, plots_dir: &Path) -> Result<String> {
     let (groups, replaced) = data::group_rows(rows);
     let ok = rows.iter().filter(|r| r.is_ok()).count();
     let mut out = String::new();
@@ -699,7 +700,7 @@ pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Resu
          peak of one training step above the baseline, in MiB; time is the median step \
          (forward + backward), in ms; every ratio is to the naive `{NAIVE}` at the same \
          configuration and depth.\n",
-        csv.display(),
+        plots::shown(csvs),
         rows.len(),
         rows.len() - ok
     );
@@ -723,7 +724,7 @@ pub fn render(rows: &[Row], csv: &Path, report: &Path, plots_dir: &Path) -> Resu
     versus::graph_section(&groups, &mut out);
     family_sections(&groups, &mut out);
     gradient_section(&groups, &mut out);
-    figures_section(&groups, csv, report, plots_dir, &mut out)?;
+    figures_section(&groups, csvs, report, plots_dir, &mut out)?;
     let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
     if !skipped.is_empty() {
         let _ = writeln!(out, "## Rows not measured\n");

@@ -357,6 +357,15 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
             g.slug = format!("{}-s{}", g.slug, g.key.seed);
         }
     }
+    // Rows of several devices (a CPU and a GPU reference read together): each label names its
+    // device, so that two groups of one configuration never share a heading or a figure title.
+    let devices: std::collections::BTreeSet<&str> =
+        groups.iter().map(|g| g.key.device.as_str()).collect();
+    if devices.len() > 1 {
+        for g in &mut groups {
+            g.label = format!("{} on {}", g.label, g.key.device);
+        }
+    }
     (groups, replaced)
 }
 
@@ -556,11 +565,13 @@ fn is_canonical(key: &ConfigKey, depth: usize) -> bool {
 /// The one configuration (group and depth) per family shown in the memory/time and timeline
 /// figures and the published comparison: the canonical shape when present (DenseNet-BC-100's
 /// block, L=16; the forum's mlp, L=32), else the (group, depth) with the most variants that have
-/// both peak and time, the deepest on a tie. Families in sorted order.
+/// both peak and time, the deepest on a tie. One per family and device (a CPU and a GPU reference
+/// drawn together each keep theirs), in sorted order.
 pub fn headline(groups: &[Group]) -> Vec<(usize, usize)> {
-    // Per family: (canonical, variants with peak and time, depth) and the (group, depth) it won.
+    // Per family and device: (canonical, variants with peak and time, depth) and the (group,
+    // depth) it won.
     type Score = (bool, usize, usize);
-    let mut best: BTreeMap<String, (Score, usize, usize)> = BTreeMap::new();
+    let mut best: BTreeMap<(String, String), (Score, usize, usize)> = BTreeMap::new();
     for (gi, g) in groups.iter().enumerate() {
         for d in g.depths() {
             let complete = g
@@ -572,7 +583,9 @@ pub fn headline(groups: &[Group]) -> Vec<(usize, usize)> {
                 continue;
             }
             let score = (is_canonical(&g.key, d), complete, d);
-            let e = best.entry(g.key.family.clone()).or_insert((score, gi, d));
+            let e = best
+                .entry((g.key.family.clone(), g.key.device.clone()))
+                .or_insert((score, gi, d));
             if score > e.0 {
                 *e = (score, gi, d);
             }

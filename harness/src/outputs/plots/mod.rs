@@ -6,7 +6,7 @@
 //!    fitted growth exponent (Pleiss et al.'s quadratic-vs-linear figure);
 //! 2. `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
 //! 3. `memory-vs-time-<config>-L<depth>`: each variant a point, the Pareto front marked, at
-//!    every depth of one headline configuration per family;
+//!    every depth of one headline configuration per family and device;
 //! 4. `timeline-<config>-L<depth>`: live bytes through forward and backward, layer by layer;
 //! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
 //! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
@@ -121,13 +121,32 @@ pub const SOURCE_FILE: &str = "figures-source.txt";
 const SOURCE_LINE: &str = "drawn from: ";
 const HASH_LINE: &str = "content hash (FNV-1a 64): ";
 
-/// The text of [`SOURCE_FILE`] for figures drawn from `csv` (its bytes `bytes`).
-pub fn source_text(csv: &Path, bytes: &[u8]) -> String {
+/// The text of [`SOURCE_FILE`] for figures drawn from `csvs` (their bytes, one after the
+/// other, `bytes`: [`csv_bytes`]).
+pub fn source_text(csvs: &[PathBuf], bytes: &[u8]) -> String {
     format!(
         "{SOURCE_LINE}{}\n{HASH_LINE}{}\n",
-        csv.display(),
+        shown(csvs),
         content_hash(bytes)
     )
+}
+
+/// The result CSVs a figure set or a report is drawn from, as a command line names them.
+pub fn shown(csvs: &[PathBuf]) -> String {
+    csvs.iter()
+        .map(|p| p.display().to_string())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// The bytes of `csvs`, one file after the other: what [`SOURCE_FILE`]'s hash is of (for one
+/// CSV, its bytes).
+pub fn csv_bytes(csvs: &[PathBuf]) -> Result<Vec<u8>> {
+    let mut all = Vec::new();
+    for p in csvs {
+        all.extend(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?);
+    }
+    Ok(all)
 }
 
 /// Whether a [`SOURCE_FILE`]'s `text` records the CSV whose bytes are `bytes`; else the CSV it
