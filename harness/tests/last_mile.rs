@@ -781,41 +781,53 @@ fn report_links_only_figures_drawn_from_its_own_csv() {
     assert!(dir.path().join("plots2/grad-error-bc.png").exists());
 }
 
-/// A CPU and a GPU reference drawn and reported together (`plots A B`, `report A B`): every
-/// label names its device, so no two headings or figure titles are one; each device keeps its
-/// own headline figures (memory vs time, timeline); `figures-source.txt` records both files, and
-/// the report links the figures of exactly that pair. A CSV named twice is refused.
+/// A CPU and two GPUs' references drawn and reported together (`plots A B C`, `report A B C`;
+/// both GPUs are `cuda:0`, one an H100, one an H200): every label names its device and model,
+/// so no two headings or figure titles are one and the two GPUs are never one series; each
+/// device keeps its own headline figures (memory vs time, timeline); `figures-source.txt`
+/// records every file, and the report links the figures of exactly that set. A CSV named twice
+/// is refused.
 #[test]
-fn plots_and_report_of_a_cpu_and_a_gpu_csv_keep_the_devices_apart() {
+fn plots_and_report_of_a_cpu_and_two_gpu_csvs_keep_the_devices_apart() {
     let cpu = synthetic(&[4, 8]);
-    let gpu: Vec<Row> = cpu
-        .iter()
-        .map(|r| {
-            let mut g = r.clone();
-            g.device = "cuda:0".to_string();
-            g.device_desc = "Synthetic GPU".to_string();
-            g.threads = 0;
-            g.peak_bytes = g.peak_bytes.map(|b| b + 4096);
-            g.key = densebench::results::row::key_of_fields(&g);
-            g
-        })
-        .collect();
+    let on_gpu = |model: &str, extra: u64| -> Vec<Row> {
+        cpu.iter()
+            .map(|r| {
+                let mut g = r.clone();
+                g.device = "cuda:0".to_string();
+                g.device_desc = format!("{model} (sm_90, 79.2 GiB; driver 580)");
+                g.threads = 0;
+                g.peak_bytes = g.peak_bytes.map(|b| b + extra);
+                g.key = densebench::results::row::key_of_fields(&g);
+                g
+            })
+            .collect()
+    };
     let (dir, cpu_csv) = setup(&cpu);
     let gpu_csv = dir.path().join("gpu.csv");
-    write_csv(&gpu_csv, &gpu);
-    let (a, b) = (cpu_csv.to_str().unwrap(), gpu_csv.to_str().unwrap());
-    let o = densebench(&["plots", a, b, "--out", "plots"], dir.path());
+    write_csv(&gpu_csv, &on_gpu("NVIDIA H100 80GB HBM3", 4096));
+    let gpu2_csv = dir.path().join("gpu2.csv");
+    write_csv(&gpu2_csv, &on_gpu("NVIDIA H200", 8192));
+    let (a, b, c) = (
+        cpu_csv.to_str().unwrap(),
+        gpu_csv.to_str().unwrap(),
+        gpu2_csv.to_str().unwrap(),
+    );
+    let o = densebench(&["plots", a, b, c, "--out", "plots"], dir.path());
     assert!(o.status.success(), "{}", text(&o));
+    assert!(!text(&o).contains("repeat an earlier"), "{}", text(&o));
     let source = std::fs::read_to_string(dir.path().join("plots/figures-source.txt")).unwrap();
     assert!(
-        source.contains("results.csv") && source.contains("gpu.csv"),
+        source.contains("results.csv") && source.contains("gpu.csv") && source.contains("gpu2.csv"),
         "{source}"
     );
     for stem in [
         "memory-vs-time-bc-N64-C24-k12-bn4-32-L8",
-        "memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-L8",
+        "memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-nvidia-h100-80gb-hbm3-L8",
+        "memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-nvidia-h200-L8",
         "memory-vs-depth-bc-N64-C24-k12-bn4-32",
-        "memory-vs-depth-bc-N64-C24-k12-bn4-32-cuda0",
+        "memory-vs-depth-bc-N64-C24-k12-bn4-32-cuda0-nvidia-h100-80gb-hbm3",
+        "memory-vs-depth-bc-N64-C24-k12-bn4-32-cuda0-nvidia-h200",
     ] {
         assert!(
             dir.path().join(format!("plots/{stem}.png")).exists(),
@@ -831,7 +843,7 @@ fn plots_and_report_of_a_cpu_and_a_gpu_csv_keep_the_devices_apart() {
         assert!(o.status.success(), "{}", text(&o));
         std::fs::read_to_string(dir.path().join("REPORT.md")).unwrap()
     };
-    let md = report(&[a, b]);
+    let md = report(&[a, b, c]);
     assert!(!md.contains("drawn from another CSV"), "{md}");
     let headings: Vec<&str> = md.lines().filter(|l| l.starts_with("### ")).collect();
     let mut unique = headings.clone();
@@ -843,12 +855,15 @@ fn plots_and_report_of_a_cpu_and_a_gpu_csv_keep_the_devices_apart() {
         "a heading repeats: {headings:#?}"
     );
     assert!(
-        md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cpu")
-            && md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cuda:0"),
+        md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cpu (Synthetic CPU)")
+            && md.contains(
+                "### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cuda:0 (NVIDIA H100 80GB HBM3)"
+            )
+            && md.contains("### bc N=64 C0=24 k=12 bn=4 32x32 f32 on cuda:0 (NVIDIA H200)"),
         "{md}"
     );
     assert!(
-        md.contains("](plots/memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-L8.png)"),
+        md.contains("](plots/memory-vs-time-bc-N64-C24-k12-bn4-32-cuda0-nvidia-h200-L8.png)"),
         "{md}"
     );
     // the published comparison has a densebench line per device
@@ -856,8 +871,11 @@ fn plots_and_report_of_a_cpu_and_a_gpu_csv_keep_the_devices_apart() {
         .lines()
         .filter(|l| l.starts_with("| densebench most frugal") && l.contains("bc N=64"))
         .count();
-    assert_eq!(frugal, 2, "{md}");
-    // the CPU CSV alone: the pair's figures are not its own; one device: no "on cpu"
+    assert_eq!(frugal, 3, "{md}");
+    // two of the three CSVs: the set's figures are not theirs
+    let md = report(&[a, b]);
+    assert!(md.contains("were drawn from another CSV"), "{md}");
+    // the CPU CSV alone: one device, no "on cpu"
     let md = report(&[a]);
     assert!(md.contains("were drawn from another CSV"), "{md}");
     assert!(!md.contains(" on cpu"), "{md}");

@@ -53,10 +53,14 @@ fn worker(
     stop: &std::sync::atomic::AtomicBool,
     cache_dir: &Path,
     retries: usize,
+    ready: &std::sync::Barrier,
 ) -> Result<()> {
     use std::sync::atomic::Ordering;
     let lock_err = || anyhow!("a sweep worker panicked while holding the output lock");
-    let mut refs = Cache::new(cache_dir)?;
+    let refs = Cache::new(cache_dir);
+    // waited for even when the cache failed, so that no other worker waits forever
+    ready.wait();
+    let mut refs = refs?;
     loop {
         let item = match queue.lock() {
             Ok(mut q) => q.pop_front(),
@@ -165,12 +169,16 @@ pub fn run(
         out_of_tolerance: Vec::new(),
     });
     let stop = std::sync::atomic::AtomicBool::new(false);
+    // Every worker ready (its reference cache open) before any takes an item, so that a fast
+    // first worker does not drain a queue of quick jobs before the others exist.
+    let ready = std::sync::Barrier::new(workers.len());
     let results: Vec<Result<()>> = std::thread::scope(|scope| {
         let handles: Vec<_> = workers
             .iter()
             .map(|&d| {
-                let (queue, shared, stop, cache_dir) = (&queue, &shared, &stop, &cache_dir);
-                scope.spawn(move || worker(d, queue, shared, stop, cache_dir, retries))
+                let (queue, shared, stop, cache_dir, ready) =
+                    (&queue, &shared, &stop, &cache_dir, &ready);
+                scope.spawn(move || worker(d, queue, shared, stop, cache_dir, retries, ready))
             })
             .collect();
         handles

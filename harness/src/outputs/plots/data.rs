@@ -103,6 +103,9 @@ pub struct ConfigKey {
     pub dtype: String,
     pub seed: u64,
     pub device: String,
+    /// The device's model ([`device_model`]: `NVIDIA H200`, `AMD EPYC`): rows of one device
+    /// name on two machines (an H100's and an H200's `cuda:0`) are two groups, never one series.
+    pub model: String,
     /// `ieee` or `tf32`: rows of the two math modes are never one series (a tf32 time is not an
     /// ieee one), so they are separate groups, figures and tables.
     pub math: String,
@@ -121,6 +124,7 @@ impl ConfigKey {
             dtype: row.dtype.clone(),
             seed: row.seed,
             device: row.device.clone(),
+            model: device_model(&row.device_desc).to_string(),
             math: if row.math.is_empty() {
                 "ieee".to_string()
             } else {
@@ -175,7 +179,8 @@ pub fn sanitize(s: &str) -> String {
 #[derive(Debug, Clone)]
 pub struct Group {
     pub key: ConfigKey,
-    /// A unique file-name fragment (the slug, plus `-s{seed}` when two groups share a slug).
+    /// A unique file-name fragment (the slug, plus the device's model when two machines' groups
+    /// share a slug, then `-s{seed}` when two groups still share it).
     pub slug: String,
     /// `bc N=64 C0=24 k=12 bn=4 32x32 f32`.
     pub label: String,
@@ -347,26 +352,60 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
             }
         })
         .collect();
-    // Make slugs unique: configs that differ only in seed get `-s{seed}`.
-    let mut counts: BTreeMap<String, usize> = BTreeMap::new();
-    for g in &groups {
-        *counts.entry(g.slug.clone()).or_default() += 1;
+    // Make slugs unique: configs of one device name on two machines get the model
+    // (`-nvidia-h100-80gb-hbm3`), then configs that differ only in seed get `-s{seed}`.
+    let shared = |groups: &[Group]| {
+        let mut counts: BTreeMap<String, usize> = BTreeMap::new();
+        for g in groups {
+            *counts.entry(g.slug.clone()).or_default() += 1;
+        }
+        counts
+    };
+    let counts = shared(&groups);
+    let models: std::collections::BTreeSet<&str> =
+        groups.iter().map(|g| g.key.model.as_str()).collect();
+    if models.len() > 1 {
+        for g in &mut groups {
+            if counts.get(&g.slug).copied().unwrap_or(0) > 1 && !g.key.model.is_empty() {
+                g.slug = format!(
+                    "{}-{}",
+                    g.slug,
+                    sanitize(&g.key.model.replace(' ', "-")).to_lowercase()
+                );
+            }
+        }
     }
+    let counts = shared(&groups);
     for g in &mut groups {
         if counts.get(&g.slug).copied().unwrap_or(0) > 1 {
             g.slug = format!("{}-s{}", g.slug, g.key.seed);
         }
     }
-    // Rows of several devices (a CPU and a GPU reference read together): each label names its
-    // device, so that two groups of one configuration never share a heading or a figure title.
-    let devices: std::collections::BTreeSet<&str> =
-        groups.iter().map(|g| g.key.device.as_str()).collect();
+    // Rows of several devices (a CPU and a GPU reference read together, or two GPUs): each
+    // label names its device, so that two groups of one configuration never share a heading
+    // or a figure title.
+    let devices: std::collections::BTreeSet<(&str, &str)> = groups
+        .iter()
+        .map(|g| (g.key.device.as_str(), g.key.model.as_str()))
+        .collect();
     if devices.len() > 1 {
         for g in &mut groups {
-            g.label = format!("{} on {}", g.label, g.key.device);
+            g.label = if g.key.model.is_empty() {
+                format!("{} on {}", g.label, g.key.device)
+            } else {
+                format!("{} on {} ({})", g.label, g.key.device, g.key.model)
+            };
         }
     }
     (groups, replaced)
+}
+
+/// The model a device description names, without what follows it in parentheses (thread
+/// count, memory, driver, the framework that ran it): `NVIDIA H200 (sm_90, …)` → `NVIDIA H200`,
+/// `AMD EPYC (2 threads)` → `AMD EPYC`. densebench's and PyTorch's rows of one GPU agree.
+pub fn device_model(desc: &str) -> &str {
+    let desc = desc.trim();
+    desc.split_once(" (").map_or(desc, |(m, _)| m).trim_end()
 }
 
 /// A device description without the thread count a CPU's carries: `AMD EPYC (2 threads)` →
@@ -571,7 +610,7 @@ pub fn headline(groups: &[Group]) -> Vec<(usize, usize)> {
     // Per family and device: (canonical, variants with peak and time, depth) and the (group,
     // depth) it won.
     type Score = (bool, usize, usize);
-    let mut best: BTreeMap<(String, String), (Score, usize, usize)> = BTreeMap::new();
+    let mut best: BTreeMap<(String, String, String), (Score, usize, usize)> = BTreeMap::new();
     for (gi, g) in groups.iter().enumerate() {
         for d in g.depths() {
             let complete = g
@@ -584,7 +623,11 @@ pub fn headline(groups: &[Group]) -> Vec<(usize, usize)> {
             }
             let score = (is_canonical(&g.key, d), complete, d);
             let e = best
-                .entry((g.key.family.clone(), g.key.device.clone()))
+                .entry((
+                    g.key.family.clone(),
+                    g.key.device.clone(),
+                    g.key.model.clone(),
+                ))
                 .or_insert((score, gi, d));
             if score > e.0 {
                 *e = (score, gi, d);

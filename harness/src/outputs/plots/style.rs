@@ -430,16 +430,31 @@ pub(super) const LOG_SPREAD: f64 = 4.0;
 
 /// The devices of the rows a family-level figure draws, for its subtitle: `cpu: AMD EPYC, 2
 /// threads`; `cpu: AMD EPYC, 1 and 2 threads` (one device, rows at two thread counts, not two
-/// devices); `2 devices: cpu, cuda:0`. Pass the drawn rows only: a device whose rows all failed
+/// devices); `2 devices: cpu (AMD EPYC), cuda:0 (NVIDIA H200)` (an H100's and an H200's
+/// `cuda:0` are two). Pass the drawn rows only: a device whose rows all failed
 /// is no device of the figure.
 pub(super) fn devices_of(rows: &[&Row]) -> String {
-    let mut devices: Vec<&str> = rows.iter().map(|r| r.device.as_str()).collect();
+    // a device is its name and its model: an H100's and an H200's `cuda:0` are two
+    let mut devices: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|r| (r.device.as_str(), data::device_model(&r.device_desc)))
+        .collect();
     devices.sort_unstable();
     devices.dedup();
     if devices.len() > 1 {
-        return format!("{} devices: {}", devices.len(), devices.join(", "));
+        let named: Vec<String> = devices
+            .iter()
+            .map(|&(d, m)| {
+                if m.is_empty() {
+                    d.to_string()
+                } else {
+                    format!("{d} ({m})")
+                }
+            })
+            .collect();
+        return format!("{} devices: {}", devices.len(), named.join(", "));
     }
-    let Some(device) = devices.first() else {
+    let Some(&(device, _)) = devices.first() else {
         return String::new();
     };
     let mut descs: Vec<&str> = rows
@@ -589,7 +604,15 @@ mod tests {
         assert_eq!(devices_of(&[&a]), "cpu: AMD EPYC, 1 thread");
         let gpu = row("cuda:0", "NVIDIA H100", 0);
         assert_eq!(devices_of(&[&gpu]), "cuda:0: NVIDIA H100");
-        assert_eq!(devices_of(&[&a, &gpu]), "2 devices: cpu, cuda:0");
+        assert_eq!(
+            devices_of(&[&a, &gpu]),
+            "2 devices: cpu (AMD EPYC), cuda:0 (NVIDIA H100)"
+        );
+        let other = row("cuda:0", "NVIDIA H200 (sm_90, 139.8 GiB)", 0);
+        assert_eq!(
+            devices_of(&[&gpu, &other, &gpu]),
+            "2 devices: cuda:0 (NVIDIA H100), cuda:0 (NVIDIA H200)"
+        );
         assert_eq!(devices_of(&[]), "");
     }
 
