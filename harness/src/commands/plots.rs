@@ -1,6 +1,7 @@
 //! `densebench plots RESULTS.csv...`: regenerates every figure (SVG and PNG) of one or more
-//! result CSVs read as one set ([`crate::outputs::plots::render_all`]) and says what it skipped: on stderr, every row whose
-//! status is not ok, apart as the figures' footers show it or no figure does.
+//! result CSVs read as one set ([`crate::outputs::plots::render_all`]) and says what it
+//! skipped: on stderr, every row whose status is not ok, apart as the figures' footers show it
+//! or no figure does.
 
 use crate::outputs::plots::{
     csv_bytes, data, footer_listed, plan, render_all, shown, source_text, SOURCE_FILE,

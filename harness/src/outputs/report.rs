@@ -76,13 +76,16 @@ fn measured_ns(r: &Row) -> Option<u64> {
     r.median_ns.filter(|&t| t > 0)
 }
 
-/// `+14%` / `−3%` from a time ratio.
+/// `+14%` / `−3%` / `±0%` from a time ratio (rounded to a whole percent first: −0.4% is no
+/// saving to print as `−0%`).
 fn overhead(r: f64) -> String {
-    let pct = (r - 1.0) * 100.0;
-    if pct >= 0.0 {
+    let pct = ((r - 1.0) * 100.0).round();
+    if pct > 0.0 {
         format!("+{pct:.0}%")
-    } else {
+    } else if pct < 0.0 {
         format!("−{:.0}%", -pct)
+    } else {
+        "±0%".to_string()
     }
 }
 
@@ -734,4 +737,19 @@ pub fn render(rows: &[Row], csvs: &[PathBuf], report: &Path, plots_dir: &Path) -
         let _ = writeln!(out);
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::overhead;
+
+    /// A time ratio within half a percent of 1 is no change, never `−0%` or `+0%`.
+    #[test]
+    fn overhead_rounds_before_it_takes_a_sign() {
+        assert_eq!(overhead(1.14), "+14%");
+        assert_eq!(overhead(0.97), "−3%");
+        assert_eq!(overhead(0.996), "±0%");
+        assert_eq!(overhead(1.004), "±0%");
+        assert_eq!(overhead(0.994), "−1%");
+    }
 }
