@@ -200,6 +200,60 @@ pub fn compare(result: &StepResult, reference: &StepResult) -> Result<Comparison
     })
 }
 
+/// [`compare`] for judging a step: its running statistics are compared by how far the step
+/// moved them from `before` (the values the step started from, by the same names: the case's),
+/// not by their new values. A BN step moves a running statistic a tenth of the way to the
+/// batch's (momentum 0.1), so a statistic left un-updated is only about a tenth of its batch
+/// change away from the reference's new value — 0.106 norm-wise on BC-100's block, under an f32
+/// bc row's tolerance — while its update is wholly wrong (relative error 1). The same `before`
+/// is subtracted on both sides (in f64), so the absolute error is the new value's; the relative
+/// error is against the reference update's largest magnitude. Whether a statistic is bitwise
+/// equal is still said of its new value.
+pub fn compare_updates(
+    result: &StepResult,
+    reference: &StepResult,
+    before: &BTreeMap<String, Tensor>,
+) -> Result<Comparison> {
+    let mut c = compare(result, reference)?;
+    let moved = |running: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
+        running
+            .iter()
+            .map(|(name, t)| {
+                let b = before.get(name).ok_or_else(|| Error::MissingTensor {
+                    name: name.clone(),
+                    context: " among the running statistics before the step".to_string(),
+                })?;
+                let b = b.to_device(t.device()).and_then(|b| b.to_dtype(DType::F64));
+                let d = t.to_dtype(DType::F64).and_then(|t| t - b?).ctx(name)?;
+                Ok((name.clone(), d))
+            })
+            .collect()
+    };
+    let mut updates = BTreeMap::new();
+    group(
+        &mut updates,
+        "",
+        &moved(&result.running)?,
+        &moved(&reference.running)?,
+    )?;
+    let mut running = TensorError::ZERO;
+    for (name, u) in updates {
+        let e = TensorError {
+            bitwise: c.per_tensor.get(&name).is_some_and(|v| v.bitwise),
+            ..u
+        };
+        running = running.worst(e);
+        c.per_tensor.insert(name, e);
+    }
+    c.running = running;
+    c.overall = c
+        .output
+        .worst(c.grad_input)
+        .worst(c.grad_params)
+        .worst(running);
+    Ok(c)
+}
+
 /// The bits of one tensor as a SHA-256 over its dtype, shape and elements in row-major order
 /// (f32 and f64 by their own bits; other dtypes widened to f64, which is exact for the floats
 /// candle has).
@@ -431,5 +485,48 @@ mod tests {
             differing(&d, &digests(&more).unwrap()),
             vec!["bn.running_mean"]
         );
+    }
+
+    /// A running statistic the step left as it was (mutant "running var never updated") is a
+    /// tenth of its change away by value, and wholly wrong by update: `compare_updates` says
+    /// relative error 1 where `compare` says 0.05. A correct update is within rounding both ways,
+    /// and the absolute error is the value's.
+    #[test]
+    fn an_un_updated_running_statistic_is_wrong_by_its_update() {
+        let t = |v: &[f64]| Tensor::from_slice(v, v.len(), &Device::Cpu).unwrap();
+        let before: BTreeMap<String, Tensor> =
+            [("bn.running_var".to_string(), t(&[1.0, 1.0]))].into();
+        let with = |running: &[f64]| StepResult {
+            output: t(&[1.0]),
+            grad_input: t(&[1.0]),
+            grads: BTreeMap::new(),
+            running: [("bn.running_var".to_string(), t(running))].into(),
+        };
+        // batch variances 0.5 and 1.2: the update moves 1.0 to 0.95 and 1.02
+        let reference = with(&[0.95, 1.02]);
+        let stale = with(&[1.0, 1.0]);
+        let by_value = compare(&stale, &reference).unwrap();
+        assert!(
+            (by_value.overall.max_rel - 0.05 / 1.02).abs() < 1e-12,
+            "{by_value:?}"
+        );
+        let by_update = compare_updates(&stale, &reference, &before).unwrap();
+        assert!(
+            (by_update.overall.max_rel - 1.0).abs() < 1e-12,
+            "{by_update:?}"
+        );
+        assert_eq!(by_update.running.max_abs, by_value.running.max_abs);
+        assert!(!by_update.overall.bitwise);
+        let close = with(&[0.95 + 1e-9, 1.02]);
+        let c = compare_updates(&close, &reference, &before).unwrap();
+        assert!(c.overall.max_rel < 1e-7, "{c:?}");
+        assert!(
+            compare_updates(&reference, &reference, &before)
+                .unwrap()
+                .overall
+                .bitwise
+        );
+        // a statistic with no value before the step is an error, never a silent pass
+        assert!(compare_updates(&stale, &reference, &BTreeMap::new()).is_err());
     }
 }

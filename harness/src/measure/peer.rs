@@ -286,13 +286,18 @@ pub fn parse(stdout: &str) -> Result<PeerMeasurement> {
 }
 
 /// The peer's RESULT file against a reference result file of the same config, both loaded on
-/// the CPU in the config's dtype (as densebench's child compares its own step).
-pub fn compare(cfg: &Config, result: &Path, reference: &Path) -> Result<Comparison> {
+/// the CPU in the config's dtype (as densebench's child compares its own step), its running
+/// statistics judged by their update from the CASE file's ([`impls::compare::compare_updates`]).
+pub fn compare(cfg: &Config, case: &Path, result: &Path, reference: &Path) -> Result<Comparison> {
+    let before = impls::case::Case::load(case, Some(cfg.activation), &Device::Cpu)
+        .map_err(|e| anyhow!("loading the case {}: {e}", case.display()))?
+        .params
+        .tensors;
     let ours = impls::case::load_result(cfg, result, &Device::Cpu)
         .map_err(|e| anyhow!("loading the peer's result {}: {e}", result.display()))?;
     let reference = impls::case::load_result(cfg, reference, &Device::Cpu)
         .map_err(|e| anyhow!("loading the reference {}: {e}", reference.display()))?;
-    impls::compare::compare(&ours, &reference)
+    impls::compare::compare_updates(&ours, &reference, &before)
         .map_err(|e| anyhow!("comparing the peer's result with the reference: {e}"))
 }
 

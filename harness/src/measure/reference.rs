@@ -383,9 +383,8 @@ impl Cache {
         };
         let outcome = crate::measure::peer::run(v, cfg, &one, &case, &out);
         let err = match outcome {
-            Ok(Outcome::Ok(_)) => {
-                crate::measure::peer::compare(cfg, &out, &reference.path).map(|c| c.overall.max_rel)
-            }
+            Ok(Outcome::Ok(_)) => crate::measure::peer::compare(cfg, &case, &out, &reference.path)
+                .map(|c| c.overall.max_rel),
             Ok(o) => Err(anyhow!("{v}: {}", outcome_message(&o))),
             Err(e) => Err(e),
         };

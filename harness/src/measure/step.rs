@@ -97,19 +97,32 @@ pub fn peer_derived_tolerance(cfg: &Config, peer_err: f64) -> f64 {
 
 /// Test hook (fault injection): when set to a result tensor's name (`output`, `grad.input`,
 /// `grad.<param>`, `<bn>.running_mean`, …), the child scales that tensor of its last step by
-/// [`PERTURB_SCALE`] before comparing it with the reference, as a wrong gradient would be. The
-/// tests use it to show that any variant's row, the reference variant's included, fails.
+/// [`PERTURB_SCALE`] before comparing it with the reference, as a wrong gradient would be; set
+/// to `stale:<bn>.running_var` (or `_mean`), it puts back the statistic's value from before the
+/// step, as a step that never updated it would leave it. The tests use it to show that any
+/// variant's row, the reference variant's included, fails.
 pub const PERTURB_ENV: &str = "DENSEBENCH_PERTURB";
 /// See [`PERTURB_ENV`]: a relative error of 0.5 in the named tensor.
 pub const PERTURB_SCALE: f64 = 1.5;
 
-/// `result` with the tensor named by [`PERTURB_ENV`] scaled by [`PERTURB_SCALE`]; unchanged
-/// when the variable is unset. Errs when it names no tensor of the result.
-fn perturbed(mut r: StepResult) -> Result<StepResult> {
+/// `result` with the tensor named by [`PERTURB_ENV`] scaled by [`PERTURB_SCALE`], or a running
+/// statistic put back to its value in `before`; unchanged when the variable is unset. Errs when
+/// it names no tensor of the result.
+fn perturbed(
+    mut r: StepResult,
+    before: &std::collections::BTreeMap<String, candle_core::Tensor>,
+) -> Result<StepResult> {
     let Some(name) = std::env::var_os(PERTURB_ENV) else {
         return Ok(r);
     };
     let name = name.to_string_lossy().into_owned();
+    if let Some(stat) = name.strip_prefix("stale:") {
+        let (Some(t), Some(old)) = (r.running.get_mut(stat), before.get(stat)) else {
+            bail!("{PERTURB_ENV}={name}: no such running statistic in the step's result");
+        };
+        *t = old.clone();
+        return Ok(r);
+    }
     let scale = |t: &candle_core::Tensor| t.affine(PERTURB_SCALE, 0.0);
     let t = match name.as_str() {
         "output" => &mut r.output,
@@ -442,8 +455,9 @@ pub fn measure(
                 .map(|l| l.saturating_sub(crate::measure::alloc::current()) as u64);
             let reference = impls::case::load_result_with_limit(cfg, path, &device, headroom)
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
+            // running statistics judged by their update from the case's values
             let compare = |r: &StepResult| {
-                impls::compare::compare(r, &reference)
+                impls::compare::compare_updates(r, &reference, &case.params.tensors)
                     .map_err(|e| anyhow!("comparing with the reference: {e}"))
             };
             if graph_wanted {
@@ -464,7 +478,7 @@ pub fn measure(
             } else {
                 result
             };
-            let c = compare(&perturbed(checked)?)?;
+            let c = compare(&perturbed(checked, &case.params.tensors)?)?;
             Some(Errors::from_comparison(
                 &c,
                 reference_label(ref_variant),

@@ -277,7 +277,7 @@ fn judge_peer(
     reference: &Reference,
     out: &std::path::Path,
 ) -> Result<()> {
-    let c = peer::compare(cfg, out, &reference.path)?;
+    let c = peer::compare(cfg, &refs.case(cfg, s)?, out, &reference.path)?;
     let label = measure::reference_label(reference.variant);
     let e = measure::Errors::from_comparison(
         &c,
