@@ -470,22 +470,14 @@ fn out_of_range_flags_fail_with_status_2_naming_the_flag_and_bound() {
         // a search past 10000 layers ran silently for minutes (the model's replay)
         (
             [
-                "max-depth",
-                "--family",
-                "mlp",
-                "--batch",
-                "8",
-                "--channels",
-                "4",
-                "--growth",
-                "2",
-                "--budget",
-                "3MiB",
-                "--max-depth",
-                "100000000",
+                &["max-depth"][..],
+                common::TINY_MLP,
+                &["--budget", "3MiB", "--max-depth", "100000000"],
             ]
+            .concat()
+            .into_iter()
             .map(str::to_string)
-            .to_vec(),
+            .collect(),
             vec!["--max-depth", "between 1 and 10000"],
         ),
     ];

@@ -12,27 +12,10 @@ use candle_core::{DType, Device, Tensor};
 use densebench::measure::gpu::{self, GpuInfo, PeakSource, PoolPeak};
 use std::process::Command;
 
-// Only `bin` and `BIN_ENV` are used here; the other helpers serve the CLI tests.
+// Only `bin`, `BIN_ENV`, `TINY_RUN` and `TINY_MLP` are used here; the other helpers serve the CLI tests.
 #[allow(dead_code)]
 mod common;
-use common::bin;
-
-/// The smallest `run` the CLI documents (README, `densebench run --help`).
-const TINY_RUN: &[&str] = &[
-    "run",
-    "--family",
-    "mlp",
-    "--variant",
-    "cat-store-copy",
-    "--depth",
-    "2",
-    "--batch",
-    "2",
-    "--growth",
-    "2",
-    "--channels",
-    "2",
-];
+use common::{bin, TINY_RUN};
 
 /// `cuda:0` if it is usable; otherwise prints why the calling test is skipped. Only the
 /// absence of a GPU skips (a build without `cuda`, no driver, no device): a GPU that is there
@@ -105,16 +88,9 @@ fn no_gpu_max_depth_on_cuda_fails_with_one_clear_line() {
         Err(e) => e.to_string(),
     };
     let o = Command::new(bin())
-        .args([
-            "max-depth",
-            "--family",
-            "mlp",
-            "--batch",
-            "8",
-            "--channels",
-            "4",
-        ])
-        .args(["--growth", "2", "--budget", "1MiB", "--device", "cuda:0"])
+        .arg("max-depth")
+        .args(common::TINY_MLP)
+        .args(["--budget", "1MiB", "--device", "cuda:0"])
         .output()
         .expect("the densebench binary runs");
     let stderr = String::from_utf8_lossy(&o.stderr);

@@ -740,30 +740,11 @@ fn step_round_trip_matches_the_library() {
 fn git_rev_is_the_builds_not_the_checkouts_at_run_time() {
     let dir = tempfile::tempdir().expect("temp dir");
     let cache = dir.path().join("cache");
-    let args = [
-        "run",
-        "--family",
-        "mlp",
-        "--variant",
-        "cat-store-copy",
-        "--depth",
-        "2",
-        "--batch",
-        "4",
-        "--growth",
-        "2",
-        "--channels",
-        "3",
-        "--steps",
-        "1",
-        "--format",
-        "json",
-        "--cache-dir",
-        path_str(&cache),
-    ];
     let rev_of = |env: Option<&str>| {
         let mut c = Command::new(bin());
-        c.args(args)
+        c.args(common::TINY_RUN)
+            .args(["--steps", "1", "--format", "json", "--cache-dir"])
+            .arg(&cache)
             .env("GIT_DIR", dir.path().join("no-such-repository"))
             .env("GIT_CEILING_DIRECTORIES", "/");
         match env {

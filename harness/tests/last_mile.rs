@@ -879,10 +879,14 @@ fn plots_and_report_of_a_cpu_and_two_gpu_csvs_keep_the_devices_apart() {
     let md = report(&[a]);
     assert!(md.contains("were drawn from another CSV"), "{md}");
     assert!(!md.contains(" on cpu"), "{md}");
-    // one file twice would count its rows twice
-    let o = densebench(&["report", a, a, "--out", "R2.md"], dir.path());
-    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-    assert!(text(&o).contains("named twice"), "{}", text(&o));
+    // one file twice would count its rows twice, also through a link
+    let link = dir.path().join("link.csv");
+    std::os::unix::fs::symlink(&cpu_csv, &link).unwrap();
+    for again in [a, link.to_str().unwrap()] {
+        let o = densebench(&["report", a, again, "--out", "R2.md"], dir.path());
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(text(&o).contains("named twice"), "{}", text(&o));
+    }
 }
 
 /// The report's growth sentence names the depths each fit used (an `oom` naive row has no

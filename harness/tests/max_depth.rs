@@ -222,23 +222,21 @@ fn a_depth_at_the_search_bound_is_a_lower_bound_in_table_and_csv() {
 /// for a depth it never ran (the variant used a fraction of the budget there). Now `not run`.
 #[test]
 fn a_depth_past_the_search_bound_is_not_reported_as_oom() {
-    let o = densebench(&[
-        "max-depth",
-        "--family",
-        "mlp",
-        "--batch",
-        "8",
-        "--channels",
-        "4",
-        "--growth",
-        "2",
-        "--budget",
-        "3MiB",
-        "--variants",
-        "buffer-store-inplace",
-        "--max-depth",
-        "40",
-    ]);
+    let o = densebench(
+        &[
+            &["max-depth"][..],
+            common::TINY_MLP,
+            &[
+                "--budget",
+                "3MiB",
+                "--variants",
+                "buffer-store-inplace",
+                "--max-depth",
+                "40",
+            ],
+        ]
+        .concat(),
+    );
     let table = String::from_utf8_lossy(&o.stdout).into_owned();
     assert!(o.status.success(), "{table}{}", stderr(&o));
     let l = line(&table, "buffer-store-inplace");

@@ -39,6 +39,37 @@ pub fn bin() -> PathBuf {
 }
 
 /// Runs `densebench ARGS` to completion.
+/// The smallest `run` the CLI documents (README, `densebench run --help`).
+#[allow(dead_code)] // the GPU and git-rev tests' only
+pub const TINY_RUN: &[&str] = &[
+    "run",
+    "--family",
+    "mlp",
+    "--variant",
+    "cat-store-copy",
+    "--depth",
+    "2",
+    "--batch",
+    "2",
+    "--growth",
+    "2",
+    "--channels",
+    "2",
+];
+
+/// The small mlp block of the `max-depth` tests (N=8, C0=4, k=2): searches of a few MiB.
+#[allow(dead_code)] // the max-depth, bad-input and GPU tests' only
+pub const TINY_MLP: &[&str] = &[
+    "--family",
+    "mlp",
+    "--batch",
+    "8",
+    "--channels",
+    "4",
+    "--growth",
+    "2",
+];
+
 pub fn densebench(args: &[&str]) -> Output {
     Command::new(bin())
         .args(args)
