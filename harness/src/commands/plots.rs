@@ -7,8 +7,8 @@ use crate::outputs::plots::{
     csv_bytes, data, footer_listed, plan, render_all, shown, source_text, SOURCE_FILE,
 };
 use crate::plan::bounds::bad_input;
-use crate::results::row::{read_rows_all, Row};
-use crate::results::store::write_bytes_atomic;
+use crate::results::row::Row;
+use crate::results::store::{read_rows_all, write_bytes_atomic};
 use anyhow::{anyhow, bail, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -409,26 +409,6 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
     read_rows_unmarked(path).map_err(crate::plan::bounds::bad_input)
 }
 
-/// [`read_rows`] of each CSV, their rows one file after the other (`plots` and `report` of a
-/// CPU and a GPU reference together). A CSV named twice (through any path or link) is refused:
-/// its rows would count twice.
-pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
-    let mut rows = Vec::new();
-    for (i, p) in paths.iter().enumerate() {
-        if paths[..i]
-            .iter()
-            .any(|q| q == p || crate::results::store::same_file(q, p))
-        {
-            return Err(crate::plan::bounds::bad_input(anyhow::anyhow!(
-                "{} is named twice: give each result CSV once",
-                p.display()
-            )));
-        }
-        rows.extend(read_rows(p)?);
-    }
-    Ok(rows)
-}
-
 /// Reads a result CSV and checks it: the header against the schema (missing or extra columns
 /// are named), every row's `schema` against this densebench's, every row's `key` against its own
 /// fields, every `grad_ok` true against its `max_rel_err` and `tolerance`. A NaN in any

@@ -265,6 +265,23 @@ pub fn refuse_input_as_output(output: &Path, flag: &str, inputs: &[&Path]) -> Re
     Ok(())
 }
 
+/// [`row::read_rows`] of each CSV, their rows one file after the other (`plots` and `report` of a
+/// CPU and a GPU reference together). A CSV named twice (through any path or link) is refused:
+/// its rows would count twice.
+pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (i, p) in paths.iter().enumerate() {
+        if paths[..i].iter().any(|q| q == p || same_file(q, p)) {
+            return Err(bad_input(anyhow!(
+                "{} is named twice: give each result CSV once",
+                p.display()
+            )));
+        }
+        rows.extend(row::read_rows(p)?);
+    }
+    Ok(rows)
+}
+
 /// Whether two paths name the same existing file (through any path or link).
 pub fn same_file(a: &Path, b: &Path) -> bool {
     match (std::fs::metadata(a), std::fs::metadata(b)) {
