@@ -16,6 +16,11 @@
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
 #           when the CSV is given back in .gpu/reference-gpu.csv on the next call.
 #   report  plots (one tarball, $OUT/plots.tar.gz) and the Markdown report ($OUT/REPORT-gpu.md)
+#   fidelity  issue 36's fidelity check on cuda:0 (scripts/peer_fidelity.py): every job of
+#           versus-pytorch.toml and gpu.toml, densebench's and PyTorch's (eager and compiled),
+#           timed the harness's way and in a bare loop with CUDA events, within ±5 %:
+#           $OUT/fidelity.csv and $OUT/fidelity.txt (not a default stage; it may need more than
+#           one call: name variants with DENSEBENCH_FIDELITY_ARGS="--variants a,b")
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
@@ -42,7 +47,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report chunks flips sanitize profile)
+known=(info tests tf32 sweep report fidelity chunks flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -253,9 +258,17 @@ CONFIGS
                 echo "gpu-session: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (kept as reference-gpu-other.csv); this sweep starts a new reference-gpu.csv" >&2
             fi
         fi
+        # A resumed file of an older result schema (a reference before the timed-step fix of
+        # issue 36: its peer rows were timed with hooks inside the step) is kept aside, not
+        # resumed: its rows are not this binary's to append to.
+        if [ -f "$csv" ] && ! head -n 1 "$csv" | grep -q ',execution,compile_ns$'; then
+            mv "$csv" "$OUT/reference-gpu-old-schema.csv"
+            echo "gpu-session: .gpu/reference-gpu.csv is of an older result schema: kept as reference-gpu-old-schema.csv; this sweep starts a new reference-gpu.csv" >&2
+        fi
         peer=()
         if peer_on_gpu; then
-            peer=(--peer pytorch)
+            # PyTorch eager and compiled (reduce-overhead: CUDA graphs), issue 36
+            peer=(--peer pytorch-compiled)
         else
             echo "gpu-session: PyTorch is not importable here or has no CUDA: the sweep runs without peer rows" >&2
         fi
@@ -274,6 +287,20 @@ CONFIGS
         elif [ "$code" -ne 0 ]; then
             fail "the sweep exited with $code"
         fi
+        ;;
+    fidelity)
+        # Issue 36: every job of versus-pytorch.toml and gpu.toml timed the harness's way and in
+        # a bare loop (CUDA events), harness / bare within ±5 %; resumable by hand with
+        # --variants. PyTorch's jobs need the peer on CUDA.
+        fpeer=none
+        if peer_on_gpu; then fpeer=pytorch-compiled; fi
+        secs=$(( $(left) - $(reserve_after fidelity) - 15 ))
+        [ "$secs" -ge 30 ] || { fail "fidelity: not run: out of time"; continue; }
+        timeout -s TERM -k 15 "$secs" "${peer_env[@]}" python3 scripts/peer_fidelity.py \
+            --densebench "$db" --device cuda:0 --peer "$fpeer" --steps 10 --warmup 3 --repeat 2 \
+            --csv "$OUT/fidelity.csv" ${DENSEBENCH_FIDELITY_ARGS:-} 2>&1 | tee "$OUT/fidelity.txt" | tail -n 60
+        code=${PIPESTATUS[0]}
+        [ "$code" -eq 0 ] || fail "fidelity exited $code (see fidelity.txt)"
         ;;
     report)
         csv="$OUT/reference-gpu.csv"

@@ -61,9 +61,47 @@ NO_TORCH_LINE = (
 )
 
 VARIANTS = {
-    "bc": ("pytorch-naive", "pytorch-memory-efficient"),
-    "mlp": ("pytorch-naive", "pytorch-checkpoint"),
+    "bc": (
+        "pytorch-naive",
+        "pytorch-memory-efficient",
+        "pytorch-compiled-naive",
+        "pytorch-compiled-memory-efficient",
+    ),
+    "mlp": (
+        "pytorch-naive",
+        "pytorch-checkpoint",
+        "pytorch-compiled-naive",
+        "pytorch-compiled-checkpoint",
+    ),
 }
+# A compiled variant is its eager twin under `torch.compile`: mode `reduce-overhead` (inductor's
+# kernels replayed as CUDA graphs) on CUDA, the default mode (inductor's kernels, no graphs) on
+# the CPU, as PyTorch's documentation tells users to reach for each.
+COMPILED_PREFIX = "pytorch-compiled-"
+# Warm-up steps a compiled variant takes at least, whatever --warmup says: the first call
+# compiles forward and backward, and under `reduce-overhead` cudagraph trees run the second
+# call eagerly to warm up and record the graph on the third; only then is a step a replay.
+COMPILED_MIN_WARMUP = 3
+
+
+def eager_twin(variant: str) -> str:
+    """`pytorch-compiled-naive` → `pytorch-naive`; an eager variant is its own twin."""
+    if variant.startswith(COMPILED_PREFIX):
+        return "pytorch-" + variant[len(COMPILED_PREFIX):]
+    return variant
+
+
+def compile_mode(device: str) -> str | None:
+    """torch.compile's mode for a compiled variant on `device` (None: the default mode)."""
+    return "reduce-overhead" if device.startswith("cuda") else None
+
+
+def execution_of(variant: str, device: str) -> str:
+    """The row's `execution`: `eager`; `graph` (the whole step replayed as CUDA graphs:
+    `reduce-overhead`); `compiled` (inductor's kernels launched one by one: the CPU's default)."""
+    if not variant.startswith(COMPILED_PREFIX):
+        return "eager"
+    return "graph" if compile_mode(device) == "reduce-overhead" else "compiled"
 
 # BatchNorm constants: PyTorch's defaults, the same as densebench's (impls/src/config.rs).
 BN_EPS = 1e-5
@@ -132,7 +170,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--variant",
         required=True,
         choices=sorted({v for vs in VARIANTS.values() for v in vs}),
-        help="bc: pytorch-naive | pytorch-memory-efficient; mlp: pytorch-naive | pytorch-checkpoint",
+        help="bc: pytorch-naive | pytorch-memory-efficient; mlp: pytorch-naive | pytorch-checkpoint; "
+        "and each under torch.compile: pytorch-compiled-<the same>",
     )
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda:N")
     p.add_argument(
@@ -141,7 +180,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         choices=("f32", "f64"),
         help="dtype of the step; the case is converted to it (f32 → f64 is exact)",
     )
-    p.add_argument("--warmup", default=1, type=non_negative_int, help="unmeasured steps")
+    p.add_argument(
+        "--warmup",
+        default=1,
+        type=non_negative_int,
+        help=f"unmeasured steps (a compiled variant takes at least {COMPILED_MIN_WARMUP})",
+    )
     p.add_argument("--steps", default=1, type=positive_int, help="measured steps")
     p.add_argument("--threads", default=1, type=positive_int, help="CPU compute threads")
     p.add_argument(
@@ -570,6 +614,8 @@ def forum_block_class(torch):
 
 
 def build_block(torch, family: str, variant: str, cfg: dict, activation: bool):
+    """The eager module of `variant` (a compiled variant's eager twin; `compile_block` wraps it)."""
+    variant = eager_twin(variant)
     if family == "bc":
         from torchvision.models.densenet import _DenseBlock
 
@@ -676,58 +722,88 @@ def set_math(torch, math: str) -> str:
     return math
 
 
-class Stepper:
-    """Runs identical training steps: state restored, gradients dropped, before each one."""
+OOM_TEXTS = ("out of memory", "can't allocate memory", "not enough memory", "OutOfMemory")
 
-    def __init__(self, torch, block, x, grad_output, meter, device, family):
+
+def is_oom(e: BaseException) -> bool:
+    """Whether an exception is an allocation failure (CPU or CUDA)."""
+    return isinstance(e, MemoryError) or any(t in str(e) for t in OOM_TEXTS)
+
+
+def graph_pool_bytes(torch, device) -> int:
+    """Bytes reserved by the caching allocator's private pools on `device`: the memory that
+    CUDA graphs recorded by torch.compile(mode="reduce-overhead") replay in (cudagraph trees
+    give their graphs one private pool; the default pool is (0, 0))."""
+    total = 0
+    for seg in torch.cuda.memory_snapshot():
+        if seg.get("device", device.index) != device.index:
+            continue
+        pool = seg.get("segment_pool_id")
+        if pool is not None and tuple(pool) != (0, 0):
+            total += int(seg.get("total_size", 0))
+    return total
+
+
+def compile_block(torch, block, device: str):
+    """`torch.compile(block)` in the mode users reach for on `device` (see [`compile_mode`]).
+    Compilation itself happens on the first call (a warm-up step)."""
+    mode = compile_mode(device)
+    return torch.compile(block) if mode is None else torch.compile(block, mode=mode)
+
+
+def bn_counters(block) -> list:
+    """(module name, its `num_batches_tracked` buffer) of every BatchNorm: BatchNorm adds 1 to it
+    on every training-mode call, so its change over a step counts the running-stat updates
+    without a hook (hooks would be instrumentation in the step, and break compiled graphs)."""
+    suffix = ".num_batches_tracked"
+    return [(n[: -len(suffix)], b) for n, b in block.named_buffers() if n.endswith(suffix)]
+
+
+class Stepper:
+    """Runs identical training steps: state restored, gradients dropped, before each one.
+
+    Two kinds of step (results/README.md, "What a timed step contains"):
+
+    - a **timed step** ([`timed_step`]) holds the training step and nothing else: forward,
+      `backward(grad_output)`, and one clock mark at the end of forward (the host clock on the
+      CPU; one CUDA event record on a GPU, no synchronisation), exactly as densebench's timed
+      steps do. The live-byte baseline and the peak are read outside it (before the clock starts
+      and after it stops);
+    - one **probe step** ([`probe_step`]), untimed, run once after warm-up: live bytes at each
+      layer boundary (forward hooks that synchronise the device, registered for this step only),
+      live bytes at the end of forward (`saved_bytes`), the running stats as they are after
+      forward (copied into buffers allocated before the baseline), and how often each BatchNorm
+      updated its running stats (its `num_batches_tracked`).
+    """
+
+    def __init__(self, torch, block, fn, x, grad_output, meter, device, family, compiled):
         self.torch = torch
-        self.block = block
+        self.block = block  # the eager module: parameters, buffers, hooks
+        self.fn = fn  # what a step calls: the block, or torch.compile(block)
         self.x = x
         self.g = grad_output
         self.meter = meter
         self.device = device
         self.family = family
+        self.compiled = compiled
+        self.graphs = compiled and device.type == "cuda"
         self.params = list(block.parameters())
         # The case's BN running stats (and num_batches_tracked), restored before every step.
         self.initial_buffers = [(b, b.detach().clone()) for b in block.buffers()]
-        # The running stats as they are at the end of forward, copied in place every step
-        # (allocated here, before any baseline: the copy allocates nothing in the step).
+        # The running stats as they are at the end of the probe step's forward (allocated here,
+        # before any baseline: the copy allocates nothing in the step).
         self.after_forward = {
             name: (b, b.detach().clone())
             for name, b in block.named_buffers()
             if not name.endswith("num_batches_tracked")
         }
+        self.counters = bn_counters(block)
+        self.initial_counts = {n: int(b.item()) for n, b in self.counters}
         self.timeline: list[tuple[int, int]] = []
-        self.recording = False
         self.baseline = 0
-        # Training-mode BatchNorm forward calls per module in the last step: each one updates
-        # that module's running stats, so more than one per step is a double update.
+        # Training-mode BatchNorm calls per module in the probe step: each one updates that
+        # module's running stats, so more than one per step is a double update.
         self.bn_calls: dict[str, int] = {}
-        if family == "bc":
-            for i, layer in enumerate(block.values()):
-                layer.register_forward_hook(self._hook(i))
-            for name, m in block.named_modules():
-                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                    m.register_forward_pre_hook(self._bn_hook(name))
-
-    def _hook(self, i: int):
-        def hook(_module, _inputs, _output):
-            self._probe(i)
-
-        return hook
-
-    def _bn_hook(self, name: str):
-        def hook(module, _inputs):
-            if module.training:
-                self.bn_calls[name] = self.bn_calls.get(name, 0) + 1
-
-        return hook
-
-    def _probe(self, i: int) -> None:
-        # Only in the forward pass proper (checkpointed recomputation also runs the layers).
-        if self.recording and self.torch.is_grad_enabled():
-            self.meter.sync()
-            self.timeline.append((i, self.meter.current() - self.baseline))
 
     def reset(self) -> None:
         with self.torch.no_grad():
@@ -736,38 +812,32 @@ class Stepper:
         for p in self.params:
             p.grad = None
         self.x.grad = None
+        if self.graphs:
+            # cudagraph trees: a new iteration begins (the previous step's outputs are dead).
+            self.torch.compiler.cudagraph_mark_step_begin()
 
-    def forward(self):
-        if self.family == "mlp":
-            return self.block(self.x, probe=self._probe)
-        return self.block(self.x)
-
-    def step(self, measure: bool) -> dict:
-        """One step; returns its output and, when measured, its numbers."""
+    def _begin(self) -> None:
+        """Before a step's clock starts: state restored, device idle, baseline read, peak reset."""
         self.reset()
         self.meter.sync()
-        self.timeline = []
-        self.bn_calls = {}
         self.baseline = self.meter.current()
         self.meter.reset_peak()
-        self.recording = measure
+
+    def timed_step(self) -> dict:
+        """One timed step: the training step and two clock marks, nothing else."""
+        self._begin()
         c0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
         start = self.meter.mark()
-        out = self.forward()
+        out = self.fn(self.x)
         # GPU: a timing event, not a synchronisation (the device's clock says when forward
         # ended; the host's, without a sync, only when it was queued). CPU: the host's clock.
         forward_end = self.meter.mark()
         t1 = time.perf_counter_ns()
-        saved = self.meter.current() - self.baseline
-        with self.torch.no_grad():
-            for buf, snap in self.after_forward.values():
-                snap.copy_(buf)
         out.backward(self.g)
         self.meter.sync()
         t2 = time.perf_counter_ns()
         c2 = time.process_time_ns()
-        self.recording = False
         peak = self.meter.peak() - self.baseline
         total = t2 - t0
         if start is None:
@@ -778,11 +848,48 @@ class Stepper:
             "output": out,
             "baseline": self.baseline,
             "peak": peak,
-            "saved": saved,
             "fwd": fwd,
             "bwd": total - fwd,
             "total": total,
             "cpu": c2 - c0,
+        }
+
+    def _probe(self, i: int) -> None:
+        # Only in the forward pass proper (checkpointed recomputation also runs the layers).
+        if self.torch.is_grad_enabled():
+            self.meter.sync()
+            self.timeline.append((i, self.meter.current() - self.baseline))
+
+    def probe_step(self) -> dict:
+        """The untimed step every instrumented number comes from (see the class doc). A compiled
+        block has no layer boundaries to hook: its timeline stays empty."""
+        handles = []
+        if self.family == "bc" and not self.compiled:
+            for i, layer in enumerate(self.block.values()):
+                handles.append(layer.register_forward_hook(lambda _m, _i, _o, i=i: self._probe(i)))
+        self.timeline = []
+        try:
+            self._begin()
+            if self.family == "mlp" and not self.compiled:
+                out = self.block(self.x, probe=self._probe)
+            else:
+                out = self.fn(self.x)
+            self.meter.sync()
+            saved = self.meter.current() - self.baseline
+            with self.torch.no_grad():
+                for buf, snap in self.after_forward.values():
+                    snap.copy_(buf)
+            out.backward(self.g)
+            self.meter.sync()
+            peak = self.meter.peak() - self.baseline
+        finally:
+            for h in handles:
+                h.remove()
+        self.bn_calls = {n: int(b.item()) - self.initial_counts[n] for n, b in self.counters}
+        del out
+        return {
+            "peak": peak,
+            "saved": saved,
             "timeline": ";".join(f"f{i}={b}" for i, b in self.timeline),
         }
 
@@ -837,18 +944,41 @@ def run(a: argparse.Namespace) -> dict:
     g = tensors["grad_output"].to(device=device, dtype=dtype)
     del tensors
 
-    stepper = Stepper(torch, block, x, g, meter, device, a.family)
-    # Warm-up settles the allocator, oneDNN/MKL scratch, cuDNN/cuBLAS handles and workspaces.
-    for _ in range(a.warmup):
-        r = stepper.step(measure=False)
+    compiled = a.variant.startswith(COMPILED_PREFIX)
+    fn = compile_block(torch, block, a.device) if compiled else block
+    stepper = Stepper(torch, block, fn, x, g, meter, device, a.family, compiled)
+    # Warm-up settles the allocator, oneDNN/MKL scratch, cuDNN/cuBLAS handles and workspaces;
+    # a compiled variant's first steps also compile (and under reduce-overhead record graphs).
+    warmup = max(a.warmup, COMPILED_MIN_WARMUP) if compiled else a.warmup
+    warmup_ns = 0
+    for i in range(warmup):
+        t0 = time.perf_counter_ns()
+        try:
+            r = stepper.timed_step()
+        except (MemoryError, PeerError):
+            raise
+        except Exception as e:  # noqa: BLE001 - any compiler failure is the row's reason
+            if not compiled or is_oom(e):
+                raise
+            text = " ".join(str(e).split())[:400] or type(e).__name__
+            raise PeerError(
+                f"torch.compile(mode={compile_mode(a.device) or 'default'}) failed in warm-up "
+                f"step {i + 1}: {type(e).__name__}: {text}"
+            ) from None
+        warmup_ns += time.perf_counter_ns() - t0
         del r
+    probe = stepper.probe_step()
     records = []
     last = None
     for _ in range(a.steps):
         last = None  # the previous step's output must not count in this step's baseline
-        r = stepper.step(measure=True)
+        r = stepper.timed_step()
         last = r.pop("output")
         records.append(r)
+    # A step replayed as CUDA graphs runs in memory its graphs reserved while recording (a
+    # private pool of the caching allocator): the allocator's peak over a replay is ~0. The
+    # pool is counted whole, plus what the step allocates outside it.
+    graph_pool = graph_pool_bytes(torch, device) if stepper.graphs else None
 
     # The last measured step's results: the state was restored before it, so its running
     # stats are those after exactly one step from the case's.
@@ -885,6 +1015,10 @@ def run(a: argparse.Namespace) -> dict:
     total, fwd, bwd, cpu = (
         stats([r[k] for r in records]) for k in ("total", "fwd", "bwd", "cpu")
     )
+    # Warm-up beyond running steps: compiling (dynamo, AOTAutograd, inductor), autotuning and
+    # recording graphs. Eager variants: none.
+    compile_ns = max(0, warmup_ns - warmup * total["median"]) if compiled else None
+    peak = worst["peak"] if graph_pool is None else graph_pool + max(0, worst["peak"])
     return {
         "framework": "pytorch",
         "framework_version": f"torch {torch.__version__}, torchvision {torchvision.__version__}",
@@ -903,11 +1037,17 @@ def run(a: argparse.Namespace) -> dict:
         "device_desc": device_desc,
         "threads": a.threads if device.type == "cpu" else torch.get_num_threads(),
         "math": math,
-        "warmup": a.warmup,
+        "execution": execution_of(a.variant, a.device),
+        "compile_mode": (compile_mode(a.device) or "default") if compiled else None,
+        "compile_ns": compile_ns,
+        "graph_pool_bytes": graph_pool,
+        "warmup": warmup,
         "steps": a.steps,
-        "peak_bytes": worst["peak"],
+        "peak_bytes": peak,
         "baseline_bytes": worst["baseline"],
-        "saved_bytes": worst["saved"],
+        # A graph replay allocates nothing the allocator sees: what it keeps is in the pool.
+        "saved_bytes": None if stepper.graphs else probe["saved"],
+        "probe_peak_bytes": probe["peak"],
         "peak_rss_bytes": peak_rss_bytes(),
         "median_ns": total["median"],
         "min_ns": total["min"],
@@ -923,8 +1063,14 @@ def run(a: argparse.Namespace) -> dict:
         "cpu_max_ns": cpu["max"],
         "step_ns": [r["total"] for r in records],
         "step_peak_bytes": [r["peak"] for r in records],
-        "timeline": worst["timeline"],
-        "memory_meter": meter.name,
+        "timeline": probe["timeline"],
+        "memory_meter": meter.name
+        + (
+            "; plus the CUDA-graph pool the step replays in (torch.cuda.memory_snapshot: the "
+            "reserved bytes of every private pool's segments)"
+            if graph_pool is not None
+            else ""
+        ),
         "running_stats": "restored from the case before every step; written from the last "
         "measured step, " + ("as they are after forward" if a.running_stats == "after-forward"
                              else "as they are after backward"),
@@ -1005,10 +1151,7 @@ def main(argv: list[str] | None = None) -> int:
         if a.device == "cpu" and limit_refusals():
             return fail(oom_message(a.mem_limit), EXIT_OOM)
         text = " ".join(str(e).split()) or type(e).__name__
-        oom = isinstance(e, MemoryError) or any(
-            s in text
-            for s in ("out of memory", "can't allocate memory", "not enough memory", "OutOfMemory")
-        )
+        oom = is_oom(e)
         return fail(("out of memory: " if oom else "") + text[:500], EXIT_OOM if oom else EXIT_ERROR)
     if a.device == "cpu" and limit_refusals():
         # An allocation failed at the limit but was caught and retried inside a library.

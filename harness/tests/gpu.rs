@@ -559,11 +559,12 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
     );
 }
 
-/// Issue 11 item 5: every hand-written variant of a small bc block, as a `run` row on
-/// `cuda:0`, is also timed as one CUDA graph (`measure::graph`), and the replayed results are
-/// bitwise the eager step's (the child reports a timing only then): the row's note carries
-/// `cuda_graph_median_ns=…`, not "CUDA graph timing not reported: <why>". Prints the eager and
-/// the graph median side by side.
+/// Issue 11 item 5, as graph rows (issue 36): every hand-written variant of a small bc block,
+/// as a `run --execution graph` row on `cuda:0`, is timed as one CUDA graph (`measure::graph`)
+/// whose replayed results are bitwise the checked eager step's (the child reports a timing only
+/// then; without one the row is an `error`): an `ok` row whose `execution` is `graph`, whose key
+/// ends in `/graph`, with the replays' times in its timing columns and no forward/backward
+/// split. Prints the eager (from the note) and the graph median side by side.
 #[test]
 fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
     if gpu_or_skip("gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results").is_none() {
@@ -575,20 +576,24 @@ fn gpu_rows_are_timed_as_a_cuda_graph_with_the_eager_results() {
         if v == impls::Variant::Autograd {
             continue;
         }
-        let args = small_bc("8");
+        let mut args = small_bc("8").to_vec();
+        args.extend(["--execution", "graph"]);
         let mut cmd = Command::new(bin());
         cmd.env_remove(densebench::measure::graph::ENV);
         let r = &checked_gpu_row(&args, v, dir.path(), cmd);
-        let Some(graph) = r.cuda_graph_median_ns() else {
-            panic!("{}: no CUDA graph timing: {}", r.key, r.note);
-        };
-        let eager = r.median_ns.expect("eager median");
+        assert_eq!(r.execution, "graph", "{}", r.key);
+        assert!(r.key.ends_with("/cuda:0/graph"), "{}", r.key);
+        assert_eq!(
+            r.fwd_median_ns, None,
+            "{}: a replay has no forward/backward split",
+            r.key
+        );
+        let graph = r.median_ns.expect("graph median");
         println!(
-            "{}: eager median {:.3} ms, CUDA graph median {:.3} ms (×{:.2})",
+            "{}: CUDA graph median {:.3} ms; {}",
             r.key,
-            eager as f64 / 1e6,
             graph as f64 / 1e6,
-            graph as f64 / eager as f64
+            r.note
         );
     }
 }

@@ -217,9 +217,11 @@ fn a_memory_limit_the_step_fits_gives_an_ok_row() {
 }
 
 /// A row that was measured but whose gradients could not be checked (no reference fits the
-/// memory limit: every candidate's f64 step is predicted over 4 MiB, the variant's own step is
-/// not) is an `error` row like one never measured, and the summary must not call it "not
-/// measured": it says the rows failed, which is true of both.
+/// memory limit: autograd's and cat-store-copy's f64 steps are predicted over 6 MiB and
+/// buffer-store-copy's runs out of it, while the variant's own timed steps need about 5.4 MB,
+/// measured at 2 threads after the untimed probe step) is an `error` row like one never
+/// measured, and the summary must not call it "not measured": it says the rows failed, which is
+/// true of both.
 #[test]
 fn a_measured_but_unchecked_row_is_summarised_as_failed_not_as_unmeasured() {
     let dir = tempfile::tempdir().expect("temp dir");
@@ -231,7 +233,7 @@ name = "unchecked"
 [defaults]
 steps = 1
 warmup = 0
-mem_limit = "4MiB"
+mem_limit = "6MiB"
 [[group]]
 family = "mlp"
 batch = 512

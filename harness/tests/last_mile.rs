@@ -77,6 +77,7 @@ fn row(family: &str, variant: &str, depth: usize) -> Row {
         schema: densebench::results::row::SCHEMA_VERSION,
         framework: "densebench".to_string(),
         math: "ieee".to_string(),
+        execution: "eager".to_string(),
         key: String::new(),
         variant: variant.to_string(),
         family: family.to_string(),

@@ -32,6 +32,7 @@ fn row(variant: &str, depth: usize) -> Row {
         schema: SCHEMA_VERSION,
         framework: "densebench".to_string(),
         math: "ieee".to_string(),
+        execution: "eager".to_string(),
         variant: variant.to_string(),
         family: "mlp".to_string(),
         batch: 8,

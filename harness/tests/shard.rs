@@ -147,6 +147,7 @@ fn row(key: &str, ts: &str, median_ns: u64) -> Row {
         schema: densebench::results::row::SCHEMA_VERSION,
         framework: "densebench".to_string(),
         math: "ieee".to_string(),
+        execution: "eager".to_string(),
         key: full.clone(),
         variant: p[0].to_string(),
         family: p[1].to_string(),

@@ -7,7 +7,9 @@
 mod common;
 
 use common::{densebench, path_str, stderr};
-use densebench::results::row::{key_of_fields, read_rows, Row, SCHEMA_2_COLUMNS, SCHEMA_VERSION};
+use densebench::results::row::{
+    key_of_fields, read_rows, Row, SCHEMA_2_COLUMNS, SCHEMA_3_COLUMNS, SCHEMA_VERSION,
+};
 use densebench::results::store::{csv_bytes, write_rows};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
@@ -19,6 +21,7 @@ fn good_row(variant: &str, depth: usize) -> Row {
         schema: SCHEMA_VERSION,
         framework: "densebench".to_string(),
         math: "ieee".to_string(),
+        execution: "eager".to_string(),
         variant: variant.to_string(),
         family: "mlp".to_string(),
         batch: 4,
@@ -458,21 +461,32 @@ fn a_full_disk_leaves_the_previous_files_intact_with_one_clear_line() {
 }
 
 #[test]
-fn schema_1_files_are_read_refused_for_appending_and_upgraded_by_merge() {
+fn older_schemas_files_are_read_refused_for_appending_and_upgraded_by_merge() {
+    for old_schema in [1u32, 2] {
+        older_schema_case(old_schema);
+    }
+}
+
+/// A file of `old_schema` (1 or 2): read with what that schema meant, refused for appending
+/// (naming the way out), rewritten in the current schema by merge.
+fn older_schema_case(old_schema: u32) {
     let dir = tempfile::tempdir().expect("temp dir");
-    // A schema-1 file: the schema-2 bytes without the columns schema 2 added.
+    // The current schema's bytes without the columns the later schemas added.
     let mut old = good_row("cat-store-copy", 1);
-    old.schema = 1;
+    old.schema = old_schema;
     let text = String::from_utf8(csv_bytes(&[old]).expect("csv")).expect("utf8");
     let mut rdr = csv::ReaderBuilder::new()
         .has_headers(false)
         .from_reader(text.as_bytes());
+    let dropped = |c: &str| {
+        SCHEMA_3_COLUMNS.contains(&c) || (old_schema == 1 && SCHEMA_2_COLUMNS.contains(&c))
+    };
     let keep: Vec<usize> = {
         let header = rdr.records().next().expect("header").expect("header");
         header
             .iter()
             .enumerate()
-            .filter(|(_, c)| !SCHEMA_2_COLUMNS.contains(c))
+            .filter(|(_, c)| !dropped(c))
             .map(|(i, _)| i)
             .collect()
     };
@@ -488,18 +502,26 @@ fn schema_1_files_are_read_refused_for_appending_and_upgraded_by_merge() {
     }
     let bytes = w.into_inner().expect("bytes");
     let f = write(dir.path(), "old.csv", &bytes);
-    let rows = read_rows(&f).expect("a schema-1 file is read");
+    let rows = read_rows(&f).expect("an older schema's file is read");
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].schema, SCHEMA_VERSION);
     assert_eq!(rows[0].framework, "densebench");
     assert_eq!(rows[0].math, "ieee");
+    assert_eq!(
+        rows[0].execution, "eager",
+        "every row before schema 3 was eager"
+    );
+    assert_eq!(rows[0].compile_ns, None);
     assert_eq!(rows[0].framework_version, rows[0].densebench_version);
-    // Appending schema-2 rows to it is refused, naming the way out; the file is unchanged.
+    // Appending current rows to it is refused, naming the way out; the file is unchanged.
     let o = quick(dir.path(), &f, &["--resume"]);
-    assert!(!o.status.success(), "appended to a schema-1 file");
+    assert!(
+        !o.status.success(),
+        "appended to a schema-{old_schema} file"
+    );
     let e = stderr(&o);
     assert!(
-        e.contains("schema 1") && e.contains("densebench merge"),
+        e.contains(&format!("schema {old_schema}")) && e.contains("densebench merge"),
         "{e}"
     );
     assert_eq!(std::fs::read(&f).expect("still there"), bytes);
@@ -513,7 +535,7 @@ fn schema_1_files_are_read_refused_for_appending_and_upgraded_by_merge() {
     assert!(header
         .lines()
         .next()
-        .is_some_and(|h| h.ends_with("tolerance,note")));
+        .is_some_and(|h| h.ends_with("tolerance,note,execution,compile_ns")));
 }
 
 /// The `size` cells of a CSV's text, in order.

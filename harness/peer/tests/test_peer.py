@@ -145,6 +145,8 @@ def check_against_densebench(c: Ctx, family: str, variant: str, case: str, tag: 
         # (after-forward) snapshot must match densebench everywhere.
         extra.extend(["--running-stats", "after-step"])
     row = c.peer_ok(case, family, variant, out, *extra)
+    with open(c.path(f"{tag}-{variant}.json"), "w") as f:
+        json.dump(row, f)
     assert row["framework"] == "pytorch" and row["dtype"] == "f64"
     ours = c.load(out)
     for ref_variant in ("autograd", "cat-store-copy"):
@@ -373,6 +375,76 @@ def test_the_case_files_activation_is_used_and_a_contradiction_refused(c: Ctx):
     r = c.peer("--case", case, "--family", "mlp", "--variant", "pytorch-naive",
                "--activation", "on", "--out", c.path("on-out.st"))
     assert r.returncode == pytorch_peer.EXIT_USAGE and "ReLU is off" in r.stderr, r.stderr
+
+
+def test_compiled_variants_match_densebench_f64(c: Ctx):
+    # torch.compile (the CPU's default mode) of each block: the same numbers as densebench's
+    # f64 reference, compile time outside the step and recorded, no layer timeline (a compiled
+    # graph has no layer boundaries to hook), and one running-stat update per BatchNorm even for
+    # the memory-efficient block (AOTAutograd recomputes the ops, not the module).
+    bc = c.case("bc-c.st", "bc", batch=2, channels=3, growth=2, depth=2, bn_size=2,
+                height=3, width=3)
+    mlp = c.case("mlp-c.st", "mlp", batch=5, channels=4, growth=3, depth=3)
+    for fam, case, variants in (("bc", bc, ("pytorch-compiled-naive",
+                                            "pytorch-compiled-memory-efficient")),
+                                ("mlp", mlp, ("pytorch-compiled-naive",
+                                              "pytorch-compiled-checkpoint"))):
+        for v in variants:
+            check_against_densebench(c, fam, v, case, f"{fam}-compiled")
+            row = json.loads(open(c.path(f"{fam}-compiled-{v}.json")).read())
+            assert row["execution"] == "compiled" and row["compile_mode"] == "default", row
+            assert row["compile_ns"] > 0 and row["warmup"] >= pytorch_peer.COMPILED_MIN_WARMUP
+            assert row["timeline"] == "", row["timeline"]
+            assert set(row["bn_updates"].values()) <= {1}, row["bn_updates"]
+
+
+def test_timed_steps_carry_no_synchronisation_or_hook(c: Ctx):
+    # The timed step holds the step alone (issue 36): the meter is synchronised once before the
+    # clock starts and once before it stops, never inside; the probe step alone synchronises at
+    # each layer boundary, and leaves no hook behind. (The peer's first version synchronised at
+    # every layer of every timed step: this counts it.)
+    import torch
+
+    case = c.case("bc-sync.st", "bc", batch=2, channels=3, growth=2, depth=4, bn_size=2,
+                  height=3, width=3, dtype="f32")
+    tensors = pytorch_peer.read_safetensors(torch, case)
+    cfg = pytorch_peer.read_config(tensors, "bc", case)
+    block = pytorch_peer.build_block(torch, "bc", "pytorch-naive", cfg, True)
+    pytorch_peer.load_state(torch, block, tensors, case)
+    block.train()
+
+    class CountingMeter:
+        syncs = 0
+
+        def sync(self):
+            self.syncs += 1
+
+        def mark(self):
+            return None
+
+        def current(self):
+            return 0
+
+        def peak(self):
+            return 0
+
+        def reset_peak(self):
+            pass
+
+    meter = CountingMeter()
+    x = tensors["input"].requires_grad_(True)
+    st = pytorch_peer.Stepper(torch, block, block, x, tensors["grad_output"], meter,
+                              torch.device("cpu"), "bc", False)
+    st.timed_step()
+    assert meter.syncs == 2, f"a timed step synchronised {meter.syncs} times, expected 2"
+    meter.syncs = 0
+    probe = st.probe_step()
+    assert meter.syncs == 1 + cfg["depth"] + 2, meter.syncs  # before; each layer; fwd, bwd end
+    assert probe["timeline"].count("f") == cfg["depth"], probe["timeline"]
+    assert all(not layer._forward_hooks for layer in block.values()), "a hook was left behind"
+    meter.syncs = 0
+    st.timed_step()
+    assert meter.syncs == 2, f"after the probe, a timed step synchronised {meter.syncs} times"
 
 
 TESTS = [v for k, v in sorted(globals().items()) if k.startswith("test_")]

@@ -189,6 +189,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let settings = Settings {
         device,
         math: crate::plan::job::Math::Ieee,
+        execution: crate::plan::job::Execution::Eager,
         threads: job::resolve_threads(a.threads),
         steps: 1,
         warmup: 1,

@@ -7,7 +7,7 @@ use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::interrupt;
 use crate::measure::reference::{self, Cache};
 use crate::plan::bounds::{self, ResultExt};
-use crate::plan::job::{self, ConfigArgs, Math, Settings};
+use crate::plan::job::{self, ConfigArgs, Execution, Math, Settings};
 use crate::results::record::measure_row_retrying;
 use crate::results::row::Row;
 use anyhow::{anyhow, Context, Result};
@@ -52,6 +52,10 @@ pub struct Args {
     /// a GPU device and f32 only). The row's `math` column; `tf32` keys end in `/tf32`.
     #[arg(long, value_enum, default_value_t = Math::Ieee)]
     pub math: Math,
+    /// How the timed steps run: `eager`, or `graph` (cuda:N only: the whole step captured once
+    /// as a CUDA graph and replayed; the row's `execution` column, its key ends in `/graph`).
+    #[arg(long, value_enum, default_value_t = Execution::Eager)]
+    pub execution: Execution,
     /// Output format.
     #[arg(long, value_enum, default_value_t = Format::Csv)]
     pub format: Format,
@@ -106,9 +110,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     math.check(device, cfg.dtype)
         .context("--math")
         .bad_input()?;
+    a.execution
+        .check_densebench(device)
+        .context("--execution")
+        .bad_input()?;
     let s = Settings {
         device,
         math,
+        execution: a.execution,
         threads: job::resolve_threads(a.threads),
         steps: a.steps,
         warmup: a.warmup,

@@ -42,6 +42,16 @@ pub struct Args {
     /// RAM. The case file is checked from its header against it before its data are read.
     #[arg(long, value_parser = job::parse_bytes)]
     pub mem_limit: Option<u64>,
+    /// Time N steps in a bare loop in this process (after --warmup unmeasured ones) and print
+    /// one JSON line of their times (`median_ns`, `min_ns`, `max_ns`, `step_ns`): each step
+    /// timed alone, the device synchronised before the clock stops, nothing else in the loop.
+    /// The fidelity check (scripts/peer_fidelity.py) sets it against `run`'s row of the same
+    /// step. The last step's results are written to --out.
+    #[arg(long, value_name = "N")]
+    pub bare_loop: Option<usize>,
+    /// Unmeasured steps before --bare-loop's.
+    #[arg(long, default_value_t = 1, requires = "bare_loop")]
+    pub warmup: usize,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -73,15 +83,43 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .check(&case.cfg)
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;
-    let result = impls::step(
-        variant,
-        &case.cfg,
-        &case.params,
-        &case.input,
-        &case.grad_output,
-        &mut NoProbe,
-    )
-    .map_err(|e| anyhow!("{variant} on {}: {e}", case.cfg.describe()))?;
+    let step = || {
+        impls::step(
+            variant,
+            &case.cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut NoProbe,
+        )
+        .map_err(|e| anyhow!("{variant} on {}: {e}", case.cfg.describe()))
+    };
+    let (result, bare) = match a.bare_loop {
+        None => (step()?, None),
+        Some(0) => {
+            return Err(anyhow!("--bare-loop must be at least 1 step")).bad_input();
+        }
+        Some(n) => {
+            for _ in 0..a.warmup {
+                drop(step()?);
+            }
+            let mut times = Vec::with_capacity(n);
+            let mut last = None;
+            for _ in 0..n {
+                // The previous step's results are dropped before the clock starts, as the
+                // harness's measured steps do.
+                drop(last.take());
+                crate::measure::device::synchronize(&device)?;
+                let start = std::time::Instant::now();
+                let r = step()?;
+                crate::measure::device::synchronize(&device)?;
+                times.push(u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX));
+                last = Some(r);
+            }
+            let result = last.context("no step ran")?;
+            (result, Some(times))
+        }
+    };
     write_atomic(&a.out, |tmp| {
         impls::case::save_result(&result, tmp)
             .map_err(|e| anyhow!("writing {}: {e}", a.out.display()))
@@ -96,5 +134,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
         "densebench step: {variant} on {described} → {}",
         a.out.display()
     );
+    if let Some(times) = bare {
+        let stats = crate::measure::step::Stats::of(&times);
+        let line = serde_json::json!({
+            "variant": variant.name(),
+            "device": spec.to_string(),
+            "threads": crate::measure::device::default_threads(),
+            "warmup": a.warmup,
+            "steps": times.len(),
+            "median_ns": stats.median_ns,
+            "min_ns": stats.min_ns,
+            "max_ns": stats.max_ns,
+            "step_ns": times,
+        });
+        crate::tell!("{line}");
+    }
     Ok(ExitCode::SUCCESS)
 }

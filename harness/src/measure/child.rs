@@ -64,6 +64,9 @@ pub struct Args {
     /// f32 math of matmuls and convolutions: `ieee` or `tf32` (GPU only).
     #[arg(long, value_enum, default_value_t = Math::Ieee)]
     pub math: Math,
+    /// `graph`: time the step as CUDA-graph replays (after the eager steps that are checked).
+    #[arg(long, value_enum, default_value_t = crate::plan::job::Execution::Eager)]
+    pub execution: crate::plan::job::Execution,
     /// Reference result file to compare the last measured step with.
     #[arg(long, requires = "reference_variant")]
     pub reference: Option<PathBuf>,
@@ -102,12 +105,21 @@ pub fn child(a: Args) -> Result<ExitCode> {
         _ => None,
     };
     a.math.check(spec, cfg.dtype)?;
+    a.execution.check_densebench(spec)?;
     device::set_math(a.math);
     let tolerance = a
         .tolerance
         .unwrap_or_else(|| measure::documented_tolerance(cfg.dtype));
     let m = measure::measure(
-        variant, &cfg, spec, a.math, a.steps, a.warmup, reference, tolerance,
+        variant,
+        &cfg,
+        spec,
+        a.math,
+        a.execution,
+        a.steps,
+        a.warmup,
+        reference,
+        tolerance,
     )?;
     let line = serde_json::to_string(&m).context("serialising the measurement")?;
     println!("{line}");
@@ -185,6 +197,9 @@ pub fn flags(variant: Variant, cfg: &impls::Config, s: &Settings) -> Vec<String>
         "--math".to_string(),
         s.math.name().to_string(),
     ]);
+    if s.execution != crate::plan::job::Execution::Eager {
+        f.extend(["--execution".to_string(), s.execution.name().to_string()]);
+    }
     if let Some(limit) = s.mem_limit {
         f.extend(["--mem-limit".to_string(), limit.to_string()]);
     }
@@ -506,6 +521,7 @@ mod tests {
         Settings {
             device: DeviceSpec::Cpu,
             math: Math::Ieee,
+            execution: crate::plan::job::Execution::Eager,
             threads: 1,
             steps: 1,
             warmup: 0,

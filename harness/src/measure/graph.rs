@@ -16,16 +16,17 @@
 //! reference, so the replay is too. Before the capture the pool's unused reserve is given
 //! back (`gpu::trim_pool`): a graph allocates its own memory.
 //!
-//! Reported in the row's `note` (`cuda_graph_median_ns=…;cuda_graph_min_ns=…;
-//! cuda_graph_max_ns=…`), not in the timing columns, which stay the eager step's: the graph
-//! path has not yet run on a GPU, and a timing column changes meaning only once it has.
-//! Anything that fails (capture refused, an op that cannot be captured, a panic) becomes a note
-//! saying why, never a failed row. `DENSEBENCH_CUDA_GRAPH=0` in the environment turns it off.
+//! Run for graph rows only (`--execution graph`, the row's `execution` column, issue 36): the
+//! replays' times are the row's timing columns. Anything that fails (capture refused, an op
+//! that cannot be captured, a panic, results that differ) makes the graph row an `error` saying
+//! why. Rows of schema 2 carried the timing in an eager row's `note`
+//! (`cuda_graph_median_ns=…;cuda_graph_min_ns=…;cuda_graph_max_ns=…`, [`note`]); readers still
+//! understand it. `DENSEBENCH_CUDA_GRAPH=0` in the environment turns it off.
 
 /// The environment variable that turns graph timing off (`0`); on by default for CUDA rows.
 pub const ENV: &str = "DENSEBENCH_CUDA_GRAPH";
 
-/// Whether graph timing is wanted (the environment does not say `0`, `off` or `false`).
+/// Whether graph timing is allowed (the environment does not say `0`, `off` or `false`).
 pub fn enabled() -> bool {
     enabled_by(std::env::var(ENV).ok().as_deref())
 }
@@ -40,7 +41,8 @@ fn enabled_by(value: Option<&str>) -> bool {
 /// The key of the replays' median in a row's note ([`note`]), as results read it back.
 pub const MEDIAN_KEY: &str = "cuda_graph_median_ns=";
 
-/// The note of a verified graph timing: the replays' median, min and max in ns.
+/// The note of a verified graph timing as rows of schema 2 carried it: the replays' median, min
+/// and max in ns (what [`MEDIAN_KEY`] finds).
 pub fn note(median_ns: u64, min_ns: u64, max_ns: u64) -> String {
     format!(
         "{MEDIAN_KEY}{median_ns};cuda_graph_min_ns={min_ns};cuda_graph_max_ns={max_ns} \

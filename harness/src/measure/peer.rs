@@ -114,6 +114,7 @@ pub fn check() -> std::result::Result<String, String> {
     let s = Settings {
         device: crate::plan::device::DeviceSpec::Cpu,
         math: crate::plan::job::Math::Ieee,
+        execution: crate::plan::job::Execution::Eager,
         threads: 1,
         steps: 1,
         warmup: 0,
@@ -242,8 +243,19 @@ pub struct PeerMeasurement {
     pub math: String,
     pub peak_bytes: u64,
     pub baseline_bytes: u64,
-    pub saved_bytes: u64,
+    /// Live bytes at the end of forward (the probe step); `None` for a CUDA-graph replay, whose
+    /// memory is its graph pool's and invisible to the allocator.
+    pub saved_bytes: Option<u64>,
     pub peak_rss_bytes: Option<u64>,
+    /// `eager`, `graph` or `compiled` (peers before schema 3 did not say: `eager`).
+    #[serde(default)]
+    pub execution: Option<String>,
+    /// Warm-up steps run (a compiled variant raises `--warmup` to its minimum).
+    #[serde(default)]
+    pub warmup: Option<usize>,
+    /// A compiled variant's warm-up beyond running steps (compiling, recording graphs), ns.
+    #[serde(default)]
+    pub compile_ns: Option<u64>,
     pub median_ns: u64,
     pub min_ns: u64,
     pub max_ns: u64,
@@ -320,6 +332,7 @@ mod tests {
         let s = Settings {
             device: crate::plan::device::DeviceSpec::Cpu,
             math: crate::plan::job::Math::Ieee,
+            execution: crate::plan::job::Execution::Eager,
             threads: 3,
             steps: 5,
             warmup: 2,

@@ -495,6 +495,7 @@ mod tests {
         let mut s = Settings {
             device: DeviceSpec::Cpu,
             math: crate::plan::job::Math::Ieee,
+            execution: crate::plan::job::Execution::Eager,
             threads: 1,
             steps: 1,
             warmup: 0,

@@ -4,7 +4,7 @@
 //! and merged into the row by the parent.
 
 use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter, StreamClock};
-use crate::plan::job::Math;
+use crate::plan::job::{Execution, Math};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use impls::compare::{Comparison, TensorError};
@@ -137,6 +137,18 @@ fn perturbed(
     Ok(r)
 }
 
+/// Test hook (fault injection for the fidelity check, `scripts/peer_fidelity.py`): when set to
+/// a number of microseconds, every **timed** step sleeps that long inside its clock, as a
+/// synchronisation or a probe in the timed step would cost. The fidelity test shows that the
+/// check fails then. Never set in a measurement.
+pub const PLANT_DELAY_ENV: &str = "DENSEBENCH_PLANT_STEP_DELAY_US";
+
+/// [`PLANT_DELAY_ENV`]'s delay, if set to a positive number of microseconds.
+fn planted_delay() -> Option<std::time::Duration> {
+    let us: u64 = std::env::var(PLANT_DELAY_ENV).ok()?.trim().parse().ok()?;
+    (us > 0).then(|| std::time::Duration::from_micros(us))
+}
+
 /// Median, min and max of a set of durations, in ns.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 pub struct Stats {
@@ -245,17 +257,28 @@ pub struct Measurement {
     /// [`Measurement::errors`] are those of the `ieee` check step ([`measure`]).
     #[serde(default)]
     pub tf32_max_rel_err: Option<String>,
-    /// CUDA rows: the whole step's CUDA-graph replay times, or why there are none, as the note
-    /// text ([`crate::measure::graph`]). `None` elsewhere or with `DENSEBENCH_CUDA_GRAPH=0`.
+    /// Graph rows (`--execution graph`): why the step has no CUDA-graph timing, when it has
+    /// none ([`crate::measure::graph`]). `None` elsewhere.
     #[serde(default)]
     pub cuda_graph: Option<String>,
+    /// Graph rows: the whole step's CUDA-graph replay times, given only when the replayed
+    /// results were the checked eager step's bit for bit. The row's timing columns.
+    #[serde(default)]
+    pub graph: Option<Stats>,
 }
 
-/// Records live bytes (above the step's baseline) at every layer boundary, and the time at the
-/// end of forward. Its buffer is reserved before the baseline is read, so recording allocates
-/// nothing during the step.
+/// Records the time at the end of forward and, in the probe step only, live bytes (above the
+/// step's baseline) at every layer boundary and at the end of forward. Its buffer is reserved
+/// before the baseline is read, so recording allocates nothing during the step.
+///
+/// A **timed step** carries nothing but the step and one clock mark at the end of forward (the
+/// host's clock; on a GPU also one event recorded on the stream, no synchronisation), as the
+/// PyTorch peer's timed steps do: no memory read, no synchronisation, no copy. The memory
+/// timeline and `saved_bytes` come from one untimed **probe step** ([`StepKind::Probe`]).
 struct Recorder<'a> {
     meter: &'a MemoryMeter,
+    /// Whether this step reads the meter at layer boundaries (the probe step).
+    probing: bool,
     baseline: u64,
     /// (forward?, layer, live bytes above baseline).
     points: Vec<(bool, usize, i64)>,
@@ -268,6 +291,9 @@ struct Recorder<'a> {
 
 impl Recorder<'_> {
     fn live(&mut self) -> i64 {
+        if !self.probing {
+            return 0;
+        }
         match self.meter.current() {
             Ok(b) => b as i64 - self.baseline as i64,
             Err(e) => {
@@ -281,14 +307,15 @@ impl Recorder<'_> {
 impl Probe for Recorder<'_> {
     fn event(&mut self, event: Event<'_>) {
         match event {
-            Event::ForwardLayer(i) => {
+            Event::ForwardLayer(i) if self.probing => {
                 let live = self.live();
                 self.points.push((true, i, live));
             }
-            Event::BackwardLayer(i) => {
+            Event::BackwardLayer(i) if self.probing => {
                 let live = self.live();
                 self.points.push((false, i, live));
             }
+            Event::ForwardLayer(_) | Event::BackwardLayer(_) => {}
             Event::ForwardEnd { .. } => {
                 let now = Instant::now();
                 if let Some(Err(e)) = self.clock.map(|c| c.mark(1)) {
@@ -320,17 +347,30 @@ struct StepRecord {
     timeline: String,
 }
 
+/// Which kind of step [`measured_step`] runs (see [`Recorder`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StepKind {
+    /// Timed: the step and a clock mark at the end of forward, nothing else.
+    Timed,
+    /// Untimed: live bytes at every layer boundary and at the end of forward.
+    Probe,
+}
+
 fn measured_step(
     variant: Variant,
     case: &Case,
     device: &Device,
     meter: &MemoryMeter,
+    kind: StepKind,
 ) -> Result<(StepResult, StepRecord)> {
     let clock = StreamClock::new(device)?;
+    let probing = kind == StepKind::Probe;
+    let planted = if probing { None } else { planted_delay() };
     let mut rec = Recorder {
         meter,
+        probing,
         baseline: 0,
-        points: Vec::with_capacity(2 * case.cfg.depth + 2),
+        points: Vec::with_capacity(if probing { 2 * case.cfg.depth + 2 } else { 0 }),
         forward_end: None,
         error: None,
         clock: clock.as_ref(),
@@ -351,6 +391,9 @@ fn measured_step(
         &mut rec,
     )
     .map_err(|e| anyhow!("{variant} step: {e}"))?;
+    if let Some(d) = planted {
+        std::thread::sleep(d);
+    }
     device::synchronize(device)?;
     let end = Instant::now();
     let peak = meter.peak()?.saturating_sub(rec.baseline);
@@ -395,6 +438,7 @@ pub fn measure(
     cfg: &Config,
     spec: DeviceSpec,
     math: Math,
+    execution: Execution,
     steps: usize,
     warmup: usize,
     reference: Option<(&Path, Variant)>,
@@ -421,12 +465,15 @@ pub fn measure(
         .map_err(|e| anyhow!("{variant} warm-up step: {e}"))?;
         drop(r);
     }
+    // The probe step: the timeline and saved bytes, untimed (see [`Recorder`]).
+    let (probe_result, probe) = measured_step(variant, &case, &device, &meter, StepKind::Probe)?;
+    drop(probe_result);
     let mut records = Vec::with_capacity(steps);
     let mut last: Option<StepResult> = None;
     for _ in 0..steps {
         // The previous step's results must not count in this step's baseline.
         drop(last.take());
-        let (result, record) = measured_step(variant, &case, &device, &meter)?;
+        let (result, record) = measured_step(variant, &case, &device, &meter, StepKind::Timed)?;
         records.push(record);
         last = Some(result);
     }
@@ -436,14 +483,17 @@ pub fn measure(
         times(|r| r.backward_ns),
         times(|r| r.total_ns),
     );
+    // The peak is read outside the clock on every step: the highest of the timed steps and the
+    // probe step (they run the same allocations; the probe's meter reads allocate nothing).
     let worst = records
         .iter()
+        .chain(std::iter::once(&probe))
         .max_by_key(|r| r.peak)
         .context("no measured step")?;
     let mut tf32_max_rel_err = None;
     // Graph timing (CUDA rows of a checked variant) is verified against the measured step's
     // results, bit for bit.
-    let graph_wanted = device.is_cuda() && crate::measure::graph::enabled();
+    let graph_wanted = execution == Execution::Graph;
     let mut eager_digests = None;
     if reference.is_some() {
         begin_check(last.as_ref().map_or(0, StepResult::bytes));
@@ -499,35 +549,48 @@ pub fn measure(
     };
     // Before the graph's steps: the column is the measured steps' process.
     let peak_rss_bytes = device::peak_rss_bytes();
-    let cuda_graph = match (graph_wanted, &eager_digests) {
+    let graph_result: Option<std::result::Result<Stats, String>> = match (
+        graph_wanted,
+        &eager_digests,
+    ) {
         (false, _) => None,
-        (true, _) if !meter.is_gpu_pool() => Some(
+        (true, _) if !crate::measure::graph::enabled() => Some(Err(format!(
+            "CUDA graph timing not reported: {}=0 in the environment turns it off",
+            crate::measure::graph::ENV
+        ))),
+        (true, _) if !meter.is_gpu_pool() => Some(Err(
             "CUDA graph timing not reported: the device has no memory pools (a capture records \
              stream-ordered allocations only)"
                 .to_string(),
-        ),
+        )),
         (true, Some(eager)) => Some(graph_timing(variant, &case, &device, steps, eager)),
-        (true, None) => Some(
+        (true, None) => Some(Err(
             "CUDA graph timing not reported: no reference to check the replayed results \
              against"
                 .to_string(),
-        ),
+        )),
+    };
+    let (graph, cuda_graph) = match graph_result {
+        None => (None, None),
+        Some(Ok(s)) => (Some(s), None),
+        Some(Err(why)) => (None, Some(why)),
     };
     Ok(Measurement {
         threads: device::default_threads(),
         baseline_bytes: worst.baseline,
         peak_bytes: worst.peak,
-        saved_bytes: worst.saved,
+        saved_bytes: probe.saved,
         peak_rss_bytes,
         forward,
         backward,
         total,
-        timeline: worst.timeline.clone(),
+        timeline: probe.timeline.clone(),
         errors,
         warning,
         predicted_peak_bytes,
         tf32_max_rel_err,
         cuda_graph,
+        graph,
     })
 }
 
@@ -549,18 +612,18 @@ fn begin_check(result_bytes: usize) {
     }
 }
 
-/// The note of a row's CUDA-graph timing ([`crate::measure::graph`]): the replay times when the
-/// replayed results are the measured eager step's bit for bit (`eager`: its
-/// [`impls::compare::digests`]), or why no timing is reported. Never an error: the eager row
-/// stands either way.
+/// A graph row's timing ([`crate::measure::graph`]): the replay times when the replayed results
+/// are the measured eager step's bit for bit (`eager`: its [`impls::compare::digests`]), or why
+/// there is none (the row is then an `error`: a graph row without a verified replay is no
+/// result).
 fn graph_timing(
     variant: Variant,
     case: &Case,
     device: &Device,
     steps: usize,
     eager: &Digests,
-) -> String {
-    let attempt = || -> Result<String> {
+) -> std::result::Result<Stats, String> {
+    let attempt = || -> Result<Stats> {
         #[cfg(feature = "cuda")]
         {
             let (times, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
@@ -574,8 +637,7 @@ fn graph_timing(
                     differ.join(", ")
                 );
             }
-            let s = Stats::of(&times);
-            Ok(crate::measure::graph::note(s.median_ns, s.min_ns, s.max_ns))
+            Ok(Stats::of(&times))
         }
         #[cfg(not(feature = "cuda"))]
         {
@@ -584,9 +646,9 @@ fn graph_timing(
         }
     };
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(attempt)) {
-        Ok(Ok(note)) => note,
-        Ok(Err(e)) => format!("CUDA graph timing not reported: {e:#}"),
-        Err(_) => "CUDA graph timing not reported: the capture panicked".to_string(),
+        Ok(Ok(stats)) => Ok(stats),
+        Ok(Err(e)) => Err(format!("CUDA graph timing not reported: {e:#}")),
+        Err(_) => Err("CUDA graph timing not reported: the capture panicked".to_string()),
     }
 }
 

@@ -128,6 +128,10 @@ fn depth_tables(g: &Group, depth: usize, out: &mut String) {
                 p.status.clone(),
                 p.threads.to_string(),
                 p.math.clone(),
+                p.execution().to_string(),
+                p.compile_ns
+                    .map(|ns| format!("{:.1}", ns as f64 / 1e9))
+                    .unwrap_or_else(|| "–".into()),
                 num_cell(p.peak_bytes, mib),
                 num_cell(p.median_ns, ms),
                 p.max_rel_err.map(fmt_err).unwrap_or_else(|| "–".into()),
@@ -148,6 +152,8 @@ fn depth_tables(g: &Group, depth: usize, out: &mut String) {
             "status",
             "threads",
             "math",
+            "execution",
+            "compile (s)",
             "peak (MiB)",
             "time (ms)",
             "max rel err",
@@ -156,7 +162,7 @@ fn depth_tables(g: &Group, depth: usize, out: &mut String) {
             "note",
         ],
         &peer_rows,
-        &[0, 1, 3, 8, 9],
+        &[0, 1, 3, 4, 10, 11],
     ));
     let ours = ours_at(g, depth);
     if ours.is_empty() {
@@ -290,10 +296,14 @@ pub fn section(groups: &[Group], out: &mut String) {
         out,
         "PyTorch peer: {versions}. The peer ran torchvision's `_DenseBlock` (bc: naive and \
          `memory_efficient=True`) and the forum's Linear block (mlp: naive and \
-         `torch.utils.checkpoint`) on the same case files densebench measures, measured the same \
-         way (allocator peak above the baseline, median step) and checked against densebench's \
-         f64 reference. A ratio is densebench / PyTorch at the same configuration and depth, \
-         taken only between ok rows with the same device, dtype, threads and math (else – and \
+         `torch.utils.checkpoint`), and the same blocks under `torch.compile` where the rows \
+         say `compiled` (default mode, the CPU) or `graph` (`reduce-overhead`: CUDA graphs), on \
+         the same case files densebench measures, measured the same way (allocator peak above \
+         the baseline, median step, nothing in a timed step but the step) and checked against \
+         densebench's f64 reference; a compiled row's compile time is outside its step. A ratio \
+         is densebench / PyTorch at the same configuration and depth, taken only between ok rows \
+         with the same device, dtype, threads and math, and like execution (an eager step with \
+         an eager or compiled one, a CUDA-graph replay with a CUDA-graph replay; else – and \
          why); {OUT_OF_TOLERANCE} marks a ratio one of whose rows has gradients out of tolerance, \
          {UNCHECKED} one whose gradients were not checked.\n"
     );

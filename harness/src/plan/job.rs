@@ -4,7 +4,7 @@
 //! densebench version and git revision every row and reference carries.
 
 use crate::plan::device::DeviceSpec;
-pub use crate::plan::target::{Peer, PeerVariant, Target};
+pub use crate::plan::target::{Execution, Peer, PeerVariant, Target};
 use anyhow::{anyhow, bail, Context, Result};
 use clap::ValueEnum;
 use impls::{Config, Family, Spatial};
@@ -269,9 +269,23 @@ impl Math {
     }
 }
 
-/// The key of a row measured under `math`: [`key`] and [`Math::key_suffix`].
-pub fn job_key(variant: impl Into<Target>, cfg: &Config, device: DeviceSpec, math: Math) -> String {
-    format!("{}{}", key(variant, cfg, device), math.key_suffix())
+/// The key of a row measured under `math`: [`key`], [`Math::key_suffix`] and the target's
+/// [`Execution::key_suffix`] on `device` (`execution`: a densebench variant's; a peer variant
+/// runs as it always does there).
+pub fn job_key(
+    variant: impl Into<Target>,
+    cfg: &Config,
+    device: DeviceSpec,
+    math: Math,
+    execution: Execution,
+) -> String {
+    let target = variant.into();
+    format!(
+        "{}{}{}",
+        key(target, cfg, device),
+        math.key_suffix(),
+        target.execution(device, execution).key_suffix()
+    )
 }
 
 /// How one measurement is run.
@@ -280,6 +294,9 @@ pub struct Settings {
     pub device: DeviceSpec,
     /// f32 math of matmuls and convolutions ([`Math`]).
     pub math: Math,
+    /// How densebench's timed steps run ([`Execution`]: eager, or a CUDA-graph replay); a peer
+    /// variant runs as it always does on the device.
+    pub execution: Execution,
     /// Compute threads of the child (resolved: never 0).
     pub threads: usize,
     /// Measured steps (median, min, max are over these).

@@ -12,7 +12,7 @@
 
 use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::{self, resolve_threads, Math, Peer, Settings, Target};
+use crate::plan::job::{self, resolve_threads, Execution, Math, Peer, Settings, Target};
 use crate::plan::shard;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
@@ -65,8 +65,12 @@ pub struct Entry {
     pub mem_limit: Option<Set<u64>>,
     /// `"pytorch"`: every config also runs the peer's variants; `"none"`: it does not.
     pub peer: Option<Set<String>>,
-    /// `"ieee"` (default) or `"tf32"` (GPU, f32).
-    pub math: Option<Set<String>>,
+    /// `"ieee"` (default) or `"tf32"` (GPU, f32), or a list of both (an axis: every job in
+    /// each).
+    pub math: Option<Set<Vec<String>>>,
+    /// `"eager"` (default) or `"graph"` (densebench's step replayed as a CUDA graph; cuda:N
+    /// only), or a list of both (an axis).
+    pub execution: Option<Set<Vec<String>>>,
 }
 
 /// A table as TOML's parser gives it: known keys only, values untyped with their positions.
@@ -96,6 +100,7 @@ struct RawEntry {
     mem_limit: Option<Spanned<Value>>,
     peer: Option<Spanned<Value>>,
     math: Option<Spanned<Value>>,
+    execution: Option<Spanned<Value>>,
 }
 
 /// A sweep file as TOML's parser gives it.
@@ -287,7 +292,8 @@ impl Reader<'_> {
             timeout_secs: self.one("timeout_secs", &r.timeout_secs, &U64)?,
             mem_limit: self.bytes("mem_limit", &r.mem_limit)?,
             peer: self.one("peer", &r.peer, &STRING)?,
-            math: self.one("math", &r.math, &STRING)?,
+            math: self.many("math", &r.math, &STRING)?,
+            execution: self.many("execution", &r.execution, &STRING)?,
         })
     }
 }
@@ -382,6 +388,7 @@ fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
         }
     };
     let peers = match merged!(g, d, peer) {
+        Some(p) if p.value == "pytorch-compiled" => 4,
         Some(p) if p.value != "none" => 2,
         _ => 0,
     };
@@ -400,6 +407,8 @@ fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
         ("activation", len(merged!(g, d, activation))),
         ("dtype", len(merged!(g, d, dtype))),
         ("seed", len(merged!(g, d, seed))),
+        ("math", len(merged!(g, d, math))),
+        ("execution", len(merged!(g, d, execution))),
         ("variants", variants),
     ]
 }
@@ -565,13 +574,29 @@ fn expand(
         None => DeviceSpec::Cpu,
         Some(s) => s.value.parse().with_context(|| s.at.clone())?,
     };
-    let (math, math_at) = match (math_override, merged!(g, d, math)) {
-        (Some(m), _) => (m, "--math".to_string()),
-        (None, None) => (Math::Ieee, "`math`".to_string()),
+    let (maths, math_at) = match (math_override, merged!(g, d, math)) {
+        (Some(m), _) => (vec![m], "--math".to_string()),
+        (None, None) => (vec![Math::Ieee], "`math`".to_string()),
         (None, Some(s)) => (
-            Math::parse(&s.value).map_err(|e| anyhow!("{}: {e}", s.at))?,
+            s.value
+                .iter()
+                .map(|m| Math::parse(m).map_err(|e| anyhow!("{}: {e}", s.at)))
+                .collect::<Result<Vec<_>>>()?,
             s.at.clone(),
         ),
+    };
+    let executions = match merged!(g, d, execution) {
+        None => vec![Execution::Eager],
+        Some(s) => s
+            .value
+            .iter()
+            .map(|e| {
+                let e = Execution::parse(e).map_err(|err| anyhow!("{}: {err}", s.at))?;
+                e.check_densebench(device)
+                    .map_err(|err| anyhow!("{}: {err}", s.at))?;
+                Ok(e)
+            })
+            .collect::<Result<Vec<_>>>()?,
     };
     let mem_limit = match mem_override {
         Some(b) => Some(b),
@@ -588,7 +613,8 @@ fn expand(
     )?;
     let settings = Settings {
         device,
-        math,
+        math: Math::Ieee,
+        execution: Execution::Eager,
         threads: resolve_threads(threads),
         steps: bounded(merged!(g, d, steps), DEFAULT_STEPS, bounds::check_steps)?,
         warmup: bounded(merged!(g, d, warmup), DEFAULT_WARMUP, bounds::check_warmup)?,
@@ -648,19 +674,33 @@ fn expand(
                                             .unwrap_or_default()
                                             .into_iter()
                                             .map(Target::Peer);
-                                        let targets =
-                                            peers.chain(vs.into_iter().map(Target::Densebench));
-                                        math.check(device, cfg.dtype)
-                                            .map_err(|e| anyhow!("{math_at}: {e}"))?;
-                                        for variant in targets {
-                                            jobs.push(Job {
-                                                key: job::job_key(variant, &cfg, device, math),
-                                                cost: shard::job_cost(variant, &cfg, &settings),
-                                                variant,
-                                                cfg: cfg.clone(),
-                                                peer,
-                                                settings: settings.clone(),
-                                            });
+                                        let targets: Vec<Target> = peers
+                                            .chain(vs.into_iter().map(Target::Densebench))
+                                            .collect();
+                                        for &math in &maths {
+                                            math.check(device, cfg.dtype)
+                                                .map_err(|e| anyhow!("{math_at}: {e}"))?;
+                                            for &execution in &executions {
+                                                let settings = Settings {
+                                                    math,
+                                                    execution,
+                                                    ..settings.clone()
+                                                };
+                                                for &variant in &targets {
+                                                    jobs.push(Job {
+                                                        key: job::job_key(
+                                                            variant, &cfg, device, math, execution,
+                                                        ),
+                                                        cost: shard::job_cost(
+                                                            variant, &cfg, &settings,
+                                                        ),
+                                                        variant,
+                                                        cfg: cfg.clone(),
+                                                        peer,
+                                                        settings: settings.clone(),
+                                                    });
+                                                }
+                                            }
                                         }
                                     }
                                 }
@@ -724,7 +764,13 @@ pub fn retarget(jobs: Vec<Job>, device: DeviceSpec) -> Vec<Job> {
     jobs.into_iter()
         .filter_map(|mut j| {
             j.settings.device = device;
-            j.key = job::job_key(j.variant, &j.cfg, device, j.settings.math);
+            j.key = job::job_key(
+                j.variant,
+                &j.cfg,
+                device,
+                j.settings.math,
+                j.settings.execution,
+            );
             seen.insert(j.key.clone()).then_some(j)
         })
         .collect()

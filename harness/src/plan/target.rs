@@ -3,33 +3,110 @@
 //! `variant` column, the first part of a key) and a peer variant's name starts with its
 //! framework's (`pytorch-naive`), so no peer name can be taken for a densebench variant.
 
-use anyhow::{bail, Result};
+use crate::plan::device::DeviceSpec;
+use anyhow::{anyhow, bail, Result};
 use impls::{Config, Family, Variant};
 use std::fmt;
 use std::str::FromStr;
 
+/// How a timed step is executed (the `execution` column, schema 3): like is compared only with
+/// like (results/README.md, "What a timed step contains").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum Execution {
+    /// Every op launched by the host as the step runs: densebench's steps, PyTorch eager.
+    #[default]
+    Eager,
+    /// The whole step replayed as CUDA graphs: densebench's graph rows, PyTorch's
+    /// `torch.compile(mode="reduce-overhead")` (inductor's kernels in cudagraph trees).
+    Graph,
+    /// Compiled kernels launched by the host, no graphs: `torch.compile` in its default mode
+    /// (what the CPU gets).
+    Compiled,
+}
+
+impl Execution {
+    pub const ALL: [Execution; 3] = [Execution::Eager, Execution::Graph, Execution::Compiled];
+
+    /// The `execution` column's value.
+    pub fn name(self) -> &'static str {
+        match self {
+            Execution::Eager => "eager",
+            Execution::Graph => "graph",
+            Execution::Compiled => "compiled",
+        }
+    }
+
+    /// `eager`, `graph` or `compiled`; anything else is one line naming them.
+    pub fn parse(s: &str) -> Result<Execution> {
+        Execution::ALL
+            .into_iter()
+            .find(|e| e.name() == s)
+            .ok_or_else(|| anyhow!("execution `{s}` is not `eager`, `graph` or `compiled`"))
+    }
+
+    /// Refuses what densebench cannot run: `compiled` (a peer's mode) and `graph` off CUDA
+    /// (a CUDA-graph replay of the step).
+    pub fn check_densebench(self, device: DeviceSpec) -> Result<()> {
+        match (self, device) {
+            (Execution::Compiled, _) => bail!(
+                "execution `compiled` is torch.compile's (the `pytorch-compiled-*` peer \
+                 variants); densebench's steps run `eager` or, on CUDA, `graph`"
+            ),
+            (Execution::Graph, DeviceSpec::Cpu) => bail!(
+                "execution `graph` replays the step as a CUDA graph: a cuda:N device only (the \
+                 CPU runs `eager`)"
+            ),
+            _ => Ok(()),
+        }
+    }
+
+    /// What a row's key carries after the math: nothing for `eager` (every key written before
+    /// schema 3 stays valid), `/graph` or `/compiled` otherwise.
+    pub fn key_suffix(self) -> &'static str {
+        match self {
+            Execution::Eager => "",
+            Execution::Graph => "/graph",
+            Execution::Compiled => "/compiled",
+        }
+    }
+}
+
 /// A peer framework a sweep can compare with (`--peer`, the sweep file's `peer` key).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
 pub enum Peer {
-    /// PyTorch: torchvision's `_DenseBlock` (bc) and the forum's Linear block (mlp).
+    /// PyTorch eager: torchvision's `_DenseBlock` (bc) and the forum's Linear block (mlp).
     Pytorch,
+    /// PyTorch eager and the same blocks under `torch.compile` (`reduce-overhead` on CUDA, the
+    /// default mode on the CPU): the strongest PyTorch a user reaches for, beside the plain one.
+    PytorchCompiled,
 }
 
 impl Peer {
     /// The `framework` column of its rows.
     pub fn name(self) -> &'static str {
+        "pytorch"
+    }
+
+    /// The `--peer` value: `pytorch` or `pytorch-compiled`.
+    pub fn arg(self) -> &'static str {
         match self {
             Peer::Pytorch => "pytorch",
+            Peer::PytorchCompiled => "pytorch-compiled",
         }
     }
 
     /// The peer's variants for a config, in the order they run (naive first: its error on the
-    /// case is the f32 tolerance of the config's densebench rows).
+    /// case is the f32 tolerance of the config's densebench rows; the compiled twins last).
     pub fn variants(self, cfg: &Config) -> Vec<PeerVariant> {
-        match (self, cfg.family) {
-            (Peer::Pytorch, Family::Bc) => vec![PeerVariant::Naive, PeerVariant::MemoryEfficient],
-            (Peer::Pytorch, Family::Mlp) => vec![PeerVariant::Naive, PeerVariant::Checkpoint],
+        let eager = match cfg.family {
+            Family::Bc => [PeerVariant::Naive, PeerVariant::MemoryEfficient],
+            Family::Mlp => [PeerVariant::Naive, PeerVariant::Checkpoint],
+        };
+        let mut vs = eager.to_vec();
+        if self == Peer::PytorchCompiled {
+            vs.extend(eager.iter().map(|v| v.compiled()));
         }
+        vs
     }
 }
 
@@ -39,7 +116,11 @@ impl FromStr for Peer {
     fn from_str(s: &str) -> Result<Self> {
         match s {
             "pytorch" => Ok(Peer::Pytorch),
-            other => bail!("unknown peer `{other}` (the one peer is `pytorch`)"),
+            "pytorch-compiled" => Ok(Peer::PytorchCompiled),
+            other => bail!(
+                "unknown peer `{other}` (the peer is `pytorch`, or `pytorch-compiled` for \
+                 PyTorch eager and under torch.compile)"
+            ),
         }
     }
 }
@@ -59,17 +140,30 @@ pub enum PeerVariant {
     MemoryEfficient,
     /// mlp only: each Linear + ReLU in `torch.utils.checkpoint`.
     Checkpoint,
+    /// [`PeerVariant::Naive`] under `torch.compile`.
+    CompiledNaive,
+    /// [`PeerVariant::MemoryEfficient`] under `torch.compile` (bc only).
+    CompiledMemoryEfficient,
+    /// [`PeerVariant::Checkpoint`] under `torch.compile` (mlp only).
+    CompiledCheckpoint,
 }
 
 impl PeerVariant {
-    pub const ALL: [PeerVariant; 3] = [
+    pub const ALL: [PeerVariant; 6] = [
         PeerVariant::Naive,
         PeerVariant::MemoryEfficient,
         PeerVariant::Checkpoint,
+        PeerVariant::CompiledNaive,
+        PeerVariant::CompiledMemoryEfficient,
+        PeerVariant::CompiledCheckpoint,
     ];
 
     pub fn peer(self) -> Peer {
-        Peer::Pytorch
+        if self.is_compiled() {
+            Peer::PytorchCompiled
+        } else {
+            Peer::Pytorch
+        }
     }
 
     pub fn name(self) -> &'static str {
@@ -77,12 +171,53 @@ impl PeerVariant {
             PeerVariant::Naive => "pytorch-naive",
             PeerVariant::MemoryEfficient => "pytorch-memory-efficient",
             PeerVariant::Checkpoint => "pytorch-checkpoint",
+            PeerVariant::CompiledNaive => "pytorch-compiled-naive",
+            PeerVariant::CompiledMemoryEfficient => "pytorch-compiled-memory-efficient",
+            PeerVariant::CompiledCheckpoint => "pytorch-compiled-checkpoint",
+        }
+    }
+
+    /// The variant under `torch.compile` (a compiled one is its own).
+    pub fn compiled(self) -> PeerVariant {
+        match self {
+            PeerVariant::Naive | PeerVariant::CompiledNaive => PeerVariant::CompiledNaive,
+            PeerVariant::MemoryEfficient | PeerVariant::CompiledMemoryEfficient => {
+                PeerVariant::CompiledMemoryEfficient
+            }
+            PeerVariant::Checkpoint | PeerVariant::CompiledCheckpoint => {
+                PeerVariant::CompiledCheckpoint
+            }
+        }
+    }
+
+    /// The eager variant it compiles (an eager one is its own).
+    pub fn eager(self) -> PeerVariant {
+        match self {
+            PeerVariant::Naive | PeerVariant::CompiledNaive => PeerVariant::Naive,
+            PeerVariant::MemoryEfficient | PeerVariant::CompiledMemoryEfficient => {
+                PeerVariant::MemoryEfficient
+            }
+            PeerVariant::Checkpoint | PeerVariant::CompiledCheckpoint => PeerVariant::Checkpoint,
+        }
+    }
+
+    pub fn is_compiled(self) -> bool {
+        self.compiled() == self
+    }
+
+    /// How its timed step runs on `device`: `reduce-overhead` (CUDA graphs) on a GPU, the
+    /// default mode (compiled kernels, no graphs) on the CPU; eager for the eager variants.
+    pub fn execution(self, device: DeviceSpec) -> Execution {
+        match (self.is_compiled(), device) {
+            (false, _) => Execution::Eager,
+            (true, DeviceSpec::Cpu) => Execution::Compiled,
+            (true, _) => Execution::Graph,
         }
     }
 
     /// Whether it recomputes part of forward in backward (for the cost model).
     pub fn recomputes(self) -> bool {
-        self != PeerVariant::Naive
+        self.eager() != PeerVariant::Naive
     }
 }
 
@@ -121,6 +256,15 @@ impl Target {
     pub fn is_peer(self) -> bool {
         matches!(self, Target::Peer(_))
     }
+
+    /// How its timed step runs on `device`: a densebench variant as the job asks (`ours`: eager,
+    /// or graph on CUDA), a peer variant as it always runs there.
+    pub fn execution(self, device: DeviceSpec, ours: Execution) -> Execution {
+        match self {
+            Target::Densebench(_) => ours,
+            Target::Peer(p) => p.execution(device),
+        }
+    }
 }
 
 impl From<Variant> for Target {
@@ -153,6 +297,39 @@ mod tests {
             let vs = Peer::Pytorch.variants(&Config::tiny(f));
             assert_eq!(vs.first(), Some(&PeerVariant::Naive));
             assert_eq!(vs.len(), 2);
+            let all = Peer::PytorchCompiled.variants(&Config::tiny(f));
+            assert_eq!(all.first(), Some(&PeerVariant::Naive));
+            // The eager pair, then each one's compiled twin, in the same order.
+            assert_eq!(all[..2], vs[..]);
+            let twins: Vec<_> = vs.iter().map(|v| v.compiled()).collect();
+            assert_eq!(all[2..], twins[..]);
         }
+    }
+
+    #[test]
+    fn compiled_twins_and_execution() {
+        for p in PeerVariant::ALL {
+            assert_eq!(p.compiled().eager(), p.eager());
+            assert_eq!(p.eager().compiled(), p.compiled());
+            assert_eq!(p.is_compiled(), p.name().starts_with("pytorch-compiled-"));
+            assert_eq!(p.is_compiled(), p.peer() == Peer::PytorchCompiled);
+            let (cpu, gpu) = (
+                p.execution(DeviceSpec::Cpu),
+                p.execution(DeviceSpec::Cuda(0)),
+            );
+            if p.is_compiled() {
+                assert_eq!((cpu, gpu), (Execution::Compiled, Execution::Graph));
+            } else {
+                assert_eq!((cpu, gpu), (Execution::Eager, Execution::Eager));
+            }
+        }
+        for e in Execution::ALL {
+            assert_eq!(Execution::parse(e.name()).ok(), Some(e));
+        }
+        assert!(Execution::parse("jit").is_err());
+        assert_eq!(
+            "pytorch-compiled".parse::<Peer>().ok(),
+            Some(Peer::PytorchCompiled)
+        );
     }
 }

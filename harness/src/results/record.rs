@@ -12,8 +12,8 @@ use crate::measure::peer;
 use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
 use crate::plan::job::{git_rev, job_key, Math, Peer, PeerVariant, Settings, Target, VERSION};
-use crate::results::row::{Row, DENSEBENCH, PYTORCH, SCHEMA_VERSION};
-use anyhow::Result;
+use crate::results::row::{Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION};
+use anyhow::{bail, Result};
 use impls::{Config, Variant};
 
 /// The row of `variant` (densebench's or a peer's) on `cfg` with every identity column filled
@@ -31,7 +31,7 @@ pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> R
     };
     Row {
         schema: SCHEMA_VERSION,
-        key: job_key(target, cfg, s.device, s.math),
+        key: job_key(target, cfg, s.device, s.math, s.execution),
         variant: target.name(),
         family: cfg.family.name().to_string(),
         batch: cfg.batch,
@@ -60,6 +60,7 @@ pub fn identity_row(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> R
         framework: framework.to_string(),
         framework_version,
         math: s.math.name().to_string(),
+        execution: target.execution(s.device, s.execution).name().to_string(),
         ..Row::default()
     }
 }
@@ -138,8 +139,16 @@ fn measure_densebench_row(
     row.status = outcome.status().to_string();
     row.error = match &outcome {
         Outcome::Ok(stdout) => {
-            fill(&mut row, stdout)?;
-            checked_message(&mut row, reference.as_ref().map(|_| ()))
+            let no_graph = fill(&mut row, stdout)?;
+            let checked = checked_message(&mut row, reference.as_ref().map(|_| ()));
+            match no_graph {
+                // A graph row without a verified replay timing is no result.
+                Some(why) => {
+                    row.status = "error".to_string();
+                    why
+                }
+                None => checked,
+            }
         }
         other => failure_message(other),
     };
@@ -238,9 +247,23 @@ fn measure_peer_row(
 /// Copies the peer's JSON line into the row.
 fn fill_peer(row: &mut Row, stdout: &str) -> Result<()> {
     let m = peer::parse(stdout)?;
+    let execution = m.execution.as_deref().unwrap_or(EAGER);
+    if execution != row.execution {
+        bail!(
+            "the peer says its step ran `{execution}`, but `{}` on {} runs `{}`: the peer \
+             script and this densebench disagree (rebuild or update both)",
+            row.variant,
+            row.device,
+            row.execution
+        );
+    }
     row.framework_version = m.framework_version.clone();
     row.math = m.math.clone();
     row.device_desc = m.device_desc.clone();
+    row.compile_ns = m.compile_ns;
+    if let Some(w) = m.warmup {
+        row.warmup = w;
+    }
     let stats = |median_ns, min_ns, max_ns| measure::Stats {
         median_ns,
         min_ns,
@@ -296,7 +319,7 @@ struct Measured {
     threads: usize,
     baseline: u64,
     peak: u64,
-    saved: u64,
+    saved: Option<u64>,
     rss: Option<u64>,
     forward: measure::Stats,
     backward: measure::Stats,
@@ -314,7 +337,7 @@ fn fill_measured(row: &mut Row, m: Measured) {
     };
     row.baseline_bytes = Some(m.baseline);
     row.peak_bytes = Some(m.peak);
-    row.saved_bytes = Some(m.saved);
+    row.saved_bytes = m.saved;
     row.peak_rss_bytes = m.rss;
     row.fwd_median_ns = Some(m.forward.median_ns);
     row.fwd_min_ns = Some(m.forward.min_ns);
@@ -383,7 +406,9 @@ fn add_note(row: &mut Row, text: String) {
     };
 }
 
-fn fill(row: &mut Row, stdout: &str) -> Result<()> {
+/// Fills a densebench row from its child's measurement; returns why a graph row has no graph
+/// timing, if it has none.
+fn fill(row: &mut Row, stdout: &str) -> Result<Option<String>> {
     let m = child::parse_measurement(stdout)?;
     fill_measured(
         row,
@@ -391,7 +416,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
             threads: m.threads,
             baseline: m.baseline_bytes,
             peak: m.peak_bytes,
-            saved: m.saved_bytes,
+            saved: Some(m.saved_bytes),
             rss: m.peak_rss_bytes,
             forward: m.forward,
             backward: m.backward,
@@ -436,10 +461,52 @@ fn fill(row: &mut Row, stdout: &str) -> Result<()> {
         }
         add_note(row, tf32);
     }
+    if row.execution == "graph" {
+        return Ok(graph_columns(row, m.graph, m.cuda_graph));
+    }
     if let Some(g) = m.cuda_graph {
         add_note(row, g);
     }
-    Ok(())
+    Ok(None)
+}
+
+/// A graph row's timing columns: the CUDA-graph replays' (the whole step is one graph: no
+/// forward/backward split), the eager steps' median kept in the note. Without a verified replay
+/// timing the row is no result: returns the child's reason (the row becomes an `error`).
+fn graph_columns(
+    row: &mut Row,
+    graph: Option<measure::Stats>,
+    why: Option<String>,
+) -> Option<String> {
+    let Some(g) = graph else {
+        return Some(why.unwrap_or_else(|| "the child reported no CUDA graph timing".to_string()));
+    };
+    let eager = row.median_ns;
+    row.median_ns = Some(g.median_ns);
+    row.min_ns = Some(g.min_ns);
+    row.max_ns = Some(g.max_ns);
+    for c in [
+        &mut row.fwd_median_ns,
+        &mut row.fwd_min_ns,
+        &mut row.fwd_max_ns,
+        &mut row.bwd_median_ns,
+        &mut row.bwd_min_ns,
+        &mut row.bwd_max_ns,
+    ] {
+        *c = None;
+    }
+    row.gflops_per_s = estimates::gflops_per_s(row.flops, row.median_ns);
+    add_note(
+        row,
+        format!(
+            "the whole step replayed as one CUDA graph (median of {} replays after an untimed \
+             one; results bitwise those of the checked eager step{}); memory columns are the \
+             eager step's",
+            row.steps,
+            eager.map_or(String::new(), |e| format!(", whose median was {e} ns"))
+        ),
+    );
+    None
 }
 
 #[cfg(test)]
@@ -464,8 +531,48 @@ mod tests {
             predicted_peak_bytes: predicted,
             tf32_max_rel_err: None,
             cuda_graph: None,
+            graph: None,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_graph_row_is_timed_by_its_replays_and_is_an_error_without_them() {
+        let with_graph = |graph: Option<Stats>, why: Option<&str>| {
+            let mut json: serde_json::Value = serde_json::from_str(&measurement(None)).unwrap();
+            json["graph"] = serde_json::to_value(graph).unwrap();
+            json["cuda_graph"] = serde_json::to_value(why).unwrap();
+            let mut row = Row {
+                execution: "graph".into(),
+                steps: 5,
+                ..Row::default()
+            };
+            let no_graph = fill(&mut row, &json.to_string()).unwrap();
+            (row, no_graph)
+        };
+        let replays = Stats {
+            median_ns: 4,
+            min_ns: 3,
+            max_ns: 6,
+        };
+        let (row, no_graph) = with_graph(Some(replays), None);
+        assert_eq!(no_graph, None);
+        // The eager steps' median was 10 ns (measurement()); the replays' 4 ns are the row's.
+        assert_eq!(
+            (row.median_ns, row.min_ns, row.max_ns),
+            (Some(4), Some(3), Some(6))
+        );
+        assert_eq!((row.fwd_median_ns, row.bwd_median_ns), (None, None));
+        assert!(row.note.contains("median was 10 ns"), "{}", row.note);
+        let (_, no_graph) = with_graph(None, Some("CUDA graph timing not reported: refused"));
+        assert_eq!(
+            no_graph.as_deref(),
+            Some("CUDA graph timing not reported: refused")
+        );
+        // An eager row keeps its own times.
+        let mut row = Row::default();
+        assert_eq!(fill(&mut row, &measurement(None)).unwrap(), None);
+        assert_eq!(row.median_ns, Some(10));
     }
 
     #[test]

@@ -124,12 +124,13 @@ mod tests {
     fn result_csvs_safetensors_and_text_are_told_apart() {
         let header = Row::columns().join(",");
         let csv = format!("{header}\n2,x\n");
+        let schema = format!("schema {}", crate::results::row::SCHEMA_VERSION);
         assert_eq!(
             describe(csv.as_bytes(), csv.len() as u64),
-            "a densebench result CSV (schema 2)"
+            format!("a densebench result CSV ({schema})")
         );
         let crlf = format!("{header}\r\n");
-        assert!(describe(crlf.as_bytes(), 9).contains("schema 2"));
+        assert!(describe(crlf.as_bytes(), 9).contains(&schema));
         assert!(describe(b"key,schema,x\n", 13).contains("`schema` and `key`"));
         assert!(!describe(b"variant,max_depth\n", 18).contains("result CSV"));
         let mut st = 2u64.to_le_bytes().to_vec();

@@ -8,10 +8,12 @@ use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 /// Bumped whenever a column is added, removed or changes meaning. Schema 2 added `framework`,
-/// `framework_version`, `math`, `tolerance` and `note` (after `timeline`); schema-1 files are
-/// still read, their rows taking `densebench`, their `densebench_version`, `ieee`, an empty
-/// tolerance and an empty note.
-pub const SCHEMA_VERSION: u32 = 2;
+/// `framework_version`, `math`, `tolerance` and `note` (after `timeline`); schema 3 added
+/// `execution` and `compile_ns` (after `note`). Older files are still read: schema-1 rows take
+/// `densebench`, their `densebench_version`, `ieee`, an empty tolerance and an empty note;
+/// schema-1 and schema-2 rows take `eager` and an empty `compile_ns` (every row before schema 3
+/// was an eager step).
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// The columns schema 2 added, in order, at the end of the row.
 pub const SCHEMA_2_COLUMNS: [&str; 5] = [
@@ -21,6 +23,9 @@ pub const SCHEMA_2_COLUMNS: [&str; 5] = [
     "tolerance",
     "note",
 ];
+
+/// The columns schema 3 added, in order, at the end of the row.
+pub const SCHEMA_3_COLUMNS: [&str; 2] = ["execution", "compile_ns"];
 
 /// `framework` of densebench's own rows.
 pub const DENSEBENCH: &str = "densebench";
@@ -124,6 +129,16 @@ pub struct Row {
     /// What a reader of an `ok` row must know (a framework's known deviation, …); empty mostly.
     #[serde(default)]
     pub note: String,
+    /// How the timed step ran: `eager` (ops launched as the step runs), `graph` (the whole step
+    /// replayed as CUDA graphs: PyTorch's `torch.compile(mode="reduce-overhead")`) or
+    /// `compiled` (`torch.compile`'s default mode: compiled kernels, no graphs). Ratios pair
+    /// like with like.
+    #[serde(default)]
+    pub execution: String,
+    /// A compiled row's warm-up beyond running steps: compiling, autotuning, recording graphs
+    /// (ns; outside the timed step). Empty for eager rows.
+    #[serde(default)]
+    pub compile_ns: Option<u64>,
 }
 
 impl Row {
@@ -179,12 +194,28 @@ impl Row {
     }
 
     /// Fills the columns a schema-1 row lacks with what schema 1 meant: densebench's own row,
-    /// full-precision math.
+    /// full-precision math, an eager step.
     fn upgrade_from_schema_1(&mut self) {
         self.framework = DENSEBENCH.to_string();
         self.framework_version = self.densebench_version.clone();
         self.math = "ieee".to_string();
+        self.upgrade_from_schema_2();
+    }
+
+    /// Fills the columns a schema-2 row lacks with what schema 2 meant: an eager step.
+    fn upgrade_from_schema_2(&mut self) {
+        self.execution = EAGER.to_string();
+        self.compile_ns = None;
         self.schema = SCHEMA_VERSION;
+    }
+
+    /// The `execution` column, `eager` where it is empty (a row built in code).
+    pub fn execution(&self) -> &str {
+        if self.execution.is_empty() {
+            EAGER
+        } else {
+            &self.execution
+        }
     }
 
     /// The timeline as (label, bytes) pairs in recorded order.
@@ -268,13 +299,18 @@ pub fn key_of_fields(r: &Row) -> String {
         r.seed,
         r.device
     );
-    // `tf32` rows carry their math after the device (`plan::job::Math::key_suffix`).
-    if r.math == "tf32" {
-        format!("{key}/tf32")
-    } else {
-        key
-    }
+    // `tf32` rows carry their math after the device (`plan::job::Math::key_suffix`), then
+    // graph and compiled rows their execution (`plan::job::Execution::key_suffix`).
+    let math = if r.math == "tf32" { "/tf32" } else { "" };
+    let execution = match r.execution() {
+        EAGER => String::new(),
+        other => format!("/{other}"),
+    };
+    format!("{key}{math}{execution}")
 }
+
+/// `execution` of an eager step.
+pub const EAGER: &str = "eager";
 
 impl Row {
     /// The gradient-error columns, by name.
@@ -374,19 +410,29 @@ fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyho
     }
 }
 
+/// The header of a schema-2 file: every column but those schema 3 added.
+pub fn schema_2_columns() -> Vec<String> {
+    Row::columns()
+        .into_iter()
+        .filter(|c| !SCHEMA_3_COLUMNS.contains(&c.as_str()))
+        .collect()
+}
+
 /// The header of a schema-1 file: every schema-2 column but those schema 2 added.
 fn schema_1_columns() -> Vec<String> {
-    Row::columns()
+    schema_2_columns()
         .into_iter()
         .filter(|c| !SCHEMA_2_COLUMNS.contains(&c.as_str()))
         .collect()
 }
 
-/// The schema whose header `headers` is, column for column: [`SCHEMA_VERSION`] or 1 (the
+/// The schema whose header `headers` is, column for column: [`SCHEMA_VERSION`], 2 or 1 (the
 /// schemas [`read_rows`] reads); `None` for any other header.
 pub fn header_schema(headers: &[String]) -> Option<u32> {
     if headers == Row::columns().as_slice() {
         Some(SCHEMA_VERSION)
+    } else if headers == schema_2_columns().as_slice() {
+        Some(2)
     } else if headers == schema_1_columns().as_slice() {
         Some(1)
     } else {
@@ -426,10 +472,9 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         .map(str::to_string)
         .collect();
     let expected = Row::columns();
-    let file_schema = if header_schema(&headers) == Some(1) {
-        1
-    } else {
-        SCHEMA_VERSION
+    let file_schema = match header_schema(&headers) {
+        Some(old @ (1 | 2)) => old,
+        _ => SCHEMA_VERSION,
     };
     if headers.iter().all(|h| h.trim().is_empty()) {
         bail!(
@@ -479,14 +524,17 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         if row.schema != file_schema {
             bail!(
                 "{} line {line}, column `schema`: {} is not the schema of this file's header \
-                 (schema {file_schema}; this densebench reads schemas 1 and {SCHEMA_VERSION})",
+                 (schema {file_schema}; this densebench reads schemas 1 to {SCHEMA_VERSION})",
                 path.display(),
                 row.schema
             );
         }
         if file_schema == 1 {
             row.upgrade_from_schema_1();
-        } else if row.framework != DENSEBENCH && row.framework != PYTORCH {
+        } else if file_schema == 2 {
+            row.upgrade_from_schema_2();
+        }
+        if row.framework != DENSEBENCH && row.framework != PYTORCH {
             bail!(
                 "{} line {line}, column `framework`: `{}` is not `{DENSEBENCH}` or `{PYTORCH}`",
                 path.display(),
@@ -499,6 +547,9 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
                 row.math
             );
         }
+        check_execution(&row).map_err(|e| anyhow!("{} line {line}, {e}", path.display()))?;
+        // An empty cell is an eager step (as the key without a suffix says).
+        row.execution = row.execution().to_string();
         let own = key_of_fields(&row);
         if row.key != own {
             bail!(
@@ -526,9 +577,110 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     Ok(rows)
 }
 
+/// A row's `execution` against what its framework can run: densebench's steps are `eager` or
+/// `graph`; PyTorch's compiled variants `graph` or `compiled`, its eager ones `eager`; a
+/// `compile_ns` only on a compiled row.
+fn check_execution(row: &Row) -> Result<()> {
+    let e = row.execution();
+    let compiled_variant = row.variant.starts_with("pytorch-compiled-");
+    let allowed: &[&str] = match (row.framework.as_str(), compiled_variant) {
+        (DENSEBENCH, _) => &["eager", "graph"],
+        (_, true) => &["graph", "compiled"],
+        (_, false) => &["eager"],
+    };
+    if !allowed.contains(&e) {
+        bail!(
+            "column `execution`: `{e}` is not {} for a {} row of `{}`",
+            allowed
+                .iter()
+                .map(|a| format!("`{a}`"))
+                .collect::<Vec<_>>()
+                .join(" or "),
+            row.framework,
+            row.variant
+        );
+    }
+    if row.compile_ns.is_some() && !compiled_variant {
+        bail!(
+            "column `compile_ns`: a compile time on `{}`, which compiles nothing",
+            row.variant
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn row(framework: &str, variant: &str, execution: &str) -> Row {
+        Row {
+            framework: framework.to_string(),
+            variant: variant.to_string(),
+            execution: execution.to_string(),
+            ..Row::default()
+        }
+    }
+
+    #[test]
+    fn execution_is_checked_against_what_the_framework_runs() {
+        let ok = [
+            (DENSEBENCH, "cat-store-copy", "eager"),
+            (DENSEBENCH, "cat-store-copy", "graph"),
+            (DENSEBENCH, "cat-store-copy", ""),
+            (PYTORCH, "pytorch-naive", "eager"),
+            (PYTORCH, "pytorch-compiled-naive", "graph"),
+            (PYTORCH, "pytorch-compiled-checkpoint", "compiled"),
+        ];
+        for (f, v, e) in ok {
+            assert!(check_execution(&row(f, v, e)).is_ok(), "{f} {v} {e}");
+        }
+        let bad = [
+            (DENSEBENCH, "cat-store-copy", "compiled"),
+            (DENSEBENCH, "cat-store-copy", "jit"),
+            (PYTORCH, "pytorch-naive", "graph"),
+            (PYTORCH, "pytorch-compiled-naive", "eager"),
+        ];
+        for (f, v, e) in bad {
+            let err = check_execution(&row(f, v, e)).expect_err(e).to_string();
+            assert!(err.contains("column `execution`"), "{err}");
+        }
+        let mut timed = row(PYTORCH, "pytorch-naive", "eager");
+        timed.compile_ns = Some(1);
+        assert!(
+            check_execution(&timed).is_err(),
+            "an eager row has no compile time"
+        );
+    }
+
+    #[test]
+    fn keys_carry_math_then_execution() {
+        let mut r = row(PYTORCH, "pytorch-compiled-naive", "graph");
+        r.family = "bc".to_string();
+        r.device = "cuda:0".to_string();
+        r.math = "tf32".to_string();
+        assert!(
+            key_of_fields(&r).ends_with("/cuda:0/tf32/graph"),
+            "{}",
+            key_of_fields(&r)
+        );
+        r.math = "ieee".to_string();
+        assert!(key_of_fields(&r).ends_with("/cuda:0/graph"));
+        r.execution = "eager".to_string();
+        assert!(key_of_fields(&r).ends_with("/cuda:0"));
+        r.execution = String::new();
+        assert!(key_of_fields(&r).ends_with("/cuda:0"), "empty is eager");
+    }
+
+    #[test]
+    fn header_schemas_are_told_apart() {
+        assert_eq!(header_schema(&Row::columns()), Some(SCHEMA_VERSION));
+        assert_eq!(header_schema(&schema_2_columns()), Some(2));
+        assert_eq!(header_schema(&schema_1_columns()), Some(1));
+        let mut odd = schema_2_columns();
+        odd.push("compile_ns".to_string());
+        assert_eq!(header_schema(&odd), None);
+    }
 
     #[test]
     fn the_cuda_graph_median_is_read_from_the_note() {

@@ -366,16 +366,14 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
         .filter(|c| !want.contains(c))
         .map(String::as_str)
         .collect();
-    if extra.is_empty()
-        && missing.len() == row::SCHEMA_2_COLUMNS.len()
-        && missing.iter().all(|c| row::SCHEMA_2_COLUMNS.contains(c))
-    {
+    // An older schema's file: its header is this one's less the columns later schemas added.
+    if let Some(old) = row::header_schema(&got).filter(|&s| s < row::SCHEMA_VERSION) {
         return Err(bad_input(anyhow!(
-            "{} was written by an older densebench (result schema 1, without the columns [{}]): \
-             refusing to append schema-{} rows to it; `densebench merge NEW.csv {}` rewrites \
-             it in the current schema (or write to a new file); the file was not changed",
+            "{} was written by an older densebench (result schema {old}, without the columns \
+             [{}]): refusing to append schema-{} rows to it; `densebench merge NEW.csv {}` \
+             rewrites it in the current schema (or write to a new file); the file was not changed",
             path.display(),
-            row::SCHEMA_2_COLUMNS.join(", "),
+            missing.join(", "),
             row::SCHEMA_VERSION,
             path.display()
         )));

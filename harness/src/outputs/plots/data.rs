@@ -14,10 +14,14 @@ pub const NS_PER_MS: f64 = 1e6;
 pub const NAIVE: &str = "cat-store-copy";
 /// The PyTorch peer's variants in legend and table order: its naive block first, then its
 /// memory-saving one (`memory_efficient=True` for bc, `torch.utils.checkpoint` for mlp).
-pub const PEER_ORDER: [&str; 3] = [
+/// Then the same blocks under `torch.compile`.
+pub const PEER_ORDER: [&str; 6] = [
     "pytorch-naive",
     "pytorch-memory-efficient",
     "pytorch-checkpoint",
+    "pytorch-compiled-naive",
+    "pytorch-compiled-memory-efficient",
+    "pytorch-compiled-checkpoint",
 ];
 
 /// A peer variant as readers name it: `pytorch-memory-efficient` → `PyTorch memory-efficient`.
@@ -78,7 +82,19 @@ pub fn incomparable(a: &Row, b: &Row) -> Option<String> {
     if a.math != b.math {
         why.push(format!("{} vs {} math", a.math, b.math));
     }
+    if !executions_comparable(a.execution(), b.execution()) {
+        why.push(format!("{} vs {} execution", a.execution(), b.execution()));
+    }
     (!why.is_empty()).then(|| why.join(", "))
+}
+
+/// Whether steps run as `a` and as `b` may be set side by side: like with like (eager with
+/// eager, CUDA graphs with CUDA graphs), and an eager step with a compiled one (kernels still
+/// launched one by one: PyTorch's `torch.compile` default mode, the CPU's strongest PyTorch,
+/// beside densebench's eager step, labelled as such). Never a graph replay with a step that
+/// launches its kernels from the host.
+pub fn executions_comparable(a: &str, b: &str) -> bool {
+    a == b || matches!((a, b), ("eager", "compiled") | ("compiled", "eager"))
 }
 
 pub fn mib(bytes: u64) -> f64 {
@@ -109,6 +125,22 @@ pub struct ConfigKey {
     /// `ieee` or `tf32`: rows of the two math modes are never one series (a tf32 time is not an
     /// ieee one), so they are separate groups, figures and tables.
     pub math: String,
+    /// [`execution_class`]: `eager` (the host launches the step's kernels: eager rows, and
+    /// PyTorch's compiled-without-graphs rows beside them) or `graph` (CUDA-graph replays:
+    /// densebench's graph rows with PyTorch's `reduce-overhead` rows). A graph time is never on
+    /// an eager series.
+    pub execution: String,
+}
+
+/// The class of a row's `execution` that figures and tables group by: `graph` for a CUDA-graph
+/// replay, `eager` otherwise (`compiled` included: its kernels are launched by the host, as
+/// an eager step's are; [`executions_comparable`]).
+pub fn execution_class(r: &Row) -> &'static str {
+    if r.execution() == "graph" {
+        "graph"
+    } else {
+        "eager"
+    }
 }
 
 impl ConfigKey {
@@ -130,6 +162,7 @@ impl ConfigKey {
             } else {
                 row.math.clone()
             },
+            execution: execution_class(row).to_string(),
         }
     }
 
@@ -152,6 +185,9 @@ impl ConfigKey {
             )
         };
         push_slug_suffixes(&mut s, &self.dtype, Some(&self.device), &self.math);
+        if self.execution == "graph" {
+            s.push_str("-graph");
+        }
         s
     }
 }
@@ -323,6 +359,9 @@ pub fn group_rows(rows: &[Row]) -> (Vec<Group>, usize) {
             if key.math != "ieee" {
                 label.push(' ');
                 label.push_str(&key.math);
+            }
+            if key.execution == "graph" {
+                label.push_str(" (CUDA graph replays)");
             }
             let mut device_label = first.map(device_label).unwrap_or_default();
             // densebench rows at several thread counts: their times are not one series; say so
@@ -508,6 +547,8 @@ pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
     match variant {
         "pytorch-naive" => (20, 20, 20),
         "pytorch-memory-efficient" | "pytorch-checkpoint" => (140, 86, 75),
+        "pytorch-compiled-naive" => (90, 90, 130),
+        "pytorch-compiled-memory-efficient" | "pytorch-compiled-checkpoint" => (196, 156, 148),
         "autograd" => (100, 100, 100),
         "cat-store-copy" => (214, 39, 40),
         "cat-store-inplace" => (255, 127, 14),

@@ -72,6 +72,8 @@ pub struct FamilyKey {
     pub family: String,
     pub dtype: String,
     pub math: String,
+    /// `eager` or `graph` ([`data::execution_class`]).
+    pub execution: String,
 }
 
 impl FamilyKey {
@@ -80,6 +82,7 @@ impl FamilyKey {
             family: key.family.clone(),
             dtype: key.dtype.clone(),
             math: key.math.clone(),
+            execution: key.execution.clone(),
         }
     }
 
@@ -88,6 +91,9 @@ impl FamilyKey {
     pub fn slug(&self) -> String {
         let mut s = data::sanitize(&self.family);
         data::push_slug_suffixes(&mut s, &self.dtype, None, &self.math);
+        if self.execution == "graph" {
+            s.push_str("-graph");
+        }
         s
     }
 
@@ -97,6 +103,9 @@ impl FamilyKey {
         if self.math != "ieee" {
             s.push(' ');
             s.push_str(&self.math);
+        }
+        if self.execution == "graph" {
+            s.push_str(" graph");
         }
         s
     }
