@@ -55,13 +55,15 @@ pub const F32_REL_BOUND: f64 = 2e-1;
 /// than this from f64, or non-finite, fails the row).
 pub const TF32_REL_BOUND: f64 = 1.0;
 
-/// Floor of a peer-derived f32 tolerance on blocks with ReLUs between GEMMs (mlp with
-/// activation): a pre-activation within f32 rounding of zero may land on the other side of the
-/// ReLU in one implementation and not in another, which changes a whole row of the next
-/// layer's input gradient. Measured: densebench `cat-store-copy` 3.4e-3 on the forum mlp L=32
-/// (1 thread) while PyTorch was 3.7e-7 on the same case; 1.1e-2 on a GPU at L=64. So the
-/// peer's own error says nothing about the luck of the row's implementation there; 2e-2 covers
-/// the flips measured with headroom and is far below a bug's O(1).
+/// Floor of a derived f32 tolerance on blocks with ReLUs between GEMMs (mlp with activation),
+/// both ways: a densebench row's from the peer's error ([`peer_derived_tolerance`]) and a peer
+/// row's from densebench's ([`peer_row_tolerance`]). A pre-activation within f32 rounding of
+/// zero may land on the other side of the ReLU in one implementation and not in another, which
+/// changes a whole row of the next layer's input gradient. Measured: densebench
+/// `cat-store-copy` 3.4e-3 on the forum mlp L=32 (1 thread) while PyTorch was 3.7e-7 on the
+/// same case; the reverse on the H100 and H200 (PyTorch 3.4e-3, densebench 5.1e-7); 1.1e-2 on
+/// a GPU at L=64. So one implementation's error says nothing about the other's luck there; 2e-2
+/// covers the flips measured with headroom and is far below a bug's O(1).
 pub const F32_RELU_FLIP_FLOOR: f64 = 2e-2;
 
 /// With a peer in the sweep, an f32 densebench row passes when its error is within this factor
