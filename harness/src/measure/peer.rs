@@ -94,6 +94,22 @@ fn python() -> std::ffi::OsString {
         .unwrap_or_else(|| "python3".into())
 }
 
+/// The interpreter that starts the peer and where it comes from, for messages:
+/// `DENSEBENCH_PYTHON=/bin/false`, or `python3 (the default; DENSEBENCH_PYTHON chooses another)`.
+pub fn interpreter() -> String {
+    match std::env::var_os(PYTHON_ENV).filter(|p| !p.is_empty()) {
+        Some(p) => format!("{PYTHON_ENV}={}", p.to_string_lossy()),
+        None => format!("python3 (the default; {PYTHON_ENV} chooses another)"),
+    }
+}
+
+/// The peer's command as run, `python3 /path/pytorch_peer.py`, for messages (the script as
+/// [`script`] finds it, or its path in the repository when it is not found).
+pub fn command_line() -> String {
+    let script = script().unwrap_or_else(|_| PathBuf::from(SCRIPT_IN_REPO));
+    format!("{} {}", python().to_string_lossy(), script.display())
+}
+
 /// The framework version the `--check` probe reported, once it ran in this process.
 static PROBED: OnceLock<String> = OnceLock::new();
 
@@ -123,27 +139,38 @@ pub fn check() -> std::result::Result<String, String> {
     };
     let mut cmd = python_command();
     cmd.arg(&script).arg("--check");
+    let py = python().to_string_lossy().into_owned();
+    let probe = format!("`{py} {} --check`", script.display());
+    let interpreter = interpreter();
     let ended = child::run(cmd, &s).map_err(|e| {
         format!(
-            "--peer pytorch: cannot start {} {}: {e:#}; is Python 3 installed? then {SETUP_HINT}",
-            python().to_string_lossy(),
-            script.display()
+            "--peer pytorch: cannot start the interpreter {py} ({interpreter}) to run \
+             {probe}: {e:#}; set {PYTHON_ENV} to a Python 3, then {SETUP_HINT}"
         )
     })?;
-    let why = child::last_line(&ended.stderr).unwrap_or_else(|| "no message".to_string());
     if ended.timed_out {
         return Err(format!(
-            "--peer pytorch: `{} --check` did not answer within {CHECK_TIMEOUT_SECS} s",
-            script.display()
+            "--peer pytorch: {probe} did not answer within {CHECK_TIMEOUT_SECS} s \
+             (interpreter {interpreter})"
         ));
     }
-    match ended.status.code() {
-        Some(0) => {}
-        Some(EXIT_NO_TORCH) => return Err(format!("--peer pytorch: {why}")),
-        _ => {
+    let why = child::last_line(&ended.stderr);
+    let ended_how = match ended.status.code() {
+        Some(c) => format!("exit status {c}"),
+        None => "killed by a signal".to_string(),
+    };
+    match (ended.status.code(), why) {
+        (Some(0), _) => {}
+        (Some(EXIT_NO_TORCH), Some(why)) => {
             return Err(format!(
-                "--peer pytorch: `{} --check` failed ({why}); {SETUP_HINT}",
-                script.display()
+                "--peer pytorch: {why} (interpreter {interpreter}, {probe})"
+            ))
+        }
+        (_, why) => {
+            return Err(format!(
+                "--peer pytorch: {probe} failed ({}, {ended_how}): is the interpreter \
+                 {interpreter} a Python 3? If it is, {SETUP_HINT}",
+                why.as_deref().unwrap_or("no message")
             ))
         }
     }
@@ -154,8 +181,15 @@ pub fn check() -> std::result::Result<String, String> {
         .find(|l| !l.trim().is_empty())
         .unwrap_or_default();
     let parsed: CheckLine = serde_json::from_str(line).map_err(|e| {
+        let printed = if line.is_empty() {
+            "printed nothing".to_string()
+        } else {
+            format!("printed `{}`", clip(line))
+        };
         format!(
-            "--peer pytorch: `{} --check` printed `{line}`, not its JSON line ({e})",
+            "--peer pytorch: {probe} exited 0 but {printed}, not the peer's JSON line ({e}): \
+             is the interpreter {interpreter} the Python that runs the peer, and {} the \
+             peer ({SCRIPT_ENV})?",
             script.display()
         )
     })?;
@@ -206,9 +240,23 @@ pub fn args(
     a
 }
 
+/// At most this many characters of what a peer printed go into a message or a row's `error`.
+pub const SHOWN_CHARS: usize = 200;
+
+/// `text`, cut to [`SHOWN_CHARS`] characters (`…` where cut).
+pub fn clip(text: &str) -> String {
+    match text.char_indices().nth(SHOWN_CHARS) {
+        Some((i, _)) => format!("{}…", &text[..i]),
+        None => text.to_string(),
+    }
+}
+
 /// Runs the peer's `variant` on `case` in its own child process, writing its RESULT to `out`.
 /// Exit 0 → `Ok` with its stdout; exit 4 → `oom`; killed at the time limit → `timeout`; any
-/// other end → as densebench's children (`error` with the peer's one line, `crashed`, …).
+/// other end → as densebench's children (`error` with the peer's one line, `crashed`, …), the
+/// `error` and `crashed` messages naming the peer's command ([`command_line`]). An interpreter
+/// that cannot be started at all is an `error` outcome too (the sweep goes on); only a stop
+/// (`interrupt::Interrupted`) or a missing peer program is an `Err`.
 pub fn run(
     variant: PeerVariant,
     cfg: &Config,
@@ -219,18 +267,23 @@ pub fn run(
     let script = script()?;
     let mut cmd = python_command();
     cmd.arg(&script).args(args(variant, cfg, s, case, out));
-    let e = child::run(cmd, s)?;
+    let named = |m: &str| format!("the peer `{}` ({}): {m}", command_line(), interpreter());
+    let e = match child::run(cmd, s) {
+        Ok(e) => e,
+        Err(e) if crate::measure::interrupt::interrupted(&e).is_some() => return Err(e),
+        Err(e) => return Ok(Outcome::Error(named(&format!("{e:#}")))),
+    };
     if !e.timed_out && e.status.code() == Some(EXIT_OOM) {
         let why = child::last_line(&e.stderr).unwrap_or_else(|| "out of memory".to_string());
         return Ok(Outcome::Oom(why));
     }
-    Ok(child::classify(
-        e.status,
-        e.timed_out,
-        s,
-        e.stdout,
-        &e.stderr,
-    ))
+    Ok(
+        match child::classify(e.status, e.timed_out, s, e.stdout, &e.stderr) {
+            Outcome::Error(m) => Outcome::Error(named(&clip(&m))),
+            Outcome::Crashed(m) => Outcome::Crashed(named(&clip(&m))),
+            other => other,
+        },
+    )
 }
 
 /// The peer's JSON line: the keys a row needs (harness/peer/README.md lists them all).
@@ -293,8 +346,13 @@ pub fn parse(stdout: &str) -> Result<PeerMeasurement> {
         .lines()
         .rev()
         .find(|l| !l.trim().is_empty())
-        .context("the peer printed no JSON line")?;
-    serde_json::from_str(line).with_context(|| format!("the peer's JSON line `{line}`"))
+        .context("the peer exited 0 but printed no JSON line")?;
+    serde_json::from_str(line).with_context(|| {
+        format!(
+            "the peer's JSON line `{}` is not its measurement",
+            clip(line)
+        )
+    })
 }
 
 /// The peer's RESULT file against a reference result file of the same config, both loaded on

@@ -32,7 +32,7 @@ use crate::measure::child::{self, Outcome};
 use crate::measure::interrupt;
 use crate::measure::step as measure;
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::{config_key, Peer, PeerVariant, Settings};
+use crate::plan::job::{config_key, Math, Peer, PeerVariant, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Variant};
 use std::collections::HashMap;
@@ -263,8 +263,14 @@ impl Cache {
     }
 
     fn peer_error_path(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> PathBuf {
+        self.error_path(cfg, s, v.name())
+    }
+
+    /// `<config key>.<who>.error.json`: the cached f32 error of `who` (a peer variant, or
+    /// densebench's naive variant) on the config's case.
+    fn error_path(&self, cfg: &Config, s: &Settings, who: &str) -> PathBuf {
         let key = format!("{}{}", config_key(cfg, s.device), s.math.key_suffix()).replace('/', "_");
-        self.dir.join(format!("{key}.{}.error.json", v.name()))
+        self.dir.join(format!("{key}.{who}.error.json"))
     }
 
     /// Remembers the relative error of a peer variant's result against this config's
@@ -278,23 +284,136 @@ impl Cache {
         reference: &str,
         max_rel_err: f64,
     ) -> Result<()> {
-        let path = self.peer_error_path(cfg, s, v);
-        let text = serde_json::to_string(&PeerError {
-            variant: v.name().to_string(),
-            reference: reference.to_string(),
-            max_rel_err,
-        })
-        .context("serialising a peer error")?;
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        std::fs::write(&tmp, text)
-            .and_then(|()| std::fs::rename(&tmp, &path))
-            .with_context(|| format!("writing {}", path.display()))
+        write_error(
+            &self.peer_error_path(cfg, s, v),
+            &PeerError {
+                variant: v.name().to_string(),
+                reference: reference.to_string(),
+                max_rel_err,
+            },
+        )
     }
 
     /// A recorded peer error on this config, if any.
     fn peer_error(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> Option<PeerError> {
-        let text = std::fs::read_to_string(self.peer_error_path(cfg, s, v)).ok()?;
-        serde_json::from_str(&text).ok()
+        read_error(&self.peer_error_path(cfg, s, v))
+    }
+
+    /// The f32 tolerance of a peer row of `cfg` and a note when it is not what the reader
+    /// expects ([`measure::peer_row_tolerance`]): derived from densebench's naive variant's
+    /// error on the same case against the same reference — cached beside it
+    /// (`<config key>.cat-store-copy.error.json`), else measured now (one step of the child, no
+    /// warm-up, `ieee` math) and cached. When it cannot be measured (out of memory, …), or for a
+    /// `tf32` peer row (its own step is in TF32, whose error alone is a bug's size:
+    /// [`measure::TF32_REL_BOUND`]), the documented bound, and the note says why. Never from a
+    /// peer row's own error.
+    pub fn peer_row_tolerance(
+        &self,
+        cfg: &Config,
+        s: &Settings,
+        reference: &Reference,
+    ) -> Result<(f64, String)> {
+        let documented = measure::documented_tolerance(cfg.dtype);
+        if cfg.dtype == measure::REFERENCE_DTYPE {
+            return Ok((documented, String::new()));
+        }
+        if s.math != Math::Ieee {
+            return Ok((
+                documented,
+                format!(
+                    "tolerance is the documented f32 bound: the peer's step ran in {} math",
+                    s.math.name()
+                ),
+            ));
+        }
+        let label = measure::reference_label(reference.variant);
+        let naive = Variant::NAIVE;
+        let path = self.error_path(cfg, s, naive.name().as_str());
+        let known = read_error(&path)
+            .filter(|e| e.reference == label)
+            .map(|e| e.max_rel_err);
+        let memo = format!("{}|densebench|{label}", config_key(cfg, s.device));
+        let failed_before = self
+            .peer_failures
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&memo).cloned());
+        let err = match (known, failed_before) {
+            (Some(e), _) => Ok(e),
+            (None, Some(why)) => Err(anyhow!("{why}")),
+            (None, None) => {
+                let measured = self.measure_dense_error(cfg, s, reference, &label, &path);
+                if let Err(e) = &measured {
+                    if interrupt::interrupted(e).is_none() {
+                        if let Ok(mut m) = self.peer_failures.lock() {
+                            m.insert(memo, format!("{e:#}"));
+                        }
+                    }
+                }
+                measured
+            }
+        };
+        match err {
+            Ok(e) if e.is_finite() => Ok((measure::peer_row_tolerance(cfg, e), String::new())),
+            Ok(e) => Ok((
+                documented,
+                format!(
+                    "tolerance is the documented f32 bound: densebench's {naive} error on this \
+                     case is {e}"
+                ),
+            )),
+            Err(e) if interrupt::interrupted(&e).is_some() => Err(e),
+            Err(e) => Ok((
+                documented,
+                format!(
+                    "tolerance is the documented f32 bound: densebench's {naive} error on this \
+                     case is unknown ({})",
+                    format!("{e:#}").replace(['\n', '\r'], " | ")
+                ),
+            )),
+        }
+    }
+
+    /// One unmeasured step of densebench's naive variant on the case in `ieee` math, checked
+    /// against `reference` by its own child; its relative error is cached at `path`.
+    fn measure_dense_error(
+        &self,
+        cfg: &Config,
+        s: &Settings,
+        reference: &Reference,
+        label: &str,
+        path: &Path,
+    ) -> Result<f64> {
+        let naive = Variant::NAIVE;
+        let one = Settings {
+            steps: 1,
+            warmup: 0,
+            math: Math::Ieee,
+            ..s.clone()
+        };
+        let mut args = child::flags(naive, cfg, &one);
+        args.extend([
+            "--reference".to_string(),
+            reference.path.display().to_string(),
+            "--reference-variant".to_string(),
+            reference.variant.name(),
+        ]);
+        let err = match child::spawn(&args, &one)? {
+            Outcome::Ok(stdout) => child::parse_measurement(&stdout)?
+                .errors
+                .map(|e| e.max_rel)
+                .with_context(|| format!("{naive}'s child reported no errors"))?,
+            o => return Err(anyhow!("{naive}: {}", outcome_message(&o))),
+        };
+        write_error(
+            path,
+            &PeerError {
+                variant: naive.name(),
+                reference: label.to_string(),
+                max_rel_err: err,
+            },
+        )?;
+        Ok(err)
     }
 
     /// The relative error `grad_ok` of a densebench row of `cfg` is judged against, and a note
@@ -346,7 +465,13 @@ impl Cache {
             }
         };
         match err {
-            Ok(e) => Ok((measure::peer_derived_tolerance(cfg, e), String::new())),
+            Ok(e) if e.is_finite() => Ok((measure::peer_derived_tolerance(cfg, e), String::new())),
+            Ok(e) => Ok((
+                documented,
+                format!(
+                    "tolerance is the documented f32 bound: {peer}'s own error on this case is {e}"
+                ),
+            )),
             Err(e) if interrupt::interrupted(&e).is_some() => Err(e),
             Err(e) => Ok((
                 documented,
@@ -419,12 +544,34 @@ impl Cache {
     }
 }
 
-/// A peer variant's relative error on a config's case against its reference.
+/// A variant's relative error on a config's case against its reference (a peer's, or
+/// densebench's naive one), cached as JSON; a NaN or infinite error is written as text
+/// ([`measure::nonfinite`]), so it reads back as what it was.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 struct PeerError {
     variant: String,
     reference: String,
+    #[serde(with = "measure::nonfinite")]
     max_rel_err: f64,
+}
+
+/// The cached error at `path`, if there is a readable one.
+fn read_error(path: &Path) -> Option<PeerError> {
+    let text = std::fs::read_to_string(path).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Caches `e` at `path` (written under a temporary name and renamed).
+fn write_error(path: &Path, e: &PeerError) -> Result<()> {
+    let text = serde_json::to_string(e).context("serialising a cached error")?;
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let written = std::fs::write(&tmp, text)
+        .and_then(|()| std::fs::rename(&tmp, path))
+        .with_context(|| format!("writing {}", path.display()));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
 }
 
 /// A failed child's outcome in a few words.

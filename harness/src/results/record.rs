@@ -203,9 +203,11 @@ pub const DOUBLE_UPDATE_NOTE: &str = "torchvision's memory_efficient=True update
 
 /// A peer row: the case file written (once per config, in the reference cache), the peer run
 /// in its own child on it, its JSON line copied into the row and its RESULT compared with the
-/// config's f64 reference. Peer rows are judged against the documented bound
-/// ([`measure::documented_tolerance`]); the naive peer's error is recorded for the config's
-/// densebench rows ([`Cache::tolerance`]).
+/// config's f64 reference. Peer rows are judged against a tolerance derived from densebench's
+/// own f32 error on the case ([`Cache::peer_row_tolerance`]); the naive peer's error is
+/// recorded for the config's densebench rows ([`Cache::tolerance`]). A peer that exits 0 but
+/// prints garbage or writes a malformed or no RESULT gives an `error` row naming the peer's
+/// command and the file; the sweep goes on.
 fn measure_peer_row(
     variant: PeerVariant,
     cfg: &Config,
@@ -229,11 +231,27 @@ fn measure_peer_row(
         row.status = outcome.status().to_string();
         row.error = match &outcome {
             Outcome::Ok(stdout) => {
-                fill_peer(&mut row, stdout)?;
-                if let Ok(r) = &reference {
-                    judge_peer(&mut row, variant, cfg, s, refs, r, &out)?;
+                // What the peer printed and wrote is its own: garbage or a malformed RESULT is
+                // this row's `error`, naming the peer and the file, and the sweep goes on.
+                let judged = fill_peer(&mut row, stdout).and_then(|()| match &reference {
+                    Ok(r) => judge_peer(&mut row, variant, cfg, s, refs, r, &out),
+                    Err(_) => Ok(()),
+                });
+                match judged {
+                    Ok(()) => checked_message(&mut row, reference.as_ref().map(|_| ())),
+                    Err(e) if crate::measure::interrupt::interrupted(&e).is_some() => {
+                        return Err(e)
+                    }
+                    Err(e) => {
+                        row.status = "error".to_string();
+                        row.grad_ok = None;
+                        format!(
+                            "the peer `{}` ({}) exited 0, but: {e:#}",
+                            peer::command_line(),
+                            peer::interpreter()
+                        )
+                    }
                 }
-                checked_message(&mut row, reference.as_ref().map(|_| ()))
             }
             other => failure_message(other),
         };
@@ -302,15 +320,15 @@ fn judge_peer(
 ) -> Result<()> {
     let c = peer::compare(cfg, &refs.case(cfg, s)?, out, &reference.path)?;
     let label = measure::reference_label(reference.variant);
-    let e = measure::Errors::from_comparison(
-        &c,
-        label.clone(),
-        measure::documented_tolerance(cfg.dtype),
-    );
+    let (tolerance, note) = refs.peer_row_tolerance(cfg, s, reference)?;
+    let e = measure::Errors::from_comparison(&c, label.clone(), tolerance);
     if variant == PeerVariant::Naive && e.max_rel.is_finite() {
         refs.record_peer_error(cfg, s, variant, &label, e.max_rel)?;
     }
     fill_errors(row, e);
+    if !note.is_empty() {
+        add_note(row, note);
+    }
     Ok(())
 }
 
