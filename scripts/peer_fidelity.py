@@ -169,7 +169,12 @@ def peer_harness(a, job, case: str, out: str) -> dict:
            "--out", out]
     if job["family"] == "mlp":
         cmd += ["--activation", job["activation"]]
-    return run_json(cmd)
+    # The environment the harness gives every child (harness/src/measure/child.rs `run`):
+    # its malloc tunables, whatever --plain says (that flag is about the bare loops).
+    env = dict(os.environ)
+    own = os.environ.get("GLIBC_TUNABLES", "")
+    env["GLIBC_TUNABLES"] = HARNESS_GLIBC_TUNABLES + (f":{own}" if own else "")
+    return run_json(cmd, env=env)
 
 
 def peer_bare(a, job, case: str) -> dict:
