@@ -276,3 +276,90 @@ fn a_variant_named_twice_is_refused() {
         "{log}"
     );
 }
+
+/// The issue's block: mlp N=4, C0=4, k=2, L=100000 has 2·10^10 parameters (80 GB in f32).
+const HUGE_MLP: &[&str] = &[
+    "--family",
+    "mlp",
+    "--batch",
+    "4",
+    "--growth",
+    "2",
+    "--channels",
+    "4",
+    "--depth",
+    "100000",
+];
+
+/// `run` passed validation and grew silently to 16 GB before it was stopped: the config's least
+/// footprint (parameters, input, output and their gradients: 160012800256 bytes) is compared
+/// with the memory limit before any child starts (no reference cache is even made).
+#[test]
+fn a_run_too_large_for_the_memory_limit_is_refused_before_any_child() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("cache");
+    let mut args = vec!["run", "--variant", "buffer-store-copy"];
+    args.extend(HUGE_MLP);
+    args.extend(["--mem-limit", "16GiB", "--cache-dir", path_str(&cache)]);
+    let (code, log) = run(&args);
+    assert_eq!(code, Some(2), "{log}");
+    assert!(
+        log.contains("L=100000")
+            && log.contains("needs at least 160012800256 bytes")
+            && log.contains("17179869184 bytes"),
+        "{log}"
+    );
+    assert_eq!(log.trim().lines().count(), 1, "one line:\n{log}");
+    assert!(!cache.exists(), "nothing ran: {log}");
+}
+
+/// `case` of a block beyond any machine aborted on allocation with a backtrace; it is refused
+/// with the number (L=500000: 2·10^12 bytes, more than 75% of any test machine's RAM).
+#[test]
+fn a_case_too_large_for_the_machine_is_refused_with_the_number() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("case.safetensors");
+    let mut args = vec!["case", "--out", path_str(&out)];
+    args.extend(HUGE_MLP);
+    let depth = args.iter().position(|a| *a == "100000").expect("depth");
+    args[depth] = "500000";
+    let o = std::process::Command::new(common::bin())
+        .args(&args)
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("densebench runs");
+    let log = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{log}");
+    assert!(
+        log.contains("needs at least") && log.contains("75% of this machine's RAM"),
+        "{log}"
+    );
+    assert!(!log.contains("backtrace") && !out.exists(), "{log}");
+}
+
+/// An allocation the system refuses (here a 2 GB address-space limit under a 3.2 GB case) ends
+/// the process with Rust's one line and status 1 — no SIGABRT, no backtrace under
+/// `RUST_BACKTRACE=1` (what a child's `oom` row is read from, too).
+#[test]
+fn an_allocation_failure_is_one_line_without_a_backtrace() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("case.safetensors");
+    let script = format!(
+        "ulimit -v 2000000 && exec '{}' case --family mlp --batch 4 --growth 2 --channels 4 \
+         --depth 20000 --out '{}'",
+        common::bin().display(),
+        out.display()
+    );
+    let o = std::process::Command::new("sh")
+        .args(["-c", &script])
+        .env("RUST_BACKTRACE", "1")
+        .output()
+        .expect("sh runs");
+    let log = stderr(&o);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("memory allocation of ") && log.contains(" bytes failed"),
+        "{log}"
+    );
+    assert!(!log.contains("backtrace") && !out.exists(), "{log}");
+}
