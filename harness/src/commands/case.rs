@@ -3,8 +3,9 @@
 //! PyTorch `state_dict` names, so another framework (the PyTorch peer,
 //! `harness/peer/pytorch_peer.py`) or `densebench step` can run the same step.
 
+use crate::measure::estimates;
 use crate::plan::bounds::ResultExt;
-use crate::plan::job::ConfigArgs;
+use crate::plan::job::{self, ConfigArgs};
 use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
 use crate::results::store::write_atomic;
 use anyhow::{anyhow, Result};
@@ -35,6 +36,15 @@ pub fn run(a: Args) -> Result<ExitCode> {
         recognise: is_safetensors,
     };
     refuse_foreign(&a.out, "--out", &kind, a.force)?;
+    // The case is half of a step's least footprint (its tensors, not yet their gradients).
+    estimates::check_fits(
+        &cfg,
+        estimates::min_step_bytes(&cfg) / 2,
+        estimates::CASE_BYTES,
+        job::default_mem_limit(),
+        "75% of this machine's RAM",
+    )
+    .bad_input()?;
     let case = Case::random(&cfg, &Device::Cpu)
         .map_err(|e| anyhow!("building the case of {}: {e}", cfg.describe()))?;
     write_atomic(&a.out, |tmp| {

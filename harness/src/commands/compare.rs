@@ -4,7 +4,8 @@
 //! when the two files come from different devices.
 //!
 //! Exit status: 0 no regression beyond the threshold (or no threshold given); 1 a metric worse
-//! than BASE by more than PCT%, a row ok in BASE that is not in NEW (another status, gradients
+//! than BASE by more than PCT%, a metric NaN or infinite on either side (with or without a
+//! threshold), a row ok in BASE that is not in NEW (another status, gradients
 //! out of tolerance or unchecked: with or without a threshold), or rows of BASE missing from NEW
 //! (unless `--allow-missing`); 2 a file could not be read, is not a result CSV of this schema,
 //! or has a row whose key disagrees with its fields, no row of NEW matches one of BASE (nothing
@@ -27,7 +28,8 @@ pub const EXIT_BAD_INPUT: u8 = 2;
 #[derive(clap::Args, Debug, Clone)]
 #[command(
     after_help = "Exit status: 0 no regression beyond --max-regression (or none given); 1 a \
-                  metric worse than BASE by more than --max-regression PCT%, a row ok in BASE \
+                  metric worse than BASE by more than --max-regression PCT%, a metric NaN or \
+                  infinite on either side (with or without --max-regression), a row ok in BASE \
                   that failed in NEW (another status, or gradients out of tolerance or \
                   unchecked: judged with or without --max-regression), or rows of BASE \
                   missing from NEW without --allow-missing; 2 an input could not be read, has \

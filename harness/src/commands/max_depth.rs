@@ -11,7 +11,7 @@ use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::replace::{csv_header, refuse_foreign, Kind};
 use crate::results::row::csv_columns;
 use crate::results::store::write_bytes_atomic;
-use anyhow::{anyhow, Context, Result};
+use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
 use std::io::Write;
 use std::path::PathBuf;
@@ -168,6 +168,22 @@ fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
             })
             .collect::<Result<_>>()?
     };
+    // A variant named twice would be searched and written twice (and its naive ratio twice).
+    if let Some((i, v)) = variants
+        .iter()
+        .enumerate()
+        .find(|(i, v)| variants[..*i].contains(v))
+    {
+        bail!(
+            "--variants: `{}` is named twice (as `{}` and `{}`): name each variant once",
+            v.name(),
+            a.variants
+                .iter()
+                .find(|n| Variant::parse(n).ok() == Some(*v))
+                .map_or("", |n| n.as_str()),
+            a.variants.get(i).map_or("", |n| n.as_str())
+        );
+    }
     Ok((cfg, variants))
 }
 

@@ -4,6 +4,7 @@
 //! SIGTERM, SIGINT or SIGHUP stopped it (the child is killed, no row is printed).
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::measure::estimates;
 use crate::measure::interrupt;
 use crate::measure::reference::{self, Cache};
 use crate::plan::bounds::{self, ResultExt};
@@ -124,6 +125,18 @@ pub fn run(a: Args) -> Result<ExitCode> {
         mem_limit: a.mem_limit.or_else(job::default_mem_limit),
         timeout: Duration::from_secs(a.timeout),
     };
+    // What cannot fit is refused before any child starts or anything big is allocated (on a GPU
+    // the step's tensors are the device's, not under the host limit).
+    if device == DeviceSpec::Cpu {
+        estimates::check_fits(
+            &cfg,
+            estimates::min_step_bytes(&cfg),
+            estimates::STEP_BYTES,
+            s.mem_limit,
+            "the memory limit (--mem-limit, default 75% of RAM)",
+        )
+        .bad_input()?;
+    }
     // A cache that cannot be made or written is bad input (exit 2), as for bench-all.
     let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?).bad_input()?;
     let mut on_retry = |failed: &Row, n: usize| {

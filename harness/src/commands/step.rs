@@ -4,6 +4,7 @@
 //! a block saved from PyTorch can be run here and its gradients compared there.
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
+use crate::measure::estimates;
 use crate::plan::bounds::ResultExt;
 use crate::plan::job::{self, OnOff};
 use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
@@ -83,6 +84,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .check(&case.cfg)
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;
+    // The case fit (checked from its header); the step's gradients must fit beside it.
+    if spec == DeviceSpec::Cpu {
+        estimates::check_fits(
+            &case.cfg,
+            estimates::min_step_bytes(&case.cfg),
+            estimates::STEP_BYTES,
+            limit,
+            "the memory limit (--mem-limit, default 75% of RAM)",
+        )
+        .bad_input()?;
+    }
     let step = || {
         impls::step(
             variant,

@@ -3,9 +3,13 @@
 //! The `densebench` binary installs [`Counting`] as its `#[global_allocator]`, so every heap
 //! allocation of the process (candle's CPU tensors included) passes through three atomics:
 //! [`current`] live bytes, their [`peak`] since the last [`reset_peak`], and a byte limit set by
-//! [`set_limit`]. An allocation that would take the live bytes above the limit returns null, so
-//! Rust aborts the process with "memory allocation of N bytes failed"; the parent process
-//! classifies that abort as `oom` (see [`crate::measure::child`]).
+//! [`set_limit`]. An allocation that would take the live bytes above the limit, or that the
+//! system refuses, ends the process at once (`out_of_memory`): one line "memory allocation of
+//! N bytes failed" and exit status [`EXIT_OUT_OF_MEMORY`], where returning null would make Rust
+//! abort with SIGABRT and, under `RUST_BACKTRACE`, a backtrace. The parent process classifies
+//! that line as `oom` (see [`crate::measure::child`]); a command the user ran says it in one
+//! line. (Nothing in densebench or its dependencies uses fallible allocation, `try_reserve`,
+//! which a null would serve.)
 //!
 //! The first refused allocation also writes one line to stderr ([`REFUSAL_PREFIX`], written
 //! with `write(2)` from a stack buffer: nothing is allocated inside the allocator) saying how
@@ -17,7 +21,6 @@
 //! counters stay at zero and [`installed`] says so.
 
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::ptr::null_mut;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 
 static CURRENT: AtomicUsize = AtomicUsize::new(0);
@@ -45,7 +48,7 @@ impl Default for Counting {
 /// [`crate::measure::child::refusal`].
 pub const REFUSAL_PREFIX: &str = "densebench: memory limit:";
 
-/// Whether a refusal has been said (only the first is: the process aborts on it).
+/// Whether a refusal has been said (only the first is: the process ends on it).
 static REFUSAL_SAID: AtomicBool = AtomicBool::new(false);
 
 /// A line in a stack buffer (the allocator must not allocate to report).
@@ -88,6 +91,32 @@ fn say_refusal(size: usize, live: usize, limit: usize) {
     }
 }
 
+/// Exit status of a process that ran out of memory (`out_of_memory`).
+pub const EXIT_OUT_OF_MEMORY: i32 = 1;
+
+/// Ends the process on an allocation of `size` bytes that cannot be served: writes
+/// "memory allocation of N bytes failed" (what Rust's own handler says, and what
+/// [`crate::measure::child`] reads as `oom`) to stderr with `write(2)` and exits with
+/// [`EXIT_OUT_OF_MEMORY`], without unwinding, allocating or a backtrace.
+#[cold]
+#[inline(never)]
+fn out_of_memory(size: usize, why: &str) -> ! {
+    let mut line = LineBuf {
+        bytes: [0; 192],
+        len: 0,
+    };
+    let said = std::fmt::Write::write_fmt(
+        &mut line,
+        format_args!("memory allocation of {size} bytes failed{why}\n"),
+    );
+    if said.is_ok() {
+        // SAFETY: writes `len` initialised bytes of a live stack buffer to fd 2.
+        let _ = unsafe { libc::write(2, line.bytes.as_ptr().cast(), line.len) };
+    }
+    // SAFETY: `_exit` ends the process without running anything that could allocate.
+    unsafe { libc::_exit(EXIT_OUT_OF_MEMORY) }
+}
+
 /// Adds `size` live bytes unless that would pass the limit; updates the peak.
 #[inline]
 fn reserve(size: usize) -> bool {
@@ -111,27 +140,31 @@ fn release(size: usize) {
     CURRENT.fetch_sub(size, Relaxed);
 }
 
+/// What [`out_of_memory`] adds when the system allocator, not the limit, refused.
+const SYSTEM_REFUSED: &str = " (the system has no more memory for this process)";
+
 // SAFETY: every method forwards to `System` with the caller's arguments unchanged; the
-// counters are only bookkeeping, and a refused allocation returns null as the trait allows.
+// counters are only bookkeeping, and an allocation that cannot be served ends the process
+// (`out_of_memory`) instead of returning null.
 unsafe impl GlobalAlloc for Counting {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         if !reserve(layout.size()) {
-            return null_mut();
+            out_of_memory(layout.size(), "");
         }
         let p = System.alloc(layout);
         if p.is_null() {
-            release(layout.size());
+            out_of_memory(layout.size(), SYSTEM_REFUSED);
         }
         p
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         if !reserve(layout.size()) {
-            return null_mut();
+            out_of_memory(layout.size(), "");
         }
         let p = System.alloc_zeroed(layout);
         if p.is_null() {
-            release(layout.size());
+            out_of_memory(layout.size(), SYSTEM_REFUSED);
         }
         p
     }
@@ -145,11 +178,11 @@ unsafe impl GlobalAlloc for Counting {
         let old = layout.size();
         if new_size > old {
             if !reserve(new_size - old) {
-                return null_mut();
+                out_of_memory(new_size, "");
             }
             let p = System.realloc(ptr, layout, new_size);
             if p.is_null() {
-                release(new_size - old);
+                out_of_memory(new_size, SYSTEM_REFUSED);
             }
             p
         } else {

@@ -124,6 +124,62 @@ pub fn static_bytes(cfg: &Config) -> u64 {
     (elems * cfg.dtype_size()) as u64
 }
 
+/// The fewest bytes any variant holds during one training step of `cfg`, by closed count
+/// without building anything: the case (parameters and BN buffers, input, upstream gradient,
+/// [`static_bytes`]) plus the step's results, all alive at its end (output, input gradient, a
+/// gradient per parameter, the updated running stats). The parameters and BN buffers are
+/// counted layer by layer ([`impls::params::layer_specs`]), so a block of 10^5 layers costs
+/// milliseconds. A lower bound of every variant's footprint (activations saved for backward
+/// come on top), in u128 so that no config overflows it.
+pub fn min_step_bytes(cfg: &Config) -> u128 {
+    let per_layer: u128 = (0..cfg.depth)
+        .map(|i| {
+            impls::params::layer_specs(cfg, i)
+                .iter()
+                .map(|s| s.shape.iter().map(|&d| d as u128).product::<u128>())
+                .sum::<u128>()
+        })
+        .sum();
+    let elems = |shape: Vec<usize>| shape.iter().map(|&d| d as u128).product::<u128>();
+    let (input, output) = (elems(cfg.input_shape()), elems(cfg.output_shape()));
+    // case: tensors + input + upstream gradient; results: the same tensors' gradients and
+    // updated stats + input gradient + output.
+    2 * (per_layer + input + output) * cfg.dtype_size() as u128
+}
+
+/// Refuses a config whose `needed` bytes (what it must hold at least, `what`: [`min_step_bytes`]
+/// for a step, half of it for a case) exceed the memory `limit` (`limit_name` says where it came
+/// from), before anything is allocated or any child starts: one line with the numbers, instead
+/// of a child that grows for minutes or aborts. `None`: no limit known, nothing to check.
+pub fn check_fits(
+    cfg: &Config,
+    needed: u128,
+    what: &str,
+    limit: Option<u64>,
+    limit_name: &str,
+) -> anyhow::Result<()> {
+    let Some(limit) = limit else {
+        return Ok(());
+    };
+    if needed > u128::from(limit) {
+        let human =
+            |b: u128| crate::progress::human_bytes(Some(u64::try_from(b).unwrap_or(u64::MAX)));
+        anyhow::bail!(
+            "{} needs at least {needed} bytes ({}: {what}), more than {limit_name}, {limit} \
+             bytes ({}): lower --depth, --batch or the sizes, or raise the limit",
+            cfg.describe(),
+            human(needed),
+            human(u128::from(limit))
+        );
+    }
+    Ok(())
+}
+
+/// What [`min_step_bytes`] counts, for [`check_fits`]'s message.
+pub const STEP_BYTES: &str = "parameters, input and output, and their gradients";
+/// What half of [`min_step_bytes`] counts (a case file's tensors), for [`check_fits`].
+pub const CASE_BYTES: &str = "parameters and BN buffers, input and upstream gradient";
+
 /// Allocator headroom of a measured run above the budget: room for the process's runtime
 /// overhead, so that a step that fits is never cut short (a quarter of the budget, at least
 /// 64 MiB).

@@ -163,7 +163,8 @@ impl MatchKey {
 pub enum Verdict {
     /// Within the threshold (or no threshold).
     Same,
-    /// Worse by more than the threshold.
+    /// Worse by more than the threshold; also any NaN or infinite value on either side (not a
+    /// measurement: never "no regression" or an improvement), with or without a threshold.
     Regression,
     /// Better by more than the threshold.
     Improvement,
@@ -183,11 +184,19 @@ pub struct Line {
 }
 
 impl Line {
+    /// Whether a side's value is NaN or infinite: no measurement, a regression whatever the
+    /// threshold.
+    pub fn non_finite(&self) -> bool {
+        [self.base, self.new]
+            .iter()
+            .any(|v| v.is_some_and(|v| !v.is_finite()))
+    }
+
     /// NEW / BASE; `None` where a side has no measurement (verdict `missing`: a 0-ns time is
-    /// none), never a 0 that reads as infinitely better.
+    /// none) or a NaN or infinite value, never a 0 that reads as infinitely better.
     pub fn ratio(&self) -> Option<f64> {
         match (self.base, self.new) {
-            _ if self.verdict == Verdict::Missing => None,
+            _ if self.verdict == Verdict::Missing || self.non_finite() => None,
             (Some(b), Some(n)) if b > 0.0 => Some(n / b),
             _ => None,
         }
@@ -259,11 +268,19 @@ pub struct Comparison {
 }
 
 impl Comparison {
+    /// Metrics worse than BASE beyond the threshold (NaN or infinite values are counted by
+    /// [`Comparison::non_finite`]).
     pub fn regressions(&self) -> usize {
         self.lines
             .iter()
-            .filter(|l| l.verdict == Verdict::Regression)
+            .filter(|l| l.verdict == Verdict::Regression && !l.non_finite())
             .count()
+    }
+
+    /// Metrics with a NaN or infinite value on either side: regressions with or without a
+    /// threshold (a broken measurement, never "no regression" or an improvement).
+    pub fn non_finite(&self) -> usize {
+        self.lines.iter().filter(|l| l.non_finite()).count()
     }
 
     /// Metrics a threshold cannot judge because NEW lost them: BASE has a measurement (for a
@@ -284,6 +301,12 @@ impl Comparison {
     /// comparison that matched no row is refused before it is judged: [`nothing_matched`].)
     pub fn failures(&self, gate: Gate) -> Vec<String> {
         let mut why = Vec::new();
+        if self.non_finite() > 0 {
+            why.push(format!(
+                "{} metric value(s) NaN or infinite (listed as REGRESSION: no measurement)",
+                self.non_finite()
+            ));
+        }
         if let Some(p) = gate.max_regression {
             if self.regressions() > 0 {
                 why.push(format!(
@@ -448,7 +471,20 @@ pub fn compare_rows(
         }
         for &m in metrics {
             let (bv, nv) = (m.value(b), m.value(n));
+            let not_finite = |v: Option<f64>| v.filter(|v| !v.is_finite());
+            for (side, v) in [("BASE", not_finite(bv)), ("NEW", not_finite(nv))] {
+                if let Some(v) = v {
+                    c.warnings.push(format!(
+                        "{side} {} of {} L={} {} is {v}: not a measurement, judged a regression",
+                        m.name(),
+                        k.label(b),
+                        k.depth,
+                        k.variant
+                    ));
+                }
+            }
             let verdict = match (bv, nv, limit) {
+                _ if not_finite(bv).is_some() || not_finite(nv).is_some() => Verdict::Regression,
                 (Some(bv), Some(nv), _) if m.zero_is_unmeasured() && (bv <= 0.0 || nv <= 0.0) => {
                     Verdict::Missing
                 }
@@ -739,6 +775,10 @@ pub fn summary(c: &Comparison, gate: Gate) -> String {
     if !failures.is_empty() {
         let note = match gate.max_regression {
             Some(_) => String::new(),
+            // NaN and infinite values fail without a threshold: the rest were not judged.
+            None if c.non_finite() > 0 => {
+                "; no --max-regression given: finite metrics not judged".to_string()
+            }
             None => format!("; {unjudged}"),
         };
         return format!(

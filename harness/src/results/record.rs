@@ -12,7 +12,7 @@ use crate::measure::peer;
 use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
 use crate::plan::job::{git_rev, job_key, Math, Peer, PeerVariant, Settings, Target, VERSION};
-use crate::results::row::{Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION};
+use crate::results::row::{Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION, TF32_OWN_ERROR};
 use anyhow::{bail, Result};
 use impls::{Config, Variant};
 
@@ -466,8 +466,7 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<String>> {
         let e: f64 = e.parse().unwrap_or(f64::NAN);
         let sane = e <= measure::TF32_REL_BOUND; // false for NaN
         let tf32 = format!(
-            "gradients checked on an ieee step of the same code; the tf32 step's own error \
-             against f64 is {e:.2e}{}",
+            "gradients checked on an ieee step of the same code; {TF32_OWN_ERROR}{e:.2e}{}",
             if sane {
                 String::new()
             } else {

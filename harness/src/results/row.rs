@@ -449,6 +449,138 @@ pub fn is_result_header(headers: &[String]) -> bool {
         || (headers.iter().any(|c| c == "schema") && headers.iter().any(|c| c == "key"))
 }
 
+/// What the tf32 rows' `note` says of the tf32 step's own error (`results::record` writes it,
+/// followed by the error as `1.36e-1`, `NaN` or `inf`).
+pub const TF32_OWN_ERROR: &str = "the tf32 step's own error against f64 is ";
+
+/// The largest `tolerance` the documented rule gives a row of `dtype` (results/README.md,
+/// "Tolerance"): [`F64_REL_TOLERANCE`](crate::measure::step::F64_REL_TOLERANCE) for f64,
+/// [`F32_REL_BOUND`](crate::measure::step::F32_REL_BOUND) for f32 in either math (a tf32 row
+/// is checked on an ieee step against the f32 tolerance). A peer-derived tolerance is at most
+/// this, never above.
+pub fn tolerance_cap(dtype: &str) -> std::result::Result<f64, String> {
+    impls::config::parse_dtype(dtype)
+        .map(crate::measure::step::documented_tolerance)
+        .map_err(|e| e.to_string())
+}
+
+/// The tf32 step's own error from a tf32 row's `note`, `None` when the note does not give it.
+fn tf32_own_error(note: &str) -> Option<f64> {
+    let rest = note.split(TF32_OWN_ERROR).nth(1)?;
+    let end = rest.find([',', ';', ' ']).unwrap_or(rest.len());
+    rest[..end].parse().ok()
+}
+
+/// The verdict of a row, recomputed from its own errors and the documented tolerance rule,
+/// never taken from its `grad_ok` cell: a file's claim that a row passed is not evidence.
+///
+/// - `tolerance` must be finite, ≥ 0 and at most [`tolerance_cap`] of the row's dtype (a
+///   peer-derived tolerance is below the cap, so a smaller one is accepted as it is);
+/// - `grad_ok` becomes `max_rel_err ≤ tolerance` (the cap where the tolerance is empty: schema-1
+///   rows), false when any error column is NaN or infinite, and false for a tf32 row whose note
+///   puts the tf32 step past [`TF32_REL_BOUND`](crate::measure::step::TF32_REL_BOUND);
+/// - a stored `false` stands (the writer fails rows for reasons beyond `max_rel_err`, e.g. that
+///   TF32 bound): reading never turns a failed row into a passed one;
+/// - a stored `true` that the numbers contradict (`max_rel_err` empty, or finite and above the
+///   tolerance) is refused: an edited row.
+///
+/// Errors are (column, why), for the caller to place at the file's line.
+fn judge(row: &mut Row) -> std::result::Result<(), (&'static str, String)> {
+    let cap = tolerance_cap(&row.dtype).map_err(|e| ("dtype", e))?;
+    if let Some(t) = row.tolerance {
+        if !(t.is_finite() && (0.0..=cap).contains(&t)) {
+            return Err((
+                "tolerance",
+                format!(
+                    "{t:e} is not a tolerance of a {} row: the documented rule gives a finite \
+                     value between 0 and {cap:e} (results/README.md, \"Tolerance\"; an edited \
+                     row?)",
+                    row.dtype
+                ),
+            ));
+        }
+    }
+    let Some(err) = row.max_rel_err else {
+        if row.grad_ok == Some(true) {
+            return Err((
+                "grad_ok",
+                "`true`, but max_rel_err is empty: no check gives that verdict (an edited \
+                 row?)"
+                    .to_string(),
+            ));
+        }
+        return Ok(());
+    };
+    let tol = row.tolerance.unwrap_or(cap);
+    // A NaN or infinite error is no claim to refuse: it makes the verdict false below (as
+    // results/README.md says of every reader).
+    if row.grad_ok == Some(true) && err.is_finite() && err > tol {
+        return Err((
+            "grad_ok",
+            format!(
+                "`true`, but its max_rel_err {err:e} is above its tolerance {tol:e} (grad_ok \
+                 is max_rel_err ≤ tolerance: an edited row?)"
+            ),
+        ));
+    }
+    let tf32_sane = row.math != "tf32"
+        || tf32_own_error(&row.note).is_none_or(|e| e <= crate::measure::step::TF32_REL_BOUND);
+    let within = err <= tol && !row.has_non_finite_error() && tf32_sane;
+    row.grad_ok = Some(within && row.grad_ok != Some(false));
+    Ok(())
+}
+
+/// Rows that repeat a measurement, for every reader of several rows at once (`report`,
+/// `plots`; `compare` does the same by its own pairing key): the same `key` on the same machine
+/// (`device_desc`), within a file or across files. The **last** row of each is kept, in the
+/// place of the first, and the repeated keys are returned for the caller's warning. Rows of one
+/// key from different machines (an H100's and an H200's `cuda:0`) are different measurements
+/// and all kept. Counting one measurement twice would skew every count and mean.
+pub fn last_of_each_key(rows: Vec<Row>) -> (Vec<Row>, Vec<String>) {
+    let mut at: std::collections::HashMap<(String, String), usize> =
+        std::collections::HashMap::new();
+    let mut kept: Vec<Row> = Vec::with_capacity(rows.len());
+    let mut repeated = Vec::new();
+    for r in rows {
+        let id = (r.key.clone(), r.device_desc.clone());
+        match at.get(&id) {
+            Some(&i) => {
+                repeated.push(r.key.clone());
+                kept[i] = r;
+            }
+            None => {
+                at.insert(id, kept.len());
+                kept.push(r);
+            }
+        }
+    }
+    (kept, repeated)
+}
+
+/// The warning for [`last_of_each_key`]'s repeated keys (the first three named), `None` when
+/// there are none.
+pub fn repeated_keys_warning(repeated: &[String]) -> Option<String> {
+    if repeated.is_empty() {
+        return None;
+    }
+    let mut seen = std::collections::HashSet::new();
+    let names: Vec<&str> = repeated
+        .iter()
+        .map(String::as_str)
+        .filter(|k| seen.insert(*k))
+        .collect();
+    let more = match names.len().saturating_sub(3) {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Some(format!(
+        "{} row(s) repeat the key of an earlier row of the same machine ({}{more}): the last \
+         row of each is used, each measurement counted once",
+        repeated.len(),
+        names[..names.len().min(3)].join(", ")
+    ))
+}
+
 /// Reads a result CSV and checks it (`read_rows_unmarked`); every error is the user's input
 /// (exit status 2).
 pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
@@ -457,9 +589,9 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
 
 /// Reads a result CSV and checks it: the header against the schema (missing or extra columns
 /// are named), every row's `schema` against this densebench's, every row's `key` against its own
-/// fields, every `grad_ok` true against its `max_rel_err` and `tolerance`. A NaN in any
-/// gradient error makes the row's `grad_ok` false. Errors name the file,
-/// the line and the column.
+/// fields, and every verdict recomputed ([`judge`]: `tolerance` within the documented rule,
+/// `grad_ok` from `max_rel_err`; a NaN in any gradient error makes it false). Errors name the
+/// file, the line and the column.
 fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
     let mut rdr = csv::Reader::from_path(path)
         .with_context(|| format!("opening result CSV {}", path.display()))?;
@@ -559,19 +691,9 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
                 row.key
             );
         }
-        if let (Some(true), Some(err), Some(tol)) = (row.grad_ok, row.max_rel_err, row.tolerance) {
-            if err > tol {
-                bail!(
-                    "{} line {line}, column `grad_ok`: `true`, but its max_rel_err {err:e} is \
-                     above its tolerance {tol:e} (grad_ok is max_rel_err ≤ tolerance: an edited \
-                     row?)",
-                    path.display()
-                );
-            }
-        }
-        if row.has_non_finite_error() {
-            row.grad_ok = Some(false);
-        }
+        judge(&mut row).map_err(|(column, why)| {
+            anyhow!("{} line {line}, column `{column}`: {why}", path.display())
+        })?;
         rows.push(row);
     }
     Ok(rows)

@@ -267,7 +267,9 @@ pub fn refuse_input_as_output(output: &Path, flag: &str, inputs: &[&Path]) -> Re
 
 /// [`row::read_rows`] of each CSV, their rows one file after the other (`plots` and `report` of a
 /// CPU and a GPU reference together). A CSV named twice (through any path or link) is refused:
-/// its rows would count twice.
+/// its rows would count twice. Rows that repeat a key on the same machine (within a file or
+/// across files) are warned about and counted once, the last of each kept
+/// ([`row::last_of_each_key`]).
 pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (i, p) in paths.iter().enumerate() {
@@ -278,6 +280,10 @@ pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
             )));
         }
         rows.extend(row::read_rows(p)?);
+    }
+    let (rows, repeated) = row::last_of_each_key(rows);
+    if let Some(w) = row::repeated_keys_warning(&repeated) {
+        crate::say!("warning: {w}");
     }
     Ok(rows)
 }
