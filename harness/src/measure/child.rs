@@ -5,8 +5,9 @@
 //! Protocol: the child prints one JSON [`Measurement`] as the last line of its stdout and exits
 //! 0. Anything else is a failure, named by what ended the child:
 //! - killed by us at the time limit → `timeout`;
-//! - aborted with Rust's "memory allocation of N bytes failed" (the counting allocator refused
-//!   to pass the memory limit) → `oom`, the only case where the memory limit is the evident
+//! - ended with the one line "memory allocation of N bytes failed" (the counting allocator
+//!   refused to pass the memory limit, or the system had no more, and exited with status 1:
+//!   no abort, no backtrace) → `oom`, the only case where the memory limit is the evident
 //!   cause; after the child said its measured steps were done
 //!   ([`measure::CHECK_MARKER`]), the gradient check's → `error` (the step fit);
 //! - killed by a crash signal ([`CRASH_SIGNALS`]: SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGABRT, …)
