@@ -24,6 +24,14 @@ pub const SCHEMA_2_COLUMNS: [&str; 5] = [
     "note",
 ];
 
+/// The note a GPU peer row of a schema-2 file reads with: the peer then synchronised the device
+/// and read its memory at every layer boundary inside its timed steps (a forward hook per layer,
+/// for the timeline), so its times are too slow (issue 36 measured ×1.04–×1.91 against a bare
+/// loop on an H100). On the CPU the hook's synchronisation was a no-op and its reads cost
+/// microseconds against seconds: CPU rows carry no such note.
+pub const OLD_PEER_TIMING_NOTE: &str = "timed by the peer before schema 3, whose timed steps \
+     synchronised the device at every layer (issue 36): this time is too slow";
+
 /// The columns schema 3 added, in order, at the end of the row.
 pub const SCHEMA_3_COLUMNS: [&str; 2] = ["execution", "compile_ns"];
 
@@ -202,11 +210,20 @@ impl Row {
         self.upgrade_from_schema_2();
     }
 
-    /// Fills the columns a schema-2 row lacks with what schema 2 meant: an eager step.
+    /// Fills the columns a schema-2 row lacks with what schema 2 meant: an eager step. A GPU
+    /// peer row of schema 2 was timed with the peer's instrumentation inside its timed steps
+    /// (issue 36): its note says so ([`OLD_PEER_TIMING_NOTE`]).
     fn upgrade_from_schema_2(&mut self) {
         self.execution = EAGER.to_string();
         self.compile_ns = None;
         self.schema = SCHEMA_VERSION;
+        if self.is_peer() && self.device.starts_with("cuda") && self.is_ok() {
+            self.note = if self.note.is_empty() {
+                OLD_PEER_TIMING_NOTE.to_string()
+            } else {
+                format!("{}; {OLD_PEER_TIMING_NOTE}", self.note)
+            };
+        }
     }
 
     /// The `execution` column, `eager` where it is empty (a row built in code).
@@ -792,6 +809,35 @@ mod tests {
         assert!(key_of_fields(&r).ends_with("/cuda:0"));
         r.execution = String::new();
         assert!(key_of_fields(&r).ends_with("/cuda:0"), "empty is eager");
+    }
+
+    #[test]
+    fn a_schema_2_gpu_peer_row_says_its_time_was_instrumented() {
+        let old = |device: &str, framework: &str| {
+            let mut r = row(framework, "pytorch-naive", "");
+            r.device = device.to_string();
+            r.status = "ok".to_string();
+            r.upgrade_from_schema_2();
+            r
+        };
+        assert_eq!(old("cuda:0", PYTORCH).note, OLD_PEER_TIMING_NOTE);
+        assert_eq!(old("cuda:0", PYTORCH).execution, "eager");
+        assert_eq!(
+            old("cpu", PYTORCH).note,
+            "",
+            "the CPU hook cost microseconds"
+        );
+        assert_eq!(
+            old("cuda:0", DENSEBENCH).note,
+            "",
+            "densebench's rows had no hook"
+        );
+        let mut noted = row(PYTORCH, "pytorch-memory-efficient", "");
+        noted.device = "cuda:0".into();
+        noted.status = "ok".into();
+        noted.note = "double update".into();
+        noted.upgrade_from_schema_2();
+        assert_eq!(noted.note, format!("double update; {OLD_PEER_TIMING_NOTE}"));
     }
 
     #[test]
