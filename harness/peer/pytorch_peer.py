@@ -472,7 +472,11 @@ def write_safetensors(torch, tensors: dict, path: str) -> None:
     offset = 0
     for name in sorted(tensors):
         t = tensors[name].detach().to("cpu").contiguous()
-        raw = t.view(torch.uint8).numpy().tobytes() if t.numel() else b""
+        # Flattened first: a contiguous tensor may still carry a non-unit stride on a size-1
+        # dimension (inductor's channels-last 1×1 convolution weight gradients: [48, 24, 1, 1]
+        # with strides (24, 1, 24, 24)), which view(uint8) refuses; reshape(-1) of a contiguous
+        # tensor is a stride-1 view of the same bytes in the same order.
+        raw = t.reshape(-1).view(torch.uint8).numpy().tobytes() if t.numel() else b""
         header[name] = {
             "dtype": names[str(t.dtype).replace("torch.", "")],
             "shape": list(t.shape),

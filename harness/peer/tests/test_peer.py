@@ -398,6 +398,21 @@ def test_compiled_variants_match_densebench_f64(c: Ctx):
             assert set(row["bn_updates"].values()) <= {1}, row["bn_updates"]
 
 
+def test_result_file_takes_channels_last_size_one_tensors(c: Ctx):
+    # Inductor's 1x1-convolution weight gradients come channels-last: [48, 24, 1, 1] with
+    # strides (24, 1, 24, 24), "contiguous" by PyTorch's rule (size-1 dimensions' strides do not
+    # count), which view(uint8) refused: every compiled bc row of BC-100 was an error row.
+    import torch
+
+    w = torch.arange(48 * 24, dtype=torch.float32).reshape(48, 24, 1, 1)
+    cl = w.to(memory_format=torch.channels_last)
+    assert cl.is_contiguous() and cl.stride(-1) != 1, cl.stride()
+    path = c.path("cl.st")
+    pytorch_peer.write_safetensors(torch, {"grad.w": cl}, path)
+    back = pytorch_peer.read_safetensors(torch, path)["grad.w"]
+    assert torch.equal(back, w), "the bytes were not written in row-major order"
+
+
 def test_timed_steps_carry_no_synchronisation_or_hook(c: Ctx):
     # The timed step holds the step alone (issue 36): the meter is synchronised once before the
     # clock starts and once before it stops, never inside; the probe step alone synchronises at
