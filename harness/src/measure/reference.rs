@@ -32,6 +32,7 @@ use crate::measure::child::{self, Outcome};
 use crate::measure::interrupt;
 use crate::measure::step as measure;
 use crate::plan::device::DeviceSpec;
+use crate::plan::input::{self, MAX_JSON_BYTES};
 use crate::plan::job::{config_key, Peer, PeerVariant, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Variant};
@@ -293,8 +294,11 @@ impl Cache {
 
     /// A recorded peer error on this config, if any.
     fn peer_error(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> Option<PeerError> {
-        let text = std::fs::read_to_string(self.peer_error_path(cfg, s, v)).ok()?;
-        serde_json::from_str(&text).ok()
+        let path = self.peer_error_path(cfg, s, v);
+        let bytes =
+            input::read_bounded(&path, "cached peer error", MAX_JSON_BYTES, "MAX_JSON_BYTES")
+                .ok()?;
+        serde_json::from_slice(&bytes).ok()
     }
 
     /// The relative error `grad_ok` of a densebench row of `cfg` is judged against, and a note

@@ -415,8 +415,7 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
 /// gradient error makes the row's `grad_ok` false. Errors name the file,
 /// the line and the column.
 fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
-    let mut rdr = csv::Reader::from_path(path)
-        .with_context(|| format!("opening result CSV {}", path.display()))?;
+    let mut rdr = csv::Reader::from_reader(crate::plan::input::open_csv(path)?);
     let lag = crlf_line_lag(path);
     let headers: Vec<String> = rdr
         .headers()
