@@ -55,6 +55,7 @@ const BAD_INPUT: u8 = 2;
 
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
 pub fn main() -> ExitCode {
+    interrupt::ignore_file_size_signal();
     let cli = Cli::parse();
     let measures = matches!(
         cli.command,

@@ -125,7 +125,7 @@ channels = 64
 growth = 64
 depth = 8
 variants = ["cat-store-copy"]
-mem_limit = 10_000_000
+mem_limit = 14_000_000
 
 [[group]]
 name = "fits"
@@ -286,9 +286,9 @@ fn oom_and_unavailable_device_become_rows_and_the_sweep_continues() {
         .and_then(|n| n.parse().ok())
         .unwrap_or_else(|| panic!("no live bytes in {:?}", big.error));
     assert!(big.error.contains("bytes live (limit "), "{}", big.error);
-    assert!(live > 0 && live <= 10_000_000, "{}", big.error);
+    assert!(live > 0 && live <= 14_000_000, "{}", big.error);
     assert!(
-        big.error.contains("(limit 10000000 bytes)"),
+        big.error.contains("(limit 14000000 bytes)"),
         "{}",
         big.error
     );

@@ -313,6 +313,70 @@ fn a_run_too_large_for_the_memory_limit_is_refused_before_any_child() {
     assert!(!cache.exists(), "nothing ran: {log}");
 }
 
+/// In a sweep, a job whose least footprint is over its memory limit is an `oom` row at once
+/// ("not run", with the number), no child started, and the sweep's other jobs run: an
+/// out-of-memory is a result, never a dead sweep.
+#[test]
+fn a_sweep_job_too_large_for_its_limit_is_an_oom_row_and_the_sweep_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sweep = dir.path().join("huge.toml");
+    std::fs::write(
+        &sweep,
+        r#"
+[defaults]
+steps = 1
+warmup = 0
+mem_limit = "16GiB"
+[[group]]
+family = "mlp"
+batch = 4
+channels = 4
+growth = 2
+depth = 100000
+variants = ["buffer-store-copy"]
+[[group]]
+family = "mlp"
+batch = 8
+channels = 4
+growth = 2
+depth = 2
+variants = ["cat-store-copy"]
+"#,
+    )
+    .expect("write the sweep");
+    let out = dir.path().join("out.csv");
+    let cache = dir.path().join("cache");
+    let (code, log) = run(&[
+        "bench-all",
+        "--sweep",
+        path_str(&sweep),
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&cache),
+    ]);
+    assert_eq!(
+        code,
+        Some(0),
+        "an oom row is a result, not a failure: {log}"
+    );
+    let rows = densebench::results::row::read_rows(&out).expect("the rows");
+    assert_eq!(rows.len(), 2, "{log}");
+    let huge = rows
+        .iter()
+        .find(|r| r.depth == 100000)
+        .expect("the huge row");
+    assert_eq!(huge.status, "oom", "{}", huge.error);
+    assert!(
+        huge.error.starts_with("not run: ") && huge.error.contains("needs at least 160012800256"),
+        "{}",
+        huge.error
+    );
+    assert_eq!(huge.median_ns, None);
+    let small = rows.iter().find(|r| r.depth == 2).expect("the small row");
+    assert_eq!(small.status, "ok", "{}", small.error);
+}
+
 /// `case` of a block beyond any machine aborted on allocation with a backtrace; it is refused
 /// with the number (L=500000: 2·10^12 bytes, more than 75% of any test machine's RAM).
 #[test]

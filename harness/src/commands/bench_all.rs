@@ -26,7 +26,7 @@
 //! child at a time) per device, whole configurations per device, rows appended under a lock.
 
 use crate::measure::device::check_devices;
-use crate::measure::{child, estimates, interrupt, peer, reference};
+use crate::measure::{child, interrupt, peer, reference};
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::device::DeviceSpec;
 use crate::plan::job::{Math, Peer};
@@ -35,7 +35,7 @@ use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::row::{join_counts, Row};
 use crate::results::runner;
 use crate::results::store::{Output, RowFilter};
-use anyhow::{Context, Result};
+use anyhow::Result;
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -191,19 +191,8 @@ fn resume_command(argv: Vec<String>, out: &Path) -> String {
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
     let (jobs, source) = jobs(&a).bad_input()?;
-    // A job that cannot fit its child's memory limit is refused before any child starts (CPU
-    // jobs: a GPU job's tensors are the device's).
-    for j in jobs.iter().filter(|j| j.settings.device == DeviceSpec::Cpu) {
-        estimates::check_fits(
-            &j.cfg,
-            estimates::min_step_bytes(&j.cfg),
-            estimates::STEP_BYTES,
-            j.settings.mem_limit,
-            "the memory limit (--mem-limit or the sweep's mem_limit, default 75% of RAM)",
-        )
-        .with_context(|| format!("job {}", j.key))
-        .bad_input()?;
-    }
+    // A CPU job that cannot fit its child's memory limit becomes an `oom` row without a child
+    // (`record::measure_row`, `estimates::check_fits`): the sweep's other jobs still run.
     if jobs.iter().any(|j| j.variant.is_peer()) {
         // Once, before anything is written: without PyTorch no peer row could be measured.
         let version = peer::check().map_err(anyhow::Error::msg).bad_input()?;

@@ -13,7 +13,9 @@
 //! - Rows that failed (`error`, `killed`, `crashed`) are counted by status, with the shards
 //!   holding them (`--shards N`) to rerun with `--resume --rerun-failed`. Their keys have rows,
 //!   so they change no exit status (each shard's `bench-all` already exited 1 for them).
-//! - OUT is written whole under a temporary name and renamed. An existing OUT is refused unless
+//! - OUT's writer lock is taken before any input is read, and OUT is written whole under a
+//!   temporary name and renamed only if OUT is still what it was then (results/README.md). An
+//!   existing OUT is refused unless
 //!   it is one of the inputs (its rows take part, so `merge all.csv all.csv shard-*.csv` adds
 //!   new shards to it) or `--force` is given. Merging the output again with the same inputs
 //!   gives the same bytes (idempotent).
@@ -23,7 +25,7 @@ use crate::plan::device::DeviceSpec;
 use crate::plan::sweep::sweep_keys;
 use crate::results::merge::{merge_rows, Input, Prefer};
 use crate::results::row;
-use crate::results::store::{same_file, write_rows};
+use crate::results::store::{csv_bytes, same_file, Reserved};
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -145,6 +147,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
              --default-sweep"
         );
     }
+    // OUT's lock before any input is read: a second merge (or report) on OUT fails at once, and
+    // OUT is replaced only if it is still what it is now.
+    let out = Reserved::new(&a.out)?;
     let out_is_input = a.inputs.iter().any(|i| same_file(i, &a.out));
     if a.out.exists() && !out_is_input && !a.force {
         bail!(
@@ -204,7 +209,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
             .cloned()
             .collect();
     }
-    write_rows(&a.out, &merged.rows)?;
+    out.write_bytes(&csv_bytes(&merged.rows)?)?;
     crate::say!(
         "densebench merge: {} inputs, {read} rows → {} rows in {} ({} identical duplicates \
          dropped{})",

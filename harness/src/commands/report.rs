@@ -5,7 +5,7 @@ use crate::outputs::plots::shown;
 use crate::outputs::report::{is_report, render};
 use crate::plan::bounds::bad_input;
 use crate::results::replace::{refuse_foreign, Kind};
-use crate::results::store::{read_rows_all, refuse_input_as_output, write_bytes_atomic};
+use crate::results::store::{read_rows_all, refuse_input_as_output, Reserved};
 use anyhow::{anyhow, Context, Result};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -52,6 +52,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
             a.plots.display()
         )));
     }
+    // --out's lock before any input is read: a second report to it fails at once, and it is
+    // replaced only if it is still what it is now.
+    let out = Reserved::new(&a.out)?;
     let rows = read_rows_all(&a.csvs)?;
     if !rows.iter().any(|r| r.is_ok()) {
         let mut statuses = std::collections::BTreeMap::<&str, usize>::new();
@@ -75,7 +78,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
     }
     let text = render(&rows, &a.csvs, &a.out, &a.plots)?;
-    write_bytes_atomic(&a.out, text.as_bytes())
+    out.write_bytes(text.as_bytes())
         .with_context(|| format!("writing the report {}", a.out.display()))?;
     crate::tell!(
         "wrote {} ({} rows from {})",

@@ -11,12 +11,22 @@
 //!
 //! What a signal cannot reach is covered by the child itself: a parent killed with SIGKILL takes
 //! its children with it through `PR_SET_PDEATHSIG`.
+//!
+//! Files the process must not leave behind (the results store's lock files and temporaries) are
+//! registered with [`remove_on_exit`]; a command that writes but never stops in order
+//! (`report`, `merge`, …: no [`install`]) gets the same thread through [`install_cleanup`], and
+//! there the first signal removes them and exits at once, as the second does everywhere.
+//! [`STOP_WATCHDOG`] after a first signal that the command has not acted on (something blocked),
+//! the process exits the same way. Stop signals ignored when the process starts (`nohup`) stay
+//! ignored. SIGXFSZ is ignored by every densebench process ([`ignore_file_size_signal`]): a
+//! write past a file-size limit fails with EFBIG, which the store handles like a full disk.
 
 use anyhow::{Context, Result};
 use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
 use std::collections::BTreeSet;
 use std::fmt;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Mutex, OnceLock};
 
 /// The signals that stop a sweep.
@@ -24,6 +34,66 @@ pub const STOP_SIGNALS: [i32; 3] = [SIGTERM, SIGINT, SIGHUP];
 
 /// The first stop signal received, 0 before any.
 static CAUGHT: AtomicI32 = AtomicI32::new(0);
+
+/// Whether the command stops in order on a first signal ([`install`]); otherwise a first signal
+/// exits at once after removing the registered files ([`install_cleanup`]).
+static GRACEFUL: AtomicBool = AtomicBool::new(false);
+
+/// How long after a first stop signal a command that stops in order may take to do so before
+/// the process exits anyway: killing and reaping the children takes milliseconds, so a process
+/// still running after this is blocked (a read that cannot end) and would swallow the signal.
+pub const STOP_WATCHDOG: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Files to remove if the process exits on a signal (lock files, temporaries).
+static TO_REMOVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Removes `path` if the process exits on a stop signal before [`keep_on_exit`] forgets it.
+pub fn remove_on_exit(path: &Path) {
+    to_remove().push(path.to_path_buf());
+}
+
+/// Forgets a path given to [`remove_on_exit`] (its owner removed or kept it).
+pub fn keep_on_exit(path: &Path) {
+    let mut paths = to_remove();
+    if let Some(i) = paths.iter().rposition(|p| p == path) {
+        paths.remove(i);
+    }
+}
+
+fn to_remove() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    // A panic while holding the lock cannot leave the list inconsistent (one push or remove).
+    TO_REMOVE
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Removes the registered files and exits with 128 + `signal`.
+fn exit_now(signal: i32) -> ! {
+    for p in to_remove().iter() {
+        let _ = std::fs::remove_file(p);
+    }
+    std::process::exit(128 + signal);
+}
+
+/// Ignores SIGXFSZ for this process and its children (an ignored disposition survives exec): a
+/// write past a file-size limit (`ulimit -f`) then fails with EFBIG, which the results store
+/// reports like a full disk, keeping whole rows, instead of killing the process mid-row.
+pub fn ignore_file_size_signal() {
+    // SAFETY: signal(2) with SIG_IGN installs no handler code; it cannot fail for SIGXFSZ.
+    unsafe {
+        libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+    }
+}
+
+/// Whether `signal` is ignored now (inherited from `nohup` or a scheduler).
+fn ignored(signal: i32) -> bool {
+    // SAFETY: sigaction(2) with a null new action only reads the current one into `old`.
+    unsafe {
+        let mut old: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(signal, std::ptr::null(), &mut old) == 0
+            && old.sa_sigaction == libc::SIG_IGN
+    }
+}
 
 /// Process ids (and process-group ids: each child leads its own group) of the live children.
 static LIVE: Mutex<BTreeSet<i32>> = Mutex::new(BTreeSet::new());
@@ -136,13 +206,27 @@ impl Drop for Tracked {
     }
 }
 
-/// Starts the signal thread (once per process; later calls do nothing). Commands that spawn
-/// children call it first.
+/// Starts the signal thread (once per process; later calls do nothing) for a command that stops
+/// in order on a first signal (it checks [`caught`]). Commands that spawn children call it
+/// first.
 pub fn install() -> Result<()> {
+    GRACEFUL.store(true, Ordering::SeqCst);
+    start_thread()
+}
+
+/// Starts the signal thread, if no command did, so that a stop signal removes the files given
+/// to [`remove_on_exit`] before the process exits (the results store calls it when it takes a
+/// lock). A command that has called [`install`] keeps stopping in order.
+pub fn install_cleanup() -> Result<()> {
+    start_thread()
+}
+
+fn start_thread() -> Result<()> {
     static INSTALLED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     INSTALLED
         .get_or_init(|| {
-            let mut signals = signal_hook::iterator::Signals::new(STOP_SIGNALS)
+            let caught: Vec<i32> = STOP_SIGNALS.into_iter().filter(|&s| !ignored(s)).collect();
+            let mut signals = signal_hook::iterator::Signals::new(caught)
                 .map_err(|e| format!("installing the signal handlers: {e}"))?;
             std::thread::Builder::new()
                 .name("densebench-signals".to_string())
@@ -152,13 +236,18 @@ pub fn install() -> Result<()> {
                             .compare_exchange(0, signal, Ordering::SeqCst, Ordering::SeqCst)
                             .is_ok();
                         kill_all();
-                        if !first {
+                        if !GRACEFUL.load(Ordering::SeqCst) {
+                            exit_now(signal);
+                        }
+                        if first {
+                            watchdog(signal);
+                        } else {
                             crate::say!(
                                 "densebench: {} again: exiting now (the children are killed; \
                                  --resume continues a sweep)",
                                 signal_name(signal)
                             );
-                            std::process::exit(128 + signal);
+                            exit_now(signal);
                         }
                     }
                 })
@@ -168,6 +257,24 @@ pub fn install() -> Result<()> {
         .clone()
         .map_err(anyhow::Error::msg)
         .context("setting up SIGTERM/SIGINT/SIGHUP handling")
+}
+
+/// Exits [`STOP_WATCHDOG`] after the first signal if the command has not stopped by then.
+fn watchdog(signal: i32) {
+    let spawned = std::thread::Builder::new()
+        .name("densebench-stop-watchdog".to_string())
+        .spawn(move || {
+            std::thread::sleep(STOP_WATCHDOG);
+            crate::say!(
+                "densebench: still running {} s after {}: exiting now (the children are \
+                 killed; --resume continues a sweep)",
+                STOP_WATCHDOG.as_secs(),
+                signal_name(signal)
+            );
+            exit_now(signal);
+        });
+    // Without the thread (no resources left) a second signal still exits at once.
+    drop(spawned);
 }
 
 #[cfg(test)]

@@ -32,7 +32,8 @@ use crate::measure::child::{self, Outcome};
 use crate::measure::interrupt;
 use crate::measure::step as measure;
 use crate::plan::device::DeviceSpec;
-use crate::plan::job::{config_key, Math, Peer, PeerVariant, Settings};
+use crate::plan::input::{self, MAX_JSON_BYTES};
+use crate::plan::job::{config_key, Execution, Math, Peer, PeerVariant, Settings};
 use anyhow::{anyhow, Context, Result};
 use impls::{Config, Variant};
 use std::collections::HashMap;
@@ -389,6 +390,7 @@ impl Cache {
             steps: 1,
             warmup: 0,
             math: Math::Ieee,
+            execution: Execution::Eager,
             ..s.clone()
         };
         let mut args = child::flags(naive, cfg, &one);
@@ -557,8 +559,9 @@ struct PeerError {
 
 /// The cached error at `path`, if there is a readable one.
 fn read_error(path: &Path) -> Option<PeerError> {
-    let text = std::fs::read_to_string(path).ok()?;
-    serde_json::from_str(&text).ok()
+    let bytes =
+        input::read_bounded(path, "cached peer error", MAX_JSON_BYTES, "MAX_JSON_BYTES").ok()?;
+    serde_json::from_slice(&bytes).ok()
 }
 
 /// Caches `e` at `path` (written under a temporary name and renamed).

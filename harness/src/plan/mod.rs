@@ -6,6 +6,7 @@
 
 pub mod bounds;
 pub mod device;
+pub mod input;
 pub mod job;
 pub mod shard;
 pub mod sweep;

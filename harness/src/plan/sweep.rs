@@ -12,13 +12,13 @@
 
 use crate::plan::bounds::{self, ResultExt, MAX_JOBS, MAX_SWEEP_FILE_BYTES};
 use crate::plan::device::DeviceSpec;
+use crate::plan::input;
 use crate::plan::job::{self, resolve_threads, Execution, Math, Peer, Settings, Target};
 use crate::plan::shard;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
 use serde::Deserialize;
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::path::Path;
 use std::time::Duration;
 use toml::{Spanned, Value};
@@ -731,22 +731,21 @@ pub fn load_sweep(sweep: Option<&Path>, quick: bool) -> Result<(String, String)>
 }
 
 /// A sweep file's text, refused unread beyond [`MAX_SWEEP_FILE_BYTES`] (a wrong path, such as
-/// a result CSV or a case file, is not read whole).
+/// a result CSV or a case file, is not read whole), and refused unopened when it is not a
+/// regular file (a FIFO would block, a device never end: [`input::read_bounded`]).
 fn read_sweep_file(p: &Path) -> Result<String> {
-    let what = || format!("reading sweep file {}", p.display());
-    let file = std::fs::File::open(p).with_context(what)?;
-    let mut bytes = Vec::new();
-    file.take(MAX_SWEEP_FILE_BYTES + 1)
-        .read_to_end(&mut bytes)
-        .with_context(what)?;
-    if bytes.len() as u64 > MAX_SWEEP_FILE_BYTES {
-        bail!(
-            "sweep file {} is larger than {} KiB: not a sweep file (a sweep is a few hundred \
-             bytes of TOML; see harness/sweeps/README.md)",
-            p.display(),
-            MAX_SWEEP_FILE_BYTES >> 10
-        );
-    }
+    let limit = "a sweep is a few hundred bytes of TOML; see harness/sweeps/README.md";
+    let bytes = input::read_bounded(p, "sweep file", MAX_SWEEP_FILE_BYTES, limit).map_err(|e| {
+        if format!("{e:#}").contains("over the limit") {
+            anyhow!(
+                "sweep file {} is larger than {} KiB: not a sweep file ({limit})",
+                p.display(),
+                MAX_SWEEP_FILE_BYTES >> 10
+            )
+        } else {
+            e
+        }
+    })?;
     String::from_utf8(bytes).map_err(|e| {
         anyhow!(
             "sweep file {} is not UTF-8 text (invalid byte at offset {}): not a sweep file",

@@ -10,6 +10,7 @@
 //! is required, so a criterion upgrade that adds fields still imports. The CSV schema is in
 //! results/README.md ("criterion.csv").
 
+use crate::plan::input::{self, MAX_JSON_BYTES};
 use crate::results::store::write_bytes_atomic;
 use anyhow::{bail, Context, Result};
 use impls::{Config, Family, Variant};
@@ -195,9 +196,8 @@ fn find_estimates(dir: &Path, out: &mut Vec<PathBuf>) -> Result<()> {
 }
 
 fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    serde_json::from_str(&text).with_context(|| {
+    let bytes = input::read_bounded(path, "criterion file", MAX_JSON_BYTES, "MAX_JSON_BYTES")?;
+    serde_json::from_slice(&bytes).with_context(|| {
         format!(
             "{} is not a criterion result file of the expected form",
             path.display()

@@ -89,6 +89,23 @@ pub fn measure_row(
     peer: Option<Peer>,
     refs: &mut Cache,
 ) -> Result<Row> {
+    // A CPU job that cannot hold even its parameters, input, output and their gradients within
+    // its memory limit is an `oom` row at once: no child grows towards the limit for minutes
+    // (issue 37), and the sweep goes on (an out-of-memory is a result, not a dead sweep).
+    if s.device == DeviceSpec::Cpu {
+        if let Err(e) = estimates::check_fits(
+            cfg,
+            estimates::min_step_bytes(cfg),
+            estimates::STEP_BYTES,
+            s.mem_limit,
+            "its memory limit",
+        ) {
+            let mut row = rated_row(target, cfg, s);
+            row.status = "oom".to_string();
+            row.error = format!("not run: {e:#}");
+            return Ok(finish(row));
+        }
+    }
     match target {
         Target::Densebench(v) => measure_densebench_row(v, cfg, s, peer, refs),
         Target::Peer(p) => measure_peer_row(p, cfg, s, refs),

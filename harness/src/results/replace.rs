@@ -6,6 +6,7 @@
 
 use crate::plan::bounds::bad_input;
 use crate::results::row::{header_schema, is_result_header};
+use crate::results::store::refuse_non_regular_output;
 use anyhow::{anyhow, Result};
 use std::io::Read;
 use std::path::Path;
@@ -22,8 +23,8 @@ pub struct Kind {
 }
 
 /// Refuses, as bad input (exit status 2) and before any work, to replace `out` (given as
-/// `flag`) when it exists and is neither empty nor a file of `kind`: a folder always; any other
-/// file (a result CSV, a case file, a note) unless `force`. The message names the file, what it
+/// `flag`) when it exists and is neither empty nor a file of `kind`: a folder, a FIFO, a device
+/// or a socket always; any other file (a result CSV, a case file, a note) unless `force`. The message names the file, what it
 /// looks like and how to go on.
 pub fn refuse_foreign(out: &Path, flag: &str, kind: &Kind, force: bool) -> Result<()> {
     // A path that cannot be inspected (missing, or a folder we may not read) is the writer's to
@@ -38,26 +39,24 @@ pub fn refuse_foreign(out: &Path, flag: &str, kind: &Kind, force: bool) -> Resul
             kind.name
         )));
     }
+    // Never a FIFO, a device or a socket, --force included.
+    refuse_non_regular_output(out, flag)?;
     if force || (meta.is_file() && meta.len() == 0) {
         return Ok(());
     }
-    let what = if meta.is_file() {
-        let mut start = Vec::new();
-        if let Err(e) = std::fs::File::open(out)
-            .and_then(|f| f.take(PROBE_BYTES).read_to_end(&mut start).map(|_| ()))
-        {
-            return Err(anyhow!(
-                "{flag} {} exists and cannot be read to tell what it is: {e}",
-                out.display()
-            ));
-        }
-        if (kind.recognise)(&start, meta.len()) {
-            return Ok(());
-        }
-        describe(&start, meta.len())
-    } else {
-        "not a regular file (a device, a pipe or a socket)".to_string()
-    };
+    let mut start = Vec::new();
+    if let Err(e) = std::fs::File::open(out)
+        .and_then(|f| f.take(PROBE_BYTES).read_to_end(&mut start).map(|_| ()))
+    {
+        return Err(anyhow!(
+            "{flag} {} exists and cannot be read to tell what it is: {e}",
+            out.display()
+        ));
+    }
+    if (kind.recognise)(&start, meta.len()) {
+        return Ok(());
+    }
+    let what = describe(&start, meta.len());
     Err(bad_input(anyhow!(
         "{flag} {} already exists and is {what}, not {}: refusing to replace it; write to \
          another {flag} path, or pass --force to replace it",

@@ -610,8 +610,7 @@ pub fn read_rows(path: &Path) -> Result<Vec<Row>> {
 /// `grad_ok` from `max_rel_err`; a NaN in any gradient error makes it false). Errors name the
 /// file, the line and the column.
 fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
-    let mut rdr = csv::Reader::from_path(path)
-        .with_context(|| format!("opening result CSV {}", path.display()))?;
+    let mut rdr = csv::Reader::from_reader(crate::plan::input::open_csv(path)?);
     let lag = crlf_line_lag(path);
     let headers: Vec<String> = rdr
         .headers()

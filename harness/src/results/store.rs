@@ -14,8 +14,15 @@
 //!   disk: ENOSPC, EFBIG) leaves the previous file intact and says so in one line.
 //! - **An output is never one of the command's inputs** ([`refuse_input_as_output`]), through
 //!   any path or link.
+//! - **Outputs are regular files** ([`refuse_non_regular_output`]): a FIFO, a device, a socket
+//!   or a folder at an output path is refused, `--force` included, and a rename never replaces
+//!   one. [`Reserved`] takes an output's lock before the command reads its inputs and replaces
+//!   the output only if it is still what it was then (same inode, size and time, or still
+//!   absent); otherwise it refuses and keeps the new file under its temporary name.
 
+use crate::measure::interrupt;
 use crate::plan::bounds::bad_input;
+use crate::plan::input;
 use crate::results::row::{self, Row};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
@@ -42,7 +49,7 @@ fn lock_after_dead_writer(file: &File, holder: &str) -> bool {
     let Ok(pid) = holder.parse::<i32>() else {
         return false;
     };
-    if pid <= 0 || crate::measure::interrupt::process_exists(pid) {
+    if pid <= 0 || interrupt::process_exists(pid) {
         return false;
     }
     let start = std::time::Instant::now();
@@ -87,9 +94,14 @@ pub struct WriterLock {
 }
 
 impl WriterLock {
-    /// Takes the lock of `output` or fails at once, naming the process that holds it.
+    /// Takes the lock of `output` or fails at once, naming the process that holds it. A lock
+    /// file left by a writer that could not remove it (killed with SIGKILL; its lock went with
+    /// it) is said on stderr and taken over. The lock file is removed again on every way out
+    /// that can run code: dropping the lock, an error writing it (a full disk), a stop signal
+    /// ([`interrupt::remove_on_exit`]).
     pub fn acquire(output: &Path) -> Result<WriterLock> {
         let path = sibling(output, ".lock")?;
+        interrupt::install_cleanup()?;
         for _ in 0..LOCK_ATTEMPTS {
             let mut file = OpenOptions::new()
                 .read(true)
@@ -97,14 +109,17 @@ impl WriterLock {
                 .create(true)
                 .truncate(false)
                 .open(&path)
-                .with_context(|| format!("creating the lock file {}", path.display()))?;
+                .map_err(|e| {
+                    io_failure(e, "creating the lock file", &path, "nothing was written")
+                })?;
+            // Whoever wrote the file last: the holder, or a writer that died holding it.
+            let mut holder = String::new();
+            let _ = (&mut file).take(64).read_to_string(&mut holder);
+            let holder = holder.trim().to_string();
             match file.try_lock() {
                 Ok(()) => {}
                 Err(TryLockError::WouldBlock) => {
-                    let mut holder = String::new();
-                    let _ = file.read_to_string(&mut holder);
-                    let holder = holder.trim();
-                    if !lock_after_dead_writer(&file, holder) {
+                    if !lock_after_dead_writer(&file, &holder) {
                         bail!(
                         "{} is being written by densebench {} (lock {}): wait for it to finish \
                          or stop it; two writers would interleave rows",
@@ -130,11 +145,40 @@ impl WriterLock {
                 (Ok(a), Ok(b)) if a == b => {}
                 _ => continue,
             }
-            file.set_len(0)
-                .and_then(|()| file.write_all(std::process::id().to_string().as_bytes()))
-                .and_then(|()| file.flush())
-                .with_context(|| format!("writing the lock file {}", path.display()))?;
-            return Ok(WriterLock { path, file });
+            interrupt::remove_on_exit(&path);
+            // From here on, dropping it (an error below included) removes the file.
+            let mut lock = WriterLock { path, file };
+            if !holder.is_empty() {
+                crate::say!(
+                    "densebench: taking over the stale lock {} of {}: {}",
+                    lock.path.display(),
+                    output.display(),
+                    match holder.parse::<i32>() {
+                        Ok(pid) if pid > 0 && !interrupt::process_exists(pid) => format!(
+                            "its writer, pid {pid}, is no longer running (killed before it \
+                             could remove it)"
+                        ),
+                        _ => format!("its writer `{holder}` no longer holds it"),
+                    }
+                );
+            }
+            lock.file
+                .set_len(0)
+                .and_then(|()| lock.file.seek(SeekFrom::Start(0)).map(drop))
+                .and_then(|()| {
+                    lock.file
+                        .write_all(std::process::id().to_string().as_bytes())
+                })
+                .and_then(|()| lock.file.flush())
+                .map_err(|e| {
+                    io_failure(
+                        e,
+                        "writing the lock file",
+                        &lock.path,
+                        "nothing was written",
+                    )
+                })?;
+            return Ok(lock);
         }
         bail!(
             "could not lock {}: its lock file {} kept changing (another writer starting and \
@@ -149,6 +193,7 @@ impl Drop for WriterLock {
     fn drop(&mut self) {
         // Removed while still locked (see `acquire`); the lock goes with the descriptor.
         let _ = std::fs::remove_file(&self.path);
+        interrupt::keep_on_exit(&self.path);
         let _ = self.file.unlock();
     }
 }
@@ -174,54 +219,214 @@ fn sync_dir(path: &Path) {
     }
 }
 
-/// Replaces `path` atomically with what `write` puts into the temporary file it is given (a
-/// hidden sibling of `path` with the same extension, so libraries that pick a format by
-/// extension still do). Holds `path`'s writer lock meanwhile. On any failure the temporary file
-/// is removed and the previous `path` is left as it was.
+/// Refuses, as bad input, an output path that exists and is not a regular file (a FIFO, a
+/// character or block device, a socket, a folder; through a symbolic link too): densebench writes
+/// only to regular files or new paths, `--force` included, so `--out /dev/null` or a FIFO is
+/// never replaced by a plain file. `flag` names the output (`--out`, `output`).
+pub fn refuse_non_regular_output(path: &Path, flag: &str) -> Result<()> {
+    let Ok(meta) = std::fs::metadata(path) else {
+        return Ok(());
+    };
+    if meta.is_file() {
+        return Ok(());
+    }
+    Err(bad_input(anyhow!(
+        "{flag} {} is {}, not a regular file: densebench writes only to regular files or new \
+         paths (--force included); give the path of a file",
+        path.display(),
+        input::kind(&meta)
+    )))
+}
+
+/// What is at an output path, as a rename would see it: the entry itself (a symbolic link is
+/// not followed), its device, inode, length and modification time; `None` when nothing is.
+type Snapshot = Option<(u64, u64, u64, i64, i64)>;
+
+fn snapshot(path: &Path) -> Result<Snapshot> {
+    match std::fs::symlink_metadata(path) {
+        Ok(m) => Ok(Some((m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(anyhow!("reading the output {}: {e}", path.display())),
+    }
+}
+
+/// How long to wait before the rename, from the test hook `DENSEBENCH_TEST_RENAME_DELAY_MS`
+/// (`harness/tests/hostile_io.rs` changes the output in that window); none without it.
+fn test_rename_delay() {
+    if let Some(ms) = std::env::var("DENSEBENCH_TEST_RENAME_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse::<u64>().ok())
+    {
+        std::thread::sleep(std::time::Duration::from_millis(ms));
+    }
+}
+
+/// Renames `tmp` over `path` only if `path` is still what `was` says: the same file (inode,
+/// length, time) or still absent (then with `RENAME_NOREPLACE`, so a file that appears at the
+/// last moment is not replaced either, where the filesystem supports it). `Ok(Err(..))`: the
+/// output changed; the caller keeps `tmp` and says so.
+fn rename_if_unchanged(
+    tmp: &Path,
+    path: &Path,
+    was: Snapshot,
+    kept: &str,
+) -> Result<std::result::Result<(), anyhow::Error>> {
+    let changed = |now: &str| {
+        anyhow!(
+            "{} changed while densebench worked ({now}): refusing to replace it; the new \
+             output is kept in {}",
+            path.display(),
+            tmp.display()
+        )
+    };
+    let now = snapshot(path)?;
+    if now != was {
+        let now = match (was, now) {
+            (None, Some(_)) => "a file appeared there",
+            (Some(_), None) => "it was removed",
+            _ => "it was replaced or written",
+        };
+        return Ok(Err(changed(now)));
+    }
+    if now.is_some() {
+        std::fs::rename(tmp, path).map_err(|e| io_failure(e, "replacing", path, kept))?;
+        return Ok(Ok(()));
+    }
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_encoded_bytes());
+    let (Ok(from), Ok(to)) = (c(tmp), c(path)) else {
+        bail!("output {} has a NUL byte in its path", path.display());
+    };
+    // SAFETY: renameat2(2) on two valid NUL-terminated paths relative to the working directory.
+    let r = unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            from.as_ptr(),
+            libc::AT_FDCWD,
+            to.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        )
+    };
+    if r == 0 {
+        return Ok(Ok(()));
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EEXIST) => Ok(Err(changed("a file appeared there"))),
+        // A filesystem without RENAME_NOREPLACE: the check above is what there is.
+        Some(libc::EINVAL) | Some(libc::ENOSYS) => {
+            std::fs::rename(tmp, path).map_err(|e| io_failure(e, "replacing", path, kept))?;
+            Ok(Ok(()))
+        }
+        _ => Err(io_failure(e, "replacing", path, kept)),
+    }
+}
+
+/// An output reserved for replacing: its writer lock taken and what was at its path noted,
+/// before the command reads its inputs (`merge`, `report`), so that a second writer fails at
+/// once and a file that appears at the path meanwhile is not replaced ([`Reserved::write`]).
+pub struct Reserved {
+    path: PathBuf,
+    was: Snapshot,
+    _lock: WriterLock,
+}
+
+impl Reserved {
+    /// Takes `path`'s writer lock (creating its folder if missing), refusing a path that is not
+    /// a regular file ([`refuse_non_regular_output`]), and notes what is there.
+    pub fn new(path: &Path) -> Result<Reserved> {
+        refuse_non_regular_output(path, "output")?;
+        create_parent(path)?;
+        let lock = WriterLock::acquire(path)?;
+        // Checked again under the lock: only now can nothing of ours change it.
+        refuse_non_regular_output(path, "output")?;
+        Ok(Reserved {
+            path: path.to_path_buf(),
+            was: snapshot(path)?,
+            _lock: lock,
+        })
+    }
+
+    /// Replaces the output atomically with what `write` puts into the temporary file it is
+    /// given (a hidden sibling of the output with the same extension, so libraries that pick a
+    /// format by extension still do), if the output is still what it was when reserved. On a
+    /// failure the temporary file is removed and the previous output is left as it was; when
+    /// the output changed meanwhile, it is left as it is now and the temporary file is kept,
+    /// named in the error.
+    pub fn write(&self, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
+        let path = self.path.as_path();
+        let ext = path
+            .extension()
+            .map(|e| format!(".{}", e.to_string_lossy()))
+            .unwrap_or_default();
+        let tmp = sibling(path, &format!(".tmp{}{ext}", std::process::id()))?;
+        let kept = format!("the previous {} is unchanged", path.display());
+        interrupt::remove_on_exit(&tmp);
+        let result = write(&tmp)
+            .and_then(|()| {
+                File::open(&tmp)
+                    .and_then(|f| f.sync_all())
+                    .map_err(|e| io_failure(e, "syncing", &tmp, &kept))
+            })
+            .and_then(|()| {
+                test_rename_delay();
+                rename_if_unchanged(&tmp, path, self.was, &kept)
+            });
+        interrupt::keep_on_exit(&tmp);
+        match result {
+            Ok(Ok(())) => {
+                sync_dir(path);
+                Ok(())
+            }
+            Ok(Err(changed)) => Err(changed),
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                Err(write_failure(e, path, &kept))
+            }
+        }
+    }
+
+    /// [`Reserved::write`] of a byte buffer, with a full disk reported as such.
+    pub fn write_bytes(&self, bytes: &[u8]) -> Result<()> {
+        let path = self.path.as_path();
+        self.write(|tmp| {
+            let kept = format!("the previous {} is unchanged", path.display());
+            File::create(tmp)
+                .and_then(|mut f| f.write_all(bytes).and_then(|()| f.flush()))
+                .map_err(|e| io_failure(e, "writing", path, &kept))
+        })
+    }
+}
+
+/// A failed write in one line: a write error deep in a library (plotters, safetensors) keeps
+/// only the OS's words, so a full disk is recognised there too, and the promise the store keeps
+/// about the previous file (`kept`) is added.
+fn write_failure(e: anyhow::Error, path: &Path, kept: &str) -> anyhow::Error {
+    let text = format!("{e:#}");
+    if let Some(errno) = [libc::ENOSPC, libc::EDQUOT, libc::EFBIG]
+        .into_iter()
+        .find(|n| text.contains(&format!("(os error {n})")))
+    {
+        return io_failure(
+            std::io::Error::from_raw_os_error(errno),
+            "writing",
+            path,
+            kept,
+        );
+    }
+    if text.contains(kept) {
+        return e;
+    }
+    e.context(format!("writing {} failed; {kept}", path.display()))
+}
+
+/// Replaces `path` atomically with what `write` puts into the temporary file it is given
+/// ([`Reserved::write`]), holding `path`'s writer lock meanwhile. On any failure the temporary
+/// file is removed and the previous `path` is left as it was.
 pub fn write_atomic(path: &Path, write: impl FnOnce(&Path) -> Result<()>) -> Result<()> {
     if path.is_dir() {
         bail!("output {} is a folder, not a file", path.display());
     }
-    create_parent(path)?;
-    let _lock = WriterLock::acquire(path)?;
-    let ext = path
-        .extension()
-        .map(|e| format!(".{}", e.to_string_lossy()))
-        .unwrap_or_default();
-    let tmp = sibling(path, &format!(".tmp{}{ext}", std::process::id()))?;
-    let kept = format!("the previous {} is unchanged", path.display());
-    let result = write(&tmp)
-        .and_then(|()| {
-            File::open(&tmp)
-                .and_then(|f| f.sync_all())
-                .map_err(|e| io_failure(e, "syncing", &tmp, &kept))
-        })
-        .and_then(|()| {
-            std::fs::rename(&tmp, path).map_err(|e| io_failure(e, "replacing", path, &kept))
-        });
-    if let Err(e) = result {
-        let _ = std::fs::remove_file(&tmp);
-        // A write error deep in a library (plotters, safetensors) keeps only the OS's words:
-        // recognise a full disk there too, and add the promise the store keeps.
-        let text = format!("{e:#}");
-        if let Some(errno) = [libc::ENOSPC, libc::EDQUOT, libc::EFBIG]
-            .into_iter()
-            .find(|n| text.contains(&format!("(os error {n})")))
-        {
-            return Err(io_failure(
-                std::io::Error::from_raw_os_error(errno),
-                "writing",
-                path,
-                &kept,
-            ));
-        }
-        if text.contains(&kept) {
-            return Err(e);
-        }
-        return Err(e.context(format!("writing {} failed; {kept}", path.display())));
-    }
-    sync_dir(path);
-    Ok(())
+    Reserved::new(path)?.write(write)
 }
 
 /// [`write_atomic`] of a byte buffer, with a full disk reported as such.
@@ -407,7 +612,8 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
 /// every other row byte for byte. The caller holds the writer lock. Says what it removed (by
 /// status); returns whether it removed anything.
 fn drop_rows_where(path: &Path, drop: &RowFilter, note: &dyn Fn(&str)) -> Result<bool> {
-    let bytes = std::fs::read(path).with_context(|| format!("reading {}", path.display()))?;
+    let (limit, from) = input::csv_limit()?;
+    let bytes = input::read_bounded(path, "result CSV", limit, &from)?;
     let mut rdr = csv::Reader::from_reader(bytes.as_slice());
     let headers = rdr
         .headers()
@@ -567,8 +773,10 @@ impl Output {
                 path.display()
             )));
         }
+        refuse_non_regular_output(path, "--out")?;
         create_parent(path)?;
         let lock = WriterLock::acquire(path)?;
+        refuse_non_regular_output(path, "--out")?;
         let existing = path.metadata().map(|m| m.len() > 0).unwrap_or(false);
         let mut done = Vec::new();
         let file = if existing && resume {
@@ -608,15 +816,23 @@ impl Output {
             // A new file (or `--force`): the header replaces whatever was there atomically, so
             // a failure leaves the old file, and the lock is already ours.
             let header = header_line()?;
+            let was = snapshot(path)?;
             let tmp = sibling(path, &format!(".tmp{}", std::process::id()))?;
             let kept = format!("{} is unchanged", path.display());
             let made = File::create(&tmp)
                 .and_then(|mut f| f.write_all(&header).and_then(|()| f.sync_all()))
-                .and_then(|()| std::fs::rename(&tmp, path))
-                .map_err(|e| io_failure(e, "writing the header of", path, &kept));
-            if let Err(e) = made {
-                let _ = std::fs::remove_file(&tmp);
-                return Err(e);
+                .map_err(|e| io_failure(e, "writing the header of", path, &kept))
+                .and_then(|()| rename_if_unchanged(&tmp, path, was, &kept));
+            match made {
+                Ok(Ok(())) => {}
+                Ok(Err(changed)) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(changed.context("nothing was measured"));
+                }
+                Err(e) => {
+                    let _ = std::fs::remove_file(&tmp);
+                    return Err(e);
+                }
             }
             sync_dir(path);
             let mut f = OpenOptions::new()

@@ -30,6 +30,7 @@ mod time_vs_depth;
 mod timeline;
 
 use crate::measure::reference::content_hash;
+use crate::plan::input;
 use crate::results::row::Row;
 use crate::results::store::write_atomic;
 use anyhow::{bail, Context, Result};
@@ -153,7 +154,8 @@ pub fn shown(csvs: &[PathBuf]) -> String {
 pub fn csv_bytes(csvs: &[PathBuf]) -> Result<Vec<u8>> {
     let mut all = Vec::new();
     for p in csvs {
-        all.extend(std::fs::read(p).with_context(|| format!("reading {}", p.display()))?);
+        let (limit, from) = input::csv_limit()?;
+        all.extend(input::read_bounded(p, "result CSV", limit, &from)?);
     }
     Ok(all)
 }
