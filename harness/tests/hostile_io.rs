@@ -474,3 +474,21 @@ fn a_stale_lock_is_reported_and_taken_over() {
     assert!(!lock_of(&out).exists(), "lock file left");
     assert!(densebench::results::row::read_rows(&out).is_ok_and(|r| !r.is_empty()));
 }
+
+/// A FIFO planted at an output's lock-file name is refused with one line, not read (a read of it
+/// blocked until something wrote to it).
+#[test]
+fn a_fifo_at_the_lock_files_name_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("M.csv");
+    mkfifo(&lock_of(&out));
+    let o = run_with_limit(
+        cmd(&["merge", path_str(&out), path_str(&reference_csv())]),
+        Duration::from_secs(60),
+    );
+    let e = stderr(&o);
+    assert!(!o.status.success(), "{e}");
+    assert!(e.contains("is not a regular file: remove it"), "{e}");
+    assert!(!out.exists());
+    assert!(is_fifo(&lock_of(&out)), "someone else's FIFO is left alone");
+}

@@ -10,6 +10,7 @@ use crate::outputs::plots::data::{
     self, fmt_err, fmt_num, headline, is_linear_memory, mib, ms, variant_exponent, Group, NAIVE,
 };
 use crate::outputs::versus;
+use crate::plan::input::{self, MAX_JSON_BYTES};
 use crate::results::row::Row;
 use anyhow::{Context, Result};
 use std::fmt::Write as _;
@@ -451,7 +452,9 @@ fn figures_section(
     };
     let rel = relative_path(&report_dir, plots_dir)?;
     // Figures of another CSV are not this report's: name it and link none of them.
-    if let Ok(text) = std::fs::read_to_string(plots_dir.join(plots::SOURCE_FILE)) {
+    let source = plots_dir.join(plots::SOURCE_FILE);
+    let record = input::read_bounded(&source, "figure record", MAX_JSON_BYTES, "MAX_JSON_BYTES");
+    if let Ok(text) = record.map(|b| String::from_utf8_lossy(&b).into_owned()) {
         let bytes = plots::csv_bytes(csvs)?;
         if let Err(from) = plots::drawn_from(&text, &bytes) {
             let _ = writeln!(

@@ -24,8 +24,8 @@ pub const MAX_CSV_BYTES: u64 = 256 << 20;
 /// merge of sweeps larger than any one sweep may be.
 pub const CSV_LIMIT_ENV: &str = "DENSEBENCH_MAX_CSV_BYTES";
 
-/// The largest JSON record read back (criterion's `estimates.json`, a cached peer error): each
-/// is a few hundred bytes to a few KB.
+/// The largest small record read back (criterion's `estimates.json`, a cached peer error, the
+/// figures' source record beside the plots): each is a few hundred bytes to a few KB.
 pub const MAX_JSON_BYTES: u64 = 1 << 20;
 
 /// What a file that is not a regular file is, in words (`a FIFO (named pipe)`, `a character

@@ -27,7 +27,7 @@ use crate::results::row::{self, Row};
 use anyhow::{anyhow, bail, Context, Result};
 use std::fs::{File, OpenOptions, TryLockError};
 use std::io::{Read, Seek, SeekFrom, Write};
-use std::os::unix::fs::MetadataExt;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 /// How many bytes of a file's start are read to find its header line.
@@ -103,15 +103,26 @@ impl WriterLock {
         let path = sibling(output, ".lock")?;
         interrupt::install_cleanup()?;
         for _ in 0..LOCK_ATTEMPTS {
+            // Without blocking: a FIFO planted at the lock's name would block the read below.
             let mut file = OpenOptions::new()
                 .read(true)
                 .write(true)
                 .create(true)
                 .truncate(false)
+                .custom_flags(libc::O_NONBLOCK)
                 .open(&path)
                 .map_err(|e| {
                     io_failure(e, "creating the lock file", &path, "nothing was written")
                 })?;
+            if let Ok(m) = file.metadata().map(|m| m.file_type()) {
+                if !m.is_file() {
+                    return Err(bad_input(anyhow!(
+                        "the lock file {} of {} is not a regular file: remove it",
+                        path.display(),
+                        output.display()
+                    )));
+                }
+            }
             // Whoever wrote the file last: the holder, or a writer that died holding it.
             let mut holder = String::new();
             let _ = (&mut file).take(64).read_to_string(&mut holder);
@@ -361,6 +372,9 @@ impl Reserved {
         let tmp = sibling(path, &format!(".tmp{}{ext}", std::process::id()))?;
         let kept = format!("the previous {} is unchanged", path.display());
         interrupt::remove_on_exit(&tmp);
+        // Anything at the temporary name is a dead process's (the name holds our pid), or
+        // planted: a FIFO there would block the writer's open.
+        let _ = std::fs::remove_file(&tmp);
         let result = write(&tmp)
             .and_then(|()| {
                 File::open(&tmp)
