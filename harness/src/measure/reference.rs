@@ -295,6 +295,37 @@ impl Cache {
         )
     }
 
+    /// An error figure a tolerance is derived from: `known` (cached on disk), else the failure
+    /// already met this run under `memo` (measured once, not again per row), else `measure`d now,
+    /// a failure remembered under `memo` (an interruption is not a failure).
+    fn known_or_measured(
+        &self,
+        known: Option<f64>,
+        memo: String,
+        measure: impl FnOnce() -> Result<f64>,
+    ) -> Result<f64> {
+        if let Some(e) = known {
+            return Ok(e);
+        }
+        let failed_before = self
+            .peer_failures
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&memo).cloned());
+        if let Some(why) = failed_before {
+            return Err(anyhow!("{why}"));
+        }
+        let measured = measure();
+        if let Err(e) = &measured {
+            if interrupt::interrupted(e).is_none() {
+                if let Ok(mut m) = self.peer_failures.lock() {
+                    m.insert(memo, format!("{e:#}"));
+                }
+            }
+        }
+        measured
+    }
+
     /// A recorded peer error on this config, if any.
     fn peer_error(&self, cfg: &Config, s: &Settings, v: PeerVariant) -> Option<PeerError> {
         read_error(&self.peer_error_path(cfg, s, v))
@@ -334,26 +365,9 @@ impl Cache {
             .filter(|e| e.reference == label)
             .map(|e| e.max_rel_err);
         let memo = format!("{}|densebench|{label}", config_key(cfg, s.device));
-        let failed_before = self
-            .peer_failures
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&memo).cloned());
-        let err = match (known, failed_before) {
-            (Some(e), _) => Ok(e),
-            (None, Some(why)) => Err(anyhow!("{why}")),
-            (None, None) => {
-                let measured = self.measure_dense_error(cfg, s, reference, &label, &path);
-                if let Err(e) = &measured {
-                    if interrupt::interrupted(e).is_none() {
-                        if let Ok(mut m) = self.peer_failures.lock() {
-                            m.insert(memo, format!("{e:#}"));
-                        }
-                    }
-                }
-                measured
-            }
-        };
+        let err = self.known_or_measured(known, memo, || {
+            self.measure_dense_error(cfg, s, reference, &label, &path)
+        });
         match err {
             Ok(e) if e.is_finite() => Ok((measure::peer_row_tolerance(cfg, e), String::new())),
             Ok(e) => Ok((
@@ -445,27 +459,9 @@ impl Cache {
             .filter(|e| e.reference == label)
             .map(|e| e.max_rel_err);
         let memo = format!("{}|{peer}|{label}", config_key(cfg, s.device));
-        let failed_before = || {
-            self.peer_failures
-                .lock()
-                .ok()
-                .and_then(|m| m.get(&memo).cloned())
-        };
-        let err = match (known, failed_before()) {
-            (Some(e), _) => Ok(e),
-            (None, Some(why)) => Err(anyhow::anyhow!("{why}")),
-            (None, None) => {
-                let measured = self.measure_peer_error(cfg, s, naive, reference, &label);
-                if let Err(e) = &measured {
-                    if interrupt::interrupted(e).is_none() {
-                        if let Ok(mut m) = self.peer_failures.lock() {
-                            m.insert(memo, format!("{e:#}"));
-                        }
-                    }
-                }
-                measured
-            }
-        };
+        let err = self.known_or_measured(known, memo, || {
+            self.measure_peer_error(cfg, s, naive, reference, &label)
+        });
         match err {
             Ok(e) if e.is_finite() => Ok((measure::peer_derived_tolerance(cfg, e), String::new())),
             Ok(e) => Ok((
