@@ -65,7 +65,7 @@ pub fn main() -> ExitCode {
     );
     // A malformed tuning variable is bad input, refused before any child starts.
     let environment = match measures {
-        true => impls::maths::tap_chunk_override()
+        true => impls::layer::tap_chunk_override()
             .map(|_| ())
             .map_err(bounds::bad_input),
         false => Ok(()),

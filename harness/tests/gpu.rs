@@ -237,7 +237,7 @@ fn gpu_pool_peak_sees_a_candle_allocation_and_its_free() {
 /// compares with the CPU kernels bit for bit: the ops are exact element-wise selections and
 /// one IEEE addition each, so any difference is a bug, not rounding.
 fn kernels_match_cpu(dev: &Device, dtype: DType) {
-    use impls::kernels::{add_assign, relu_bwd, relu_bwd_inplace, relu_inplace};
+    use impls::ops::elementwise::{add_assign, relu_bwd, relu_bwd_inplace, relu_inplace};
     // Rows 0 and 3 of the [4, 1000] buffers are outside every view and must stay untouched.
     let (rows, cols) = (4usize, 1000usize);
     let make = |seed: f64, d: &Device| {
@@ -294,10 +294,11 @@ fn gpu_inplace_add_allocates_nothing() {
     let dst = Tensor::zeros((4, 1 << 20), DType::F32, &dev).expect("dst");
     let src = Tensor::ones((2, 1 << 20), DType::F32, &dev).expect("src");
     // Load the kernels (NVRTC + module load) outside the measured window.
-    impls::kernels::add_assign(&dst.narrow(0, 0, 2).expect("view"), &src).expect("warm-up");
+    impls::ops::elementwise::add_assign(&dst.narrow(0, 0, 2).expect("view"), &src)
+        .expect("warm-up");
     dev.synchronize().expect("sync");
     let base = peak.reset().expect("reset");
-    impls::kernels::add_assign(&dst.narrow(0, 1, 2).expect("view"), &src).expect("add");
+    impls::ops::elementwise::add_assign(&dst.narrow(0, 1, 2).expect("view"), &src).expect("add");
     let high = peak.read().expect("read");
     assert_eq!(
         high,
@@ -373,7 +374,8 @@ const FUSED_POOL_SLACK_BYTES: u64 = 4 * MIB;
 /// took one to three `[C, M]` temporaries (BN) or padded every tap (shift).
 #[test]
 fn gpu_fused_ops_allocate_only_their_output() {
-    use impls::fused::{self, Grid, TAPS};
+    use impls::ops::layout::grid::{Grid, TAPS};
+    use impls::ops::{bn, bn_backward, shift};
     let Some((dev, _serial)) = cuda_device("gpu_fused_ops_allocate_only_their_output") else {
         return;
     };
@@ -419,34 +421,32 @@ fn gpu_fused_ops_allocate_only_their_output() {
             "{what}: peak grew {grew} B, expected {expected} B + at most {FUSED_POOL_SLACK_BYTES}"
         );
     };
-    measure("bn_stats", 0, &|| {
-        vec![fused::bn_stats(&x).expect("bn_stats")]
-    });
+    measure("bn_stats", 0, &|| vec![bn::bn_stats(&x).expect("bn_stats")]);
     measure("bn_prepare", 0, &|| {
-        let (t, r) = fused::bn_prepare(&mv, &gamma, &beta, &rmean, &rvar, m).expect("bn_prepare");
+        let (t, r) = bn::bn_prepare(&mv, &gamma, &beta, &rmean, &rvar, m).expect("bn_prepare");
         vec![t, r]
     });
     measure("affine_rows", f32s(C), &|| {
-        vec![fused::affine_rows(&x, &coef2).expect("affine")]
+        vec![bn::affine_rows(&x, &coef2).expect("affine")]
     });
     measure("affine_rows_relu", f32s(C), &|| {
-        vec![fused::affine_rows_relu(&x, &coef2).expect("affine relu")]
+        vec![bn::affine_rows_relu(&x, &coef2).expect("affine relu")]
     });
     measure("bn_bwd_reduce", 0, &|| {
-        vec![fused::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("reduce")]
+        vec![bn_backward::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("reduce")]
     });
     measure("bn_bwd_dx", f32s(C), &|| {
-        vec![fused::bn_bwd_dx(&gy, &x, &coef3).expect("dx")]
+        vec![bn_backward::bn_bwd_dx(&gy, &x, &coef3).expect("dx")]
     });
     measure("bn_bwd_dx_accumulate", 0, &|| {
-        fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).expect("accumulate");
+        bn_backward::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).expect("accumulate");
         Vec::new()
     });
     measure("shift_stack", f32s(9 * K), &|| {
-        vec![fused::shift_stack(&t, grid, offsets).expect("stack")]
+        vec![shift::shift_stack(&t, grid, offsets).expect("stack")]
     });
     measure("shift_sum", f32s(K), &|| {
-        vec![fused::shift_sum(&p, grid, offsets).expect("sum")]
+        vec![shift::shift_sum(&p, grid, offsets).expect("sum")]
     });
 }
 

@@ -573,7 +573,7 @@ fn non_square_maps_run_in_every_variant_with_checked_gradients() {
         assert_eq!(r.grad_ok, Some(true), "{}: {:?}", r.key, r.max_rel_err);
         assert!(r.config_label().contains(&format!(" {text} ")));
         // The FLOP count is the config's: 3·5 = 5·3 pixels, so both sizes agree.
-        assert_eq!(r.flops, Some(impls::memory::flops(&row_config(r))));
+        assert_eq!(r.flops, Some(impls::model::flops(&row_config(r))));
     }
     let csv = std::fs::read_to_string(&out).expect("the CSV");
     assert!(csv.contains(",3x5,") && csv.contains(",5x3,"), "size cells");
@@ -711,7 +711,7 @@ fn step_round_trip_matches_the_library() {
             &mut NoProbe,
         )
         .expect("in-memory step");
-        let c = impls::compare::compare(&loaded, &here).expect("compare");
+        let c = impls::check::compare::compare(&loaded, &here).expect("compare");
         // Same code, same inputs, same dtype (f64): the only freedom is the thread split of
         // reductions, so allow a few ulps.
         assert!(

@@ -1,7 +1,15 @@
-//! The shape of the code, held by a test: `harness/src` is a house of floors (`commands` over
-//! `outputs` over `results` over `measure` over `plan`, with `progress` importing nothing of
-//! the crate), a floor imports only floors below it, no command imports another command, and
-//! neither crate of the workspace has an import cycle between its modules.
+//! The shape of the code, held by a test, for both crates of the workspace:
+//!
+//! - `harness/src` is a house of floors (`commands` over `outputs` over `results` over
+//!   `measure` over `plan`, with `progress` importing nothing of the crate); no command imports
+//!   another command.
+//! - `impls/src` is a house of floors too (`case` over `step` over `strategies` over `model` over
+//!   `layer` over `ops` over `config` over `check` over `error`); inside `ops`, the op families
+//!   sit over `cpu` and `cuda`, which sit side by side (neither imports the other) over
+//!   `layout`; and no module reaches another through the crate root's re-exports (`crate::Variant`),
+//!   which would hide an upward import.
+//! - In both, a floor imports only floors below it, and no crate has an import cycle between its
+//!   modules.
 //!
 //! Imports are read from the sources: every `use` tree and every inline `crate::…`, `super::…`
 //! and `self::…` path outside comments and outside the `#[cfg(test)]` module at the end of a
@@ -167,6 +175,34 @@ fn resolve(from: &ModPath, path: &str, known: &BTreeSet<ModPath>) -> Option<ModP
     best
 }
 
+/// Every `crate::…` path of a module that names an item of the crate root itself (a re-export,
+/// `crate::Variant`) rather than a module: `(module, path)`.
+fn through_root(src: &Path) -> Vec<(String, String)> {
+    let mods = modules(src);
+    let known: BTreeSet<ModPath> = mods.keys().cloned().collect();
+    let mut out = Vec::new();
+    for (m, text) in &mods {
+        if m.is_empty() {
+            continue;
+        }
+        out.extend(
+            root_paths(m, text, &known)
+                .into_iter()
+                .map(|p| (name(m), p)),
+        );
+    }
+    out
+}
+
+/// The paths of one module's source that resolve to the crate root but name something in it.
+fn root_paths(from: &ModPath, text: &str, known: &BTreeSet<ModPath>) -> Vec<String> {
+    let paths: BTreeSet<String> = referenced_paths(text)
+        .into_iter()
+        .filter(|p| p.starts_with("crate::") && resolve(from, p, known) == Some(Vec::new()))
+        .collect();
+    paths.into_iter().collect()
+}
+
 /// Module → the modules it imports (itself, its ancestors and the crate root left out).
 fn graph(src: &Path) -> BTreeMap<ModPath, BTreeSet<ModPath>> {
     let mods = modules(src);
@@ -255,6 +291,69 @@ fn floor(m: &ModPath) -> Option<u8> {
     }
 }
 
+/// The floor of an impls module, `(floor, sub-floor)`: higher may import lower, never the
+/// reverse. `ops` has sub-floors: its op families (2) over `cpu` and `cuda` (1) over `layout` (0).
+fn impls_floor(m: &ModPath) -> Option<(u8, u8)> {
+    let f = match m.first().map(String::as_str) {
+        None => 10,
+        Some("case") => 9,
+        Some("step") => 8,
+        Some("strategies") => 7,
+        Some("model") => 6,
+        Some("layer") => 5,
+        Some("ops") => {
+            let sub = match m.get(1).map(String::as_str) {
+                None => 3,
+                Some("layout") => 0,
+                Some("cpu") | Some("cuda") => 1,
+                Some(_) => 2,
+            };
+            return Some((4, sub));
+        }
+        Some("config") => 3,
+        Some("check") => 2,
+        Some("error") => 1,
+        Some(_) => return None,
+    };
+    Some((f, 0))
+}
+
+/// What breaks the impls floors in an import graph: an import up a floor, or between the two
+/// device sides of `ops` (`cpu` and `cuda`).
+fn impls_violations(g: &BTreeMap<ModPath, BTreeSet<ModPath>>) -> Vec<String> {
+    let side = |m: &ModPath| {
+        (m.first().map(String::as_str) == Some("ops"))
+            .then(|| m.get(1).cloned())
+            .flatten()
+            .filter(|s| s == "cpu" || s == "cuda")
+    };
+    let mut bad = Vec::new();
+    for (m, deps) in g {
+        for d in deps {
+            let (Some(fm), Some(fd)) = (impls_floor(m), impls_floor(d)) else {
+                continue;
+            };
+            if fd > fm {
+                bad.push(format!(
+                    "{} (floor {fm:?}) imports {} (floor {fd:?})",
+                    name(m),
+                    name(d)
+                ));
+            }
+            if let (Some(a), Some(b)) = (side(m), side(d)) {
+                if a != b {
+                    bad.push(format!(
+                        "{} imports {}: ops::cpu and ops::cuda sit side by side",
+                        name(m),
+                        name(d)
+                    ));
+                }
+            }
+        }
+    }
+    bad
+}
+
 fn src_dir(krate: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("..")
@@ -313,6 +412,93 @@ fn no_import_cycles_in_the_workspace() {
             panic!("{krate}: import cycle {}", c.join(" → "));
         }
     }
+}
+
+#[test]
+fn every_impls_module_sits_on_a_known_floor() {
+    let g = graph(&src_dir("impls"));
+    let lost: Vec<String> = g
+        .keys()
+        .filter(|m| impls_floor(m).is_none())
+        .map(name)
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "impls modules outside the floors (put them in case/, strategies/, model/, layer/, ops/, \
+         config/ or check/, and teach this test their floor): {lost:?}"
+    );
+}
+
+#[test]
+fn no_impls_import_goes_up_a_floor_or_through_the_root() {
+    let g = graph(&src_dir("impls"));
+    let bad = impls_violations(&g);
+    assert!(bad.is_empty(), "impls upward imports:\n{}", bad.join("\n"));
+    let via_root = through_root(&src_dir("impls"));
+    assert!(
+        via_root.is_empty(),
+        "impls modules importing through the crate root's re-exports (import the defining \
+         module instead): {via_root:?}"
+    );
+}
+
+/// The impls checker on planted sources: an upward import, an import between `ops::cpu` and
+/// `ops::cuda`, and a path through the root are each seen; the real tree's downward ones pass.
+#[test]
+fn the_impls_checker_sees_what_it_must() {
+    let m = |s: &str| -> ModPath { s.split("::").map(String::from).collect() };
+    let known: BTreeSet<ModPath> = [
+        vec![],
+        m("model"),
+        m("strategies"),
+        m("strategies::block"),
+        m("layer"),
+        m("ops"),
+        m("ops::cpu"),
+        m("ops::cpu::shared"),
+        m("ops::cuda"),
+        m("ops::cuda::bn"),
+        m("ops::bn"),
+        m("ops::layout"),
+        m("ops::layout::grid"),
+    ]
+    .into_iter()
+    .collect();
+    let edges = |from: &str, src: &str| -> BTreeMap<ModPath, BTreeSet<ModPath>> {
+        let from = m(from);
+        let deps = referenced_paths(src)
+            .iter()
+            .filter_map(|p| resolve(&from, p, &known))
+            .filter(|d| !d.is_empty() && !from.starts_with(d))
+            .collect();
+        [(from, deps)].into_iter().collect()
+    };
+    let up = impls_violations(&edges(
+        "model",
+        "use crate::strategies::block::LayerSaved;\n",
+    ));
+    assert_eq!(up.len(), 1, "{up:?}");
+    let sideways = impls_violations(&edges(
+        "ops::cpu::shared",
+        "fn f() { crate::ops::cuda::bn::bn_stats(); }\n",
+    ));
+    assert_eq!(sideways.len(), 1, "{sideways:?}");
+    let down = impls_violations(&edges(
+        "ops::bn",
+        "use crate::ops::{cpu::shared::Float, cuda::bn, layout::grid::Grid};\n",
+    ));
+    assert!(down.is_empty(), "{down:?}");
+    let up_in_ops = impls_violations(&edges(
+        "ops::layout::grid",
+        "use crate::ops::bn::bn_stats;\n",
+    ));
+    assert_eq!(up_in_ops.len(), 1, "{up_in_ops:?}");
+    let root = root_paths(
+        &m("layer"),
+        "use crate::Variant;\nuse crate::ops;\n",
+        &known,
+    );
+    assert_eq!(root, vec!["crate::Variant".to_string()]);
 }
 
 /// The checker itself: a planted upward import, a planted cycle and a grouped `use` are seen.

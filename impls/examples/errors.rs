@@ -5,7 +5,7 @@
 //! `cargo run --release -p densebench-impls --example errors [f32|f64]`
 
 use candle_core::Device;
-use impls::compare::compare;
+use impls::check::compare::compare;
 use impls::{step, Case, Config, Family, NoProbe, Spatial, Variant};
 
 fn main() -> impls::Result<()> {

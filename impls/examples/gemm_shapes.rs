@@ -1,13 +1,13 @@
 //! The three matrix products of an mlp dense layer (forward `W·X`, weight gradient `G·Xᵀ`,
 //! input gradient `Wᵀ·G` added into `X`'s gradient) on the forum mlp's shapes (k = 64,
 //! M = 4096, C = the layer's input channels): candle's matmul (`gemm` threading itself) against
-//! `impls::dense` (column panels, one single-threaded `gemm` each, accumulating in place), best
+//! `impls::ops::dense` (column panels, one single-threaded `gemm` each, accumulating in place), best
 //! of REPS, at the rayon pool's thread count. A benchmark for choosing the mlp kernels, not a
 //! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`
 //! (`-- 204 5 48 65536` for a bc Conv1×1).
 
 use candle_core::{Device, Tensor};
-use impls::dense;
+use impls::ops::dense;
 use std::time::Instant;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -12,7 +12,7 @@
 //!
 //! `cargo run --release -p densebench-impls --example host_ops -- [DEPTH]` (default 16).
 
-use impls::maths::with_tap_stack_on_cpu;
+use impls::layer::with_tap_stack_on_cpu;
 use impls::{Case, Config, Family, Spatial, Variant};
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};

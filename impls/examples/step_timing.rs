@@ -21,7 +21,8 @@
 
 use candle_core::Device;
 use candle_core::Tensor;
-use impls::{maths, step, Case, Config, Event, Family, Probe, Variant};
+use impls::layer;
+use impls::{step, Case, Config, Event, Family, Probe, Variant};
 use std::time::Instant;
 
 fn cpu_seconds() -> f64 {
@@ -146,7 +147,7 @@ fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
             let run = || case.step_manual(strategy, defer_r);
             let t = Instant::now();
             let r = if whole {
-                maths::with_whole_front_on_cpu(run)?
+                layer::with_whole_front_on_cpu(run)?
             } else {
                 run()?
             };
@@ -162,9 +163,9 @@ fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
     };
     let medians: Vec<f64> = times.iter_mut().map(median).collect();
     let mib = |b: Option<u64>| b.unwrap_or(0) as f64 / (1u64 << 20) as f64;
-    let split_peak = mib(impls::memory::predict_peak_bytes(variant, &cfg));
-    let whole_peak = mib(maths::with_whole_front_on_cpu(|| {
-        impls::memory::predict_peak_bytes(variant, &cfg)
+    let split_peak = mib(impls::model::predict_peak_bytes(variant, &cfg));
+    let whole_peak = mib(layer::with_whole_front_on_cpu(|| {
+        impls::model::predict_peak_bytes(variant, &cfg)
     }));
     println!(
         "{variant} on {} (median of {reps} steps; model peaks: split {split_peak:.1} MiB, whole \
@@ -195,13 +196,13 @@ fn cat_parts(reps: usize) -> impls::error::Result<()> {
         let mut secs = [0f64; 3];
         for (w, b) in &params {
             let t = Instant::now();
-            let y = maths::dense_fwd(w, Some(b), &x)?;
+            let y = layer::dense_fwd(w, Some(b), &x)?;
             secs[0] += t.elapsed().as_secs_f64();
             let t = Instant::now();
-            let y = maths::relu_fwd(y, impls::Relu::Copy)?;
+            let y = layer::relu_fwd(y, impls::Relu::Copy)?;
             secs[1] += t.elapsed().as_secs_f64();
             let t = Instant::now();
-            let next = impls::kernels::cat_rows(&[&x, &y])?;
+            let next = impls::ops::elementwise::cat_rows(&[&x, &y])?;
             secs[2] += t.elapsed().as_secs_f64();
             kept.push(std::mem::replace(&mut x, next));
         }
@@ -240,13 +241,13 @@ fn conv3x3(reps: usize) -> impls::error::Result<()> {
     let (cfg, s, gy, w) = conv3x3_operands()?;
     type Pass = fn(&Config, &Tensor, &Tensor, &Tensor) -> impls::error::Result<()>;
     let direct: Pass = |c, s, gy, w| {
-        maths::conv3x3_fwd(c, s, w)?;
-        maths::conv3x3_bwd(c, gy, s, w)?;
+        layer::conv3x3_fwd(c, s, w)?;
+        layer::conv3x3_bwd(c, gy, s, w)?;
         Ok(())
     };
     let stack: Pass = |c, s, gy, w| {
-        maths::conv3x3_fwd_tap_stack(c, s, w)?;
-        maths::conv3x3_bwd_tap_stack(c, gy, s, w)?;
+        layer::conv3x3_fwd_tap_stack(c, s, w)?;
+        layer::conv3x3_bwd_tap_stack(c, gy, s, w)?;
         Ok(())
     };
     let mut rows: Vec<(&str, Vec<(f64, f64)>)> = vec![("direct", vec![]), ("tap-stack", vec![])];
@@ -280,10 +281,10 @@ fn conv3x3(reps: usize) -> impls::error::Result<()> {
 /// The bc layer's 3×3 convolution passes one at a time (forward, backward-data,
 /// backward-weight) on DenseNet-BC-100's shapes: best wall time of REPS and GFLOP/s.
 fn passes(reps: usize) -> impls::error::Result<()> {
-    use impls::conv3x3;
+    use impls::ops::conv3x3;
     let (cfg, s, gy, w) = conv3x3_operands()?;
     let (b, k, m) = (cfg.bottleneck(), cfg.growth, cfg.m());
-    let g = maths::grid(&cfg);
+    let g = layer::grid(&cfg);
     let flop = 2.0 * (9 * b * k * m) as f64;
     type Run<'a> = Box<dyn Fn() -> impls::error::Result<Tensor> + 'a>;
     let runs: Vec<(&str, Run)> = vec![

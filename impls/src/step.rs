@@ -1,16 +1,16 @@
 //! The one interface every variant offers the harness: a training step from an input and an
 //! upstream gradient to the output, every gradient and the updated BN running stats.
 
-use crate::autograd;
-use crate::block;
+use crate::check::probe::Probe;
+use crate::config::params::{check_tensor, Params};
+use crate::config::variant::Variant;
 use crate::config::Config;
 use crate::error::{Error, Result};
-use crate::params::{check_tensor, Params};
-use crate::probe::Probe;
-use crate::variant::Variant;
+use crate::strategies::autograd;
+use crate::strategies::block;
 use candle_core::Tensor;
 
-pub use crate::result::StepResult;
+use crate::check::result::StepResult;
 
 /// One training step of `variant`: forward, then backward of `sum(output · grad_output)`.
 ///
@@ -28,7 +28,7 @@ pub fn step(
     variant.check(cfg)?;
     check_tensor("input", input, &cfg.input_shape(), cfg.dtype)?;
     check_tensor("grad_output", grad_output, &cfg.output_shape(), cfg.dtype)?;
-    for spec in crate::params::specs(cfg) {
+    for spec in crate::config::params::specs(cfg) {
         let t = params
             .tensors
             .get(&spec.name)
@@ -38,27 +38,27 @@ pub fn step(
             })?;
         check_tensor(&spec.name, t, &spec.shape, cfg.dtype)?;
     }
-    crate::maths::whole_front_override()?; // a mistyped DENSEBENCH_WHOLE_FRONT fails here
+    crate::layer::whole_front_override()?; // a mistyped DENSEBENCH_WHOLE_FRONT fails here
     match variant {
         Variant::Autograd => autograd::step_autograd(cfg, params, input, grad_output, probe),
         Variant::Manual(s) => {
             // what the memory model picked for the least peak on this device's kernels: the
             // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1,
             // whether the CPU splits the layer front
-            let path = if crate::maths::cpu_kernels(input.device()) {
-                crate::memory::Kernels::Cpu
+            let path = if crate::layer::cpu_kernels(input.device()) {
+                crate::model::trace::Kernels::Cpu
             } else {
-                crate::memory::Kernels::TapStack
+                crate::model::trace::Kernels::TapStack
             };
-            let schedule = crate::memory::schedule_for(variant, cfg, path)?;
-            crate::maths::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
+            let schedule = crate::model::schedule::schedule_for(variant, cfg, path)?;
+            crate::layer::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
                 let mut run = || {
                     block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)
                 };
                 if schedule.split_front {
                     run()
                 } else {
-                    crate::maths::with_whole_front_on_cpu(run)
+                    crate::layer::with_whole_front_on_cpu(run)
                 }
             })
         }

@@ -5,7 +5,7 @@
 //! no other test thread allocates while it measures.
 
 use candle_core::{DType, Device};
-use impls::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES};
+use impls::case::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES};
 use impls::{Case, Config, Family, Spatial};
 use proptest::prelude::*;
 use std::path::Path;

@@ -3,8 +3,8 @@
 
 use candle_core::{DType, Device};
 use impls::case::{load_result, save_result};
-use impls::compare::compare;
-use impls::memory::declare_saved;
+use impls::check::compare::compare;
+use impls::model::declare_saved;
 use impls::{Case, Config, Event, Family, Probe, SavedTensor, Spatial, Variant};
 
 /// The tiny configs of both families, and the tiny bc block on 3x5 and 5x3 maps (a case file's

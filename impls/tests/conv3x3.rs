@@ -1,10 +1,10 @@
-//! The direct 3×3 convolution (`impls::conv3x3`) against candle's own `conv2d` and its autograd
+//! The direct 3×3 convolution (`impls::ops::conv3x3`) against candle's own `conv2d` and its autograd
 //! (an independent implementation), in f64 on non-square grids whose heights cut the image into
 //! several tiles with a short last one, and bit for bit across thread counts.
 
 use candle_core::{DType, Device, Tensor, Var};
-use impls::conv3x3;
-use impls::grid::Grid;
+use impls::ops::conv3x3;
+use impls::ops::layout::grid::Grid;
 
 /// f64 sums of at most 9·B = 63 products of O(1) terms in two different orders: ~1e-14 apart.
 const TOL: f64 = 1e-11;
@@ -12,7 +12,7 @@ const TOL: f64 = 1e-11;
 fn rand(shape: &[usize], seed: u64) -> Tensor {
     let n = shape.iter().product();
     Tensor::from_vec(
-        impls::params::uniform(seed, "t", n, -1.0, 1.0),
+        impls::config::params::uniform(seed, "t", n, -1.0, 1.0),
         shape,
         &Device::Cpu,
     )
@@ -133,13 +133,13 @@ fn direct_conv_is_bitwise_the_same_at_any_thread_count() {
     }
 }
 
-/// The GPU path's convolution (the tap stack, `maths::conv3x3_*_tap_stack`, run here by the
+/// The GPU path's convolution (the tap stack, `layer::conv3x3_*_tap_stack`, run here by the
 /// CPU) a range of whole images at a time: one chunk, chunks of one image, and chunks of two
 /// with a shorter last one all agree with the direct kernel, in f64, forward and both
 /// gradients (the weight gradient then sums the chunks' products in chunk order).
 #[test]
 fn tap_stack_conv_in_chunks_matches_the_direct_one() {
-    use impls::maths::{self, tap_chunk_images, with_tap_chunk_columns};
+    use impls::layer::{self, tap_chunk_images, with_tap_chunk_columns};
     use impls::{Config, Family, Spatial};
     let (g, b, k) = (Grid { n: 5, h: 4, w: 3 }, 6, 3);
     let cfg = Config {
@@ -162,8 +162,8 @@ fn tap_stack_conv_in_chunks_matches_the_direct_one() {
     for (columns, images) in [(0, 5), (1, 1), (plane, 1), (plane + 1, 2), (2 * plane, 2)] {
         assert_eq!(tap_chunk_images(g, columns), images, "{columns} columns");
         let got = with_tap_chunk_columns(columns, || {
-            let y = maths::conv3x3_fwd_tap_stack(&cfg, &s, &w).unwrap();
-            let (ds, dw) = maths::conv3x3_bwd_tap_stack(&cfg, &gy, &s, &w).unwrap();
+            let y = layer::conv3x3_fwd_tap_stack(&cfg, &s, &w).unwrap();
+            let (ds, dw) = layer::conv3x3_bwd_tap_stack(&cfg, &gy, &s, &w).unwrap();
             [y, ds, dw]
         });
         for ((a, r), name) in got.iter().zip(&direct).zip(["y", "ds", "dW"]) {

@@ -1,9 +1,9 @@
 //! densebench's CUDA kernel sources run on the host: each module's text exactly as NVRTC gets it
-//! (`impls::cuda_src`, prelude included) is compiled as C++ against a small emulation of the
+//! (`impls::ops::cuda::src`, prelude included) is compiled as C++ against a small emulation of the
 //! CUDA execution model (`tests/cuda_emulated/shim.hpp`), and every entry point, f32 and f64, is
 //! launched with the launchers' geometry and with smaller grids (which exercise the grid-stride
-//! loops that cover capped grids) and compared with its CPU twin in `impls::fused` /
-//! `impls::kernels`: the element-wise kernels bit for bit, the reductions within the bound of a
+//! loops that cover capped grids) and compared with its CPU twin in `impls::ops::bn` /
+//! `impls::ops::elementwise`: the element-wise kernels bit for bit, the reductions within the bound of a
 //! different f64 summation order, and two runs of a reduction bit for bit.
 //!
 //! This checks the kernels' indexing (rows, columns, taps, coefficient tables, views), their
@@ -15,9 +15,10 @@
 
 use candle_core::{Device, Tensor, WithDType};
 use impls::config::{BN_EPS, BN_MOMENTUM};
-use impls::cuda_src::{self, CudaModule};
-use impls::fused::{self, Grid, TAPS};
-use impls::kernels;
+use impls::ops::cuda::src::{self, CudaModule};
+use impls::ops::elementwise;
+use impls::ops::layout::grid::{Grid, TAPS};
+use impls::ops::{bn, bn_backward, shift};
 use libloading::{Library, Symbol};
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::Path;
@@ -37,28 +38,24 @@ type LaunchFn = unsafe extern "C" fn(
 
 type Dim = (u32, u32, u32);
 
-/// The launchers' geometry (`impls/src/cuda_launch.rs`, restated): element-wise kernels get
+/// The launchers' geometry (`impls/src/ops/cuda/launch.rs`, restated): element-wise kernels get
 /// blocks of `ELEMENTWISE_THREADS` over `n` (grid capped at `MAX_GRID_X`), row kernels the
 /// columns in x and the rows in y (both capped), reductions one block of `REDUCE_THREADS` per row.
 fn elementwise_geometry(n: usize) -> (Dim, Dim) {
-    let t = cuda_src::ELEMENTWISE_THREADS;
-    let gx = n
-        .div_ceil(t as usize)
-        .clamp(1, cuda_src::MAX_GRID_X as usize) as u32;
+    let t = src::ELEMENTWISE_THREADS;
+    let gx = n.div_ceil(t as usize).clamp(1, src::MAX_GRID_X as usize) as u32;
     ((gx, 1, 1), (t, 1, 1))
 }
 
 fn rows_geometry(rows: usize, cols: usize) -> (Dim, Dim) {
-    let t = cuda_src::ELEMENTWISE_THREADS;
-    let gx = cols
-        .div_ceil(t as usize)
-        .clamp(1, cuda_src::MAX_GRID_X as usize) as u32;
-    let gy = rows.clamp(1, cuda_src::MAX_GRID_Y as usize) as u32;
+    let t = src::ELEMENTWISE_THREADS;
+    let gx = cols.div_ceil(t as usize).clamp(1, src::MAX_GRID_X as usize) as u32;
+    let gy = rows.clamp(1, src::MAX_GRID_Y as usize) as u32;
     ((gx, gy, 1), (t, 1, 1))
 }
 
 fn reduce_geometry(rows: usize) -> (Dim, Dim) {
-    ((rows as u32, 1, 1), (cuda_src::REDUCE_THREADS, 1, 1))
+    ((rows as u32, 1, 1), (src::REDUCE_THREADS, 1, 1))
 }
 
 /// The launchers' geometry and two smaller grids: one block, and a few in each dimension, so
@@ -126,7 +123,7 @@ impl Emulated {
             // (shim.hpp: g++'s GNU_UNIQUE symbols are one object per process; clang makes none
             // and knows no such flag)
             .args(gnu_unique_off(&cxx))
-            .arg(format!("-DDB_REDUCE_THREADS={}", cuda_src::REDUCE_THREADS))
+            .arg(format!("-DDB_REDUCE_THREADS={}", src::REDUCE_THREADS))
             .args(defines.iter().map(|d| format!("-D{d}")))
             .arg("-I")
             .arg(&shim_dir)
@@ -304,7 +301,7 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_stats_{}", T::SUFFIX);
     for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
         let x = values::<T>(c * cols, 10 + k as u64);
-        let mv = host::<T>(&fused::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats"));
+        let mv = host::<T>(&bn::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats"));
         let (mean, var) = mv.split_at(c);
         let run = || {
             let mut out = vec![T::from_f64(7.0); 2 * c];
@@ -360,7 +357,7 @@ fn close<T: El>(kernel: &str, what: &str, row: usize, got: T, want: T, m: usize,
 /// the additions, and a skipped, repeated or reordered term shows up here as a different bit
 /// pattern long before it leaves the f64-order bound of [`close`].
 fn kernel_order_sum(terms: impl Iterator<Item = f64>) -> f64 {
-    let r = cuda_src::REDUCE_THREADS as usize;
+    let r = src::REDUCE_THREADS as usize;
     let mut part = vec![0.0f64; r];
     for (i, v) in terms.enumerate() {
         part[i % r] += v;
@@ -378,7 +375,7 @@ fn kernel_order_sum(terms: impl Iterator<Item = f64>) -> f64 {
 /// `bn_bwd_reduce`: planar `[5, C]` = (Σ gy; Σ gy·x̂; A; B; C). The two sums within the
 /// f64-order bound of the CPU twin's; the coefficients A, B, C, which the kernel computes in `T`
 /// from its own rounded sums, bit for bit the CPU's coefficient maths
-/// ([`fused::generic_bn_bwd_coef`], the candle ops they replace) applied to the kernel's sums:
+/// ([`bn_backward::generic_bn_bwd_coef`], the candle ops they replace) applied to the kernel's sums:
 /// comparing them with the CPU twin's A, B, C would mix the sums' summation-order difference
 /// into a check of the per-channel arithmetic (order of the roundings, `T(−1/M)` and `T(1/M)`,
 /// planar indexing), which must be exact. γ has a 0 and a −0 and a few large values; and two
@@ -402,7 +399,7 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
         let st: Vec<T> = mean.iter().chain(&invstd).copied().collect();
         let (st_t, gamma_t) = (tensor(&st, (2, c)), vector(&gamma));
         let cpu = host::<T>(
-            &fused::bn_bwd_reduce(
+            &bn_backward::bn_bwd_reduce(
                 &tensor(&gy, (c, cols)),
                 &tensor(&x, (c, cols)),
                 &st_t,
@@ -458,7 +455,7 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             assert_bitwise(&what, &a[r..=r], &[T::from_f64(sg)]);
             assert_bitwise(&what, &a[c + r..=c + r], &[T::from_f64(sgx)]);
         }
-        let coef = fused::generic_bn_bwd_coef(
+        let coef = bn_backward::generic_bn_bwd_coef(
             &tensor(&a[..c], (c, 1)),
             &tensor(&a[c..2 * c], (c, 1)),
             &st_t,
@@ -506,7 +503,7 @@ const PREPARE_SPECIALS: [[Option<f64>; 6]; 12] = [
 
 /// `bn_prepare`, BN forward's per-channel step: the table `[4, C]` = (mean; invstd; scale;
 /// shift) and the running-stat update `[2, C]`, computed in `T` one channel per thread, must be
-/// the bits of the CPU twin's (`fused::bn_prepare`), NaN for NaN ([`assert_bitwise_nan`]), both
+/// the bits of the CPU twin's (`bn::bn_prepare`), NaN for NaN ([`assert_bitwise_nan`]), both
 /// outputs, under the launcher's 1-D geometry, one block and three (C = 1000 > 3·256, so each
 /// thread of the small grids walks several channels), for two M (the running variance's
 /// M/(M−1)), with [`PREPARE_SPECIALS`] planted at channels spread over the blocks. The kernel
@@ -531,7 +528,7 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
     let [mean, var, gamma, beta, rmean, rvar] = [0, 1, 2, 3, 4, 5].map(|q| cols[q].clone());
     let mv: Vec<T> = mean.iter().chain(&var).copied().collect();
     for bn_m in [2usize, 517] {
-        let (table, running) = fused::bn_prepare(
+        let (table, running) = bn::bn_prepare(
             &tensor(&mv, (2, c)),
             &vector(&gamma),
             &vector(&beta),
@@ -553,7 +550,7 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
                 "cpu bn_prepare: the {what} has no NaN or no ∞ from the planted inputs"
             );
         }
-        // impls::fused::PrepareScalars, restated: candle rounds each scalar to T; the unbiasing
+        // impls::ops::bn::PrepareScalars, restated: candle rounds each scalar to T; the unbiasing
         // factor is μ·(M/(M−1)), in that order.
         let mf = bn_m as f64;
         let scalars = [
@@ -610,9 +607,9 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     let scale = values::<T>(c, 61);
     let shift = values::<T>(c, 62);
     let f = if relu {
-        fused::affine_rows_relu
+        bn::affine_rows_relu
     } else {
-        fused::affine_rows
+        bn::affine_rows
     };
     let coef: Vec<T> = scale.iter().chain(&shift).copied().collect();
     let want = host::<T>(&f(&tensor(&x, (c, cols)), &tensor(&coef, (2, c))).expect("cpu affine"));
@@ -665,9 +662,10 @@ fn relu_bwd_affine_matches<T: El>(m: &Emulated, inplace: bool) {
         tensor(&x, (c, cols)),
         tensor(&coef, (2, c)),
     );
-    let want = host::<T>(&fused::relu_bwd_affine(&gt, &xt, &ct).expect("cpu relu bwd affine"));
+    let want =
+        host::<T>(&bn_backward::relu_bwd_affine(&gt, &xt, &ct).expect("cpu relu bwd affine"));
     let want_inplace = host::<T>(
-        &fused::relu_bwd_affine_inplace(gt.copy().expect("copy"), &xt, &ct)
+        &bn_backward::relu_bwd_affine_inplace(gt.copy().expect("copy"), &xt, &ct)
             .expect("cpu relu bwd affine inplace"),
     );
     assert_bitwise_nan(
@@ -730,7 +728,7 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
     let coef_t = tensor(&coef, (3, c));
     let want = if accumulate {
         let dst = tensor(&dst0, (c, cols));
-        fused::bn_bwd_dx_accumulate(
+        bn_backward::bn_bwd_dx_accumulate(
             &dst,
             &tensor(&gy, (c, cols)),
             &tensor(&x, (c, cols)),
@@ -740,7 +738,7 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
         host::<T>(&dst)
     } else {
         host::<T>(
-            &fused::bn_bwd_dx(&tensor(&gy, (c, cols)), &tensor(&x, (c, cols)), &coef_t)
+            &bn_backward::bn_bwd_dx(&tensor(&gy, (c, cols)), &tensor(&x, (c, cols)), &coef_t)
                 .expect("cpu dx"),
         )
     };
@@ -841,11 +839,11 @@ fn shifts_match<T: El>(m: &Emulated) {
             let mut tp = taps(&offsets);
             let t = values::<T>(c * cols, 80 + gi as u64);
             let want = host::<T>(
-                &fused::shift_stack(&tensor(&t, (c, cols)), grid, offsets).expect("cpu stack"),
+                &shift::shift_stack(&tensor(&t, (c, cols)), grid, offsets).expect("cpu stack"),
             );
             let pp = values::<T>(9 * c * cols, 90 + gi as u64);
             let want_sum = host::<T>(
-                &fused::shift_sum(&tensor(&pp, (9 * c, cols)), grid, offsets).expect("cpu sum"),
+                &shift::shift_sum(&tensor(&pp, (9 * c, cols)), grid, offsets).expect("cpu sum"),
             );
             let (mut cc, mut mm) = (c as u64, cols as u64);
             let (mut h, mut w) = (grid.h as u64, grid.w as u64);
@@ -911,15 +909,15 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
     let n = 1000;
     let x = relu_values::<T>(n, 100);
     let g = values::<T>(n, 101);
-    let relu = host::<T>(&kernels::relu_inplace(tensor(&x, (1, n))).expect("cpu relu"));
+    let relu = host::<T>(&elementwise::relu_inplace(tensor(&x, (1, n))).expect("cpu relu"));
     let relu_bwd =
-        host::<T>(&kernels::relu_bwd(&tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd"));
+        host::<T>(&elementwise::relu_bwd(&tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd"));
     let relu_bwd_in = host::<T>(
-        &kernels::relu_bwd_inplace(tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd in"),
+        &elementwise::relu_bwd_inplace(tensor(&g, (1, n)), &tensor(&x, (1, n))).expect("bwd in"),
     );
     let dst = tensor(&g, (1, n));
     let src = values::<T>(n, 102);
-    kernels::add_assign(&dst, &tensor(&src, (1, n))).expect("cpu add_assign");
+    elementwise::add_assign(&dst, &tensor(&src, (1, n))).expect("cpu add_assign");
     let added = host::<T>(&dst);
     let mut nn = n as u64;
     for geom in flat_geometries(n) {
@@ -976,10 +974,10 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
 
 /// Every entry point of `bn.cu` (statistics, the forward per-channel step, apply with and
 /// without ReLU, the ReLU backward masked from BN's input, backward reduction with its coefficients, dx fresh and accumulated), f32 and
-/// f64, against its CPU twin in `impls::fused`: the GPU path of every BN layer runs these.
+/// f64, against its CPU twin in `impls::ops::bn`: the GPU path of every BN layer runs these.
 #[test]
 fn bn_kernels_match_their_cpu_twins_on_the_host() {
-    let m = Emulated::build(&cuda_src::BN);
+    let m = Emulated::build(&src::BN);
     bn_stats_matches::<f32>(&m);
     bn_stats_matches::<f64>(&m);
     bn_prepare_matches::<f32>(&m);
@@ -1004,7 +1002,7 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
 /// f64, bit for bit their CPU twins on non-square grids, forward, flipped and far taps.
 #[test]
 fn shift_kernels_match_their_cpu_twins_on_the_host() {
-    let m = Emulated::build(&cuda_src::SHIFT);
+    let m = Emulated::build(&src::SHIFT);
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
 }
@@ -1013,7 +1011,7 @@ fn shift_kernels_match_their_cpu_twins_on_the_host() {
 /// columns or more (too large to emulate): the module built with `DB_NARROW_COLUMNS=0`.
 #[test]
 fn shift_kernels_wide_locator_matches_too() {
-    let m = Emulated::build_with(&cuda_src::SHIFT, &["DB_NARROW_COLUMNS=0"], "");
+    let m = Emulated::build_with(&src::SHIFT, &["DB_NARROW_COLUMNS=0"], "");
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
 }
@@ -1025,8 +1023,8 @@ fn shift_kernels_wide_locator_matches_too() {
 #[test]
 fn emulated_modules_do_not_share_their_launch_state() {
     let probe = "extern \"C\" unsigned emu_geometry() { return gridDim.x * 1000 + blockDim.x; }\n";
-    let a = Emulated::build_with(&cuda_src::SHIFT, &[], probe);
-    let b = Emulated::build_with(&cuda_src::SHIFT, &["DB_NARROW_COLUMNS=0"], probe);
+    let a = Emulated::build_with(&src::SHIFT, &[], probe);
+    let b = Emulated::build_with(&src::SHIFT, &["DB_NARROW_COLUMNS=0"], probe);
     let geometry = |m: &Emulated| {
         // SAFETY: `emu_geometry` is the probe just compiled with exactly this signature.
         let f: Symbol<unsafe extern "C" fn() -> u32> =
@@ -1072,7 +1070,7 @@ fn emulated_modules_do_not_share_their_launch_state() {
 #[test]
 fn shift_magic_division_is_exact() {
     let m = Emulated::build_with(
-        &cuda_src::SHIFT,
+        &src::SHIFT,
         &[],
         "extern \"C\" unsigned emu_quotient(unsigned n, unsigned d) {\n\
              return db_quotient(n, db_make_divider(d));\n}\n",
@@ -1131,10 +1129,10 @@ fn shift_magic_division_is_exact() {
 }
 
 /// The in-place element-wise kernels of `inplace.cu` (ReLU, its backward, `add_assign`), f32
-/// and f64, bit for bit `impls::kernels` under the launcher's and smaller flat grids.
+/// and f64, bit for bit `impls::ops::elementwise` under the launcher's and smaller flat grids.
 #[test]
 fn inplace_kernels_match_their_cpu_twins_on_the_host() {
-    let m = Emulated::build(&cuda_src::INPLACE);
+    let m = Emulated::build(&src::INPLACE);
     inplace_kernels_match::<f32>(&m);
     inplace_kernels_match::<f64>(&m);
 }

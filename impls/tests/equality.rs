@@ -7,7 +7,7 @@
 //! on bc blocks than the hand-written backward — see `autograd_f32_is_the_least_accurate`.)
 
 use candle_core::{DType, Device};
-use impls::compare::{compare, compare_updates};
+use impls::check::compare::{compare, compare_updates};
 use impls::{step, Case, Concat, Config, Family, NoProbe, Spatial, Variant};
 
 /// Norm-wise relative tolerance (max |a − b| / max |ref|) against `autograd` in f64. The two
@@ -262,9 +262,9 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
             seed: 5,
             family: Family::Bc,
         };
-        assert!(impls::maths::front_chunks(cfg.m()).len() > 2);
-        assert!(impls::maths::dw_groups(cfg.m()).len() > 2);
-        assert!(impls::maths::grad_blocks(cfg.channels).len() > 2);
+        assert!(impls::layer::front_chunks(cfg.m()).len() > 2);
+        assert!(impls::layer::dw_groups(cfg.m()).len() > 2);
+        assert!(impls::layer::grad_blocks(cfg.channels).len() > 2);
         let case = Case::random(&cfg, &Device::Cpu)?;
         for v in Variant::for_config(&cfg) {
             if v == Variant::Autograd {
@@ -276,7 +276,7 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
             // the step itself, not `step()`, which splits only where the model says it pays
             let run = || case.step_manual(strategy, false);
             let split = run()?;
-            let whole = impls::maths::with_whole_front_on_cpu(run)?;
+            let whole = impls::layer::with_whole_front_on_cpu(run)?;
             let c = compare(&split, &whole)?;
             assert!(
                 c.overall.bitwise,

@@ -2,7 +2,7 @@
 //! against central differences of the loss `sum(output · grad_output)` along random directions.
 
 use candle_core::{DType, Device, Tensor};
-use impls::params::{specs, uniform, Kind};
+use impls::config::params::{specs, uniform, Kind};
 use impls::{step, Case, Config, Family, NoProbe, Params, Spatial, Variant};
 
 /// Central-difference step. With f64 the truncation error is O(ε²·L''') ≈ 1e-12 and the

@@ -1,4 +1,4 @@
-//! The CUDA kernels of every fused op (`src/cuda/bn.cu`, `src/cuda/shift.cu`) and the in-place
+//! The CUDA kernels of every fused op (`src/ops/cuda/bn.cu`, `src/ops/cuda/shift.cu`) and the in-place
 //! element-wise kernels against their CPU twins and the `generic_*` candle-op oracles, through
 //! views with non-zero start offsets, on a non-square grid; and two runs of each bitwise equal.
 //! Also cuBLAS's accumulation into a view (`dense::accumulate` on a GPU) against `gemm`.
@@ -9,7 +9,8 @@
 #![cfg(feature = "cuda")]
 
 use candle_core::{DType, Device, Tensor};
-use impls::fused::{self, Grid, TAPS};
+use impls::ops::layout::grid::{Grid, TAPS};
+use impls::ops::{bn, bn_backward, shift};
 
 /// f64 sums of the 3×3 convolution test (9·B products per output of y and ds, M = 1173 per
 /// element of dW; |x| ≤ 2): two summation orders differ by a few ulps (a simulation of that
@@ -49,7 +50,7 @@ fn gpu(test: &str) -> Option<Device> {
 fn rand(shape: (usize, usize), seed: u64, dtype: DType) -> Tensor {
     let n = shape.0 * shape.1;
     Tensor::from_vec(
-        impls::params::uniform(seed, "t", n, -2.0, 2.0),
+        impls::config::params::uniform(seed, "t", n, -2.0, 2.0),
         shape,
         &Device::Cpu,
     )
@@ -161,9 +162,9 @@ fn bn_stats_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     let x = rand((c, m), 1, dtype);
     let (_buf, xv) = in_buffer(&x, dev);
     let g = twice("bn_stats", || {
-        vec![fused::bn_stats(&xv).expect("cuda bn_stats")]
+        vec![bn::bn_stats(&xv).expect("cuda bn_stats")]
     });
-    let cpu = fused::bn_stats(&x).expect("cpu bn_stats");
+    let cpu = bn::bn_stats(&x).expect("cpu bn_stats");
     // scales: Σ|x|/m for the mean, Σ(x − μ)²/m = the variance itself
     let xs = host(&x);
     let mut scale: Vec<f64> = abs_row_sums(c, m, |i| xs[i] / m as f64);
@@ -177,19 +178,19 @@ fn bn_stats_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     );
     if dtype == DType::F64 {
         // The candle-op oracle on the same GPU (its own summation order), f64 tolerance.
-        let oracle = fused::generic_bn_stats(&xv).expect("oracle");
+        let oracle = bn::generic_bn_stats(&xv).expect("oracle");
         assert_reduction_close(&g[0], &oracle, &scale, m, "bn (mean; var) vs oracle");
     }
 }
 
 /// `(mean; invstd)` of `x` on the CPU and γ, for the backward reduction.
 fn st_and_gamma(x: &Tensor, dtype: DType) -> (Tensor, Tensor) {
-    let mv = fused::bn_stats(x).expect("stats");
-    let invstd = (fused::row(&mv, 1).expect("var") + 1e-5)
+    let mv = bn::bn_stats(x).expect("stats");
+    let invstd = (bn::row(&mv, 1).expect("var") + 1e-5)
         .and_then(|v| v.sqrt())
         .and_then(|v| v.recip())
         .expect("invstd");
-    let st = Tensor::stack(&[fused::row(&mv, 0).expect("mean"), invstd], 0).expect("st");
+    let st = Tensor::stack(&[bn::row(&mv, 0).expect("mean"), invstd], 0).expect("st");
     let c = x.dims()[0];
     let gamma = rand((1, c), 19, dtype).flatten_all().expect("gamma");
     (st, gamma)
@@ -203,9 +204,9 @@ fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
     let d = |t: &Tensor| t.to_device(dev).expect("to device");
     let (sd, gd) = (d(&st), d(&gamma));
     let g = twice("bn_bwd_reduce", || {
-        vec![fused::bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("cuda reduce")]
+        vec![bn_backward::bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("cuda reduce")]
     });
-    let cpu = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("cpu reduce");
+    let cpu = bn_backward::bn_bwd_reduce(&gy, &x, &st, &gamma).expect("cpu reduce");
     let sums = |t: &Tensor| t.narrow(0, 0, 2).expect("sums");
     // scales: Σ|gy| and Σ|gy·(x − mean)·invstd| per row
     let (gys, xs, sts) = (host(&gy), host(&x), host(&st));
@@ -222,8 +223,9 @@ fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
         &format!("(Σgy; Σgy·x̂) {dtype:?} m={m}"),
     );
     // A, B, C: the CPU twin's arithmetic on the kernel's own sums, bit for bit.
-    let col = |q| fused::column(&g[0], q).expect("column");
-    let want = fused::generic_bn_bwd_coef(&col(0), &col(1), &sd, &gd, m).expect("coef oracle");
+    let col = |q| bn::column(&g[0], q).expect("column");
+    let want =
+        bn_backward::generic_bn_bwd_coef(&col(0), &col(1), &sd, &gd, m).expect("coef oracle");
     for (q, w) in want.iter().enumerate() {
         assert_bitwise(
             &col(2 + q),
@@ -232,7 +234,7 @@ fn bn_bwd_reduce_case(dev: &Device, dtype: DType, (c, m): (usize, usize)) {
         );
     }
     if dtype == DType::F64 {
-        let oracle = fused::generic_bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("oracle");
+        let oracle = bn_backward::generic_bn_bwd_reduce(&gv, &xv, &sd, &gd).expect("oracle");
         assert_reduction_close(
             &sums(&g[0]),
             &sums(&oracle),
@@ -256,10 +258,10 @@ fn bn_prepare_case(dev: &Device, dtype: DType, c: usize) {
     let (mvd, gd, bd, rmd, rvd) = (d(&mv), d(&gamma), d(&beta), d(&rm), d(&rv));
     let m = 1173;
     let g = twice("bn_prepare", || {
-        let (t, r) = fused::bn_prepare(&mvd, &gd, &bd, &rmd, &rvd, m).expect("cuda prepare");
+        let (t, r) = bn::bn_prepare(&mvd, &gd, &bd, &rmd, &rvd, m).expect("cuda prepare");
         vec![t, r]
     });
-    let (t, r) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).expect("cpu prepare");
+    let (t, r) = bn::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).expect("cpu prepare");
     assert_bitwise(&g[0], &t, &format!("bn_prepare table {dtype:?} C={c}"));
     assert_bitwise(&g[1], &r, &format!("bn_prepare running {dtype:?} C={c}"));
 }
@@ -301,29 +303,29 @@ fn cuda_bn_elementwise_kernels_equal_cpu_bitwise() {
 
         let g = twice("affine_rows", || {
             vec![
-                fused::affine_rows(&xv, &k2).expect("cuda affine"),
-                fused::affine_rows_relu(&xv, &k2).expect("cuda affine relu"),
-                fused::bn_bwd_dx(&gv, &xv, &k3).expect("cuda dx"),
+                bn::affine_rows(&xv, &k2).expect("cuda affine"),
+                bn::affine_rows_relu(&xv, &k2).expect("cuda affine relu"),
+                bn_backward::bn_bwd_dx(&gv, &xv, &k3).expect("cuda dx"),
             ]
         });
-        let cpu_affine = fused::affine_rows(&x, &coef2).expect("cpu affine");
+        let cpu_affine = bn::affine_rows(&x, &coef2).expect("cpu affine");
         assert_bitwise(&g[0], &cpu_affine, &format!("affine_rows {dtype:?}"));
-        let cpu_relu = fused::affine_rows_relu(&x, &coef2).expect("cpu affine relu");
+        let cpu_relu = bn::affine_rows_relu(&x, &coef2).expect("cpu affine relu");
         assert_bitwise(&g[1], &cpu_relu, &format!("affine_rows_relu {dtype:?}"));
         // About half the outputs are clipped: the ReLU really ran.
         let zeros = host(&g[1]).iter().filter(|v| **v == 0.0).count();
         assert!(zeros > C * m / 4, "affine_rows_relu: only {zeros} zeros");
-        let cpu_dx = fused::bn_bwd_dx(&gy, &x, &coef3).expect("cpu dx");
+        let cpu_dx = bn_backward::bn_bwd_dx(&gy, &x, &coef3).expect("cpu dx");
         assert_bitwise(&g[2], &cpu_dx, &format!("bn_bwd_dx {dtype:?}"));
 
         // In place into rows 2..2+C of a gradient buffer: the rows around stay untouched, the
         // view holds bitwise the CPU's accumulate (= dx then add).
         let acc0 = rand((C, m), 11, dtype);
         let acc_cpu = acc0.copy().expect("copy");
-        fused::bn_bwd_dx_accumulate(&acc_cpu, &gy, &x, &coef3).expect("cpu accumulate");
+        bn_backward::bn_bwd_dx_accumulate(&acc_cpu, &gy, &x, &coef3).expect("cpu accumulate");
         let run = || {
             let (buf, view) = in_buffer(&acc0, &dev);
-            fused::bn_bwd_dx_accumulate(&view, &gv, &xv, &k3).expect("cuda acc");
+            bn_backward::bn_bwd_dx_accumulate(&view, &gv, &xv, &k3).expect("cuda acc");
             vec![buf]
         };
         let buf = &twice("bn_bwd_dx_accumulate", run)[0];
@@ -360,21 +362,21 @@ fn cuda_shift_kernels_equal_cpu_bitwise() {
             let (_bp, pv) = in_buffer(&p, &dev);
             let g = twice("shift", || {
                 vec![
-                    fused::shift_stack(&tv, GRID, offsets).expect("cuda stack"),
-                    fused::shift_sum(&pv, GRID, offsets).expect("cuda sum"),
+                    shift::shift_stack(&tv, GRID, offsets).expect("cuda stack"),
+                    shift::shift_sum(&pv, GRID, offsets).expect("cuda sum"),
                 ]
             });
-            let cpu_stack = fused::shift_stack(&t, GRID, offsets).expect("cpu stack");
+            let cpu_stack = shift::shift_stack(&t, GRID, offsets).expect("cpu stack");
             assert_bitwise(
                 &g[0],
                 &cpu_stack,
                 &format!("shift_stack {dtype:?} sign {sign}"),
             );
-            let cpu_sum = fused::shift_sum(&p, GRID, offsets).expect("cpu sum");
+            let cpu_sum = shift::shift_sum(&p, GRID, offsets).expect("cpu sum");
             assert_bitwise(&g[1], &cpu_sum, &format!("shift_sum {dtype:?} sign {sign}"));
             // The candle-op oracle on the GPU: copies and the same additions in the same
             // order, so bitwise too.
-            let oracle = fused::generic_shift_stack(&tv, GRID, offsets).expect("oracle stack");
+            let oracle = shift::generic_shift_stack(&tv, GRID, offsets).expect("oracle stack");
             assert_bitwise(&g[0], &oracle, "shift_stack vs oracle");
         }
     }
@@ -395,9 +397,10 @@ fn cuda_affine_relu_equals_affine_then_inplace_relu() {
             .and_then(|t| t.to_dtype(dtype))
             .and_then(|t| t.to_device(&dev))
             .expect("coef");
-        let fused_out = fused::affine_rows_relu(&x, &coef).expect("fused");
-        let two_step = impls::kernels::relu_inplace(fused::affine_rows(&x, &coef).expect("affine"))
-            .expect("relu");
+        let fused_out = bn::affine_rows_relu(&x, &coef).expect("fused");
+        let two_step =
+            impls::ops::elementwise::relu_inplace(bn::affine_rows(&x, &coef).expect("affine"))
+                .expect("relu");
         assert_bitwise(&fused_out, &two_step, &format!("affine relu {dtype:?}"));
         let row1 = host(&fused_out.narrow(0, 1, 1).expect("row"));
         assert!(row1.iter().all(|v| *v == 0.0), "NaN row not mapped to 0");
@@ -415,15 +418,15 @@ fn cuda_fused_ops_reject_short_operands() {
         .to_device(&dev)
         .expect("short");
     let coef = rand((3, C), 18, DType::F32).to_device(&dev).expect("coef");
-    let e = fused::bn_bwd_dx(&x, &short, &coef).expect_err("short x accepted");
+    let e = bn_backward::bn_bwd_dx(&x, &short, &coef).expect_err("short x accepted");
     assert!(format!("{e:#}").contains("elements"), "{e:#}");
     let short_coef = rand((3, C - 1), 18, DType::F32)
         .to_device(&dev)
         .expect("coef");
-    let e = fused::bn_bwd_dx(&x, &x, &short_coef).expect_err("short table accepted");
+    let e = bn_backward::bn_bwd_dx(&x, &x, &short_coef).expect_err("short table accepted");
     assert!(format!("{e:#}").contains("coefficient table"), "{e:#}");
     let bad_grid = Grid { n: 1, h: 9, w: 11 };
-    let e = fused::shift_stack(&x, bad_grid, [(0, 0); 9]).expect_err("wrong grid accepted");
+    let e = shift::shift_stack(&x, bad_grid, [(0, 0); 9]).expect_err("wrong grid accepted");
     assert!(format!("{e:#}").contains("grid"), "{e:#}");
 }
 
@@ -465,14 +468,15 @@ fn cuda_dense_accumulate_matches_cpu_gemm() {
         };
         // dst += Wᵀ · gy into rows 2.. of a buffer
         let cpu = d0.copy().expect("copy");
-        impls::dense::accumulate(&cpu, &w.t().expect("wt"), &gy).expect("cpu accumulate");
+        impls::ops::dense::accumulate(&cpu, &w.t().expect("wt"), &gy).expect("cpu accumulate");
         let (wg, gyg) = (
             w.to_device(&dev).expect("w"),
             gy.to_device(&dev).expect("gy"),
         );
         let run = || {
             let (buf, view) = in_buffer(&d0, &dev);
-            impls::dense::accumulate(&view, &wg.t().expect("wt"), &gyg).expect("cuda accumulate");
+            impls::ops::dense::accumulate(&view, &wg.t().expect("wt"), &gyg)
+                .expect("cuda accumulate");
             (buf, view)
         };
         let (buf, view) = run();
@@ -488,9 +492,9 @@ fn cuda_dense_accumulate_matches_cpu_gemm() {
         // rows [0, c) += Wᵀ · rows [c, c + k) of one view
         let rows = Tensor::cat(&[&d0, &gy], 0).expect("rows");
         let cpu = rows.copy().expect("copy");
-        impls::dense::accumulate_tail(&cpu, c, &w.t().expect("wt")).expect("cpu tail");
+        impls::ops::dense::accumulate_tail(&cpu, c, &w.t().expect("wt")).expect("cpu tail");
         let (_buf, view) = in_buffer(&rows, &dev);
-        impls::dense::accumulate_tail(&view, c, &wg.t().expect("wt")).expect("cuda tail");
+        impls::ops::dense::accumulate_tail(&view, c, &wg.t().expect("wt")).expect("cuda tail");
         close(&view, &cpu, "accumulate_tail");
         // the right operand's rows are read, not written
         assert_bitwise(
@@ -501,14 +505,14 @@ fn cuda_dense_accumulate_matches_cpu_gemm() {
     }
 }
 
-/// The GPU path's 3×3 convolution (tap stack, `maths::conv3x3_*_tap_stack`) in one chunk and a
+/// The GPU path's 3×3 convolution (tap stack, `layer::conv3x3_*_tap_stack`) in one chunk and a
 /// few whole images at a time with a shorter last chunk (the shift kernels then read and write
 /// column ranges, row-strided views, and cuBLAS writes and adds into column ranges) against the
 /// CPU's direct kernel, in f64: forward and both gradients.
 #[test]
 fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
-    use impls::conv3x3;
-    use impls::maths::{self, with_tap_chunk_columns};
+    use impls::layer::{self, with_tap_chunk_columns};
+    use impls::ops::conv3x3;
     use impls::{Config, Family, Spatial};
     let Some(dev) = gpu("cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel") else {
         return;
@@ -534,9 +538,9 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
     // one chunk; 2 + 1 images
     for columns in [0, 2 * plane] {
         let got = with_tap_chunk_columns(columns, || {
-            let y = maths::conv3x3_fwd_tap_stack(&cfg, &on(&s), &on(&w)).expect("gpu y");
+            let y = layer::conv3x3_fwd_tap_stack(&cfg, &on(&s), &on(&w)).expect("gpu y");
             let (ds, dw) =
-                maths::conv3x3_bwd_tap_stack(&cfg, &on(&gy), &on(&s), &on(&w)).expect("gpu bwd");
+                layer::conv3x3_bwd_tap_stack(&cfg, &on(&gy), &on(&s), &on(&w)).expect("gpu bwd");
             [y, ds, dw]
         });
         for ((g, c), name) in got.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
@@ -568,22 +572,22 @@ fn cuda_relu_bwd_affine_equals_cpu_bitwise() {
         let x = rand((C, m), 42, dtype);
         // (scale; shift)
         let coef = rand((2, C), 43, dtype);
-        let cpu = fused::relu_bwd_affine(&g, &x, &coef).expect("cpu");
+        let cpu = bn_backward::relu_bwd_affine(&g, &x, &coef).expect("cpu");
         let (xg, cg) = (
             x.to_device(&dev).expect("x"),
             coef.to_device(&dev).expect("coef"),
         );
         let (_buf, gv) = in_buffer(&g, &dev);
-        let fresh = fused::relu_bwd_affine(&gv, &xg, &cg).expect("cuda");
+        let fresh = bn_backward::relu_bwd_affine(&gv, &xg, &cg).expect("cuda");
         assert_bitwise(&fresh, &cpu, &format!("relu_bwd_affine {dtype:?}"));
-        let via_output = impls::kernels::relu_bwd(
+        let via_output = impls::ops::elementwise::relu_bwd(
             &gv,
-            &fused::affine_rows_relu(&xg, &cg).expect("cuda affine relu"),
+            &bn::affine_rows_relu(&xg, &cg).expect("cuda affine relu"),
         )
         .expect("cuda relu bwd");
         assert_bitwise(&via_output, &cpu, &format!("mask of the output {dtype:?}"));
         let (buf, gv) = in_buffer(&g, &dev);
-        let back = fused::relu_bwd_affine_inplace(gv, &xg, &cg).expect("cuda inplace");
+        let back = bn_backward::relu_bwd_affine_inplace(gv, &xg, &cg).expect("cuda inplace");
         assert_bitwise(&back, &cpu, &format!("relu_bwd_affine_inplace {dtype:?}"));
         let outside = host(&buf.narrow(0, 0, 2).expect("head"));
         assert!(

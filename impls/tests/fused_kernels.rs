@@ -3,8 +3,9 @@
 //! the copies `kernels` makes being new tensors on the CPU's kernels and the GPU's path alike.
 
 use candle_core::{DType, Device, Tensor};
-use impls::fused::{self, Grid, TAPS};
-use impls::kernels;
+use impls::ops::elementwise;
+use impls::ops::layout::grid::{Grid, TAPS};
+use impls::ops::{bn, bn_backward, shift};
 
 /// f64 results of two summation orders of the same sums of O(1) terms: ~1e-15 apart.
 const TOL: f64 = 1e-12;
@@ -25,7 +26,7 @@ fn close(a: &Tensor, b: &Tensor, what: &str) {
 fn rand(shape: (usize, usize), seed: u64) -> Tensor {
     let n = shape.0 * shape.1;
     Tensor::from_vec(
-        impls::params::uniform(seed, "t", n, -2.0, 2.0),
+        impls::config::params::uniform(seed, "t", n, -2.0, 2.0),
         shape,
         &Device::Cpu,
     )
@@ -34,7 +35,7 @@ fn rand(shape: (usize, usize), seed: u64) -> Tensor {
 
 /// Every element's bits (as f64, exact for f32), for bit-for-bit comparisons.
 fn bits(t: &Tensor) -> Vec<u64> {
-    impls::shared::tensor_bits(t).unwrap()
+    impls::ops::cpu::shared::tensor_bits(t).unwrap()
 }
 
 fn assert_bitwise(a: &Tensor, b: &Tensor, what: &str) {
@@ -56,53 +57,49 @@ fn fused_kernels_match_generic_candle_ops() {
     let m = grid.n * grid.h * grid.w;
     let x = rand((c, m), 1);
     let gy = rand((c, m), 2);
-    let mv = fused::bn_stats(&x).unwrap();
+    let mv = bn::bn_stats(&x).unwrap();
     assert_eq!(mv.dims(), [2, c], "statistics are planar (mean; var)");
-    close(
-        &mv,
-        &fused::generic_bn_stats(&x).unwrap(),
-        "bn mean and var",
-    );
+    close(&mv, &bn::generic_bn_stats(&x).unwrap(), "bn mean and var");
     let coef = rand((2, c), 3);
     close(
-        &fused::affine_rows(&x, &coef).unwrap(),
-        &fused::generic_affine_rows(&x, &coef).unwrap(),
+        &bn::affine_rows(&x, &coef).unwrap(),
+        &bn::generic_affine_rows(&x, &coef).unwrap(),
         "bn apply",
     );
-    let invstd = (fused::row(&mv, 1).unwrap() + 1e-5)
+    let invstd = (bn::row(&mv, 1).unwrap() + 1e-5)
         .unwrap()
         .sqrt()
         .unwrap()
         .recip()
         .unwrap();
-    let st = Tensor::stack(&[fused::row(&mv, 0).unwrap(), invstd], 0).unwrap();
+    let st = Tensor::stack(&[bn::row(&mv, 0).unwrap(), invstd], 0).unwrap();
     let gamma = rand((1, c), 10).flatten_all().unwrap();
-    let r1 = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
-    let r2 = fused::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+    let r1 = bn_backward::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+    let r2 = bn_backward::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
     assert_eq!(r1.dims(), [5, c], "(Σgy; Σgy·x̂; A; B; C)");
     close(&r1, &r2, "bn backward sums and coefficients");
     let coef3 = rand((3, c), 5);
     close(
-        &fused::bn_bwd_dx(&gy, &x, &coef3).unwrap(),
-        &fused::generic_bn_bwd_dx(&gy, &x, &coef3).unwrap(),
+        &bn_backward::bn_bwd_dx(&gy, &x, &coef3).unwrap(),
+        &bn_backward::generic_bn_bwd_dx(&gy, &x, &coef3).unwrap(),
         "bn dx",
     );
     // In-place accumulation: dst + (A·gy + B·x + C), against the two-step path bit for bit.
     let dst = rand((c, m), 9);
-    let expected = (&dst + fused::bn_bwd_dx(&gy, &x, &coef3).unwrap()).unwrap();
-    fused::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).unwrap();
+    let expected = (&dst + bn_backward::bn_bwd_dx(&gy, &x, &coef3).unwrap()).unwrap();
+    bn_backward::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).unwrap();
     assert_bitwise(&dst, &expected, "fused accumulate against dx then add");
     for sign in [1isize, -1] {
         let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
         close(
-            &fused::shift_stack(&x, grid, offsets).unwrap(),
-            &fused::generic_shift_stack(&x, grid, offsets).unwrap(),
+            &shift::shift_stack(&x, grid, offsets).unwrap(),
+            &shift::generic_shift_stack(&x, grid, offsets).unwrap(),
             "shift stack",
         );
         let p = rand((9 * c, m), 8);
         close(
-            &fused::shift_sum(&p, grid, offsets).unwrap(),
-            &fused::generic_shift_sum(&p, grid, offsets).unwrap(),
+            &shift::shift_sum(&p, grid, offsets).unwrap(),
+            &shift::generic_shift_sum(&p, grid, offsets).unwrap(),
             "shift sum",
         );
     }
@@ -114,7 +111,7 @@ fn fused_kernels_match_generic_candle_ops() {
     let g = Grid { n: 1, h: 3, w: 4 };
     let mut offs = [(0isize, 0isize); 9];
     offs[0] = (1, 0);
-    let s = fused::shift_stack(&t, g, offs)
+    let s = shift::shift_stack(&t, g, offs)
         .unwrap()
         .narrow(0, 0, 1)
         .unwrap();
@@ -131,8 +128,9 @@ fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
     let scale = Tensor::new(&[1.0f64, f64::NAN, -0.5, 0.0], &Device::Cpu).unwrap();
     let shift = rand((1, 4), 22).flatten_all().unwrap();
     let coef = Tensor::stack(&[&scale, &shift], 0).unwrap();
-    let fused_out = fused::affine_rows_relu(&x, &coef).unwrap();
-    let two_step = impls::kernels::relu_inplace(fused::affine_rows(&x, &coef).unwrap()).unwrap();
+    let fused_out = bn::affine_rows_relu(&x, &coef).unwrap();
+    let two_step =
+        impls::ops::elementwise::relu_inplace(bn::affine_rows(&x, &coef).unwrap()).unwrap();
     assert_bitwise(
         &fused_out,
         &two_step,
@@ -144,7 +142,7 @@ fn fused_affine_relu_is_affine_then_inplace_relu_bitwise() {
     for r in [0usize, 2, 3] {
         close(
             &fused_out.narrow(0, r, 1).unwrap(),
-            &fused::generic_affine_rows_relu(
+            &bn::generic_affine_rows_relu(
                 &x.narrow(0, r, 1).unwrap(),
                 &coef.narrow(1, r, 1).unwrap().contiguous().unwrap(),
             )
@@ -177,18 +175,18 @@ fn bn_apply_reads_a_column_range_of_a_wider_map() {
         for relu in [false, true] {
             let (a, b) = if relu {
                 (
-                    fused::affine_rows_relu(&view, &coef).unwrap(),
-                    fused::affine_rows_relu(&copy, &coef).unwrap(),
+                    bn::affine_rows_relu(&view, &coef).unwrap(),
+                    bn::affine_rows_relu(&copy, &coef).unwrap(),
                 )
             } else {
                 (
-                    fused::affine_rows(&view, &coef).unwrap(),
-                    fused::affine_rows(&copy, &coef).unwrap(),
+                    bn::affine_rows(&view, &coef).unwrap(),
+                    bn::affine_rows(&copy, &coef).unwrap(),
                 )
             };
             assert!(a.is_contiguous());
             assert_bitwise(&a, &b, "bn apply of a column range");
-            let whole = fused::affine_rows(&x, &coef).unwrap();
+            let whole = bn::affine_rows(&x, &coef).unwrap();
             if !relu {
                 assert_bitwise(
                     &a,
@@ -226,8 +224,8 @@ fn bn_prepare_is_bitwise_the_candle_ops_it_replaces() {
     for dtype in [DType::F32, DType::F64] {
         for m in [2usize, 24, 65536] {
             let [mv, gamma, beta, rm, rv] = per_channel(dtype);
-            let (table, running) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
-            let (t2, r2) = fused::generic_bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+            let (table, running) = bn::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+            let (t2, r2) = bn::generic_bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
             assert_eq!(table.dims(), [4, 7], "(mean; invstd; scale; shift)");
             assert_eq!(running.dims(), [2, 7], "(running mean; running var)");
             assert_bitwise(&table, &t2, &format!("bn prepare table {dtype:?} m={m}"));
@@ -242,7 +240,7 @@ fn bn_prepare_is_bitwise_the_candle_ops_it_replaces() {
     // scale = 2/√3, shift = 1 − 1/√3; running (0, 1), M = 4 ⇒ (0.05, 0.9 + 0.1·(3 − eps)·4/3).
     let mv = Tensor::new(&[[0.5f64], [3.0 - 1e-5]], &Device::Cpu).unwrap();
     let one = |v: f64| Tensor::new(&[v], &Device::Cpu).unwrap();
-    let (t, r) = fused::bn_prepare(&mv, &one(2.0), &one(1.0), &one(0.0), &one(1.0), 4).unwrap();
+    let (t, r) = bn::bn_prepare(&mv, &one(2.0), &one(1.0), &one(0.0), &one(1.0), 4).unwrap();
     let t = t.flatten_all().unwrap().to_vec1::<f64>().unwrap();
     let r = r.flatten_all().unwrap().to_vec1::<f64>().unwrap();
     let s3 = 3f64.sqrt();
@@ -264,21 +262,21 @@ fn bn_bwd_coefficients_are_bitwise_the_candle_ops_they_replace() {
         let x = rand((c, m), 41).to_dtype(dtype).unwrap();
         let gy = rand((c, m), 42).to_dtype(dtype).unwrap();
         let [mv, gamma, beta, rm, rv] = per_channel(dtype);
-        let (table, _) = fused::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+        let (table, _) = bn::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
         let st = table.narrow(0, 0, 2).unwrap();
-        let r = fused::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
-        let (sg, sgx) = (fused::column(&r, 0).unwrap(), fused::column(&r, 1).unwrap());
-        let want = fused::generic_bn_bwd_coef(&sg, &sgx, &st, &gamma, m).unwrap();
+        let r = bn_backward::bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+        let (sg, sgx) = (bn::column(&r, 0).unwrap(), bn::column(&r, 1).unwrap());
+        let want = bn_backward::generic_bn_bwd_coef(&sg, &sgx, &st, &gamma, m).unwrap();
         for (q, (w, name)) in want.iter().zip(["A", "B", "C"]).enumerate() {
             assert_bitwise(
-                &fused::column(&r, 2 + q).unwrap(),
+                &bn::column(&r, 2 + q).unwrap(),
                 w,
                 &format!("bn bwd {name} {dtype:?}"),
             );
         }
         // the sums: f64 accumulation against the candle-op sums in the dtype, relative to the
         // largest sum (invstd reaches 1/√eps ≈ 316 on the zero-variance channels)
-        let g = fused::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
+        let g = bn_backward::generic_bn_bwd_reduce(&gy, &x, &st, &gamma).unwrap();
         let max_abs = |t: Tensor| {
             t.abs()
                 .unwrap()
@@ -302,11 +300,11 @@ fn bn_bwd_coefficients_are_bitwise_the_candle_ops_they_replace() {
 #[test]
 fn short_coefficient_tables_are_refused() {
     let x = rand((3, 10), 51);
-    let e = fused::affine_rows(&x, &rand((2, 2), 52))
+    let e = bn::affine_rows(&x, &rand((2, 2), 52))
         .unwrap_err()
         .to_string();
     assert!(e.contains("coefficient table"), "{e}");
-    let e = fused::bn_bwd_dx(&x, &x, &rand((2, 3), 53))
+    let e = bn_backward::bn_bwd_dx(&x, &x, &rand((2, 3), 53))
         .unwrap_err()
         .to_string();
     assert!(e.contains("coefficient table"), "{e}");
@@ -320,14 +318,15 @@ fn bn_backward_kernels_refuse_operands_of_different_sizes() {
     let g = rand((c, m), 31);
     let short = rand((c, m - 1), 32);
     let coef = rand((3, c), 33);
-    let e = fused::bn_bwd_dx(&g, &short, &coef).expect_err("a short input accepted");
+    let e = bn_backward::bn_bwd_dx(&g, &short, &coef).expect_err("a short input accepted");
     assert!(format!("{e:#}").contains("elements"), "{e:#}");
-    let e = fused::bn_bwd_dx_accumulate(&short.copy().unwrap(), &g, &g, &coef)
+    let e = bn_backward::bn_bwd_dx_accumulate(&short.copy().unwrap(), &g, &g, &coef)
         .expect_err("a short destination accepted");
     assert!(format!("{e:#}").contains("destination has"), "{e:#}");
     let st = rand((2, c), 34);
     let gamma = rand((1, c), 35).flatten_all().unwrap();
-    let e = fused::bn_bwd_reduce(&g, &short, &st, &gamma).expect_err("a short input accepted");
+    let e =
+        bn_backward::bn_bwd_reduce(&g, &short, &st, &gamma).expect_err("a short input accepted");
     assert!(format!("{e:#}").contains("elements"), "{e:#}");
 }
 
@@ -339,10 +338,10 @@ fn bn_backward_kernels_refuse_operands_of_different_sizes() {
 /// oracle agrees.
 #[test]
 fn relu_backward_from_the_bn_input_is_the_backward_from_the_relu_output() {
-    use impls::kernels;
+    use impls::ops::elementwise;
     let (c, m) = (5, 301);
-    let mut x: Vec<f64> = impls::params::uniform(40, "x", c * m, -2.0, 2.0);
-    let mut g: Vec<f64> = impls::params::uniform(41, "g", c * m, -2.0, 2.0);
+    let mut x: Vec<f64> = impls::config::params::uniform(40, "x", c * m, -2.0, 2.0);
+    let mut g: Vec<f64> = impls::config::params::uniform(41, "g", c * m, -2.0, 2.0);
     for (i, v) in [
         f64::NAN,
         0.0,
@@ -372,30 +371,30 @@ fn relu_backward_from_the_bn_input_is_the_backward_from_the_relu_output() {
                 .unwrap()
         };
         let (x, g, coef) = (t(&x, (c, m)), t(&g, (c, m)), t(&coef, (2, c)));
-        let fused_out = fused::affine_rows_relu(&x, &coef).unwrap();
-        let copied_out = kernels::relu(&fused::affine_rows(&x, &coef).unwrap()).unwrap();
-        let want = kernels::relu_bwd(&g, &fused_out).unwrap();
+        let fused_out = bn::affine_rows_relu(&x, &coef).unwrap();
+        let copied_out = elementwise::relu(&bn::affine_rows(&x, &coef).unwrap()).unwrap();
+        let want = elementwise::relu_bwd(&g, &fused_out).unwrap();
         let what = |s: &str| format!("{dtype:?}: {s}");
         assert_bitwise(
-            &kernels::relu_bwd(&g, &copied_out).unwrap(),
+            &elementwise::relu_bwd(&g, &copied_out).unwrap(),
             &want,
             &what("masks of the two ReLU outputs"),
         );
         assert_bitwise(
-            &fused::relu_bwd_affine(&g, &x, &coef).unwrap(),
+            &bn_backward::relu_bwd_affine(&g, &x, &coef).unwrap(),
             &want,
             &what("relu_bwd_affine"),
         );
         let inplace = g.copy().unwrap();
-        let back = fused::relu_bwd_affine_inplace(inplace, &x, &coef).unwrap();
+        let back = bn_backward::relu_bwd_affine_inplace(inplace, &x, &coef).unwrap();
         assert_bitwise(&back, &want, &what("relu_bwd_affine_inplace"));
         assert_bitwise(
-            &fused::generic_relu_bwd_affine(&g, &x, &coef).unwrap(),
+            &bn_backward::generic_relu_bwd_affine(&g, &x, &coef).unwrap(),
             &want,
             &what("the candle-op oracle"),
         );
         // the delicate channel: v = 0 closes the mask, the next value up opens it
-        let row1 = fused::relu_bwd_affine(&g, &x, &coef)
+        let row1 = bn_backward::relu_bwd_affine(&g, &x, &coef)
             .unwrap()
             .narrow(0, 1, 1)
             .unwrap()
@@ -425,19 +424,19 @@ fn new_tensors_are_new_on_either_path() {
     for gpu_path in [false, true] {
         let made = || {
             [
-                kernels::repeat_rows(&v, 1),
-                kernels::copy_rows(&m),
-                kernels::cat_rows(&[&m]),
+                elementwise::repeat_rows(&v, 1),
+                elementwise::copy_rows(&m),
+                elementwise::cat_rows(&[&m]),
             ]
             .map(|t| t.expect("made"))
         };
         let outs = if gpu_path {
-            impls::maths::with_tap_stack_on_cpu(made)
+            impls::layer::with_tap_stack_on_cpu(made)
         } else {
             made()
         };
         for (name, out) in ["repeat_rows", "copy_rows", "cat_rows"].iter().zip(&outs) {
-            kernels::add_assign(out, &out.ones_like().expect("ones")).expect("add");
+            elementwise::add_assign(out, &out.ones_like().expect("ones")).expect("add");
             assert_eq!(
                 v.to_vec1::<f32>().expect("values"),
                 [1., 2., 3.],

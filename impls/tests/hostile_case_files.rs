@@ -4,9 +4,9 @@
 //! PyTorch's extra `num_batches_tracked` scalars are accepted.
 
 use candle_core::{DType, Device};
+use impls::case::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES, MAX_HEADER_BYTES};
 use impls::case::{load_result, load_result_with_limit, save_result};
-use impls::compare::compare;
-use impls::header::{HEADER_MEMORY_FACTOR, LOAD_OVERHEAD_BYTES, MAX_HEADER_BYTES};
+use impls::check::compare::compare;
 use impls::{Case, Config, Family, Spatial, Variant};
 use serde_json::{json, Map, Value};
 use std::path::{Path, PathBuf};

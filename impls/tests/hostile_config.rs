@@ -268,10 +268,10 @@ fn fields_an_mlp_does_not_use_are_never_multiplied() {
     cfg.validate().expect("mlp ignores bn_size and size");
     assert_eq!(cfg.bottleneck(), 0);
     for v in Variant::for_config(&cfg) {
-        let _ = impls::memory::predict_peak_bytes(v, &cfg);
-        let _ = impls::memory::declared_saved_bytes(v, &cfg);
+        let _ = impls::model::predict_peak_bytes(v, &cfg);
+        let _ = impls::model::declared_saved_bytes(v, &cfg);
     }
-    assert!(impls::memory::flops(&cfg) > 0);
+    assert!(impls::model::flops(&cfg) > 0);
 }
 
 // ---- bounded fuzz ----
@@ -389,9 +389,9 @@ proptest! {
                 if cfg.depth <= 64 {
                     // The memory model and FLOP count (loops over layers) must not overflow.
                     for v in Variant::for_config(&cfg) {
-                        let _ = impls::memory::predict_peak_bytes(v, &cfg);
+                        let _ = impls::model::predict_peak_bytes(v, &cfg);
                     }
-                    let _ = impls::memory::flops(&cfg);
+                    let _ = impls::model::flops(&cfg);
                 }
             }
             Err(Error::InvalidConfig { field, value, .. }) => {

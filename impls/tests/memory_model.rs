@@ -3,8 +3,8 @@
 //! this binary, so no other test thread allocates while it measures.
 
 use candle_core::{DType, Device};
-use impls::maths;
-use impls::memory::predict_peak_bytes;
+use impls::layer;
+use impls::model::predict_peak_bytes;
 use impls::{step, Case, Config, NoProbe, Spatial, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
@@ -22,8 +22,8 @@ const MODEL_REL_TOL: f64 = 0.05;
 #[test]
 fn predicted_peak_matches_the_allocator_within_5_percent() {
     // wide and large enough for the CPU's split front: r in column chunks (M = 9216,
-    // `maths::front_chunks`), its backward in column groups, then channel blocks (C_i ≥ 170,
-    // `maths::dw_groups`, `maths::grad_blocks`)
+    // `layer::front_chunks`), its backward in column groups, then channel blocks (C_i ≥ 170,
+    // `layer::dw_groups`, `layer::grad_blocks`)
     let split = Config {
         batch: 2,
         channels: 170,
@@ -32,11 +32,11 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
         dtype: DType::F32,
         ..Config::bc100_block()
     };
-    assert!(maths::front_chunks(split.m()).len() > 1);
-    assert!(maths::dw_groups(split.m()).len() > 1);
-    assert!(maths::grad_blocks(split.channels).len() > 1);
+    assert!(layer::front_chunks(split.m()).len() > 1);
+    assert!(layer::dw_groups(split.m()).len() > 1);
+    assert!(layer::grad_blocks(split.channels).len() > 1);
     // the split config also with the front whole (a GPU's order, the CPU's kernels)
-    // Below the model's scale (impls::memory::MODEL_MIN_PEAK_BYTES): two of the quick sweep's
+    // Below the model's scale (impls::model::MODEL_MIN_PEAK_BYTES): two of the quick sweep's
     // blocks (peaks of 10–300 KB), where a few KiB the model does not follow are a visible
     // fraction; they are held to the band README states (×0.5…×1.1, here ×0.4…×1.5), which a
     // packing allowance of 128 KiB per thread that gemm never allocates there broke (×0.03…×0.6).
@@ -66,7 +66,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
     ];
     for cfg in &tiny {
         assert!(
-            predict_peak_bytes(Variant::NAIVE, cfg).unwrap() < impls::memory::MODEL_MIN_PEAK_BYTES
+            predict_peak_bytes(Variant::NAIVE, cfg).unwrap() < impls::model::MODEL_MIN_PEAK_BYTES
         );
     }
     let cases = model_configs()
@@ -76,7 +76,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
         .chain(tiny.into_iter().map(|c| (c, false)));
     for (cfg, whole) in cases {
         let small =
-            predict_peak_bytes(Variant::NAIVE, &cfg).unwrap() < impls::memory::MODEL_MIN_PEAK_BYTES;
+            predict_peak_bytes(Variant::NAIVE, &cfg).unwrap() < impls::model::MODEL_MIN_PEAK_BYTES;
         let case = Case::random(&cfg, &Device::Cpu).unwrap();
         let label = format!(
             "{}{}",
@@ -109,7 +109,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
                 Some((measured, predicted))
             };
             let got = if whole {
-                maths::with_whole_front_on_cpu(measure)
+                layer::with_whole_front_on_cpu(measure)
             } else {
                 measure()
             };

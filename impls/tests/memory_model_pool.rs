@@ -1,5 +1,5 @@
 //! The memory model of the GPU path, checked on the CPU: under
-//! [`impls::maths::with_tap_stack_on_cpu`] the CPU allocates what a GPU allocates, tensor for
+//! [`impls::layer::with_tap_stack_on_cpu`] the CPU allocates what a GPU allocates, tensor for
 //! tensor (the tap stack, matmuls into new tensors), and the counting allocator sees every
 //! allocation exactly. Rounded like a block allocator (every allocation of at least a threshold
 //! charged as whole granules), the measured peak must still match the model charged with the
@@ -10,8 +10,9 @@
 //! One test only in this binary, so no other test thread allocates while it measures.
 
 use candle_core::{DType, Device};
-use impls::maths::{with_tap_chunk_columns, with_tap_stack_on_cpu};
-use impls::memory::{exact, predict_peak_bytes_charged, Kernels};
+use impls::layer::{with_tap_chunk_columns, with_tap_stack_on_cpu};
+use impls::model::predict_peak_bytes_charged;
+use impls::model::trace::{exact, Kernels};
 use impls::{Case, Config, Family, Relu, Spatial, Strategy, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 

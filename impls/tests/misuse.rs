@@ -2,7 +2,7 @@
 //! case files with wrong tensors, invalid configs.
 
 use candle_core::{DType, Device, Tensor};
-use impls::buffer::{AppendBuffer, GradBuffer};
+use impls::strategies::buffer::{AppendBuffer, GradBuffer};
 use impls::{Case, Config, Error, Family, Spatial, Variant};
 
 fn rows(n: usize, cols: usize, v: f64) -> Tensor {

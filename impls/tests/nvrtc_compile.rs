@@ -1,5 +1,5 @@
-//! Compiles every CUDA kernel module (`src/cuda/*.cu`, exactly the text and options the
-//! launchers hand NVRTC, from `impls::cuda_src`) for `compute_90` (H100/H200) and `compute_80`
+//! Compiles every CUDA kernel module (`src/ops/cuda/*.cu`, exactly the text and options the
+//! launchers hand NVRTC, from `impls::ops::cuda::src`) for `compute_90` (H100/H200) and `compute_80`
 //! (A100) with NVRTC, in a plain `cargo test`: no `cuda` feature, no driver, no GPU.
 //!
 //! `libnvrtc` is loaded at run time (libloading), so this test does not depend on cudarc's
@@ -16,7 +16,7 @@
 //! dynamic loader, which does not search the directory `libnvrtc` was loaded from; the test
 //! loads it from that directory first, so no `LD_LIBRARY_PATH` is needed.
 
-use impls::cuda_src::{self, CudaModule};
+use impls::ops::cuda::src::{self, CudaModule};
 use libloading::{Library, Symbol};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::path::{Path, PathBuf};
@@ -228,7 +228,7 @@ fn nvrtc(test: &str) -> Option<Nvrtc> {
 }
 
 fn compile_module(nvrtc: &Nvrtc, m: &CudaModule, arch: &str) -> Result<String, String> {
-    match nvrtc.compile(m.file, &m.source(), &cuda_src::nvrtc_options(arch)) {
+    match nvrtc.compile(m.file, &m.source(), &src::nvrtc_options(arch)) {
         Outcome::Ok { ptx, log } if log.trim().is_empty() => Ok(ptx),
         Outcome::Ok { log, .. } => Err(format!(
             "{} ({arch}) compiled with warnings:\n{log}",
@@ -247,7 +247,7 @@ fn every_cuda_module_compiles_with_nvrtc() {
         return;
     };
     let mut failures = Vec::new();
-    for m in cuda_src::MODULES {
+    for m in src::MODULES {
         for arch in ARCHS {
             match compile_module(&nvrtc, &m, arch) {
                 Ok(ptx) => {
@@ -294,20 +294,20 @@ fn a_syntax_error_is_reported_with_nvrtc_log() {
     assert!(e.contains("error"), "{e}");
 }
 
-/// Real NVRTC output round-trips through the on-disk PTX cache (`impls::ptx_cache`): every
+/// Real NVRTC output round-trips through the on-disk PTX cache (`impls::ops::cuda::ptx_cache`): every
 /// module's PTX, stored by one "process", is read back byte for byte by the next without
 /// compiling, under a key that differs per module and architecture.
 #[test]
 fn real_ptx_round_trips_through_the_disk_cache() {
-    use impls::ptx_cache::{self, Source};
+    use impls::ops::cuda::ptx_cache::{self, Source};
     let Some(nvrtc) = nvrtc("real_ptx_round_trips_through_the_disk_cache") else {
         return;
     };
     let dir = tempfile::tempdir().expect("temp dir");
     let mut keys = std::collections::HashSet::new();
-    for m in cuda_src::MODULES {
+    for m in src::MODULES {
         for arch in ARCHS {
-            let key = ptx_cache::key(&m.source(), &cuda_src::nvrtc_options(arch), (13, 0));
+            let key = ptx_cache::key(&m.source(), &src::nvrtc_options(arch), (13, 0));
             assert!(keys.insert(key.clone()), "{} {arch}: key shared", m.file);
             let (ptx, how) = ptx_cache::get_or_compile(Some(dir.path()), &key, || {
                 compile_module(&nvrtc, &m, arch)

@@ -1,10 +1,10 @@
-//! The CPU's TF32 emulation (`maths::with_tf32_emulation_on_cpu`, what `examples/tf32_error.rs`
+//! The CPU's TF32 emulation (`layer::with_tf32_emulation_on_cpu`, what `examples/tf32_error.rs`
 //! derives the tf32 tolerance with): the rounding of single values in both modes, that every
 //! matrix product of a step sees rounded operands, and that it refuses what it cannot emulate.
 
 use candle_core::{DType, Device, Tensor};
-use impls::kernels::round_tf32;
-use impls::maths::{self, with_tf32_emulation_on_cpu, Tf32Rounding};
+use impls::layer::{self, with_tf32_emulation_on_cpu, Tf32Rounding};
+use impls::ops::elementwise::round_tf32;
 use impls::{Case, Config, Family, Variant};
 
 fn round(x: f32, r: Tf32Rounding) -> f32 {
@@ -54,7 +54,7 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
     let w = Tensor::randn(0f32, 1.0, (7, 33), &dev).unwrap();
     let x = Tensor::randn(0f32, 1.0, (33, 50), &dev).unwrap();
     let r = Tf32Rounding::Nearest;
-    let emulated = with_tf32_emulation_on_cpu(r, || maths::dense_fwd(&w, None, &x)).unwrap();
+    let emulated = with_tf32_emulation_on_cpu(r, || layer::dense_fwd(&w, None, &x)).unwrap();
     let by_hand = round_tf32(&w, r)
         .unwrap()
         .matmul(&round_tf32(&x, r).unwrap())
@@ -72,17 +72,17 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
     assert_ne!(bits(&emulated), bits(&w.matmul(&x).unwrap()));
     // Outside the closure the switch is off again.
     assert_eq!(
-        bits(&maths::dense_fwd(&w, None, &x).unwrap()),
-        bits(&impls::dense::product(&w, &x).unwrap())
+        bits(&layer::dense_fwd(&w, None, &x).unwrap()),
+        bits(&impls::ops::dense::product(&w, &x).unwrap())
     );
 
     // The products that add into their destination (Linear's, into its bias; the mlp input
     // gradient, into the gradient buffer) see rounded operands too, the transposed Wᵀ included.
     let bias = Tensor::randn(0f32, 1.0, 7, &dev).unwrap();
-    let emulated = with_tf32_emulation_on_cpu(r, || maths::dense_fwd(&w, Some(&bias), &x)).unwrap();
+    let emulated = with_tf32_emulation_on_cpu(r, || layer::dense_fwd(&w, Some(&bias), &x)).unwrap();
     let accumulated = |w: &Tensor, x: &Tensor| {
-        let y = impls::kernels::repeat_rows(&bias, 50).unwrap();
-        impls::dense::accumulate(&y, w, x).unwrap();
+        let y = impls::ops::elementwise::repeat_rows(&bias, 50).unwrap();
+        impls::ops::dense::accumulate(&y, w, x).unwrap();
         y
     };
     let by_hand = accumulated(&round_tf32(&w, r).unwrap(), &round_tf32(&x, r).unwrap());
@@ -91,7 +91,7 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
     let gy = Tensor::randn(0f32, 1.0, (7, 50), &dev).unwrap();
     let into = |round: bool| {
         let dst = Tensor::ones((33, 50), DType::F32, &dev).unwrap();
-        let add = || maths::dense_bwd_input_accumulate(&w, &gy, &dst).unwrap();
+        let add = || layer::dense_bwd_input_accumulate(&w, &gy, &dst).unwrap();
         if round {
             with_tf32_emulation_on_cpu(r, add)
         } else {
@@ -101,7 +101,7 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
     };
     let by_hand = Tensor::ones((33, 50), DType::F32, &dev).unwrap();
     let wt = w.t().unwrap();
-    impls::dense::accumulate(
+    impls::ops::dense::accumulate(
         &by_hand,
         &round_tf32(&wt, r).unwrap(),
         &round_tf32(&gy, r).unwrap(),
@@ -124,12 +124,12 @@ fn every_product_of_an_emulated_step_sees_tf32_operands() {
         let reference = case.reference().unwrap();
         let run = || case.step(Variant::NAIVE).unwrap();
         let err = |r: impls::StepResult| {
-            impls::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
+            impls::check::compare::compare(&r.to_dtype(DType::F64).unwrap(), &reference)
                 .unwrap()
                 .overall
                 .max_rel
         };
-        let f32_err = err(maths::with_tap_stack_on_cpu(run));
+        let f32_err = err(layer::with_tap_stack_on_cpu(run));
         let tf32_err = err(with_tf32_emulation_on_cpu(r, run));
         println!("tiny {family:?} L=2: f32 {f32_err:.2e}, tf32 {tf32_err:.2e}");
         assert!(

@@ -4,10 +4,10 @@
 //! - `bn-relu-conv1x1`: training-mode BatchNorm (batch statistics), ReLU, then the bottleneck
 //!   Conv1×1 (C → bn_size·k), forward only. Three implementations of the same algebra
 //!   (`scale = γ·invstd`, `shift = β − mean·scale`, `y = relu(x·scale + shift)`, `W @ y`):
-//!   - `channel-major`: `impls::maths` as the variants run it (fused CPU kernels for the
+//!   - `channel-major`: `impls::layer` as the variants run it (fused CPU kernels for the
 //!     statistics and the affine pass, then one matmul);
 //!   - `channel-major-candle`: the same on `[C, M]` from candle ops only
-//!     (`impls::fused::generic_*`, `relu`, `matmul`): layout alone, no fused kernels;
+//!     (`impls::ops::bn::generic_*`, `relu`, `matmul`): layout alone, no fused kernels;
 //!   - `nchw-candle`: candle ops on `[N, C, H, W]` (`sum_keepdim((0, 2, 3))`, broadcast ops,
 //!     `conv2d` with a 1×1 kernel), as the `autograd` variant and PyTorch-style code write it.
 //!
@@ -23,7 +23,7 @@
 use super::{device, time_iters};
 use candle_core::{DType, Device, Tensor};
 use criterion::{BenchmarkId, Criterion, SamplingMode};
-use impls::maths::{bn_stats, dense_fwd, relu_fwd};
+use impls::layer::{bn_stats, dense_fwd, relu_fwd};
 use impls::Relu;
 use std::time::Duration;
 
@@ -103,7 +103,7 @@ fn inputs(s: &Shape, dev: &Device) -> candle_core::Result<Inputs> {
     })
 }
 
-/// What the variants run (`impls::maths`, `impls::fused`): BN's statistics, its per-channel
+/// What the variants run (`impls::layer`, `impls::ops::bn`): BN's statistics, its per-channel
 /// step (running stats from zero mean and unit variance), apply, ReLU, Conv1×1.
 fn channel_major(i: &Inputs) -> impls::Result<Tensor> {
     let (c, m) = i.cm.dims2().map_err(impls::Error::from)?;
@@ -113,9 +113,12 @@ fn channel_major(i: &Inputs) -> impls::Result<Tensor> {
         Tensor::ones(c, DType::F32, dev)?,
     );
     let (table, _running) =
-        impls::fused::bn_prepare(&bn_stats(&i.cm)?, &i.gamma, &i.beta, &rm, &rv, m)?;
+        impls::ops::bn::bn_prepare(&bn_stats(&i.cm)?, &i.gamma, &i.beta, &rm, &rv, m)?;
     let scale_shift = table.narrow(0, 2, 2)?;
-    let y = relu_fwd(impls::fused::affine_rows(&i.cm, &scale_shift)?, Relu::Copy)?;
+    let y = relu_fwd(
+        impls::ops::bn::affine_rows(&i.cm, &scale_shift)?,
+        Relu::Copy,
+    )?;
     dense_fwd(&i.w, None, &y)
 }
 
@@ -134,8 +137,8 @@ fn scale_shift(
 /// The same algebra on `[C, M]` from candle ops only.
 fn channel_major_candle(i: &Inputs) -> candle_core::Result<Tensor> {
     let c = i.cm.dims()[0];
-    let mv = impls::fused::generic_bn_stats(&i.cm).map_err(candle_core::Error::wrap)?;
-    let column = |q| impls::fused::column(&mv, q).map_err(candle_core::Error::wrap);
+    let mv = impls::ops::bn::generic_bn_stats(&i.cm).map_err(candle_core::Error::wrap)?;
+    let column = |q| impls::ops::bn::column(&mv, q).map_err(candle_core::Error::wrap);
     let (mean, var) = (column(0)?, column(1)?);
     let (scale, shift) = scale_shift(
         &mean,

@@ -55,7 +55,7 @@ impl DeviceOps for DeviceSpec {
                     unsafe { c.disable_event_tracking() };
                     // cuBLAS's workspace outside the pool the row's peak is read from (and out
                     // of a captured graph): see `pin_cublas_workspace`.
-                    impls::dense::pin_cublas_workspace(c)
+                    impls::ops::dense::pin_cublas_workspace(c)
                         .with_context(|| format!("giving cuBLAS a fixed workspace on cuda:{n}"))?;
                     // Freed memory stays reserved in the pool between steps, as in PyTorch's
                     // caching allocator: see `keep_pool_reserved`.

@@ -5,7 +5,7 @@
 use impls::{Config, Variant};
 
 /// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
-/// `impls::memory::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
+/// `impls::model::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
 /// convolution and in-place dense products, other devices the tap stack and matmuls, whose
 /// transients differ.
 ///
@@ -17,7 +17,8 @@ pub fn predicted_peak_bytes(
     on_cpu: bool,
     threads: usize,
 ) -> Option<u64> {
-    use impls::memory::{predict_peak_bytes_with, Kernels};
+    use impls::model::predict_peak_bytes_with;
+    use impls::model::trace::Kernels;
     if !on_cpu {
         return predict_peak_bytes_with(variant, cfg, Kernels::TapStack);
     }
@@ -32,7 +33,7 @@ pub fn predicted_peak_bytes(
 }
 
 /// What a GPU row's `note` says of the tap-stack 3×3 convolution when it runs in several
-/// chunks of whole images (`impls::memory::tap_chunk_columns_for`: the fewest chunks within
+/// chunks of whole images (`impls::model::schedule::tap_chunk_columns_for`: the fewest chunks within
 /// 1% of the variant's least predicted peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them),
 /// e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk, the mlp and `autograd`, and for an
 /// unreadable override (the row's step reports that).
@@ -40,8 +41,8 @@ pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
     if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
         return None;
     }
-    let columns = impls::memory::tap_chunk_columns_for(variant, cfg).ok()?;
-    let images = impls::maths::tap_chunk_images(impls::maths::grid(cfg), columns);
+    let columns = impls::model::schedule::tap_chunk_columns_for(variant, cfg).ok()?;
+    let images = impls::layer::tap_chunk_images(impls::layer::grid(cfg), columns);
     let chunks = cfg.batch.div_ceil(images.max(1));
     (chunks > 1).then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"))
 }
@@ -49,7 +50,7 @@ pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;
 /// recomputation not counted, so GFLOP/s compares variants on the same useful work).
 pub fn flops(cfg: &Config) -> Option<u64> {
-    Some(impls::memory::flops(cfg))
+    Some(impls::model::flops(cfg))
 }
 
 /// Achieved rate: `flops / median_ns` (FLOP per ns = GFLOP/s).
@@ -67,7 +68,7 @@ const RATE_MATMUL_SIDE: usize = 1024;
 const RATE_REPEATS: usize = 5;
 
 /// This machine's matmul rate in GFLOP/s for `dtype` at `threads` compute threads (the
-/// products of `impls::dense` on a square matrix, in a pool of that many threads, best of
+/// products of `impls::ops::dense` on a square matrix, in a pool of that many threads, best of
 /// `RATE_REPEATS`), measured once per process, dtype and thread count, for the
 /// `machine_gflops` column: a row's `gflops_per_s` over it says how close the step comes to
 /// the matmul rate of the threads it ran on.
@@ -93,11 +94,11 @@ fn measure_matmul_rate(dtype: candle_core::DType, threads: usize) -> Option<f64>
     let a = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
     let b = Tensor::ones((n, n), dtype, &Device::Cpu).ok()?;
     pool.install(|| {
-        let _ = impls::dense::product(&a, &b).ok()?; // warm-up: threads and packing buffers
+        let _ = impls::ops::dense::product(&a, &b).ok()?; // warm-up: threads and packing buffers
         let best = (0..RATE_REPEATS)
             .filter_map(|_| {
                 let t = std::time::Instant::now();
-                let c = impls::dense::product(&a, &b).ok()?;
+                let c = impls::ops::dense::product(&a, &b).ok()?;
                 let ns = t.elapsed().as_nanos() as f64;
                 drop(c);
                 Some(ns)
@@ -107,15 +108,15 @@ fn measure_matmul_rate(dtype: candle_core::DType, threads: usize) -> Option<f64>
     })
 }
 
-/// Declared bytes kept for backward (from `impls::memory`), `None` for autograd.
+/// Declared bytes kept for backward (from `impls::model`), `None` for autograd.
 pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
-    impls::memory::declared_saved_bytes(variant, cfg).map(|b| b as u64)
+    impls::model::declared_saved_bytes(variant, cfg).map(|b| b as u64)
 }
 
 /// Bytes of everything allocated before a step: parameters and BN buffers, input, upstream
 /// gradient (the baseline, as the model counts it).
 pub fn static_bytes(cfg: &Config) -> u64 {
-    let elems: usize = impls::params::specs(cfg)
+    let elems: usize = impls::config::params::specs(cfg)
         .iter()
         .map(|s| s.shape.iter().product::<usize>())
         .sum::<usize>()
@@ -128,13 +129,13 @@ pub fn static_bytes(cfg: &Config) -> u64 {
 /// without building anything: the case (parameters and BN buffers, input, upstream gradient,
 /// [`static_bytes`]) plus the step's results, all alive at its end (output, input gradient, a
 /// gradient per parameter, the updated running stats). The parameters and BN buffers are
-/// counted layer by layer ([`impls::params::layer_specs`]), so a block of 10^5 layers costs
+/// counted layer by layer ([`impls::config::params::layer_specs`]), so a block of 10^5 layers costs
 /// milliseconds. A lower bound of every variant's footprint (activations saved for backward
 /// come on top), in u128 so that no config overflows it.
 pub fn min_step_bytes(cfg: &Config) -> u128 {
     let per_layer: u128 = (0..cfg.depth)
         .map(|i| {
-            impls::params::layer_specs(cfg, i)
+            impls::config::params::layer_specs(cfg, i)
                 .iter()
                 .map(|s| s.shape.iter().map(|&d| d as u128).product::<u128>())
                 .sum::<u128>()

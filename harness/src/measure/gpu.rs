@@ -310,7 +310,7 @@ mod imp {
         // The driver encodes 12.4 as 12040.
         let driver_cuda_version = (version / 1000, (version % 1000) / 10);
         // NVRTC's version: the toolkit the process compiles its run-time kernels with.
-        let toolkit_cuda_version = impls::ptx_cache::nvrtc_version();
+        let toolkit_cuda_version = impls::ops::cuda::ptx_cache::nvrtc_version();
         // Refused here, before any row: otherwise every fused kernel's module load fails.
         check_nvrtc_against_driver(toolkit_cuda_version, driver_cuda_version)?;
         Ok(GpuInfo {

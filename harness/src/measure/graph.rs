@@ -11,7 +11,7 @@
 //! each launch); one untimed replay, then `steps` replays each timed between two device
 //! synchronisations. The last replay's results must then be the eager step's bit for bit,
 //! tensor by tensor and element by element (SHA-256 of each tensor's bits,
-//! `impls::compare::digests`; the same kernels on the same inputs, deterministic): the
+//! `impls::check::compare::digests`; the same kernels on the same inputs, deterministic): the
 //! timing is reported only then, never otherwise. The eager step was checked against the
 //! reference, so the replay is too. Before the capture the pool's unused reserve is given
 //! back (`gpu::trim_pool`): a graph allocates its own memory.

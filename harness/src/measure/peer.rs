@@ -9,7 +9,7 @@ use crate::measure::child::{self, Outcome};
 use crate::plan::job::{PeerVariant, Settings};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::Device;
-use impls::compare::Comparison;
+use impls::check::compare::Comparison;
 use impls::Config;
 use serde::Deserialize;
 use std::collections::BTreeMap;
@@ -357,7 +357,7 @@ pub fn parse(stdout: &str) -> Result<PeerMeasurement> {
 
 /// The peer's RESULT file against a reference result file of the same config, both loaded on
 /// the CPU in the config's dtype (as densebench's child compares its own step), its running
-/// statistics judged by their update from the CASE file's ([`impls::compare::compare_updates`]).
+/// statistics judged by their update from the CASE file's ([`impls::check::compare::compare_updates`]).
 pub fn compare(cfg: &Config, case: &Path, result: &Path, reference: &Path) -> Result<Comparison> {
     let before = impls::case::Case::load(case, Some(cfg.activation), &Device::Cpu)
         .map_err(|e| anyhow!("loading the case {}: {e}", case.display()))?
@@ -367,7 +367,7 @@ pub fn compare(cfg: &Config, case: &Path, result: &Path, reference: &Path) -> Re
         .map_err(|e| anyhow!("loading the peer's result {}: {e}", result.display()))?;
     let reference = impls::case::load_result(cfg, reference, &Device::Cpu)
         .map_err(|e| anyhow!("loading the reference {}: {e}", reference.display()))?;
-    impls::compare::compare_updates(&ours, &reference, &before)
+    impls::check::compare::compare_updates(&ours, &reference, &before)
         .map_err(|e| anyhow!("comparing the peer's result with the reference: {e}"))
 }
 

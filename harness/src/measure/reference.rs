@@ -75,10 +75,10 @@ fn predicted_reference_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
                 .iter()
                 .find(|(f, _)| *f == cfg.family)
                 .map(|(_, x)| *x)?;
-            let naive = impls::memory::predict_peak_bytes(Variant::NAIVE, &wide)?;
+            let naive = impls::model::predict_peak_bytes(Variant::NAIVE, &wide)?;
             Some(static_bytes + (naive as f64 * factor) as u64)
         }
-        v => impls::memory::predict_peak_bytes(v, &wide).map(|p| p + static_bytes),
+        v => impls::model::predict_peak_bytes(v, &wide).map(|p| p + static_bytes),
     }
 }
 

@@ -7,14 +7,14 @@ use crate::measure::device::{self, DeviceOps, DeviceSpec, MemoryMeter, StreamClo
 use crate::plan::job::{Execution, Math};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
-use impls::compare::{Comparison, TensorError};
+use impls::check::compare::{Comparison, TensorError};
 use impls::{Case, Config, Event, NoProbe, Probe, StepResult, Variant};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 use std::time::Instant;
 
 /// Floor of the f32 tolerance (norm-wise relative error, max |a − b| / max |ref|, see
-/// `impls::compare`) against the f64 reference: on well-conditioned blocks every f32
+/// `impls::check::compare`) against the f64 reference: on well-conditioned blocks every f32
 /// implementation is within a few ulps times the reduction depth of it (observed ≤ 4e-6 on the
 /// quick sweep), so a tolerance derived from a peer's tiny error never goes below this.
 pub const F32_REL_TOLERANCE: f64 = 1e-4;
@@ -548,7 +548,7 @@ pub fn measure(
     let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
     // gemm's per-thread slab on every compute thread, whether or not warm-up runs a product
     // there; warm-up settles the allocator and the rest before the baseline.
-    impls::dense::settle_thread_scratch();
+    impls::ops::dense::settle_thread_scratch();
     for _ in 0..warmup {
         let r = impls::step(
             variant,
@@ -603,12 +603,12 @@ pub fn measure(
                 .map_err(|e| anyhow!("loading the reference result: {e}"))?;
             // running statistics judged by their update from the case's values
             let compare = |r: &StepResult| {
-                impls::compare::compare_updates(r, &reference, &case.params.tensors)
+                impls::check::compare::compare_updates(r, &reference, &case.params.tensors)
                     .map_err(|e| anyhow!("comparing with the reference: {e}"))
             };
             if graph_wanted {
                 eager_digests = Some(
-                    impls::compare::digests(&result)
+                    impls::check::compare::digests(&result)
                         .map_err(|e| anyhow!("reading the measured step's results: {e}"))?,
                 );
             }
@@ -709,7 +709,7 @@ fn begin_check(result_bytes: usize) {
 }
 
 /// A graph row's timing ([`crate::measure::graph`]): the replay times when the replayed results
-/// are the measured eager step's bit for bit (`eager`: its [`impls::compare::digests`]), or why
+/// are the measured eager step's bit for bit (`eager`: its [`impls::check::compare::digests`]), or why
 /// there is none (the row is then an `error`: a graph row without a verified replay is no
 /// result).
 fn graph_timing(
@@ -723,10 +723,10 @@ fn graph_timing(
         #[cfg(feature = "cuda")]
         {
             let (times, replayed) = crate::measure::graph::replay(variant, case, device, steps)?;
-            let replay = impls::compare::digests(&replayed.result)
+            let replay = impls::check::compare::digests(&replayed.result)
                 .map_err(|e| anyhow!("reading the replayed results: {e}"))?;
             drop(replayed);
-            let differ = impls::compare::differing(eager, &replay);
+            let differ = impls::check::compare::differing(eager, &replay);
             if !differ.is_empty() {
                 bail!(
                     "the replayed results differ from the eager step's in {}",
@@ -751,7 +751,7 @@ fn graph_timing(
 /// A step's results as SHA-256 digests of each tensor's bits, by name.
 type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
-/// The memory model of `variant` on the GPU path ([`impls::memory::Kernels::TapStack`]) with
+/// The memory model of `variant` on the GPU path ([`impls::model::trace::Kernels::TapStack`]) with
 /// each allocation charged what the device's pool charges for its size, measured once per size
 /// the model allocates ([`MemoryMeter::pool_charges`]): the pool's rounding modelled
 /// allocation by allocation. `None` off pools (the CPU counts request sizes exactly) and for
@@ -762,7 +762,8 @@ fn pool_prediction(
     meter: &MemoryMeter,
     device: &Device,
 ) -> Result<Option<u64>> {
-    use impls::memory::{allocation_sizes, predict_peak_bytes_charged, Kernels};
+    use impls::model::trace::Kernels;
+    use impls::model::{allocation_sizes, predict_peak_bytes_charged};
     let Some(sizes) = allocation_sizes(variant, cfg, Kernels::TapStack) else {
         return Ok(None);
     };

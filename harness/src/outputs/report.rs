@@ -266,14 +266,14 @@ fn family_sections(groups: &[Group], out: &mut String) {
                 if g.ok.iter().any(|r| r.predicted_peak_bytes.is_some()) {
                     let _ = writeln!(out, "\nMeasured / predicted peak:\n");
                     out.push_str(&prediction_table(g));
-                    let min = impls::memory::MODEL_MIN_PEAK_BYTES;
+                    let min = impls::model::MODEL_MIN_PEAK_BYTES;
                     if g.ok.iter().any(|r| r.peak_bytes.is_some_and(|p| p < min)) {
                         let _ = writeln!(
                             out,
                             "\nPeaks under {} MiB are below the model's scale: a few KiB it does \
                              not follow (tensor headers, small gemm and kernel buffers) are a \
-                             visible fraction there, so ±5% is not expected (README \"Memory \
-                             model\").",
+                             visible fraction there, so ±5% is not expected \
+                             (docs/memory-model.md).",
                             min >> 20
                         );
                     }

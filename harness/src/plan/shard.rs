@@ -25,7 +25,7 @@
 use crate::plan::bounds::MAX_SHARDS;
 use crate::plan::job::{self, Job, Settings, Target};
 use anyhow::{bail, Context, Result};
-use impls::variant::Intermediates;
+use impls::config::variant::Intermediates;
 use impls::{Config, Variant};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
@@ -125,7 +125,7 @@ pub fn variant_factor(variant: Variant) -> f64 {
     }
 }
 
-/// Predicted cost of one job in FLOP-equivalents: the FLOP model (`impls::memory::flops`) of
+/// Predicted cost of one job in FLOP-equivalents: the FLOP model (`impls::model::flops`) of
 /// one step × (measured + warm-up steps) × [`variant_factor`] × the dtype's factor, plus
 /// [`CHILD_OVERHEAD_FLOP`]. A relative estimate for balancing and the ETA, not a prediction
 /// of seconds. A peer's job adds [`PEER_START_FLOP`].
@@ -137,13 +137,13 @@ pub fn job_cost(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> f64 {
     } else {
         CHILD_OVERHEAD_FLOP
     };
-    impls::memory::flops(cfg) as f64 * steps * target_factor(target) * dtype_factor(cfg) + start
+    impls::model::flops(cfg) as f64 * steps * target_factor(target) * dtype_factor(cfg) + start
 }
 
 /// Predicted cost of a config's reference (computed once per shard that holds the config, if
 /// not cached): one autograd step in f64, in one child process.
 pub fn reference_cost(cfg: &Config) -> f64 {
-    impls::memory::flops(cfg) as f64 * AUTOGRAD_FACTOR * F64_FACTOR + CHILD_OVERHEAD_FLOP
+    impls::model::flops(cfg) as f64 * AUTOGRAD_FACTOR * F64_FACTOR + CHILD_OVERHEAD_FLOP
 }
 
 /// The configuration part of a job's key (`family/N/…/device`): what a shard is made of.

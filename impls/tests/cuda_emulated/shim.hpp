@@ -1,5 +1,5 @@
 // Host emulation of the few CUDA features densebench's kernels use, so that the kernel sources
-// (impls/src/cuda/*.cu with prelude.cuh, exactly the text NVRTC compiles) build as ordinary
+// (impls/src/ops/cuda/*.cu with prelude.cuh, exactly the text NVRTC compiles) build as ordinary
 // C++ and run on the CPU: tests/cuda_emulated.rs compiles them with this header and compares
 // every entry point with its CPU twin.
 //

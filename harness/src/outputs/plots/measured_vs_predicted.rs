@@ -38,8 +38,8 @@ where
     } else {
         (0.1, 10.0)
     };
-    // Rows below the model's scale are drawn but not counted (impls::memory::MODEL_MIN_PEAK_BYTES).
-    let min = impls::memory::MODEL_MIN_PEAK_BYTES;
+    // Rows below the model's scale are drawn but not counted (impls::model::MODEL_MIN_PEAK_BYTES).
+    let min = impls::model::MODEL_MIN_PEAK_BYTES;
     let (counted, small): (Vec<&Row>, Vec<&Row>) = rows
         .iter()
         .copied()

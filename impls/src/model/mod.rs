@@ -1,0 +1,384 @@
+//! What each variant keeps for backward, declared from the config alone, so memory can be
+//! predicted without running anything. A test checks the declaration against the live saved
+//! state the step reports at the end of forward.
+
+pub mod schedule;
+pub mod trace;
+
+use crate::check::probe::{saved_bytes, SavedTensor, FEATURES};
+use crate::config::variant::{Concat, Intermediates, Variant};
+use crate::config::{Config, Family};
+use schedule::trace;
+use std::collections::BTreeSet;
+use trace::{exact, Charge, Kernels};
+
+/// The tensors `variant` keeps for backward at the end of forward, or `None` for `autograd`
+/// (candle's graph keeps every op input; it is not enumerable from outside).
+pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>> {
+    let Variant::Manual(s) = variant else {
+        return None;
+    };
+    let (m, k, b) = (cfg.m(), cfg.growth, cfg.bottleneck());
+    let mut out = Vec::new();
+    let pieces = s.concat == Concat::Cat && s.intermediates == Intermediates::Recompute;
+    if s.concat == Concat::Buffer {
+        out.push(SavedTensor::owned(FEATURES, vec![cfg.c_total(), m]));
+    }
+    if pieces {
+        out.push(SavedTensor::owned("pieces.0", vec![cfg.channels, m]));
+        for j in 0..cfg.depth {
+            out.push(SavedTensor::owned(format!("pieces.{}", j + 1), vec![k, m]));
+        }
+    }
+    for i in 0..cfg.depth {
+        let c = cfg.c_in(i);
+        let own_or_view = |name: String, shape: Vec<usize>| {
+            if s.concat == Concat::Buffer {
+                SavedTensor::view(name, shape, FEATURES)
+            } else {
+                SavedTensor::owned(name, shape)
+            }
+        };
+        if !pieces {
+            out.push(own_or_view(format!("layer{i}.x"), vec![c, m]));
+        }
+        // BN's per-channel table (mean; invstd; scale; shift), see `maths::BnStats`
+        let stats = |out: &mut Vec<SavedTensor>, which: &str, ch: usize| {
+            out.push(SavedTensor::owned(
+                format!("layer{i}.{which}.stats"),
+                vec![4, ch],
+            ));
+        };
+        match (cfg.family, s.intermediates) {
+            (Family::Mlp, _) => {
+                let name = format!("layer{i}.out");
+                out.push(if pieces {
+                    SavedTensor::view(name, vec![k, m], &format!("pieces.{}", i + 1))
+                } else {
+                    own_or_view(name, vec![k, m])
+                });
+            }
+            (Family::Bc, Intermediates::Store) => {
+                stats(&mut out, "bn1", c);
+                out.push(SavedTensor::owned(format!("layer{i}.r"), vec![c, m]));
+                out.push(SavedTensor::owned(format!("layer{i}.z"), vec![b, m]));
+                stats(&mut out, "bn2", b);
+                out.push(SavedTensor::owned(format!("layer{i}.s"), vec![b, m]));
+            }
+            (Family::Bc, Intermediates::Recompute) => {
+                stats(&mut out, "bn1", c);
+                stats(&mut out, "bn2", b);
+            }
+        }
+    }
+    Some(out)
+}
+
+/// Bytes of [`declare_saved`], or `None` for `autograd`.
+pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<usize> {
+    declare_saved(variant, cfg).map(|s| saved_bytes(&s, cfg.dtype_size()))
+}
+
+/// The smallest peak the model's ±5% is claimed for. Below about 1 MiB, a few KiB the model
+/// does not follow (candle's tensor headers and shape vectors, gemm's and the 3×3 kernel's
+/// small buffers, whether gemm packs a tiny operand at all) are a visible fraction of the peak:
+/// the quick sweep's blocks (peaks of 14–330 KB) land at ×0.5…×1.1 of the prediction, while
+/// the tests' (≥ 9 MB) and the default sweep's (≥ 1.8 MB) land within ±5%. Figures and reports
+/// say so rather than count such rows.
+pub const MODEL_MIN_PEAK_BYTES: u64 = 1 << 20;
+
+/// Predicted peak bytes of one training step above the baseline (parameters, input and
+/// upstream gradient allocated), or `None` for `autograd` (candle's graph is not modelled).
+///
+/// The prediction replays, allocation by allocation, what [`crate::strategies::block::step_manual`] does:
+/// every full-size tensor (`[C, M]`, `[B, M]`, `[k, M]`, on a GPU `[9k, M]`), every parameter
+/// gradient, the convolution's scratch tiles, and the per-channel tables of BN (planar
+/// `[Q, C]`: the features' statistics, each BN's `[6, C]` table and running stats, kept to the
+/// end of the step, and its backward's `[5, C]` sums, kept for dγ and dβ). The tables are
+/// O(C) next to O(C·M), but a memory pool may charge a small allocation a whole block, so
+/// each is an allocation of its own in the trace.
+/// Written out as formulas (s = bytes per element, M = N·H·W, C_i = C0 + i·k, B = bn_size·k):
+///
+/// - forward keeps `declare_saved` (e.g. `buffer-*`: the buffer C_L·M; `cat-store` bc:
+///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
+/// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
+///   (`copy`: 2·C_i·M, `inplace`: C_i·M; CPU, `recompute`: a column chunk of them,
+///   C_i·M_f with M_f ≤ `maths::FRONT_CHUNK_COLUMNS`, see `maths::bn_relu_conv1_chunked`),
+///   then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's scratch (CPU: one tile per thread;
+///   other devices: the tap products of one chunk of whole images, 9k·M_c with
+///   M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
+/// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
+///   layer i: the recomputed front (`recompute`: z and s, r freed once Conv1×1 has read it, in
+///   forward too), Conv3×3's scratch (CPU: tiles and the weight gradient's partial sums; other
+///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then the
+///   front's:
+///   - CPU (`maths::split_front`): dW1 a column group of `maths::FRONT_CHUNK_COLUMNS` at a
+///     time (`recompute`: the group's r remade, C_i·4096, twice with `copy`; `store`: columns
+///     of the saved r, freed after), then `dr`, ReLU1's and BN1's backward a block of
+///     `maths::GRAD_BLOCK_ROWS` rows at a time (n·M, twice with `copy`);
+///   - other devices: r again (`recompute` where [`schedule::Schedule::defer_r`]: one BN1 apply more,
+///     C_i·M not live through the convolution's backward) for dW1, then `dr` and `da` of
+///     C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks from the layer input and
+///     BN1's table, so the recomputed or saved `r` is freed first);
+///
+///   BN1's `dx` is added straight into the gradient buffer (`buffer`) or into the new input
+///   gradient C_i·M, a copy of the old one's prefix made when BN1's backward first needs it,
+///   before the old C_{i+1}·M is freed (`cat`); mlp layers add their `dx` the same way (on a
+///   GPU too: cuBLAS with β = 1).
+///
+/// The tests check this against the counting allocator on small configs (exact on CPU), and
+/// the [`Kernels::TapStack`] trace against the CPU running that path
+/// ([`crate::layer::with_tap_stack_on_cpu`]), at request sizes and under block-allocator
+/// rounding ([`predict_peak_bytes_charged`]).
+pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
+    predict_peak_bytes_with(variant, cfg, Kernels::Cpu)
+}
+
+/// [`predict_peak_bytes`] for a device's kernels: [`Kernels::Cpu`] on the CPU,
+/// [`Kernels::TapStack`] on a GPU.
+pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) -> Option<u64> {
+    predict_peak_bytes_charged(variant, cfg, path, &exact)
+}
+
+/// [`predict_peak_bytes_with`] under an allocator that charges `charge(bytes)` for each
+/// allocation of `bytes` (a GPU memory pool's rounding): every tensor of the trace is charged
+/// on its own, so rounding is modelled allocation by allocation, not on the sum.
+pub fn predict_peak_bytes_charged(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+    charge: Charge<'_>,
+) -> Option<u64> {
+    trace(variant, cfg, path, charge).map(|t| t.peak.max(0) as u64)
+}
+
+/// The distinct sizes in bytes of the allocations the model of `variant` on `cfg` makes (`None`
+/// for `autograd`): what a GPU child measures the pool's charge for before predicting with
+/// [`predict_peak_bytes_charged`].
+pub fn allocation_sizes(variant: Variant, cfg: &Config, path: Kernels) -> Option<BTreeSet<u64>> {
+    trace(variant, cfg, path, &exact).map(|t| t.sizes)
+}
+
+/// Floating-point operations of one training step's matrix products and convolutions (the
+/// model's work: forward plus the two backward products per layer; a multiply-add counts 2).
+/// Recomputation is not counted, so GFLOP/s compares variants on the same useful work.
+/// Element-wise ops (BN, ReLU, bias) are O(C·M) and left out.
+pub fn flops(cfg: &Config) -> u64 {
+    let (m, k, b) = (cfg.m() as u64, cfg.growth as u64, cfg.bottleneck() as u64);
+    (0..cfg.depth)
+        .map(|i| {
+            let c = cfg.c_in(i) as u64;
+            let forward = match cfg.family {
+                Family::Mlp => 2 * k * c * m,
+                Family::Bc => 2 * b * c * m + 2 * 9 * b * k * m,
+            };
+            3 * forward
+        })
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::schedule::*;
+    use super::trace::*;
+    use super::*;
+    use crate::config::spatial::Spatial;
+    use crate::config::variant::{Relu, Strategy};
+    use crate::layer::with_tap_chunk_columns;
+
+    fn manual(concat: Concat, intermediates: Intermediates, relu: Relu) -> Variant {
+        Variant::Manual(Strategy {
+            concat,
+            intermediates,
+            relu,
+        })
+    }
+
+    /// The packing allowance is the full 128 KiB wherever a product is that large (BC-100's
+    /// block at any depth, the forum mlp, the smallest test config) and scales down to its
+    /// floor for tiny blocks, in proportion to the element size.
+    #[test]
+    fn the_packing_allowance_is_capped_by_the_products() {
+        let bc = |depth, batch, size, dtype| Config {
+            depth,
+            batch,
+            size: Spatial::square(size),
+            dtype,
+            ..Config::bc100_block()
+        };
+        use candle_core::DType::{F32, F64};
+        for cfg in [bc(1, 64, 32, F32), bc(48, 64, 32, F32), bc(4, 16, 8, F32)] {
+            assert_eq!(
+                packing_allowance(&cfg),
+                GEMM_PACKING_ALLOWANCE_BYTES,
+                "{cfg:?}"
+            );
+        }
+        // N = 2, 3×3: M = 18, C = 24 + 12 = 36, o = 48 (bottleneck)
+        let tiny = bc(2, 2, 3, F32);
+        let want = 4 * 48 * (36 + 18 + 24) + 256;
+        assert_eq!(packing_allowance(&tiny), want.max(GEMM_PACKING_FLOOR_BYTES));
+        let mid = bc(2, 4, 4, F32);
+        let a32 = packing_allowance(&mid);
+        assert!(
+            GEMM_PACKING_FLOOR_BYTES < a32 && a32 < GEMM_PACKING_ALLOWANCE_BYTES,
+            "{a32}"
+        );
+        assert_eq!(packing_allowance(&bc(2, 4, 4, F64)) - 256, 2 * (a32 - 256));
+    }
+
+    /// The torchvision-style block of the GPU sweep (batch 32, C0 = 64, k = 32, 56×56).
+    fn torchvision(depth: usize) -> Config {
+        Config {
+            batch: 32,
+            channels: 64,
+            growth: 32,
+            depth,
+            size: Spatial::square(56),
+            dtype: candle_core::DType::F32,
+            ..Config::bc100_block()
+        }
+    }
+
+    /// The model picks the fewest chunks of whole images within the slack of the least peak
+    /// (one image per chunk), for each choice of deferring r: never more peak than that, and
+    /// one chunk fewer (the next larger split) would exceed it; then the choice with the lower
+    /// peak. One chunk where the tap transients do not set the peak (BC-100's block, where the
+    /// layer input's gradient does), never on the mlp, and an override wins.
+    #[test]
+    fn the_tap_stack_is_chunked_as_little_as_the_peak_allows() {
+        let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
+        let brc = manual(Concat::Buffer, Intermediates::Recompute, Relu::Copy);
+        let bc100 = |depth| Config {
+            depth,
+            ..Config::bc100_block()
+        };
+        let plane = |cfg: &Config| cfg.size.height * cfg.size.width;
+        let peak_at = |v, cfg: &Config, images: usize, defer| {
+            let columns = images * plane(cfg);
+            trace_with(v, cfg, Kernels::TapStack, &exact, columns, defer, false)
+                .unwrap()
+                .peak
+        };
+        let mut chunked_somewhere = false;
+        for cfg in [torchvision(6), torchvision(12), bc100(16), bc100(48)] {
+            let n = cfg.batch;
+            for v in Variant::for_config(&cfg) {
+                if v == Variant::Autograd {
+                    continue;
+                }
+                let what = format!("{v} on {}", cfg.describe());
+                let mut options = Vec::new();
+                for defer in [false, true] {
+                    let columns = tap_chunk_columns_given(v, &cfg, defer).unwrap();
+                    let images = if columns == 0 {
+                        n
+                    } else {
+                        columns / plane(&cfg)
+                    };
+                    assert!(
+                        columns.is_multiple_of(plane(&cfg)) && (1..=n).contains(&images),
+                        "{what}"
+                    );
+                    assert!(columns == 0 || images < n, "{what}: a one-chunk split is 0");
+                    let limit = peak_at(v, &cfg, 1, defer) as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
+                    let peak = peak_at(v, &cfg, images, defer);
+                    assert!(peak as f64 <= limit, "{what}: {peak} over {limit}");
+                    let chunks = n.div_ceil(images);
+                    if chunks > 1 {
+                        chunked_somewhere = true;
+                        let fewer = n.div_ceil(chunks - 1);
+                        assert!(
+                            peak_at(v, &cfg, fewer, defer) as f64 > limit,
+                            "{what}: {fewer} images would do"
+                        );
+                    }
+                    options.push((peak, columns, defer));
+                }
+                let recomputing = matches!(v, Variant::Manual(s)
+                    if s.intermediates == Intermediates::Recompute);
+                let s = schedule_for(v, &cfg, Kernels::TapStack).unwrap();
+                let picked = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap();
+                let best = if recomputing {
+                    options.iter().min_by_key(|o| o.0).unwrap() // ties: the first, r kept
+                } else {
+                    &options[0]
+                };
+                assert_eq!(
+                    (picked as i128, s.tap_chunk_columns, s.defer_r),
+                    *best,
+                    "{what}"
+                );
+            }
+        }
+        assert!(chunked_somewhere);
+        // r is remade for dW1 where that lowers the peak: the leanest variant on a GPU's path;
+        // not with a copy ReLU on BC-100's block, where the remade r's second tensor beside
+        // dz would set it (+B rows). The CPU's path never keeps r whole in backward (its
+        // blocked front), so there is nothing to defer.
+        assert!(
+            schedule_for(bri, &bc100(16), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
+        assert!(
+            !schedule_for(brc, &bc100(16), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
+        let split = Schedule {
+            split_front: true,
+            ..Schedule::default()
+        };
+        for v in [bri, brc] {
+            assert_eq!(schedule_for(v, &bc100(16), Kernels::Cpu).unwrap(), split);
+            assert!(
+                !schedule_for(v, &bc100(16), Kernels::TapStack)
+                    .unwrap()
+                    .split_front
+            );
+            // the split lowers the peak by more than SPLIT_FRONT_MIN_GAIN, and it is picked
+            // for that: with the front whole, the leanest variant remakes r as on a GPU
+            let whole = crate::layer::with_whole_front_on_cpu(|| {
+                assert!(schedule_for(bri, &bc100(16), Kernels::Cpu).unwrap().defer_r);
+                predict_peak_bytes(v, &bc100(16)).unwrap()
+            });
+            let picked = predict_peak_bytes(v, &bc100(16)).unwrap();
+            assert!(
+                (picked as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN),
+                "{v}"
+            );
+        }
+        // naive at L = 16: the split would save under 1% (its peak is the saved state), so the
+        // front stays whole, and no time is spent on it
+        let naive = manual(Concat::Cat, Intermediates::Store, Relu::Copy);
+        assert_eq!(
+            schedule_for(naive, &bc100(16), Kernels::Cpu).unwrap(),
+            Schedule::default()
+        );
+        assert!(
+            schedule_for(brc, &torchvision(6), Kernels::TapStack)
+                .unwrap()
+                .defer_r
+        );
+        // the leanest variant of the torchvision-style block: two images per chunk, and the
+        // prediction follows: the shifted gradients drop from 9k·M to 9k·2·56² (4 B each)
+        let tv = torchvision(6);
+        let m = 56 * 56;
+        assert_eq!(tap_chunk_columns_for(bri, &tv).unwrap(), 2 * m);
+        let chunked = predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap();
+        let whole = with_tap_chunk_columns(0, || {
+            predict_peak_bytes_with(bri, &tv, Kernels::TapStack).unwrap()
+        });
+        assert_eq!(whole - chunked, (9 * 32 * (32 - 2) * m * 4) as u64);
+        // BC-100's: the layer input's gradient sets the peak, one chunk
+        assert_eq!(tap_chunk_columns_for(bri, &bc100(48)).unwrap(), 0);
+        let mlp = Config::tiny(Family::Mlp);
+        assert_eq!(tap_chunk_columns_for(bri, &mlp).unwrap(), 0);
+        // an override wins, for every variant
+        with_tap_chunk_columns(m, || {
+            assert_eq!(tap_chunk_columns_for(brc, &bc100(48)).unwrap(), m);
+            assert_eq!(tap_chunk_columns_for(bri, &mlp).unwrap(), m);
+        });
+    }
+}

@@ -1,0 +1,184 @@
+//! The schedule a step runs with, picked by the model from predicted peaks ([`schedule_for`]):
+//! the tap stack's chunking on a GPU's path, whether a recomputing bc variant remakes ReLU1's
+//! output late, whether the CPU splits the bc layer's front.
+
+use crate::config::variant::{Intermediates, Variant};
+use crate::config::{Config, Family};
+use crate::model::trace::{exact, trace_with, Charge, Kernels, Trace};
+
+/// How a manual step runs where the strategy leaves a choice, picked by the memory model for
+/// the least predicted peak ([`schedule_for`]); [`crate::step::step()`] runs it. The default is the
+/// plain one: the tap stack in one chunk, r kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Schedule {
+    /// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path; 0: one chunk), see
+    /// [`crate::layer::tap_chunk_images`].
+    pub tap_chunk_columns: usize,
+    /// A recomputing bc variant remakes ReLU1's output r `[C_i, M]` for Conv1×1's weight
+    /// gradient after BN2's backward instead of keeping the recomputed front's through the 3×3
+    /// convolution's backward (`block::bc_backward`): C_i·M fewer there, one BN1 apply more per
+    /// layer, bitwise the same values. Where the convolution's backward does not set the peak
+    /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time. A whole
+    /// front's choice: the CPU's split front never keeps r whole, so with
+    /// [`Schedule::split_front`] it is false.
+    pub defer_r: bool,
+    /// The CPU's kernels split the bc layer's front ([`crate::layer::split_front`]): ReLU1's
+    /// output made a column chunk at a time where it is not kept, the front's backward a
+    /// column group, then a channel block at a time, so neither it nor its gradient `[C_i, M]`
+    /// is ever whole; bitwise the same values (for its time, see [`SPLIT_FRONT_MIN_GAIN`]).
+    pub split_front: bool,
+}
+
+/// How much a split front ([`Schedule::split_front`]) must lower a variant's predicted peak,
+/// as a fraction of the whole front's, for [`schedule_for`] to pick it. The split's `dr`
+/// blocks each repack `dz` (a few ms a layer on BC-100's block); since Conv1×1's weight
+/// gradient is summed in column chunks ([`crate::layer::conv1_bwd_weight`]), the split
+/// `buffer-recompute-inplace` step measured ×0.97 (L = 16) and ×1.00 (L = 48) of the whole
+/// front's, where the block-wise split had cost ×1.05 and ×1.17 (README). It runs where it
+/// saves memory that matters — the recomputing variants at BC-100's scale — not where it trims
+/// 1–2% off a store variant's saved state.
+pub const SPLIT_FRONT_MIN_GAIN: f64 = 0.05;
+
+/// The [`Schedule`] of `variant` on `cfg` for a device's kernels. With the front whole: for
+/// each choice of [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack
+/// chunking (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower
+/// predicted peak (a tie keeps r: no extra work). On the CPU's kernels a bc variant's front
+/// split ([`Schedule::split_front`]) where that lowers the peak by at least
+/// [`SPLIT_FRONT_MIN_GAIN`] (never inside [`crate::layer::with_whole_front_on_cpu`] or with
+/// [`crate::layer::WHOLE_FRONT_ENV`] set). An `Err` for an unreadable chunking override.
+pub fn schedule_for(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+) -> crate::error::Result<Schedule> {
+    let manual_bc = matches!(variant, Variant::Manual(_)) && cfg.family == Family::Bc;
+    let can_split = manual_bc && path == Kernels::Cpu && !crate::layer::whole_front_forced();
+    let can_defer = matches!(variant, Variant::Manual(s)
+            if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
+    let mut best: Option<(i128, Schedule)> = None;
+    for defer_r in [false, true] {
+        if defer_r && !can_defer {
+            continue;
+        }
+        let tap_chunk_columns = match path {
+            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r)?,
+            Kernels::Cpu => 0,
+        };
+        let Some(t) = trace_with(
+            variant,
+            cfg,
+            path,
+            &exact,
+            tap_chunk_columns,
+            defer_r,
+            false,
+        ) else {
+            break; // autograd: nothing to pick
+        };
+        let s = Schedule {
+            tap_chunk_columns,
+            defer_r,
+            split_front: false,
+        };
+        if best.is_none_or(|(peak, _)| t.peak < peak) {
+            best = Some((t.peak, s));
+        }
+    }
+    if let (true, Some((whole, _))) = (can_split, best) {
+        if let Some(t) = trace_with(variant, cfg, path, &exact, 0, false, true) {
+            if (t.peak as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
+                best = Some((
+                    t.peak,
+                    Schedule {
+                        split_front: true,
+                        ..Schedule::default()
+                    },
+                ));
+            }
+        }
+    }
+    Ok(best.map(|(_, s)| s).unwrap_or_default())
+}
+
+/// How far above its least possible predicted peak a variant's tap-stack chunking may leave
+/// it: `tap_chunk_columns_given` picks the fewest chunks whose peak is within this fraction
+/// of the peak with one image per chunk (the least the tap stack can add).
+pub const TAP_CHUNK_PEAK_SLACK: f64 = 0.01;
+
+/// Columns per chunk of the tap-stack 3×3 convolution (a GPU's path) for `variant` on `cfg`,
+/// what [`crate::step::step()`] runs it with ([`schedule_for`] on [`Kernels::TapStack`]).
+pub fn tap_chunk_columns_for(variant: Variant, cfg: &Config) -> crate::error::Result<usize> {
+    Ok(schedule_for(variant, cfg, Kernels::TapStack)?.tap_chunk_columns)
+}
+
+/// The tap-stack chunking of `variant` on `cfg` with r deferred or not: the override if one
+/// is set ([`crate::layer::tap_chunk_override`]); else the fewest chunks of whole images (the
+/// fewest launches, the longest GEMMs) whose predicted peak is within [`TAP_CHUNK_PEAK_SLACK`]
+/// of the peak with one image per chunk, as `images · H · W` columns, or 0 where one chunk is
+/// within it (the tap transients do not set the variant's peak). For q chunks the images per
+/// chunk are `⌈N/q⌉`, the most even split. An `Err` for an unreadable override.
+pub(crate) fn tap_chunk_columns_given(
+    variant: Variant,
+    cfg: &Config,
+    defer_r: bool,
+) -> crate::error::Result<usize> {
+    if let Some(columns) = crate::layer::tap_chunk_override()? {
+        return Ok(columns);
+    }
+    if cfg.family != Family::Bc {
+        return Ok(0);
+    }
+    let g = crate::layer::grid(cfg);
+    let plane = g.h.saturating_mul(g.w).max(1);
+    let peak = |images: usize| {
+        let columns = images.saturating_mul(plane);
+        trace_with(
+            variant,
+            cfg,
+            Kernels::TapStack,
+            &exact,
+            columns,
+            defer_r,
+            false,
+        )
+        .map(|t| t.peak)
+    };
+    let Some(floor) = peak(1) else {
+        return Ok(0);
+    };
+    let limit = floor as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
+    let n = g.n.max(1);
+    let mut last = 0;
+    for chunks in 1..=n {
+        let images = n.div_ceil(chunks);
+        if images == last {
+            continue; // the same split as fewer chunks
+        }
+        last = images;
+        if peak(images).is_some_and(|p| p as f64 <= limit) {
+            return Ok(if images >= n { 0 } else { images * plane });
+        }
+    }
+    Ok(plane)
+}
+
+/// The predicted allocation trace of one step (see [`predict_peak_bytes`]), the tap stack
+/// chunked as [`tap_chunk_columns_for`] says (an unreadable override fails the step before it
+/// measures anything; the trace then assumes one chunk).
+pub(crate) fn trace<'a>(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+    charge: Charge<'a>,
+) -> Option<Trace<'a>> {
+    let s = schedule_for(variant, cfg, path).unwrap_or_default();
+    trace_with(
+        variant,
+        cfg,
+        path,
+        charge,
+        s.tap_chunk_columns,
+        s.defer_r,
+        s.split_front,
+    )
+}

@@ -1,0 +1,568 @@
+//! BatchNorm backward as fused kernels: the gradient through a ReLU that follows BN apply,
+//! masked from BN's input ([`relu_bwd_affine`], also in place), the per-channel reductions of
+//! the gradient ([`bn_bwd_reduce`]) and the data gradient ([`bn_bwd_dx`], also accumulated into
+//! a gradient buffer's view). One pass, exactly one output or in place, on the CPU and (`cuda`
+//! feature) on CUDA through the same custom ops, as [`crate::ops::bn`]'s forward; `generic_*`
+//! are the oracles from candle ops.
+
+use crate::error::{CandleContext, Result};
+use crate::ops::bn::{coef_rows, column, generic_affine_rows_relu, planar};
+use crate::ops::cpu::shared::Float;
+#[cfg(feature = "cuda")]
+use crate::ops::cpu::storage::not_on_cuda;
+use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, elems, has_kernels, Operand};
+use candle_core::{CpuStorage, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// `g = (x·scale + shift > 0) ? g : 0` per row, in place, `coef` planar `(scale; shift)` of
+/// `c` rows of `m`: the mask of a ReLU after BN apply, from BN's input. `v = x·scale + shift`
+/// is [`AffineRowsOp`]'s value, so the mask is the one the ReLU's output gives, bit for bit.
+pub(crate) fn relu_mask_rows<T: Float>(g: &mut [T], x: &[T], coef: &[T], c: usize, m: usize) {
+    if c * m == 0 {
+        return;
+    }
+    let (scales, shifts) = coef.split_at(c);
+    g.par_chunks_mut(m)
+        .zip(x.par_chunks(m))
+        .zip(scales.par_iter().zip(shifts))
+        .for_each(|((g, x), (&scale, &shift))| {
+            for (g, x) in g.iter_mut().zip(x) {
+                let v = *x * scale + shift;
+                *g = if v > T::ZERO { *g } else { T::ZERO };
+            }
+        });
+}
+
+/// ReLU backward from BN's input (see [`relu_bwd_affine`]) into a new tensor.
+pub(crate) struct ReluBwdAffineOp;
+impl CustomOp3 for ReluBwdAffineOp {
+    fn name(&self) -> &'static str {
+        "relu-bwd-affine"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(
+            n: &str,
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
+            // the crate's parallel vector copy, then the mask in place: 32 ms for [204, 65536]
+            // f32 on one thread, where writing the masked values into a new vector took 65–70
+            // (and made a BC-100 L=16 `cat-store-copy` step 1.4× slower)
+            let mut out = crate::ops::elementwise::concat_slices(&[g]);
+            relu_mask_rows(&mut out, x, coef, c, m);
+            Ok(out)
+        }
+        let n = self.name();
+        let ops = [(gs, gl), (xs, xl), (cs, cl)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, gl.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::ops::cuda::bn::relu_bwd_affine(self.name(), (gs, gl), (xs, xl), (cs, cl))
+    }
+}
+
+/// ReLU backward from BN's input (see [`relu_bwd_affine_inplace`]), over the gradient.
+pub(crate) struct ReluBwdAffineInplaceOp;
+impl InplaceOp3 for ReluBwdAffineInplaceOp {
+    fn name(&self) -> &'static str {
+        "relu-bwd-affine-inplace"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &mut CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<()> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(
+            n: &str,
+            g: &mut [T],
+            [x, coef]: [Operand; 2],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<()> {
+            let x = elems::<T>(x.0, x.1, n)?;
+            let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
+            if g.len() != x.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: the gradient has {} elements, the input {}",
+                    g.len(),
+                    x.len()
+                )));
+            }
+            relu_mask_rows(g, x, coef, c, m);
+            Ok(())
+        }
+        let n = self.name();
+        let (ga, gb) = gl.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{n}: the gradient must be contiguous"))
+        })?;
+        let ops = [(xs, xl), (cs, cl)];
+        match gs {
+            CpuStorage::F32(g) => go(n, &mut g[ga..gb], ops, c, m),
+            CpuStorage::F64(g) => go(n, &mut g[ga..gb], ops, c, m),
+            _ => Err(bad_dtype(n)),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &mut candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::ops::cuda::bn::relu_bwd_affine_inplace(self.name(), (gs, gl), (xs, xl), (cs, cl))
+    }
+}
+
+/// [`coef_rows`] of a storage as `T`, or the op's dtype error.
+pub(crate) fn table<'a, T: Float>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    q: usize,
+    c: usize,
+    op: &str,
+) -> candle_core::Result<&'a [T]> {
+    coef_rows(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, q, c, op)
+}
+
+/// The gradient and input operands of a BN backward op as `T`: as many elements each, or an
+/// error (the kernels walk them row by row together).
+pub(crate) fn gy_and_x<'a, T: Float>(
+    op: &str,
+    (gs, gl): Operand<'a>,
+    (xs, xl): Operand<'a>,
+) -> candle_core::Result<(&'a [T], &'a [T])> {
+    let (g, x) = (elems::<T>(gs, gl, op)?, elems::<T>(xs, xl, op)?);
+    if g.len() != x.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "{op}: the gradient has {} elements, the input {}",
+            g.len(),
+            x.len()
+        )));
+    }
+    Ok((g, x))
+}
+
+/// BN backward's per-channel coefficients of `dx = A·gy + B·x + C` from the sums `sg = Σ gy`,
+/// `sgx = Σ gy·x̂` (in `T`), the batch mean and invstd and γ: in `T`, in the order of the candle
+/// ops of [`generic_bn_bwd_coef`], with `neg_inv_m = T(−1/M)`, `inv_m = T(1/M)` (candle's
+/// scalar multiply and divide are the affine `v·k + 0`). CPU twin of the end of
+/// `bn_bwd_reduce` in `bn.cu`.
+pub(crate) fn bwd_coef<T: Float>(
+    [sg, sgx]: [T; 2],
+    [mean, invstd, gamma]: [T; 3],
+    [neg_inv_m, inv_m]: [T; 2],
+) -> [T; 3] {
+    let a = gamma * invstd;
+    let b = ((a * invstd) * sgx) * neg_inv_m + T::ZERO;
+    let t = (mean * invstd) * sgx;
+    let cc = (a * (t - sg)) * inv_m + T::ZERO;
+    [a, b, cc]
+}
+
+/// BN backward's reduction and coefficients: operands `gy`, `x` (`[C, M]`) and
+/// `st [2, C]` = (mean; invstd); the op carries γ (`[C]`). Output planar `[5, C]` =
+/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64.
+pub(crate) struct BnBwdReduceOp {
+    gamma: Tensor,
+}
+impl CustomOp3 for BnBwdReduceOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-reduce"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        ss: &CpuStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let (c, m) = gl.shape().dims2()?;
+        let (gms, gml) = carried(n, &self.gamma)?;
+        fn go<T: Float>(
+            n: &str,
+            [g, x, st, gamma]: [Operand; 4],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let st = table::<T>(st.0, st.1, 2, c, n)?;
+            let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
+            let (means, invstds) = st.split_at(c);
+            let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
+            // straight into the five planar rows: the output is the op's only allocation
+            let mut out = vec![T::ZERO; 5 * c];
+            let (sgs, rest) = out.split_at_mut(c);
+            let (sgxs, rest) = rest.split_at_mut(c);
+            let (aas, rest) = rest.split_at_mut(c);
+            let (bbs, ccs) = rest.split_at_mut(c);
+            let outs = (
+                sgs.par_iter_mut(),
+                sgxs.par_iter_mut(),
+                aas.par_iter_mut(),
+                bbs.par_iter_mut(),
+                ccs.par_iter_mut(),
+            );
+            g.par_chunks(m)
+                .zip(x.par_chunks(m))
+                .zip(means.par_iter().zip(invstds).zip(gamma))
+                .zip(outs.into_par_iter())
+                .for_each(|(((g, x), ((&mean, &invstd), &gamma)), row)| {
+                    let (mean64, invstd64) = (mean.f64(), invstd.f64());
+                    let (mut sg, mut sgx) = (0f64, 0f64);
+                    for (g, x) in g.iter().zip(x) {
+                        let g = g.f64();
+                        sg += g;
+                        sgx += g * (x.f64() - mean64) * invstd64;
+                    }
+                    let (sg, sgx) = (T::of(sg), T::of(sgx));
+                    let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
+                    (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);
+                });
+            Ok(out)
+        }
+        let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, Shape::from((5, c))))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        ss: &candle_core::CudaStorage,
+        sl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let n = self.name();
+        let (gms, gml) = self.gamma.storage_and_layout();
+        let candle_core::Storage::Cuda(gms) = &*gms else {
+            return Err(not_on_cuda(n, "gamma"));
+        };
+        crate::ops::cuda::bn::bn_bwd_reduce(n, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
+    }
+}
+
+/// `A·gy + B·x + C` of one element, in f64, rounded to `T` once.
+pub(crate) fn dx_value<T: Float>(a: f64, b: f64, cc: f64, g: T, x: T) -> T {
+    T::of(a * g.f64() + b * x.f64() + cc)
+}
+
+/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64.
+pub(crate) struct BnBwdDxOp;
+impl CustomOp3 for BnBwdDxOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-dx"
+    }
+    fn cpu_fwd(
+        &self,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+        cs: &CpuStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(
+            n: &str,
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<Vec<T>> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            Ok(crate::ops::elementwise::new_rows(c, m, |r| {
+                let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
+                g.iter()
+                    .zip(x)
+                    .map(move |(&g, &x)| dx_value(a, b, cc, g, x))
+            }))
+        }
+        let n = self.name();
+        let ops = [(gs, gl), (xs, xl), (cs, cl)];
+        let out = match gs {
+            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
+            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, gl.shape().clone()))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        cs: &candle_core::CudaStorage,
+        cl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        crate::ops::cuda::bn::bn_bwd_dx(self.name(), (gs, gl), (xs, xl), (cs, cl))
+    }
+}
+
+/// `dst += T(A·gy + B·x + C)` per row, **in place**: the same rounding as [`BnBwdDxOp`]
+/// followed by an add, so results are bitwise those of the two-step path.
+pub(crate) struct BnBwdDxAccumulateOp {
+    /// `(A; B; C)`, planar `[3, C]` in the operands' dtype and on their device. An in-place op
+    /// takes at most two tensor operands besides the destination, so the op carries the third
+    /// and reads its storage itself (a tensor of its own: it cannot alias the destination).
+    coef: Tensor,
+}
+impl InplaceOp3 for BnBwdDxAccumulateOp {
+    fn name(&self) -> &'static str {
+        "bn-bwd-dx-accumulate"
+    }
+    fn cpu_fwd(
+        &self,
+        ds: &mut CpuStorage,
+        dl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        xs: &CpuStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<()> {
+        let (c, m) = gl.shape().dims2()?;
+        fn go<T: Float>(
+            n: &str,
+            d: &mut [T],
+            [g, x, coef]: [Operand; 3],
+            c: usize,
+            m: usize,
+        ) -> candle_core::Result<()> {
+            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            if d.len() != g.len() {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: the destination has {} elements, the gradient {}",
+                    d.len(),
+                    g.len()
+                )));
+            }
+            d.par_chunks_mut(m)
+                .zip(g.par_chunks(m).zip(x.par_chunks(m)))
+                .enumerate()
+                .for_each(|(r, (d, (g, x)))| {
+                    let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                    for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
+                        *d = *d + dx_value(a, b, cc, *g, *x);
+                    }
+                });
+            Ok(())
+        }
+        let n = self.name();
+        let (da, db) = dl.contiguous_offsets().ok_or_else(|| {
+            candle_core::Error::Msg(format!("{n}: destination must be contiguous"))
+        })?;
+        let (cs, cl) = carried(n, &self.coef)?;
+        let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
+        match ds {
+            CpuStorage::F32(d) => go(n, &mut d[da..db], ops, c, m),
+            CpuStorage::F64(d) => go(n, &mut d[da..db], ops, c, m),
+            _ => Err(bad_dtype(n)),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        ds: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+    ) -> candle_core::Result<()> {
+        let n = self.name();
+        let (cs, cl) = self.coef.storage_and_layout();
+        let candle_core::Storage::Cuda(cs) = &*cs else {
+            return Err(not_on_cuda(n, "coefficients"));
+        };
+        crate::ops::cuda::bn::bn_bwd_dx_accumulate(n, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
+    }
+}
+
+/// The gradient through a ReLU that follows BN apply, masked from BN's **input**:
+/// `(x·scale + shift > 0) ? g : 0` per row (`coef [2, C]` = (scale; shift), the table
+/// [`crate::ops::bn::affine_rows`] applied), into a new tensor. Bitwise `relu_bwd(g, affine_rows_relu(x, coef))`
+/// (the same `v`, the same predicate), without the ReLU's output: a backward that has BN's
+/// input at hand (the feature buffer's view) need not keep it.
+pub fn relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    if [g, x, coef]
+        .iter()
+        .all(|t| has_kernels(t) && t.is_contiguous())
+    {
+        g.apply_op3_no_bwd(x, coef, &ReluBwdAffineOp)
+            .ctx("relu bwd affine")
+    } else {
+        generic_relu_bwd_affine(g, x, coef)
+    }
+}
+
+/// [`relu_bwd_affine`] **over `g`** (returned): the in-place ReLU backward. Contiguous
+/// operands on a device with kernels only: anything else is an error, never a silent copy
+/// (like [`crate::ops::elementwise::relu_bwd_inplace`]).
+pub fn relu_bwd_affine_inplace(g: Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    g.inplace_op3(x, coef, &ReluBwdAffineInplaceOp)
+        .ctx("relu bwd affine inplace")?;
+    Ok(g)
+}
+
+/// [`relu_bwd_affine`] from the ReLU's output, recomputed with candle ops (any device): the
+/// oracle.
+pub fn generic_relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    let out = generic_affine_rows_relu(x, coef)?;
+    let mask = out.gt(0.0).ctx("relu bwd affine")?;
+    mask.where_cond(g, &g.zeros_like().ctx("relu bwd affine")?)
+        .ctx("relu bwd affine")
+}
+
+/// BN backward's reductions and coefficients in one op: `st [2, C]` = (mean; invstd) of the
+/// forward, γ `[C]`; returns planar `[5, C]` = (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with
+/// `x̂ = (x − mean)·invstd` (sums in f64, rounded to the dtype) and `dx = A·gy + B·x + C`
+/// ([`bn_bwd_dx`] takes rows 2..5 as its coefficients). The coefficients are bitwise
+/// [`generic_bn_bwd_coef`] of the two sums.
+pub fn bn_bwd_reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor) -> Result<Tensor> {
+    let operands = [gy, x, st, gamma];
+    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        gy.apply_op3_no_bwd(
+            x,
+            st,
+            &BnBwdReduceOp {
+                gamma: gamma.clone(),
+            },
+        )
+        .ctx("bn bwd reduce")
+    } else {
+        generic_bn_bwd_reduce(gy, x, st, gamma)
+    }
+}
+
+/// [`bn_bwd_reduce`] from candle ops (any device): the sums in the dtype (not f64), then
+/// [`generic_bn_bwd_coef`].
+pub fn generic_bn_bwd_reduce(
+    gy: &Tensor,
+    x: &Tensor,
+    st: &Tensor,
+    gamma: &Tensor,
+) -> Result<Tensor> {
+    let xhat = x
+        .broadcast_sub(&column(st, 0)?)
+        .ctx("bn bwd x̂")?
+        .broadcast_mul(&column(st, 1)?)
+        .ctx("bn bwd x̂")?;
+    let sg = gy.sum_keepdim(1).ctx("bn bwd Σgy")?;
+    let sgx = gy
+        .mul(&xhat)
+        .ctx("bn bwd")?
+        .sum_keepdim(1)
+        .ctx("bn bwd Σgy·x̂")?;
+    let [a, b, cc] = generic_bn_bwd_coef(&sg, &sgx, st, gamma, x.dims()[1])?;
+    planar(&[&sg, &sgx, &a, &b, &cc])
+}
+
+/// The coefficients `(A, B, C)` of `dx = A·gy + B·x + C` (each `[C, 1]`) from the sums `sg`,
+/// `sgx` (`[C, 1]`), `st [2, C]` = (mean; invstd) and γ, over `m` values per channel, from
+/// candle ops: `A = γ·invstd`, `B = −A·invstd·sgx/m`, `C = A·(mean·invstd·sgx − sg)/m` — op for
+/// op what the layer maths computed before the fused reduction (the oracle of its last step).
+pub fn generic_bn_bwd_coef(
+    sg: &Tensor,
+    sgx: &Tensor,
+    st: &Tensor,
+    gamma: &Tensor,
+    m: usize,
+) -> Result<[Tensor; 3]> {
+    let (c, m) = (st.dims()[1], m as f64);
+    let (mean, invstd) = (column(st, 0)?, column(st, 1)?);
+    let a = gamma
+        .reshape((c, 1))
+        .ctx("bn bwd")?
+        .mul(&invstd)
+        .ctx("bn bwd A")?;
+    let b =
+        (a.mul(&invstd).ctx("bn bwd B")?.mul(sgx).ctx("bn bwd B")? * (-1.0 / m)).ctx("bn bwd B")?;
+    let cc = {
+        let t = mean
+            .mul(&invstd)
+            .ctx("bn bwd C")?
+            .mul(sgx)
+            .ctx("bn bwd C")?;
+        (a.mul(&t.sub(sg).ctx("bn bwd C")?).ctx("bn bwd C")? / m).ctx("bn bwd C")?
+    };
+    Ok([a, b, cc])
+}
+
+/// `A·gy + B·x + C` per row (`coef [3, C]` = (A; B; C)), one new tensor.
+pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && coef.is_contiguous() {
+        gy.apply_op3_no_bwd(x, coef, &BnBwdDxOp).ctx("bn bwd dx")
+    } else {
+        generic_bn_bwd_dx(gy, x, coef)
+    }
+}
+
+/// [`bn_bwd_dx`] from candle ops (any device).
+pub fn generic_bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    let t = gy.broadcast_mul(&column(coef, 0)?).ctx("bn bwd dx")?;
+    let u = x.broadcast_mul(&column(coef, 1)?).ctx("bn bwd dx")?;
+    (t + u)
+        .ctx("bn bwd dx")?
+        .broadcast_add(&column(coef, 2)?)
+        .ctx("bn bwd dx")
+}
+
+/// `dst += A·gy + B·x + C` per row (`coef [3, C]`), **writing into `dst`** (a view of the
+/// gradient buffer): [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary.
+/// Bitwise the same as the two-step path.
+pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<()> {
+    let operands = [dst, gy, x, coef];
+    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef: coef.clone() })
+            .ctx("bn bwd dx accumulate")
+    } else {
+        let dx = generic_bn_bwd_dx(gy, x, coef)?;
+        crate::ops::elementwise::add_assign(dst, &dx)
+    }
+}

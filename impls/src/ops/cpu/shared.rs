@@ -1,0 +1,181 @@
+//! What the CPU kernels (the op families of `ops`) share: the float type they run
+//! on, the raw pointer their parallel tasks write one output through, `gemm`'s tuning, and
+//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]), and
+//! the new tensors a kernel writes whole (`unfilled`).
+
+use candle_core::{CpuStorage, DType, Device, Shape, Tensor};
+use std::cell::Cell;
+
+thread_local! {
+    /// Set inside [`crate::layer::with_tap_stack_on_cpu`].
+    pub(crate) static TAP_STACK_ON_CPU: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether operands on `dev` take the CPU's own kernels on this thread
+/// ([`crate::model::trace::Kernels::Cpu`]; else the tap stack's path, the GPU's, which
+/// [`crate::layer::with_tap_stack_on_cpu`] has the CPU take).
+pub fn cpu_kernels(dev: &Device) -> bool {
+    dev.is_cpu() && !TAP_STACK_ON_CPU.with(Cell::get)
+}
+
+/// A new tensor of uninitialised memory, for an output that the caller writes whole before any
+/// element of it is read (a shift kernel's output, a product with β = 0 that does not read its
+/// destination). Same allocation as [`Tensor::zeros`], without its fill: on a GPU a memset
+/// launch over the whole tensor (the 3×3 convolution's tap products and stacked gradients,
+/// `[9k, ·]`, 28 MB per layer on BC-100's block) that the kernel then overwrites.
+///
+/// Debug builds fill it with NaN on the CPU (see the body), so the tests catch a read of an
+/// element before its write.
+///
+/// # Safety
+/// Every element must be written before any is read; callers say how at each call.
+pub(crate) unsafe fn unfilled(
+    shape: impl Into<Shape>,
+    dtype: DType,
+    device: &Device,
+    what: &'static str,
+) -> crate::error::Result<Tensor> {
+    use crate::error::CandleContext;
+    // Debug builds (the tests) fill CPU tensors with NaN instead, one allocation as in a
+    // release build: an element read before it is written then shows in every result made
+    // from it, where fresh memory, often zero, would hide it.
+    if cfg!(debug_assertions) && device.is_cpu() {
+        match dtype {
+            DType::F32 => return Tensor::full(f32::NAN, shape, device).ctx(what),
+            DType::F64 => return Tensor::full(f64::NAN, shape, device).ctx(what),
+            _ => {}
+        }
+    }
+    // SAFETY: the caller's contract; f32 and f64 have no invalid bit patterns.
+    unsafe { Tensor::empty(shape, dtype, device) }.ctx(what)
+}
+
+/// A float type the CPU kernels run on (f32 and f64).
+pub trait Float:
+    Copy
+    + Send
+    + Sync
+    + Default
+    + PartialOrd
+    + std::ops::Add<Output = Self>
+    + std::ops::Mul<Output = Self>
+    + std::ops::Sub<Output = Self>
+    + std::ops::Div<Output = Self>
+    + 'static
+{
+    const ZERO: Self;
+    const ONE: Self;
+    /// The value as f64 (exact).
+    fn f64(self) -> f64;
+    /// The nearest value to `v`.
+    fn of(v: f64) -> Self;
+    /// The correctly rounded square root.
+    fn sqrt(self) -> Self;
+    /// The storage's elements when it holds this type.
+    fn slice(s: &CpuStorage) -> Option<&[Self]>;
+}
+impl Float for f32 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    fn f64(self) -> f64 {
+        f64::from(self)
+    }
+    fn of(v: f64) -> Self {
+        v as f32
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    fn slice(s: &CpuStorage) -> Option<&[Self]> {
+        match s {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+impl Float for f64 {
+    const ZERO: Self = 0.0;
+    const ONE: Self = 1.0;
+    fn f64(self) -> f64 {
+        self
+    }
+    fn of(v: f64) -> Self {
+        v
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    fn slice(s: &CpuStorage) -> Option<&[Self]> {
+        match s {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+}
+
+/// A raw pointer that parallel tasks share. Each user partitions the output so that no two
+/// tasks write the same element and none reads what another writes (each says how at its use).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedPtr<T>(pub(crate) *mut T);
+// SAFETY: see the type's contract: disjoint writes, no reads of what another task writes.
+unsafe impl<T: Send> Send for SharedPtr<T> {}
+unsafe impl<T: Send> Sync for SharedPtr<T> {}
+impl<T> SharedPtr<T> {
+    /// The pointer (a method, so closures capture the whole `Sync` wrapper, not its field).
+    pub(crate) fn get(self) -> *mut T {
+        self.0
+    }
+}
+
+/// Sets `gemm`'s one process-wide heuristic the CPU products are tuned for (once; later calls
+/// return at once): a single-threaded product packs its left operand whenever the product has
+/// more than one micro-panel of columns (`gemm`'s default: more than eight). A bc Conv1×1
+/// forward, `W [48, C] · X [C, N·H·W]`, has exactly eight: unpacked, `gemm` read `X` with a
+/// stride of a whole channel (256 KiB) per step of the inner dimension, 26 GFLOP/s against 43
+/// packed on BC-100's `[48, 204] · [204, 65536]` (1 thread); the whole bc step ~7% faster, the 3×3
+/// kernel's products ~3% slower, the mlp's unchanged (64 columns are packed either way).
+/// Packing copies operands; it never changes a sum, so results are the same bits either way.
+pub(crate) fn tune_gemm() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| gemm::set_lhs_packing_threshold_single_thread(1));
+}
+
+/// Every element's bits (as f64, exact for f32 and f64), for comparisons bit for bit (the
+/// crate's tests and the test binaries).
+pub fn tensor_bits(t: &candle_core::Tensor) -> candle_core::Result<Vec<u64>> {
+    Ok(t.to_dtype(candle_core::DType::F64)?
+        .flatten_all()?
+        .to_vec1::<f64>()?
+        .into_iter()
+        .map(f64::to_bits)
+        .collect())
+}
+
+/// [`tensor_bits`] for the crate's tests.
+#[cfg(test)]
+pub(crate) fn bits(t: &candle_core::Tensor) -> Vec<u64> {
+    tensor_bits(t).unwrap()
+}
+
+/// `f` run in a rayon pool of `threads` threads (the crate's tests of thread-count independence).
+#[cfg(test)]
+pub(crate) fn in_pool<R: Send>(threads: usize, f: impl FnOnce() -> R + Send) -> R {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a rayon pool for the test")
+        .install(f)
+}
+
+/// A standard-normal CPU tensor of `dtype` (drawn in f32, so f32 and f64 tests see the same
+/// values), for tests.
+#[cfg(test)]
+pub(crate) fn randn<S: Into<candle_core::Shape>>(
+    shape: S,
+    dtype: candle_core::DType,
+) -> candle_core::Tensor {
+    candle_core::Tensor::randn(0f32, 1.0, shape, &candle_core::Device::Cpu)
+        .unwrap()
+        .to_dtype(dtype)
+        .unwrap()
+}

@@ -1,0 +1,275 @@
+// BatchNorm kernels on channel-major tensors `[C, M]` (row c = channel c, M = N*H*W values),
+// the CUDA twins of the CPU kernels in impls/src/fused.rs. Every pointer is the first element
+// of a contiguous view (the Rust launcher adds the layout's start offset), rows are `m` apart.
+//
+// Per-channel tables are planar, `[Q, C]`: quantity q of channel c is `table[q * C + c]`, so a
+// group of quantities is one contiguous view and a per-channel vector (dgamma, dbeta, a running stat)
+// is one contiguous row.
+//
+// Three launch geometries (the Rust side, impls/src/ops/cuda/bn.rs, builds them):
+//
+// * per-channel reductions (bn_stats, bn_bwd_reduce): grid = (C, 1, 1), one block per channel,
+//   block = (DB_REDUCE_THREADS, 1, 1). Thread t accumulates elements t, t + T, t + 2T, ... of
+//   its row in f64 (its loads issued 32 bytes per row at a time, db_thread_rows, so a block
+//   keeps 32 KiB of reads in flight: a BN over fewer channels than the GPU has SMs still
+//   streams), then db_block_sum adds the T partial sums in a fixed tree. No atomics, no
+//   dependence on scheduling: two runs are bitwise equal. Shared memory: T doubles (static).
+//   The result differs from the CPU twin (one sequential f64 sum per row) only by summation
+//   order, i.e. by a few f64 ulps before the final rounding to T.
+//
+// * the per-channel step (bn_prepare): 1-D, block = (256, 1, 1), grid-stride over C; one
+//   thread per channel, T arithmetic in the CPU twin's order: bitwise equal.
+//
+// * row-wise element-wise ops (affine_rows*, relu_bwd_affine, bn_bwd_dx*): block = (256, 1, 1) threads over
+//   the columns, grid = (ceil(M / 256) capped, min(C, 65535), 1). blockIdx.y walks the rows
+//   (grid-stride for C > 65535), blockIdx.x and threadIdx.x the columns (grid-stride), so the
+//   per-channel coefficients are read once per row and no index is divided. Each element is
+//   computed with the same roundings as the CPU twin: bitwise equal results.
+//
+// Each kernel writes exactly its outputs: fresh tensors allocated by the launcher with the sizes
+// the CPU twin allocates, or (bn_bwd_dx_accumulate) the destination view in place.
+//
+// Why the per-channel arithmetic (1/sqrt(var + eps), the affine coefficients, the running-stat
+// update, BN backward's A, B, C) sits in these kernels: done as separate tensor ops it was about
+// two dozen launches of O(C) work per layer, each a kernel launch and an allocation; here it is
+// part of bn_stats' consumer (bn_prepare, one launch per BN in forward) and of bn_bwd_reduce's
+// last step (none extra in backward).
+
+// ---- per-channel reductions ------------------------------------------------------------------
+
+// mv [2, C] = (mean; biased variance) of each row of x [C, m]: two passes in f64, like the CPU
+// twin (the second pass subtracts the f64 mean, not the mean rounded to T).
+template <typename T>
+__device__ __forceinline__ void bn_stats(const T *__restrict__ x, T *__restrict__ mv,
+                                         const u64 channels, const u64 m) {
+    __shared__ double buf[DB_REDUCE_THREADS];
+    const u64 c = blockIdx.x;
+    const T *row = x + c * m;
+    constexpr unsigned U = db_batch<T>::value;
+    const auto load = [row](const u64 i) { return row[i]; };
+    double s = 0.0;
+    db_thread_rows<U>(m, load, [&s](const T v) { s = db_add(s, (double)v); });
+    const double mean = db_div(db_block_sum(s, buf), (double)m);
+    double q = 0.0;
+    db_thread_rows<U>(m, load, [&q, mean](const T v) {
+        const double d = db_sub((double)v, mean);
+        q = db_add(q, db_mul(d, d));
+    });
+    const double var = db_div(db_block_sum(q, buf), (double)m);
+    if (threadIdx.x == 0) {
+        mv[c] = db_from_f64<T>(mean);
+        mv[channels + c] = db_from_f64<T>(var);
+    }
+}
+
+// BN backward of row c: the sums S = sum(gy) and X = sum(gy * xhat) over the row, with
+// xhat = (x - mean) * invstd evaluated in f64 as ((gy * (x - mean)) * invstd) like the CPU twin,
+// each rounded to T; then, in T and in the CPU twin's order, the coefficients of
+// dx = A * gy + B * x + C:
+//   A = gamma * invstd
+//   B = ((A * invstd) * X) * neg_inv_m + 0
+//   C = (A * ((mean * invstd) * X - S)) * inv_m + 0
+// (neg_inv_m = T(-1/m), inv_m = T(1/m): candle's scalar multiply and divide, `v * k + 0`).
+// st [2, C] = (mean; invstd), gamma [C]; out [5, C] = (S = dbeta; X = dgamma; A; B; C).
+template <typename T>
+__device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T *__restrict__ x,
+                                              const T *__restrict__ st,
+                                              const T *__restrict__ gamma, T *__restrict__ out,
+                                              const u64 channels, const u64 m, const T neg_inv_m,
+                                              const T inv_m) {
+    __shared__ double buf[DB_REDUCE_THREADS];
+    const u64 c = blockIdx.x;
+    const T *g = gy + c * m;
+    const T *xr = x + c * m;
+    const T mean_t = st[c], invstd_t = st[channels + c];
+    const double mean = (double)mean_t;
+    const double invstd = (double)invstd_t;
+    double sg = 0.0, sgx = 0.0;
+    struct pair {
+        T g, x;
+    };
+    db_thread_rows<db_batch<T>::value>(
+        m, [g, xr](const u64 i) { return pair{g[i], xr[i]}; },
+        [&sg, &sgx, mean, invstd](const pair p) {
+            const double gi = (double)p.g;
+            sg = db_add(sg, gi);
+            sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)p.x, mean)), invstd));
+        });
+    sg = db_block_sum(sg, buf);
+    sgx = db_block_sum(sgx, buf);
+    if (threadIdx.x == 0) {
+        const T sg_t = db_from_f64<T>(sg), sgx_t = db_from_f64<T>(sgx);
+        const T a = db_mul(gamma[c], invstd_t);
+        const T b = db_add(db_mul(db_mul(db_mul(a, invstd_t), sgx_t), neg_inv_m), (T)0);
+        const T t = db_mul(db_mul(mean_t, invstd_t), sgx_t);
+        const T cc = db_add(db_mul(db_mul(a, db_sub(t, sg_t)), inv_m), (T)0);
+        out[c] = sg_t;
+        out[channels + c] = sgx_t;
+        out[2 * channels + c] = a;
+        out[3 * channels + c] = b;
+        out[4 * channels + c] = cc;
+    }
+}
+
+// ---- the per-channel step of BN forward --------------------------------------------------------
+
+// From mv [2, C] = (mean; biased var), gamma, beta and the running stats (each [C]):
+//   table [4, C] = (mean; invstd; scale; shift), invstd = 1/sqrt(var + eps), scale = gamma*invstd,
+//                  shift = beta - mean*scale;
+//   running [2, C] = (r_mean*(1-mu) + 0 + (mean*mu + 0); r_var*(1-mu) + 0 + (var*mu*M/(M-1) + 0)),
+// all in T, in the order of the candle ops they replace (a scalar multiply is candle's affine
+// `v*k + 0`). keep = T(1-mu), mom = T(mu), mom_unbias = T(mu*M/(M-1)), eps = T(eps).
+template <typename T>
+__device__ __forceinline__ void bn_prepare(const T *__restrict__ mv, const T *__restrict__ gamma,
+                                           const T *__restrict__ beta,
+                                           const T *__restrict__ rmean,
+                                           const T *__restrict__ rvar, T *__restrict__ table,
+                                           T *__restrict__ running, const u64 channels,
+                                           const T eps, const T keep, const T mom,
+                                           const T mom_unbias) {
+    for (u64 c = db_first(); c < channels; c += db_stride()) {
+        const T mean = mv[c], var = mv[channels + c];
+        const T invstd = db_rcp(db_sqrt(db_add(var, eps)));
+        const T scale = db_mul(gamma[c], invstd);
+        const T shift = db_sub(beta[c], db_mul(mean, scale));
+        table[c] = mean;
+        table[channels + c] = invstd;
+        table[2 * channels + c] = scale;
+        table[3 * channels + c] = shift;
+        running[c] =
+            db_add(db_add(db_mul(rmean[c], keep), (T)0), db_add(db_mul(mean, mom), (T)0));
+        running[channels + c] =
+            db_add(db_add(db_mul(rvar[c], keep), (T)0), db_add(db_mul(var, mom_unbias), (T)0));
+    }
+}
+
+// ---- row-wise element-wise ops ---------------------------------------------------------------
+
+// y = x * scale + shift per row in T (two roundings, as on the CPU), coef [2, rows] =
+// (scale; shift). With RELU, y = y > 0 ? y : 0 (NaN -> 0): bitwise the CPU's BN apply
+// followed by its in-place ReLU, in one pass and one output.
+template <typename T, bool RELU>
+__device__ __forceinline__ void affine_rows(const T *__restrict__ x, const T *__restrict__ coef,
+                                            T *__restrict__ y, const u64 rows, const u64 m) {
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T scale = coef[r], shift = coef[rows + r];
+        const T *xr = x + r * m;
+        T *yr = y + r * m;
+        for (u64 i = db_first(); i < m; i += db_stride()) {
+            const T v = db_add(db_mul(xr[i], scale), shift);
+            yr[i] = (!RELU || db_is_positive(v)) ? v : (T)0;
+        }
+    }
+}
+
+// out [C, m] = (x * scale + shift > 0) ? g : 0 per row, coef [2, rows] = (scale; shift): the
+// backward of affine_rows_relu's ReLU (and of a ReLU after affine_rows) masked from BN's input
+// x rather than from the ReLU's output, so the output need not be kept for it. v is computed as
+// affine_rows computes it (same roundings, same predicate), so the mask is the one relu_bwd
+// reads from the output, bit for bit. out may be g itself (in place): each element is read and
+// then written by one thread, so g and out are not __restrict__.
+template <typename T>
+__device__ __forceinline__ void relu_bwd_affine(const T *g, const T *__restrict__ x,
+                                                const T *__restrict__ coef, T *out,
+                                                const u64 rows, const u64 m) {
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const T scale = coef[r], shift = coef[rows + r];
+        const T *gr = g + r * m;
+        const T *xr = x + r * m;
+        T *o = out + r * m;
+        for (u64 i = db_first(); i < m; i += db_stride()) {
+            const T v = db_add(db_mul(xr[i], scale), shift);
+            o[i] = db_is_positive(v) ? gr[i] : (T)0;
+        }
+    }
+}
+
+// A * gy + B * x + C per row, evaluated in f64 as ((A*gy) + (B*x)) + C and rounded to T once,
+// like the CPU twin.
+template <typename T>
+__device__ __forceinline__ T bn_dx_value(const double a, const double b, const double cc,
+                                         const T g, const T x) {
+    return db_from_f64<T>(db_add(db_add(db_mul(a, (double)g), db_mul(b, (double)x)), cc));
+}
+
+// dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in T.
+template <typename T>
+__device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__restrict__ x,
+                                          const T *__restrict__ coef, T *__restrict__ dx,
+                                          const u64 rows, const u64 m) {
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const double a = (double)coef[r], b = (double)coef[rows + r],
+                     cc = (double)coef[2 * rows + r];
+        const T *g = gy + r * m;
+        const T *xr = x + r * m;
+        T *d = dx + r * m;
+        for (u64 i = db_first(); i < m; i += db_stride()) d[i] = bn_dx_value<T>(a, b, cc, g[i], xr[i]);
+    }
+}
+
+// dst [C, m] += T(A * gy + B * x + C), **in place** (dst is a view of the gradient buffer):
+// the same rounding as bn_bwd_dx followed by one addition in T, so the result is bitwise that
+// of bn_bwd_dx then add_assign, without the [C, m] temporary.
+template <typename T>
+__device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const T *__restrict__ gy,
+                                                     const T *__restrict__ x,
+                                                     const T *__restrict__ coef, const u64 rows,
+                                                     const u64 m) {
+    for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
+        const double a = (double)coef[r], b = (double)coef[rows + r],
+                     cc = (double)coef[2 * rows + r];
+        const T *g = gy + r * m;
+        const T *xr = x + r * m;
+        T *d = dst + r * m;
+        for (u64 i = db_first(); i < m; i += db_stride())
+            d[i] = db_add(d[i], bn_dx_value<T>(a, b, cc, g[i], xr[i]));
+    }
+}
+
+// ---- extern "C" entry points, one per dtype ---------------------------------------------------
+
+#define DB_BN_KERNELS(T, S)                                                                    \
+    extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
+        bn_stats_##S(const T *x, T *mv, const u64 channels, const u64 m) {                     \
+        bn_stats<T>(x, mv, channels, m);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
+        bn_bwd_reduce_##S(const T *gy, const T *x, const T *st, const T *gamma, T *out,        \
+                          const u64 channels, const u64 m, const T neg_inv_m, const T inv_m) { \
+        bn_bwd_reduce<T>(gy, x, st, gamma, out, channels, m, neg_inv_m, inv_m);                \
+    }                                                                                          \
+    extern "C" __global__ void bn_prepare_##S(const T *mv, const T *gamma, const T *beta,       \
+                                              const T *rmean, const T *rvar, T *table,         \
+                                              T *running, const u64 channels, const T eps,     \
+                                              const T keep, const T mom, const T mom_unbias) { \
+        bn_prepare<T>(mv, gamma, beta, rmean, rvar, table, running, channels, eps, keep, mom,  \
+                      mom_unbias);                                                             \
+    }                                                                                          \
+    extern "C" __global__ void affine_rows_##S(const T *x, const T *coef, T *y, const u64 rows, \
+                                               const u64 m) {                                  \
+        affine_rows<T, false>(x, coef, y, rows, m);                                            \
+    }                                                                                          \
+    extern "C" __global__ void affine_rows_relu_##S(const T *x, const T *coef, T *y,            \
+                                                    const u64 rows, const u64 m) {             \
+        affine_rows<T, true>(x, coef, y, rows, m);                                             \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_##S(const T *g, const T *x, const T *coef,       \
+                                                   T *out, const u64 rows, const u64 m) {      \
+        relu_bwd_affine<T>(g, x, coef, out, rows, m);                                          \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_inplace_##S(T *g, const T *x, const T *coef,     \
+                                                           const u64 rows, const u64 m) {      \
+        relu_bwd_affine<T>(g, x, coef, g, rows, m);                                            \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const T *coef, T *dx,     \
+                                             const u64 rows, const u64 m) {                    \
+        bn_bwd_dx<T>(gy, x, coef, dx, rows, m);                                                \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_accumulate_##S(T *dst, const T *gy, const T *x,        \
+                                                        const T *coef, const u64 rows,         \
+                                                        const u64 m) {                         \
+        bn_bwd_dx_accumulate<T>(dst, gy, x, coef, rows, m);                                    \
+    }
+
+DB_BN_KERNELS(float, f32)
+DB_BN_KERNELS(double, f64)

@@ -1,0 +1,395 @@
+//! CUDA launchers of the fused BatchNorm kernels (`ops/cuda/bn.cu`): the `cuda_fwd` of every op
+//! in [`crate::ops::bn`] and [`crate::ops::bn_backward`], so that on a GPU each fused op is one
+//! kernel launch that allocates exactly what its CPU twin allocates (one output) or writes in
+//! place. The shift kernels' launcher is [`crate::ops::cuda::shift`].
+//!
+//! Geometry (documented in the `.cu` files too): per-channel reductions run one block of
+//! [`crate::ops::cuda::src::REDUCE_THREADS`] per channel with a fixed-shape tree (deterministic, no
+//! atomics); row-wise and shift kernels run [`crate::ops::cuda::src::ELEMENTWISE_THREADS`] threads
+//! over the columns of a row, the grid's y dimension over the rows.
+//!
+//! Operands must be contiguous (any start offset) and hold exactly the elements their shapes
+//! say; anything else is an `Err`, never an out-of-bounds read or a silent copy.
+//! Only compiled with the `cuda` feature.
+
+use crate::ops::cuda::launch::{
+    by_dtype, contiguous_range, elementwise_config, expect_len, function, reduce_config,
+    rows_config, unsupported, view, view_mut, Float,
+};
+use crate::ops::cuda::src::BN;
+use crate::ops::layout::matrix::Mat;
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::{CudaStorage, WrapErr};
+use candle_core::{DType, Layout, Shape};
+
+/// `(rows, cols)` of a 2-D layout and its contiguous element range with exactly
+/// `rows · cols` elements.
+fn matrix(op: &str, what: &str, l: &Layout) -> candle_core::Result<(usize, usize, (usize, usize))> {
+    let (rows, cols) = l.shape().dims2()?;
+    let r = contiguous_range(l, op)?;
+    expect_len(op, what, r, rows * cols)?;
+    Ok((rows, cols, r))
+}
+
+/// The contiguous range of a planar per-channel coefficient table `[width, rows]`.
+fn coefficients(
+    op: &str,
+    l: &Layout,
+    rows: usize,
+    width: usize,
+) -> candle_core::Result<(usize, usize)> {
+    let r = contiguous_range(l, op)?;
+    expect_len(op, "the coefficient table", r, rows * width)?;
+    Ok(r)
+}
+
+/// Per-row `(mean; biased variance)` of `x [C, M]` → a new planar `[2, C]`.
+pub(crate) fn bn_stats(
+    op: &str,
+    s: &CudaStorage,
+    l: &Layout,
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(op: &str, s: &CudaStorage, l: &Layout) -> candle_core::Result<CudaStorage> {
+        let (c, m, r) = matrix(op, "x", l)?;
+        let dev = &s.device;
+        // SAFETY: the kernel writes all 2·c elements (thread 0 of each of the c blocks, two
+        // each) before anything reads them.
+        let mut out = unsafe { dev.alloc::<T>(2 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_stats")?;
+            let x = view(op, s.as_cuda_slice::<T>()?, r)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&x).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: block c reads row c of x (c·m .. (c+1)·m, inside the c·m elements of the
+            // view) and writes out[c], out[C + c]; grid = c blocks.
+            unsafe { b.launch(reduce_config(op, c)?) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = l.shape().dims2()?.0;
+    Ok((by_dtype!(op, s, run(op, s, l))?, Shape::from((2, c))))
+}
+
+/// BN forward's per-channel step: operands `mv [2, C]`, γ, β, running mean, running var (`[C]`
+/// each) → a new planar `[6, C]` = (mean; invstd; scale; shift; new running mean; new running
+/// var), see `bn_prepare` in `bn.cu`. `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded
+/// to the dtype here (the CPU twin's `PrepareScalars`).
+pub(crate) fn bn_prepare(
+    op: &str,
+    operands: [(&CudaStorage, &Layout); 5],
+    scalars: [f64; 4],
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
+        scalars: [f64; 4],
+    ) -> candle_core::Result<CudaStorage> {
+        let (two, c, rm_) = matrix(op, "the statistics", ml)?;
+        if two != 2 {
+            return Err(crate::ops::cuda::launch::msg(format!(
+                "{op} (cuda): statistics must be [2, C] (mean; var), got [{two}, {c}]"
+            )));
+        }
+        let vec_range = |what: &str, l: &Layout| {
+            let r = contiguous_range(l, op)?;
+            expect_len(op, what, r, c)?;
+            Ok::<_, candle_core::Error>(r)
+        };
+        let (rg, rb) = (vec_range("gamma", gl)?, vec_range("beta", bl)?);
+        let (rrm, rrv) = (
+            vec_range("running mean", rml)?,
+            vec_range("running var", rvl)?,
+        );
+        let dev = &ms.device;
+        // SAFETY: the kernel writes all 6·c elements (one thread per channel, six each).
+        let mut out = unsafe { dev.alloc::<T>(6 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_prepare")?;
+            let mv = view(op, ms.as_cuda_slice::<T>()?, rm_)?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let b_ = view(op, bs.as_cuda_slice::<T>()?, rb)?;
+            let rm = view(op, rms.as_cuda_slice::<T>()?, rrm)?;
+            let rv = view(op, rvs.as_cuda_slice::<T>()?, rrv)?;
+            // the output in two views: the table rows 0..4 and the running rows 4..6
+            let (mut table, mut running) = out.split_at_mut(4 * c);
+            let [eps, keep, mom, mom_unbias] = scalars.map(T::from_f64);
+            let stream = dev.cuda_stream();
+            let mut l = stream.launch_builder(&func);
+            l.arg(&mv)
+                .arg(&g)
+                .arg(&b_)
+                .arg(&rm)
+                .arg(&rv)
+                .arg(&mut table)
+                .arg(&mut running)
+                .arg(&c)
+                .arg(&eps)
+                .arg(&keep)
+                .arg(&mom)
+                .arg(&mom_unbias);
+            // SAFETY: mv holds 2·c elements, γ, β and the running stats c each, table 4·c and
+            // running 2·c (disjoint parts of out); thread c touches only channel c of each.
+            unsafe { l.launch(elementwise_config(c)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = operands[0].1.shape().dims2()?.1;
+    let res = by_dtype!(op, operands[0].0, run(op, operands, scalars))?;
+    Ok((res, Shape::from((6, c))))
+}
+
+/// `x [C, M] · scale + shift` per row (planar `coef [2, C]`), with `relu` also `max(·, 0)`: a
+/// new `[C, M]`.
+pub(crate) fn affine_rows(
+    op: &str,
+    relu: bool,
+    (s, l): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        relu: bool,
+        (s, l): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, r) = matrix(op, "x", l)?;
+        let rc = coefficients(op, cl, c, 2)?;
+        let dev = &s.device;
+        // SAFETY: every one of the c·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+        if c * m > 0 {
+            let kernel = if relu {
+                "affine_rows_relu"
+            } else {
+                "affine_rows"
+            };
+            let func = function::<T>(dev, &BN, kernel)?;
+            let x = view(op, s.as_cuda_slice::<T>()?, r)?;
+            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: x and out hold c·m elements, coef 2·c; the kernel touches no others.
+            unsafe { b.launch(rows_config(c, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let res = by_dtype!(op, s, run(op, relu, (s, l), (cs, cl)))?;
+    Ok((res, l.shape().clone()))
+}
+
+/// A row kernel of `bn.cu` that reads a gradient `g [C, M]` (`g_name` in errors), BN's input
+/// `x` (as many elements) and a planar `[q, C]` table, and writes every element of a new
+/// `[C, M]`: `kernel(g, x, coef, out, C, M)`. [`relu_bwd_affine`] and [`bn_bwd_dx`].
+fn gx_table_into_new(
+    op: &str,
+    kernel: &str,
+    g_name: &str,
+    q: usize,
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    #[allow(clippy::too_many_arguments)]
+    fn run<T: Float>(
+        op: &str,
+        kernel: &str,
+        g_name: &str,
+        q: usize,
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, rg) = matrix(op, g_name, gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, q)?;
+        let dev = &gs.device;
+        // SAFETY: every one of the c·m elements is written by the kernel below.
+        let mut out = unsafe { dev.alloc::<T>(c * m) }?;
+        if c * m > 0 {
+            let func = function::<T>(dev, &BN, kernel)?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: g, x and out hold c·m elements, coef q·c; out is fresh.
+            unsafe { b.launch(rows_config(c, m)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let res = by_dtype!(
+        op,
+        gs,
+        run(op, kernel, g_name, q, (gs, gl), (xs, xl), (cs, cl))
+    )?;
+    Ok((res, gl.shape().clone()))
+}
+
+/// `(x·scale + shift > 0) ? g : 0` per row (planar `coef [2, C]` = (scale; shift)) into a new
+/// tensor: ReLU's backward from BN's input.
+pub(crate) fn relu_bwd_affine(
+    op: &str,
+    g: (&CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    coef: (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    gx_table_into_new(op, "relu_bwd_affine", "the gradient", 2, g, x, coef)
+}
+
+/// [`relu_bwd_affine`] **over the gradient `(gs, gl)` in place**.
+pub(crate) fn relu_bwd_affine_inplace(
+    op: &str,
+    (gs, gl): (&mut CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<()> {
+    fn run<T: Float>(
+        op: &str,
+        (gs, gl): (&mut CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        let (c, m, rg) = matrix(op, "the gradient", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 2)?;
+        if c * m == 0 {
+            return Ok(());
+        }
+        let dev = gs.device.clone();
+        let func = function::<T>(&dev, &BN, "relu_bwd_affine_inplace")?;
+        let mut g = view_mut(op, gs.as_cuda_slice_mut::<T>()?, rg)?;
+        let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&mut g).arg(&x).arg(&coef).arg(&c).arg(&m);
+        // SAFETY: the gradient's range holds c·m elements, x c·m, coef 2·c; each element of the
+        // gradient is read, then written, by one thread; candle hands it as `&mut` and x, coef
+        // as other storages.
+        unsafe { b.launch(rows_config(c, m)) }.w()?;
+        Ok(())
+    }
+    match gs.dtype() {
+        DType::F32 => run::<f32>(op, (gs, gl), (xs, xl), (cs, cl)),
+        DType::F64 => run::<f64>(op, (gs, gl), (xs, xl), (cs, cl)),
+        other => Err(unsupported(op, other)),
+    }
+}
+
+/// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
+/// A; B; C); `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`.
+pub(crate) fn bn_bwd_reduce(
+    op: &str,
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (ss, sl): (&CudaStorage, &Layout),
+    (gms, gml): (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (ss, sl): (&CudaStorage, &Layout),
+        (gms, gml): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, rg) = matrix(op, "gy", gl)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rs = coefficients(op, sl, c, 2)?;
+        let rgm = coefficients(op, gml, c, 1)?;
+        let dev = &gs.device;
+        // SAFETY: thread 0 of each of the c blocks writes its row's five outputs.
+        let mut out = unsafe { dev.alloc::<T>(5 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_bwd_reduce")?;
+            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let st = view(op, ss.as_cuda_slice::<T>()?, rs)?;
+            let gamma = view(op, gms.as_cuda_slice::<T>()?, rgm)?;
+            // candle's scalar multiply and divide by m: T(−1/m), T(1/m)
+            let neg_inv_m = T::from_f64(-1.0 / m as f64);
+            let inv_m = T::from_f64(1.0 / m as f64);
+            let stream = dev.cuda_stream();
+            let mut b = stream.launch_builder(&func);
+            b.arg(&g)
+                .arg(&x)
+                .arg(&st)
+                .arg(&gamma)
+                .arg(&mut out)
+                .arg(&c)
+                .arg(&m)
+                .arg(&neg_inv_m)
+                .arg(&inv_m);
+            // SAFETY: block c reads row c of gy and x (c·m elements each), st[c], st[C + c],
+            // gamma[c], and writes out[q·C + c] for q < 5.
+            unsafe { b.launch(reduce_config(op, c)?) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = gl.shape().dims2()?.0;
+    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (ss, sl), (gms, gml)))?;
+    Ok((res, Shape::from((5, c))))
+}
+
+/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`.
+pub(crate) fn bn_bwd_dx(
+    op: &str,
+    gy: (&CudaStorage, &Layout),
+    x: (&CudaStorage, &Layout),
+    coef: (&CudaStorage, &Layout),
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    gx_table_into_new(op, "bn_bwd_dx", "gy", 3, gy, x, coef)
+}
+
+/// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient
+/// buffer); planar `coef [3, C]`.
+pub(crate) fn bn_bwd_dx_accumulate(
+    op: &str,
+    (ds, dl): (&mut CudaStorage, &Layout),
+    (gs, gl): (&CudaStorage, &Layout),
+    (xs, xl): (&CudaStorage, &Layout),
+    (cs, cl): (&CudaStorage, &Layout),
+) -> candle_core::Result<()> {
+    fn run<T: Float>(
+        op: &str,
+        (ds, dl): (&mut CudaStorage, &Layout),
+        (gs, gl): (&CudaStorage, &Layout),
+        (xs, xl): (&CudaStorage, &Layout),
+        (cs, cl): (&CudaStorage, &Layout),
+    ) -> candle_core::Result<()> {
+        let (c, m, rg) = matrix(op, "gy", gl)?;
+        let rd = contiguous_range(dl, op)?;
+        expect_len(op, "the destination", rd, c * m)?;
+        let rx = contiguous_range(xl, op)?;
+        expect_len(op, "x", rx, c * m)?;
+        let rc = coefficients(op, cl, c, 3)?;
+        if c * m == 0 {
+            return Ok(());
+        }
+        let dev = ds.device.clone();
+        let func = function::<T>(&dev, &BN, "bn_bwd_dx_accumulate")?;
+        let mut d = view_mut(op, ds.as_cuda_slice_mut::<T>()?, rd)?;
+        let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
+        let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let stream = dev.cuda_stream();
+        let mut b = stream.launch_builder(&func);
+        b.arg(&mut d).arg(&g).arg(&x).arg(&coef).arg(&c).arg(&m);
+        // SAFETY: d, gy and x hold c·m elements, coef 3·c. candle hands dst as `&mut` and the
+        // sources as distinct storages (it rejects aliasing for this op), and the coefficient
+        // table is a tensor of its own, so no operand aliases the destination.
+        unsafe { b.launch(rows_config(c, m)) }.w()?;
+        Ok(())
+    }
+    match ds.dtype() {
+        DType::F32 => run::<f32>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::F64 => run::<f64>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        other => Err(unsupported(op, other)),
+    }
+}

@@ -1,0 +1,18 @@
+//! The CUDA sides of the op families: the `.cu` sources and their NVRTC options ([`src`]) and
+//! the PTX cache ([`ptx_cache`]), which need no CUDA and are checked in every build; and, with
+//! the `cuda` feature, the launchers (`bn`, `shift`, `elementwise`, `dense`: the family names of
+//! [`crate::ops`]) and their shared plumbing
+//! (`launch`).
+
+#[cfg(feature = "cuda")]
+pub(crate) mod bn;
+#[cfg(feature = "cuda")]
+pub(crate) mod dense;
+#[cfg(feature = "cuda")]
+pub(crate) mod elementwise;
+#[cfg(feature = "cuda")]
+pub(crate) mod launch;
+pub mod ptx_cache;
+#[cfg(feature = "cuda")]
+pub(crate) mod shift;
+pub mod src;

@@ -1,0 +1,691 @@
+//! The CPU matrix products of Linear and Conv1×1 layers on channel-major maps (`W·X`, `G·Xᵀ`,
+//! `Wᵀ·G`), into a new tensor or accumulated into an existing one (a view of a gradient buffer),
+//! with the work split into column panels that threads multiply independently.
+//!
+//! Why not candle's matmul: on a dense layer's skinny shapes (`[64, C] · [C, 4096]`, inner
+//! dimension 64 for the input gradient) `gemm`'s own threading reached 40–90 GFLOP/s on 2 cores
+//! where panels, each one single-threaded `gemm` product, reached 95–140 (`examples/gemm_shapes.rs`),
+//! and a matmul cannot add into a buffer: the input gradient needed a `[C, M]` temporary and a
+//! second pass to add it. Here `gemm` adds the product straight into the destination.
+//!
+//! Every output element is computed by one panel from the whole inner dimension, in `gemm`'s
+//! order for that inner length, so results do not depend on the number of threads or panels.
+
+use crate::error::{CandleContext, Result};
+use crate::ops::cpu::shared::{Float, SharedPtr};
+#[cfg(feature = "cuda")]
+pub use crate::ops::cuda::dense::{pin_cublas_workspace, CUBLAS_WORKSPACE_BYTES};
+use crate::ops::elementwise;
+use crate::ops::layout::matrix::{check_shapes, Mat};
+use candle_core::backend::BackendStorage;
+use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
+use rayon::prelude::*;
+
+/// Panels per thread: a few per thread balance the load when one thread is slowed (measured
+/// best at 4 on 2 cores, `examples/gemm_shapes.rs split`).
+const PANELS_PER_THREAD: usize = 4;
+/// Narrowest panel; a product with fewer than two panels' columns (or rows) is one `gemm` call
+/// with `gemm`'s own threading. Above 64 on purpose: `gemm` blocks the inner dimension by a
+/// length that depends on the inner dimension alone, except for products of at most 64 × 64
+/// (its small-size path blocks by 512), so a panel of 64 or fewer next to a layer output of 64
+/// channels would round differently from the same columns in one unsplit product.
+const MIN_PANEL: usize = 80;
+/// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
+const MIN_ROW_PANEL: usize = 128;
+
+/// Makes `gemm`'s per-thread packing slab on every thread of the current rayon pool and on
+/// the calling thread. `gemm` allocates it (`gemm_common::gemm::L2_SLAB`: one L2 cache's bytes,
+/// 1 MiB on this project's CI machine) on a thread's first product that packs, and keeps it
+/// for the thread's life; which threads run a step's products varies from run to run, so a
+/// measured step could count 0 to `threads` of them (seen: 5 of 12 runs of one tiny bc row
+/// measured 1 MiB more than the other 7). Called before warm-up, the slabs are part of every
+/// baseline, like the rest of the runtime; the products' own packing buffers stay in the
+/// steps (the memory model's [`crate::model::trace::GEMM_PACKING_ALLOWANCE_BYTES`]).
+pub fn settle_thread_scratch() {
+    let touch = || gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+    rayon::broadcast(|_| touch());
+    touch();
+}
+
+/// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
+///
+/// # Safety
+/// The three operands must lie inside the allocations the pointers address ([`Mat::of`] checks
+/// this); `dst` must not overlap `a` or `b`.
+unsafe fn multiply<T: Float>(
+    dst: *mut T,
+    d: Mat,
+    accumulate: bool,
+    a: *const T,
+    am: Mat,
+    b: *const T,
+    bm: Mat,
+) {
+    crate::ops::cpu::shared::tune_gemm();
+    let (dp, ap, bp) = (
+        SharedPtr(dst),
+        SharedPtr(a as *mut T),
+        SharedPtr(b as *mut T),
+    );
+    // One gemm call on these blocks of dst, a and b.
+    let call = move |dc: Mat, ac: Mat, bc: Mat, par: gemm::Parallelism| {
+        // SAFETY: the caller's contract; a panel writes only its own rows or columns of dst.
+        unsafe {
+            gemm::gemm(
+                dc.rows,
+                dc.cols,
+                ac.cols,
+                dp.get().add(dc.off),
+                dc.cs as isize,
+                dc.rs as isize,
+                accumulate,
+                (ap.get() as *const T).add(ac.off),
+                ac.cs as isize,
+                ac.rs as isize,
+                (bp.get() as *const T).add(bc.off),
+                bc.cs as isize,
+                bc.rs as isize,
+                T::ONE,
+                T::ONE,
+                false,
+                false,
+                false,
+                par,
+            )
+        }
+    };
+    let threads = rayon::current_num_threads();
+    if threads <= 1 {
+        return call(d, am, bm, gemm::Parallelism::None);
+    }
+    // Panels along the longer of dst's two dimensions: columns c0 .. c0 + n of dst from the
+    // same columns of b, or rows r0 .. r0 + n of dst from the same rows of a.
+    let by_rows = d.rows > d.cols;
+    let long = if by_rows { d.rows } else { d.cols };
+    if long < 2 * MIN_PANEL {
+        return call(d, am, bm, gemm::Parallelism::Rayon(threads));
+    }
+    // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so they
+    // are at least MIN_ROW_PANEL rows unless that leaves a thread without one; column panels
+    // pack only their columns of b. The last panel takes the remainder, so every panel is at
+    // least MIN_PANEL wide (see MIN_PANEL for why that keeps the sums).
+    let least = if by_rows {
+        MIN_ROW_PANEL.min(long.div_ceil(threads))
+    } else {
+        MIN_PANEL
+    };
+    let mut width = long
+        .div_ceil(threads * PANELS_PER_THREAD)
+        .max(least)
+        .next_multiple_of(16)
+        .max(MIN_PANEL);
+    // The rounding up to 16 must not leave a thread without a panel where each can have one of
+    // MIN_PANEL or more (204 rows on 2 threads: one panel of 204 rounded from 102 to 112, so
+    // one thread did Conv1×1's whole weight gradient; now 96 + 108).
+    let fair = long / threads / 16 * 16;
+    if long / width < threads && fair >= MIN_PANEL {
+        width = fair;
+    }
+    let panels = (long / width).max(1);
+    (0..panels).into_par_iter().for_each(|p| {
+        let c0 = p * width;
+        let n = if p + 1 == panels { long - c0 } else { width };
+        if by_rows {
+            call(d.rows(c0, n), am.rows(c0, n), bm, gemm::Parallelism::None)
+        } else {
+            call(
+                d.columns(c0, n),
+                am,
+                bm.columns(c0, n),
+                gemm::Parallelism::None,
+            )
+        }
+    });
+}
+
+/// `a · b` into a new row-major tensor, or with `transposed` its transpose `(a · b)ᵀ`: the
+/// product computed row-major, then copied transposed into the output (the first is freed).
+struct Product {
+    transposed: bool,
+}
+impl CustomOp2 for Product {
+    fn name(&self) -> &'static str {
+        if self.transposed {
+            "dense-product-transposed"
+        } else {
+            "dense-product"
+        }
+    }
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        fn go<T: Float>(
+            op: &str,
+            transposed: bool,
+            a: &[T],
+            l1: &Layout,
+            b: &[T],
+            l2: &Layout,
+        ) -> candle_core::Result<(Vec<T>, Shape)> {
+            let (am, bm) = (
+                Mat::of(l1, a.len(), op, "lhs")?,
+                Mat::of(l2, b.len(), op, "rhs")?,
+            );
+            check_shapes(op, None, am, bm)?;
+            let len = am.rows * bm.cols;
+            // Uninitialised: gemm without `read_dst` writes every element and reads none (a
+            // zeroed vector cost a memset pass over heap memory glibc hands back dirty).
+            let mut out: Vec<T> = Vec::with_capacity(len);
+            let d = Mat {
+                rows: am.rows,
+                cols: bm.cols,
+                off: 0,
+                rs: bm.cols,
+                cs: 1,
+            };
+            // SAFETY: Mat::of checked both operands against their slices; out is fresh with
+            // capacity for d, and the product wrote all of it (`writes_every_element` tests it).
+            unsafe {
+                multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm);
+                out.set_len(len);
+            }
+            if transposed {
+                let t = elementwise::transpose_slice(&out, (am.rows, bm.cols));
+                drop(out);
+                return Ok((t, Shape::from((bm.cols, am.rows))));
+            }
+            Ok((out, Shape::from((am.rows, bm.cols))))
+        }
+        let t = self.transposed;
+        match (s1, s2) {
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
+                go(self.name(), t, a, l1, b, l2).map(|(v, s)| (CpuStorage::F32(v), s))
+            }
+            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
+                go(self.name(), t, a, l1, b, l2).map(|(v, s)| (CpuStorage::F64(v), s))
+            }
+            _ => Err(candle_core::Error::Msg(format!(
+                "{}: operands must both be f32 or both f64",
+                self.name()
+            ))),
+        }
+    }
+}
+
+fn picked<'a, T: Float>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
+    T::slice(s).ok_or_else(|| {
+        candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
+    })
+}
+
+fn unsupported(op: &str, s: &CpuStorage) -> candle_core::Error {
+    candle_core::Error::Msg(format!(
+        "{op}: dtype {:?} unsupported (f32, f64 only)",
+        s.dtype()
+    ))
+}
+
+/// `dst += a · b` (`add`), or `dst = a · b` (dst's values not read), in place, on three
+/// distinct storages.
+struct Accumulate {
+    add: bool,
+}
+impl InplaceOp3 for Accumulate {
+    fn name(&self) -> &'static str {
+        if self.add {
+            "dense-accumulate"
+        } else {
+            "dense-product-into"
+        }
+    }
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+        b: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Float>(
+            (op, add): (&str, bool),
+            d: &mut [T],
+            dl: &Layout,
+            (a, al): (&CpuStorage, &Layout),
+            (b, bl): (&CpuStorage, &Layout),
+        ) -> candle_core::Result<()> {
+            let (a, b) = (picked::<T>(op, a)?, picked::<T>(op, b)?);
+            let dm = Mat::of(dl, d.len(), op, "destination")?;
+            let (am, bm) = (
+                Mat::of(al, a.len(), op, "lhs")?,
+                Mat::of(bl, b.len(), op, "rhs")?,
+            );
+            check_shapes(op, Some(dm), am, bm)?;
+            // SAFETY: Mat::of checked all three against their slices; candle passes distinct
+            // storages to an InplaceOp3 (it refuses operands sharing dst's).
+            unsafe { multiply(d.as_mut_ptr(), dm, add, a.as_ptr(), am, b.as_ptr(), bm) };
+            Ok(())
+        }
+        let op = (self.name(), self.add);
+        match dst {
+            CpuStorage::F32(d) => go(op, d, dl, (a, al), (b, bl)),
+            CpuStorage::F64(d) => go(op, d, dl, (a, al), (b, bl)),
+            other => Err(unsupported(op.0, other)),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        a: &candle_core::CudaStorage,
+        al: &Layout,
+        b: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::ops::cuda::dense::accumulate(
+            (self.name(), self.add),
+            dst,
+            dl,
+            (a, al),
+            Some((b, bl)),
+            None,
+        )
+    }
+}
+
+/// `top += a · tail` on one tensor's rows: `rows [top + t, n]` is split after row `top`; the
+/// first `top` rows are written, the last `t` rows are the right operand. The layer-output
+/// gradient of a gradient buffer sits right after the prefix it is added into, in the same
+/// storage, which an op over distinct tensors cannot take.
+struct AccumulateTail {
+    top: usize,
+}
+impl InplaceOp2 for AccumulateTail {
+    fn name(&self) -> &'static str {
+        "dense-accumulate-tail"
+    }
+    fn cpu_fwd(
+        &self,
+        dst: &mut CpuStorage,
+        dl: &Layout,
+        a: &CpuStorage,
+        al: &Layout,
+    ) -> candle_core::Result<()> {
+        fn go<T: Float>(
+            op: &str,
+            top: usize,
+            d: &mut [T],
+            dl: &Layout,
+            (a, al): (&CpuStorage, &Layout),
+        ) -> candle_core::Result<()> {
+            let a = picked::<T>(op, a)?;
+            let whole = Mat::of(dl, d.len(), op, "rows")?;
+            if top > whole.rows {
+                return Err(candle_core::Error::Msg(format!(
+                    "{op}: cannot split {} rows after row {top}",
+                    whole.rows
+                )));
+            }
+            let dm = Mat { rows: top, ..whole };
+            let bm = Mat {
+                rows: whole.rows - top,
+                off: whole.off + top * whole.rs,
+                ..whole
+            };
+            let am = Mat::of(al, a.len(), op, "lhs")?;
+            check_shapes(op, Some(dm), am, bm)?;
+            let base = d.as_mut_ptr();
+            // SAFETY: Mat::of checked the rows and the lhs against their slices; dst (rows
+            // 0..top) and the right operand (rows top..) are disjoint rows of one tensor (a
+            // layout with internal overlap is refused by candle before the op runs).
+            unsafe { multiply(base, dm, true, a.as_ptr(), am, base as *const T, bm) };
+            Ok(())
+        }
+        let op = self.name();
+        match dst {
+            CpuStorage::F32(d) => go(op, self.top, d, dl, (a, al)),
+            CpuStorage::F64(d) => go(op, self.top, d, dl, (a, al)),
+            other => Err(unsupported(op, other)),
+        }
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        a: &candle_core::CudaStorage,
+        al: &Layout,
+    ) -> candle_core::Result<()> {
+        crate::ops::cuda::dense::accumulate(
+            (self.name(), true),
+            dst,
+            dl,
+            (a, al),
+            None,
+            Some(self.top),
+        )
+    }
+}
+
+/// `a · b` (2-D CPU tensors, any strides, e.g. a transposed view) into a new `[m, n]` tensor.
+pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.apply_op2_no_bwd(b, &Product { transposed: false })
+        .ctx("dense product")
+}
+
+/// `a · b` into a new `[m, n]` tensor (CPU), where the right operand `b [k, n]` is never made
+/// whole: `chunk(c0, cols)` makes its columns `c0 .. c0 + cols` for each `(c0, cols)` of
+/// `chunks`, which must tile `0 .. n` in order; each is multiplied into its columns of the
+/// output and dropped before the next is made. The output is not zeroed first: every column
+/// is written by its chunk's product (a zeroed `[m, n]` cost a memset pass per call). Bitwise
+/// those columns of [`product`]`(a, b)` where every chunk is wider than 64 columns (see
+/// `MIN_PANEL`); a bc layer's BN1 → ReLU → Conv1×1 on the CPU
+/// (`maths::bn_relu_conv1_chunked`).
+pub fn product_of_column_chunks(
+    a: &Tensor,
+    n: usize,
+    chunks: &[(usize, usize)],
+    mut chunk: impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    const OP: &str = "dense product of column chunks";
+    let mut next = 0;
+    for &(c0, cols) in chunks {
+        if c0 != next || cols == 0 {
+            return Err(candle_core::Error::Msg(format!(
+                "chunks must tile 0..{n} in order; got {chunks:?}"
+            )))
+            .ctx(OP);
+        }
+        next += cols;
+    }
+    if next != n {
+        return Err(candle_core::Error::Msg(format!(
+            "chunks cover 0..{next}, not 0..{n}"
+        )))
+        .ctx(OP);
+    }
+    let (s, l) = a.storage_and_layout();
+    match &*s {
+        candle_core::Storage::Cpu(CpuStorage::F32(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
+        candle_core::Storage::Cpu(CpuStorage::F64(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
+        _ => Err(crate::error::Error::Unsupported {
+            device: format!("{:?}", a.device().location()),
+            what: format!("{OP} (CPU f32/f64 only; got {:?})", a.dtype()),
+        }),
+    }
+}
+
+/// [`product_of_column_chunks`] for element type `T`.
+fn chunked<T: Float + candle_core::WithDType>(
+    op: &str,
+    (a, al): (&[T], &Layout),
+    n: usize,
+    chunks: &[(usize, usize)],
+    chunk: &mut impl FnMut(usize, usize) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let am = Mat::of(al, a.len(), op, "lhs").ctx(op)?;
+    let len = am.rows * n;
+    let whole = Mat {
+        rows: am.rows,
+        cols: n,
+        off: 0,
+        rs: n,
+        cs: 1,
+    };
+    let mut out: Vec<T> = Vec::with_capacity(len);
+    for &(c0, cols) in chunks {
+        let b = chunk(c0, cols)?;
+        let (bs, bl) = b.storage_and_layout();
+        let bv = match &*bs {
+            candle_core::Storage::Cpu(s) => T::slice(s),
+            _ => None,
+        }
+        .ok_or_else(|| {
+            candle_core::Error::Msg(format!(
+                "chunk {c0}+{cols} is {:?} on {:?}, not the left operand's type on the CPU",
+                b.dtype(),
+                b.device().location()
+            ))
+        })
+        .ctx(op)?;
+        let bm = Mat::of(bl, bv.len(), op, "rhs").ctx(op)?;
+        let d = whole.columns(c0, cols);
+        check_shapes(op, Some(d), am, bm).ctx(op)?;
+        // SAFETY: Mat::of checked a and this chunk against their slices, check_shapes the
+        // product's shape against columns c0 .. c0 + cols of `out`, whose capacity is
+        // rows × n; out is a fresh allocation, distinct from both operands.
+        unsafe { multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, bv.as_ptr(), bm) };
+    }
+    // SAFETY: the chunks tile 0..n (checked by the caller), and a product that does not
+    // accumulate writes every element of its columns (`writes_every_element`).
+    unsafe { out.set_len(len) };
+    Tensor::from_vec(out, (am.rows, n), &candle_core::Device::Cpu).ctx(op)
+}
+
+/// `(a · b)ᵀ` into a new row-major `[n, m]` tensor: the product row-major `[m, n]` (a temporary
+/// of the output's size), then its transpose. A weight gradient `G·Xᵀ [out, in]` is taken as
+/// `(X·Gᵀ)ᵀ`: `gemm` then packs the small `G` and streams `X` as it lies, where `G·Xᵀ` made it
+/// repack all of `X` (`examples/gemm_shapes.rs`: 59 → 86 GFLOP/s for `[64, 4096]·[4096, 2304]`,
+/// 52 → 77 for bc's `[48, 65536]·[65536, 204]`, 1 thread). The same sums in the same order.
+pub fn product_transposed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    a.apply_op2_no_bwd(b, &Product { transposed: true })
+        .ctx("dense product")
+}
+
+/// `dst += a · b`, **writing into `dst`'s storage** (which may be a view of a larger buffer);
+/// `a` and `b` must not share `dst`'s storage (candle refuses them): see [`accumulate_tail`].
+pub fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    dst.inplace_op3(a, b, &Accumulate { add: true })
+        .ctx("dense accumulate")
+}
+
+/// `dst = a · b`, **writing into `dst`'s storage** (a view: e.g. a column range of a wider
+/// map); `dst`'s old values are not read (a NaN there does not propagate). As [`accumulate`]
+/// otherwise (`gemm` without reading the destination; cuBLAS with β = 0).
+pub fn product_into(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
+    dst.inplace_op3(a, b, &Accumulate { add: false })
+        .ctx("dense product into")
+}
+
+/// `rows[..top] += a · rows[top..]`, **writing into the first `top` rows of `rows`' storage**:
+/// the product of a layer-output gradient with the rows right after the prefix it is added into
+/// (one view of a gradient buffer).
+pub fn accumulate_tail(rows: &Tensor, top: usize, a: &Tensor) -> Result<()> {
+    rows.inplace_op2(a, &AccumulateTail { top })
+        .ctx("dense accumulate")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::cpu::shared::{bits, randn};
+    use candle_core::DType;
+
+    fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
+        (a - b)
+            .unwrap()
+            .abs()
+            .unwrap()
+            .flatten_all()
+            .unwrap()
+            .max(0)
+            .unwrap()
+            .to_dtype(DType::F64)
+            .unwrap()
+            .to_scalar::<f64>()
+            .unwrap()
+    }
+
+    /// A product that does not accumulate ignores what its destination held (NaN here), so a
+    /// new output may start uninitialised; every element is written, at every branch.
+    #[test]
+    fn writes_every_element() {
+        for threads in [1, 3] {
+            crate::ops::cpu::shared::in_pool(threads, || {
+                for (m, n, k) in [
+                    (3, 1, 5),
+                    (4, 1000, 7),
+                    (64, 4100, 0),
+                    (48, 70, 30),
+                    (300, 70, 9),
+                ] {
+                    let a: Vec<f64> = (0..m * k).map(|i| i as f64 * 0.5).collect();
+                    let b: Vec<f64> = (0..k * n).map(|i| 1.0 - i as f64 * 0.25).collect();
+                    let mut d = vec![f64::NAN; m * n];
+                    let mat = |rows, cols| Mat {
+                        rows,
+                        cols,
+                        off: 0,
+                        rs: cols,
+                        cs: 1,
+                    };
+                    // SAFETY: all three are dense row-major and sized for their shapes.
+                    unsafe {
+                        multiply(
+                            d.as_mut_ptr(),
+                            mat(m, n),
+                            false,
+                            a.as_ptr(),
+                            mat(m, k),
+                            b.as_ptr(),
+                            mat(k, n),
+                        )
+                    };
+                    for i in 0..m {
+                        for j in 0..n {
+                            let want: f64 = (0..k).map(|t| a[i * k + t] * b[t * n + j]).sum();
+                            assert!(
+                                (d[i * n + j] - want).abs() <= 1e-9 * want.abs().max(1.0),
+                                "{m}×{n}×{k} at ({i}, {j})"
+                            );
+                        }
+                    }
+                }
+            });
+        }
+    }
+
+    /// A product made a column chunk of the right operand at a time is bitwise the whole
+    /// product, at 1–3 threads, f32 and f64, with chunks of uneven widths over 64 (a bc
+    /// bottleneck of 48 rows, an inner dimension over gemm's 512), each chunk made only when
+    /// its turn comes.
+    #[test]
+    fn a_product_of_column_chunks_is_bitwise_the_whole_product() -> Result<()> {
+        let (m, k, n) = (48, 600, 1100);
+        let chunks = [(0, 400), (400, 365), (765, 335)];
+        for dtype in [DType::F32, DType::F64] {
+            let (a, b) = (randn((m, k), dtype), randn((k, n), dtype));
+            for threads in [1, 2, 3] {
+                crate::ops::cpu::shared::in_pool(threads, || -> Result<()> {
+                    let whole = product(&a, &b)?;
+                    let mut made = Vec::new();
+                    let chunked = product_of_column_chunks(&a, n, &chunks, |c0, cols| {
+                        made.push((c0, cols));
+                        Ok(b.narrow(1, c0, cols)?.contiguous()?)
+                    })?;
+                    assert_eq!(made, chunks, "{dtype:?}, {threads} threads");
+                    assert_eq!(chunked.dims(), &[m, n]);
+                    assert!(
+                        bits(&chunked) == bits(&whole),
+                        "{dtype:?}, {threads} threads"
+                    );
+                    Ok(())
+                })?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Chunks that do not tile the columns in order, a chunk of the wrong shape or type and a
+    /// left operand the CPU does not hold are errors naming the op, never a partly written
+    /// output.
+    #[test]
+    fn a_product_of_column_chunks_refuses_bad_chunks() {
+        let (a, b) = (randn((4, 6), DType::F32), randn((6, 10), DType::F32));
+        let cols = |c0: usize, n: usize| Ok(b.narrow(1, c0, n)?.contiguous()?);
+        let err = |r: Result<Tensor>| r.unwrap_err().to_string();
+        for bad in [
+            vec![(0, 4), (5, 5)],
+            vec![(0, 4), (4, 5)],
+            vec![(0, 10), (10, 0)],
+            vec![(4, 6), (0, 4)],
+        ] {
+            let e = err(product_of_column_chunks(&a, 10, &bad, cols));
+            assert!(e.contains("dense product of column chunks"), "{bad:?}: {e}");
+        }
+        let e = err(product_of_column_chunks(&a, 10, &[(0, 10)], |_, _| {
+            Ok(randn((5, 10), DType::F32))
+        }));
+        assert!(e.contains("dense product of column chunks"), "{e}");
+        let e = err(product_of_column_chunks(&a, 10, &[(0, 10)], |_, _| {
+            Ok(randn((6, 10), DType::F64))
+        }));
+        assert!(e.contains("not the left operand's type"), "{e}");
+        let ok = product_of_column_chunks(&a, 10, &[(0, 3), (3, 7)], cols).unwrap();
+        assert_eq!(ok.dims(), &[4, 10]);
+    }
+
+    /// The three products of a dense layer, as the maths passes them (views, transposes),
+    /// against candle's matmul, at shapes that take every branch (one column, column panels,
+    /// row panels, gemm's own threading) in pools of 1, 2 and 3 threads: bitwise the same at
+    /// every thread count (panel widths next to gemm's 64 × 64 small-size path included), and
+    /// the weight gradient taken transposed bitwise the direct one.
+    #[test]
+    fn products_match_matmul() {
+        for dtype in [DType::F32, DType::F64] {
+            for (out, c, m) in [
+                (3, 5, 1),
+                (3, 8, 2),
+                (4, 7, 1000),
+                (64, 300, 4100),
+                (64, 70, 700),
+                (48, 30, 70),
+                (12, 200, 300),
+            ] {
+                let rand = |shape: (usize, usize)| randn(shape, dtype);
+                let (w, x, g) = (rand((out, c)), rand((c, m)), rand((out, m)));
+                let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
+                let (xt, wt) = (x.t().unwrap(), w.t().unwrap());
+                let products = || {
+                    let y = product(&w, &x).unwrap();
+                    let dw = product(&g, &xt).unwrap();
+                    let dwt = product_transposed(&x, &g.t().unwrap()).unwrap();
+                    let acc = x.copy().unwrap();
+                    accumulate(&acc, &wt, &g).unwrap();
+                    let rows = Tensor::cat(&[&x, &g], 0).unwrap();
+                    accumulate_tail(&rows, c, &wt).unwrap();
+                    [y, dw, dwt, acc, rows]
+                };
+                let mut first: Option<Vec<Vec<u64>>> = None;
+                for threads in [1, 2, 3] {
+                    let [y, dw, dwt, acc, rows] =
+                        crate::ops::cpu::shared::in_pool(threads, products);
+                    let at = format!("{out}×{c}×{m} {dtype:?}, {threads} threads");
+                    assert!(max_diff(&y, &w.matmul(&x).unwrap()) < tol, "W·X {at}");
+                    assert!(max_diff(&dw, &g.matmul(&xt).unwrap()) < tol, "G·Xᵀ {at}");
+                    assert_eq!(dwt.dims(), dw.dims());
+                    assert!(dwt.is_contiguous());
+                    assert_eq!(bits(&dwt), bits(&dw), "(X·Gᵀ)ᵀ {at}");
+                    let dx = wt.matmul(&g).unwrap();
+                    assert!(max_diff(&acc, &(&x + &dx).unwrap()) < tol, "X + Wᵀ·G {at}");
+                    assert_eq!(
+                        bits(&rows.narrow(0, 0, c).unwrap()),
+                        bits(&acc),
+                        "tail form {at}"
+                    );
+                    assert_eq!(bits(&rows.narrow(0, c, out).unwrap()), bits(&g));
+                    let all: Vec<Vec<u64>> = [&y, &dw, &acc].iter().map(|t| bits(t)).collect();
+                    match &first {
+                        None => first = Some(all),
+                        Some(f) => assert!(f == &all, "thread count changed bits: {at}"),
+                    }
+                }
+            }
+        }
+    }
+}
