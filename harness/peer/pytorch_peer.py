@@ -692,16 +692,34 @@ def stats(xs: list[int]) -> dict:
 
 
 def cpu_model() -> str:
+    """`model name` of /proc/cpuinfo and its widest x86 vector ISA (`, AVX-512` or `, AVX2`),
+    exactly as densebench's `cpu_model_from` writes it, so both sides' rows carry one
+    description; the architecture when unreadable."""
     try:
         with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name") and ":" in line:
-                    return line.split(":", 1)[1].strip()
+            found = cpu_model_from(f.read())
+        if found:
+            return found
     except OSError:
         pass
     import platform
 
     return platform.machine()
+
+
+def cpu_model_from(cpuinfo: str):
+    def field(key):
+        for line in cpuinfo.splitlines():
+            if ":" in line and line.split(":", 1)[0].strip() == key:
+                return line.split(":", 1)[1].strip()
+        return None
+
+    model = field("model name")
+    if model is None:
+        return None
+    flags = (field("flags") or "").split()
+    isa = ", AVX-512" if "avx512f" in flags else ", AVX2" if "avx2" in flags else ""
+    return model + isa
 
 
 def peak_rss_bytes() -> int | None:

@@ -77,17 +77,37 @@ impl DeviceOps for DeviceSpec {
     }
 }
 
-/// The CPU model from /proc/cpuinfo (`model name`), or the architecture when unreadable.
+/// The CPU model from /proc/cpuinfo (`model name`) and its widest x86 vector ISA
+/// ([`cpu_model_from`]), or the architecture when unreadable.
 pub fn cpu_model() -> String {
     std::fs::read_to_string("/proc/cpuinfo")
         .ok()
-        .and_then(|text| {
-            text.lines()
-                .find(|l| l.starts_with("model name"))
-                .and_then(|l| l.split_once(':'))
-                .map(|(_, v)| v.trim().to_string())
-        })
+        .and_then(|text| cpu_model_from(&text))
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
+
+/// `model name` of a /proc/cpuinfo text, followed by `, AVX-512` (flag `avx512f`) or `, AVX2`
+/// where the first processor has it: virtual machines often report a bare family name
+/// (`AMD EPYC`), and the vector ISA is what decides which kernels a CPU row ran (the PyTorch
+/// peer's `cpu_model()` says the same, so both sides' rows carry one description).
+pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
+    let field = |key: &str| {
+        cpuinfo
+            .lines()
+            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
+            .and_then(|l| l.split_once(':'))
+            .map(|(_, v)| v.trim())
+    };
+    let model = field("model name")?;
+    let flags: Vec<&str> = field("flags").unwrap_or("").split_whitespace().collect();
+    let isa = if flags.contains(&"avx512f") {
+        ", AVX-512"
+    } else if flags.contains(&"avx2") {
+        ", AVX2"
+    } else {
+        ""
+    };
+    Some(format!("{model}{isa}"))
 }
 
 /// Threads the compute libraries use when none are asked for: candle's default (which also
