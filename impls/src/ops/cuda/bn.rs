@@ -17,9 +17,8 @@ use crate::ops::cuda::launch::{
     rows_config, unsupported, view, view_mut, Float,
 };
 use crate::ops::cuda::src::BN;
-use crate::ops::layout::matrix::Mat;
 use candle_core::backend::BackendStorage;
-use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
 use candle_core::{DType, Layout, Shape};
 
