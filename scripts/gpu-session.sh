@@ -82,7 +82,7 @@ bounded() { local n; n=$(cap "$1"); shift; timeout -k 10 "$n" "$@"; }
 # first process of the session compiles them.
 export CUDA_CACHE_PATH=${CUDA_CACHE_PATH:-/tmp/densebench-cuda-jit}
 # densebench's own kernels: NVRTC's PTX, kept on disk so each row's process does not compile it
-# again (impls::ptx_cache; a folder that can be written on a lent machine).
+# again (impls::ops::cuda::ptx_cache; a folder that can be written on a lent machine).
 export DENSEBENCH_PTX_CACHE=${DENSEBENCH_PTX_CACHE:-/tmp/densebench-ptx}
 # Rows name the revision the binaries were built from: recorded in them at build time (the
 # checkout here may have no .git); .gpu/git-rev says the same for info.

@@ -3,7 +3,7 @@
 
 densebench's harness spawns this program as a child process, one result row per call, on the
 exact case file its own variants are measured on (parameters and BN state under PyTorch
-`state_dict` names, `input`, `grad_output`; see impls/src/case.rs). It
+`state_dict` names, `input`, `grad_output`; see impls/src/case/mod.rs). It
 
 1. builds torchvision's `_DenseBlock` (family `bc`: `pytorch-naive` = memory_efficient=False,
    `pytorch-memory-efficient` = True, drop_rate 0) or the forum's Linear block (family `mlp`:
@@ -32,6 +32,7 @@ with any importable torch + torchvision, e.g. a GPU machine's preinstalled one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
@@ -103,7 +104,7 @@ def execution_of(variant: str, device: str) -> str:
         return "eager"
     return "graph" if compile_mode(device) == "reduce-overhead" else "compiled"
 
-# BatchNorm constants: PyTorch's defaults, the same as densebench's (impls/src/config.rs).
+# BatchNorm constants: PyTorch's defaults, the same as densebench's (impls/src/config/mod.rs).
 BN_EPS = 1e-5
 BN_MOMENTUM = 0.1
 
@@ -177,8 +178,11 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument(
         "--dtype",
         default="f32",
-        choices=("f32", "f64"),
-        help="dtype of the step; the case is converted to it (f32 → f64 is exact)",
+        choices=("f32", "f64", "bf16"),
+        help="dtype of the step; the case is converted to it (f32 → f64 is exact). bf16: mixed "
+        "precision as users run it — parameters and BN buffers in f32, the block's input and "
+        "upstream gradient in bf16, forward under torch.autocast(device, dtype=torch.bfloat16), "
+        "backward outside it",
     )
     p.add_argument(
         "--warmup",
@@ -227,7 +231,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         )
     if a.family == "bc" and a.activation == "off":
         p.error("--activation off applies to mlp only (a bc layer always has its ReLUs)")
-    if a.math == "tf32" and (a.device == "cpu" or a.dtype == "f64"):
+    if a.math == "tf32" and (a.device == "cpu" or a.dtype != "f32"):
         p.error("--math tf32 applies to f32 on a CUDA device only")
     # The result must not replace its own case (any path to the same file, a link included):
     # the run would succeed and the next one find no input (as `densebench step` refuses).
@@ -499,7 +503,7 @@ def write_safetensors(torch, tensors: dict, path: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# The case: config read from the tensors, as impls/src/case.rs does
+# The case: config read from the tensors, as impls/src/case/mod.rs does
 # --------------------------------------------------------------------------------------------
 
 
@@ -798,8 +802,12 @@ class Stepper:
       updated its running stats (its `num_batches_tracked`).
     """
 
-    def __init__(self, torch, block, fn, x, grad_output, meter, device, family, compiled):
+    def __init__(self, torch, block, fn, x, grad_output, meter, device, family, compiled,
+                 autocast=None):
         self.torch = torch
+        # What the forward runs under: torch.autocast(...) for bf16 (entered inside the timed
+        # step, as a user's training step enters it), else nothing.
+        self.autocast = autocast or contextlib.nullcontext
         self.block = block  # the eager module: parameters, buffers, hooks
         self.fn = fn  # what a step calls: the block, or torch.compile(block)
         self.x = x
@@ -851,7 +859,8 @@ class Stepper:
         c0 = time.process_time_ns()
         t0 = time.perf_counter_ns()
         start = self.meter.mark()
-        out = self.fn(self.x)
+        with self.autocast():
+            out = self.fn(self.x)
         # GPU: a timing event, not a synchronisation (the device's clock says when forward
         # ended; the host's, without a sync, only when it was queued). CPU: the host's clock.
         forward_end = self.meter.mark()
@@ -892,10 +901,11 @@ class Stepper:
         self.timeline = []
         try:
             self._begin()
-            if self.family == "mlp" and not self.compiled:
-                out = self.block(self.x, probe=self._probe)
-            else:
-                out = self.fn(self.x)
+            with self.autocast():
+                if self.family == "mlp" and not self.compiled:
+                    out = self.block(self.x, probe=self._probe)
+                else:
+                    out = self.fn(self.x)
             self.meter.sync()
             saved = self.meter.current() - self.baseline
             with self.torch.no_grad():
@@ -924,7 +934,10 @@ def run(a: argparse.Namespace) -> dict:
         raise PeerError(f"{NO_TORCH_LINE} ({e})", EXIT_NO_TORCH) from None
 
     torch.set_num_threads(a.threads)
-    dtype = {"f32": torch.float32, "f64": torch.float64}[a.dtype]
+    # bf16 is mixed precision: the block (parameters, BN buffers) stays f32, the features are
+    # bf16, autocast picks each op's dtype.
+    dtype = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32}[a.dtype]
+    feature_dtype = torch.bfloat16 if a.dtype == "bf16" else dtype
     if a.device == "cpu":
         meter = CpuMeter(a.mem_limit)
         device = torch.device("cpu")
@@ -953,22 +966,32 @@ def run(a: argparse.Namespace) -> dict:
     tensors = read_safetensors(torch, a.case)
     cfg = read_config(tensors, a.family, a.case)
     a.activation = resolve_activation(a.case, a.family, a.activation)
-    case_dtype = {torch.float32: "f32", torch.float64: "f64"}.get(tensors["input"].dtype)
+    case_dtype = {torch.float32: "f32", torch.float64: "f64", torch.bfloat16: "bf16"}.get(
+        tensors["input"].dtype
+    )
     if case_dtype is None:
-        raise PeerError(f"case file {a.case}: input is {tensors['input'].dtype}, expected f32 or f64", EXIT_USAGE)
+        raise PeerError(
+            f"case file {a.case}: input is {tensors['input'].dtype}, expected f32, f64 or bf16",
+            EXIT_USAGE,
+        )
 
     block = build_block(torch, a.family, a.variant, cfg, a.activation == "on")
     block = block.to(dtype=dtype)
     load_state(torch, block, tensors, a.case)
     block = block.to(device=device)
     block.train()
-    x = tensors["input"].to(device=device, dtype=dtype).requires_grad_(True)
-    g = tensors["grad_output"].to(device=device, dtype=dtype)
+    x = tensors["input"].to(device=device, dtype=feature_dtype).requires_grad_(True)
+    g = tensors["grad_output"].to(device=device, dtype=feature_dtype)
     del tensors
 
     compiled = a.variant.startswith(COMPILED_PREFIX)
     fn = compile_block(torch, block, a.device) if compiled else block
-    stepper = Stepper(torch, block, fn, x, g, meter, device, a.family, compiled)
+    autocast = (
+        (lambda: torch.autocast(device_type=device.type, dtype=torch.bfloat16))
+        if a.dtype == "bf16"
+        else None
+    )
+    stepper = Stepper(torch, block, fn, x, g, meter, device, a.family, compiled, autocast)
     # Warm-up settles the allocator, oneDNN/MKL scratch, cuDNN/cuBLAS handles and workspaces;
     # a compiled variant's first steps also compile (and under reduce-overhead record graphs).
     warmup = max(a.warmup, COMPILED_MIN_WARMUP) if compiled else a.warmup

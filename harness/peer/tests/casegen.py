@@ -1,9 +1,9 @@
 """Case files for the peer's tests, written from Python in densebench's case format.
 
-The names, shapes and layouts are those of impls/src/case.rs (`Case::save`): `input` NCHW
+The names, shapes and layouts are those of impls/src/case/mod.rs (`Case::save`): `input` NCHW
 [N, C0, H, W] (mlp: [N, C0]), `grad_output` [N, C0 + L·k, H, W], and every parameter and BN
 running stat under its torchvision / nn.Linear `state_dict` name. The value ranges follow
-impls/src/params.rs (PyTorch's fan-in bound for Linear/Conv weights and biases; BN weight in
+impls/src/config/params.rs (PyTorch's fan-in bound for Linear/Conv weights and biases; BN weight in
 [0.5, 1.5], bias in [-0.5, 0.5], running mean in [-0.1, 0.1], running var in [0.5, 1.5]; input and
 upstream gradient in [-1, 1]) so that every gradient path and the running-stat update are
 exercised; the values themselves come from torch's generator, not densebench's ChaCha stream.

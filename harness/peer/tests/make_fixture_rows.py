@@ -5,7 +5,7 @@ A reference for the Rust side's conversion (JSON line + result file → `Row`), 
 harness: each `--run` is `JSON:RESULT`, a peer's stdout line and its result file; `--reference`
 is densebench's f64 result on the same case (e.g. `densebench step --variant cat-store-copy` on
 the case widened to f64), rounded to the row's dtype before comparing, as densebench does. The
-errors are densebench's (impls/src/compare.rs): per tensor max |a − b| and max |a − b| / max
+errors are densebench's (impls/src/check/compare.rs): per tensor max |a − b| and max |a − b| / max
 |ref|, worst over the output, the input gradient, every parameter gradient and running stat.
 
     make_fixture_rows.py --reference REF.st --reference-label cat-store-copy/f64 \

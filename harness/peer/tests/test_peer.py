@@ -398,6 +398,72 @@ def test_compiled_variants_match_densebench_f64(c: Ctx):
             assert set(row["bn_updates"].values()) <= {1}, row["bn_updates"]
 
 
+# bf16 under torch.autocast against the f64 reference of the same values: a bf16 step rounds
+# every feature to 8 significant bits (unit roundoff 2^-9 ≈ 2e-3), so a few layers end within a
+# few percent; f32 would be ~1e-7, so an error below BF16_FLOOR means bf16 did not run.
+BF16_BOUND = 0.1
+BF16_FLOOR = 1e-4
+
+
+def bf16_cases(c: Ctx, name: str, family: str, **kw) -> tuple[str, str]:
+    """The same block twice: the bf16 case (input and upstream gradient bf16, parameters and BN
+    buffers f32) and its exact widening to f64 (the reference's case)."""
+    from casegen import make_case
+
+    torch = c.torch
+    t = make_case(torch, family, **kw)
+    low = {k: v.to(torch.bfloat16 if k in ("input", "grad_output") else torch.float32)
+           for k, v in t.items()}
+    wide = {k: v.to(torch.float64) for k, v in low.items()}
+    paths = c.path(f"{name}-bf16.st"), c.path(f"{name}-wide.st")
+    pytorch_peer.write_safetensors(torch, low, paths[0])
+    pytorch_peer.write_safetensors(torch, wide, paths[1])
+    return paths
+
+
+def bf16_row(c: Ctx, case: str, family: str, variant: str, out: str) -> dict:
+    r = c.peer("--case", case, "--family", family, "--variant", variant, "--dtype", "bf16",
+               "--warmup", "1", "--steps", "1", "--out", out)
+    assert r.returncode == 0, f"peer exited {r.returncode}: {r.stderr.strip()}"
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def test_bf16_runs_under_autocast_and_stays_near_the_f64_reference(c: Ctx):
+    # Issue 39's peer rows: each block under torch.autocast(bfloat16) on a bf16 case; features
+    # bf16, parameter gradients and BN buffers f32; within BF16_BOUND of the f64 step on the
+    # widened case, and far enough from it that bf16 really ran.
+    torch = c.torch
+    for family, kw, variants in (
+        ("bc", dict(batch=4, channels=4, growth=3, depth=3, bn_size=2, height=4, width=4),
+         ("pytorch-naive", "pytorch-memory-efficient")),
+        ("mlp", dict(batch=16, channels=8, growth=4, depth=4),
+         ("pytorch-naive", "pytorch-checkpoint")),
+    ):
+        low, wide = bf16_cases(c, family, family, **kw)
+        ref_path = c.path(f"{family}-bf16-ref.st")
+        c.peer_ok(wide, family, "pytorch-naive", ref_path)
+        ref = c.load(ref_path)
+        for v in variants:
+            out = c.path(f"{family}-{v}-bf16.st")
+            row = bf16_row(c, low, family, v, out)
+            assert row["dtype"] == "bf16" and row["case_dtype"] == "bf16", row
+            res = c.load(out)
+            assert res["output"].dtype == torch.bfloat16, res["output"].dtype
+            assert res["grad.input"].dtype == torch.bfloat16, res["grad.input"].dtype
+            for name, t in res.items():
+                if name.startswith("grad.") and name != "grad.input" or ".running_" in name:
+                    assert t.dtype == torch.float32, f"{name}: {t.dtype}"
+            errs = rel_errors({k: t.to(torch.float64) for k, t in res.items()}, ref)
+            if v == "pytorch-memory-efficient":  # norm1 updated twice (pytorch/pytorch#96136)
+                errs = {k: e for k, e in errs.items() if ".norm1.running_" not in k}
+            worst = max(errs, key=errs.get)
+            MEASURED[f"{family} {v} bf16 autocast vs f64"] = errs[worst]
+            assert errs[worst] <= BF16_BOUND, f"{v}: {worst} relative error {errs[worst]:.3e}"
+            assert errs["grad.input"] >= BF16_FLOOR, (
+                f"{v}: grad.input only {errs['grad.input']:.1e} from f64: bf16 did not run"
+            )
+
+
 def test_result_file_takes_channels_last_size_one_tensors(c: Ctx):
     # Inductor's 1x1-convolution weight gradients come channels-last: [48, 24, 1, 1] with
     # strides (24, 1, 24, 24), "contiguous" by PyTorch's rule (size-1 dimensions' strides do not
