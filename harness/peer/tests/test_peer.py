@@ -435,9 +435,9 @@ def test_bf16_runs_under_autocast_and_stays_near_the_f64_reference(c: Ctx):
     torch = c.torch
     for family, kw, variants in (
         ("bc", dict(batch=4, channels=4, growth=3, depth=3, bn_size=2, height=4, width=4),
-         ("pytorch-naive", "pytorch-memory-efficient")),
+         ("pytorch-naive", "pytorch-memory-efficient", "pytorch-compiled-naive")),
         ("mlp", dict(batch=16, channels=8, growth=4, depth=4),
-         ("pytorch-naive", "pytorch-checkpoint")),
+         ("pytorch-naive", "pytorch-checkpoint", "pytorch-compiled-checkpoint")),
     ):
         low, wide = bf16_cases(c, family, family, **kw)
         ref_path = c.path(f"{family}-bf16-ref.st")
