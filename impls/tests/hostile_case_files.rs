@@ -607,3 +607,29 @@ fn case_metadata_is_checked_where_it_is_densebenchs() {
     let loaded = Case::load(&p, None, &Device::Cpu).unwrap();
     assert!(loaded.cfg.activation, "no key: on");
 }
+
+/// A FIFO named as a case file is refused at once, never opened and waited on (opening a FIFO
+/// blocks until a writer comes; the load checks the path first and opens with O_NONBLOCK).
+#[cfg(unix)]
+#[test]
+fn a_fifo_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let fifo = dir.path().join("case.safetensors");
+    let c = std::ffi::CString::new(fifo.to_str().expect("utf-8 path")).expect("no NUL");
+    // SAFETY: a valid NUL-terminated path and a mode.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0, "mkfifo");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let path = fifo.clone();
+    std::thread::spawn(move || {
+        let _ = tx.send(
+            Case::load(&path, None, &Device::Cpu)
+                .err()
+                .map(|e| e.to_string()),
+        );
+    });
+    let err = rx
+        .recv_timeout(std::time::Duration::from_secs(20))
+        .expect("loading a FIFO must not block")
+        .expect("a FIFO is not a case file");
+    assert!(err.contains("not a regular file"), "{err}");
+}

@@ -89,11 +89,20 @@ fn open(path: &Path) -> Result<(File, u64)> {
                 .to_string(),
         }),
     };
-    // Checked before opening too: opening a FIFO would block until something writes to it.
+    // Checked before opening too: opening a FIFO would block until something writes to it. And
+    // opened with O_NONBLOCK, so that a file replaced by a FIFO in between cannot block the open
+    // either (the check below then refuses it); reads of a regular file ignore the flag.
     if !std::fs::metadata(path).map_err(io)?.is_file() {
         return Err(not_regular());
     }
-    let file = File::open(path).map_err(io)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.custom_flags(libc::O_NONBLOCK);
+    }
+    let file = options.open(path).map_err(io)?;
     let meta = file.metadata().map_err(io)?;
     if !meta.is_file() {
         return Err(not_regular());
