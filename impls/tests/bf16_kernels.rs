@@ -1,0 +1,358 @@
+//! The bf16 CPU kernels (mixed precision, PyTorch autocast's rule: bf16 features, f32 tables
+//! and parameter gradients, f32 accumulation) against their f32 twins run on the same values
+//! widened (exact), and f32 results against an f64 reference of the same values.
+//!
+//! Every input is drawn in f32 and rounded to bf16 first, so both sides see the same values.
+//! The bounds, each asserted by one helper:
+//! - [`bitwise`]: data movement and selection (ReLU, its backward, shift stack, cat, copy,
+//!   repeat, channel-major) moves stored bits, and the element-wise ops whose bf16 kernel
+//!   computes in f32 exactly the f32 twin's value and rounds it once (BN apply, the ReLU mask
+//!   from BN's input, BN's dx and its accumulation, `add_assign`, the shift sum, whose nine taps
+//!   are added in the same order) equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp.
+//! - [`within_relative`]: f32 outputs of bf16 operands. Statistics and BN sums accumulate in
+//!   f64 and round once to f32: `|f32 − f64 ref| ≤ 2⁻²⁴·|ref|` (+ `M·2⁻⁵³` of the f64 sum,
+//!   negligible at these shapes, taken as another `2⁻²⁴·|ref|`).
+
+use candle_core::{DType, Device, Tensor};
+use half::bf16;
+use impls::ops::layout::grid::{Grid, TAPS};
+use impls::ops::{bn, bn_backward, elementwise, shift};
+
+const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// A `shape` tensor of bf16 values (drawn uniform in [−2, 2] in f64, rounded to bf16 once)
+/// and the same values in f32 and f64 (exact widenings).
+fn draw(shape: &[usize], seed: u64) -> (Tensor, Tensor, Tensor) {
+    let n = shape.iter().product();
+    let v = impls::config::params::uniform(seed, "bf16", n, -2.0, 2.0);
+    let v: Vec<bf16> = v.into_iter().map(|x| bf16::from_f32(x as f32)).collect();
+    let b = Tensor::from_vec(v, shape, &Device::Cpu).unwrap();
+    let f = b.to_dtype(DType::F32).unwrap();
+    let d = b.to_dtype(DType::F64).unwrap();
+    (b, f, d)
+}
+
+fn f32s(t: &Tensor) -> Vec<f32> {
+    t.flatten_all().unwrap().to_vec1::<f32>().unwrap()
+}
+
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
+fn bf16s(t: &Tensor) -> Vec<bf16> {
+    assert_eq!(t.dtype(), DType::BF16, "a bf16 result");
+    t.flatten_all().unwrap().to_vec1::<bf16>().unwrap()
+}
+
+/// `t`'s f32 values rounded once to bf16 (round to nearest even).
+fn rounded(t: &Tensor) -> Vec<bf16> {
+    assert_eq!(t.dtype(), DType::F32, "an f32 twin");
+    f32s(t).into_iter().map(bf16::from_f32).collect()
+}
+
+/// `got` and `want` bit for bit (NaNs included), or the first difference.
+fn bitwise(what: &str, got: &[bf16], want: &[bf16]) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} elements, want {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    match got
+        .iter()
+        .zip(want)
+        .position(|(a, b)| a.to_bits() != b.to_bits())
+    {
+        None => Ok(()),
+        Some(i) => Err(format!(
+            "{what}: element {i} is {} want {}",
+            got[i], want[i]
+        )),
+    }
+}
+
+/// Each `|got − reference| ≤ bound[i]`.
+fn within_relative(
+    what: &str,
+    got: &[f32],
+    reference: &[f64],
+    bound: &[f64],
+) -> Result<(), String> {
+    assert_eq!(got.len(), reference.len(), "{what}: lengths");
+    for (i, ((&g, &r), &b)) in got.iter().zip(reference).zip(bound).enumerate() {
+        // (NaN fails too)
+        let ok = (f64::from(g) - r).abs() <= b;
+        if !ok {
+            return Err(format!(
+                "{what}: element {i} is {g}, reference {r}, bound {b:e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `2·2⁻²⁴·|ref|` per element: one f32 rounding of an f64 sum (and the sum's own error).
+fn one_rounding(reference: &[f64]) -> Vec<f64> {
+    reference.iter().map(|r| 2.0 * U * r.abs()).collect()
+}
+
+fn expect_err<T: std::fmt::Debug>(r: impls::Result<T>, op: &str) {
+    let e = r
+        .expect_err("an unsupported dtype mix must be an error")
+        .to_string();
+    assert!(e.contains(op), "the error names {op}: {e}");
+}
+
+#[test]
+fn bn_forward_takes_bf16_features_and_f32_tables() {
+    let (c, m) = (5, 300);
+    let (xb, xf, xd) = draw(&[c, m], 1);
+    // statistics: f32 from bf16, the f32 twin's bits (same f64 sums), one rounding of f64's
+    let mv = bn::bn_stats(&xb).unwrap();
+    assert_eq!(mv.dtype(), DType::F32);
+    assert_eq!(
+        f32s(&mv),
+        f32s(&bn::bn_stats(&xf).unwrap()),
+        "bn stats twin"
+    );
+    let reference = f64s(&bn::bn_stats(&xd).unwrap());
+    within_relative(
+        "bn stats",
+        &f32s(&mv),
+        &reference,
+        &one_rounding(&reference),
+    )
+    .unwrap();
+    // the per-channel step stays f32 and takes the f32 statistics
+    let (_, gamma, _) = draw(&[c], 2);
+    let (_, beta, _) = draw(&[c], 3);
+    let (rm, rv) = (
+        Tensor::zeros(c, DType::F32, &Device::Cpu).unwrap(),
+        Tensor::ones(c, DType::F32, &Device::Cpu).unwrap(),
+    );
+    let (table, _) = bn::bn_prepare(&mv, &gamma, &beta, &rm, &rv, m).unwrap();
+    let coef = table.narrow(0, 2, 2).unwrap().contiguous().unwrap();
+    // apply, with and without ReLU: bf16(f32 twin) bit for bit
+    let y = bn::affine_rows(&xb, &coef).unwrap();
+    let twin = bn::affine_rows(&xf, &coef).unwrap();
+    bitwise("bn apply", &bf16s(&y), &rounded(&twin)).unwrap();
+    let yr = bn::affine_rows_relu(&xb, &coef).unwrap();
+    let twin_r = bn::affine_rows_relu(&xf, &coef).unwrap();
+    bitwise("bn apply relu", &bf16s(&yr), &rounded(&twin_r)).unwrap();
+    // the fused ReLU is the ReLU of the bf16 apply (the same select on the rounded value)
+    bitwise(
+        "bn apply relu = relu(apply)",
+        &bf16s(&yr),
+        &bf16s(&elementwise::relu(&y).unwrap()),
+    )
+    .unwrap();
+    // a column range of a wider map (rows of unit column stride) takes the kernel too
+    let view = xb.narrow(1, 7, 100).unwrap();
+    let twin_v = bn::affine_rows(&xf.narrow(1, 7, 100).unwrap(), &coef).unwrap();
+    bitwise(
+        "bn apply view",
+        &bf16s(&bn::affine_rows(&view, &coef).unwrap()),
+        &rounded(&twin_v),
+    )
+    .unwrap();
+}
+
+#[test]
+fn bn_backward_takes_bf16_features_and_f32_tables() {
+    let (c, m) = (4, 257);
+    let (xb, xf, xd) = draw(&[c, m], 11);
+    let (gb, gf, gd) = draw(&[c, m], 12);
+    let (_, coef2, _) = draw(&[2, c], 13);
+    // the ReLU gradient masked from BN's input: bf16(f32 twin), and relu_bwd of the bf16 apply
+    let r = bn_backward::relu_bwd_affine(&gb, &xb, &coef2).unwrap();
+    let twin = bn_backward::relu_bwd_affine(&gf, &xf, &coef2).unwrap();
+    bitwise("relu bwd affine", &bf16s(&r), &rounded(&twin)).unwrap();
+    let via_out = elementwise::relu_bwd(&gb, &bn::affine_rows_relu(&xb, &coef2).unwrap()).unwrap();
+    bitwise(
+        "relu bwd affine = relu_bwd(g, apply relu)",
+        &bf16s(&r),
+        &bf16s(&via_out),
+    )
+    .unwrap();
+    let inplace = bn_backward::relu_bwd_affine_inplace(gb.copy().unwrap(), &xb, &coef2).unwrap();
+    bitwise("relu bwd affine inplace", &bf16s(&inplace), &bf16s(&r)).unwrap();
+    // the reduction: an f32 table, the twin's bits; its sums one rounding from f64's
+    let (_, mean, _) = draw(&[c], 14);
+    let invstd = (draw(&[c], 15).1.abs().unwrap() + 0.5).unwrap();
+    let st = Tensor::stack(&[&mean, &invstd], 0).unwrap();
+    let (_, gamma, _) = draw(&[c], 16);
+    let red = bn_backward::bn_bwd_reduce(&gb, &xb, &st, &gamma).unwrap();
+    assert_eq!(red.dtype(), DType::F32);
+    let twin = bn_backward::bn_bwd_reduce(&gf, &xf, &st, &gamma).unwrap();
+    assert_eq!(f32s(&red), f32s(&twin), "bn bwd reduce twin");
+    let f64_of = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
+    let reference = bn_backward::bn_bwd_reduce(&gd, &xd, &f64_of(&st), &f64_of(&gamma)).unwrap();
+    let sums = f64s(&reference.narrow(0, 0, 2).unwrap());
+    within_relative(
+        "bn bwd sums",
+        &f32s(&red.narrow(0, 0, 2).unwrap()),
+        &sums,
+        &one_rounding(&sums),
+    )
+    .unwrap();
+    // dx and its accumulation into a bf16 gradient buffer: bf16(f32 twin)
+    let coef3 = red.narrow(0, 2, 3).unwrap().contiguous().unwrap();
+    let dx = bn_backward::bn_bwd_dx(&gb, &xb, &coef3).unwrap();
+    let twin = bn_backward::bn_bwd_dx(&gf, &xf, &coef3).unwrap();
+    bitwise("bn bwd dx", &bf16s(&dx), &rounded(&twin)).unwrap();
+    let (db, df, _) = draw(&[c, m], 17);
+    bn_backward::bn_bwd_dx_accumulate(&db, &gb, &xb, &coef3).unwrap();
+    bn_backward::bn_bwd_dx_accumulate(&df, &gf, &xf, &coef3).unwrap();
+    bitwise("bn bwd dx accumulate", &bf16s(&db), &rounded(&df)).unwrap();
+}
+
+#[test]
+fn elementwise_ops_take_bf16() {
+    let (c, m) = (6, 70);
+    let (xb, xf, _) = draw(&[c, m], 21);
+    let (gb, gf, _) = draw(&[c, m], 22);
+    // selection: exact, NaN and signed zeros included
+    let odd = Tensor::new(
+        &[f32::NAN, -0.0, 0.0, -1.5, 2.5, f32::INFINITY],
+        &Device::Cpu,
+    )
+    .unwrap()
+    .to_dtype(DType::BF16)
+    .unwrap();
+    for x in [&xb, &odd] {
+        let y = elementwise::relu(x).unwrap();
+        let twin = elementwise::relu(&x.to_dtype(DType::F32).unwrap()).unwrap();
+        bitwise("relu", &bf16s(&y), &rounded(&twin)).unwrap();
+        let inplace = elementwise::relu_inplace(x.copy().unwrap()).unwrap();
+        bitwise("relu inplace", &bf16s(&inplace), &bf16s(&y)).unwrap();
+    }
+    let out = elementwise::relu(&xb).unwrap();
+    let r = elementwise::relu_bwd(&gb, &out).unwrap();
+    let twin = elementwise::relu_bwd(&gf, &elementwise::relu(&xf).unwrap()).unwrap();
+    bitwise("relu bwd", &bf16s(&r), &rounded(&twin)).unwrap();
+    let ri = elementwise::relu_bwd_inplace(gb.copy().unwrap(), &out).unwrap();
+    bitwise("relu bwd inplace", &bf16s(&ri), &bf16s(&r)).unwrap();
+    // add: bf16(f32(a) + f32(b))
+    let acc = xb.copy().unwrap();
+    elementwise::add_assign(&acc, &gb).unwrap();
+    bitwise("add assign", &bf16s(&acc), &rounded(&(&xf + &gf).unwrap())).unwrap();
+    // data movement: the stored bits
+    let cat = elementwise::cat_rows(&[&xb, &gb, &xb.narrow(0, 1, 2).unwrap()]).unwrap();
+    let want = Tensor::cat(&[&xb, &gb, &xb.narrow(0, 1, 2).unwrap()], 0).unwrap();
+    bitwise("cat rows", &bf16s(&cat), &bf16s(&want)).unwrap();
+    let copy = elementwise::copy_rows(&xb).unwrap();
+    bitwise("copy rows", &bf16s(&copy), &bf16s(&xb)).unwrap();
+    let row = xb.narrow(0, 2, 1).unwrap().flatten_all().unwrap();
+    let rep = elementwise::repeat_rows(&row, 9).unwrap();
+    let want = row.reshape((m, 1)).unwrap().broadcast_as((m, 9)).unwrap();
+    bitwise(
+        "repeat rows",
+        &bf16s(&rep),
+        &bf16s(&want.contiguous().unwrap()),
+    )
+    .unwrap();
+    let (nb, _, _) = draw(&[3, 5, 2, 7], 23);
+    let cm = elementwise::to_channel_major(&nb).unwrap().unwrap();
+    let want = nb
+        .transpose(0, 1)
+        .unwrap()
+        .contiguous()
+        .unwrap()
+        .reshape((5, 42))
+        .unwrap();
+    bitwise("to channel major", &bf16s(&cm), &bf16s(&want)).unwrap();
+}
+
+#[test]
+fn shift_stack_and_sum_take_bf16() {
+    let (c, grid) = (3, Grid { n: 2, h: 3, w: 5 });
+    let m = grid.n * grid.h * grid.w;
+    let (xb, xf, _) = draw(&[c, m], 31);
+    let (pb, pf, _) = draw(&[9 * c, m], 32);
+    for sign in [1isize, -1] {
+        let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
+        let st = shift::shift_stack(&xb, grid, offsets).unwrap();
+        let twin = shift::shift_stack(&xf, grid, offsets).unwrap();
+        bitwise("shift stack", &bf16s(&st), &rounded(&twin)).unwrap();
+        // the nine taps summed in f32 in the twin's order, rounded once
+        let sum = shift::shift_sum(&pb, grid, offsets).unwrap();
+        let twin = shift::shift_sum(&pf, grid, offsets).unwrap();
+        bitwise("shift sum", &bf16s(&sum), &rounded(&twin)).unwrap();
+    }
+}
+
+/// Mixes that are not one of the supported combinations are errors naming the op.
+#[test]
+fn unsupported_dtype_mixes_are_errors_naming_the_op() {
+    let (c, m) = (3, 20);
+    let (xb, xf, xd) = draw(&[c, m], 71);
+    let (_, c2f, c2d) = draw(&[2, c], 72);
+    let c3d = draw(&[3, c], 73).2;
+    let c2b = c2f.to_dtype(DType::BF16).unwrap();
+    expect_err(bn::affine_rows(&xb, &c2d), "bn-apply");
+    expect_err(bn::affine_rows_relu(&xb, &c2b), "bn-apply-relu");
+    expect_err(bn::affine_rows(&xd, &c2f), "bn-apply");
+    expect_err(
+        bn_backward::relu_bwd_affine(&xb, &xf, &c2f),
+        "relu-bwd-affine",
+    );
+    expect_err(
+        bn_backward::relu_bwd_affine(&xb, &xb, &c2d),
+        "relu-bwd-affine",
+    );
+    let st = c2d.clone();
+    let gamma = xd.narrow(1, 0, 1).unwrap().flatten_all().unwrap();
+    expect_err(
+        bn_backward::bn_bwd_reduce(&xb, &xb, &st, &gamma),
+        "bn-bwd-reduce",
+    );
+    expect_err(bn_backward::bn_bwd_dx(&xb, &xb, &c3d), "bn-bwd-dx");
+    let dst = xb.copy().unwrap();
+    expect_err(
+        bn_backward::bn_bwd_dx_accumulate(&dst, &xf, &xf, &c3d.to_dtype(DType::F32).unwrap()),
+        "bn-bwd-dx-accumulate",
+    );
+    expect_err(elementwise::add_assign(&dst, &xf), "add-assign");
+    expect_err(elementwise::relu_bwd(&xb, &xf), "relu-bwd");
+    let grid = Grid { n: 1, h: 4, w: 5 };
+    let offsets = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
+    let stack = Tensor::zeros((9 * c, m), DType::F32, &Device::Cpu).unwrap();
+    expect_err(
+        shift::shift_stack_into(&stack, &xb, grid, offsets),
+        "shift-stack",
+    );
+    expect_err(
+        shift::shift_sum_into(&xb, &stack, grid, offsets),
+        "shift-sum",
+    );
+}
+
+/// The comparisons above can fail: one element moved by 4 ulps (or 4 f32 rounding bounds)
+/// breaks each of them.
+#[test]
+fn a_perturbed_result_fails_each_comparison() {
+    let (c, m) = (4, 64);
+    let (xb, xf, xd) = draw(&[c, m], 81);
+    let (_, coef, _) = draw(&[2, c], 82);
+    let bump = |v: &mut bf16| *v = bf16::from_bits(v.to_bits() + 4);
+    // bitwise: BN apply
+    let mut y = bf16s(&bn::affine_rows(&xb, &coef).unwrap());
+    let want = rounded(&bn::affine_rows(&xf, &coef).unwrap());
+    bitwise("bn apply", &y, &want).unwrap();
+    bump(&mut y[37]);
+    assert!(bitwise("bn apply", &y, &want).is_err());
+    // relative: statistics
+    let mut mv = f32s(&bn::bn_stats(&xb).unwrap());
+    let reference = f64s(&bn::bn_stats(&xd).unwrap());
+    let bound = one_rounding(&reference);
+    within_relative("bn stats", &mv, &reference, &bound).unwrap();
+    mv[c + 1] += 4.0 * bound[c + 1] as f32;
+    assert!(within_relative("bn stats", &mv, &reference, &bound).is_err());
+}
