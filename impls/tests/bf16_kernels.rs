@@ -9,16 +9,30 @@
 //!   computes in f32 exactly the f32 twin's value and rounds it once (BN apply, the ReLU mask
 //!   from BN's input, BN's dx and its accumulation, `add_assign`, the shift sum, whose nine taps
 //!   are added in the same order) equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp.
+//! - [`within_one_ulp`]: the dense products accumulate in f32 in another
+//!   blocking than the f32 twin's, so `|bf16 result − bf16(f32 twin)| ≤ 1 bf16 ulp`; where the
+//!   two f32 sums may differ by more than a bf16 rounding can absorb (a result near zero after
+//!   cancellation) the bound is `|result − twin| ≤ ulp_bf16(twin) + 2·γ_K·Σ|a·b|` (each f32 sum
+//!   of K terms is within `γ_K·Σ|a·b|` of the exact one, `γ_K = K·u/(1 − K·u)`, `u = 2⁻²⁴`;
+//!   products of two bf16 values are exact in f32).
 //! - [`within_relative`]: f32 outputs of bf16 operands. Statistics and BN sums accumulate in
 //!   f64 and round once to f32: `|f32 − f64 ref| ≤ 2⁻²⁴·|ref|` (+ `M·2⁻⁵³` of the f64 sum,
-//!   negligible at these shapes, taken as another `2⁻²⁴·|ref|`).
+//!   negligible at these shapes, taken as another `2⁻²⁴·|ref|`). Weight gradients accumulate
+//!   K terms in f32: `|f32 − f64 ref| ≤ γ_K·Σ|a·b|` (the f64 reference's own error, `K·2⁻⁵³·Σ`,
+//!   is below one more f32 ulp, added).
 
 use candle_core::{DType, Device, Tensor};
 use half::bf16;
 use impls::ops::layout::grid::{Grid, TAPS};
-use impls::ops::{bn, bn_backward, elementwise, shift};
+use impls::ops::{bn, bn_backward, dense, elementwise, shift};
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
+
+/// `γ_K = K·u / (1 − K·u)` with `u = 2⁻²⁴`: the relative bound of an f32 sum of K terms.
+fn gamma(k: usize) -> f64 {
+    let ku = k as f64 * U;
+    ku / (1.0 - ku)
+}
 
 /// A `shape` tensor of bf16 values (drawn uniform in [−2, 2] in f64, rounded to bf16 once)
 /// and the same values in f32 and f64 (exact widenings).
@@ -56,6 +70,23 @@ fn rounded(t: &Tensor) -> Vec<bf16> {
     f32s(t).into_iter().map(bf16::from_f32).collect()
 }
 
+/// The bf16 values in order of magnitude as integers (−0 and +0 both 0): two finite values
+/// are `|a − b|` ulps apart.
+fn ordinal(v: bf16) -> i32 {
+    let b = v.to_bits();
+    if b & 0x8000 != 0 {
+        -i32::from(b & 0x7fff)
+    } else {
+        i32::from(b)
+    }
+}
+
+/// One bf16 ulp at `v`'s magnitude (the spacing above |v| rounded to bf16).
+fn ulp_at(v: f32) -> f64 {
+    let b = bf16::from_f32(v.abs());
+    f64::from(bf16::from_bits(b.to_bits() + 1).to_f32() - b.to_f32())
+}
+
 /// `got` and `want` bit for bit (NaNs included), or the first difference.
 fn bitwise(what: &str, got: &[bf16], want: &[bf16]) -> Result<(), String> {
     if got.len() != want.len() {
@@ -76,6 +107,25 @@ fn bitwise(what: &str, got: &[bf16], want: &[bf16]) -> Result<(), String> {
             got[i], want[i]
         )),
     }
+}
+
+/// Each `got` within one bf16 ulp of `bf16(twin)`, or (see the module) within
+/// `ulp_bf16(twin) + slack[i]` of the f32 twin. Returns the largest ulp distance seen.
+fn within_one_ulp(what: &str, got: &[bf16], twin: &[f32], slack: &[f64]) -> Result<i32, String> {
+    assert_eq!(got.len(), twin.len(), "{what}: lengths");
+    assert_eq!(got.len(), slack.len(), "{what}: lengths");
+    let mut worst = 0;
+    for (i, ((&g, &t), &s)) in got.iter().zip(twin).zip(slack).enumerate() {
+        let d = (ordinal(g) - ordinal(bf16::from_f32(t))).abs();
+        worst = worst.max(d);
+        let near = (f64::from(g.to_f32()) - f64::from(t)).abs() <= ulp_at(t) + s;
+        if d > 1 && !near {
+            return Err(format!(
+                "{what}: element {i} is {g}, {d} ulps from bf16({t}) (slack {s:e})"
+            ));
+        }
+    }
+    Ok(worst)
 }
 
 /// Each `|got − reference| ≤ bound[i]`.
@@ -288,6 +338,110 @@ fn shift_stack_and_sum_take_bf16() {
     }
 }
 
+/// `Σ_p |a[i, p]|·|b[p, j]|` in f64: the scale of the rounding errors of `a · b`.
+fn abs_product(a: &Tensor, b: &Tensor) -> Vec<f64> {
+    let (a, b) = (
+        a.to_dtype(DType::F64).unwrap().abs().unwrap(),
+        b.to_dtype(DType::F64).unwrap().abs().unwrap(),
+    );
+    f64s(&a.matmul(&b).unwrap())
+}
+
+#[test]
+fn dense_products_take_bf16_operands_with_f32_accumulation() {
+    // a Conv1×1 forward W·X, an input gradient Wᵀ·G, a weight gradient G·Xᵀ; inner lengths
+    // over one widening block (256) and output tiles over one (128 × 256)
+    for (out, c, m) in [(3, 5, 7), (48, 300, 520), (130, 40, 90)] {
+        let (wb, wf, _) = draw(&[out, c], 41);
+        let (xb, xf, xd) = draw(&[c, m], 42);
+        let (gb, gf, gd) = draw(&[out, m], 43);
+        let at = format!("{out}×{c}×{m}");
+        // bf16 output: within one ulp of bf16(f32 twin) (slack: the two f32 orders)
+        let y = dense::product(&wb, &xb).unwrap();
+        let twin = dense::product(&wf, &xf).unwrap();
+        let slack: Vec<f64> = abs_product(&wf, &xf)
+            .iter()
+            .map(|s| 2.0 * gamma(c) * s)
+            .collect();
+        let worst = within_one_ulp(&format!("W·X {at}"), &bf16s(&y), &f32s(&twin), &slack);
+        eprintln!(
+            "W·X {at}: at most {} ulp from bf16(f32 twin)",
+            worst.unwrap()
+        );
+        // into a bf16 destination: bf16(f32(dst) + Σ)
+        let (db, df, _) = draw(&[c, m], 44);
+        let wt = (wb.t().unwrap(), wf.t().unwrap());
+        dense::accumulate(&db, &wt.0, &gb).unwrap();
+        dense::accumulate(&df, &wt.1, &gf).unwrap();
+        let slack: Vec<f64> = abs_product(&wt.1, &gf)
+            .iter()
+            .map(|s| 2.0 * gamma(out + 1) * s)
+            .collect();
+        let worst = within_one_ulp(&format!("X + Wᵀ·G {at}"), &bf16s(&db), &f32s(&df), &slack);
+        eprintln!("X + Wᵀ·G {at}: at most {} ulp", worst.unwrap());
+        // f32 weight gradients of bf16 operands: γ_K·Σ|a·b| of the f64 reference
+        let xt = (xb.t().unwrap(), xd.t().unwrap());
+        let dw = dense::product_f32(&gb, &xt.0).unwrap();
+        assert_eq!(dw.dtype(), DType::F32);
+        let reference = f64s(&gd.matmul(&xt.1).unwrap());
+        let scale = abs_product(&gf, &xf.t().unwrap());
+        let bound: Vec<f64> = scale
+            .iter()
+            .zip(&reference)
+            .map(|(s, r)| gamma(m) * s + U * r.abs())
+            .collect();
+        within_relative(&format!("G·Xᵀ f32 {at}"), &f32s(&dw), &reference, &bound).unwrap();
+        let dwt = dense::product_transposed_f32(&xb, &gb.t().unwrap()).unwrap();
+        assert_eq!(f32s(&dwt), f32s(&dw), "(X·Gᵀ)ᵀ f32 {at}");
+        // accumulated into an f32 gradient: dW + G·Xᵀ in f32
+        let (_, acc, accd) = draw(&[out, c], 45);
+        dense::accumulate(&acc, &gb, &xt.0).unwrap();
+        let reference = f64s(&(&accd + gd.matmul(&xt.1).unwrap()).unwrap());
+        let bound: Vec<f64> = scale
+            .iter()
+            .zip(&reference)
+            .map(|(s, r)| gamma(m + 1) * (s + r.abs()) + U * r.abs())
+            .collect();
+        within_relative(
+            &format!("dW += G·Xᵀ f32 {at}"),
+            &f32s(&acc),
+            &reference,
+            &bound,
+        )
+        .unwrap();
+        // the tail form: rows[..c] += Wᵀ · rows[c..]
+        let rows = Tensor::cat(&[&xb, &gb], 0).unwrap();
+        dense::accumulate_tail(&rows, c, &wt.0).unwrap();
+        let direct = xb.copy().unwrap();
+        dense::accumulate(&direct, &wt.0, &gb).unwrap();
+        bitwise(
+            &format!("tail form {at}"),
+            &bf16s(&rows.narrow(0, 0, c).unwrap()),
+            &bf16s(&direct),
+        )
+        .unwrap();
+        // product_into ignores the destination (NaN there does not propagate)
+        let into = Tensor::full(bf16::NAN, (out, m), &Device::Cpu).unwrap();
+        dense::product_into(&into, &wb, &xb).unwrap();
+        bitwise(&format!("product into {at}"), &bf16s(&into), &bf16s(&y)).unwrap();
+    }
+}
+
+#[test]
+fn bf16_products_do_not_depend_on_the_thread_count() {
+    let (wb, _, _) = draw(&[130, 300], 51);
+    let (xb, _, _) = draw(&[300, 600], 52);
+    let run = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| bf16s(&dense::product(&wb, &xb).unwrap()))
+    };
+    let one = run(1);
+    bitwise("1 vs 3 threads", &run(3), &one).unwrap();
+}
+
 /// Mixes that are not one of the supported combinations are errors naming the op.
 #[test]
 fn unsupported_dtype_mixes_are_errors_naming_the_op() {
@@ -332,6 +486,14 @@ fn unsupported_dtype_mixes_are_errors_naming_the_op() {
         shift::shift_sum_into(&xb, &stack, grid, offsets),
         "shift-sum",
     );
+    let w = Tensor::zeros((4, c), DType::F32, &Device::Cpu).unwrap();
+    expect_err(dense::product(&w, &xb), "dense-product");
+    expect_err(dense::product_f32(&xd, &xd.t().unwrap()), "dense-product");
+    let out = Tensor::zeros((4, m), DType::BF16, &Device::Cpu).unwrap();
+    expect_err(dense::accumulate(&out, &w, &xf), "dense-accumulate");
+    let out64 = Tensor::zeros((4, m), DType::F64, &Device::Cpu).unwrap();
+    let wb = w.to_dtype(DType::BF16).unwrap();
+    expect_err(dense::accumulate(&out64, &wb, &xb), "dense-accumulate");
 }
 
 /// The comparisons above can fail: one element moved by 4 ulps (or 4 f32 rounding bounds)
@@ -348,6 +510,24 @@ fn a_perturbed_result_fails_each_comparison() {
     bitwise("bn apply", &y, &want).unwrap();
     bump(&mut y[37]);
     assert!(bitwise("bn apply", &y, &want).is_err());
+    // one ulp: a product, with its own slack
+    let (wb, wf, _) = draw(&[5, c], 83);
+    let mut p = bf16s(&dense::product(&wb, &xb).unwrap());
+    let twin = f32s(&dense::product(&wf, &xf).unwrap());
+    let slack: Vec<f64> = abs_product(&wf, &xf)
+        .iter()
+        .map(|s| 2.0 * gamma(c) * s)
+        .collect();
+    within_one_ulp("W·X", &p, &twin, &slack).unwrap();
+    // an element far from zero, where 4 ulps are more than the slack
+    let i = twin
+        .iter()
+        .enumerate()
+        .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+        .unwrap()
+        .0;
+    bump(&mut p[i]);
+    assert!(within_one_ulp("W·X", &p, &twin, &slack).is_err());
     // relative: statistics
     let mut mv = f32s(&bn::bn_stats(&xb).unwrap());
     let reference = f64s(&bn::bn_stats(&xd).unwrap());
