@@ -9,7 +9,7 @@
 //!   computes in f32 exactly the f32 twin's value and rounds it once (BN apply, the ReLU mask
 //!   from BN's input, BN's dx and its accumulation, `add_assign`, the shift sum, whose nine taps
 //!   are added in the same order) equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp.
-//! - [`within_one_ulp`]: the dense products accumulate in f32 in another
+//! - [`within_one_ulp`]: the products (dense, 3×3 convolution) accumulate in f32 in another
 //!   blocking than the f32 twin's, so `|bf16 result − bf16(f32 twin)| ≤ 1 bf16 ulp`; where the
 //!   two f32 sums may differ by more than a bf16 rounding can absorb (a result near zero after
 //!   cancellation) the bound is `|result − twin| ≤ ulp_bf16(twin) + 2·γ_K·Σ|a·b|` (each f32 sum
@@ -24,7 +24,7 @@
 use candle_core::{DType, Device, Tensor};
 use half::bf16;
 use impls::ops::layout::grid::{Grid, TAPS};
-use impls::ops::{bn, bn_backward, dense, elementwise, shift};
+use impls::ops::{bn, bn_backward, conv3x3, dense, elementwise, shift};
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -442,6 +442,45 @@ fn bf16_products_do_not_depend_on_the_thread_count() {
     bitwise("1 vs 3 threads", &run(3), &one).unwrap();
 }
 
+#[test]
+fn conv3x3_takes_bf16_operands_with_f32_accumulation() {
+    // 50 rows of 7: two tiles per image (45 rows, then 5)
+    let (b, k, grid) = (5, 4, Grid { n: 2, h: 50, w: 7 });
+    let m = grid.n * grid.h * grid.w;
+    let (sb, sf, sd) = draw(&[b, m], 61);
+    let (wb, wf, _) = draw(&[k, b, 3, 3], 62);
+    let (gb, gf, gd) = draw(&[k, m], 63);
+    let abs = |t: &Tensor| t.abs().unwrap();
+    // forward: 9·B terms per output
+    let y = conv3x3::forward(&sb, &wb, grid).unwrap();
+    let twin = conv3x3::forward(&sf, &wf, grid).unwrap();
+    let scale = f64s(&conv3x3::forward(&abs(&sf), &abs(&wf), grid).unwrap());
+    let slack: Vec<f64> = scale.iter().map(|s| 2.0 * gamma(9 * b) * s).collect();
+    let worst = within_one_ulp("conv forward", &bf16s(&y), &f32s(&twin), &slack).unwrap();
+    eprintln!("conv forward: at most {worst} ulp from bf16(f32 twin)");
+    // data gradient: 9·k terms per output
+    let ds = conv3x3::backward_data(&gb, &wb, grid).unwrap();
+    let twin = conv3x3::backward_data(&gf, &wf, grid).unwrap();
+    let scale = f64s(&conv3x3::backward_data(&abs(&gf), &abs(&wf), grid).unwrap());
+    let slack: Vec<f64> = scale.iter().map(|s| 2.0 * gamma(9 * k) * s).collect();
+    let worst = within_one_ulp("conv data", &bf16s(&ds), &f32s(&twin), &slack).unwrap();
+    eprintln!("conv data: at most {worst} ulp from bf16(f32 twin)");
+    // weight gradient: f32, M pixels per element (plus the 16 group partials added in order)
+    let dw = conv3x3::backward_weight(&gb, &sb, grid).unwrap();
+    assert_eq!(dw.dtype(), DType::F32);
+    // the widened operands run the f32 kernel's own sums: its twin's bits
+    let twin = conv3x3::backward_weight(&gf, &sf, grid).unwrap();
+    assert_eq!(f32s(&dw), f32s(&twin), "conv weight twin");
+    let reference = f64s(&conv3x3::backward_weight(&gd, &sd, grid).unwrap());
+    let scale = f64s(&conv3x3::backward_weight(&abs(&gf), &abs(&sf), grid).unwrap());
+    let bound: Vec<f64> = scale
+        .iter()
+        .zip(&reference)
+        .map(|(s, r)| gamma(m + conv3x3::WEIGHT_GROUPS) * s + U * r.abs())
+        .collect();
+    within_relative("conv weight f32", &f32s(&dw), &reference, &bound).unwrap();
+}
+
 /// Mixes that are not one of the supported combinations are errors naming the op.
 #[test]
 fn unsupported_dtype_mixes_are_errors_naming_the_op() {
@@ -494,6 +533,8 @@ fn unsupported_dtype_mixes_are_errors_naming_the_op() {
     let out64 = Tensor::zeros((4, m), DType::F64, &Device::Cpu).unwrap();
     let wb = w.to_dtype(DType::BF16).unwrap();
     expect_err(dense::accumulate(&out64, &wb, &xb), "dense-accumulate");
+    let cw = Tensor::zeros((2, c, 3, 3), DType::F32, &Device::Cpu).unwrap();
+    expect_err(conv3x3::forward(&xb, &cw, grid), "conv3x3-forward");
 }
 
 /// The comparisons above can fail: one element moved by 4 ulps (or 4 f32 rounding bounds)
