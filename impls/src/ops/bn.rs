@@ -11,10 +11,15 @@
 //! fallback for strided operands and devices without kernels (the block's own calls are all
 //! contiguous). Reductions accumulate in f64 whatever the dtype. The backward is
 //! [`crate::ops::bn_backward`].
+//!
+//! Dtypes on the CPU: all f32, all f64, or (mixed precision, PyTorch autocast's rule) bf16
+//! features with f32 tables — [`bn_stats`] of bf16 `x` is an f32 table, [`bn_prepare`] is all
+//! f32, [`affine_rows`] of bf16 `x` with an f32 table is bf16, computed in f32 from the widened
+//! input and rounded once ([`Elem`]). Any other combination is an error naming the op.
 
 use crate::config::{BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::Float;
+use crate::ops::cpu::shared::{Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{
@@ -26,21 +31,25 @@ use candle_core::{CpuStorage, CustomOp1, CustomOp2, CustomOp3, Layout, Shape, Te
 use rayon::prelude::*;
 
 /// Per-row mean and biased variance of `x [C, M]` → planar `[2, C]` = (mean; var), two passes
-/// in f64.
+/// in f64, the table in the compute type (f32 for bf16 `x`).
 pub(crate) struct BnStatsOp;
 impl Kernel1 for BnStatsOp {
     const NAME: &'static str = "bn-stats";
-    fn run<T: Float>(&self, x: &[T], c: usize, m: usize) -> Vec<T> {
+    fn run<E: Elem>(&self, x: &[E], c: usize, m: usize) -> Vec<E::Acc> {
         // straight into the planar rows: the output is the op's only allocation (the memory
         // model counts one tensor per op, and a pool would hold nothing else)
-        let mut out = vec![T::ZERO; 2 * c];
+        let mut out = vec![<E::Acc as Float>::ZERO; 2 * c];
         let (means, vars) = out.split_at_mut(c);
         x.par_chunks(m)
             .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
             .for_each(|(row, (mean_out, var_out))| {
-                let mean = row.iter().map(|v| v.f64()).sum::<f64>() / m as f64;
-                let var = row.iter().map(|v| (v.f64() - mean).powi(2)).sum::<f64>() / m as f64;
-                (*mean_out, *var_out) = (T::of(mean), T::of(var));
+                let mean = row.iter().map(|v| v.widen().f64()).sum::<f64>() / m as f64;
+                let var = row
+                    .iter()
+                    .map(|v| (v.widen().f64() - mean).powi(2))
+                    .sum::<f64>()
+                    / m as f64;
+                (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
             });
         out
     }
@@ -234,47 +243,57 @@ impl CustomOp2 for AffineRowsOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = l.shape().dims2()?;
-        // x: rows of unit column stride (a whole map, or a column range of a wider one)
-        fn go<T: Float>(x: &[T], xv: Mat, coef: &[T], c: usize, m: usize, relu: bool) -> Vec<T> {
-            if relu {
-                rows::<T, true>(x, xv, coef, c, m)
+        // x: rows of unit column stride (a whole map, or a column range of a wider one); the
+        // table in x's compute type
+        fn go<E: Elem>(
+            s: &CpuStorage,
+            l: &Layout,
+            cs: &CpuStorage,
+            cl: &Layout,
+            (c, m): (usize, usize),
+            (n, relu): (&str, bool),
+        ) -> candle_core::Result<CpuStorage> {
+            let x = E::in_storage(s).ok_or_else(|| bad_dtype(n))?;
+            let k = <E::Acc as Float>::slice(cs).ok_or_else(|| bad_dtype(n))?;
+            let xv = Mat::rows_of(l, x.len(), n, "input")?;
+            let coef = coef_rows(k, cl, 2, c, n)?;
+            Ok(E::storage(if relu {
+                rows::<E, true>(x, xv, coef, c, m)
             } else {
-                rows::<T, false>(x, xv, coef, c, m)
-            }
+                rows::<E, false>(x, xv, coef, c, m)
+            }))
         }
         // one loop per mode, its branch resolved at compile time
-        fn rows<T: Float, const RELU: bool>(
-            x: &[T],
+        fn rows<E: Elem, const RELU: bool>(
+            x: &[E],
             xv: Mat,
-            coef: &[T],
+            coef: &[E::Acc],
             c: usize,
             m: usize,
-        ) -> Vec<T> {
+        ) -> Vec<E> {
             let (scales, shifts) = coef.split_at(c);
             crate::ops::elementwise::new_rows(c, m, |r| {
                 let (scale, shift) = (scales[r], shifts[r]);
                 x[xv.off + r * xv.rs..][..m].iter().map(move |&x| {
-                    let v = x * scale + shift;
+                    // computed in E::Acc, rounded once; the ReLU selects on the rounded value
+                    // (the same values as before rounding: rounding keeps the sign, and a
+                    // positive value that rounds to +0 gives +0 either way)
+                    let v = E::narrow(x.widen() * scale + shift);
                     // A select, not a branch around the store (see kernels.rs).
-                    if !RELU || v > T::ZERO {
+                    if !RELU || v > E::POS_ZERO {
                         v
                     } else {
-                        T::ZERO
+                        E::POS_ZERO
                     }
                 })
             })
         }
-        let (n, relu) = (self.name(), self.relu);
-        let out = match (s, cs) {
-            (CpuStorage::F32(v), CpuStorage::F32(k)) => {
-                let xv = Mat::rows_of(l, v.len(), n, "input")?;
-                CpuStorage::F32(go(v, xv, coef_rows(k, cl, 2, c, n)?, c, m, relu))
-            }
-            (CpuStorage::F64(v), CpuStorage::F64(k)) => {
-                let xv = Mat::rows_of(l, v.len(), n, "input")?;
-                CpuStorage::F64(go(v, xv, coef_rows(k, cl, 2, c, n)?, c, m, relu))
-            }
-            _ => return Err(bad_dtype(n)),
+        let nr = (self.name(), self.relu);
+        let out = match s {
+            CpuStorage::F32(_) => go::<f32>(s, l, cs, cl, (c, m), nr)?,
+            CpuStorage::F64(_) => go::<f64>(s, l, cs, cl, (c, m), nr)?,
+            CpuStorage::BF16(_) => go::<half::bf16>(s, l, cs, cl, (c, m), nr)?,
+            _ => return Err(bad_dtype(nr.0)),
         };
         Ok((out, l.shape().clone()))
     }
@@ -315,7 +334,8 @@ pub(crate) fn planar(cols: &[&Tensor]) -> Result<Tensor> {
     Tensor::cat(&rows, 0).ctx("planar table")
 }
 
-/// Per-row mean and biased variance of `x [C, M]`: planar `[2, C]` = (mean; var).
+/// Per-row mean and biased variance of `x [C, M]`: planar `[2, C]` = (mean; var), summed in
+/// f64; f32 for bf16 `x` (the CPU kernel; f32 and f64 `x` give their own dtype).
 pub fn bn_stats(x: &Tensor) -> Result<Tensor> {
     if has_kernels(x) && x.is_contiguous() {
         x.apply_op1_no_bwd(&BnStatsOp).ctx("bn stats")
@@ -409,7 +429,8 @@ pub fn generic_bn_prepare(
     ))
 }
 
-/// `x [C, M] · scale + shift` per row, `coef [2, C]` = (scale; shift): one new tensor.
+/// `x [C, M] · scale + shift` per row, `coef [2, C]` = (scale; shift): one new tensor. On the
+/// CPU, bf16 `x` takes an f32 table and gives bf16, computed in f32 and rounded once.
 pub fn affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
     fused_affine_rows(x, coef, false).unwrap_or_else(|| generic_affine_rows(x, coef))
 }

@@ -4,20 +4,34 @@
 //! a gradient buffer's view). One pass, exactly one output or in place, on the CPU and (`cuda`
 //! feature) on CUDA through the same custom ops, as [`crate::ops::bn`]'s forward; `generic_*`
 //! are the oracles from candle ops.
+//!
+//! Dtypes on the CPU: all f32, all f64, or bf16 features (`gy`, `x`, the ReLU gradient, `dx` and
+//! its destination) with f32 tables (`coef`, `st`, γ, and [`bn_bwd_reduce`]'s output): computed
+//! in f32 (sums in f64) from the widened features, each feature written rounded once ([`Elem`]).
+//! Any other combination is an error naming the op.
 
 use crate::error::{CandleContext, Result};
 use crate::ops::bn::{coef_rows, column, generic_affine_rows_relu, planar};
-use crate::ops::cpu::shared::Float;
+use crate::ops::cpu::shared::{Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
-use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, elems, has_kernels, Operand};
+use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, features, has_kernels, Operand};
 use candle_core::{CpuStorage, CustomOp3, InplaceOp3, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
 /// `g = (x·scale + shift > 0) ? g : 0` per row, in place, `coef` planar `(scale; shift)` of
 /// `c` rows of `m`: the mask of a ReLU after BN apply, from BN's input. `v = x·scale + shift`
-/// is [`AffineRowsOp`]'s value, so the mask is the one the ReLU's output gives, bit for bit.
-pub(crate) fn relu_mask_rows<T: Float>(g: &mut [T], x: &[T], coef: &[T], c: usize, m: usize) {
+/// is [`AffineRowsOp`]'s value (rounded to `E` as it rounds it), so the mask is the one the
+/// ReLU's output gives, bit for bit, bf16 included.
+///
+/// [`AffineRowsOp`]: crate::ops::bn::AffineRowsOp
+pub(crate) fn relu_mask_rows<E: Elem<Acc = T>, T: Float>(
+    g: &mut [E],
+    x: &[E],
+    coef: &[T],
+    c: usize,
+    m: usize,
+) {
     if c * m == 0 {
         return;
     }
@@ -27,8 +41,8 @@ pub(crate) fn relu_mask_rows<T: Float>(g: &mut [T], x: &[T], coef: &[T], c: usiz
         .zip(scales.par_iter().zip(shifts))
         .for_each(|((g, x), (&scale, &shift))| {
             for (g, x) in g.iter_mut().zip(x) {
-                let v = *x * scale + shift;
-                *g = if v > T::ZERO { *g } else { T::ZERO };
+                let v = E::narrow(x.widen() * scale + shift);
+                *g = if v > E::POS_ZERO { *g } else { E::POS_ZERO };
             }
         });
 }
@@ -49,26 +63,27 @@ impl CustomOp3 for ReluBwdAffineOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, coef]: [Operand; 3],
             c: usize,
             m: usize,
-        ) -> candle_core::Result<Vec<T>> {
-            let (g, x) = gy_and_x::<T>(n, g, x)?;
+        ) -> candle_core::Result<CpuStorage> {
+            let (g, x) = gy_and_x::<E>(n, g, x)?;
             let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
             // the crate's parallel vector copy, then the mask in place: 32 ms for [204, 65536]
             // f32 on one thread, where writing the masked values into a new vector took 65–70
             // (and made a BC-100 L=16 `cat-store-copy` step 1.4× slower)
             let mut out = crate::ops::elementwise::concat_slices(&[g]);
             relu_mask_rows(&mut out, x, coef, c, m);
-            Ok(out)
+            Ok(E::storage(out))
         }
         let n = self.name();
         let ops = [(gs, gl), (xs, xl), (cs, cl)];
         let out = match gs {
-            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
-            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            CpuStorage::F32(_) => go::<f32, f32>(n, ops, c, m)?,
+            CpuStorage::F64(_) => go::<f64, f64>(n, ops, c, m)?,
+            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -103,14 +118,14 @@ impl InplaceOp3 for ReluBwdAffineInplaceOp {
         cl: &Layout,
     ) -> candle_core::Result<()> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
-            g: &mut [T],
+            g: &mut [E],
             [x, coef]: [Operand; 2],
             c: usize,
             m: usize,
         ) -> candle_core::Result<()> {
-            let x = elems::<T>(x.0, x.1, n)?;
+            let x = features::<E>(x.0, x.1, n)?;
             let coef = table::<T>(coef.0, coef.1, 2, c, n)?;
             if g.len() != x.len() {
                 return Err(candle_core::Error::Msg(format!(
@@ -128,8 +143,9 @@ impl InplaceOp3 for ReluBwdAffineInplaceOp {
         })?;
         let ops = [(xs, xl), (cs, cl)];
         match gs {
-            CpuStorage::F32(g) => go(n, &mut g[ga..gb], ops, c, m),
-            CpuStorage::F64(g) => go(n, &mut g[ga..gb], ops, c, m),
+            CpuStorage::F32(g) => go::<f32, f32>(n, &mut g[ga..gb], ops, c, m),
+            CpuStorage::F64(g) => go::<f64, f64>(n, &mut g[ga..gb], ops, c, m),
+            CpuStorage::BF16(g) => go::<half::bf16, f32>(n, &mut g[ga..gb], ops, c, m),
             _ => Err(bad_dtype(n)),
         }
     }
@@ -158,14 +174,14 @@ pub(crate) fn table<'a, T: Float>(
     coef_rows(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, q, c, op)
 }
 
-/// The gradient and input operands of a BN backward op as `T`: as many elements each, or an
-/// error (the kernels walk them row by row together).
-pub(crate) fn gy_and_x<'a, T: Float>(
+/// The gradient and input operands of a BN backward op as features `E`: as many elements each,
+/// or an error (the kernels walk them row by row together).
+pub(crate) fn gy_and_x<'a, E: Elem>(
     op: &str,
     (gs, gl): Operand<'a>,
     (xs, xl): Operand<'a>,
-) -> candle_core::Result<(&'a [T], &'a [T])> {
-    let (g, x) = (elems::<T>(gs, gl, op)?, elems::<T>(xs, xl, op)?);
+) -> candle_core::Result<(&'a [E], &'a [E])> {
+    let (g, x) = (features::<E>(gs, gl, op)?, features::<E>(xs, xl, op)?);
     if g.len() != x.len() {
         return Err(candle_core::Error::Msg(format!(
             "{op}: the gradient has {} elements, the input {}",
@@ -215,13 +231,13 @@ impl CustomOp3 for BnBwdReduceOp {
         let n = self.name();
         let (c, m) = gl.shape().dims2()?;
         let (gms, gml) = carried(n, &self.gamma)?;
-        fn go<T: Float>(
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, st, gamma]: [Operand; 4],
             c: usize,
             m: usize,
-        ) -> candle_core::Result<Vec<T>> {
-            let (g, x) = gy_and_x::<T>(n, g, x)?;
+        ) -> candle_core::Result<CpuStorage> {
+            let (g, x) = gy_and_x::<E>(n, g, x)?;
             let st = table::<T>(st.0, st.1, 2, c, n)?;
             let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
             let (means, invstds) = st.split_at(c);
@@ -247,20 +263,21 @@ impl CustomOp3 for BnBwdReduceOp {
                     let (mean64, invstd64) = (mean.f64(), invstd.f64());
                     let (mut sg, mut sgx) = (0f64, 0f64);
                     for (g, x) in g.iter().zip(x) {
-                        let g = g.f64();
+                        let g = g.widen().f64();
                         sg += g;
-                        sgx += g * (x.f64() - mean64) * invstd64;
+                        sgx += g * (x.widen().f64() - mean64) * invstd64;
                     }
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);
                 });
-            Ok(out)
+            Ok(T::storage(out))
         }
         let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];
         let out = match gs {
-            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
-            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            CpuStorage::F32(_) => go::<f32, f32>(n, ops, c, m)?,
+            CpuStorage::F64(_) => go::<f64, f64>(n, ops, c, m)?,
+            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, Shape::from((5, c))))
@@ -284,9 +301,10 @@ impl CustomOp3 for BnBwdReduceOp {
     }
 }
 
-/// `A·gy + B·x + C` of one element, in f64, rounded to `T` once.
-pub(crate) fn dx_value<T: Float>(a: f64, b: f64, cc: f64, g: T, x: T) -> T {
-    T::of(a * g.f64() + b * x.f64() + cc)
+/// `A·gy + B·x + C` of one element, in f64 from the widened features, rounded once to the
+/// compute type `E::Acc` (a bf16 feature is then rounded again when written: f64 → f32 → bf16).
+pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
+    <E::Acc>::of(a * g.widen().f64() + b * x.widen().f64() + cc)
 }
 
 /// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64.
@@ -305,27 +323,28 @@ impl CustomOp3 for BnBwdDxOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, coef]: [Operand; 3],
             c: usize,
             m: usize,
-        ) -> candle_core::Result<Vec<T>> {
-            let (g, x) = gy_and_x::<T>(n, g, x)?;
+        ) -> candle_core::Result<CpuStorage> {
+            let (g, x) = gy_and_x::<E>(n, g, x)?;
             let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
-            Ok(crate::ops::elementwise::new_rows(c, m, |r| {
+            Ok(E::storage(crate::ops::elementwise::new_rows(c, m, |r| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
                 let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
                 g.iter()
                     .zip(x)
-                    .map(move |(&g, &x)| dx_value(a, b, cc, g, x))
-            }))
+                    .map(move |(&g, &x)| E::narrow(dx_value(a, b, cc, g, x)))
+            })))
         }
         let n = self.name();
         let ops = [(gs, gl), (xs, xl), (cs, cl)];
         let out = match gs {
-            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, m)?),
-            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, m)?),
+            CpuStorage::F32(_) => go::<f32, f32>(n, ops, c, m)?,
+            CpuStorage::F64(_) => go::<f64, f64>(n, ops, c, m)?,
+            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -345,7 +364,9 @@ impl CustomOp3 for BnBwdDxOp {
 }
 
 /// `dst += T(A·gy + B·x + C)` per row, **in place**: the same rounding as [`BnBwdDxOp`]
-/// followed by an add, so results are bitwise those of the two-step path.
+/// followed by an add, so results are bitwise those of the two-step path (f32, f64). A bf16
+/// `dst` is `bf16(f32(dst) + f32(A·gy + B·x + C))`, rounded to bf16 once (not the two-step
+/// path's twice).
 pub(crate) struct BnBwdDxAccumulateOp {
     /// `(A; B; C)`, planar `[3, C]` in the operands' dtype and on their device. An in-place op
     /// takes at most two tensor operands besides the destination, so the op carries the third
@@ -366,14 +387,14 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xl: &Layout,
     ) -> candle_core::Result<()> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<T: Float>(
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
-            d: &mut [T],
+            d: &mut [E],
             [g, x, coef]: [Operand; 3],
             c: usize,
             m: usize,
         ) -> candle_core::Result<()> {
-            let (g, x) = gy_and_x::<T>(n, g, x)?;
+            let (g, x) = gy_and_x::<E>(n, g, x)?;
             let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
             if d.len() != g.len() {
                 return Err(candle_core::Error::Msg(format!(
@@ -388,7 +409,8 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
                 .for_each(|(r, (d, (g, x)))| {
                     let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
                     for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
-                        *d = *d + dx_value(a, b, cc, *g, *x);
+                        // in the compute type, rounded once (the identity for f32 and f64)
+                        *d = E::narrow(d.widen() + dx_value(a, b, cc, *g, *x));
                     }
                 });
             Ok(())
@@ -400,8 +422,9 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let (cs, cl) = carried(n, &self.coef)?;
         let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
         match ds {
-            CpuStorage::F32(d) => go(n, &mut d[da..db], ops, c, m),
-            CpuStorage::F64(d) => go(n, &mut d[da..db], ops, c, m),
+            CpuStorage::F32(d) => go::<f32, f32>(n, &mut d[da..db], ops, c, m),
+            CpuStorage::F64(d) => go::<f64, f64>(n, &mut d[da..db], ops, c, m),
+            CpuStorage::BF16(d) => go::<half::bf16, f32>(n, &mut d[da..db], ops, c, m),
             _ => Err(bad_dtype(n)),
         }
     }

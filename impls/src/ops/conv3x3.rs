@@ -20,12 +20,21 @@
 //! is produced by one tile, and the weight gradient sums a fixed number of per-group partials in
 //! order, so results do not depend on the thread count or on scheduling. The only workspace is
 //! one scratch per thread ([`workspace_elems`]) and the stacked weight of the pass.
+//!
+//! Dtypes: all f32 or all f64, or bf16 operands (PyTorch autocast's convolution): the scratch
+//! tiles and the stacked weight are then f32 — the bf16 operands widened (exact) as a tile is
+//! filled — the products accumulate in f32, and each output element is written once, rounded
+//! to bf16 (forward, backward-data) or not rounded (backward-weight: an f32 parameter
+//! gradient). For bf16 the scratch is [`workspace_elems`] f32 elements (4 bytes each, not the
+//! operands' 2) per thread and the stacked weight `9·k·B` f32 elements: the same element counts
+//! as for f32 operands.
 
 use crate::error::{CandleContext, Result};
 pub use crate::ops::cpu::shared::Float;
-use crate::ops::cpu::shared::SharedPtr;
+use crate::ops::cpu::shared::{Elem, SharedPtr};
 use crate::ops::layout::grid::Grid;
 use crate::ops::layout::grid::TAPS;
+use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 use rayon::prelude::*;
 
@@ -141,10 +150,11 @@ impl<T: Float> Scratches<T> {
 }
 
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
-/// [C, r+2, W+2]`, zero outside the image (the halo and the two pad columns).
-fn fill_tile<T: Float>(
+/// [C, r+2, W+2]` (widened to the compute type, exact), zero outside the image (the halo and
+/// the two pad columns).
+fn fill_tile<E: Elem<Acc = T>, T: Float>(
     tile: &mut [T],
-    x: &[T],
+    x: &[E],
     c: usize,
     g: Grid,
     (n, y0, r): (usize, usize, usize),
@@ -159,7 +169,9 @@ fn fill_tile<T: Float>(
             match iy {
                 Some(iy) => {
                     dst[0] = T::default();
-                    dst[1..=g.w].copy_from_slice(&src[iy * g.w..(iy + 1) * g.w]);
+                    for (d, v) in dst[1..=g.w].iter_mut().zip(&src[iy * g.w..(iy + 1) * g.w]) {
+                        *d = v.widen();
+                    }
                     dst[g.w + 1] = T::default();
                 }
                 None => dst.fill(T::default()),
@@ -240,13 +252,13 @@ unsafe fn gemm_acc<T: Float>(
 }
 
 /// Copies the output tile `acc [c_out, cols]` (padded-width columns) of tile `(n, y0, r)` into
-/// `out [c_out, M]` without the pad columns.
+/// `out [c_out, M]` without the pad columns, each element rounded once to `E`.
 ///
 /// # Safety
 /// `out` must address `c_out · M` elements, and no other task may write rows y0 .. y0 + r of
 /// image n.
-unsafe fn write_tile<T: Float>(
-    out: SharedPtr<T>,
+unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
+    out: SharedPtr<E>,
     acc: &[T],
     c_out: usize,
     cols: usize,
@@ -258,28 +270,38 @@ unsafe fn write_tile<T: Float>(
         for row in 0..r {
             let src = &acc[co * cols + row * wp..co * cols + row * wp + g.w];
             let at = co * m + n * plane + (y0 + row) * g.w;
-            std::ptr::copy_nonoverlapping(src.as_ptr(), out.get().add(at), g.w);
+            // SAFETY: the caller's contract.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(at), g.w) };
+            for (d, &v) in dst.iter_mut().zip(src) {
+                *d = E::narrow(v);
+            }
         }
     }
 }
 
 /// `y [k, M] = Σ_j W_j [k, B] · shift_j(s [B, M])`, tap j reading pixel `(y + dy − 1, x + dx − 1)`.
-fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T> {
+fn forward_tiles<E: Elem<Acc = T>, T: Float>(
+    s: &[E],
+    w: &[E],
+    b: usize,
+    k: usize,
+    g: Grid,
+) -> Vec<E> {
     let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
     // The taps stacked, row j·k + o = W[o, :, j] ([9k, B]).
     let mut wst = vec![T::default(); 9 * k * b];
     for j in 0..9 {
         for o in 0..k {
             for c in 0..b {
-                wst[(j * k + o) * b + c] = w[(o * b + c) * 9 + j];
+                wst[(j * k + o) * b + c] = w[(o * b + c) * 9 + j].widen();
             }
         }
     }
     // Uninitialised: the tiles cover every row of every image, so each element is written
     // once below (a zeroed vector cost a memset pass over heap memory glibc hands back dirty).
-    let mut out: Vec<T> = Vec::with_capacity(k * m);
+    let mut out: Vec<E> = Vec::with_capacity(k * m);
     let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::new(g, Pass::Forward, b, k);
+    let ws = Scratches::<T>::new(g, Pass::Forward, b, k);
     tiles(g).into_par_iter().for_each(|(n, y0, r)| {
         ws.with(|scratch| {
             let (wp, tl, cols) = tile_dims(g, r);
@@ -304,22 +326,24 @@ fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec
                     );
                 }
             }
-            // y[o, (row, x)] = Σ_j Z[j·k + o, row·wp + x + dx_j], in tap order.
+            // y[o, (row, x)] = Σ_j Z[j·k + o, row·wp + x + dx_j], in tap order from tap 0's
+            // value (no +0 first), in T, rounded once to E.
             for o in 0..k {
                 for row in 0..r {
                     let at = o * m + n * plane + (y0 + row) * g.w;
                     // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
                     let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
-                    for (j, &(_, dx)) in TAPS.iter().enumerate() {
-                        let from = (j * k + o) * zc + row * wp + dx;
-                        let src = &z[from..from + g.w];
-                        if j == 0 {
-                            dst.copy_from_slice(src);
-                        } else {
-                            for (d, &v) in dst.iter_mut().zip(src) {
-                                *d = *d + v;
-                            }
+                    let tap = |j: usize| {
+                        let from = (j * k + o) * zc + row * wp + TAPS[j].1;
+                        &z[from..from + g.w]
+                    };
+                    let taps: [&[T]; 9] = std::array::from_fn(tap);
+                    for (x, d) in dst.iter_mut().enumerate() {
+                        let mut v = taps[0][x];
+                        for t in &taps[1..] {
+                            v = v + t[x];
                         }
+                        *d = E::narrow(v);
                     }
                 }
             }
@@ -333,7 +357,13 @@ fn forward_tiles<T: Float>(s: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec
 }
 
 /// `ds [B, M] = Σ_j W_jᵀ · shift_j⁻¹(gy)` as one product per tile of inner length 9k.
-fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T> {
+fn data_tiles<E: Elem<Acc = T>, T: Float>(
+    gy: &[E],
+    w: &[E],
+    b: usize,
+    k: usize,
+    g: Grid,
+) -> Vec<E> {
     let m = g.n * g.h * g.w;
     // The flipped kernel, row c = [W[o, c, 8 − j] for j, o] ([B, 9k]), matching the rows of
     // the stacked shifts.
@@ -341,14 +371,14 @@ fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T
     for c in 0..b {
         for j in 0..9 {
             for o in 0..k {
-                wt[c * 9 * k + j * k + o] = w[(o * b + c) * 9 + 8 - j];
+                wt[c * 9 * k + j * k + o] = w[(o * b + c) * 9 + 8 - j].widen();
             }
         }
     }
     // Uninitialised: every element is written once by its tile (see forward_tiles).
-    let mut out: Vec<T> = Vec::with_capacity(b * m);
+    let mut out: Vec<E> = Vec::with_capacity(b * m);
     let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::new(g, Pass::Data, b, k);
+    let ws = Scratches::<T>::new(g, Pass::Data, b, k);
     tiles(g).into_par_iter().for_each(|(n, y0, r)| {
         ws.with(|scratch| {
             let dims @ (_, tl, cols) = tile_dims(g, r);
@@ -382,12 +412,18 @@ fn data_tiles<T: Float>(gy: &[T], w: &[T], b: usize, k: usize, g: Grid) -> Vec<T
 /// `dW [k, B, 3, 3]` with `dW[o, c, dy, dx] = Σ_p gy[o, p] · s[c, p + (dy − 1, dx − 1)]`, from
 /// `dW_taps [9k, B] = G · sᵀ` per tile (`G` the stacked shifts of the gradient: row `j·k + o`
 /// holds `gy[o, q + off_j]`, and `−off_j = off_{8−j}`).
-fn weight_grad<T: Float>(gy: &[T], s: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
+fn weight_grad<E: Elem<Acc = T>, T: Float>(
+    gy: &[E],
+    s: &[E],
+    k: usize,
+    b: usize,
+    g: Grid,
+) -> Vec<T> {
     let all = tiles(g);
     let (per, groups) = weight_groups(all.len());
     // Every group's partial up front, then the scratches (the memory model's order).
     let mut partials: Vec<Vec<T>> = (0..groups).map(|_| vec![T::default(); 9 * k * b]).collect();
-    let ws = Scratches::new(g, Pass::Weight, b, k);
+    let ws = Scratches::<T>::new(g, Pass::Weight, b, k);
     partials
         .par_iter_mut()
         .zip(all.par_chunks(per))
@@ -506,11 +542,18 @@ impl CustomOp2 for Conv3x3Op {
                 (Shape::from((c1, b, 3, 3)), c1, b)
             }
         };
-        fn go<T: Float>(p: Pass, a: &[T], w: &[T], k: usize, b: usize, g: Grid) -> Vec<T> {
+        // features out as E (rounded once), the weight gradient as E::Acc (f32 for bf16)
+        fn go<E: Elem<Acc = T>, T: Float>(
+            p: Pass,
+            a: &[E],
+            w: &[E],
+            (k, b): (usize, usize),
+            g: Grid,
+        ) -> CpuStorage {
             match p {
-                Pass::Forward => forward_tiles(a, w, b, k, g),
-                Pass::Data => data_tiles(a, w, b, k, g),
-                Pass::Weight => weight_grad(a, w, k, b, g),
+                Pass::Forward => E::storage(forward_tiles(a, w, b, k, g)),
+                Pass::Data => E::storage(data_tiles(a, w, b, k, g)),
+                Pass::Weight => T::storage(weight_grad(a, w, k, b, g)),
             }
         }
         let sl = |l: &Layout| {
@@ -519,16 +562,16 @@ impl CustomOp2 for Conv3x3Op {
             })
         };
         let ((a1, b1), (a2, b2)) = (sl(l1)?, sl(l2)?);
+        let p = self.pass;
         let out = match (s1, s2) {
-            (CpuStorage::F32(x), CpuStorage::F32(y)) => {
-                CpuStorage::F32(go(self.pass, &x[a1..b1], &y[a2..b2], k, b, g))
-            }
-            (CpuStorage::F64(x), CpuStorage::F64(y)) => {
-                CpuStorage::F64(go(self.pass, &x[a1..b1], &y[a2..b2], k, b, g))
-            }
+            (CpuStorage::F32(x), CpuStorage::F32(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
+            (CpuStorage::F64(x), CpuStorage::F64(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
+            (CpuStorage::BF16(x), CpuStorage::BF16(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
             _ => {
                 return Err(candle_core::Error::Msg(format!(
-                    "{name}: operands must all be f32 or all f64"
+                    "{name}: operands must all be f32, all f64 or all bf16, got {:?} and {:?}",
+                    s1.dtype(),
+                    s2.dtype()
                 )))
             }
         };
@@ -542,17 +585,21 @@ fn apply(a: &Tensor, b: &Tensor, grid: Grid, pass: Pass, what: &'static str) -> 
     a.apply_op2_no_bwd(&b, &Conv3x3Op { grid, pass }).ctx(what)
 }
 
-/// `y [k, M]` of `s [B, M]` and a PyTorch weight `w [k, B, 3, 3]` (CPU tensors).
+/// `y [k, M]` of `s [B, M]` and a PyTorch weight `w [k, B, 3, 3]` (CPU tensors): f32, f64,
+/// or bf16 (f32 accumulation, rounded once to bf16).
 pub fn forward(s: &Tensor, w: &Tensor, grid: Grid) -> Result<Tensor> {
     apply(s, w, grid, Pass::Forward, "conv3x3 forward")
 }
 
-/// `ds [B, M]` of the upstream gradient `gy [k, M]` and the weight `w [k, B, 3, 3]`.
+/// `ds [B, M]` of the upstream gradient `gy [k, M]` and the weight `w [k, B, 3, 3]`: f32, f64,
+/// or bf16 (f32 accumulation, rounded once to bf16).
 pub fn backward_data(gy: &Tensor, w: &Tensor, grid: Grid) -> Result<Tensor> {
     apply(gy, w, grid, Pass::Data, "conv3x3 backward data")
 }
 
-/// `dW [k, B, 3, 3]` of the upstream gradient `gy [k, M]` and the layer input `s [B, M]`.
+/// `dW [k, B, 3, 3]` of the upstream gradient `gy [k, M]` and the layer input `s [B, M]`:
+/// f32 or f64 in their own dtype; of bf16 operands an f32 gradient (f32 accumulation, not
+/// rounded).
 pub fn backward_weight(gy: &Tensor, s: &Tensor, grid: Grid) -> Result<Tensor> {
     apply(gy, s, grid, Pass::Weight, "conv3x3 backward weight")
 }

@@ -10,9 +10,16 @@
 //!
 //! Every output element is computed by one panel from the whole inner dimension, in `gemm`'s
 //! order for that inner length, so results do not depend on the number of threads or panels.
+//!
+//! bf16 operands (PyTorch autocast's products): `gemm` 0.19 has no bf16, so `multiply_widened`
+//! widens tiles of the operands to f32 in a per-task scratch (exact), multiplies them with the
+//! f32 `gemm`, accumulates in f32 and writes each output element once: rounded to bf16 for a
+//! bf16 destination ([`product`], [`accumulate`] into bf16), unrounded into an f32 one
+//! ([`product_f32`], [`accumulate`] of bf16 operands into f32: parameter gradients). Its extra
+//! memory is [`WIDEN_SCRATCH_BYTES`] per running thread, whatever the operands' sizes.
 
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{Float, SharedPtr};
+use crate::ops::cpu::shared::{Elem, Float, SharedPtr};
 #[cfg(feature = "cuda")]
 pub use crate::ops::cuda::dense::{pin_cublas_workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::ops::elementwise;
@@ -143,10 +150,126 @@ unsafe fn multiply<T: Float>(
     });
 }
 
+/// Output rows of one tile of a widened (bf16-operand) product ([`multiply_widened`]).
+const WIDE_MB: usize = 128;
+/// Output columns of one tile of a widened product.
+const WIDE_NB: usize = 256;
+/// Inner-dimension block of a widened product: the tile's f32 sums take `⌈k / WIDE_KB⌉`
+/// `gemm` calls, each adding its block's products into the tile's f32 accumulator.
+const WIDE_KB: usize = 256;
+
+/// The most memory one thread's widening scratch of a bf16-operand product holds, in bytes:
+/// the f32 copies of one left block (`WIDE_MB × WIDE_KB`), one right block (`WIDE_KB ×
+/// WIDE_NB`) and the f32 accumulator of one output tile (`WIDE_MB × WIDE_NB`), `4·(128·256 +
+/// 256·256 + 128·256)` = 512 KiB. A product holds at most this once per thread of the rayon
+/// pool running it (each tile's scratch lives only while a thread works on the tile), besides
+/// its output and `gemm`'s own packing buffers (as for f32); never a whole-operand f32 copy.
+pub const WIDEN_SCRATCH_BYTES: usize =
+    4 * (WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB);
+
+/// `dst [= or +=] a · b` for operands stored as `E` and computed in f32 (bf16 operands),
+/// `dst` stored as `D` (bf16, or f32 for a parameter gradient): tiles of `dst` of
+/// [`WIDE_MB`] × [`WIDE_NB`] in parallel, each summed in an f32 accumulator (from `dst`
+/// widened, or +0) over blocks of [`WIDE_KB`] of the inner dimension whose operand blocks are
+/// widened to f32 (exact) and multiplied by `gemm`, then written to `dst` once, `D::narrow`
+/// (round to nearest even for bf16, exact for f32). The tiling does not depend on the number
+/// of threads, so neither do the results. Scratch: [`WIDEN_SCRATCH_BYTES`] per thread.
+///
+/// # Safety
+/// As [`multiply`]: the operands must lie inside the allocations the pointers address, and
+/// no element of `dst` may be an element of `a` or `b` (they may share an allocation).
+unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
+    dst: *mut D,
+    d: Mat,
+    accumulate: bool,
+    a: *const E,
+    am: Mat,
+    b: *const E,
+    bm: Mat,
+) {
+    crate::ops::cpu::shared::tune_gemm();
+    let (m, n, k) = (d.rows, d.cols, am.cols);
+    let tiles: Vec<(usize, usize)> = (0..m)
+        .step_by(WIDE_MB)
+        .flat_map(|r0| (0..n).step_by(WIDE_NB).map(move |c0| (r0, c0)))
+        .collect();
+    let (dp, ap, bp) = (
+        SharedPtr(dst),
+        SharedPtr(a as *mut E),
+        SharedPtr(b as *mut E),
+    );
+    let scratch = || (Vec::<f32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
+    tiles
+        .into_par_iter()
+        .for_each_init(scratch, |(sa, sb, acc), (r0, c0)| {
+            let (mr, nc) = (WIDE_MB.min(m - r0), WIDE_NB.min(n - c0));
+            let at = |x: Mat, i: usize, j: usize| x.off + i * x.rs + j * x.cs;
+            acc.clear();
+            acc.resize(mr * nc, 0.0);
+            if accumulate {
+                for i in 0..mr {
+                    for j in 0..nc {
+                        // SAFETY: (r0 + i, c0 + j) is inside dst (the caller's contract); this
+                        // task alone writes this tile.
+                        acc[i * nc + j] = unsafe { *dp.get().add(at(d, r0 + i, c0 + j)) }.widen();
+                    }
+                }
+            }
+            for k0 in (0..k).step_by(WIDE_KB) {
+                let kc = WIDE_KB.min(k - k0);
+                sa.clear();
+                sa.extend((0..mr * kc).map(|e| {
+                    // SAFETY: inside a (the caller's contract); a is only read
+                    unsafe { *(ap.get() as *const E).add(at(am, r0 + e / kc, k0 + e % kc)) }.widen()
+                }));
+                sb.clear();
+                sb.extend((0..kc * nc).map(|e| {
+                    // SAFETY: inside b (the caller's contract); b is only read
+                    unsafe { *(bp.get() as *const E).add(at(bm, k0 + e / nc, c0 + e % nc)) }.widen()
+                }));
+                // SAFETY: three dense row-major f32 buffers of this task, mr×nc, mr×kc, kc×nc.
+                unsafe {
+                    gemm::gemm(
+                        mr,
+                        nc,
+                        kc,
+                        acc.as_mut_ptr(),
+                        1,
+                        nc as isize,
+                        true,
+                        sa.as_ptr(),
+                        1,
+                        kc as isize,
+                        sb.as_ptr(),
+                        1,
+                        nc as isize,
+                        1.0f32,
+                        1.0f32,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    )
+                };
+            }
+            for i in 0..mr {
+                for j in 0..nc {
+                    // SAFETY: as above: inside dst, this tile written by this task alone.
+                    unsafe { *dp.get().add(at(d, r0 + i, c0 + j)) = D::narrow(acc[i * nc + j]) };
+                }
+            }
+        });
+}
+
+/// [`multiply`] or [`multiply_widened`], picked by dtype: `dst [= or +=] a · b`.
+type Multiply<D, E> = unsafe fn(*mut D, Mat, bool, *const E, Mat, *const E, Mat);
+
 /// `a · b` into a new row-major tensor, or with `transposed` its transpose `(a · b)ᵀ`: the
 /// product computed row-major, then copied transposed into the output (the first is freed).
 struct Product {
     transposed: bool,
+    /// bf16 operands give an f32 output (a parameter gradient), not a bf16 one.
+    f32_out: bool,
 }
 impl CustomOp2 for Product {
     fn name(&self) -> &'static str {
@@ -163,14 +286,17 @@ impl CustomOp2 for Product {
         s2: &CpuStorage,
         l2: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
-        fn go<T: Float>(
+        /// The output stored as `D` of operands stored as `E`: `gemm` on them as they are
+        /// where `D = E` is f32 or f64, [`multiply_widened`] for bf16 operands.
+        fn go<D: Elem, E: Elem>(
             op: &str,
             transposed: bool,
-            a: &[T],
+            a: &[E],
             l1: &Layout,
-            b: &[T],
+            b: &[E],
             l2: &Layout,
-        ) -> candle_core::Result<(Vec<T>, Shape)> {
+            mul: Multiply<D, E>,
+        ) -> candle_core::Result<(CpuStorage, Shape)> {
             let (am, bm) = (
                 Mat::of(l1, a.len(), op, "lhs")?,
                 Mat::of(l2, b.len(), op, "rhs")?,
@@ -179,7 +305,7 @@ impl CustomOp2 for Product {
             let len = am.rows * bm.cols;
             // Uninitialised: gemm without `read_dst` writes every element and reads none (a
             // zeroed vector cost a memset pass over heap memory glibc hands back dirty).
-            let mut out: Vec<T> = Vec::with_capacity(len);
+            let mut out: Vec<D> = Vec::with_capacity(len);
             let d = Mat {
                 rows: am.rows,
                 cols: bm.cols,
@@ -190,41 +316,52 @@ impl CustomOp2 for Product {
             // SAFETY: Mat::of checked both operands against their slices; out is fresh with
             // capacity for d, and the product wrote all of it (`writes_every_element` tests it).
             unsafe {
-                multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm);
+                mul(out.as_mut_ptr(), d, false, a.as_ptr(), am, b.as_ptr(), bm);
                 out.set_len(len);
             }
             if transposed {
                 let t = elementwise::transpose_slice(&out, (am.rows, bm.cols));
                 drop(out);
-                return Ok((t, Shape::from((bm.cols, am.rows))));
+                return Ok((D::storage(t), Shape::from((bm.cols, am.rows))));
             }
-            Ok((out, Shape::from((am.rows, bm.cols))))
+            Ok((D::storage(out), Shape::from((am.rows, bm.cols))))
         }
-        let t = self.transposed;
+        let (n, t) = (self.name(), self.transposed);
+        use half::bf16;
         match (s1, s2) {
-            (CpuStorage::F32(a), CpuStorage::F32(b)) => {
-                go(self.name(), t, a, l1, b, l2).map(|(v, s)| (CpuStorage::F32(v), s))
+            (CpuStorage::F32(a), CpuStorage::F32(b)) => go(n, t, a, l1, b, l2, multiply::<f32>),
+            (CpuStorage::F64(a), CpuStorage::F64(b)) if !self.f32_out => {
+                go(n, t, a, l1, b, l2, multiply::<f64>)
             }
-            (CpuStorage::F64(a), CpuStorage::F64(b)) => {
-                go(self.name(), t, a, l1, b, l2).map(|(v, s)| (CpuStorage::F64(v), s))
+            (CpuStorage::BF16(a), CpuStorage::BF16(b)) if self.f32_out => {
+                go(n, t, a, l1, b, l2, multiply_widened::<f32, bf16>)
+            }
+            (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
+                go(n, t, a, l1, b, l2, multiply_widened::<bf16, bf16>)
             }
             _ => Err(candle_core::Error::Msg(format!(
-                "{}: operands must both be f32 or both f64",
-                self.name()
+                "{n}: operands must both be f32, both f64 or both bf16 (f32 or bf16 for an f32 \
+                 output), got {:?} and {:?}",
+                s1.dtype(),
+                s2.dtype()
             ))),
         }
     }
 }
 
-fn picked<'a, T: Float>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
-    T::slice(s).ok_or_else(|| {
-        candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
+fn picked<'a, T: Elem>(op: &str, s: &'a CpuStorage) -> candle_core::Result<&'a [T]> {
+    T::in_storage(s).ok_or_else(|| {
+        candle_core::Error::Msg(format!(
+            "{op}: operands must all be f32 or all f64, or bf16 into a bf16 or f32 destination; \
+             got {:?}",
+            s.dtype()
+        ))
     })
 }
 
 fn unsupported(op: &str, s: &CpuStorage) -> candle_core::Error {
     candle_core::Error::Msg(format!(
-        "{op}: dtype {:?} unsupported (f32, f64 only)",
+        "{op}: dtype {:?} unsupported (f32, f64, bf16 only)",
         s.dtype()
     ))
 }
@@ -251,14 +388,15 @@ impl InplaceOp3 for Accumulate {
         b: &CpuStorage,
         bl: &Layout,
     ) -> candle_core::Result<()> {
-        fn go<T: Float>(
+        fn go<D: Elem, E: Elem>(
             (op, add): (&str, bool),
-            d: &mut [T],
+            d: &mut [D],
             dl: &Layout,
             (a, al): (&CpuStorage, &Layout),
             (b, bl): (&CpuStorage, &Layout),
+            mul: Multiply<D, E>,
         ) -> candle_core::Result<()> {
-            let (a, b) = (picked::<T>(op, a)?, picked::<T>(op, b)?);
+            let (a, b) = (picked::<E>(op, a)?, picked::<E>(op, b)?);
             let dm = Mat::of(dl, d.len(), op, "destination")?;
             let (am, bm) = (
                 Mat::of(al, a.len(), op, "lhs")?,
@@ -267,13 +405,21 @@ impl InplaceOp3 for Accumulate {
             check_shapes(op, Some(dm), am, bm)?;
             // SAFETY: Mat::of checked all three against their slices; candle passes distinct
             // storages to an InplaceOp3 (it refuses operands sharing dst's).
-            unsafe { multiply(d.as_mut_ptr(), dm, add, a.as_ptr(), am, b.as_ptr(), bm) };
+            unsafe { mul(d.as_mut_ptr(), dm, add, a.as_ptr(), am, b.as_ptr(), bm) };
             Ok(())
         }
         let op = (self.name(), self.add);
+        let (a, b) = ((a, al), (b, bl));
+        use half::bf16;
+        // bf16 operands go to a bf16 destination or (a parameter gradient) an f32 one
+        let bf16_operands = matches!(a.0, CpuStorage::BF16(_));
         match dst {
-            CpuStorage::F32(d) => go(op, d, dl, (a, al), (b, bl)),
-            CpuStorage::F64(d) => go(op, d, dl, (a, al), (b, bl)),
+            CpuStorage::F32(d) if bf16_operands => {
+                go(op, d, dl, a, b, multiply_widened::<f32, bf16>)
+            }
+            CpuStorage::F32(d) => go(op, d, dl, a, b, multiply::<f32>),
+            CpuStorage::F64(d) => go(op, d, dl, a, b, multiply::<f64>),
+            CpuStorage::BF16(d) => go(op, d, dl, a, b, multiply_widened::<bf16, bf16>),
             other => Err(unsupported(op.0, other)),
         }
     }
@@ -316,12 +462,13 @@ impl InplaceOp2 for AccumulateTail {
         a: &CpuStorage,
         al: &Layout,
     ) -> candle_core::Result<()> {
-        fn go<T: Float>(
+        fn go<T: Elem>(
             op: &str,
             top: usize,
             d: &mut [T],
             dl: &Layout,
             (a, al): (&CpuStorage, &Layout),
+            mul: Multiply<T, T>,
         ) -> candle_core::Result<()> {
             let a = picked::<T>(op, a)?;
             let whole = Mat::of(dl, d.len(), op, "rows")?;
@@ -343,13 +490,14 @@ impl InplaceOp2 for AccumulateTail {
             // SAFETY: Mat::of checked the rows and the lhs against their slices; dst (rows
             // 0..top) and the right operand (rows top..) are disjoint rows of one tensor (a
             // layout with internal overlap is refused by candle before the op runs).
-            unsafe { multiply(base, dm, true, a.as_ptr(), am, base as *const T, bm) };
+            unsafe { mul(base, dm, true, a.as_ptr(), am, base as *const T, bm) };
             Ok(())
         }
-        let op = self.name();
+        let (op, top, a) = (self.name(), self.top, (a, al));
         match dst {
-            CpuStorage::F32(d) => go(op, self.top, d, dl, (a, al)),
-            CpuStorage::F64(d) => go(op, self.top, d, dl, (a, al)),
+            CpuStorage::F32(d) => go(op, top, d, dl, a, multiply::<f32>),
+            CpuStorage::F64(d) => go(op, top, d, dl, a, multiply::<f64>),
+            CpuStorage::BF16(d) => go(op, top, d, dl, a, multiply_widened),
             other => Err(unsupported(op, other)),
         }
     }
@@ -372,10 +520,27 @@ impl InplaceOp2 for AccumulateTail {
     }
 }
 
-/// `a · b` (2-D CPU tensors, any strides, e.g. a transposed view) into a new `[m, n]` tensor.
+/// `a · b` (2-D CPU tensors, any strides, e.g. a transposed view) into a new `[m, n]` tensor
+/// of the operands' dtype: f32, f64, or bf16 (bf16 operands, f32 accumulation, each output
+/// element rounded to bf16 once; widening scratch [`WIDEN_SCRATCH_BYTES`] per thread).
 pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    a.apply_op2_no_bwd(b, &Product { transposed: false })
-        .ctx("dense product")
+    let op = Product {
+        transposed: false,
+        f32_out: false,
+    };
+    a.apply_op2_no_bwd(b, &op).ctx("dense product")
+}
+
+/// `a · b` into a new f32 `[m, n]` tensor: of bf16 operands (f32 accumulation, the output not
+/// rounded: a parameter gradient, kept in f32 under mixed precision; widening scratch
+/// [`WIDEN_SCRATCH_BYTES`] per thread), or of f32 ones ([`product`]). f64 operands are an
+/// error.
+pub fn product_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let op = Product {
+        transposed: false,
+        f32_out: true,
+    };
+    a.apply_op2_no_bwd(b, &op).ctx("dense product f32")
 }
 
 /// `a · b` into a new `[m, n]` tensor (CPU), where the right operand `b [k, n]` is never made
@@ -473,12 +638,28 @@ fn chunked<T: Float + candle_core::WithDType>(
 /// repack all of `X` (`examples/gemm_shapes.rs`: 59 → 86 GFLOP/s for `[64, 4096]·[4096, 2304]`,
 /// 52 → 77 for bc's `[48, 65536]·[65536, 204]`, 1 thread). The same sums in the same order.
 pub fn product_transposed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    a.apply_op2_no_bwd(b, &Product { transposed: true })
-        .ctx("dense product")
+    let op = Product {
+        transposed: true,
+        f32_out: false,
+    };
+    a.apply_op2_no_bwd(b, &op).ctx("dense product")
+}
+
+/// [`product_transposed`] into f32: `(a · b)ᵀ` of bf16 operands (or f32 ones) as
+/// [`product_f32`] computes `a · b`: a weight gradient taken transposed under mixed precision.
+pub fn product_transposed_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    let op = Product {
+        transposed: true,
+        f32_out: true,
+    };
+    a.apply_op2_no_bwd(b, &op).ctx("dense product f32")
 }
 
 /// `dst += a · b`, **writing into `dst`'s storage** (which may be a view of a larger buffer);
 /// `a` and `b` must not share `dst`'s storage (candle refuses them): see [`accumulate_tail`].
+/// Dtypes: all f32, all f64, or bf16 operands into a bf16 `dst` (`bf16(f32(dst) + Σ)`, the
+/// sum in f32, rounded once) or an f32 `dst` (a parameter gradient accumulated in f32, not
+/// rounded to bf16); widening scratch [`WIDEN_SCRATCH_BYTES`] per thread.
 pub fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     dst.inplace_op3(a, b, &Accumulate { add: true })
         .ctx("dense accumulate")

@@ -6,9 +6,13 @@
 //! versions (NVRTC kernels, `cuda` feature) are in `ops/cuda/elementwise.rs`, so the variants keep their
 //! in-place memory behaviour on a GPU. Without a port an op returns candle's typed "no cuda
 //! implementation" error, never a panic.
+//!
+//! On the CPU every op here takes f32, f64 or bf16 (all operands one dtype): the ReLUs and the
+//! copies are exact in any dtype (a selection or a move of the stored bits); [`add_assign`] of
+//! bf16 is `bf16(f32(dst) + f32(src))`, rounded once ([`Elem`]).
 
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{Float, SharedPtr};
+use crate::ops::cpu::shared::{Elem, SharedPtr};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor,
@@ -28,63 +32,64 @@ fn contiguous_range(l: &Layout, op: &'static str) -> candle_core::Result<(usize,
 }
 
 /// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN.
-fn is_positive<T: Float>(x: T) -> bool {
-    x > T::ZERO
+fn is_positive<E: Elem>(x: E) -> bool {
+    x > E::POS_ZERO
 }
 
 // The loops below are written as selects (`if p { a } else { b }` on values), not as branches
 // around a store: ReLU inputs are positive about half the time at random, and a mispredicted
 // branch per element made these kernels 4× slower than a plain copy.
 
-fn relu_slice<T: Float>(xs: &mut [T]) {
+fn relu_slice<E: Elem>(xs: &mut [E]) {
     xs.par_chunks_mut(PAR_CHUNK).for_each(|c| {
         for x in c {
-            *x = if is_positive(*x) { *x } else { T::ZERO };
+            *x = if is_positive(*x) { *x } else { E::POS_ZERO };
         }
     });
 }
 
 /// `max(x, 0)` into a new vector, NaN to 0 like [`relu_slice`].
-fn relu_new<T: Float>(xs: &[T]) -> Vec<T> {
+fn relu_new<E: Elem>(xs: &[E]) -> Vec<E> {
     xs.par_iter()
         .with_min_len(PAR_CHUNK)
-        .map(|x| if is_positive(*x) { *x } else { T::ZERO })
+        .map(|x| if is_positive(*x) { *x } else { E::POS_ZERO })
         .collect()
 }
 
 /// `dst[i] = out[i] > 0 ? g[i] : 0`: the ReLU derivative taken from the output, the only thing
 /// an in-place ReLU leaves behind.
-fn relu_bwd_new<T: Float>(g: &[T], out: &[T]) -> Vec<T> {
+fn relu_bwd_new<E: Elem>(g: &[E], out: &[E]) -> Vec<E> {
     g.par_iter()
         .zip(out.par_iter())
         .with_min_len(PAR_CHUNK)
-        .map(|(g, o)| if is_positive(*o) { *g } else { T::ZERO })
+        .map(|(g, o)| if is_positive(*o) { *g } else { E::POS_ZERO })
         .collect()
 }
 
-fn relu_bwd_inplace_slice<T: Float>(g: &mut [T], out: &[T]) {
+fn relu_bwd_inplace_slice<E: Elem>(g: &mut [E], out: &[E]) {
     g.par_chunks_mut(PAR_CHUNK)
         .zip(out.par_chunks(PAR_CHUNK))
         .for_each(|(g, o)| {
             for (g, o) in g.iter_mut().zip(o) {
-                *g = if is_positive(*o) { *g } else { T::ZERO };
+                *g = if is_positive(*o) { *g } else { E::POS_ZERO };
             }
         });
 }
 
-fn add_assign_slice<T: Float>(dst: &mut [T], src: &[T]) {
+/// `dst += src` in the compute type, rounded once (the identity for f32 and f64).
+fn add_assign_slice<E: Elem>(dst: &mut [E], src: &[E]) {
     dst.par_chunks_mut(PAR_CHUNK)
         .zip(src.par_chunks(PAR_CHUNK))
         .for_each(|(d, s)| {
             for (d, s) in d.iter_mut().zip(s) {
-                *d = *d + *s;
+                *d = E::narrow(d.widen() + s.widen());
             }
         });
 }
 
 fn unsupported(op: &str, s: &CpuStorage) -> candle_core::Error {
     candle_core::Error::Msg(format!(
-        "{op}: dtype {:?} unsupported (f32, f64 only)",
+        "{op}: dtype {:?} unsupported (f32, f64, bf16 only, all operands one dtype)",
         s.dtype()
     ))
 }
@@ -99,6 +104,7 @@ impl InplaceOp1 for ReluInplace {
         match s {
             CpuStorage::F32(v) => relu_slice(&mut v[a..b]),
             CpuStorage::F64(v) => relu_slice(&mut v[a..b]),
+            CpuStorage::BF16(v) => relu_slice(&mut v[a..b]),
             other => return Err(unsupported(self.name(), other)),
         }
         Ok(())
@@ -119,6 +125,7 @@ impl CustomOp1 for ReluCopy {
         let out = match s {
             CpuStorage::F32(v) => CpuStorage::F32(relu_new(&v[a..b])),
             CpuStorage::F64(v) => CpuStorage::F64(relu_new(&v[a..b])),
+            CpuStorage::BF16(v) => CpuStorage::BF16(relu_new(&v[a..b])),
             other => return Err(unsupported(self.name(), other)),
         };
         Ok((out, l.shape().clone()))
@@ -145,6 +152,9 @@ impl CustomOp2 for ReluBwd {
             }
             (CpuStorage::F64(g), CpuStorage::F64(o)) => {
                 CpuStorage::F64(relu_bwd_new(&g[ga..gb], &o[oa..ob]))
+            }
+            (CpuStorage::BF16(g), CpuStorage::BF16(o)) => {
+                CpuStorage::BF16(relu_bwd_new(&g[ga..gb], &o[oa..ob]))
             }
             (other, _) => return Err(unsupported(self.name(), other)),
         };
@@ -183,6 +193,9 @@ impl InplaceOp2 for ReluBwdInplace {
             (CpuStorage::F64(g), CpuStorage::F64(o)) => {
                 relu_bwd_inplace_slice(&mut g[ga..gb], &o[oa..ob])
             }
+            (CpuStorage::BF16(g), CpuStorage::BF16(o)) => {
+                relu_bwd_inplace_slice(&mut g[ga..gb], &o[oa..ob])
+            }
             (other, _) => return Err(unsupported(self.name(), other)),
         }
         Ok(())
@@ -219,6 +232,9 @@ impl InplaceOp2 for AddAssign {
                 add_assign_slice(&mut d[da..db], &s[sa..sb])
             }
             (CpuStorage::F64(d), CpuStorage::F64(s)) => {
+                add_assign_slice(&mut d[da..db], &s[sa..sb])
+            }
+            (CpuStorage::BF16(d), CpuStorage::BF16(s)) => {
                 add_assign_slice(&mut d[da..db], &s[sa..sb])
             }
             (other, _) => return Err(unsupported(self.name(), other)),
@@ -340,7 +356,7 @@ impl CustomOp1 for RepeatRows {
         "repeat-rows"
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
-        fn go<T: Float>(v: &[T], l: &Layout, cols: usize) -> Vec<T> {
+        fn go<T: Copy>(v: &[T], l: &Layout, cols: usize) -> Vec<T> {
             let (n, step) = (l.dims()[0], l.stride()[0]);
             let mut out = Vec::with_capacity(n * cols);
             for j in 0..n {
@@ -352,6 +368,7 @@ impl CustomOp1 for RepeatRows {
         let out = match s {
             CpuStorage::F32(v) => CpuStorage::F32(go(v, l, cols)),
             CpuStorage::F64(v) => CpuStorage::F64(go(v, l, cols)),
+            CpuStorage::BF16(v) => CpuStorage::BF16(go(v, l, cols)),
             other => return Err(unsupported(self.name(), other)),
         };
         Ok((out, Shape::from((n, cols))))
@@ -432,7 +449,7 @@ unsafe fn copy_chunk<T: Copy>(src: *const T, dst: *mut T, len: usize) {
 /// vector is then ever read, its length is still 0.
 pub(crate) fn new_rows<T, I>(rows: usize, cols: usize, fill: impl Fn(usize) -> I + Sync) -> Vec<T>
 where
-    T: Float,
+    T: Copy + Send,
     I: Iterator<Item = T>,
 {
     let len = rows
@@ -463,7 +480,7 @@ where
 }
 
 /// The slices one after the other in a new vector, copied in parallel chunks ([`copy_chunk`]).
-pub(crate) fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
+pub(crate) fn concat_slices<T: Copy + Send + Sync>(parts: &[&[T]]) -> Vec<T> {
     let n = parts.iter().map(|p| p.len()).sum();
     let mut out: Vec<T> = Vec::with_capacity(n);
     let mut jobs = Vec::new();
@@ -486,7 +503,7 @@ pub(crate) fn concat_slices<T: Float>(parts: &[&[T]]) -> Vec<T> {
     out
 }
 
-/// `Tensor::cat(pieces, 0)` of 2-D tensors: on the CPU, for contiguous f32/f64 pieces, one new
+/// `Tensor::cat(pieces, 0)` of 2-D tensors: on the CPU, for contiguous f32/f64/bf16 pieces, one new
 /// tensor copied in parallel chunks (candle's copy is single-threaded, and the concatenations
 /// of `cat` variants copy O(L²) bytes); bitwise the same values and the same bytes allocated.
 /// Anything else goes to candle's `cat`.
@@ -502,7 +519,7 @@ pub fn cat_rows(pieces: &[&Tensor]) -> Result<Tensor> {
 
 /// `x [N, C, S]` (row-major) as `[C, N·S]`: `out[c, n·S + s] = x[n, c, s]`, in parallel over
 /// blocks of channels, each block walking the batch in blocks so reads and writes stay in cache.
-fn channel_major_slice<T: Float>(x: &[T], (n, c, s): (usize, usize, usize)) -> Vec<T> {
+fn channel_major_slice<T: Copy + Send + Sync>(x: &[T], (n, c, s): (usize, usize, usize)) -> Vec<T> {
     const BLOCK: usize = 32;
     let total = n * c * s;
     let mut out: Vec<T> = Vec::with_capacity(total);
@@ -550,11 +567,14 @@ fn channel_major_slice<T: Float>(x: &[T], (n, c, s): (usize, usize, usize)) -> V
 }
 
 /// A row-major `[rows, cols]` slice transposed: a new row-major `[cols, rows]` vector.
-pub(crate) fn transpose_slice<T: Float>(x: &[T], (rows, cols): (usize, usize)) -> Vec<T> {
+pub(crate) fn transpose_slice<T: Copy + Send + Sync>(
+    x: &[T],
+    (rows, cols): (usize, usize),
+) -> Vec<T> {
     channel_major_slice(x, (rows, cols, 1))
 }
 
-/// A canonical `[N, C, …]` CPU tensor (contiguous, f32/f64) as a new channel-major `[C, N·S]`
+/// A canonical `[N, C, …]` CPU tensor (contiguous, f32/f64/bf16) as a new channel-major `[C, N·S]`
 /// tensor (S the product of the trailing dims), copied in parallel; `None` where it does not
 /// qualify (the caller takes candle's strided copy).
 pub fn to_channel_major(t: &Tensor) -> Option<Result<Tensor>> {
@@ -572,6 +592,9 @@ pub fn to_channel_major(t: &Tensor) -> Option<Result<Tensor>> {
             Tensor::from_vec(channel_major_slice(&v[a..b], (n, c, s)), shape, dev)
         }
         Storage::Cpu(CpuStorage::F64(v)) => {
+            Tensor::from_vec(channel_major_slice(&v[a..b], (n, c, s)), shape, dev)
+        }
+        Storage::Cpu(CpuStorage::BF16(v)) => {
             Tensor::from_vec(channel_major_slice(&v[a..b], (n, c, s)), shape, dev)
         }
         _ => return None,
@@ -613,7 +636,7 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
     // Read locks only, taken one after the other on this thread (no writer can be waiting:
     // the step is single-threaded at the tensor level).
     let guards: Vec<_> = pieces.iter().map(|p| p.storage_and_layout()).collect();
-    fn slices<'a, T: Float>(
+    fn slices<'a, T: Elem>(
         guards: &'a [(candle_core::StorageRef<'_>, &Layout)],
     ) -> Option<Vec<&'a [T]>> {
         guards
@@ -621,7 +644,7 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
             .map(|(s, l)| match &**s {
                 Storage::Cpu(c) => {
                     let (a, b) = l.contiguous_offsets()?;
-                    T::slice(c).map(|v| &v[a..b])
+                    T::in_storage(c).map(|v| &v[a..b])
                 }
                 _ => None,
             })
@@ -634,6 +657,8 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
                 .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
             candle_core::DType::F64 => slices::<f64>(&guards)
                 .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
+            candle_core::DType::BF16 => slices::<half::bf16>(&guards)
+                .map(|s| Tensor::from_vec(concat_slices(&s), (rows, cols), &dev)),
             _ => None,
         };
     drop(guards);
@@ -645,7 +670,7 @@ mod tests {
     use super::*;
     use candle_core::{DType, Device};
 
-    use crate::ops::cpu::shared::{bits, randn};
+    use crate::ops::cpu::shared::{bits, randn, Float};
 
     /// The parallel ReLU into a new tensor equals candle's on ordinary values and, NaN and
     /// signed zeros included, the in-place kernel bit for bit; its input is left as it was.

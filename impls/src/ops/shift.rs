@@ -2,23 +2,29 @@
 //! shifted copies a tap-stack product reads) and [`Shift::Sum`] (their adjoint, the data
 //! gradient's scatter), written in place into a destination view, one kernel on a GPU and no
 //! allocation; with `generic_*` oracles from candle ops for the tests and strided operands.
+//!
+//! On the CPU both take f32, f64 or bf16 (destination and source one dtype): the stack is a
+//! copy (exact); the sum adds the nine taps in the compute type ([`Elem::Acc`], f32 for bf16) in
+//! a per-task scratch of one image plane (`H·W` elements of `Acc`) and rounds once.
 
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{unfilled, Float};
+use crate::ops::cpu::shared::{unfilled, Elem, Float};
 use crate::ops::cpu::storage::{bad_dtype, has_kernels};
 use crate::ops::layout::grid::{Grid, Shift};
 use crate::ops::layout::matrix::Mat;
 use candle_core::{CpuStorage, InplaceOp2, Layout, Tensor};
 use rayon::prelude::*;
 
-/// Copies image plane `src` shifted by (oy, ox) into `dst` (zero where the source is outside):
-/// `dst[y, x] = src[y + oy, x + ox]`; with `ADD`, adds instead of writing.
-pub(crate) fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>(
-    dst: &mut [T],
-    src: &[T],
-    g: Grid,
-    oy: isize,
-    ox: isize,
+/// Writes image plane `src` shifted by (oy, ox) into `dst`: `dst[y, x] = take(dst[y, x],
+/// src[y + oy, x + ox])` where the source is inside the image; elsewhere `zero`, or, with
+/// `ADD`, left as it is. (The stack: `take` the source value; the sum: add it to the
+/// destination.)
+pub(crate) fn shift_plane<S: Copy, D: Copy, const ADD: bool>(
+    dst: &mut [D],
+    src: &[S],
+    (g, oy, ox): (Grid, isize, isize),
+    zero: D,
+    take: impl Fn(D, S) -> D,
 ) {
     let (h, w) = (g.h as isize, g.w as isize);
     for y in 0..h {
@@ -26,7 +32,7 @@ pub(crate) fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>
         let drow = &mut dst[(y * w) as usize..((y + 1) * w) as usize];
         if sy < 0 || sy >= h {
             if !ADD {
-                drow.fill(T::ZERO);
+                drow.fill(zero);
             }
             continue;
         }
@@ -35,13 +41,13 @@ pub(crate) fn shift_plane<T: Float + std::ops::Add<Output = T>, const ADD: bool>
         let x0 = (-ox).clamp(0, w);
         let x1 = (w - ox).clamp(x0, w);
         if !ADD {
-            drow[..x0 as usize].fill(T::ZERO);
-            drow[x1 as usize..].fill(T::ZERO);
+            drow[..x0 as usize].fill(zero);
+            drow[x1 as usize..].fill(zero);
         }
         for x in x0..x1 {
             let v = srow[(x + ox) as usize];
             let d = &mut drow[x as usize];
-            *d = if ADD { *d + v } else { v };
+            *d = take(*d, v);
         }
     }
 }
@@ -92,13 +98,7 @@ impl ShiftIntoOp {
         Ok((c, m))
     }
 
-    fn run<T: Float + std::ops::Add<Output = T>>(
-        &self,
-        d: &mut [T],
-        dv: Mat,
-        s: &[T],
-        sv: Mat,
-    ) -> candle_core::Result<()> {
+    fn run<E: Elem>(&self, d: &mut [E], dv: Mat, s: &[E], sv: Mat) -> candle_core::Result<()> {
         let (c, m) = self.dims((dv.rows, dv.cols), (sv.rows, sv.cols))?;
         if dv.rows == 0 || m == 0 {
             return Ok(());
@@ -113,18 +113,34 @@ impl ShiftIntoOp {
                 let (j, ch) = (row / c, row % c);
                 let (oy, ox) = self.offsets[j];
                 for (d, s) in dst[..m].chunks_mut(plane).zip(src_row(ch).chunks(plane)) {
-                    shift_plane::<T, false>(d, s, self.grid, oy, ox);
+                    shift_plane::<E, E, false>(d, s, (self.grid, oy, ox), E::POS_ZERO, |_, v| v);
                 }
             }),
-            Shift::Sum => rows.enumerate().for_each(|(ch, dst)| {
-                let dst = &mut dst[..m];
-                dst.fill(T::ZERO);
-                for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
-                    for (d, s) in dst.chunks_mut(plane).zip(src_row(j * c + ch).chunks(plane)) {
-                        shift_plane::<T, true>(d, s, self.grid, oy, ox);
+            // Plane by plane: the nine taps summed into a plane of E::Acc from +0, j in order,
+            // then rounded once into the destination (for f32 and f64 the same additions in
+            // the same order as summing in the destination itself: the same bits).
+            Shift::Sum => rows.enumerate().for_each_init(
+                || vec![<E::Acc as Float>::ZERO; plane],
+                |acc, (ch, dst)| {
+                    for (p, dplane) in dst[..m].chunks_mut(plane).enumerate() {
+                        let acc = &mut acc[..dplane.len()];
+                        acc.fill(<E::Acc as Float>::ZERO);
+                        for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
+                            let s = &src_row(j * c + ch)[p * plane..][..dplane.len()];
+                            shift_plane::<E, E::Acc, true>(
+                                acc,
+                                s,
+                                (self.grid, oy, ox),
+                                <E::Acc as Float>::ZERO,
+                                |a, v| a + v.widen(),
+                            );
+                        }
+                        for (d, a) in dplane.iter_mut().zip(acc.iter()) {
+                            *d = E::narrow(*a);
+                        }
                     }
-                }
-            }),
+                },
+            ),
         }
         Ok(())
     }
@@ -141,15 +157,15 @@ impl InplaceOp2 for ShiftIntoOp {
         s: &CpuStorage,
         sl: &Layout,
     ) -> candle_core::Result<()> {
-        fn go<T: Float + std::ops::Add<Output = T>>(
+        fn go<E: Elem>(
             op: &ShiftIntoOp,
-            d: &mut [T],
+            d: &mut [E],
             dl: &Layout,
             s: &CpuStorage,
             sl: &Layout,
         ) -> candle_core::Result<()> {
             let n = op.name();
-            let s = T::slice(s).ok_or_else(|| bad_dtype(n))?;
+            let s = E::in_storage(s).ok_or_else(|| bad_dtype(n))?;
             let dv = Mat::rows_of(dl, d.len(), n, "the destination")?;
             let sv = Mat::rows_of(sl, s.len(), n, "the source")?;
             op.run(d, dv, s, sv)
@@ -157,6 +173,7 @@ impl InplaceOp2 for ShiftIntoOp {
         match d {
             CpuStorage::F32(d) => go(self, d, dl, s, sl),
             CpuStorage::F64(d) => go(self, d, dl, s, sl),
+            CpuStorage::BF16(d) => go(self, d, dl, s, sl),
             _ => Err(bad_dtype(self.name())),
         }
     }

@@ -1,7 +1,8 @@
 //! What the CPU kernels (the op families of `ops`) share: the float type they run
 //! on, the raw pointer their parallel tasks write one output through, `gemm`'s tuning, and
-//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]), and
-//! the new tensors a kernel writes whole (`unfilled`).
+//! whether the CPU takes its own kernels or the GPU's path on this thread ([`cpu_kernels`]), the
+//! new tensors a kernel writes whole (`unfilled`), and the element types a feature map is stored
+//! in ([`Elem`]: f32, f64, bf16) with the float type each computes in.
 
 use candle_core::{CpuStorage, DType, Device, Shape, Tensor};
 use std::cell::Cell;
@@ -43,16 +44,18 @@ pub(crate) unsafe fn unfilled(
         match dtype {
             DType::F32 => return Tensor::full(f32::NAN, shape, device).ctx(what),
             DType::F64 => return Tensor::full(f64::NAN, shape, device).ctx(what),
+            DType::BF16 => return Tensor::full(half::bf16::NAN, shape, device).ctx(what),
             _ => {}
         }
     }
-    // SAFETY: the caller's contract; f32 and f64 have no invalid bit patterns.
+    // SAFETY: the caller's contract; f32, f64 and bf16 have no invalid bit patterns.
     unsafe { Tensor::empty(shape, dtype, device) }.ctx(what)
 }
 
-/// A float type the CPU kernels run on (f32 and f64).
+/// A float type the CPU kernels run on (f32 and f64), also a feature type of its own.
 pub trait Float:
-    Copy
+    Elem<Acc = Self>
+    + Copy
     + Send
     + Sync
     + Default
@@ -110,6 +113,105 @@ impl Float for f64 {
             CpuStorage::F64(v) => Some(v),
             _ => None,
         }
+    }
+}
+
+/// How a feature map (activations and their gradients) is stored: f32 or f64, computed in
+/// itself, or bf16 (PyTorch autocast's features), computed in f32. The kernels read a feature as
+/// [`Elem::widen`] (exact), compute in [`Elem::Acc`] — per-channel tables, parameters and
+/// statistics are `Acc` too — and write a feature once, [`Elem::narrow`] (round to nearest,
+/// ties to even). For f32 and f64 both are the identity, so their results are the bits they
+/// were before bf16 existed.
+pub trait Elem: Copy + Send + Sync + PartialOrd + 'static {
+    /// The float type the kernels compute in and per-channel tables are stored in.
+    type Acc: Float;
+    /// +0 (named apart from [`Float::ZERO`], which every `Float` also has).
+    const POS_ZERO: Self;
+    /// The value in the compute type (exact).
+    fn widen(self) -> Self::Acc;
+    /// The nearest value to `v` (round to nearest, ties to even; exact for f32 and f64).
+    fn narrow(v: Self::Acc) -> Self;
+    /// The storage's elements when it holds this type.
+    fn in_storage(s: &CpuStorage) -> Option<&[Self]>;
+    /// The storage's elements, writable, when it holds this type.
+    fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]>;
+    /// A CPU storage holding `v`.
+    fn storage(v: Vec<Self>) -> CpuStorage;
+}
+impl Elem for f32 {
+    type Acc = f32;
+    const POS_ZERO: Self = 0.0;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> Self {
+        v
+    }
+    fn in_storage(s: &CpuStorage) -> Option<&[Self]> {
+        <f32 as Float>::slice(s)
+    }
+    fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+        match s {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn storage(v: Vec<Self>) -> CpuStorage {
+        CpuStorage::F32(v)
+    }
+}
+impl Elem for f64 {
+    type Acc = f64;
+    const POS_ZERO: Self = 0.0;
+    #[inline(always)]
+    fn widen(self) -> f64 {
+        self
+    }
+    #[inline(always)]
+    fn narrow(v: f64) -> Self {
+        v
+    }
+    fn in_storage(s: &CpuStorage) -> Option<&[Self]> {
+        <f64 as Float>::slice(s)
+    }
+    fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+        match s {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn storage(v: Vec<Self>) -> CpuStorage {
+        CpuStorage::F64(v)
+    }
+}
+impl Elem for half::bf16 {
+    type Acc = f32;
+    const POS_ZERO: Self = half::bf16::ZERO;
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline(always)]
+    fn narrow(v: f32) -> Self {
+        // round to nearest, ties to even (NaN stays NaN)
+        half::bf16::from_f32(v)
+    }
+    fn in_storage(s: &CpuStorage) -> Option<&[Self]> {
+        match s {
+            CpuStorage::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
+        match s {
+            CpuStorage::BF16(v) => Some(v),
+            _ => None,
+        }
+    }
+    fn storage(v: Vec<Self>) -> CpuStorage {
+        CpuStorage::BF16(v)
     }
 }
 
@@ -178,4 +280,56 @@ pub(crate) fn randn<S: Into<candle_core::Shape>>(
         .unwrap()
         .to_dtype(dtype)
         .unwrap()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use half::bf16;
+
+    /// bf16 narrowing rounds to nearest with ties to even, widening is exact, and f32 and f64
+    /// are their own compute type (identities).
+    #[test]
+    fn bf16_narrows_to_nearest_even_and_widens_exactly() {
+        let step = 1.0 / 128.0; // one bf16 ulp at 1
+                                // halfway between 1 (even) and 1 + step (odd): to 1; between 1 + step and 1 + 2·step
+                                // (even): up
+        assert_eq!(bf16::narrow(1.0 + step / 2.0).to_f32(), 1.0);
+        assert_eq!(bf16::narrow(1.0 + 1.5 * step).to_f32(), 1.0 + 2.0 * step);
+        // just above a tie: up; just below: down
+        assert_eq!(
+            bf16::narrow(1.0 + step / 2.0 + f32::EPSILON).to_f32(),
+            1.0 + step
+        );
+        assert_eq!(bf16::narrow(1.0 + step / 2.0 - f32::EPSILON).to_f32(), 1.0);
+        assert!(bf16::narrow(f32::NAN).is_nan());
+        for bits in [0u16, 0x8000, 0x3f81, 0xc2f7, 0x0001, 0x7f7f, 0x7f80] {
+            let v = bf16::from_bits(bits);
+            assert_eq!(
+                bf16::narrow(v.widen()).to_bits(),
+                bits,
+                "round trip {bits:#x}"
+            );
+        }
+        assert_eq!(
+            <f32 as Elem>::narrow(0.1f32.widen()).to_bits(),
+            0.1f32.to_bits()
+        );
+        assert_eq!(
+            <f64 as Elem>::narrow(0.1f64.widen()).to_bits(),
+            0.1f64.to_bits()
+        );
+    }
+
+    /// Debug builds fill a new bf16 CPU tensor with NaN, like f32 and f64.
+    #[test]
+    fn unfilled_bf16_is_nan_in_debug_builds() {
+        // SAFETY: only read to check the debug fill (bf16 has no invalid bit patterns).
+        let t = unsafe { unfilled((2, 3), DType::BF16, &Device::Cpu, "test") }.unwrap();
+        assert_eq!(t.dtype(), DType::BF16);
+        if cfg!(debug_assertions) {
+            let v = t.flatten_all().unwrap().to_vec1::<bf16>().unwrap();
+            assert!(v.iter().all(|x| x.is_nan()), "{v:?}");
+        }
+    }
 }

@@ -3,7 +3,7 @@
 //! one-input kernel pattern ([`map1`]), tensors an op carries besides its operands, and whether
 //! a tensor lives where the families' kernels run ([`has_kernels`]).
 
-use crate::ops::cpu::shared::Float;
+use crate::ops::cpu::shared::{Elem, Float};
 use crate::ops::layout::matrix::Mat;
 use candle_core::{CpuStorage, Layout, Tensor};
 
@@ -26,23 +26,31 @@ pub(crate) fn elems<'a, T: Float>(
     slice(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, op)
 }
 
+/// The feature elements (see [`Elem`]) of `s` within layout `l`, or the op's dtype or layout
+/// error.
+pub(crate) fn features<'a, E: Elem>(
+    s: &'a CpuStorage,
+    l: &Layout,
+    op: &str,
+) -> candle_core::Result<&'a [E]> {
+    slice(E::in_storage(s).ok_or_else(|| bad_dtype(op))?, l, op)
+}
+
 /// A CPU operand of an op: its storage and its layout.
 pub(crate) type Operand<'a> = (&'a CpuStorage, &'a Layout);
 
 pub(crate) fn bad_dtype(op: &str) -> candle_core::Error {
-    candle_core::Error::Msg(format!("{op}: operands must all be f32 or all f64"))
+    candle_core::Error::Msg(format!(
+        "{op}: operands must all be f32, all f64, or bf16 features with f32 tables"
+    ))
 }
 
-/// A one-input kernel written once, generic over the float type (candle's `Map1` pattern):
-/// [`map1`] does the dtype dispatch and the layout checks.
+/// A one-input kernel written once, generic over the feature type (candle's `Map1` pattern),
+/// its output in the compute type ([`Elem::Acc`]): [`map1`] does the dtype dispatch and the
+/// layout checks.
 pub(crate) trait Kernel1 {
     const NAME: &'static str;
-    fn run<T: Float + std::ops::Add<Output = T>>(
-        &self,
-        x: &[T],
-        rows: usize,
-        cols: usize,
-    ) -> Vec<T>;
+    fn run<E: Elem>(&self, x: &[E], rows: usize, cols: usize) -> Vec<E::Acc>;
 }
 
 pub(crate) fn map1<K: Kernel1>(
@@ -50,12 +58,21 @@ pub(crate) fn map1<K: Kernel1>(
     s: &CpuStorage,
     l: &Layout,
 ) -> candle_core::Result<CpuStorage> {
-    let (rows, cols) = l.shape().dims2()?;
-    Ok(match s {
-        CpuStorage::F32(v) => CpuStorage::F32(k.run(slice(v, l, K::NAME)?, rows, cols)),
-        CpuStorage::F64(v) => CpuStorage::F64(k.run(slice(v, l, K::NAME)?, rows, cols)),
-        _ => return Err(bad_dtype(K::NAME)),
-    })
+    fn go<K: Kernel1, E: Elem>(
+        k: &K,
+        s: &CpuStorage,
+        l: &Layout,
+    ) -> candle_core::Result<CpuStorage> {
+        let (rows, cols) = l.shape().dims2()?;
+        let x = features::<E>(s, l, K::NAME)?;
+        Ok(E::Acc::storage(k.run(x, rows, cols)))
+    }
+    match s {
+        CpuStorage::F32(_) => go::<K, f32>(k, s, l),
+        CpuStorage::F64(_) => go::<K, f64>(k, s, l),
+        CpuStorage::BF16(_) => go::<K, half::bf16>(k, s, l),
+        _ => Err(bad_dtype(K::NAME)),
+    }
 }
 
 /// The CPU elements of a tensor an op carries besides its operands (a lock guard on its storage
