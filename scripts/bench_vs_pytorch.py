@@ -84,8 +84,12 @@ def sweep_text(threads, only, peer=True):
 
 
 def key_config(row):
-    """The configuration part of a row's key (everything after the variant)."""
-    return row["key"].split("/", 1)[1]
+    """The configuration part of a row's key (everything after the variant), without the
+    `/compiled` suffix a torch.compile row's key carries: a compiled PyTorch row pairs with the
+    densebench row of the same configuration (eager against compiled is the comparison the CPU
+    issue asks for; on the CPU no row runs as a CUDA graph)."""
+    config = row["key"].split("/", 1)[1]
+    return config[: -len("/compiled")] if config.endswith("/compiled") else config
 
 
 def bench_all(a, t, path, peer):
