@@ -23,7 +23,7 @@ use crate::ops::cpu::shared::{Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{
-    bad_dtype, carried, cpu_of, elems, has_kernels, map1, slice, unit_column_stride, Kernel1,
+    bad_dtype, carried, cpu_of, features, has_kernels, map1, slice, unit_column_stride, Kernel1,
     Operand,
 };
 use crate::ops::layout::matrix::Mat;
@@ -172,14 +172,14 @@ impl CustomOp3 for BnPrepareOp {
                 )));
             }
         }
-        // One dtype for all five; `elems` checks each operand holds it.
+        // One dtype for all five; `features` checks each operand holds it.
         fn go<T: Float>(
             n: &str,
             ops: [Operand; 5],
             c: usize,
             k: PrepareScalars,
         ) -> candle_core::Result<Vec<T>> {
-            let [mv, g, b, rm, rv] = ops.map(|(s, l)| elems::<T>(s, l, n));
+            let [mv, g, b, rm, rv] = ops.map(|(s, l)| features::<T>(s, l, n));
             Ok(prepare_rows(mv?, [g?, b?, rm?, rv?], c, k))
         }
         let ops = [
@@ -254,7 +254,7 @@ impl CustomOp2 for AffineRowsOp {
             (n, relu): (&str, bool),
         ) -> candle_core::Result<CpuStorage> {
             let x = E::in_storage(s).ok_or_else(|| bad_dtype(n))?;
-            let k = <E::Acc as Float>::slice(cs).ok_or_else(|| bad_dtype(n))?;
+            let k = <E::Acc as Elem>::in_storage(cs).ok_or_else(|| bad_dtype(n))?;
             let xv = Mat::rows_of(l, x.len(), n, "input")?;
             let coef = coef_rows(k, cl, 2, c, n)?;
             Ok(E::storage(if relu {

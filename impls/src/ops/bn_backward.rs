@@ -171,7 +171,7 @@ pub(crate) fn table<'a, T: Float>(
     c: usize,
     op: &str,
 ) -> candle_core::Result<&'a [T]> {
-    coef_rows(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, q, c, op)
+    coef_rows(T::in_storage(s).ok_or_else(|| bad_dtype(op))?, l, q, c, op)
 }
 
 /// The gradient and input operands of a BN backward op as features `E`: as many elements each,

@@ -271,6 +271,25 @@ struct Product {
     /// bf16 operands give an f32 output (a parameter gradient), not a bf16 one.
     f32_out: bool,
 }
+impl Product {
+    /// `a · b` (or its transpose), in the operands' dtype or (`f32_out`) in f32.
+    fn apply(a: &Tensor, b: &Tensor, transposed: bool, f32_out: bool) -> Result<Tensor> {
+        let what = if f32_out {
+            "dense product f32"
+        } else {
+            "dense product"
+        };
+        a.apply_op2_no_bwd(
+            b,
+            &Product {
+                transposed,
+                f32_out,
+            },
+        )
+        .ctx(what)
+    }
+}
+
 impl CustomOp2 for Product {
     fn name(&self) -> &'static str {
         if self.transposed {
@@ -524,11 +543,7 @@ impl InplaceOp2 for AccumulateTail {
 /// of the operands' dtype: f32, f64, or bf16 (bf16 operands, f32 accumulation, each output
 /// element rounded to bf16 once; widening scratch [`WIDEN_SCRATCH_BYTES`] per thread).
 pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let op = Product {
-        transposed: false,
-        f32_out: false,
-    };
-    a.apply_op2_no_bwd(b, &op).ctx("dense product")
+    Product::apply(a, b, false, false)
 }
 
 /// `a · b` into a new f32 `[m, n]` tensor: of bf16 operands (f32 accumulation, the output not
@@ -536,11 +551,7 @@ pub fn product(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// [`WIDEN_SCRATCH_BYTES`] per thread), or of f32 ones ([`product`]). f64 operands are an
 /// error.
 pub fn product_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let op = Product {
-        transposed: false,
-        f32_out: true,
-    };
-    a.apply_op2_no_bwd(b, &op).ctx("dense product f32")
+    Product::apply(a, b, false, true)
 }
 
 /// `a · b` into a new `[m, n]` tensor (CPU), where the right operand `b [k, n]` is never made
@@ -607,7 +618,7 @@ fn chunked<T: Float + candle_core::WithDType>(
         let b = chunk(c0, cols)?;
         let (bs, bl) = b.storage_and_layout();
         let bv = match &*bs {
-            candle_core::Storage::Cpu(s) => T::slice(s),
+            candle_core::Storage::Cpu(s) => T::in_storage(s),
             _ => None,
         }
         .ok_or_else(|| {
@@ -638,21 +649,13 @@ fn chunked<T: Float + candle_core::WithDType>(
 /// repack all of `X` (`examples/gemm_shapes.rs`: 59 → 86 GFLOP/s for `[64, 4096]·[4096, 2304]`,
 /// 52 → 77 for bc's `[48, 65536]·[65536, 204]`, 1 thread). The same sums in the same order.
 pub fn product_transposed(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let op = Product {
-        transposed: true,
-        f32_out: false,
-    };
-    a.apply_op2_no_bwd(b, &op).ctx("dense product")
+    Product::apply(a, b, true, false)
 }
 
 /// [`product_transposed`] into f32: `(a · b)ᵀ` of bf16 operands (or f32 ones) as
 /// [`product_f32`] computes `a · b`: a weight gradient taken transposed under mixed precision.
 pub fn product_transposed_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
-    let op = Product {
-        transposed: true,
-        f32_out: true,
-    };
-    a.apply_op2_no_bwd(b, &op).ctx("dense product f32")
+    Product::apply(a, b, true, true)
 }
 
 /// `dst += a · b`, **writing into `dst`'s storage** (which may be a view of a larger buffer);

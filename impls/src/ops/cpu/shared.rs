@@ -74,8 +74,6 @@ pub trait Float:
     fn of(v: f64) -> Self;
     /// The correctly rounded square root.
     fn sqrt(self) -> Self;
-    /// The storage's elements when it holds this type.
-    fn slice(s: &CpuStorage) -> Option<&[Self]>;
 }
 impl Float for f32 {
     const ZERO: Self = 0.0;
@@ -89,12 +87,6 @@ impl Float for f32 {
     fn sqrt(self) -> Self {
         f32::sqrt(self)
     }
-    fn slice(s: &CpuStorage) -> Option<&[Self]> {
-        match s {
-            CpuStorage::F32(v) => Some(v),
-            _ => None,
-        }
-    }
 }
 impl Float for f64 {
     const ZERO: Self = 0.0;
@@ -107,12 +99,6 @@ impl Float for f64 {
     }
     fn sqrt(self) -> Self {
         f64::sqrt(self)
-    }
-    fn slice(s: &CpuStorage) -> Option<&[Self]> {
-        match s {
-            CpuStorage::F64(v) => Some(v),
-            _ => None,
-        }
     }
 }
 
@@ -150,7 +136,10 @@ impl Elem for f32 {
         v
     }
     fn in_storage(s: &CpuStorage) -> Option<&[Self]> {
-        <f32 as Float>::slice(s)
+        match s {
+            CpuStorage::F32(v) => Some(v),
+            _ => None,
+        }
     }
     fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
         match s {
@@ -174,7 +163,10 @@ impl Elem for f64 {
         v
     }
     fn in_storage(s: &CpuStorage) -> Option<&[Self]> {
-        <f64 as Float>::slice(s)
+        match s {
+            CpuStorage::F64(v) => Some(v),
+            _ => None,
+        }
     }
     fn in_storage_mut(s: &mut CpuStorage) -> Option<&mut [Self]> {
         match s {

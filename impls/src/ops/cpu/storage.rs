@@ -3,7 +3,7 @@
 //! one-input kernel pattern ([`map1`]), tensors an op carries besides its operands, and whether
 //! a tensor lives where the families' kernels run ([`has_kernels`]).
 
-use crate::ops::cpu::shared::{Elem, Float};
+use crate::ops::cpu::shared::Elem;
 use crate::ops::layout::matrix::Mat;
 use candle_core::{CpuStorage, Layout, Tensor};
 
@@ -15,15 +15,6 @@ pub(crate) fn slice<'a, T>(v: &'a [T], l: &Layout, op: &str) -> candle_core::Res
         ))
     })?;
     Ok(&v[a..b])
-}
-
-/// The elements of `s` as `T` within layout `l`, or the op's dtype or layout error.
-pub(crate) fn elems<'a, T: Float>(
-    s: &'a CpuStorage,
-    l: &Layout,
-    op: &str,
-) -> candle_core::Result<&'a [T]> {
-    slice(T::slice(s).ok_or_else(|| bad_dtype(op))?, l, op)
 }
 
 /// The feature elements (see [`Elem`]) of `s` within layout `l`, or the op's dtype or layout
