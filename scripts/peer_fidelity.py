@@ -24,7 +24,8 @@ step each side took over all repeats: load only ever slows a step).
 
     python3 scripts/peer_fidelity.py [--sweep FILE ...] [--device cpu|cuda:N] [--peer pytorch|
         pytorch-compiled|none] [--steps S] [--warmup W] [--threads T] [--repeat R]
-        [--tolerance PCT] [--statistic median|min] [--only densebench|pytorch] [--csv OUT]
+        [--tolerance PCT] [--statistic median|min] [--only densebench|pytorch] [--variants A,B]
+        [--match REGEX] [--csv OUT]
 
 Default sweeps: harness/sweeps/versus-pytorch.toml on the CPU; on a GPU also
 harness/sweeps/gpu.toml (every configuration the issue names). Needs a release build
@@ -40,6 +41,8 @@ import argparse
 import csv
 import json
 import os
+import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -144,7 +147,8 @@ def bare_env(a) -> dict:
 def densebench_harness(a, job) -> dict:
     cmd = [a.densebench, "run", *config_flags(job), "--variant", job["variant"],
            "--device", a.device, "--math", job["math"], "--steps", str(a.steps),
-           "--warmup", str(a.warmup), "--threads", str(a.threads), "--format", "json"]
+           "--warmup", str(a.warmup), "--threads", str(a.threads), "--execution", job["execution"],
+           "--format", "json"]
     row = run_json(cmd)
     if row.get("status") != "ok":
         raise RuntimeError(f"run: status {row.get('status')}: {row.get('error')}")
@@ -155,7 +159,8 @@ def densebench_harness(a, job) -> dict:
 
 def densebench_bare(a, job, case: str, out: str) -> dict:
     cmd = [a.densebench, "step", "--case", case, "--variant", job["variant"], "--out", out,
-           "--force", "--device", a.device, "--bare-loop", str(a.steps), "--warmup", str(a.warmup)]
+           "--force", "--device", a.device, "--bare-loop", str(a.steps), "--warmup", str(a.warmup),
+           "--math", job["math"], "--execution", job["execution"]]
     if job["family"] == "mlp":
         cmd += ["--activation", job["activation"]]
     return run_json(cmd, env=bare_env(a))
@@ -279,6 +284,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--peer", default="pytorch", choices=("pytorch", "pytorch-compiled", "none"))
     p.add_argument("--only", choices=("densebench", "pytorch"))
     p.add_argument("--variants", help="comma-separated variant names to keep")
+    p.add_argument("--match", metavar="REGEX",
+                   help="keep the jobs whose row key matches (re.search), e.g. "
+                        "'/bc/64/24/12/16/' for BC-100's block at L=16")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--warmup", type=int, default=1)
     p.add_argument("--threads", type=int, default=1)
@@ -315,25 +323,64 @@ def main(argv: list[str]) -> int:
             jobs.append(j)
     keep = set(a.variants.split(",")) if a.variants else None
     jobs = [j for j in jobs if keep is None or j["variant"] in keep]
+    if a.match:
+        try:
+            pattern = re.compile(a.match)
+        except re.error as e:
+            die(f"--match: not a regular expression: {e}")
+        jobs = [j for j in jobs if pattern.search(j["key"])]
     is_peer = lambda j: j["variant"].startswith("pytorch-")  # noqa: E731
     if a.only:
         jobs = [j for j in jobs if is_peer(j) == (a.only == "pytorch")]
     a.torch_python = torch_python() if any(is_peer(j) for j in jobs) else None
-    tmp = tempfile.mkdtemp(prefix="densebench-fidelity-")
-    cases: dict[str, str] = {}
-    results, passed, failed, skipped = [], 0, 0, 0
+    # One row per pair, written and flushed as each is judged: a check stopped by a time limit
+    # (SIGTERM, as a GPU call's `timeout` sends) keeps every pair it finished.
+    cols = ["key", "verdict", "harness_ns", "bare_ns", "ratio", "worst_repeat_ratio",
+            "statistic", "tolerance", "device", "threads", "steps", "repeat", "error"]
+    sink = open(a.csv, "w", newline="") if a.csv else None
+    writer = csv.DictWriter(sink, fieldnames=cols, restval="") if sink else None
+    if writer:
+        writer.writeheader()
+        sink.flush()
+
+    def record(row: dict):
+        if writer:
+            writer.writerow(row)
+            sink.flush()
+
+    def stop(signum, _frame):
+        raise KeyboardInterrupt(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        passed, failed, skipped = run_jobs(a, jobs, tol, is_peer, record)
+    except KeyboardInterrupt:
+        print("fidelity: stopped before every job ran (the CSV holds the pairs judged so far)",
+              flush=True)
+        return 1
+    finally:
+        if sink:
+            sink.close()
+    line = f"{passed} passed, {failed} failed"
+    if skipped:
+        line += f", {skipped} skipped"
+    print(line)
+    return 1 if failed else 0
+
+
+def run_jobs(a, jobs, tol, is_peer, record) -> tuple[int, int, int]:
+    """Times every job both ways; `record` gets each pair's CSV row. (passed, failed, skipped)"""
+    passed, failed, skipped = 0, 0, 0
     print(f"fidelity: {len(jobs)} jobs on {a.device}, {a.threads} thread(s), {a.steps} steps "
           f"after {a.warmup} warm-up, {a.repeat} repeat(s), ±{tol:.0%} on the {a.statistic}"
           + (", bare loops without the harness's malloc tunables" if a.plain else ""),
           flush=True)
+    tmp = tempfile.mkdtemp(prefix="densebench-fidelity-")
+    cases: dict[str, str] = {}
     for j in jobs:
         label = f"{j['variant']} {config_id(j)}"
         if is_peer(j) and a.torch_python is None:
             print(f"SKIPPED {label}: PyTorch not importable (just peer-setup)", flush=True)
-            skipped += 1
-            continue
-        if j["math"] == "tf32" and not is_peer(j):
-            print(f"SKIPPED {label}: `step --bare-loop` has no --math", flush=True)
             skipped += 1
             continue
         cid = config_id(j)
@@ -362,7 +409,7 @@ def main(argv: list[str]) -> int:
         except (RuntimeError, subprocess.TimeoutExpired, ValueError, KeyError) as e:
             print(f"FAILED {label}: {e}", flush=True)
             failed += 1
-            results.append({"key": j["key"], "verdict": "error", "error": str(e)})
+            record({"key": j["key"], "verdict": "error", "error": str(e)})
             continue
         h, b, ratio, worst = judge(a, harness, bare)
         ok = abs(ratio - 1) <= tol
@@ -370,24 +417,11 @@ def main(argv: list[str]) -> int:
         failed += not ok
         print(f"{'ok    ' if ok else 'FAILED'} {label}: harness {h / 1e6:.3f} ms, bare loop "
               f"{b / 1e6:.3f} ms, ×{ratio:.3f} (worst repeat ×{worst:.3f})", flush=True)
-        results.append({"key": j["key"], "verdict": "ok" if ok else "outside", "harness_ns": int(h),
-                        "bare_ns": int(b), "ratio": f"{ratio:.4f}", "worst_repeat_ratio":
-                        f"{worst:.4f}", "statistic": a.statistic, "tolerance": tol,
-                        "device": a.device, "threads": a.threads, "steps": a.steps,
-                        "repeat": a.repeat, "error": ""})
-    if a.csv:
-        cols = ["key", "verdict", "harness_ns", "bare_ns", "ratio", "worst_repeat_ratio",
-                "statistic", "tolerance", "device", "threads", "steps", "repeat", "error"]
-        with open(a.csv, "w", newline="") as f:
-            w = csv.DictWriter(f, fieldnames=cols)
-            w.writeheader()
-            for r in results:
-                w.writerow(r)
-    line = f"{passed} passed, {failed} failed"
-    if skipped:
-        line += f", {skipped} skipped"
-    print(line)
-    return 1 if failed else 0
+        record({"key": j["key"], "verdict": "ok" if ok else "outside", "harness_ns": int(h),
+                "bare_ns": int(b), "ratio": f"{ratio:.4f}", "worst_repeat_ratio": f"{worst:.4f}",
+                "statistic": a.statistic, "tolerance": tol, "device": a.device,
+                "threads": a.threads, "steps": a.steps, "repeat": a.repeat, "error": ""})
+    return passed, failed, skipped
 
 
 if __name__ == "__main__":

@@ -266,6 +266,32 @@ fn activation_off_is_refused_for_bc_blocks() {
         &["--activation off applies to mlp cases only"],
     );
     assert!(!out.exists());
+    // The bare loop's math and execution (the fidelity check's densebench side, issue 36) are
+    // `run`'s, refused as `run` refuses them: a GPU's alone.
+    let step = |extra: &[&str]| {
+        let mut a = vec![
+            "step",
+            "--case",
+            path_str(&case),
+            "--variant",
+            "cat-store-copy",
+            "--out",
+            path_str(&out),
+            "--bare-loop",
+            "2",
+        ];
+        a.extend_from_slice(extra);
+        a.into_iter().map(str::to_string).collect::<Vec<_>>()
+    };
+    for (extra, needle) in [
+        (&["--math", "tf32"][..], "--math: math `tf32` is a GPU mode"),
+        (&["--execution", "graph"][..], "execution `graph` replays the step as a CUDA graph"),
+        (&["--execution", "compiled"][..], "execution `compiled` is torch.compile's"),
+    ] {
+        let args = step(extra);
+        refused(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[needle]);
+        assert!(!out.exists(), "{extra:?}");
+    }
 }
 
 #[test]

@@ -17,11 +17,14 @@ the end-to-end tests say `skipped`. The last line is `N passed, N failed`.
 
 from __future__ import annotations
 
+import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -132,6 +135,53 @@ class EndToEnd(unittest.TestCase):
         r = fidelity(self.bin, self.sweep, env)
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("0 passed, 2 failed", r.stdout)
+
+    def test_match_keeps_the_matching_jobs_and_the_csv_names_them(self):
+        csv_path = os.path.join(self.dir, "match.csv")
+        r = subprocess.run(
+            [sys.executable, SCRIPT, "--densebench", self.bin, "--sweep", self.sweep, "--peer",
+             "none", "--steps", "2", "--warmup", "0", "--repeat", "1", "--tolerance", "1000",
+             "--match", "^buffer-recompute", "--csv", csv_path],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("fidelity: 1 jobs", r.stdout)
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual([row["key"].split("/")[0] for row in rows], ["buffer-recompute-inplace"])
+        self.assertEqual(rows[0]["verdict"], "ok")
+        bad = subprocess.run(
+            [sys.executable, SCRIPT, "--densebench", self.bin, "--sweep", self.sweep, "--peer",
+             "none", "--match", "(unclosed"], capture_output=True, text=True, timeout=60)
+        self.assertEqual(bad.returncode, 2, bad.stdout + bad.stderr)
+        self.assertIn("--match: not a regular expression", bad.stderr)
+
+    def test_a_check_stopped_by_sigterm_keeps_the_pairs_it_judged(self):
+        # What a GPU call's `timeout` does to a check longer than the call: every finished
+        # pair is in the CSV, which stays valid.
+        csv_path = os.path.join(self.dir, "stopped.csv")
+        p = subprocess.Popen(
+            [sys.executable, SCRIPT, "--densebench", self.bin, "--sweep", self.sweep, "--peer",
+             "none", "--steps", "2", "--warmup", "0", "--repeat", "60", "--tolerance", "1000",
+             "--match", "^(cat-store-copy|buffer-recompute-inplace)/", "--csv", csv_path],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        deadline = time.monotonic() + 300
+        judged = []
+        while time.monotonic() < deadline and p.poll() is None:
+            if os.path.exists(csv_path):
+                with open(csv_path) as f:
+                    judged = list(csv.DictReader(f))
+            if judged:
+                break
+            time.sleep(0.2)
+        self.assertEqual(len(judged), 1, "the first pair was never written")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+        self.assertEqual(p.returncode, 1, out + err)
+        self.assertIn("stopped before every job ran", out)
+        with open(csv_path) as f:
+            rows = list(csv.DictReader(f))
+        self.assertEqual([r["key"].split("/")[0] for r in rows], ["cat-store-copy"], out)
+        self.assertEqual(rows[0]["verdict"], "ok")
 
 
 if __name__ == "__main__":

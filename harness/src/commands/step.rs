@@ -6,7 +6,8 @@
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates;
 use crate::plan::bounds::ResultExt;
-use crate::plan::job::{self, OnOff};
+use crate::plan::job::{self, Math, OnOff};
+use crate::plan::target::Execution;
 use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
 use crate::results::store::{refuse_input_as_output, write_atomic};
 use anyhow::{anyhow, Context, Result};
@@ -53,6 +54,14 @@ pub struct Args {
     /// Unmeasured steps before --bare-loop's.
     #[arg(long, default_value_t = 1, requires = "bare_loop")]
     pub warmup: usize,
+    /// f32 math of matmuls and convolutions, as `run --math`: `ieee`, or `tf32` (a GPU device
+    /// and f32 only).
+    #[arg(long, value_enum, default_value_t = Math::Ieee)]
+    pub math: Math,
+    /// How --bare-loop's steps run, as `run --execution`: `eager`, or `graph` (cuda:N only:
+    /// one step captured as a CUDA graph, each timed step one replay of it).
+    #[arg(long, value_enum, default_value_t = Execution::Eager, requires = "bare_loop")]
+    pub execution: Execution,
 }
 
 pub fn run(a: Args) -> Result<ExitCode> {
@@ -67,6 +76,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;
     let spec: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    a.execution
+        .check_densebench(spec)
+        .context("--execution")
+        .bad_input()?;
     let device = spec.open().bad_input()?;
     let limit = a.mem_limit.or_else(job::default_mem_limit);
     let case = Case::load_with_limit(&a.case, a.activation.map(OnOff::is_on), &device, limit)
@@ -84,6 +97,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .check(&case.cfg)
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;
+    a.math
+        .check(spec, case.cfg.dtype)
+        .context("--math")
+        .bad_input()?;
+    crate::measure::device::set_math(a.math);
     // The case fit (checked from its header); the step's gradients must fit beside it.
     if spec == DeviceSpec::Cpu {
         estimates::check_fits(
@@ -110,6 +128,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
         None => (step()?, None),
         Some(0) => {
             return Err(anyhow!("--bare-loop must be at least 1 step")).bad_input();
+        }
+        Some(n) if a.execution == Execution::Graph => {
+            for _ in 0..a.warmup {
+                drop(step()?);
+            }
+            let (times, result) = graph_loop(variant, &case, &device, n)?;
+            (result, Some(times))
         }
         Some(n) => {
             for _ in 0..a.warmup {
@@ -151,6 +176,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let line = serde_json::json!({
             "variant": variant.name(),
             "device": spec.to_string(),
+            "math": a.math.name(),
+            "execution": a.execution.name(),
             "threads": crate::measure::device::default_threads(),
             "warmup": a.warmup,
             "steps": times.len(),
@@ -162,4 +189,47 @@ pub fn run(a: Args) -> Result<ExitCode> {
         crate::tell!("{line}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--bare-loop N --execution graph`: one step captured as a CUDA graph and replayed N times,
+/// each replay timed alone (`measure::graph::replay`, what `run --execution graph` times), and
+/// the last replay's results.
+#[cfg(feature = "cuda")]
+fn graph_loop(
+    variant: Variant,
+    case: &Case,
+    device: &candle_core::Device,
+    n: usize,
+) -> Result<(Vec<u64>, impls::StepResult)> {
+    let (times, replayed) = crate::measure::graph::replay(variant, case, device, n)?;
+    // The results are copied out before the graph (which owns their memory) is destroyed.
+    let copy = |t: &candle_core::Tensor| t.copy();
+    let r = &replayed.result;
+    let result = impls::StepResult {
+        output: copy(&r.output)?,
+        grad_input: copy(&r.grad_input)?,
+        grads: r
+            .grads
+            .iter()
+            .map(|(k, t)| copy(t).map(|t| (k.clone(), t)))
+            .collect::<candle_core::Result<_>>()?,
+        running: r
+            .running
+            .iter()
+            .map(|(k, t)| copy(t).map(|t| (k.clone(), t)))
+            .collect::<candle_core::Result<_>>()?,
+    };
+    drop(replayed);
+    Ok((times, result))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn graph_loop(
+    _variant: Variant,
+    _case: &Case,
+    _device: &candle_core::Device,
+    _n: usize,
+) -> Result<(Vec<u64>, impls::StepResult)> {
+    // `check_densebench` refused `graph` off CUDA, and only a CUDA build opens a cuda:N device.
+    Err(anyhow!("--execution graph: this build has no CUDA support"))
 }
