@@ -285,11 +285,20 @@ fn activation_off_is_refused_for_bc_blocks() {
     };
     for (extra, needle) in [
         (&["--math", "tf32"][..], "--math: math `tf32` is a GPU mode"),
-        (&["--execution", "graph"][..], "execution `graph` replays the step as a CUDA graph"),
-        (&["--execution", "compiled"][..], "execution `compiled` is torch.compile's"),
+        (
+            &["--execution", "graph"][..],
+            "execution `graph` replays the step as a CUDA graph",
+        ),
+        (
+            &["--execution", "compiled"][..],
+            "execution `compiled` is torch.compile's",
+        ),
     ] {
         let args = step(extra);
-        refused(&args.iter().map(String::as_str).collect::<Vec<_>>(), &[needle]);
+        refused(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            &[needle],
+        );
         assert!(!out.exists(), "{extra:?}");
     }
 }
