@@ -101,6 +101,18 @@ def plan_jobs(densebench: str, sweep: str, peer: str) -> list[dict]:
     return jobs
 
 
+def on_device(job: dict, device: str) -> dict:
+    """`job` moved to `device` (`cpu` or `cuda:N`): its key names that device, and a compiled
+    peer's `compiled` becomes `graph` on a GPU (the peer compiles with `reduce-overhead`, CUDA
+    graphs, there; the harness's rows say so), and `graph` becomes `compiled` on the CPU."""
+    parts = job["key"].split("/")
+    rest = parts[12:]
+    if job["variant"].startswith("pytorch-compiled-"):
+        want, other = ("compiled", "graph") if device == "cpu" else ("graph", "compiled")
+        rest = [want if r == other else r for r in rest]
+    return parse_key("/".join(parts[:11] + [device] + rest))
+
+
 def config_flags(job: dict) -> list[str]:
     size = job["size"]
     return [
@@ -314,7 +326,7 @@ def main(argv: list[str]) -> int:
     for s in sweeps:
         for j in plan_jobs(a.densebench, s, a.peer):
             # Every job on --device; one per key there.
-            j["key"] = "/".join(j["key"].split("/")[:11] + [a.device] + j["key"].split("/")[12:])
+            j = on_device(j, a.device)
             if j["key"] in seen:
                 continue
             if (a.device == "cpu") and j["math"] == "tf32":

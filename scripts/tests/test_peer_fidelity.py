@@ -83,6 +83,16 @@ class KeyParsing(unittest.TestCase):
             src = f.read()
         self.assertIn(f'"{peer_fidelity.HARNESS_GLIBC_TUNABLES}"', src.replace("\n    ", ""))
 
+    def test_a_job_moved_to_a_gpu_names_it_and_a_compiled_peer_replays_graphs(self):
+        cpu = peer_fidelity.parse_key("pytorch-compiled-naive/bc/64/24/12/16/4/32/on/f32/0/cpu/compiled")
+        gpu = peer_fidelity.on_device(cpu, "cuda:0")
+        self.assertEqual(gpu["key"], "pytorch-compiled-naive/bc/64/24/12/16/4/32/on/f32/0/cuda:0/graph")
+        self.assertEqual((gpu["device"], gpu["execution"]), ("cuda:0", "graph"))
+        self.assertEqual(peer_fidelity.on_device(gpu, "cpu")["key"], cpu["key"])
+        own = peer_fidelity.parse_key("cat-store-copy/bc/64/24/12/16/4/32/on/f32/0/cpu")
+        self.assertEqual(peer_fidelity.on_device(own, "cuda:1")["key"],
+                         "cat-store-copy/bc/64/24/12/16/4/32/on/f32/0/cuda:1")
+
     def test_short_key_is_refused(self):
         with self.assertRaises(ValueError):
             peer_fidelity.parse_key("cat-store-copy/bc/64")
