@@ -319,9 +319,49 @@ pub fn section(groups: &[Group], out: &mut String) {
         for d in depths {
             let _ = writeln!(out, "### {} L={d}\n", g.label);
             let _ = writeln!(out, "{} · seed {}\n", g.device_label, g.key.seed);
+            if let Some(line) = default_math_line(&g.key.family, &g.key.device, &g.key.math) {
+                let _ = writeln!(out, "{line}\n");
+            }
             depth_tables(g, d, out);
         }
     }
+}
+
+/// On a GPU, which math a PyTorch user gets by default for this block, and whether this table
+/// is in it: cuDNN convolutions may use TF32 by default (`torch.backends.cudnn.allow_tf32`,
+/// true), matmuls may not (`torch.backends.cuda.matmul.allow_tf32`, false). Both sides of every
+/// ratio run the table's math; `None` on the CPU (no TF32 there) and for an unknown family.
+fn default_math_line(family: &str, device: &str, math: &str) -> Option<String> {
+    if !device.starts_with("cuda") {
+        return None;
+    }
+    let (default, why) = match family {
+        "bc" => (
+            "tf32",
+            "its 3×3 and 1×1 convolutions run in cuDNN, which PyTorch lets use TF32 by default \
+             (`torch.backends.cudnn.allow_tf32 = True`)",
+        ),
+        "mlp" => (
+            "ieee",
+            "its Linear layers are matmuls, which PyTorch keeps in full FP32 by default \
+             (`torch.backends.cuda.matmul.allow_tf32 = False`)",
+        ),
+        _ => return None,
+    };
+    let this = if math == default {
+        "this table is in that math"
+    } else {
+        "this table is not: both sides here run"
+    };
+    Some(format!(
+        "Math: `{math}` on both sides. PyTorch's default for this block is `{default}`: {why}; \
+         {this}{}.",
+        if math == default {
+            String::new()
+        } else {
+            format!(" `{math}`")
+        }
+    ))
 }
 
 /// The report's "CUDA graph replay" section ([`Row::cuda_graph_median_ns`], docs/gpu.md "CUDA
@@ -412,6 +452,25 @@ mod tests {
         let mut out = String::new();
         section(&groups, &mut out);
         out
+    }
+
+    #[test]
+    fn a_gpu_table_says_which_math_pytorch_users_get_by_default() {
+        assert_eq!(default_math_line("bc", "cpu", "ieee"), None);
+        let bc_tf32 = default_math_line("bc", "cuda:0", "tf32").unwrap_or_default();
+        assert!(
+            bc_tf32.contains("default for this block is `tf32`"),
+            "{bc_tf32}"
+        );
+        assert!(bc_tf32.contains("this table is in that math"), "{bc_tf32}");
+        let bc_ieee = default_math_line("bc", "cuda:0", "ieee").unwrap_or_default();
+        assert!(
+            bc_ieee.contains("is not: both sides here run `ieee`"),
+            "{bc_ieee}"
+        );
+        let mlp = default_math_line("mlp", "cuda:1", "ieee").unwrap_or_default();
+        assert!(mlp.contains("default for this block is `ieee`"), "{mlp}");
+        assert!(mlp.contains("matmul.allow_tf32 = False"), "{mlp}");
     }
 
     #[test]
