@@ -15,6 +15,7 @@ use crate::ops::elementwise;
 use crate::ops::layout::grid::{Grid, TAPS};
 use crate::ops::{bn, bn_backward, shift};
 use candle_core::{Device, Tensor};
+use rayon::prelude::*;
 use std::cell::Cell;
 
 thread_local! {
@@ -239,25 +240,79 @@ pub fn conv1_bwd_weight(
     if !cpu_kernels(dz.device()) {
         return dense_bwd_weight(dz, &r_of(0, m)?);
     }
-    let dwt = Tensor::zeros((c, b), dz.dtype(), dz.device()).ctx("conv1 dW")?;
+    // dW1ᵀ `[c, B]` in row blocks, one per thread, each its own tensor: an in-place product
+    // holds its destination's storage for writing, so two threads summing into views of one
+    // tensor took turns (measured: slower than one thread).
+    let blocks = dw_row_blocks(c, rayon::current_num_threads())
+        .into_iter()
+        .map(|(c0, cn)| {
+            Ok((
+                c0,
+                Tensor::zeros((cn, b), dz.dtype(), dz.device()).ctx("conv1 dW")?,
+            ))
+        })
+        .collect::<Result<Vec<_>>>()?;
     for (g0, gn) in dw_groups(m) {
         let r = r_of(g0, gn)?;
-        for k0 in (0..gn).step_by(DW_CHUNK_COLUMNS) {
-            let n = DW_CHUNK_COLUMNS.min(gn - k0);
-            let dz_t = dz
-                .narrow(1, g0 + k0, n)
-                .and_then(|v| v.t())
-                .ctx("conv1 dW")?;
-            gemm_into(
-                &dwt,
-                &r.narrow(1, k0, n).ctx("conv1 dW")?,
-                &dz_t,
-                g0 + k0 > 0,
-            )?;
-        }
+        // The chunks' operands, made here (TF32 rounding is this thread's setting).
+        let chunks = (0..gn)
+            .step_by(DW_CHUNK_COLUMNS)
+            .map(|k0| {
+                let n = DW_CHUNK_COLUMNS.min(gn - k0);
+                let dz_t = dz
+                    .narrow(1, g0 + k0, n)
+                    .and_then(|v| v.t())
+                    .ctx("conv1 dW")?;
+                Ok((
+                    operand(&r.narrow(1, k0, n).ctx("conv1 dW")?)?,
+                    operand(&dz_t)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        // Each block takes every chunk in order on its own thread: a product this small
+        // (`[C, B]` over 512 columns, 128 of them a step per layer) is one `gemm` panel that
+        // a second thread only slowed. Rows split nothing an element sums: the same bits as
+        // one `[C, B]` destination (`dw_row_blocks_keep_the_bits`).
+        blocks
+            .par_iter()
+            .map(|(c0, dst)| -> Result<()> {
+                for (i, (rc, dzc)) in chunks.iter().enumerate() {
+                    let rows = rc
+                        .narrow(0, *c0, dst.dim(0).ctx("conv1 dW")?)
+                        .ctx("conv1 dW")?;
+                    if g0 + i > 0 {
+                        dense::accumulate(dst, &rows, dzc)?;
+                    } else {
+                        dense::product_into(dst, &rows, dzc)?;
+                    }
+                }
+                Ok(())
+            })
+            .collect::<Result<Vec<()>>>()?;
     }
-    dwt.t().ctx("conv1 dW")?.contiguous().ctx("conv1 dW")
+    // dW1 `[B, c]`, one new contiguous tensor (candle's `cat` of one tensor would hand back
+    // the transposed view itself).
+    let parts = blocks
+        .iter()
+        .map(|(_, t)| t.t().ctx("conv1 dW"))
+        .collect::<Result<Vec<_>>>()?;
+    match parts.as_slice() {
+        [one] => one.contiguous().ctx("conv1 dW"),
+        _ => Tensor::cat(&parts, 1).ctx("conv1 dW"),
+    }
 }
+
+/// The row blocks `(first row, rows)` of dW1ᵀ `[c, B]` that [`conv1_bwd_weight`] sums on the
+/// pool's `threads` at once: one per thread, each at least [`DW_MIN_BLOCK_ROWS`] rows (one
+/// block below twice that).
+fn dw_row_blocks(c: usize, threads: usize) -> Vec<(usize, usize)> {
+    even_split(c, threads.min(c / DW_MIN_BLOCK_ROWS).max(1))
+}
+
+/// The fewest rows of dW1ᵀ a thread of [`conv1_bwd_weight`] takes: below about a hundred rows
+/// a second thread's share did not pay for its hand-over (C = 24 and 60 at 2 threads: slower
+/// than one; C = 204 and 216: ×0.78 and ×0.70 of the one-destination time).
+const DW_MIN_BLOCK_ROWS: usize = 96;
 
 /// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).
 pub const GRAD_BLOCK_ROWS: usize = 64;
@@ -738,8 +793,13 @@ mod tests {
     /// on the call's shape. Two column groups and a ragged last chunk.
     #[test]
     fn conv1_weight_gradient_in_chunks() -> Result<()> {
-        let (c, b, m) = (150, 48, 2 * FRONT_CHUNK_COLUMNS + 300);
+        let (c, b, m) = (200, 48, 2 * FRONT_CHUNK_COLUMNS + 300);
         assert_eq!(dw_groups(m).len(), 3);
+        // one row block on one thread, two on two or three: the blocks keep the bits too
+        assert_eq!(dw_row_blocks(c, 1).len(), 1);
+        assert_eq!(dw_row_blocks(c, 2), vec![(0, 100), (100, 100)]);
+        assert_eq!(dw_row_blocks(c, 3).len(), 2);
+        assert_eq!(dw_row_blocks(150, 2).len(), 1);
         let (r, dz) = (randn((c, m), DType::F64), randn((b, m), DType::F64));
         let whole = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
         assert_eq!(whole.dims(), &[b, c]);

@@ -37,6 +37,9 @@ const PANELS_PER_THREAD: usize = 4;
 /// (its small-size path blocks by 512), so a panel of 64 or fewer next to a layer output of 64
 /// channels would round differently from the same columns in one unsplit product.
 const MIN_PANEL: usize = 80;
+/// Multiply-adds below which a product too narrow for panels runs on the calling thread alone
+/// rather than in `gemm`'s own threading (see [`multiply`]): about 0.1 ms of one core.
+const SMALL_PRODUCT_MACS: usize = 1 << 23;
 /// Shortest row panel when there are rows enough for one per thread (see [`multiply`]).
 const MIN_ROW_PANEL: usize = 128;
 
@@ -110,7 +113,18 @@ unsafe fn multiply<T: Float>(
     let by_rows = d.rows > d.cols;
     let long = if by_rows { d.rows } else { d.cols };
     if long < 2 * MIN_PANEL {
-        return call(d, am, bm, gemm::Parallelism::Rayon(threads));
+        // Too few rows and columns for panels: `gemm`'s own threading, unless the product is
+        // so small that handing it between threads costs more than it saves (a bc layer's
+        // Conv1×1 weight gradient is 128 products of `[C, 48]` over 512 columns a step: at
+        // C = 24 on 2 threads, ×2.4 the one-thread time). `gemm` splits no inner dimension of
+        // 512 or less either way: the same bits.
+        let macs = d.rows.saturating_mul(d.cols).saturating_mul(am.cols);
+        let par = if macs < SMALL_PRODUCT_MACS {
+            gemm::Parallelism::None
+        } else {
+            gemm::Parallelism::Rayon(threads)
+        };
+        return call(d, am, bm, par);
     }
     // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so they
     // are at least MIN_ROW_PANEL rows unless that leaves a thread without one; column panels
@@ -816,7 +830,7 @@ mod tests {
 
     /// The three products of a dense layer, as the maths passes them (views, transposes),
     /// against candle's matmul, at shapes that take every branch (one column, column panels,
-    /// row panels, gemm's own threading) in pools of 1, 2 and 3 threads: bitwise the same at
+    /// row panels, gemm's own threading, one thread for a small product) in pools of 1, 2 and 3 threads: bitwise the same at
     /// every thread count (panel widths next to gemm's 64 × 64 small-size path included), and
     /// the weight gradient taken transposed bitwise the direct one.
     #[test]
@@ -828,6 +842,9 @@ mod tests {
                 (4, 7, 1000),
                 (64, 300, 4100),
                 (64, 70, 700),
+                // dW [64, 70] over 4096: too narrow for panels and above SMALL_PRODUCT_MACS,
+                // so gemm's own threading (the one at 700 is small: one thread)
+                (64, 70, 4096),
                 (48, 30, 70),
                 (12, 200, 300),
             ] {
