@@ -237,7 +237,11 @@ fn a_bf16_case_and_result_file_round_trip() -> impls::Result<()> {
 /// errors to the bound.
 #[test]
 fn bf16_error_is_reported() -> impls::Result<()> {
-    for cfg in [configs()[0].clone(), configs()[2].clone(), configs()[4].clone()] {
+    for cfg in [
+        configs()[0].clone(),
+        configs()[2].clone(),
+        configs()[4].clone(),
+    ] {
         let case = Case::random(&cfg, &Device::Cpu)?;
         let reference = case.reference()?;
         for v in Variant::for_config(&cfg) {
@@ -248,4 +252,3 @@ fn bf16_error_is_reported() -> impls::Result<()> {
     }
     Ok(())
 }
-

@@ -1,0 +1,209 @@
+//! bf16 (mixed precision, PyTorch autocast's rule: bf16 features, f32 parameters, parameter
+//! gradients and BN statistics) through the binary: `run --dtype bf16` gives an ok row checked
+//! against the f64 reference under the bf16 tolerance, a stale running statistic fails it,
+//! `case --dtype bf16` writes a mixed-dtype case file that `step` runs, and a GPU is refused.
+
+mod common;
+
+use common::{bin, densebench, path_str, stderr};
+use densebench::measure::step::BF16_REL_BOUND;
+use densebench::results::row::Row;
+use std::process::{Command, Output};
+
+/// A tiny block of `family` in bf16 (`run` arguments after the variant).
+fn tiny(family: &str) -> Vec<&'static str> {
+    let mut a = vec![
+        "--depth", "3", "--batch", "2", "--growth", "2", "--dtype", "bf16",
+    ];
+    a.extend(match family {
+        "bc" => [
+            "--family",
+            "bc",
+            "--channels",
+            "3",
+            "--bn-size",
+            "2",
+            "--size",
+            "3",
+        ]
+        .as_slice(),
+        _ => ["--family", "mlp", "--channels", "5"].as_slice(),
+    });
+    a
+}
+
+/// `densebench run --variant V <tiny bf16 block> --format json`, with `env` set.
+fn run(variant: &str, family: &str, cache: &str, env: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "run",
+        "--variant",
+        variant,
+        "--steps",
+        "1",
+        "--format",
+        "json",
+    ];
+    args.extend(tiny(family));
+    args.extend(["--cache-dir", cache]);
+    let mut c = Command::new(bin());
+    c.args(&args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("running densebench")
+}
+
+fn row(o: &Output) -> Row {
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("one JSON row ({e}): {text}"))
+}
+
+#[test]
+fn run_bf16_gives_an_ok_row_within_the_bf16_tolerance() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    for (family, variant) in [
+        ("bc", "buffer-recompute-inplace"),
+        ("bc", "cat-store-copy"),
+        ("mlp", "buffer-store-inplace"),
+    ] {
+        let o = run(variant, family, path_str(&cache), &[]);
+        assert!(o.status.success(), "{variant} {family}: {}", stderr(&o));
+        let r = row(&o);
+        assert_eq!(r.dtype, "bf16", "{}", r.key);
+        assert!(r.key.contains("/bf16/"), "{}", r.key);
+        assert_eq!(r.status, "ok", "{}", r.key);
+        assert_eq!(r.reference, "autograd/f64", "{}", r.key);
+        assert_eq!(r.tolerance, Some(BF16_REL_BOUND), "{}", r.key);
+        assert_eq!(r.grad_ok, Some(true), "{}: {}", r.key, r.error);
+        // bf16's own rounding (u = 2⁻⁸ = 3.9e-3) is there, and small on a tiny block
+        // (measured 4.1e-3 mlp, 2.2e-2 bc): not f32's ~1e-7, not a wrong gradient's O(1)
+        let err = r.max_rel_err.expect("an error");
+        assert!(err > 1e-4 && err < 1e-1, "{}: max_rel_err {err}", r.key);
+        assert!(
+            r.saved_bytes
+                .is_some_and(|s| s > 0 && Some(s) <= r.peak_bytes),
+            "{}",
+            r.key
+        );
+    }
+}
+
+#[test]
+fn a_bf16_row_keeps_half_the_f32_rows_features() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = path_str(&dir.path().join("cache")).to_string();
+    let o = run("cat-store-copy", "bc", &cache, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b = row(&o);
+    let mut args = vec![
+        "run",
+        "--variant",
+        "cat-store-copy",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+    ];
+    let mut t = tiny("bc");
+    t[7] = "f32"; // --dtype
+    args.extend(t);
+    args.extend(["--cache-dir", &cache]);
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f = row(&o);
+    assert_eq!(f.dtype, "f32");
+    // every saved tensor but BN's per-channel tables is a feature map: bf16 halves those,
+    // the f32 tables stay; so between half and all of the f32 row's saved bytes
+    let (bs, fs) = (
+        b.saved_bytes.expect("bf16 saved"),
+        f.saved_bytes.expect("f32 saved"),
+    );
+    assert!(2 * bs > fs && bs < fs, "bf16 saved {bs} vs f32 saved {fs}");
+}
+
+#[test]
+fn a_stale_running_statistic_fails_a_bf16_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let o = run(
+        "buffer-recompute-inplace",
+        "bc",
+        path_str(&cache),
+        &[("DENSEBENCH_PERTURB", "stale:denselayer2.norm2.running_var")],
+    );
+    let r = row(&o);
+    assert_eq!(r.grad_ok, Some(false), "{}: {}", r.key, stderr(&o));
+    assert!(
+        r.max_rel_err.is_some_and(|e| e > BF16_REL_BOUND),
+        "{:?}",
+        r.max_rel_err
+    );
+    assert!(!o.status.success());
+}
+
+#[test]
+fn case_and_step_in_bf16() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let case = dir.path().join("case.safetensors");
+    let out = dir.path().join("result.safetensors");
+    let mut args = vec!["case", "--out", path_str(&case)];
+    args.extend(tiny("bc"));
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = impls::Case::load(&case, None, &candle_core::Device::Cpu).expect("the case loads");
+    assert_eq!(c.cfg.dtype, candle_core::DType::BF16);
+    assert_eq!(c.input.dtype(), candle_core::DType::BF16);
+    assert!(c
+        .params
+        .tensors
+        .values()
+        .all(|t| t.dtype() == candle_core::DType::F32));
+    let o = densebench(&[
+        "step",
+        "--case",
+        path_str(&case),
+        "--variant",
+        "buffer-recompute-inplace",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = impls::case::load_result(&c.cfg, &out, &candle_core::Device::Cpu)
+        .expect("the result loads in autocast's dtypes");
+    assert_eq!(r.grad_input.dtype(), candle_core::DType::BF16);
+    // `step` runs what it is given: bitwise the library's step on the same case
+    let want = c.step(impls::Variant::NAIVE).expect("a bf16 step");
+    let cmp = impls::check::compare::compare(&r, &want).expect("comparable");
+    assert!(cmp.overall.bitwise, "{:?}", cmp.per_tensor);
+    // autograd is refused in bf16, saying why
+    let o = densebench(&[
+        "step",
+        "--case",
+        path_str(&case),
+        "--variant",
+        "autograd",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("does not run in bf16"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bf16_on_a_gpu_is_refused_with_a_reason() {
+    let mut args = vec!["run", "--variant", "cat-store-copy", "--device", "cuda:0"];
+    args.extend(tiny("mlp"));
+    let o = densebench(&args);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    // refused for the dtype, before the device is opened (with or without CUDA here)
+    assert!(
+        err.contains("--dtype") && err.contains("bf16") && err.contains("CPU only"),
+        "{err}"
+    );
+}
