@@ -207,3 +207,61 @@ fn bf16_on_a_gpu_is_refused_with_a_reason() {
         "{err}"
     );
 }
+
+/// `max-depth --no-confirm` (the model alone) on a bc block in `dtype`: variant → max depth.
+fn model_max_depth(dtype: &str, out: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--batch",
+        "16",
+        "--size",
+        "8",
+        "--budget",
+        "16MiB",
+        "--dtype",
+        dtype,
+        "--no-confirm",
+        "--max-depth",
+        "200",
+        "--out",
+        path_str(out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(out).expect("the CSV");
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].to_string(), f[3].parse().expect("a depth"))
+        })
+        .collect()
+}
+
+#[test]
+fn max_depth_in_bf16_goes_deeper_than_f32() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let f = model_max_depth("f32", &dir.path().join("f32.csv"));
+    let b = model_max_depth("bf16", &dir.path().join("bf16.csv"));
+    // the same hand-written variants (max-depth answers for no autograd in either)
+    assert!(f.keys().eq(b.keys()) && b.len() == 8, "{f:?} {b:?}");
+    for (v, depth) in &b {
+        // bf16 halves the stored features, which grow with depth; parameters stay f32
+        assert!(*depth > f[v], "{v}: bf16 {depth} vs f32 {}", f[v]);
+    }
+    // a GPU is refused for bf16 before anything runs
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--budget",
+        "1GiB",
+        "--dtype",
+        "bf16",
+        "--device",
+        "cuda:0",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("CPU only"), "{}", stderr(&o));
+}
