@@ -1,9 +1,13 @@
 //! bf16 (mixed precision, PyTorch autocast's rule: bf16 features, f32 parameters, parameter
 //! gradients and BN statistics) through the binary: `run --dtype bf16` gives an ok row checked
 //! against the f64 reference under the bf16 tolerance, a stale running statistic fails it,
-//! `case --dtype bf16` writes a mixed-dtype case file that `step` runs, and a GPU is refused.
+//! `case --dtype bf16` writes a mixed-dtype case file that `step` runs, a sweep's bf16 rows
+//! beside (fake) peer rows take the peer-derived bf16 tolerance, under which a ×1.5 tensor fails
+//! either side's row, `max-depth` answers in bf16, and a GPU is refused.
 
 mod common;
+#[path = "common/peer.rs"]
+mod peer_common;
 
 use common::{bin, densebench, path_str, stderr};
 use densebench::measure::step::BF16_REL_BOUND;
@@ -264,4 +268,60 @@ fn max_depth_in_bf16_goes_deeper_than_f32() {
     ]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("CPU only"), "{}", stderr(&o));
+}
+
+/// The peer tests' tiny bc block (`peer_common::BC_SWEEP`) in bf16, its hand-written variant
+/// only (autograd does not run in bf16).
+const BC_BF16_SWEEP: &str = "[defaults]\nsteps = 1\nwarmup = 0\ntimeout_secs = 120\n\
+    [[group]]\nfamily = 'bc'\nbatch = 2\nchannels = 3\ngrowth = 2\nbn_size = 2\nsize = 3\n\
+    depth = 2\ndtype = 'bf16'\nvariants = ['buffer-recompute-inplace']\n";
+
+#[test]
+fn bf16_rows_beside_peer_rows_take_the_derived_tolerance_and_a_perturbed_tensor_fails() {
+    use densebench::measure::step::{peer_derived_tolerance, peer_row_tolerance};
+    use peer_common::{bench, row};
+    let cfg = impls::Config {
+        dtype: candle_core::DType::BF16,
+        ..impls::Config::bc100_block()
+    };
+    let (o, rows) = bench(BC_BF16_SWEEP, &["--peer", "pytorch"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = rows.expect("rows written");
+    // the fake peer's RESULT is densebench's bf16 `cat-store-copy` step on the bf16 case
+    let naive = row(&rows, "pytorch-naive");
+    assert_eq!(naive.dtype, "bf16");
+    let peer_err = naive.max_rel_err.expect("the peer's error");
+    let ours = row(&rows, "buffer-recompute-inplace");
+    let dense_err = ours.max_rel_err.expect("densebench's error");
+    assert_eq!(ours.tolerance, Some(peer_derived_tolerance(&cfg, peer_err)));
+    assert_eq!(naive.tolerance, Some(peer_row_tolerance(&cfg, dense_err)));
+    for r in &rows {
+        assert_eq!(r.grad_ok, Some(true), "{}: {}", r.key, r.error);
+        // derived from a small bf16 error: tighter than a ×1.5 tensor's 3.3e-1
+        assert!(
+            r.tolerance.is_some_and(|t| t < 0.3),
+            "{}: {:?}",
+            r.key,
+            r.tolerance
+        );
+    }
+    // a ×1.5 input gradient fails densebench's bf16 row; a ×1.5 weight gradient the peer's
+    let (o, rows) = bench(
+        BC_BF16_SWEEP,
+        &["--peer", "pytorch"],
+        &[("DENSEBENCH_PERTURB", "grad.input")],
+    );
+    assert!(!o.status.success());
+    let rows = rows.expect("rows written");
+    assert_eq!(row(&rows, "buffer-recompute-inplace").grad_ok, Some(false));
+    assert_eq!(row(&rows, "pytorch-naive").grad_ok, Some(true));
+    let (o, rows) = bench(
+        BC_BF16_SWEEP,
+        &["--peer", "pytorch"],
+        &[("FAKE_PERTURB", "grad.denselayer2.conv1.weight")],
+    );
+    assert!(!o.status.success());
+    let rows = rows.expect("rows written");
+    assert_eq!(row(&rows, "pytorch-naive").grad_ok, Some(false));
+    assert_eq!(row(&rows, "buffer-recompute-inplace").grad_ok, Some(true));
 }
