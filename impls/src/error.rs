@@ -21,6 +21,14 @@ pub enum Error {
         family: String,
         reason: String,
     },
+    /// A variant that cannot run in the config's dtype (e.g. `autograd` in bf16: candle's CPU
+    /// matmul has no bf16), with why.
+    #[error("variant `{variant}` does not run in {dtype}: {reason}")]
+    DTypeNotSupported {
+        variant: String,
+        dtype: String,
+        reason: String,
+    },
     /// A named tensor is missing from a case file or parameter set.
     #[error("tensor `{name}` is missing{context}")]
     MissingTensor { name: String, context: String },

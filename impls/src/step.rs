@@ -8,14 +8,15 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::strategies::autograd;
 use crate::strategies::block;
-use candle_core::Tensor;
+use candle_core::{DType, Tensor};
 
 use crate::check::result::StepResult;
 
 /// One training step of `variant`: forward, then backward of `sum(output · grad_output)`.
 ///
-/// `input` and `grad_output` are in canonical layout and are never written to. The probe sees
-/// layer boundaries and the saved state at the end of forward.
+/// `input` and `grad_output` are in canonical layout, in the config's dtype, and are never
+/// written to; the parameters are in its [`Config::param_dtype`] (f32 for a bf16 block). The
+/// probe sees layer boundaries and the saved state at the end of forward.
 pub fn step(
     variant: Variant,
     cfg: &Config,
@@ -36,7 +37,19 @@ pub fn step(
                 name: spec.name.clone(),
                 context: " from the parameters".to_string(),
             })?;
-        check_tensor(&spec.name, t, &spec.shape, cfg.dtype)?;
+        check_tensor(&spec.name, t, &spec.shape, cfg.param_dtype())?;
+    }
+    // bf16 runs on the CPU's own kernels only: the CUDA kernels and the GPU's path (candle's
+    // matmul, which has no bf16 on the CPU) take f32 and f64
+    if cfg.dtype == DType::BF16 && !crate::layer::cpu_kernels(input.device()) {
+        return Err(Error::Unsupported {
+            device: format!("{:?}", input.device().location()),
+            what: format!(
+                "a bf16 step of {variant}: bf16 (mixed precision) runs on the CPU's own kernels \
+                 only; densebench's CUDA kernels and the GPU's path (the tap-stacked 3×3 \
+                 convolution, candle's matmul) have no bf16 yet (issue 39)"
+            ),
+        });
     }
     crate::layer::whole_front_override()?; // a mistyped DENSEBENCH_WHOLE_FRONT fails here
     match variant {

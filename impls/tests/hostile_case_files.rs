@@ -226,7 +226,7 @@ fn wrong_dtypes_are_named_with_what_was_expected() {
     assert_names(
         &load_err(&p, None),
         &p,
-        &["tensor `input` has dtype f16, expected f32 or f64"],
+        &["tensor `input` has dtype f16, expected f32, f64 or bf16"],
     );
     // An unknown dtype name.
     let (mut header, data) = split(&bytes);

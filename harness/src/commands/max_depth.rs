@@ -50,7 +50,7 @@ pub struct Args {
     /// ReLU after each Linear (mlp).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
-    /// f32 or f64.
+    /// f32, f64 or bf16 (mixed precision: bf16 features, f32 parameters and statistics; CPU only).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Deepest block considered. A variant that fits this deep is shown as `≥N` (the search
@@ -199,6 +199,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
         refuse_foreign(out, "--out", &kind, a.force)?;
     }
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
+    job::check_dtype_on(device, cfg.dtype)
+        .context("--dtype")
+        .bad_input()?;
     if !a.no_confirm {
         device.check_available().bad_input()?;
     }

@@ -281,6 +281,15 @@ pub fn read_f64<R: Read + Seek>(r: &mut R, header: &Header, entry: &Entry) -> Re
     read_values(r, header, entry, f64::from_le_bytes)
 }
 
+/// Reads `entry`'s data as bf16 values (little-endian), allocating exactly its size.
+pub fn read_bf16<R: Read + Seek>(
+    r: &mut R,
+    header: &Header,
+    entry: &Entry,
+) -> Result<Vec<half::bf16>> {
+    read_values(r, header, entry, half::bf16::from_le_bytes)
+}
+
 fn read_values<R: Read + Seek, T, const W: usize>(
     r: &mut R,
     header: &Header,

@@ -6,7 +6,10 @@
 //! exist (`layers.0.weight` → mlp, `denselayer1.conv1.weight` → bc), N and C0 from `input`,
 //! L from the number of layers, k from the last weight's output channels, bn_size from
 //! `conv1.weight`, H and W from `input` (any H × W, as torchvision's `_DenseBlock` takes), the
-//! dtype from `input`. Only the mlp activation cannot be seen in the tensors: `densebench case`
+//! dtype from `input`. A bf16 case (mixed precision, PyTorch autocast's) holds `input` and
+//! `grad_output` in bf16 and every parameter and BN buffer in f32 ([`Config::param_dtype`]);
+//! its result file `output` and `grad.input` in bf16, the parameter gradients and running
+//! statistics in f32. f32 and f64 files hold every tensor in their one dtype. Only the mlp activation cannot be seen in the tensors: `densebench case`
 //! records it in the file's `__metadata__` ([`ACTIVATION_KEY`]: `on` or `off`), else the caller
 //! gives it (default on); a caller's value that contradicts the file's is refused.
 //!
@@ -121,12 +124,22 @@ fn in_file<T>(path: &Path, f: impl FnOnce() -> Result<T>) -> Result<T> {
     })
 }
 
-/// The safetensors dtype name of a config dtype (`F32`, `F64`).
+/// The safetensors dtype name of a config dtype (`F32`, `F64`, `BF16`).
 fn st_name(dtype: DType) -> &'static str {
     match dtype {
         DType::F64 => "F64",
+        DType::BF16 => "BF16",
         _ => "F32",
     }
+}
+
+/// One tensor a file must declare: its name, shape and dtype.
+type Expected = (String, Vec<usize>, DType);
+
+/// The expected entry of a feature tensor (`input`, `grad_output`; `output`, `grad.input`):
+/// in the config's dtype.
+fn feature(cfg: &Config, name: &str, shape: Vec<usize>) -> Expected {
+    (name.to_string(), shape, cfg.dtype)
 }
 
 /// The declared entry of `name`, which must exist.
@@ -160,10 +173,11 @@ fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
     let dtype = match input.dtype {
         "F32" => DType::F32,
         "F64" => DType::F64,
+        "BF16" => DType::BF16,
         other => {
             return Err(Error::DTypeMismatch {
                 name: "input".to_string(),
-                expected: "f32 or f64".to_string(),
+                expected: "f32, f64 or bf16".to_string(),
                 found: other.to_lowercase(),
             })
         }
@@ -288,12 +302,12 @@ fn ignored_extra(cfg: &Config, name: &str) -> bool {
 }
 
 /// The error for an expected tensor the header does not declare.
-fn missing(name: &str, shape: &[usize], cfg: &Config) -> Error {
+fn missing(name: &str, shape: &[usize], dtype: DType, cfg: &Config) -> Error {
     Error::MissingTensor {
         name: name.to_string(),
         context: format!(
             " (expected shape {shape:?}, dtype {} for {})",
-            cfg.dtype.as_str(),
+            dtype.as_str(),
             cfg.describe()
         ),
     }
@@ -307,7 +321,7 @@ fn missing(name: &str, shape: &[usize], cfg: &Config) -> Error {
 fn check_declared(
     h: &Header,
     cfg: &Config,
-    fixed: &[(String, Vec<usize>)],
+    fixed: &[Expected],
     rename: impl Fn(&params::Spec) -> String,
 ) -> Result<()> {
     let per_layer = params::layer_specs(cfg, 0).len() as u128;
@@ -315,38 +329,37 @@ fn check_declared(
     if h.entries.len() as u128 >= total {
         return Ok(());
     }
-    for (name, shape) in fixed {
+    for (name, shape, dtype) in fixed {
         if !h.entries.contains_key(name) {
-            return Err(missing(name, shape, cfg));
+            return Err(missing(name, shape, *dtype, cfg));
         }
     }
     for i in 0..cfg.depth {
         for spec in params::layer_specs(cfg, i) {
             let name = rename(&spec);
             if !h.entries.contains_key(&name) {
-                return Err(missing(&name, &spec.shape, cfg));
+                return Err(missing(&name, &spec.shape, cfg.param_dtype(), cfg));
             }
         }
     }
     Ok(())
 }
 
-/// Checks that the header declares exactly `expected` (name, shape) in `dtype`, besides
+/// Checks that the header declares exactly `expected` (name, shape, dtype), besides
 /// PyTorch's ignored extras; then that the load fits `max_bytes`; then reads the tensors.
 fn read_expected(
     file: &mut File,
     h: &Header,
     cfg: &Config,
-    expected: &[(String, Vec<usize>)],
+    expected: &[Expected],
     max_bytes: Option<u64>,
 ) -> Result<HashMap<String, Tensor>> {
-    let want = st_name(cfg.dtype);
     let mut data_bytes = 0u128;
-    for (name, shape) in expected {
+    for (name, shape, dtype) in expected {
         let e = h
             .entries
             .get(name)
-            .ok_or_else(|| missing(name, shape, cfg))?;
+            .ok_or_else(|| missing(name, shape, *dtype, cfg))?;
         if e.shape != *shape {
             return Err(Error::ShapeMismatch {
                 name: name.clone(),
@@ -354,10 +367,10 @@ fn read_expected(
                 found: e.shape.clone(),
             });
         }
-        if e.dtype != want {
+        if e.dtype != st_name(*dtype) {
             return Err(Error::DTypeMismatch {
                 name: name.clone(),
-                expected: cfg.dtype.as_str().to_string(),
+                expected: dtype.as_str().to_string(),
                 found: e.dtype.to_lowercase(),
             });
         }
@@ -366,7 +379,7 @@ fn read_expected(
     // Every expected name was found above; whatever else the header declares must be an
     // allowed extra. Counting is enough: the header has no duplicate names.
     if h.entries.len() != expected.len() {
-        let known: HashSet<&str> = expected.iter().map(|(n, _)| n.as_str()).collect();
+        let known: HashSet<&str> = expected.iter().map(|(n, _, _)| n.as_str()).collect();
         for (name, e) in &h.entries {
             if known.contains(name.as_str()) {
                 continue;
@@ -409,11 +422,14 @@ fn read_expected(
     }
     let device = Device::Cpu;
     let mut out = HashMap::new();
-    for (name, shape) in expected {
+    for (name, shape, dtype) in expected {
         let e = entry(h, name, "")?;
-        let t = match cfg.dtype {
+        let t = match dtype {
             DType::F64 => {
                 Tensor::from_vec(header::read_f64(file, h, e)?, shape.as_slice(), &device)
+            }
+            DType::BF16 => {
+                Tensor::from_vec(header::read_bf16(file, h, e)?, shape.as_slice(), &device)
             }
             _ => Tensor::from_vec(header::read_f32(file, h, e)?, shape.as_slice(), &device),
         }
@@ -437,13 +453,17 @@ fn to_device(map: HashMap<String, Tensor>, device: &Device) -> Result<HashMap<St
 }
 
 impl Case {
-    /// Seeded random parameters (see [`Params::init`]), input and upstream gradient.
+    /// Seeded random parameters (see [`Params::init`]), input and upstream gradient. A bf16
+    /// case is the f32 case of the same config and seed with its input and upstream gradient
+    /// rounded to bf16 (its parameters and BN buffers are the f32 case's), so the f64 case its
+    /// values widen to exactly is the reference of both.
     pub fn random(cfg: &Config, device: &Device) -> Result<Case> {
         let params = Params::init(cfg, device)?;
-        let (lo, hi) = CASE_RANGE;
-        let input = params::uniform_tensor(cfg, "input", &cfg.input_shape(), lo, hi, device)?;
-        let grad_output =
-            params::uniform_tensor(cfg, "grad_output", &cfg.output_shape(), lo, hi, device)?;
+        let feature = |name, shape: Vec<usize>| {
+            params::uniform_tensor(cfg, name, &shape, CASE_RANGE, cfg.dtype, device)
+        };
+        let input = feature("input", cfg.input_shape())?;
+        let grad_output = feature("grad_output", cfg.output_shape())?;
         Ok(Case {
             cfg: cfg.clone(),
             params,
@@ -452,8 +472,10 @@ impl Case {
         })
     }
 
-    /// The same case in another dtype. Widening f32 → f64 is exact, so an f64 step on the
-    /// widened case is the exact-arithmetic reference for the f32 case.
+    /// The same case in another dtype: the features (input, upstream gradient) in `dtype`, the
+    /// parameters and BN buffers in its [`Config::param_dtype`]. Widening f32 or bf16 → f64 is
+    /// exact, so an f64 step on the widened case is the exact-arithmetic reference for the f32
+    /// and the bf16 case.
     pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<Case> {
         let cfg = Config {
             dtype,
@@ -463,7 +485,7 @@ impl Case {
             .params
             .tensors
             .iter()
-            .map(|(k, v)| Ok((k.clone(), v.to_dtype(dtype).ctx(k)?)))
+            .map(|(k, v)| Ok((k.clone(), v.to_dtype(cfg.param_dtype()).ctx(k)?)))
             .collect::<Result<_>>()?;
         Ok(Case {
             params: Params { tensors },
@@ -555,12 +577,17 @@ impl Case {
         in_file(path, || {
             let h = header::read_header(&mut file, len, max_bytes)?;
             let cfg = infer_config(&h, activation)?;
-            let mut expected: Vec<(String, Vec<usize>)> = vec![
-                ("input".to_string(), cfg.input_shape()),
-                ("grad_output".to_string(), cfg.output_shape()),
+            let mut expected = vec![
+                feature(&cfg, "input", cfg.input_shape()),
+                feature(&cfg, "grad_output", cfg.output_shape()),
             ];
             check_declared(&h, &cfg, &expected, |s| s.name.clone())?;
-            expected.extend(params::specs(&cfg).into_iter().map(|s| (s.name, s.shape)));
+            let param = cfg.param_dtype();
+            expected.extend(
+                params::specs(&cfg)
+                    .into_iter()
+                    .map(|s| (s.name, s.shape, param)),
+            );
             let read = read_expected(&mut file, &h, &cfg, &expected, max_bytes)?;
             // The header and the list are no longer needed: free them before the tensors are
             // sorted into parameters.
@@ -615,7 +642,8 @@ pub fn load_result(cfg: &Config, path: &Path, device: &Device) -> Result<StepRes
 
 /// Reads a result file for `cfg`, checked from its header before any data are read like
 /// [`Case::load_with_limit`]: exactly the tensors [`save_result`] writes for `cfg`, each with
-/// its shape and `cfg`'s dtype, within `max_bytes`. Every error names the file.
+/// its shape and dtype (`output` and `grad.input` in `cfg`'s dtype, the rest in its
+/// [`Config::param_dtype`]), within `max_bytes`. Every error names the file.
 pub fn load_result_with_limit(
     cfg: &Config,
     path: &Path,
@@ -626,13 +654,18 @@ pub fn load_result_with_limit(
     let (mut file, len) = open(path)?;
     in_file(path, || {
         let h = header::read_header(&mut file, len, max_bytes)?;
-        let mut expected: Vec<(String, Vec<usize>)> = vec![
-            ("output".to_string(), cfg.output_shape()),
-            ("grad.input".to_string(), cfg.input_shape()),
+        let mut expected = vec![
+            feature(cfg, "output", cfg.output_shape()),
+            feature(cfg, "grad.input", cfg.input_shape()),
         ];
         check_declared(&h, cfg, &expected, result_name)?;
         let specs = params::specs(cfg);
-        expected.extend(specs.iter().map(|s| (result_name(s), s.shape.clone())));
+        let param = cfg.param_dtype();
+        expected.extend(
+            specs
+                .iter()
+                .map(|s| (result_name(s), s.shape.clone(), param)),
+        );
         let read = read_expected(&mut file, &h, cfg, &expected, max_bytes)?;
         drop((h, expected));
         let mut map = to_device(read, device)?;

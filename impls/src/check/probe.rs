@@ -7,11 +7,14 @@ pub const FEATURES: &str = "features";
 
 /// One tensor a variant keeps for backward, as declared from the config or described from the
 /// live saved state. `view_of` names the storage it is a view into (then it owns no bytes).
+/// `table`: a per-channel table (BN statistics), held in the parameters' dtype (f32 under
+/// mixed precision), where everything else is a feature map in the config's dtype.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SavedTensor {
     pub name: String,
     pub shape: Vec<usize>,
     pub view_of: Option<String>,
+    pub table: bool,
 }
 
 impl SavedTensor {
@@ -20,6 +23,15 @@ impl SavedTensor {
             name: name.into(),
             shape,
             view_of: None,
+            table: false,
+        }
+    }
+
+    /// An owned per-channel table (see [`SavedTensor::table`]).
+    pub fn table(name: impl Into<String>, shape: Vec<usize>) -> Self {
+        SavedTensor {
+            table: true,
+            ..SavedTensor::owned(name, shape)
         }
     }
 
@@ -28,22 +40,28 @@ impl SavedTensor {
             name: name.into(),
             shape,
             view_of: Some(of.to_string()),
+            table: false,
         }
     }
 
-    /// Bytes this tensor owns (0 for a view).
-    pub fn owned_bytes(&self, dtype_size: usize) -> usize {
+    /// Bytes this tensor owns (0 for a view): `feature_size` bytes per element of a feature
+    /// map, `table_size` of a table.
+    pub fn owned_bytes(&self, feature_size: usize, table_size: usize) -> usize {
+        let size = if self.table { table_size } else { feature_size };
         if self.view_of.is_some() {
             0
         } else {
-            self.shape.iter().product::<usize>() * dtype_size
+            self.shape.iter().product::<usize>() * size
         }
     }
 }
 
-/// Total bytes owned by a list of saved tensors.
-pub fn saved_bytes(saved: &[SavedTensor], dtype_size: usize) -> usize {
-    saved.iter().map(|t| t.owned_bytes(dtype_size)).sum()
+/// Total bytes owned by a list of saved tensors (see [`SavedTensor::owned_bytes`]).
+pub fn saved_bytes(saved: &[SavedTensor], feature_size: usize, table_size: usize) -> usize {
+    saved
+        .iter()
+        .map(|t| t.owned_bytes(feature_size, table_size))
+        .sum()
 }
 
 /// Where a step is.

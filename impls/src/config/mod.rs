@@ -49,16 +49,32 @@ impl fmt::Display for Family {
     }
 }
 
-/// Parses a dtype name; only the float types the block is verified in are accepted.
+/// What the `reason` of a refused dtype says.
+const SUPPORTED_DTYPES: &str = "supported dtypes are f32, f64 and bf16 (mixed precision: bf16 \
+                                features, f32 parameters)";
+
+/// Parses a dtype name; only the float types the block is verified in are accepted: f32, f64,
+/// and bf16, PyTorch autocast's mixed precision (see [`Config::param_dtype`]).
 pub fn parse_dtype(s: &str) -> Result<DType> {
     match s {
         "f32" => Ok(DType::F32),
         "f64" => Ok(DType::F64),
+        "bf16" => Ok(DType::BF16),
         other => Err(Error::InvalidConfig {
             field: "dtype",
             value: other.to_string(),
-            reason: "supported dtypes are f32 and f64".to_string(),
+            reason: SUPPORTED_DTYPES.to_string(),
         }),
+    }
+}
+
+/// The dtype a config of `dtype` keeps its parameters, their gradients and its BatchNorm
+/// statistics in: f32 for bf16 (PyTorch autocast: parameters and BN buffers stay f32, only the
+/// features are bf16), else `dtype` itself.
+pub fn param_dtype(dtype: DType) -> DType {
+    match dtype {
+        DType::BF16 => DType::F32,
+        other => other,
     }
 }
 
@@ -175,11 +191,11 @@ impl Config {
     /// `size.rs`): `size = 4294967297` names `size`, not `depth`.
     pub fn validate(&self) -> Result<()> {
         self.check_positive()?;
-        if !matches!(self.dtype, DType::F32 | DType::F64) {
+        if !matches!(self.dtype, DType::F32 | DType::F64 | DType::BF16) {
             return Err(Error::InvalidConfig {
                 field: "dtype",
                 value: self.dtype.as_str().to_string(),
-                reason: "supported dtypes are f32 and f64".to_string(),
+                reason: SUPPORTED_DTYPES.to_string(),
             });
         }
         // Each field alone first: a field beyond the per-tensor limit is surely the typo.
@@ -196,7 +212,8 @@ impl Config {
                 });
             }
         }
-        let dtype_size = self.dtype_size() as u128;
+        // the widest element anything is stored in: a bf16 block's parameters are f32
+        let dtype_size = self.dtype_size().max(self.param_size()) as u128;
         let mut largest = 0u128;
         for (what, size) in self.tensor_sizes() {
             largest = largest.max(check_size(
@@ -492,8 +509,24 @@ impl Config {
         }
     }
 
+    /// Bytes of one feature element (the block's input, stored features, output and their
+    /// gradients): the size of [`Config::dtype`].
     pub fn dtype_size(&self) -> usize {
         self.dtype.size_in_bytes()
+    }
+
+    /// The dtype of the parameters, their gradients, the BN statistics and running stats: f32
+    /// for a bf16 block (PyTorch autocast's mixed precision), else the features' dtype. See
+    /// [`param_dtype`].
+    pub fn param_dtype(&self) -> DType {
+        param_dtype(self.dtype)
+    }
+
+    /// Bytes of one element of [`Config::param_dtype`] (4 for bf16 blocks). Also the element
+    /// the CPU kernels compute in (`ops::cpu::shared::Elem::Acc`): the 3×3 convolution's scratch
+    /// tiles and stacked weights are this size.
+    pub fn param_size(&self) -> usize {
+        self.param_dtype().size_in_bytes()
     }
 
     /// Canonical (PyTorch) shape of the block input: [N, C0] or [N, C0, H, W].

@@ -8,7 +8,7 @@
 
 use crate::config::{Config, Family};
 use crate::error::{CandleContext, Error, Result};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rand_chacha::ChaCha8Rng;
 use rand_core::{RngCore, SeedableRng};
 use std::collections::BTreeMap;
@@ -141,20 +141,25 @@ pub fn uniform(seed: u64, name: &str, count: usize, lo: f64, hi: f64) -> Vec<f64
         .collect()
 }
 
-/// A tensor of `shape` filled from [`uniform`], in the config's dtype.
+/// A tensor of `shape` filled from [`uniform`], in `dtype`. bf16 values are those of the f32
+/// tensor rounded to bf16 (f64 → f32 → bf16, each to nearest even), so a bf16 case holds the
+/// f32 case's values rounded once more, never a value the f32 case would not round to.
 pub fn uniform_tensor(
     cfg: &Config,
     name: &str,
     shape: &[usize],
-    lo: f64,
-    hi: f64,
+    (lo, hi): (f64, f64),
+    dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
     let count = shape.iter().product();
     let values = uniform(cfg.seed, name, count, lo, hi);
-    Tensor::from_vec(values, shape, device)
-        .and_then(|t| t.to_dtype(cfg.dtype))
-        .ctx(name)
+    let t = Tensor::from_vec(values, shape, device).ctx(name)?;
+    let t = match dtype {
+        DType::BF16 => t.to_dtype(DType::F32).ctx(name)?,
+        _ => t,
+    };
+    t.to_dtype(dtype).ctx(name)
 }
 
 /// Named parameters and BN running stats of one block.
@@ -164,7 +169,8 @@ pub struct Params {
 }
 
 impl Params {
-    /// Seeded deterministic init: the same config and seed give bitwise the same tensors.
+    /// Seeded deterministic init: the same config and seed give bitwise the same tensors, in
+    /// the config's [`Config::param_dtype`] (a bf16 block's are its f32 block's).
     pub fn init(cfg: &Config, device: &Device) -> Result<Params> {
         cfg.validate()?;
         let mut tensors = BTreeMap::new();
@@ -176,13 +182,21 @@ impl Params {
                 }
                 Init::Uniform(lo, hi) => (lo, hi),
             };
-            let t = uniform_tensor(cfg, &spec.name, &spec.shape, lo, hi, device)?;
+            let t = uniform_tensor(
+                cfg,
+                &spec.name,
+                &spec.shape,
+                (lo, hi),
+                cfg.param_dtype(),
+                device,
+            )?;
             tensors.insert(spec.name, t);
         }
         Ok(Params { tensors })
     }
 
-    /// Builds from named tensors (e.g. a case file), checking every name, shape and dtype.
+    /// Builds from named tensors (e.g. a case file), checking every name, shape and dtype (the
+    /// config's [`Config::param_dtype`]).
     pub fn from_tensors(cfg: &Config, mut named: BTreeMap<String, Tensor>) -> Result<Params> {
         let mut tensors = BTreeMap::new();
         for spec in specs(cfg) {
@@ -192,7 +206,7 @@ impl Params {
                     name: spec.name.clone(),
                     context: format!(" (expected shape {:?} for {})", spec.shape, cfg.describe()),
                 })?;
-            check_tensor(&spec.name, &t, &spec.shape, cfg.dtype)?;
+            check_tensor(&spec.name, &t, &spec.shape, cfg.param_dtype())?;
             tensors.insert(spec.name, t);
         }
         Ok(Params { tensors })
@@ -215,12 +229,7 @@ impl Params {
 }
 
 /// Errs unless `t` has exactly `shape` and `dtype`, naming the tensor.
-pub fn check_tensor(
-    name: &str,
-    t: &Tensor,
-    shape: &[usize],
-    dtype: candle_core::DType,
-) -> Result<()> {
+pub fn check_tensor(name: &str, t: &Tensor, shape: &[usize], dtype: DType) -> Result<()> {
     if t.dims() != shape {
         return Err(Error::ShapeMismatch {
             name: name.to_string(),

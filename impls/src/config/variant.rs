@@ -16,10 +16,21 @@
 //!   the buffer already; there is nothing to recompute. (`cat-recompute-*` does mean something for
 //!   mlp: it keeps the layer outputs and re-concatenates in backward.)
 //! - `mlp` with the activation off + `*-inplace`: there is no ReLU to run in place.
+//! - `autograd` in bf16: candle's CPU autograd cannot run a bf16 step ([`AUTOGRAD_BF16`]).
 
 use crate::config::{Config, Family};
 use crate::error::{Error, Result};
 use std::fmt;
+
+/// Why `autograd` does not run in bf16. Its graph would run candle's own CPU ops in bf16, and
+/// candle-core 0.11's CPU matmul (which its `conv2d` runs on) takes f16, f32 and f64 only
+/// (`UnsupportedDTypeForOp(BF16, "matmul")`); its BN statistics and parameter gradients would
+/// be bf16 too, not autocast's f32. The bf16 rows are checked against `autograd` in f64 on the
+/// bf16 case widened exactly, which needs no bf16 autograd.
+pub const AUTOGRAD_BF16: &str = "candle's autograd runs candle's own CPU ops, and candle-core \
+    0.11's CPU matmul (under its conv2d too) has no bf16 (UnsupportedDTypeForOp); a bf16 \
+    autograd step would also keep BN statistics and parameter gradients in bf16, not PyTorch \
+    autocast's f32. bf16 rows are checked against autograd in f64 on the case widened exactly";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Concat {
@@ -93,9 +104,16 @@ impl Variant {
             .collect()
     }
 
-    /// Errs when this variant means nothing for `cfg`, saying why.
+    /// Errs when this variant means nothing for `cfg`, or cannot run in its dtype, saying why.
     pub fn check(&self, cfg: &Config) -> Result<()> {
         let Variant::Manual(s) = self else {
+            if cfg.dtype == candle_core::DType::BF16 {
+                return Err(Error::DTypeNotSupported {
+                    variant: self.name(),
+                    dtype: cfg.dtype.as_str().to_string(),
+                    reason: AUTOGRAD_BF16.to_string(),
+                });
+            }
             return Ok(());
         };
         let reason = match cfg.family {

@@ -5,6 +5,13 @@
 //! reductions, Conv1×1 and Linear are a plain `W[out, C] @ X[C, M]`, and a prefix of the
 //! concatenated features is a contiguous view. Every strategy calls these functions, so variants
 //! with the same op order produce bitwise-identical results.
+//!
+//! Mixed precision (bf16, PyTorch autocast's rule, the CPU's kernels): the features and their
+//! gradients are bf16; a matrix product reads a bf16 copy of its f32 weight ([`autocast`]),
+//! accumulates in f32 and rounds its bf16 output once; BatchNorm's statistics, tables and
+//! running stats are f32; every parameter gradient is accumulated in f32 and kept in f32
+//! (weight gradients of bf16 operands, [`dense_bwd_weight`], [`conv1_bwd_weight`], the 3×3
+//! weight gradient; the bias gradient, [`dense_bwd_bias`]; BN's dγ and dβ).
 
 use crate::config::variant::Relu;
 use crate::config::Config;
@@ -14,7 +21,7 @@ use crate::ops::dense;
 use crate::ops::elementwise;
 use crate::ops::layout::grid::{Grid, TAPS};
 use crate::ops::{bn, bn_backward, shift};
-use candle_core::{Device, Tensor};
+use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 use std::cell::Cell;
 
@@ -135,6 +142,18 @@ fn bad_whole_front(value: String) -> crate::error::Error {
     }
 }
 
+/// The parameter `w` as a matrix product over features of dtype `features` reads it (PyTorch
+/// autocast's cast of a weight): for bf16 features a bf16 copy of the f32 weight (a new tensor,
+/// each element rounded to nearest even once), which the caller frees after its products; for
+/// f32 and f64 features the weight itself (no copy).
+pub fn autocast(w: &Tensor, features: DType) -> Result<Tensor> {
+    if w.dtype() == features {
+        Ok(w.clone())
+    } else {
+        w.to_dtype(features).ctx("autocast weight")
+    }
+}
+
 /// What one BatchNorm application saves for backward: its per-channel table, planar `[4, C]` =
 /// (batch mean; invstd = 1/√(var_biased + eps); scale = γ·invstd; shift = β − mean·scale), made
 /// by one fused op ([`bn::bn_prepare`]). Backward reads mean and invstd (rows 0..2); a
@@ -240,6 +259,8 @@ pub fn conv1_bwd_weight(
     if !cpu_kernels(dz.device()) {
         return dense_bwd_weight(dz, &r_of(0, m)?);
     }
+    // a parameter gradient: f32 for bf16 features, summed in f32 (not rounded to bf16)
+    let dtype = crate::config::param_dtype(dz.dtype());
     // dW1ᵀ `[c, B]` in row blocks, one per thread, each its own tensor: an in-place product
     // holds its destination's storage for writing, so two threads summing into views of one
     // tensor took turns (measured: slower than one thread).
@@ -248,7 +269,7 @@ pub fn conv1_bwd_weight(
         .map(|(c0, cn)| {
             Ok((
                 c0,
-                Tensor::zeros((cn, b), dz.dtype(), dz.device()).ctx("conv1 dW")?,
+                Tensor::zeros((cn, b), dtype, dz.device()).ctx("conv1 dW")?,
             ))
         })
         .collect::<Result<Vec<_>>>()?;
@@ -490,12 +511,14 @@ fn gemm_into(dst: &Tensor, a: &Tensor, b: &Tensor, add: bool) -> Result<()> {
 ///
 /// With a bias, the bias is broadcast into the output first and the product added into it
 /// ([`dense::accumulate`]: `gemm`, or cuBLAS with β = 1; one `[out, M]` tensor). Without one:
-/// the CPU's panels ([`dense::product`]), on the GPU's path candle's matmul.
+/// the CPU's panels ([`dense::product`]), on the GPU's path candle's matmul. `w` is in the
+/// features' dtype (see [`autocast`]); an f32 bias of bf16 features is rounded to bf16 first
+/// (a `[out]` copy, freed once broadcast), as autocast's Linear does.
 pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor> {
     match bias {
         Some(b) => {
             // always a fresh tensor (even for M = 1): the product is added into it
-            let y = elementwise::repeat_rows(b, x.dims()[1])?;
+            let y = elementwise::repeat_rows(&autocast(b, x.dtype())?, x.dims()[1])?;
             accumulate(&y, w, x)?;
             Ok(y)
         }
@@ -504,17 +527,26 @@ pub fn dense_fwd(w: &Tensor, bias: Option<&Tensor>, x: &Tensor) -> Result<Tensor
     }
 }
 
-/// Weight gradient of [`dense_fwd`]: `gy[out, M] @ xᵀ[M, in]`.
+/// Weight gradient of [`dense_fwd`]: `gy[out, M] @ xᵀ[M, in]`; of bf16 features an f32
+/// gradient (f32 accumulation, not rounded to bf16).
 pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
     if cpu_kernels(gy.device()) {
         // (X·Gᵀ)ᵀ: the orientation gemm runs fastest on these shapes (see the function)
-        return dense::product_transposed(x, &gy.t().ctx("dense dW")?);
+        let gt = gy.t().ctx("dense dW")?;
+        return match gy.dtype() {
+            DType::BF16 => dense::product_transposed_f32(x, &gt),
+            _ => dense::product_transposed(x, &gt),
+        };
     }
     matmul(gy, &x.t().ctx("dense dW")?, "dense dW")
 }
 
-/// Bias gradient of [`dense_fwd`]: `Σ_M gy`.
+/// Bias gradient of [`dense_fwd`]: `Σ_M gy`; of bf16 features an f32 gradient, each row
+/// summed in f64 and rounded once ([`elementwise::row_sums_f32`]).
 pub fn dense_bwd_bias(gy: &Tensor) -> Result<Tensor> {
+    if gy.dtype() == DType::BF16 {
+        return elementwise::row_sums_f32(gy);
+    }
     gy.sum(1).ctx("dense db")
 }
 

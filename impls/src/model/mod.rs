@@ -44,7 +44,7 @@ pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>>
         }
         // BN's per-channel table (mean; invstd; scale; shift), see `maths::BnStats`
         let stats = |out: &mut Vec<SavedTensor>, which: &str, ch: usize| {
-            out.push(SavedTensor::owned(
+            out.push(SavedTensor::table(
                 format!("layer{i}.{which}.stats"),
                 vec![4, ch],
             ));
@@ -76,7 +76,7 @@ pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>>
 
 /// Bytes of [`declare_saved`], or `None` for `autograd`.
 pub fn declared_saved_bytes(variant: Variant, cfg: &Config) -> Option<usize> {
-    declare_saved(variant, cfg).map(|s| saved_bytes(&s, cfg.dtype_size()))
+    declare_saved(variant, cfg).map(|s| saved_bytes(&s, cfg.dtype_size(), cfg.param_size()))
 }
 
 /// The smallest peak the model's ±5% is claimed for. Below about 1 MiB, a few KiB the model

@@ -9,11 +9,22 @@ use crate::ops::conv3x3;
 use std::collections::BTreeSet;
 
 /// Live-bytes bookkeeping for the predicted trace of one step.
+///
+/// Three element sizes: a feature's ([`Trace::alloc`]: activations, their gradients and the
+/// append buffers, the config's dtype), a parameter's ([`Trace::alloc_p`]: parameter
+/// gradients, BN tables and running stats, the 3×3 convolution's scratch tiles and stacked
+/// weights, which the CPU kernels hold in the compute type: [`Config::param_size`]), and the
+/// bf16 copies of weights that a mixed-precision product reads ([`Trace::cast`]; nothing for f32
+/// and f64, whose products read the weight itself). For f32 and f64 the first two are the same.
 pub(crate) struct Trace<'a> {
     pub(crate) live: i128,
     pub(crate) peak: i128,
-    /// Bytes per element.
+    /// Bytes per feature element.
     pub(crate) s: i128,
+    /// Bytes per parameter (and table, and compute-type scratch) element.
+    pub(crate) p: i128,
+    /// Whether products read a copy of their weight in the features' dtype (bf16).
+    pub(crate) autocast: bool,
     /// Bytes gemm packs into while a dense product runs (CPU), see [`Trace::product`].
     pub(crate) pack: i128,
     /// What the allocator charges for one allocation of so many bytes ([`Charge`]).
@@ -28,6 +39,8 @@ impl<'a> Trace<'a> {
             live: 0,
             peak: 0,
             s: cfg.dtype_size() as i128,
+            p: cfg.param_size() as i128,
+            autocast: cfg.dtype != cfg.param_dtype(),
             pack,
             charge,
             sizes: BTreeSet::new(),
@@ -37,16 +50,41 @@ impl<'a> Trace<'a> {
     fn product(&mut self) {
         self.peak = self.peak.max(self.live + self.pack);
     }
-    /// One allocation of `elems` elements (one tensor's storage).
-    fn alloc(&mut self, elems: usize) {
-        let bytes = elems as u64 * self.s as u64;
+    /// One allocation of `bytes` (one tensor's storage).
+    fn alloc_bytes(&mut self, bytes: u64) {
         self.sizes.insert(bytes);
         self.live += (self.charge)(bytes) as i128;
         self.peak = self.peak.max(self.live);
     }
+    /// One allocation of `elems` feature elements (one tensor's storage).
+    fn alloc(&mut self, elems: usize) {
+        self.alloc_bytes(elems as u64 * self.s as u64);
+    }
     /// The allocation of `elems` elements made by an earlier [`Trace::alloc`] is freed.
     fn free(&mut self, elems: usize) {
         self.live -= (self.charge)(elems as u64 * self.s as u64) as i128;
+    }
+    /// One allocation of `elems` parameter-sized elements (a parameter gradient, a BN table,
+    /// compute-type scratch).
+    fn alloc_p(&mut self, elems: usize) {
+        self.alloc_bytes(elems as u64 * self.p as u64);
+    }
+    /// The allocation of `elems` elements made by an earlier [`Trace::alloc_p`] is freed.
+    fn free_p(&mut self, elems: usize) {
+        self.live -= (self.charge)(elems as u64 * self.p as u64) as i128;
+    }
+    /// A weight of `elems` elements cast to the features' dtype for its products
+    /// (`layer::autocast`): a feature-sized copy under mixed precision, nothing otherwise.
+    fn cast(&mut self, elems: usize) {
+        if self.autocast {
+            self.alloc(elems);
+        }
+    }
+    /// The copy of an earlier [`Trace::cast`] is freed.
+    fn uncast(&mut self, elems: usize) {
+        if self.autocast {
+            self.free(elems);
+        }
     }
     /// BN1 → ReLU of a bc layer's input `[c, M]`: r, left live.
     fn bn1_relu(&mut self, c: usize, m: usize, copy: bool) {
@@ -76,8 +114,9 @@ impl<'a> Trace<'a> {
         split: bool,
     ) {
         if forward {
-            self.alloc(6 * c); // BN1's table and running stats
+            self.alloc_p(6 * c); // BN1's table and running stats
         }
+        self.cast(b * c); // W1 in the features' dtype
         if split && !keep_r {
             self.alloc(b * m); // z, a column chunk at a time
             for (_, w) in crate::layer::front_chunks(m) {
@@ -93,10 +132,11 @@ impl<'a> Trace<'a> {
                 self.free(c * m); // r, read by Conv1×1 only (recomputed in backward for dW1)
             }
         }
+        self.uncast(b * c);
         if forward {
-            self.alloc(2 * b); // z's (mean; var)
-            self.alloc(6 * b); // BN2's table and running stats
-            self.free(2 * b);
+            self.alloc_p(2 * b); // z's (mean; var)
+            self.alloc_p(6 * b); // BN2's table and running stats
+            self.free_p(2 * b);
         }
         self.alloc(b * m); // BN2 output
         if copy {
@@ -124,12 +164,12 @@ impl<'a> Trace<'a> {
             self.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
         }
         if path == Kernels::Cpu {
-            self.alloc(b * c); // dW1ᵀ, transposed into dW1
+            self.alloc_p(b * c); // dW1ᵀ, transposed into dW1
             self.product();
-            self.alloc(b * c); // dW1 (kept)
-            self.free(b * c);
+            self.alloc_p(b * c); // dW1 (kept)
+            self.free_p(b * c);
         } else {
-            self.alloc(b * c); // dW1 (kept)
+            self.alloc_p(b * c); // dW1 (kept)
         }
         self.free(c * m); // r (ReLU1's backward masks from x and BN1's table)
         self.alloc(c * m); // dr
@@ -142,7 +182,7 @@ impl<'a> Trace<'a> {
         if cat {
             self.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
         } // buffer: BN1's backward adds dx straight into the gradient buffer
-        self.alloc(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
+        self.alloc_p(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
         self.free(c * m); // BN1 grad input
     }
 
@@ -159,7 +199,7 @@ impl<'a> Trace<'a> {
         recompute: bool,
         cat: bool,
     ) {
-        self.alloc(b * c); // dW1ᵀ, summed a column chunk at a time
+        self.alloc_p(b * c); // dW1ᵀ, summed a column chunk at a time
         for (_, n) in crate::layer::dw_groups(m) {
             if recompute {
                 self.bn1_relu(c, n, copy); // the group's r
@@ -172,11 +212,11 @@ impl<'a> Trace<'a> {
         if !recompute {
             self.free(c * m); // r (saved), read by the blocks
         }
-        self.alloc(b * c); // dW1 (kept), transposed
-        self.free(b * c);
+        self.alloc_p(b * c); // dW1 (kept), transposed
+        self.free_p(b * c);
         let blocks = crate::layer::grad_blocks(c);
         for (j, &(_, n)) in blocks.iter().enumerate() {
-            self.alloc(4 * n); // the block's BN1 table
+            self.alloc_p(4 * n); // the block's BN1 table
             self.alloc(n * m); // the block's dr
             self.product();
             if copy {
@@ -186,16 +226,16 @@ impl<'a> Trace<'a> {
             if cat && j == 0 {
                 self.alloc(c * m); // new input gradient: the previous one's prefix
             }
-            self.alloc(5 * n); // BN1's sums and coefficients of the block
+            self.alloc_p(5 * n); // BN1's sums and coefficients of the block
             self.free(n * m); // the block's BN1 grad input
-            self.free(4 * n);
+            self.free_p(4 * n);
         }
         self.free(b * m); // dz
         if blocks.len() > 1 {
-            self.alloc(c); // dγ1 (kept), gathered from the blocks
-            self.alloc(c); // dβ1 (kept)
+            self.alloc_p(c); // dγ1 (kept), gathered from the blocks
+            self.alloc_p(c); // dβ1 (kept)
             for &(_, n) in &blocks {
-                self.free(5 * n);
+                self.free_p(5 * n);
             }
         } // one block: dγ1 and dβ1 are rows of its sums (kept)
     }
@@ -271,14 +311,18 @@ pub(crate) fn trace_with<'a>(
         t.free(c0 * m); // copied in, dropped
     }
     if cfg.family == Family::Bc {
-        t.alloc(2 * c0); // the features' per-channel (mean; var), see `block::ChannelStats`
+        t.alloc_p(2 * c0); // the features' per-channel (mean; var), see `block::ChannelStats`
     }
     for i in 0..l {
         let c = cfg.c_in(i);
         match cfg.family {
             Family::Mlp => {
+                t.cast(k * c); // W in the features' dtype
+                t.cast(k); // the bias in the features' dtype, freed once broadcast
                 t.alloc(k * m); // the bias, then W @ x added into it
+                t.uncast(k);
                 t.product();
+                t.uncast(k * c);
                 if cfg.activation && copy {
                     t.alloc(k * m);
                     t.free(k * m);
@@ -295,14 +339,15 @@ pub(crate) fn trace_with<'a>(
             }
             Family::Bc => {
                 t.bc_front(c, b, m, copy, true, !recompute, split);
+                t.cast(9 * k * b); // W2 in the features' dtype
                 match path {
                     Kernels::Cpu => {
                         let tiles = conv3x3::scratch_elems(g, conv3x3::Pass::Forward, b, k);
-                        t.alloc(9 * k * b); // stacked taps
+                        t.alloc_p(9 * k * b); // stacked taps (compute type)
                         t.alloc(k * m); // y
-                        t.alloc(tiles);
-                        t.free(tiles);
-                        t.free(9 * k * b);
+                        t.alloc_p(tiles);
+                        t.free_p(tiles);
+                        t.free_p(9 * k * b);
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
@@ -312,12 +357,13 @@ pub(crate) fn trace_with<'a>(
                         t.free(9 * k * b);
                     }
                 }
+                t.uncast(9 * k * b);
                 if i + 1 < l {
                     // y's (mean; var) appended to the features' (the last layer's never read)
-                    t.alloc(2 * k);
-                    t.alloc(2 * (c + k));
-                    t.free(2 * c);
-                    t.free(2 * k);
+                    t.alloc_p(2 * k);
+                    t.alloc_p(2 * (c + k));
+                    t.free_p(2 * c);
+                    t.free_p(2 * k);
                 }
                 if cat {
                     t.alloc((c + k) * m); // new concatenation
@@ -340,7 +386,7 @@ pub(crate) fn trace_with<'a>(
         }
     }
     if cfg.family == Family::Bc {
-        t.free(2 * cfg.c_in(l.saturating_sub(1))); // the features' statistics, dropped
+        t.free_p(2 * cfg.c_in(l.saturating_sub(1))); // the features' statistics, dropped
     }
     // ---- backward ----
     t.alloc(ct * m); // upstream gradient → channel-major (the gradient buffer for `buffer`)
@@ -359,20 +405,24 @@ pub(crate) fn trace_with<'a>(
                     t.free(k * m); // saved output
                 }
                 if path == Kernels::Cpu {
-                    t.alloc(k * c); // dWᵀ, transposed into dW
+                    t.alloc_p(k * c); // dWᵀ, transposed into dW
                     t.product();
-                    t.alloc(k * c); // dW (kept)
-                    t.free(k * c);
-                    t.alloc(k); // db (kept)
+                    t.alloc_p(k * c); // dW (kept)
+                    t.free_p(k * c);
+                    t.alloc_p(k); // db (kept)
                 } else {
-                    t.alloc(k * c); // dW (kept)
-                    t.alloc(k); // db (kept)
+                    t.alloc_p(k * c); // dW (kept)
+                    t.alloc_p(k); // db (kept)
                 }
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
+                }
+                t.cast(k * c); // W in the features' dtype, for dx
+                if cat {
                     t.alloc(c * m); // new input gradient: the prefix's values, dx added in
                 }
                 t.product(); // dx added in
+                t.uncast(k * c);
                 if cfg.activation && copy {
                     t.free(k * m);
                 }
@@ -384,21 +434,22 @@ pub(crate) fn trace_with<'a>(
                 if recompute {
                     t.bc_front(c, b, m, copy, false, !defer_r && !split, split);
                 }
+                t.cast(9 * k * b); // W2 in the features' dtype
                 match path {
                     Kernels::Cpu => {
                         let data = conv3x3::scratch_elems(g, conv3x3::Pass::Data, b, k);
-                        t.alloc(9 * k * b); // flipped taps
+                        t.alloc_p(9 * k * b); // flipped taps (compute type)
                         t.alloc(b * m); // ds
-                        t.alloc(data);
-                        t.free(data);
-                        t.free(9 * k * b);
+                        t.alloc_p(data);
+                        t.free_p(data);
+                        t.free_p(9 * k * b);
                         let weight = conv3x3::scratch_elems(g, conv3x3::Pass::Weight, b, k);
                         let parts = conv3x3::weight_partial_elems(g, k, b).max(9 * k * b);
-                        t.alloc(parts); // dW2 partials, summed into the first
-                        t.alloc(weight);
-                        t.free(weight);
-                        t.alloc(9 * k * b); // dW2 (kept), the sum reordered
-                        t.free(parts);
+                        t.alloc_p(parts); // dW2 partials, summed into the first
+                        t.alloc_p(weight);
+                        t.free_p(weight);
+                        t.alloc_p(9 * k * b); // dW2 (kept), the sum reordered
+                        t.free_p(parts);
                     }
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
@@ -411,20 +462,23 @@ pub(crate) fn trace_with<'a>(
                         t.free(9 * k * b); // tap-stacked weight
                     }
                 }
+                t.uncast(9 * k * b);
                 if copy {
                     t.alloc(b * m); // ReLU2 backward copy
                     t.free(b * m); // ds
                 }
                 t.free(b * m); // s
-                t.alloc(5 * b); // BN2's (Σgy = dβ2; Σgy·x̂ = dγ2; A; B; C), kept for dγ2, dβ2
+                t.alloc_p(5 * b); // BN2's (Σgy = dβ2; Σgy·x̂ = dγ2; A; B; C), kept for dγ2, dβ2
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z
+                t.cast(b * c); // W1 in the features' dtype, for the front's backward
                 if split {
                     t.front_bwd_split(c, b, m, copy, recompute, cat);
                 } else {
                     t.front_bwd_whole(c, b, m, copy, recompute && defer_r, cat, path);
                 }
+                t.uncast(b * c);
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
                 }
@@ -459,9 +513,17 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// high: 128 KiB per thread that gemm never allocates there. Blocks with products of more than
 /// 128 KiB (every test config and default sweep row) are unchanged.
 pub fn packing_allowance(cfg: &Config) -> u64 {
+    if cfg.dtype != cfg.param_dtype() {
+        // bf16 operands: gemm multiplies the f32 blocks of the thread's widening scratch
+        // (`ops::dense::WIDEN_SCRATCH_BYTES`, at most 128×256 by 256×256), made before the
+        // step, and packs those small blocks without allocating per product as the f32 step's
+        // whole-operand products do (measured: with the f32 allowance the model was ×0.946 …
+        // ×0.975 of the allocator on an mlp block, N=2048, C0=64, k=32, L=6)
+        return GEMM_PACKING_FLOOR_BYTES;
+    }
     const TILES: u64 = 24;
     const ALIGN: u64 = 2 * 128;
-    let elem = cfg.dtype.size_in_bytes() as u64;
+    let elem = cfg.dtype_size() as u64;
     let c = cfg.c_in(cfg.depth.saturating_sub(1)) as u64;
     let o = cfg.bottleneck().max(cfg.growth) as u64;
     let m = cfg.m() as u64;

@@ -12,11 +12,13 @@
 //! order for that inner length, so results do not depend on the number of threads or panels.
 //!
 //! bf16 operands (PyTorch autocast's products): `gemm` 0.19 has no bf16, so `multiply_widened`
-//! widens tiles of the operands to f32 in a per-task scratch (exact), multiplies them with the
-//! f32 `gemm`, accumulates in f32 and writes each output element once: rounded to bf16 for a
-//! bf16 destination ([`product`], [`accumulate`] into bf16), unrounded into an f32 one
-//! ([`product_f32`], [`accumulate`] of bf16 operands into f32: parameter gradients). Its extra
-//! memory is [`WIDEN_SCRATCH_BYTES`] per running thread, whatever the operands' sizes.
+//! widens tiles of the operands to f32 in a per-thread scratch (exact), multiplies them with
+//! the f32 `gemm`, accumulates in f32 and writes each output element once: rounded to bf16 for
+//! a bf16 destination ([`product`], [`accumulate`] into bf16), unrounded into an f32 one
+//! ([`product_f32`], [`accumulate`] of bf16 operands into f32: parameter gradients). The
+//! scratch is [`WIDEN_SCRATCH_BYTES`] per thread, made on a thread's first widened product and
+//! kept for the thread's life, like `gemm`'s own packing slab: [`settle_widen_scratch`] makes it
+//! on every compute thread before a measured step, so no step allocates it.
 
 use crate::error::{CandleContext, Result};
 use crate::ops::cpu::shared::{Elem, Float, SharedPtr};
@@ -53,6 +55,18 @@ const MIN_ROW_PANEL: usize = 128;
 /// steps (the memory model's [`crate::model::trace::GEMM_PACKING_ALLOWANCE_BYTES`]).
 pub fn settle_thread_scratch() {
     let touch = || gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+    rayon::broadcast(|_| touch());
+    touch();
+}
+
+/// Makes the widening scratch of bf16-operand products ([`WIDEN_SCRATCH_BYTES`]) on every
+/// thread of the current rayon pool and on the calling thread, as [`settle_thread_scratch`]
+/// does `gemm`'s slab: a bf16 step's products then allocate no scratch of their own, whichever
+/// threads run their tiles; the scratch is part of the baseline (runtime, not the step), as the
+/// slab is. Called before warm-up where a step has bf16 features (an f32 or f64 step never makes
+/// it, so its baseline is unchanged).
+pub fn settle_widen_scratch() {
+    let touch = || WIDEN_SCRATCH.with(|s| drop(s.borrow_mut()));
     rayon::broadcast(|_| touch());
     touch();
 }
@@ -172,14 +186,22 @@ const WIDE_NB: usize = 256;
 /// `gemm` calls, each adding its block's products into the tile's f32 accumulator.
 const WIDE_KB: usize = 256;
 
-/// The most memory one thread's widening scratch of a bf16-operand product holds, in bytes:
-/// the f32 copies of one left block (`WIDE_MB × WIDE_KB`), one right block (`WIDE_KB ×
-/// WIDE_NB`) and the f32 accumulator of one output tile (`WIDE_MB × WIDE_NB`), `4·(128·256 +
-/// 256·256 + 128·256)` = 512 KiB. A product holds at most this once per thread of the rayon
-/// pool running it (each tile's scratch lives only while a thread works on the tile), besides
-/// its output and `gemm`'s own packing buffers (as for f32); never a whole-operand f32 copy.
-pub const WIDEN_SCRATCH_BYTES: usize =
-    4 * (WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB);
+/// One thread's widening scratch of bf16-operand products, in bytes: the f32 copies of one left
+/// block (`WIDE_MB × WIDE_KB`), one right block (`WIDE_KB × WIDE_NB`) and the f32 accumulator
+/// of one output tile (`WIDE_MB × WIDE_NB`), `4·(128·256 + 256·256 + 128·256)` = 512 KiB, made
+/// whole on the thread's first widened product and kept (see [`settle_widen_scratch`]); never a
+/// whole-operand f32 copy. A product allocates nothing besides its output and `gemm`'s own
+/// packing buffers (as for f32).
+pub const WIDEN_SCRATCH_BYTES: usize = 4 * WIDEN_SCRATCH_ELEMS;
+
+/// [`WIDEN_SCRATCH_BYTES`] in f32 elements.
+const WIDEN_SCRATCH_ELEMS: usize = WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB;
+
+thread_local! {
+    /// This thread's widening scratch ([`WIDEN_SCRATCH_BYTES`]), made whole on first use.
+    static WIDEN_SCRATCH: std::cell::RefCell<Vec<f32>> =
+        std::cell::RefCell::new(vec![0.0; WIDEN_SCRATCH_ELEMS]);
+}
 
 /// `dst [= or +=] a · b` for operands stored as `E` and computed in f32 (bf16 operands),
 /// `dst` stored as `D` (bf16, or f32 for a parameter gradient): tiles of `dst` of
@@ -187,7 +209,9 @@ pub const WIDEN_SCRATCH_BYTES: usize =
 /// widened, or +0) over blocks of [`WIDE_KB`] of the inner dimension whose operand blocks are
 /// widened to f32 (exact) and multiplied by `gemm`, then written to `dst` once, `D::narrow`
 /// (round to nearest even for bf16, exact for f32). The tiling does not depend on the number
-/// of threads, so neither do the results. Scratch: [`WIDEN_SCRATCH_BYTES`] per thread.
+/// of threads, so neither do the results. Scratch: the running thread's [`WIDEN_SCRATCH`]
+/// (a tile's work never yields to rayon, so no other tile of this thread holds it meanwhile;
+/// should it be held anyway, the tile takes a scratch of its own).
 ///
 /// # Safety
 /// As [`multiply`]: the operands must lie inside the allocations the pointers address, and
@@ -212,14 +236,21 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
         SharedPtr(a as *mut E),
         SharedPtr(b as *mut E),
     );
-    let scratch = || (Vec::<f32>::new(), Vec::<f32>::new(), Vec::<f32>::new());
-    tiles
-        .into_par_iter()
-        .for_each_init(scratch, |(sa, sb, acc), (r0, c0)| {
+    tiles.into_par_iter().for_each(|(r0, c0)| {
+        WIDEN_SCRATCH.with(|cell| {
+            let mut own = Vec::new();
+            let mut held = cell.try_borrow_mut();
+            let scratch: &mut Vec<f32> = match &mut held {
+                Ok(s) => s,
+                Err(_) => &mut own,
+            };
+            scratch.resize(WIDEN_SCRATCH_ELEMS, 0.0);
+            let (sa, rest) = scratch.split_at_mut(WIDE_MB * WIDE_KB);
+            let (sb, acc) = rest.split_at_mut(WIDE_KB * WIDE_NB);
             let (mr, nc) = (WIDE_MB.min(m - r0), WIDE_NB.min(n - c0));
             let at = |x: Mat, i: usize, j: usize| x.off + i * x.rs + j * x.cs;
-            acc.clear();
-            acc.resize(mr * nc, 0.0);
+            let acc = &mut acc[..mr * nc];
+            acc.fill(0.0);
             if accumulate {
                 for i in 0..mr {
                     for j in 0..nc {
@@ -231,16 +262,18 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
             }
             for k0 in (0..k).step_by(WIDE_KB) {
                 let kc = WIDE_KB.min(k - k0);
-                sa.clear();
-                sa.extend((0..mr * kc).map(|e| {
+                let sa = &mut sa[..mr * kc];
+                for (e, v) in sa.iter_mut().enumerate() {
                     // SAFETY: inside a (the caller's contract); a is only read
-                    unsafe { *(ap.get() as *const E).add(at(am, r0 + e / kc, k0 + e % kc)) }.widen()
-                }));
-                sb.clear();
-                sb.extend((0..kc * nc).map(|e| {
+                    *v = unsafe { *(ap.get() as *const E).add(at(am, r0 + e / kc, k0 + e % kc)) }
+                        .widen();
+                }
+                let sb = &mut sb[..kc * nc];
+                for (e, v) in sb.iter_mut().enumerate() {
                     // SAFETY: inside b (the caller's contract); b is only read
-                    unsafe { *(bp.get() as *const E).add(at(bm, k0 + e / nc, c0 + e % nc)) }.widen()
-                }));
+                    *v = unsafe { *(bp.get() as *const E).add(at(bm, k0 + e / nc, c0 + e % nc)) }
+                        .widen();
+                }
                 // SAFETY: three dense row-major f32 buffers of this task, mr×nc, mr×kc, kc×nc.
                 unsafe {
                     gemm::gemm(
@@ -272,7 +305,8 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
                     unsafe { *dp.get().add(at(d, r0 + i, c0 + j)) = D::narrow(acc[i * nc + j]) };
                 }
             }
-        });
+        })
+    });
 }
 
 /// [`multiply`] or [`multiply_widened`], picked by dtype: `dst [= or +=] a · b`.
@@ -601,22 +635,36 @@ pub fn product_of_column_chunks(
     }
     let (s, l) = a.storage_and_layout();
     match &*s {
-        candle_core::Storage::Cpu(CpuStorage::F32(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
-        candle_core::Storage::Cpu(CpuStorage::F64(v)) => chunked(OP, (v, l), n, chunks, &mut chunk),
+        candle_core::Storage::Cpu(CpuStorage::F32(v)) => {
+            chunked(OP, (v, l), n, chunks, &mut chunk, multiply::<f32>)
+        }
+        candle_core::Storage::Cpu(CpuStorage::F64(v)) => {
+            chunked(OP, (v, l), n, chunks, &mut chunk, multiply::<f64>)
+        }
+        candle_core::Storage::Cpu(CpuStorage::BF16(v)) => chunked(
+            OP,
+            (v, l),
+            n,
+            chunks,
+            &mut chunk,
+            multiply_widened::<half::bf16, half::bf16>,
+        ),
         _ => Err(crate::error::Error::Unsupported {
             device: format!("{:?}", a.device().location()),
-            what: format!("{OP} (CPU f32/f64 only; got {:?})", a.dtype()),
+            what: format!("{OP} (CPU f32/f64/bf16 only; got {:?})", a.dtype()),
         }),
     }
 }
 
-/// [`product_of_column_chunks`] for element type `T`.
-fn chunked<T: Float + candle_core::WithDType>(
+/// [`product_of_column_chunks`] for element type `T` (bf16: operands widened to f32 tile by
+/// tile, each output element rounded once, as [`product`]).
+fn chunked<T: Elem + candle_core::WithDType>(
     op: &str,
     (a, al): (&[T], &Layout),
     n: usize,
     chunks: &[(usize, usize)],
     chunk: &mut impl FnMut(usize, usize) -> Result<Tensor>,
+    mul: Multiply<T, T>,
 ) -> Result<Tensor> {
     let am = Mat::of(al, a.len(), op, "lhs").ctx(op)?;
     let len = am.rows * n;
@@ -649,7 +697,7 @@ fn chunked<T: Float + candle_core::WithDType>(
         // SAFETY: Mat::of checked a and this chunk against their slices, check_shapes the
         // product's shape against columns c0 .. c0 + cols of `out`, whose capacity is
         // rows × n; out is a fresh allocation, distinct from both operands.
-        unsafe { multiply(out.as_mut_ptr(), d, false, a.as_ptr(), am, bv.as_ptr(), bm) };
+        unsafe { mul(out.as_mut_ptr(), d, false, a.as_ptr(), am, bv.as_ptr(), bm) };
     }
     // SAFETY: the chunks tile 0..n (checked by the caller), and a product that does not
     // accumulate writes every element of its columns (`writes_every_element`).
@@ -676,7 +724,7 @@ pub fn product_transposed_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// `a` and `b` must not share `dst`'s storage (candle refuses them): see [`accumulate_tail`].
 /// Dtypes: all f32, all f64, or bf16 operands into a bf16 `dst` (`bf16(f32(dst) + Σ)`, the
 /// sum in f32, rounded once) or an f32 `dst` (a parameter gradient accumulated in f32, not
-/// rounded to bf16); widening scratch [`WIDEN_SCRATCH_BYTES`] per thread.
+/// rounded to bf16); widening scratch: the thread's [`WIDEN_SCRATCH_BYTES`].
 pub fn accumulate(dst: &Tensor, a: &Tensor, b: &Tensor) -> Result<()> {
     dst.inplace_op3(a, b, &Accumulate { add: true })
         .ctx("dense accumulate")

@@ -375,6 +375,45 @@ impl CustomOp1 for RepeatRows {
     }
 }
 
+/// The sum of each row of a contiguous `[C, M]` map of bf16 (or f32) features as a new f32
+/// `[C]`: each row summed in f64 and rounded once to f32. A parameter gradient of bf16
+/// features: the Linear bias's, `Σ_M gy`, kept in f32 under mixed precision (candle's `sum`
+/// of bf16 adds in bf16). CPU only; f32 and f64 rows take candle's `sum` in the layer maths.
+pub fn row_sums_f32(x: &Tensor) -> Result<Tensor> {
+    x.dims2().ctx("row-sums-f32")?;
+    x.apply_op1_no_bwd(&RowSumsF32).ctx("row-sums-f32")
+}
+
+struct RowSumsF32;
+impl CustomOp1 for RowSumsF32 {
+    fn name(&self) -> &'static str {
+        "row-sums-f32"
+    }
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
+        fn go<E: Elem>(v: &[E], cols: usize) -> Vec<f32> {
+            use crate::ops::cpu::shared::Float;
+            v.par_chunks(cols.max(1))
+                .map(|row| row.iter().map(|x| x.widen().f64()).sum::<f64>() as f32)
+                .collect()
+        }
+        let (a, b) = contiguous_range(l, self.name())?;
+        let (rows, cols) = (l.dims()[0], l.dims()[1]);
+        let out = match s {
+            _ if cols == 0 => vec![0.0; rows],
+            CpuStorage::BF16(v) => go(&v[a..b], cols),
+            CpuStorage::F32(v) => go(&v[a..b], cols),
+            other => {
+                return Err(candle_core::Error::Msg(format!(
+                    "{}: dtype {:?} unsupported (bf16 or f32 rows into f32)",
+                    self.name(),
+                    other.dtype()
+                )))
+            }
+        };
+        Ok((CpuStorage::F32(out), Shape::from(rows)))
+    }
+}
+
 /// ReLU backward into a new tensor: `out > 0 ? g : 0`.
 pub fn relu_bwd(g: &Tensor, out: &Tensor) -> Result<Tensor> {
     same_shape("relu-bwd", g, out)?;

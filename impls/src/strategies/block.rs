@@ -62,7 +62,10 @@ impl LayerSaved {
             out.push(tensor(format!("layer{i}.x"), x, in_buffer));
         }
         let stats = |out: &mut Vec<SavedTensor>, which: &str, s: &BnStats| {
-            out.push(tensor(format!("layer{i}.{which}.stats"), &s.table, false));
+            out.push(SavedTensor::table(
+                format!("layer{i}.{which}.stats"),
+                s.table.dims().to_vec(),
+            ));
         };
         match &self.inner {
             Inner::Mlp { out: o } => {
@@ -180,7 +183,8 @@ fn bc_front(
             (s, Some(r))
         }
     };
-    let w1 = conv1_matrix(cfg, params, i)?;
+    // the features' dtype (bf16: a copy of the f32 weight, freed once Conv1×1 has run)
+    let w1 = layer::autocast(&conv1_matrix(cfg, params, i)?, x.dtype())?;
     let (r, z) = if !keep_r && layer::split_front(x.device()) {
         // r is needed for Conv1×1 only: made and multiplied a column chunk at a time
         (None, layer::bn_relu_conv1_chunked(&w1, x, &stats1, relu)?)
@@ -189,6 +193,7 @@ fn bc_front(
         let z = layer::dense_fwd(&w1, None, &r)?;
         (keep_r.then_some(r), z)
     };
+    drop(w1);
     let (stats2, run2) = match stats {
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
@@ -300,9 +305,10 @@ pub fn step_manual(
         };
         let layer = match cfg.family {
             Family::Mlp => {
-                let w = params.get(&mlp_weight(i))?;
+                let w = layer::autocast(params.get(&mlp_weight(i))?, x.dtype())?;
                 let b = params.get(&mlp_bias(i))?;
-                let y = layer::dense_fwd(w, Some(b), &x)?;
+                let y = layer::dense_fwd(&w, Some(b), &x)?;
+                drop(w);
                 let y = if cfg.activation {
                     layer::relu_fwd(y, strategy.relu)?
                 } else {
@@ -345,7 +351,9 @@ pub fn step_manual(
                     running.insert(bn_name(i, norm, "running_mean"), new_m);
                     running.insert(bn_name(i, norm, "running_var"), new_v);
                 }
-                let y = layer::conv3x3_fwd(cfg, &f.s, params.get(&conv_name(i, 2))?)?;
+                let w2 = layer::autocast(params.get(&conv_name(i, 2))?, f.s.dtype())?;
+                let y = layer::conv3x3_fwd(cfg, &f.s, &w2)?;
+                drop(w2);
                 if i + 1 < cfg.depth {
                     ch.append(&y)?; // the last layer's output is normalised by no BN
                 }
@@ -450,10 +458,11 @@ pub fn step_manual(
                     gy
                 };
                 drop(out);
-                let w = params.get(&mlp_weight(i))?;
                 param_grads.insert(mlp_weight(i), layer::dense_bwd_weight(&gy, &x)?);
                 param_grads.insert(mlp_bias(i), layer::dense_bwd_bias(&gy)?);
                 drop(x);
+                // the features' dtype (bf16: a copy of the f32 weight, freed with this layer)
+                let w = &layer::autocast(params.get(&mlp_weight(i))?, gy.dtype())?;
                 // The input gradient is added straight into the gradient of the layer input:
                 // the buffer's prefix, or (cat) a new tensor holding the prefix's values.
                 match &mut grads {
@@ -594,8 +603,9 @@ fn bc_backward(
     into: InputGrad,
     param_grads: &mut BTreeMap<String, Tensor>,
 ) -> Result<Option<Tensor>> {
-    let (ds, dw2) = layer::conv3x3_bwd(cfg, &gy, &s, params.get(&conv_name(i, 2))?)?;
-    drop(gy);
+    let w2 = layer::autocast(params.get(&conv_name(i, 2))?, gy.dtype())?;
+    let (ds, dw2) = layer::conv3x3_bwd(cfg, &gy, &s, &w2)?;
+    drop((gy, w2));
     param_grads.insert(conv_name(i, 2), dw2);
     let db = layer::relu_bwd(ds, &s, strategy.relu)?;
     drop(s);
@@ -603,7 +613,7 @@ fn bc_backward(
     drop((db, z));
     param_grads.insert(bn_name(i, 2, "weight"), dg2);
     param_grads.insert(bn_name(i, 2, "bias"), dbeta2);
-    let w1 = conv1_matrix(cfg, params, i)?;
+    let w1 = layer::autocast(&conv1_matrix(cfg, params, i)?, dz.dtype())?;
     let gamma1 = params.get(&bn_name(i, 1, "weight"))?;
     let front = Front {
         x: &x,
@@ -617,6 +627,7 @@ fn bc_backward(
     } else {
         front.backward_whole(r, dz, into)?
     };
+    drop(w1);
     param_grads.insert(
         conv_name(i, 1),
         dw1.reshape((cfg.bottleneck(), cfg.c_in(i), 1, 1))

@@ -1,0 +1,327 @@
+//! bf16 (mixed precision, PyTorch autocast's rule: bf16 features, f32 parameters, parameter
+//! gradients and BN statistics) through the binary: `run --dtype bf16` gives an ok row checked
+//! against the f64 reference under the bf16 tolerance, a stale running statistic fails it,
+//! `case --dtype bf16` writes a mixed-dtype case file that `step` runs, a sweep's bf16 rows
+//! beside (fake) peer rows take the peer-derived bf16 tolerance, under which a ×1.5 tensor fails
+//! either side's row, `max-depth` answers in bf16, and a GPU is refused.
+
+mod common;
+#[path = "common/peer.rs"]
+mod peer_common;
+
+use common::{bin, densebench, path_str, stderr};
+use densebench::measure::step::BF16_REL_BOUND;
+use densebench::results::row::Row;
+use std::process::{Command, Output};
+
+/// A tiny block of `family` in bf16 (`run` arguments after the variant).
+fn tiny(family: &str) -> Vec<&'static str> {
+    let mut a = vec![
+        "--depth", "3", "--batch", "2", "--growth", "2", "--dtype", "bf16",
+    ];
+    a.extend(match family {
+        "bc" => [
+            "--family",
+            "bc",
+            "--channels",
+            "3",
+            "--bn-size",
+            "2",
+            "--size",
+            "3",
+        ]
+        .as_slice(),
+        _ => ["--family", "mlp", "--channels", "5"].as_slice(),
+    });
+    a
+}
+
+/// `densebench run --variant V <tiny bf16 block> --format json`, with `env` set.
+fn run(variant: &str, family: &str, cache: &str, env: &[(&str, &str)]) -> Output {
+    let mut args = vec![
+        "run",
+        "--variant",
+        variant,
+        "--steps",
+        "1",
+        "--format",
+        "json",
+    ];
+    args.extend(tiny(family));
+    args.extend(["--cache-dir", cache]);
+    let mut c = Command::new(bin());
+    c.args(&args);
+    for (k, v) in env {
+        c.env(k, v);
+    }
+    c.output().expect("running densebench")
+}
+
+fn row(o: &Output) -> Row {
+    let text = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(text.trim()).unwrap_or_else(|e| panic!("one JSON row ({e}): {text}"))
+}
+
+#[test]
+fn run_bf16_gives_an_ok_row_within_the_bf16_tolerance() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    for (family, variant) in [
+        ("bc", "buffer-recompute-inplace"),
+        ("bc", "cat-store-copy"),
+        ("mlp", "buffer-store-inplace"),
+    ] {
+        let o = run(variant, family, path_str(&cache), &[]);
+        assert!(o.status.success(), "{variant} {family}: {}", stderr(&o));
+        let r = row(&o);
+        assert_eq!(r.dtype, "bf16", "{}", r.key);
+        assert!(r.key.contains("/bf16/"), "{}", r.key);
+        assert_eq!(r.status, "ok", "{}", r.key);
+        assert_eq!(r.reference, "autograd/f64", "{}", r.key);
+        assert_eq!(r.tolerance, Some(BF16_REL_BOUND), "{}", r.key);
+        assert_eq!(r.grad_ok, Some(true), "{}: {}", r.key, r.error);
+        // bf16's own rounding (u = 2⁻⁸ = 3.9e-3) is there, and small on a tiny block
+        // (measured 4.1e-3 mlp, 2.2e-2 bc): not f32's ~1e-7, not a wrong gradient's O(1)
+        let err = r.max_rel_err.expect("an error");
+        assert!(err > 1e-4 && err < 1e-1, "{}: max_rel_err {err}", r.key);
+        assert!(
+            r.saved_bytes
+                .is_some_and(|s| s > 0 && Some(s) <= r.peak_bytes),
+            "{}",
+            r.key
+        );
+    }
+}
+
+#[test]
+fn a_bf16_row_keeps_half_the_f32_rows_features() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = path_str(&dir.path().join("cache")).to_string();
+    let o = run("cat-store-copy", "bc", &cache, &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let b = row(&o);
+    let mut args = vec![
+        "run",
+        "--variant",
+        "cat-store-copy",
+        "--steps",
+        "1",
+        "--format",
+        "json",
+    ];
+    let mut t = tiny("bc");
+    t[7] = "f32"; // --dtype
+    args.extend(t);
+    args.extend(["--cache-dir", &cache]);
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f = row(&o);
+    assert_eq!(f.dtype, "f32");
+    // every saved tensor but BN's per-channel tables is a feature map: bf16 halves those,
+    // the f32 tables stay; so between half and all of the f32 row's saved bytes
+    let (bs, fs) = (
+        b.saved_bytes.expect("bf16 saved"),
+        f.saved_bytes.expect("f32 saved"),
+    );
+    assert!(2 * bs > fs && bs < fs, "bf16 saved {bs} vs f32 saved {fs}");
+}
+
+#[test]
+fn a_stale_running_statistic_fails_a_bf16_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let o = run(
+        "buffer-recompute-inplace",
+        "bc",
+        path_str(&cache),
+        &[("DENSEBENCH_PERTURB", "stale:denselayer2.norm2.running_var")],
+    );
+    let r = row(&o);
+    assert_eq!(r.grad_ok, Some(false), "{}: {}", r.key, stderr(&o));
+    assert!(
+        r.max_rel_err.is_some_and(|e| e > BF16_REL_BOUND),
+        "{:?}",
+        r.max_rel_err
+    );
+    assert!(!o.status.success());
+}
+
+#[test]
+fn case_and_step_in_bf16() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let case = dir.path().join("case.safetensors");
+    let out = dir.path().join("result.safetensors");
+    let mut args = vec!["case", "--out", path_str(&case)];
+    args.extend(tiny("bc"));
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let c = impls::Case::load(&case, None, &candle_core::Device::Cpu).expect("the case loads");
+    assert_eq!(c.cfg.dtype, candle_core::DType::BF16);
+    assert_eq!(c.input.dtype(), candle_core::DType::BF16);
+    assert!(c
+        .params
+        .tensors
+        .values()
+        .all(|t| t.dtype() == candle_core::DType::F32));
+    let o = densebench(&[
+        "step",
+        "--case",
+        path_str(&case),
+        "--variant",
+        "buffer-recompute-inplace",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let r = impls::case::load_result(&c.cfg, &out, &candle_core::Device::Cpu)
+        .expect("the result loads in autocast's dtypes");
+    assert_eq!(r.grad_input.dtype(), candle_core::DType::BF16);
+    // `step` runs what it is given: bitwise the library's step on the same case
+    let want = c.step(impls::Variant::NAIVE).expect("a bf16 step");
+    let cmp = impls::check::compare::compare(&r, &want).expect("comparable");
+    assert!(cmp.overall.bitwise, "{:?}", cmp.per_tensor);
+    // autograd is refused in bf16, saying why
+    let o = densebench(&[
+        "step",
+        "--case",
+        path_str(&case),
+        "--variant",
+        "autograd",
+        "--out",
+        path_str(&out),
+    ]);
+    assert!(!o.status.success());
+    assert!(
+        stderr(&o).contains("does not run in bf16"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+#[test]
+fn bf16_on_a_gpu_is_refused_with_a_reason() {
+    let mut args = vec!["run", "--variant", "cat-store-copy", "--device", "cuda:0"];
+    args.extend(tiny("mlp"));
+    let o = densebench(&args);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    // refused for the dtype, before the device is opened (with or without CUDA here)
+    assert!(
+        err.contains("--dtype") && err.contains("bf16") && err.contains("CPU only"),
+        "{err}"
+    );
+}
+
+/// `max-depth --no-confirm` (the model alone) on a bc block in `dtype`: variant → max depth.
+fn model_max_depth(dtype: &str, out: &std::path::Path) -> std::collections::BTreeMap<String, u64> {
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--batch",
+        "16",
+        "--size",
+        "8",
+        "--budget",
+        "16MiB",
+        "--dtype",
+        dtype,
+        "--no-confirm",
+        "--max-depth",
+        "200",
+        "--out",
+        path_str(out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(out).expect("the CSV");
+    text.lines()
+        .skip(1)
+        .map(|l| {
+            let f: Vec<&str> = l.split(',').collect();
+            (f[0].to_string(), f[3].parse().expect("a depth"))
+        })
+        .collect()
+}
+
+#[test]
+fn max_depth_in_bf16_goes_deeper_than_f32() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let f = model_max_depth("f32", &dir.path().join("f32.csv"));
+    let b = model_max_depth("bf16", &dir.path().join("bf16.csv"));
+    // the same hand-written variants (max-depth answers for no autograd in either)
+    assert!(f.keys().eq(b.keys()) && b.len() == 8, "{f:?} {b:?}");
+    for (v, depth) in &b {
+        // bf16 halves the stored features, which grow with depth; parameters stay f32
+        assert!(*depth > f[v], "{v}: bf16 {depth} vs f32 {}", f[v]);
+    }
+    // a GPU is refused for bf16 before anything runs
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--budget",
+        "1GiB",
+        "--dtype",
+        "bf16",
+        "--device",
+        "cuda:0",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("CPU only"), "{}", stderr(&o));
+}
+
+/// The peer tests' tiny bc block (`peer_common::BC_SWEEP`) in bf16, its hand-written variant
+/// only (autograd does not run in bf16).
+const BC_BF16_SWEEP: &str = "[defaults]\nsteps = 1\nwarmup = 0\ntimeout_secs = 120\n\
+    [[group]]\nfamily = 'bc'\nbatch = 2\nchannels = 3\ngrowth = 2\nbn_size = 2\nsize = 3\n\
+    depth = 2\ndtype = 'bf16'\nvariants = ['buffer-recompute-inplace']\n";
+
+#[test]
+fn bf16_rows_beside_peer_rows_take_the_derived_tolerance_and_a_perturbed_tensor_fails() {
+    use densebench::measure::step::{peer_derived_tolerance, peer_row_tolerance};
+    use peer_common::{bench, row};
+    let cfg = impls::Config {
+        dtype: candle_core::DType::BF16,
+        ..impls::Config::bc100_block()
+    };
+    let (o, rows) = bench(BC_BF16_SWEEP, &["--peer", "pytorch"], &[]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let rows = rows.expect("rows written");
+    // the fake peer's RESULT is densebench's bf16 `cat-store-copy` step on the bf16 case
+    let naive = row(&rows, "pytorch-naive");
+    assert_eq!(naive.dtype, "bf16");
+    let peer_err = naive.max_rel_err.expect("the peer's error");
+    let ours = row(&rows, "buffer-recompute-inplace");
+    let dense_err = ours.max_rel_err.expect("densebench's error");
+    assert_eq!(ours.tolerance, Some(peer_derived_tolerance(&cfg, peer_err)));
+    assert_eq!(naive.tolerance, Some(peer_row_tolerance(&cfg, dense_err)));
+    for r in &rows {
+        assert_eq!(r.grad_ok, Some(true), "{}: {}", r.key, r.error);
+        // derived from a small bf16 error: tighter than a ×1.5 tensor's 3.3e-1
+        assert!(
+            r.tolerance.is_some_and(|t| t < 0.3),
+            "{}: {:?}",
+            r.key,
+            r.tolerance
+        );
+    }
+    // a ×1.5 input gradient fails densebench's bf16 row; a ×1.5 weight gradient the peer's
+    let (o, rows) = bench(
+        BC_BF16_SWEEP,
+        &["--peer", "pytorch"],
+        &[("DENSEBENCH_PERTURB", "grad.input")],
+    );
+    assert!(!o.status.success());
+    let rows = rows.expect("rows written");
+    assert_eq!(row(&rows, "buffer-recompute-inplace").grad_ok, Some(false));
+    assert_eq!(row(&rows, "pytorch-naive").grad_ok, Some(true));
+    let (o, rows) = bench(
+        BC_BF16_SWEEP,
+        &["--peer", "pytorch"],
+        &[("FAKE_PERTURB", "grad.denselayer2.conv1.weight")],
+    );
+    assert!(!o.status.success());
+    let rows = rows.expect("rows written");
+    assert_eq!(row(&rows, "pytorch-naive").grad_ok, Some(false));
+    assert_eq!(row(&rows, "buffer-recompute-inplace").grad_ok, Some(true));
+}
