@@ -203,22 +203,10 @@ fn graph_loop(
 ) -> Result<(Vec<u64>, impls::StepResult)> {
     let (times, replayed) = crate::measure::graph::replay(variant, case, device, n)?;
     // The results are copied out before the graph (which owns their memory) is destroyed.
-    let copy = |t: &candle_core::Tensor| t.copy();
-    let r = &replayed.result;
-    let result = impls::StepResult {
-        output: copy(&r.output)?,
-        grad_input: copy(&r.grad_input)?,
-        grads: r
-            .grads
-            .iter()
-            .map(|(k, t)| copy(t).map(|t| (k.clone(), t)))
-            .collect::<candle_core::Result<_>>()?,
-        running: r
-            .running
-            .iter()
-            .map(|(k, t)| copy(t).map(|t| (k.clone(), t)))
-            .collect::<candle_core::Result<_>>()?,
-    };
+    let result = replayed
+        .result
+        .map(candle_core::Tensor::copy, candle_core::Tensor::copy)
+        .map_err(|e| anyhow!("copying the replayed results: {e}"))?;
     drop(replayed);
     Ok((times, result))
 }

@@ -839,19 +839,9 @@ pub const REFERENCE_DTYPE: DType = DType::F64;
 /// `dtype`, parameter gradients and running statistics in its parameter dtype (f32 for bf16,
 /// [`impls::config::param_dtype`]). A bf16 reference's features are so rounded once to bf16,
 /// which moves them by at most 2⁻⁹ relative (2.0e-3), 15× below [`BF16_REL_FLOOR`].
-fn cast_result(r: StepResult, dtype: DType) -> candle_core::Result<StepResult> {
+fn cast_result(r: &StepResult, dtype: DType) -> impls::Result<StepResult> {
     let param = impls::config::param_dtype(dtype);
-    let cast_map = |m: std::collections::BTreeMap<String, candle_core::Tensor>| {
-        m.into_iter()
-            .map(|(k, t)| t.to_dtype(param).map(|t| (k, t)))
-            .collect::<candle_core::Result<_>>()
-    };
-    Ok(StepResult {
-        output: r.output.to_dtype(dtype)?,
-        grad_input: r.grad_input.to_dtype(dtype)?,
-        grads: cast_map(r.grads)?,
-        running: cast_map(r.running)?,
-    })
+    r.map(|t| t.to_dtype(dtype), |t| t.to_dtype(param))
 }
 
 /// One unmeasured step of `variant` on the case of `cfg`, computed in [`REFERENCE_DTYPE`] from
@@ -881,7 +871,9 @@ pub fn save_reference(variant: Variant, cfg: &Config, spec: DeviceSpec, out: &Pa
     let result = impls::step(variant, &wide, &params, &input, &grad_output, &mut NoProbe)
         .map_err(|e| anyhow!("{variant} step in {}: {e}", REFERENCE_DTYPE.as_str()))?;
     drop((params, input, grad_output));
-    let result = cast_result(result, cfg.dtype).context("rounding the reference back")?;
+    let result = cast_result(&result, cfg.dtype)
+        .map_err(|e| anyhow!("{e}"))
+        .context("rounding the reference back")?;
     impls::case::save_result(&result, out)
         .map_err(|e| anyhow!("writing the reference result {}: {e}", out.display()))
 }

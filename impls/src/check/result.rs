@@ -34,19 +34,28 @@ impl StepResult {
                 .sum::<usize>()
     }
 
-    /// The same results in another dtype (e.g. f32 results widened to compare with an f64
-    /// reference; widening is exact).
-    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<StepResult> {
+    /// The same results with `features` applied to the output and the input gradient and
+    /// `params` to every parameter gradient and running statistic (under mixed precision the
+    /// two kinds have different dtypes): a cast, a copy.
+    pub fn map(
+        &self,
+        features: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+        params: impl Fn(&Tensor) -> candle_core::Result<Tensor>,
+    ) -> Result<StepResult> {
         let conv = |m: &BTreeMap<String, Tensor>| -> Result<BTreeMap<String, Tensor>> {
-            m.iter()
-                .map(|(k, v)| Ok((k.clone(), v.to_dtype(dtype)?)))
-                .collect()
+            m.iter().map(|(k, v)| Ok((k.clone(), params(v)?))).collect()
         };
         Ok(StepResult {
-            output: self.output.to_dtype(dtype)?,
-            grad_input: self.grad_input.to_dtype(dtype)?,
+            output: features(&self.output)?,
+            grad_input: features(&self.grad_input)?,
             grads: conv(&self.grads)?,
             running: conv(&self.running)?,
         })
+    }
+
+    /// The same results in another dtype (e.g. f32 results widened to compare with an f64
+    /// reference; widening is exact).
+    pub fn to_dtype(&self, dtype: candle_core::DType) -> Result<StepResult> {
+        self.map(|t| t.to_dtype(dtype), |t| t.to_dtype(dtype))
     }
 }

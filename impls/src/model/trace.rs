@@ -60,9 +60,13 @@ impl<'a> Trace<'a> {
     fn alloc(&mut self, elems: usize) {
         self.alloc_bytes(elems as u64 * self.s as u64);
     }
+    /// The allocation of `bytes` made by an earlier [`Trace::alloc_bytes`] is freed.
+    fn free_bytes(&mut self, bytes: u64) {
+        self.live -= (self.charge)(bytes) as i128;
+    }
     /// The allocation of `elems` elements made by an earlier [`Trace::alloc`] is freed.
     fn free(&mut self, elems: usize) {
-        self.live -= (self.charge)(elems as u64 * self.s as u64) as i128;
+        self.free_bytes(elems as u64 * self.s as u64);
     }
     /// One allocation of `elems` parameter-sized elements (a parameter gradient, a BN table,
     /// compute-type scratch).
@@ -71,7 +75,7 @@ impl<'a> Trace<'a> {
     }
     /// The allocation of `elems` elements made by an earlier [`Trace::alloc_p`] is freed.
     fn free_p(&mut self, elems: usize) {
-        self.live -= (self.charge)(elems as u64 * self.p as u64) as i128;
+        self.free_bytes(elems as u64 * self.p as u64);
     }
     /// A weight of `elems` elements cast to the features' dtype for its products
     /// (`layer::autocast`): a feature-sized copy under mixed precision, nothing otherwise.

@@ -54,7 +54,12 @@ const MIN_ROW_PANEL: usize = 128;
 /// baseline, like the rest of the runtime; the products' own packing buffers stay in the
 /// steps (the memory model's [`crate::model::trace::GEMM_PACKING_ALLOWANCE_BYTES`]).
 pub fn settle_thread_scratch() {
-    let touch = || gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+    on_every_thread(|| gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow())));
+}
+
+/// Runs `touch` on every thread of the current rayon pool and on the calling thread: what makes
+/// a per-thread buffer there ([`settle_thread_scratch`], [`settle_widen_scratch`]).
+fn on_every_thread(touch: impl Fn() + Sync) {
     rayon::broadcast(|_| touch());
     touch();
 }
@@ -66,9 +71,7 @@ pub fn settle_thread_scratch() {
 /// slab is. Called before warm-up where a step has bf16 features (an f32 or f64 step never makes
 /// it, so its baseline is unchanged).
 pub fn settle_widen_scratch() {
-    let touch = || WIDEN_SCRATCH.with(|s| drop(s.borrow_mut()));
-    rayon::broadcast(|_| touch());
-    touch();
+    on_every_thread(|| WIDEN_SCRATCH.with(|s| drop(s.borrow_mut())));
 }
 
 /// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
