@@ -295,7 +295,7 @@ fn p<V>(v: &mut V) -> *mut c_void {
 const BN_SHAPES: [(usize, usize); 3] = [(3, 200), (4, 517), (2, 2 * 8 * 1024 + 700)];
 
 /// `bn_stats`: the planar `[2, C]` (mean; variance) of each row, one block per row, within
-/// the f64-order bound of the CPU twin's sequential sums, and the same bits on a second run
+/// the f64-order bound of the CPU twin's interleaved sums, and the same bits on a second run
 /// (the block sum is a fixed tree, not an arrival order).
 fn bn_stats_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_stats_{}", T::SUFFIX);

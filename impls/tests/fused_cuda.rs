@@ -115,13 +115,13 @@ fn assert_bitwise(gpu: &Tensor, cpu: &Tensor, what: &str) {
 }
 
 /// `gpu` and `cpu` are per-row sums (or means) of `m` terms computed in two f64 summation
-/// orders (the kernel: 1024 strided partial sums and a fixed tree; the CPU: one sequential
-/// sum), where `scale[i]` is the sum of the terms' absolute values of element i (divided by
+/// orders (the kernel: 1024 strided partial sums and a fixed tree; the CPU: 16 interleaved
+/// partial sums), where `scale[i]` is the sum of the terms' absolute values of element i (divided by
 /// `m` like the element, for a mean). Each order's error is at most (m − 1)·2⁻⁵³·scale, so they
 /// differ by at most m·ε_f64·scale; plus 2·ε_f64·scale for the candle oracle, which forms each
 /// term with its roundings in another order (gy·((x − mean)·invstd)), and one rounding of the
 /// result (ε_f64·|b|; in f32 one ulp either side, [`F32_REDUCTION_REL_TOL`]). Scaled by the row, not an absolute bound: the sum
-/// of 70 001 values in [−2, 2] differs by up to ~1e-11 between 1024-strided and sequential
+/// of 70 001 values in [−2, 2] differs by up to ~1e-11 between 1024-strided and 16-strided
 /// order, while a wrong or missing term is O(1) (O(1/m) in a mean: far above m·ε·scale).
 fn assert_reduction_close(gpu: &Tensor, cpu: &Tensor, scale: &[f64], m: usize, what: &str) {
     assert_eq!(gpu.dims(), cpu.dims(), "{what}: shapes");

@@ -19,7 +19,7 @@
 
 use crate::config::{BN_EPS, BN_MOMENTUM};
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{Elem, Float};
+use crate::ops::cpu::shared::{lane_sums, Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{
@@ -43,12 +43,10 @@ impl Kernel1 for BnStatsOp {
         x.par_chunks(m)
             .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
             .for_each(|(row, (mean_out, var_out))| {
-                let mean = row.iter().map(|v| v.widen().f64()).sum::<f64>() / m as f64;
-                let var = row
-                    .iter()
-                    .map(|v| (v.widen().f64() - mean).powi(2))
-                    .sum::<f64>()
-                    / m as f64;
+                let [sum] = lane_sums(row, row, |v, _| [v.widen().f64()]);
+                let mean = sum / m as f64;
+                let [ss] = lane_sums(row, row, |v, _| [(v.widen().f64() - mean).powi(2)]);
+                let var = ss / m as f64;
                 (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
             });
         out

@@ -12,7 +12,7 @@
 
 use crate::error::{CandleContext, Result};
 use crate::ops::bn::{coef_rows, column, generic_affine_rows_relu, planar};
-use crate::ops::cpu::shared::{Elem, Float};
+use crate::ops::cpu::shared::{lane_sums, Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, features, has_kernels, Operand};
@@ -261,12 +261,10 @@ impl CustomOp3 for BnBwdReduceOp {
                 .zip(outs.into_par_iter())
                 .for_each(|(((g, x), ((&mean, &invstd), &gamma)), row)| {
                     let (mean64, invstd64) = (mean.f64(), invstd.f64());
-                    let (mut sg, mut sgx) = (0f64, 0f64);
-                    for (g, x) in g.iter().zip(x) {
+                    let [sg, sgx] = lane_sums(g, x, |g, x| {
                         let g = g.widen().f64();
-                        sg += g;
-                        sgx += g * (x.widen().f64() - mean64) * invstd64;
-                    }
+                        [g, g * (x.widen().f64() - mean64) * invstd64]
+                    });
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);

@@ -102,6 +102,57 @@ impl Float for f64 {
     }
 }
 
+/// Partial sums [`lane_sums`] keeps per output: eight f64 lanes (one AVX-512 register) twice
+/// over, so that consecutive additions do not wait on each other.
+const SUM_LANES: usize = 16;
+
+/// `K` sums over the paired elements of `a` and `b` (the shorter's length) of `f(a[j], b[j])`,
+/// in f64, each as [`SUM_LANES`] interleaved partial sums added pairwise at the end. A
+/// sequential f64 sum of a feature row waits one addition's latency per element: BN's
+/// statistics and its backward's two sums took about a sixth of a 1-thread bc
+/// `cat-store-copy` step's own CPU time that way (perf, BC-100 L=16). The order is fixed by
+/// the row's length alone, so a row's sums are the same bits on every call and thread count.
+#[inline(always)]
+pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
+    a: &[A],
+    b: &[B],
+    f: impl Fn(A, B) -> [f64; K],
+) -> [f64; K] {
+    let n = a.len().min(b.len());
+    let full = n - n % SUM_LANES;
+    let mut acc = [[0f64; SUM_LANES]; K];
+    for (ca, cb) in a[..full]
+        .chunks_exact(SUM_LANES)
+        .zip(b[..full].chunks_exact(SUM_LANES))
+    {
+        for l in 0..SUM_LANES {
+            let v = f(ca[l], cb[l]);
+            for k in 0..K {
+                acc[k][l] += v[k];
+            }
+        }
+    }
+    let mut out = [0f64; K];
+    for (k, o) in out.iter_mut().enumerate() {
+        let s = &mut acc[k];
+        let mut w = SUM_LANES;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                s[l] += s[l + w];
+            }
+        }
+        *o = s[0];
+    }
+    for (x, y) in a[full..n].iter().zip(&b[full..n]) {
+        let v = f(*x, *y);
+        for k in 0..K {
+            out[k] += v[k];
+        }
+    }
+    out
+}
+
 /// How a feature map (activations and their gradients) is stored: f32 or f64, computed in
 /// itself, or bf16 (PyTorch autocast's features), computed in f32. The kernels read a feature as
 /// [`Elem::widen`] (exact), compute in [`Elem::Acc`] — per-channel tables, parameters and

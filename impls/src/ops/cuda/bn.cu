@@ -14,8 +14,8 @@
 //   keeps 32 KiB of reads in flight: a BN over fewer channels than the GPU has SMs still
 //   streams), then db_block_sum adds the T partial sums in a fixed tree. No atomics, no
 //   dependence on scheduling: two runs are bitwise equal. Shared memory: T doubles (static).
-//   The result differs from the CPU twin (one sequential f64 sum per row) only by summation
-//   order, i.e. by a few f64 ulps before the final rounding to T.
+//   The result differs from the CPU twin (16 interleaved f64 partial sums per row, added
+//   pairwise) only by summation order, i.e. by a few f64 ulps before the final rounding to T.
 //
 // * the per-channel step (bn_prepare): 1-D, block = (256, 1, 1), grid-stride over C; one
 //   thread per channel, T arithmetic in the CPU twin's order: bitwise equal.
