@@ -444,6 +444,22 @@ pub fn bn_bwd_accumulate(
     Ok((dgamma, dbeta))
 }
 
+/// [`bn_bwd_accumulate`] into a copy of `from` made in the same pass: `dst = from + dx`, `dst`
+/// written whole and never read (it may be unfilled), bitwise a copy followed by
+/// [`bn_bwd_accumulate`]. CPU only ([`bn_backward::bn_bwd_dx_accumulate_from`]).
+pub fn bn_bwd_accumulate_from(
+    gy: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    from: &Tensor,
+    dst: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    bn_backward::bn_bwd_dx_accumulate_from(dst, from, gy, x, &coef)?;
+    Ok((dgamma, dbeta))
+}
+
 /// The reductions of BN backward and the per-channel `(A; B; C)` of `dx = A·gy + B·x + C`
 /// (planar `[3, C]`), with `(dγ, dβ)`: views of one fused op's output.
 fn bn_bwd_coef(

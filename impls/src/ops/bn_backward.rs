@@ -370,6 +370,10 @@ pub(crate) struct BnBwdDxAccumulateOp {
     /// takes at most two tensor operands besides the destination, so the op carries the third
     /// and reads its storage itself (a tensor of its own: it cannot alias the destination).
     coef: Tensor,
+    /// Where the destination's old values come from instead of the destination itself
+    /// ([`bn_bwd_dx_accumulate_from`], CPU only): `dst = from + dx`, the destination written
+    /// whole and never read. Carried like `coef`; it must not alias the destination.
+    from: Option<Tensor>,
 }
 impl InplaceOp3 for BnBwdDxAccumulateOp {
     fn name(&self) -> &'static str {
@@ -389,28 +393,46 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             n: &str,
             d: &mut [E],
             [g, x, coef]: [Operand; 3],
+            from: Option<Operand>,
             c: usize,
             m: usize,
         ) -> candle_core::Result<()> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
             let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
-            if d.len() != g.len() {
-                return Err(candle_core::Error::Msg(format!(
-                    "{n}: the destination has {} elements, the gradient {}",
-                    d.len(),
-                    g.len()
-                )));
+            let from = from.map(|(s, l)| features::<E>(s, l, n)).transpose()?;
+            for (what, len) in [
+                ("destination", d.len()),
+                ("source", from.map_or(d.len(), <[E]>::len)),
+            ] {
+                if len != g.len() {
+                    return Err(candle_core::Error::Msg(format!(
+                        "{n}: the {what} has {len} elements, the gradient {}",
+                        g.len()
+                    )));
+                }
             }
+            let row = |r: usize, d: &mut [E], g: &[E], x: &[E]| {
+                let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                match from {
+                    // dst = from + dx: the same roundings as copying `from` into dst first
+                    Some(f) => {
+                        let f = &f[r * m..(r + 1) * m];
+                        for (((d, g), x), f) in d.iter_mut().zip(g).zip(x).zip(f) {
+                            *d = E::narrow(f.widen() + dx_value(a, b, cc, *g, *x));
+                        }
+                    }
+                    None => {
+                        for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
+                            // in the compute type, rounded once (the identity for f32 and f64)
+                            *d = E::narrow(d.widen() + dx_value(a, b, cc, *g, *x));
+                        }
+                    }
+                }
+            };
             d.par_chunks_mut(m)
                 .zip(g.par_chunks(m).zip(x.par_chunks(m)))
                 .enumerate()
-                .for_each(|(r, (d, (g, x)))| {
-                    let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                    for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
-                        // in the compute type, rounded once (the identity for f32 and f64)
-                        *d = E::narrow(d.widen() + dx_value(a, b, cc, *g, *x));
-                    }
-                });
+                .for_each(|(r, (d, (g, x)))| row(r, d, g, x));
             Ok(())
         }
         let n = self.name();
@@ -419,10 +441,12 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         })?;
         let (cs, cl) = carried(n, &self.coef)?;
         let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
+        let from = self.from.as_ref().map(|f| carried(n, f)).transpose()?;
+        let from = from.as_ref().map(|(s, l)| (cpu_of(s), *l));
         match ds {
-            CpuStorage::F32(d) => go::<f32, f32>(n, &mut d[da..db], ops, c, m),
-            CpuStorage::F64(d) => go::<f64, f64>(n, &mut d[da..db], ops, c, m),
-            CpuStorage::BF16(d) => go::<half::bf16, f32>(n, &mut d[da..db], ops, c, m),
+            CpuStorage::F32(d) => go::<f32, f32>(n, &mut d[da..db], ops, from, c, m),
+            CpuStorage::F64(d) => go::<f64, f64>(n, &mut d[da..db], ops, from, c, m),
+            CpuStorage::BF16(d) => go::<half::bf16, f32>(n, &mut d[da..db], ops, from, c, m),
             _ => Err(bad_dtype(n)),
         }
     }
@@ -437,6 +461,11 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xl: &Layout,
     ) -> candle_core::Result<()> {
         let n = self.name();
+        if self.from.is_some() {
+            return Err(candle_core::Error::Msg(format!(
+                "{n}: a separate source (bn_bwd_dx_accumulate_from) is CPU only"
+            )));
+        }
         let (cs, cl) = self.coef.storage_and_layout();
         let candle_core::Storage::Cuda(cs) = &*cs else {
             return Err(not_on_cuda(n, "coefficients"));
@@ -580,10 +609,52 @@ pub fn generic_bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tenso
 pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<()> {
     let operands = [dst, gy, x, coef];
     if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
-        dst.inplace_op3(gy, x, &BnBwdDxAccumulateOp { coef: coef.clone() })
-            .ctx("bn bwd dx accumulate")
+        let op = BnBwdDxAccumulateOp {
+            coef: coef.clone(),
+            from: None,
+        };
+        dst.inplace_op3(gy, x, &op).ctx("bn bwd dx accumulate")
     } else {
         let dx = generic_bn_bwd_dx(gy, x, coef)?;
         crate::ops::elementwise::add_assign(dst, &dx)
     }
+}
+
+/// `dst = from + (A·gy + B·x + C)` per row, **writing `dst` whole** without reading it (it may
+/// be unfilled memory): [`bn_bwd_dx_accumulate`] into a copy of `from`, in one pass instead of
+/// a copy and a read-modify-write — bitwise the same (the copy is exact, the add rounds as
+/// [`bn_bwd_dx_accumulate`]'s). The CPU kernels only (contiguous operands, `from` not aliasing
+/// `dst`); anything else is an error, never a silent fallback. A cat variant's new input
+/// gradient, the previous one's prefix plus this layer's `dx` (`strategies::block`).
+pub fn bn_bwd_dx_accumulate_from(
+    dst: &Tensor,
+    from: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    coef: &Tensor,
+) -> Result<()> {
+    const OP: &str = "bn bwd dx accumulate from";
+    let operands = [dst, from, gy, x, coef];
+    if !operands
+        .iter()
+        .all(|t| t.device().is_cpu() && has_kernels(t) && t.is_contiguous())
+    {
+        return Err(candle_core::Error::Msg(
+            "contiguous CPU operands only (a GPU copies, then accumulates)".to_string(),
+        ))
+        .ctx(OP);
+    }
+    if from.dims() != dst.dims() {
+        return Err(candle_core::Error::Msg(format!(
+            "source {:?}, destination {:?}",
+            from.dims(),
+            dst.dims()
+        )))
+        .ctx(OP);
+    }
+    let op = BnBwdDxAccumulateOp {
+        coef: coef.clone(),
+        from: Some(from.clone()),
+    };
+    dst.inplace_op3(gy, x, &op).ctx(OP)
 }

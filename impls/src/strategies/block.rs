@@ -8,6 +8,7 @@ use crate::config::variant::{Concat, Intermediates, Relu, Strategy};
 use crate::config::{Config, Family};
 use crate::error::{CandleContext, Result};
 use crate::layer::{self, BnStats};
+use crate::ops::cpu::shared::unfilled;
 use crate::ops::elementwise;
 use crate::strategies::buffer::{AppendBuffer, GradBuffer};
 use candle_core::Tensor;
@@ -711,9 +712,10 @@ impl Front<'_> {
         })?;
         // a saved r's last reader
         drop(r);
-        // where dx goes: the buffer's prefix, or (cat) a copy of the previous gradient's
-        // prefix, made when BN1's backward first needs it
-        let (mut dst, mut prefix, new) = match into {
+        // where dx goes: the buffer's prefix, or (cat) a new tensor holding the previous
+        // gradient's prefix plus dx, allocated when BN1's backward first needs it and written
+        // block by block in the same pass as dx (no copy of the prefix first)
+        let (mut dst, prefix, new) = match into {
             InputGrad::Into(dst) => (Some(dst), None, false),
             InputGrad::New(prefix) => (None, Some(prefix), true),
         };
@@ -724,8 +726,12 @@ impl Front<'_> {
             let w1 = self.w1.narrow(1, c0, n).ctx("channel block")?;
             let dr = layer::dense_bwd_input(&w1, &dz)?;
             let da = layer::relu_bwd_bn(dr, &x, &stats, self.relu)?;
-            if let Some(p) = prefix.take() {
-                dst = Some(elementwise::copy_rows(&p)?);
+            if let (Some(p), None) = (&prefix, &dst) {
+                // SAFETY: the blocks of grad_blocks tile the channels, and each block's rows
+                // are written whole by bn_bwd_accumulate_from below before anything reads them.
+                dst = Some(unsafe {
+                    unfilled(p.dims(), p.dtype(), p.device(), "grad of layer input")?
+                });
             }
             let d = dst
                 .as_ref()
@@ -734,14 +740,14 @@ impl Front<'_> {
                     reason: "a channel block without its input gradient".to_string(),
                 })?;
             let gamma = self.gamma1.narrow(0, c0, n).ctx("channel block")?;
-            sums.push(layer::bn_bwd_accumulate(
-                &da,
-                &x,
-                &stats,
-                &gamma,
-                &rows(d)?,
-            )?);
+            sums.push(match &prefix {
+                Some(p) => {
+                    layer::bn_bwd_accumulate_from(&da, &x, &stats, &gamma, &rows(p)?, &rows(d)?)?
+                }
+                None => layer::bn_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
+            });
         }
+        drop(prefix);
         drop(dz);
         let (dg1, dbeta1) = if sums.len() == 1 {
             sums.remove(0)
