@@ -391,9 +391,9 @@ impl CustomOp1 for RowSumsF32 {
     }
     fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> candle_core::Result<(CpuStorage, Shape)> {
         fn go<E: Elem>(v: &[E], cols: usize) -> Vec<f32> {
-            use crate::ops::cpu::shared::Float;
+            use crate::ops::cpu::shared::{lane_sums, Float};
             v.par_chunks(cols.max(1))
-                .map(|row| row.iter().map(|x| x.widen().f64()).sum::<f64>() as f32)
+                .map(|row| lane_sums(row, row, |x, _| [x.widen().f64()])[0] as f32)
                 .collect()
         }
         let (a, b) = contiguous_range(l, self.name())?;

@@ -375,4 +375,31 @@ mod tests {
             assert!(v.iter().all(|x| x.is_nan()), "{v:?}");
         }
     }
+
+    /// Every length around the lane count (the tail loop, no full chunk, several) and two sums
+    /// at once: each within the f64 bound of a different summation order of a sequential sum,
+    /// and a term dropped or counted twice (O(1)) far outside it.
+    #[test]
+    fn lane_sums_are_the_sums_of_every_element() {
+        for n in [0usize, 1, 7, 15, 16, 17, 31, 33, 1000] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 37 % 11) as f32 - 5.0) * 0.37)
+                .collect();
+            let b: Vec<f32> = (0..n).map(|i| (i % 5) as f32 + 0.5).collect();
+            let [s, t] = lane_sums(&a, &b, |x, y| [f64::from(x), f64::from(x) * f64::from(y)]);
+            let s0: f64 = a.iter().map(|&x| f64::from(x)).sum();
+            let t0: f64 = a
+                .iter()
+                .zip(&b)
+                .map(|(&x, &y)| f64::from(x) * f64::from(y))
+                .sum();
+            let scale: f64 = a.iter().map(|&x| f64::from(x).abs() * 3.0).sum::<f64>() + 1.0;
+            let bound = (n as f64 + 1.0) * f64::EPSILON * scale;
+            assert!((s - s0).abs() <= bound, "n = {n}: Σa {s} vs {s0}");
+            assert!((t - t0).abs() <= bound, "n = {n}: Σab {t} vs {t0}");
+        }
+        // the shorter slice's length
+        let [s] = lane_sums(&[1f32; 40], &[0f32; 21], |x, _| [f64::from(x)]);
+        assert_eq!(s, 21.0);
+    }
 }
