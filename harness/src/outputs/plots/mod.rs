@@ -14,9 +14,10 @@
 //! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
 //! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
 //!
-//! Every figure but the first is drawn per dtype. Figures 5 and 6 are drawn per family, dtype and math mode, never mixing them (an f64 error
-//! and an f32 one have tolerances eight decades apart): their stems take the per-configuration
-//! figures' suffixes, `-f64` for f64 and `-tf32` for tf32 (`grad-error-mlp-f64`).
+//! Every figure but the first is drawn per dtype. Figures 5 and 6 are drawn per family, dtype
+//! and math mode, never mixing them (an f64 error and an f32 one have tolerances eight decades
+//! apart): their stems take the per-configuration figures' suffixes, `-f64` for f64 and `-tf32`
+//! for tf32 (`grad-error-mlp-f64`).
 //!
 //! PNG text is drawn with DejaVu Sans, embedded from `harness/assets/` (licence beside it), so
 //! rendering needs no system fonts. Rows whose status is not `ok` are left out and listed: in
