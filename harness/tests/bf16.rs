@@ -270,6 +270,88 @@ fn max_depth_in_bf16_goes_deeper_than_f32() {
     assert!(stderr(&o).contains("CPU only"), "{}", stderr(&o));
 }
 
+/// `max-depth --dtype f32,bf16` answers both dtypes in one run: a table each, one CSV whose
+/// `dtype` column says which, each answer the one a run in its dtype alone gives; a dtype
+/// named twice is refused before anything runs.
+#[test]
+fn max_depth_answers_f32_and_bf16_in_one_csv() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let f = model_max_depth("f32", &dir.path().join("f32.csv"));
+    let b = model_max_depth("bf16", &dir.path().join("bf16.csv"));
+    let both = model_max_depth_csv("f32,bf16", &dir.path().join("both.csv"));
+    let of = |dtype: &str| -> std::collections::BTreeMap<String, u64> {
+        both.iter()
+            .filter(|(_, d, _)| d == dtype)
+            .map(|(v, _, l)| (v.clone(), *l))
+            .collect()
+    };
+    assert_eq!(both.len(), 16, "{both:?}");
+    assert_eq!(of("f32"), f);
+    assert_eq!(of("bf16"), b);
+    // f32's rows first, as asked
+    assert!(both[..8].iter().all(|(_, d, _)| d == "f32"), "{both:?}");
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--budget",
+        "16MiB",
+        "--dtype",
+        "bf16,f32,bf16",
+        "--no-confirm",
+    ]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("`bf16` is named twice"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `max-depth --no-confirm --dtype DTYPES` on the bc block of [`model_max_depth`]: each row's
+/// variant, dtype and max depth, in file order, read by the CSV's header.
+fn model_max_depth_csv(dtypes: &str, out: &std::path::Path) -> Vec<(String, String, u64)> {
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "bc",
+        "--batch",
+        "16",
+        "--size",
+        "8",
+        "--budget",
+        "16MiB",
+        "--dtype",
+        dtypes,
+        "--no-confirm",
+        "--max-depth",
+        "200",
+        "--out",
+        path_str(out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let stdout = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(
+        stdout.matches("max depth of bc").count(),
+        dtypes.split(',').count(),
+        "a table per dtype: {stdout}"
+    );
+    #[derive(serde::Deserialize)]
+    struct Answer {
+        variant: String,
+        dtype: String,
+        max_depth: u64,
+    }
+    csv::Reader::from_path(out)
+        .expect("the CSV")
+        .deserialize::<Answer>()
+        .map(|r| {
+            let a = r.expect("a row");
+            (a.variant, a.dtype, a.max_depth)
+        })
+        .collect()
+}
+
 /// The peer tests' tiny bc block (`peer_common::BC_SWEEP`) in bf16, its hand-written variant
 /// only (autograd does not run in bf16).
 const BC_BF16_SWEEP: &str = "[defaults]\nsteps = 1\nwarmup = 0\ntimeout_secs = 120\n\

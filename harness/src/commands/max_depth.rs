@@ -50,9 +50,11 @@ pub struct Args {
     /// ReLU after each Linear (mlp).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
-    /// f32, f64 or bf16 (mixed precision: bf16 features, f32 parameters and statistics; CPU only).
-    #[arg(long, default_value = "f32")]
-    pub dtype: String,
+    /// f32, f64 or bf16 (mixed precision: bf16 features, f32 parameters and statistics; CPU
+    /// only), or several, comma-separated (`f32,bf16`): one table per dtype, every answer in
+    /// one CSV (its `dtype` column says which).
+    #[arg(long, value_delimiter = ',', default_value = "f32")]
+    pub dtype: Vec<String>,
     /// Deepest block considered. A variant that fits this deep is shown as `≥N` (the search
     /// stopped there: a lower bound, said in the CSV's note); raise it to look deeper (at most
     /// 10000).
@@ -80,9 +82,9 @@ pub struct Args {
     pub device: String,
 }
 
-fn block(a: &Args) -> Result<Config> {
+fn block(a: &Args, dtype: &str) -> Result<Config> {
     let family = Family::parse(&a.family).map_err(|e| anyhow!("--family: {e}"))?;
-    let dtype = impls::config::parse_dtype(&a.dtype).map_err(|e| anyhow!("--dtype: {e}"))?;
+    let dtype = impls::config::parse_dtype(dtype).map_err(|e| anyhow!("--dtype: {e}"))?;
     let base = match family {
         Family::Bc => Config::bc100_block(),
         Family::Mlp => Config {
@@ -114,9 +116,16 @@ fn block(a: &Args) -> Result<Config> {
     Ok(cfg)
 }
 
-/// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer`]'s columns.
+/// The column [`Answer`] gained with bf16 (issue 39), its last: a CSV written before it has
+/// every other column and is still a max-depth CSV `--out` may replace.
+const ADDED_COLUMN: &str = "dtype";
+
+/// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer`]'s columns (or
+/// those of an earlier one, without [`ADDED_COLUMN`]).
 fn is_max_depth_csv(start: &[u8], _len: u64) -> bool {
-    csv_header(start).is_some_and(|h| h == csv_columns::<Answer>())
+    let now = csv_columns::<Answer>();
+    let before: Vec<String> = now.iter().filter(|c| *c != ADDED_COLUMN).cloned().collect();
+    csv_header(start).is_some_and(|h| h == now || h == before)
 }
 
 /// A variant's depth over naive's, and how far it can be trusted: the search stops at
@@ -151,9 +160,30 @@ fn mib(b: Option<u64>) -> String {
     )
 }
 
-/// The block and the variants asked for, validated (every error is the user's input).
-fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
-    let cfg = block(a)?;
+/// The block in each dtype asked for and its variants, validated (every error is the user's
+/// input).
+fn validate(a: &Args) -> Result<Vec<(Config, Vec<Variant>)>> {
+    if let Some((i, d)) = a
+        .dtype
+        .iter()
+        .enumerate()
+        .find(|(i, d)| a.dtype[..*i].contains(d))
+    {
+        bail!(
+            "--dtype: `{d}` is named twice (entries {} and {}): name each dtype once",
+            a.dtype[..i]
+                .iter()
+                .position(|x| x == d)
+                .map_or(0, |p| p + 1),
+            i + 1
+        );
+    }
+    a.dtype.iter().map(|d| validate_one(a, d)).collect()
+}
+
+/// The block in one dtype and the variants asked for in it.
+fn validate_one(a: &Args, dtype: &str) -> Result<(Config, Vec<Variant>)> {
+    let cfg = block(a, dtype)?;
     anyhow::ensure!(a.max_depth >= 1, "--max-depth must be at least 1");
     anyhow::ensure!(a.budget > 0, "--budget must be positive");
     let variants: Vec<Variant> = if a.variants.is_empty() {
@@ -190,7 +220,7 @@ fn validate(a: &Args) -> Result<(Config, Vec<Variant>)> {
 /// `densebench max-depth`.
 pub fn run(a: Args) -> Result<ExitCode> {
     interrupt::install()?;
-    let (cfg, variants) = validate(&a).bad_input()?;
+    let blocks = validate(&a).bad_input()?;
     if let Some(out) = &a.out {
         let kind = Kind {
             name: "a max-depth CSV",
@@ -199,9 +229,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         refuse_foreign(out, "--out", &kind, a.force)?;
     }
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
-    job::check_dtype_on(device, cfg.dtype)
-        .context("--dtype")
-        .bad_input()?;
+    for (cfg, _) in &blocks {
+        job::check_dtype_on(device, cfg.dtype)
+            .context("--dtype")
+            .bad_input()?;
+    }
     if !a.no_confirm {
         device.check_available().bad_input()?;
     }
@@ -216,37 +248,82 @@ pub fn run(a: Args) -> Result<ExitCode> {
         timeout: Duration::from_secs(a.timeout),
     };
     // --no-confirm is the model alone: a variant without one (autograd) would need measured
-    // runs, so it is left out, and said so.
-    let (variants, unmodelled): (Vec<Variant>, Vec<Variant>) = variants
-        .into_iter()
-        .partition(|v| !a.no_confirm || capacity::has_model(*v, &cfg, &settings));
+    // runs, so it is left out, and said so; refused when no variant of any dtype is left.
+    let mut searches: Vec<(Config, Vec<Variant>)> = Vec::new();
+    let mut unmodelled: Vec<String> = Vec::new();
+    for (cfg, variants) in blocks {
+        let (kept, left): (Vec<Variant>, Vec<Variant>) = variants
+            .into_iter()
+            .partition(|v| !a.no_confirm || capacity::has_model(*v, &cfg, &settings));
+        for v in left {
+            if !unmodelled.contains(&v.name()) {
+                unmodelled.push(v.name());
+            }
+        }
+        searches.push((cfg, kept));
+    }
     if !unmodelled.is_empty() {
-        let names: Vec<String> = unmodelled.iter().map(|v| v.name()).collect();
-        if variants.is_empty() {
+        if searches.iter().all(|(_, v)| v.is_empty()) {
             return Err(anyhow!(
                 "--no-confirm answers from the memory model, and {} has none (only measured runs \
                  answer it): drop --no-confirm",
-                names.join(", ")
+                unmodelled.join(", ")
             ))
             .bad_input();
         }
         crate::say!(
             "densebench max-depth: {} left out: no memory model, only measured runs answer it \
              (drop --no-confirm)",
-            names.join(", ")
+            unmodelled.join(", ")
         );
     }
     let mut s = Searcher::new(&settings, a.budget);
+    let mut all = Vec::new();
+    let mut out = std::io::stdout().lock();
+    for (i, (cfg, variants)) in searches.iter().enumerate() {
+        if variants.is_empty() {
+            continue;
+        }
+        if i > 0 {
+            writeln!(out)?;
+        }
+        all.extend(search(&a, &settings, &mut s, cfg, variants, &mut out)?);
+    }
+    if let Some(path) = &a.out {
+        let mut w = csv::Writer::from_writer(Vec::new());
+        for x in &all {
+            w.serialize(x)
+                .with_context(|| format!("serialising a row for {}", path.display()))?;
+        }
+        let bytes = w
+            .into_inner()
+            .map_err(|e| anyhow!("serialising {}: {e}", path.display()))?;
+        write_bytes_atomic(path, &bytes)?;
+        writeln!(out, "wrote {}", path.display())?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One dtype's search: every variant's answer, printed as a table (`s` counts the measured runs
+/// of every dtype so far), each with its ratio to naive and notes as the CSV has them.
+fn search(
+    a: &Args,
+    settings: &Settings,
+    s: &mut Searcher,
+    cfg: &Config,
+    variants: &[Variant],
+    out: &mut impl Write,
+) -> Result<Vec<Answer>> {
+    let runs_before = s.runs;
     let mut answers = Vec::new();
-    for v in &variants {
-        answers.push(s.answer(*v, &cfg, a.max_depth, !a.no_confirm)?);
+    for v in variants {
+        answers.push(s.answer(*v, cfg, a.max_depth, !a.no_confirm)?);
     }
     let naive = answers
         .iter()
         .find(|x| x.variant == Variant::NAIVE.name())
         .cloned();
     let ratios: Vec<Option<Ratio>> = answers.iter().map(|x| ratio(x, naive.as_ref())).collect();
-    let mut out = std::io::stdout().lock();
     writeln!(
         out,
         "max depth of {} within {} on {} ({} measured runs)",
@@ -264,7 +341,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .config_label(),
         crate::progress::human_bytes(Some(a.budget)),
         settings.device,
-        s.runs
+        s.runs - runs_before
     )?;
     writeln!(
         out,
@@ -321,7 +398,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         if x.bound_reached {
             notes.push(format!(
-                "search bound reached: fits at least up to L={}; raise --max-depth",
+                "{}: fits at least up to L={}; raise --max-depth",
+                capacity::BOUND_NOTE,
                 x.max_depth
             ));
         }
@@ -353,17 +431,27 @@ pub fn run(a: Args) -> Result<ExitCode> {
             crate::progress::human_bytes(Some(a.budget))
         );
     }
-    if let Some(path) = &a.out {
-        let mut w = csv::Writer::from_writer(Vec::new());
-        for x in &answers {
-            w.serialize(x)
-                .with_context(|| format!("serialising a row for {}", path.display()))?;
-        }
-        let bytes = w
-            .into_inner()
-            .map_err(|e| anyhow!("serialising {}: {e}", path.display()))?;
-        write_bytes_atomic(path, &bytes)?;
-        writeln!(out, "wrote {}", path.display())?;
+    Ok(answers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_max_depth_csv;
+
+    /// `--out` replaces a max-depth CSV of today's columns and one written before the `dtype`
+    /// column existed (the committed results/max-depth-bc-1GiB.csv), never a result CSV.
+    #[test]
+    fn max_depth_csvs_with_and_without_the_dtype_column_are_recognised() {
+        let before = "variant,family,budget_bytes,max_depth,predicted_total_bytes,\
+                      measured_total_bytes,measured_next_total_bytes,depth_ratio_to_naive,method,\
+                      note\ncat-store-copy,bc,1073741824,12,,,,1.0,model,\n";
+        let now = before.replacen("method,note\n", "method,note,dtype\n", 1);
+        assert!(is_max_depth_csv(before.as_bytes(), 0));
+        assert!(is_max_depth_csv(now.as_bytes(), 0));
+        let result_csv = "schema,key,variant,family\n3,k,cat-store-copy,bc\n";
+        assert!(!is_max_depth_csv(result_csv.as_bytes(), 0));
+        // the dtype anywhere but last is not a header max-depth ever wrote
+        let moved = before.replacen("family,", "family,dtype,", 1);
+        assert!(!is_max_depth_csv(moved.as_bytes(), 0));
     }
-    Ok(ExitCode::SUCCESS)
 }

@@ -2,7 +2,7 @@
 //! read as one set ([`crate::outputs::report::render`]).
 
 use crate::outputs::plots::shown;
-use crate::outputs::report::{is_report, render};
+use crate::outputs::report::{is_report, read_max_depth, render};
 use crate::plan::bounds::bad_input;
 use crate::results::replace::{refuse_foreign, Kind};
 use crate::results::store::{read_rows_all, refuse_input_as_output, Reserved};
@@ -26,11 +26,21 @@ pub struct Args {
     /// Folder holding the figures written by `densebench plots` (linked relative to the report).
     #[arg(long, default_value = "plots")]
     pub plots: PathBuf,
+    /// CSVs written by `max-depth --out` (e.g. `--dtype f32,bf16`): where one holds answers in
+    /// f32 and in bf16 for the same variant, family and budget, the "bf16 against f32" section
+    /// sets their depths side by side.
+    #[arg(long = "max-depth", value_name = "CSV")]
+    pub max_depth: Vec<PathBuf>,
 }
 
 /// `densebench report`.
 pub fn run(a: Args) -> Result<ExitCode> {
-    let inputs: Vec<&std::path::Path> = a.csvs.iter().map(PathBuf::as_path).collect();
+    let inputs: Vec<&std::path::Path> = a
+        .csvs
+        .iter()
+        .chain(&a.max_depth)
+        .map(PathBuf::as_path)
+        .collect();
     refuse_input_as_output(&a.out, "--out", &inputs)?;
     // Bad input, before any work: a folder where the markdown file goes, or a file where the
     // figures' folder is.
@@ -77,7 +87,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
             }
         );
     }
-    let text = render(&rows, &a.csvs, &a.out, &a.plots)?;
+    let mut answers = Vec::new();
+    for p in &a.max_depth {
+        answers.extend(read_max_depth(p)?);
+    }
+    let text = render(&rows, &a.csvs, &a.out, &a.plots, &answers)?;
     out.write_bytes(text.as_bytes())
         .with_context(|| format!("writing the report {}", a.out.display()))?;
     crate::tell!(

@@ -14,10 +14,14 @@ use crate::plan::device::DeviceSpec;
 use crate::plan::job::Settings;
 use anyhow::{anyhow, bail, Result};
 use impls::{Config, Variant};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-/// One variant's answer: a row of `max-depth --out`'s CSV.
-#[derive(Debug, Clone, Default, Serialize)]
+/// The start of an answer's `note` when its depth is the search's bound (a lower bound):
+/// `max-depth` writes it, `report` reads it.
+pub const BOUND_NOTE: &str = "search bound reached";
+
+/// One variant's answer: a row of `max-depth --out`'s CSV (and what `report --max-depth` reads).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Answer {
     pub variant: String,
     pub family: String,
@@ -37,6 +41,11 @@ pub struct Answer {
     /// Where the model and the measurement disagreed, what was done; that the search reached
     /// its bound (`max-depth` adds it).
     pub note: String,
+    /// `f32`, `f64` or `bf16` (mixed precision): the block's dtype. The last column, added with
+    /// bf16, so that a reader of the columns before it by position reads them as before (empty
+    /// in a CSV written before it existed).
+    #[serde(default)]
+    pub dtype: String,
     /// `max_depth` is the search's bound (`--max-depth`): the block fits at least that deep, how
     /// much deeper is unknown. Not a column: `max-depth` says it in `note`.
     #[serde(skip)]
@@ -147,6 +156,7 @@ impl<'a> Searcher<'a> {
         let mut ans = Answer {
             variant: v.name(),
             family: cfg.family.name().to_string(),
+            dtype: cfg.dtype.as_str().to_string(),
             budget_bytes: budget,
             max_depth: 0,
             predicted_total_bytes: None,

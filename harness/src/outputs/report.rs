@@ -2,8 +2,11 @@
 //! of peak memory and median step time per variant and depth with ratios to the naive
 //! `cat-store-copy`, the gradient check of every variant, links to the figures, the measured
 //! ratios beside the published ones with the caveats of comparing a CPU allocator peak of one
-//! block to GPU numbers of whole networks, and the ratios to PyTorch (`versus.rs`).
+//! block to GPU numbers of whole networks, the ratios to PyTorch (`versus.rs`), and bf16 (mixed
+//! precision) set against f32 where a result set has both: peaks, times and, from `max-depth`
+//! CSVs, how deep each variant fits a budget.
 
+use crate::measure::capacity::Answer;
 use crate::outputs::compare::markdown_table;
 use crate::outputs::plots;
 use crate::outputs::plots::data::{
@@ -289,6 +292,238 @@ fn family_sections(groups: &[Group], out: &mut String) {
             }
         }
     }
+}
+
+/// A `max-depth --out` CSV's answers, for the report's bf16-against-f32 depths: read bounded,
+/// each row naming the file and its line when it is not one.
+pub fn read_max_depth(path: &Path) -> Result<Vec<Answer>> {
+    let (limit, from) = input::csv_limit()?;
+    let bytes = input::read_bounded(path, "max-depth CSV", limit, &from)?;
+    let mut rdr = csv::Reader::from_reader(bytes.as_slice());
+    rdr.deserialize()
+        .enumerate()
+        .map(|(i, r)| {
+            r.with_context(|| {
+                format!(
+                    "{} line {}: not a row of a `max-depth --out` CSV",
+                    path.display(),
+                    i + 2
+                )
+            })
+        })
+        .collect()
+}
+
+/// A markdown table's body: its rows' cells.
+type Cells = Vec<Vec<String>>;
+
+/// `a` over `b` where both exist and `b` is not 0, as `0.53×`; else `–`.
+fn times(a: Option<u64>, b: Option<u64>) -> String {
+    ratio(a, b).map_or_else(|| "–".to_string(), |r| format!("{r:.2}×"))
+}
+
+/// `## bf16 against f32`, when some configuration has ok rows in both for one variant and depth
+/// (or `max_depth` holds answers in both for one variant, family and budget): per family, per
+/// configuration, each variant and depth's f32 and bf16 peak and time and their ratios; then
+/// how deep each variant fits a budget in either dtype. Ratios only between rows of the same
+/// device, threads, math and execution, the dtype aside (else `–`, and why, under the table).
+fn bf16_section(groups: &[Group], max_depth: &[Answer], out: &mut String) {
+    // (f32 group, bf16 group) pairs: the two groups of a memory-vs-depth figure
+    let pairs: Vec<(&Group, &Group)> = (0..groups.len())
+        .filter_map(|gi| data::memory_figure_set(groups, gi))
+        .filter_map(|set| match set.as_slice() {
+            [a, b] if groups[*a].key.dtype == "f32" && groups[*b].key.dtype == data::BESIDE_F32 => {
+                Some((&groups[*a], &groups[*b]))
+            }
+            _ => None,
+        })
+        .collect();
+    // per pair: its table's rows, and the notes of the pairs not compared
+    let mut tables: Vec<(&Group, Cells, Vec<String>)> = Vec::new();
+    for (f, b) in &pairs {
+        let mut rows = Vec::new();
+        let mut notes = Vec::new();
+        for v in f.variants() {
+            for d in f.depths() {
+                let (Some(rf), Some(rb)) = (f.row(&v, d), b.row(&v, d)) else {
+                    continue;
+                };
+                // compared as the same rows would be in one dtype
+                let as_f32 = Row {
+                    dtype: rf.dtype.clone(),
+                    ..rb.clone()
+                };
+                let why = data::incomparable(rf, &as_f32);
+                let mark = if data::trusted(rf) && data::trusted(rb) {
+                    ""
+                } else {
+                    data::UNTRUSTED
+                };
+                let mib_cell =
+                    |r: &Row| r.peak_bytes.map_or("–".to_string(), |p| fmt_num(mib(p)));
+                let ms_cell =
+                    |r: &Row| measured_ns(r).map_or("–".to_string(), |t| fmt_num(ms(t)));
+                let (peak_ratio, time_ratio) = match &why {
+                    None => (
+                        times(rb.peak_bytes, rf.peak_bytes),
+                        times(measured_ns(rb), measured_ns(rf)),
+                    ),
+                    Some(w) => {
+                        notes.push(format!("`{v}` L={d}: f32 and bf16 rows not compared ({w})"));
+                        ("–".to_string(), "–".to_string())
+                    }
+                };
+                rows.push(vec![
+                    format!(
+                        "`{v}`{}",
+                        if mark.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" {mark}")
+                        }
+                    ),
+                    d.to_string(),
+                    mib_cell(rf),
+                    mib_cell(rb),
+                    peak_ratio,
+                    ms_cell(rf),
+                    ms_cell(rb),
+                    time_ratio,
+                ]);
+            }
+        }
+        if !rows.is_empty() {
+            tables.push((f, rows, notes));
+        }
+    }
+    let depths = max_depth_pairs(max_depth);
+    if tables.is_empty() && depths.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "## bf16 against f32
+"
+    );
+    let _ = writeln!(
+        out,
+        "bf16 is mixed precision with PyTorch autocast's semantics (bf16 features, f32 \
+         parameters, statistics and parameter gradients; results/README.md). Each ratio is the \
+         bf16 row's over the f32 row's of the same configuration, variant and depth.\n"
+    );
+    let mut families: Vec<&str> = tables
+        .iter()
+        .map(|(g, _, _)| g.key.family.as_str())
+        .collect();
+    families.dedup();
+    for fam in families {
+        let _ = writeln!(out, "### `{fam}`\n");
+        for (g, rows, notes) in tables.iter().filter(|(g, _, _)| g.key.family == fam) {
+            let label = data::label_with_dtypes(&g.label, "f32", &["f32", data::BESIDE_F32]);
+            let _ = writeln!(out, "{label}; {}:\n", g.device_label);
+            out.push_str(&markdown_table(
+                &[
+                    "variant",
+                    "L",
+                    "f32 peak (MiB)",
+                    "bf16 peak (MiB)",
+                    "bf16 / f32 peak",
+                    "f32 time (ms)",
+                    "bf16 time (ms)",
+                    "bf16 / f32 time",
+                ],
+                rows,
+                &[0],
+            ));
+            for n in notes {
+                let _ = writeln!(out, "\n- {n}");
+            }
+            if rows.iter().any(|r| r[0].ends_with(data::UNTRUSTED)) {
+                let _ = writeln!(
+                    out,
+                    "\n{}: a row of the pair has gradients out of tolerance or unchecked.",
+                    data::UNTRUSTED
+                );
+            }
+            let _ = writeln!(out);
+        }
+    }
+    if !depths.is_empty() {
+        let _ = writeln!(
+            out,
+            "### Max depth within a budget\n\nFrom the `max-depth` CSVs given with \
+             `--max-depth` (each answer the memory model's, confirmed by measured runs where \
+             its `method` says `measured`): the deepest block of each variant that fits the \
+             budget, in f32 and in bf16.\n"
+        );
+        for ((family, budget), rows) in depths {
+            let _ = writeln!(
+                out,
+                "`{family}` within {}:\n",
+                crate::progress::human_bytes(Some(budget))
+            );
+            out.push_str(&markdown_table(
+                &["variant", "f32 max L", "bf16 max L", "bf16 / f32 depth"],
+                &rows,
+                &[0],
+            ));
+            let _ = writeln!(out);
+        }
+    }
+}
+
+/// The max-depth answers in f32 and in bf16 for the same variant, family and budget, as table
+/// rows per (family, budget): variant, f32 depth, bf16 depth, their ratio (`≥` where an answer
+/// reached the search bound: its note says so). The last answer of a (variant, family, dtype,
+/// budget) wins, as the last result row does.
+fn max_depth_pairs(answers: &[Answer]) -> Vec<((String, u64), Cells)> {
+    let find = |a: &Answer, dtype: &str| {
+        answers.iter().rev().find(|x| {
+            x.variant == a.variant
+                && x.family == a.family
+                && x.budget_bytes == a.budget_bytes
+                && x.dtype == dtype
+        })
+    };
+    let bound = |x: &Answer| x.note.contains(crate::measure::capacity::BOUND_NOTE);
+    let mut out: Vec<((String, u64), Cells)> = Vec::new();
+    let mut seen: Vec<(&str, &str, u64)> = Vec::new();
+    let order = data::variant_order(answers.iter().map(|a| a.variant.as_str()));
+    for v in &order {
+        for a in answers
+            .iter()
+            .filter(|a| &a.variant == v && a.dtype == "f32")
+        {
+            let id = (a.variant.as_str(), a.family.as_str(), a.budget_bytes);
+            if seen.contains(&id) {
+                continue;
+            }
+            seen.push(id);
+            let (Some(f), Some(b)) = (find(a, "f32"), find(a, data::BESIDE_F32)) else {
+                continue;
+            };
+            let depth = |x: &Answer| {
+                if bound(x) {
+                    format!("≥{}", x.max_depth)
+                } else {
+                    x.max_depth.to_string()
+                }
+            };
+            let r = if f.max_depth == 0 || bound(f) {
+                "–".to_string()
+            } else {
+                let r = b.max_depth as f64 / f.max_depth as f64;
+                format!("{}{r:.2}×", if bound(b) { "≥" } else { "" })
+            };
+            let key = (a.family.clone(), a.budget_bytes);
+            let row = vec![format!("`{}`", a.variant), depth(f), depth(b), r];
+            match out.iter_mut().find(|(k, _)| *k == key) {
+                Some((_, rows)) => rows.push(row),
+                None => out.push((key, vec![row])),
+            }
+        }
+    }
+    out
 }
 
 fn gradient_section(groups: &[Group], out: &mut String) {
@@ -694,8 +929,14 @@ pub fn is_report(start: &[u8], _len: u64) -> bool {
 
 /// The whole report as markdown. `csvs` (the rows' files) are named in the text; `report` is
 /// where it will be written (figure links are relative to its folder); `plots_dir` holds the
-/// figures.
-pub fn render(rows: &[Row], csvs: &[PathBuf], report: &Path, plots_dir: &Path) -> Result<String> {
+/// figures; `max_depth` the answers of `max-depth` CSVs (bf16 against f32), if any.
+pub fn render(
+    rows: &[Row],
+    csvs: &[PathBuf],
+    report: &Path,
+    plots_dir: &Path,
+    max_depth: &[Answer],
+) -> Result<String> {
     let (groups, replaced) = data::group_rows(rows);
     let ok = rows.iter().filter(|r| r.is_ok()).count();
     let mut out = String::new();
@@ -729,6 +970,7 @@ pub fn render(rows: &[Row], csvs: &[PathBuf], report: &Path, plots_dir: &Path) -
     versus::section(&groups, &mut out);
     versus::graph_section(&groups, &mut out);
     family_sections(&groups, &mut out);
+    bf16_section(&groups, max_depth, &mut out);
     gradient_section(&groups, &mut out);
     figures_section(&groups, csvs, report, plots_dir, &mut out)?;
     let skipped: Vec<&Row> = rows.iter().filter(|r| !r.is_ok()).collect();
@@ -744,7 +986,135 @@ pub fn render(rows: &[Row], csvs: &[PathBuf], report: &Path, plots_dir: &Path) -
 
 #[cfg(test)]
 mod tests {
-    use super::overhead;
+    use super::{bf16_section, gradient_section, overhead};
+    use crate::measure::capacity::Answer;
+    use crate::outputs::plots::data::{group_rows, MIB};
+    use crate::results::row::Row;
+
+    /// An ok bc row (N=16, C0=24, k=12, 8×8, 2 threads) of `variant` in `dtype` at `depth`,
+    /// its gradients within tolerance.
+    fn bc(dtype: &str, variant: &str, depth: usize, peak_mib: u64, ms: u64) -> Row {
+        Row {
+            variant: variant.to_string(),
+            framework: "densebench".to_string(),
+            family: "bc".to_string(),
+            batch: 16,
+            channels: 24,
+            growth: 12,
+            bn_size: 4,
+            size: impls::Spatial::square(8),
+            activation: true,
+            dtype: dtype.to_string(),
+            device: "cpu".to_string(),
+            math: "ieee".to_string(),
+            status: "ok".to_string(),
+            depth,
+            threads: 2,
+            peak_bytes: Some(peak_mib * MIB as u64),
+            median_ns: Some(ms * 1_000_000),
+            max_abs_err: Some(1e-6),
+            max_rel_err: Some(1e-6),
+            grad_ok: Some(true),
+            ..Row::default()
+        }
+    }
+
+    /// bf16 rows get a gradient table of their own, beside f32's: a bf16 error (×10⁵ an f32
+    /// one, bf16 keeping 8 bits of mantissa) is never the worst of the f32 table.
+    #[test]
+    fn bf16_errors_have_their_own_gradient_table() {
+        let mut b = bc("bf16", "cat-store-copy", 4, 10, 10);
+        b.max_rel_err = Some(0.25);
+        let rows = [bc("f32", "cat-store-copy", 4, 20, 5), b];
+        let (groups, _) = group_rows(&rows);
+        let mut md = String::new();
+        gradient_section(&groups, &mut md);
+        let f32_at = md.find("`bc`, f32 (worst").expect(&md);
+        let bf16_at = md.find("`bc`, bf16 (worst").expect(&md);
+        let err_at = md.find("| 2.5e-1 |").expect(&md);
+        // groups are in key order (bf16 before f32): the bf16 error sits in the bf16 table
+        assert!(bf16_at < err_at && err_at < f32_at, "{md}");
+        assert_eq!(md.matches("| 2.5e-1 |").count(), 1, "{md}");
+    }
+
+    /// With f32 and bf16 rows of one configuration, variant and depth, "bf16 against f32" sets
+    /// their peaks and times side by side as ratios; a depth measured in one dtype only, and
+    /// an f64 row, are not in it; max-depth answers in both dtypes give their depth ratio.
+    #[test]
+    fn bf16_against_f32_pairs_rows_and_depths() {
+        let rows = [
+            bc("f32", "cat-store-copy", 4, 100, 10),
+            bc("bf16", "cat-store-copy", 4, 53, 40),
+            bc("f32", "buffer-recompute-inplace", 4, 20, 12),
+            bc("bf16", "buffer-recompute-inplace", 4, 15, 30),
+            bc("bf16", "buffer-recompute-inplace", 8, 25, 60),
+            bc("f64", "cat-store-copy", 4, 200, 20),
+        ];
+        let (groups, _) = group_rows(&rows);
+        let answer = |variant: &str, dtype: &str, depth: usize| Answer {
+            variant: variant.to_string(),
+            family: "bc".to_string(),
+            dtype: dtype.to_string(),
+            budget_bytes: 1 << 30,
+            max_depth: depth,
+            method: "model".to_string(),
+            ..Answer::default()
+        };
+        let answers = [
+            answer("cat-store-copy", "f32", 12),
+            answer("cat-store-copy", "bf16", 19),
+            answer("buffer-recompute-inplace", "f32", 103),
+        ];
+        let mut md = String::new();
+        bf16_section(&groups, &answers, &mut md);
+        assert!(md.starts_with("## bf16 against f32\n"), "{md}");
+        assert!(
+            md.contains("bc N=16 C0=24 k=12 bn=4 8x8 f32 and bf16; "),
+            "{md}"
+        );
+        // 53 / 100 MiB and 40 / 10 ms
+        assert!(
+            md.contains("| `cat-store-copy` | 4 | 100 | 53.0 | 0.53× | 10.0 | 40.0 | 4.00× |"),
+            "{md}"
+        );
+        assert!(
+            md.contains(
+                "| `buffer-recompute-inplace` | 4 | 20.0 | 15.0 | 0.75× | 12.0 | 30.0 | 2.50× |"
+            ),
+            "{md}"
+        );
+        assert!(!md.contains("| 8 |"), "bf16 alone at L=8: {md}");
+        assert!(!md.contains("200"), "the f64 row: {md}");
+        // 19 / 12; buffer-recompute-inplace has no bf16 answer
+        assert!(md.contains("`bc` within 1.00 GiB"), "{md}");
+        assert!(
+            md.contains("| `cat-store-copy` | 12 | 19 | 1.58× |"),
+            "{md}"
+        );
+        assert!(!md.contains("| `buffer-recompute-inplace` | 103"), "{md}");
+        // one dtype only: no section
+        let (f32_only, _) = group_rows(&rows[..1]);
+        let mut none = String::new();
+        bf16_section(&f32_only, &answers[..1], &mut none);
+        assert_eq!(none, "");
+    }
+
+    /// Rows at different thread counts are not compared (a time at 1 thread against one at
+    /// 2 is no bf16 effect); the table says why.
+    #[test]
+    fn bf16_against_f32_compares_like_with_like() {
+        let mut b = bc("bf16", "cat-store-copy", 4, 53, 40);
+        b.threads = 1;
+        let rows = [bc("f32", "cat-store-copy", 4, 100, 10), b];
+        let (groups, _) = group_rows(&rows);
+        let mut md = String::new();
+        bf16_section(&groups, &[], &mut md);
+        assert!(
+            md.contains("| `cat-store-copy` | 4 | 100 | 53.0 | – | 10.0 | 40.0 | – |"),
+            "{md}"
+        );
+        assert!(md.contains("not compared (2 vs 1 threads)"), "{md}");
+    }
 
     /// A time ratio within half a percent of 1 is no change, never `−0%` or `+0%`.
     #[test]

@@ -192,6 +192,61 @@ impl ConfigKey {
     }
 }
 
+/// The dtype drawn beside f32 on one memory-vs-depth figure: mixed precision (autocast
+/// semantics: bf16 features, f32 parameters and statistics) is the f32 block's memory-saving
+/// twin, so its peaks belong beside f32's. f64 is never drawn with either.
+pub const BESIDE_F32: &str = "bf16";
+
+/// The dtype whose memory-vs-depth figure rows of `dtype` are drawn on: [`BESIDE_F32`] on f32's,
+/// every other dtype on its own.
+pub fn memory_figure_dtype(dtype: &str) -> &str {
+    if dtype == BESIDE_F32 {
+        "f32"
+    } else {
+        dtype
+    }
+}
+
+impl ConfigKey {
+    /// The key of the memory-vs-depth figure this configuration is drawn on: the key with its
+    /// dtype as [`memory_figure_dtype`] gives it (a bf16 configuration's is its f32 twin's).
+    pub fn memory_figure_key(&self) -> ConfigKey {
+        ConfigKey {
+            dtype: memory_figure_dtype(&self.dtype).to_string(),
+            ..self.clone()
+        }
+    }
+}
+
+/// The indices of the groups drawn on one memory-vs-depth figure with group `gi`, f32's first,
+/// when `gi` is the first of them (its figure is planned once, at its first group); else `None`.
+/// A group alone on its figure (f64, or f32 or bf16 without the other) is a set of one.
+pub fn memory_figure_set(groups: &[Group], gi: usize) -> Option<Vec<usize>> {
+    let key = groups[gi].key.memory_figure_key();
+    let mut set: Vec<usize> = (0..groups.len())
+        .filter(|&j| groups[j].key.memory_figure_key() == key)
+        .collect();
+    // the figure's own dtype first (f32), then the one beside it (bf16)
+    set.sort_by_key(|&j| (groups[j].key.dtype != key.dtype, j));
+    (set.first() == Some(&gi)).then_some(set)
+}
+
+/// A group's label with its dtype named as those of a figure drawing several: `bc N=16 …
+/// 8x8 f32` → `bc N=16 … 8x8 f32 and bf16` (the dtype is the config label's last word; what
+/// follows it, the math, the device, stays).
+pub fn label_with_dtypes(label: &str, dtype: &str, dtypes: &[&str]) -> String {
+    let shown = and_list(&dtypes.iter().map(|d| d.to_string()).collect::<Vec<_>>());
+    let word = format!(" {dtype}");
+    let at = label
+        .match_indices(&word)
+        .map(|(i, _)| i)
+        .find(|&i| label[i + word.len()..].is_empty() || label[i + word.len()..].starts_with(' '));
+    match at {
+        Some(i) => format!("{} {shown}{}", &label[..i], &label[i + word.len()..]),
+        None => format!("{label} ({shown})"),
+    }
+}
+
 /// The suffixes of a figure's file name, in this order, each only when not the default: the
 /// dtype (not `f32`), the device (not `cpu`; `None` for figures over every device) and the math
 /// (not `ieee`). One rule for [`ConfigKey::slug`] and the family figures' slug.
@@ -317,7 +372,17 @@ impl Group {
 
 /// `cat-store-copy bc N=64 … L=48: oom (error text)`.
 pub fn skipped_note(r: &Row) -> String {
-    let mut s = format!("{} L={}: {}", r.variant, r.depth, r.status);
+    skipped_note_as(r, &r.variant)
+}
+
+/// [`skipped_note`] with the row's dtype after its variant (`cat-store-copy bf16 L=48: oom`):
+/// a figure that draws two dtypes says which row failed.
+pub fn skipped_note_dtyped(r: &Row) -> String {
+    skipped_note_as(r, &format!("{} {}", r.variant, r.dtype))
+}
+
+fn skipped_note_as(r: &Row, name: &str) -> String {
+    let mut s = format!("{name} L={}: {}", r.depth, r.status);
     if !r.error.is_empty() {
         s.push_str(&format!(" ({})", r.error.trim()));
     }

@@ -181,6 +181,7 @@ where
             shape: Some(Shape::Cross),
             line: false,
             dashed: false,
+            bf16: false,
         });
     }
     legend(

@@ -1,8 +1,10 @@
 //! Figure 1, `memory-vs-depth-<config>`: peak memory against depth, one line per variant, with
 //! the fitted growth exponent and slope guides (Pleiss et al.'s quadratic-vs-linear figure); the
-//! PyTorch peer's rows, when the CSV has comparable ones, as dashed series of their own.
+//! PyTorch peer's rows, when the CSV has comparable ones, as dashed series of their own. A
+//! configuration's bf16 rows are drawn beside its f32 rows on one figure: each variant in its
+//! colour, bf16 in short dashes with hollow markers, every legend entry naming its dtype.
 
-use super::data::{self, growth_exponent, mib, variant_exponent, Group};
+use super::data::{self, growth_exponent, mib, peer_label, variant_exponent, Group};
 use super::style::*;
 use crate::results::row::Row;
 use anyhow::Result;
@@ -10,53 +12,113 @@ use plotters::coord::Shift;
 use plotters::prelude::*;
 use plotters::style::text_anchor::{HPos, Pos, VPos};
 
-/// Figure 1: peak memory against depth, one line per variant, with the fitted growth exponent;
-/// linear axes on the left (Pleiss et al.'s figure), log–log on the right, where the slope is
-/// the exponent and dashed guides show slope 2 and slope 1.
-pub fn memory_vs_depth<DB: DrawingBackend>(root: &DrawingArea<DB, Shift>, g: &Group) -> Result<()>
+/// A peer's line: the index in the figure's groups of the group it is drawn beside, its
+/// variant, its points.
+type PeerLine = (usize, String, Vec<(f64, f64)>);
+
+/// One line of the figure: a variant of one of its groups.
+struct Series<'a> {
+    variant: String,
+    group: &'a Group,
+    /// Drawn in the bf16 style (the second dtype of a figure that draws two).
+    alt: bool,
+    pts: Vec<(f64, f64)>,
+}
+
+/// Figure 1: peak memory against depth, one line per variant (and dtype, when `gs` holds an
+/// f32 group and its bf16 twin, f32's first), with the fitted growth exponent; linear axes on
+/// the left (Pleiss et al.'s figure), log–log on the right, where the slope is the exponent and
+/// dashed guides show slope 2 and slope 1.
+pub fn memory_vs_depth<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    gs: &[&Group],
+) -> Result<()>
 where
     DB::ErrorType: 'static,
 {
-    let (peers, _) = g.drawable_peers();
+    let Some(lead) = gs.first() else {
+        anyhow::bail!("a memory-vs-depth figure with no configuration");
+    };
+    let dtyped = gs.len() > 1;
+    let dtype_of = |g: &Group| {
+        if dtyped {
+            format!(" {}", g.key.dtype)
+        } else {
+            String::new()
+        }
+    };
+    let peers: Vec<Vec<&Row>> = gs.iter().map(|g| g.drawable_peers().0).collect();
+    let title_label = if dtyped {
+        let dtypes: Vec<&str> = gs.iter().map(|g| g.key.dtype.as_str()).collect();
+        data::label_with_dtypes(&lead.label, &lead.key.dtype, &dtypes)
+    } else {
+        lead.label.clone()
+    };
     let f = frame(
         root,
-        &format!("Peak memory vs depth — {}", g.label),
+        &format!("Peak memory vs depth — {title_label}"),
         &format!(
             "{} · one training step, allocator peak above baseline",
-            g.device_label
+            lead.device_label
         ),
-        &footer(g),
+        &footer(gs),
     )?;
-    let depths = g.depths_with(&peers);
+    let mut depths: Vec<usize> = gs
+        .iter()
+        .zip(&peers)
+        .flat_map(|(g, p)| g.depths_with(p))
+        .collect();
+    depths.sort_unstable();
+    depths.dedup();
     let ticks: Vec<f64> = depths.iter().map(|&d| d as f64).collect();
     let dmin = depths.first().copied().unwrap_or(1) as f64;
     let dmax = depths.last().copied().unwrap_or(1) as f64;
-    let peaks: Vec<f64> =
-        g.ok.iter()
-            .chain(peers.iter().copied())
-            .filter_map(|r| r.peak_bytes)
-            .map(mib)
-            .collect();
+    let peaks: Vec<f64> = gs
+        .iter()
+        .zip(&peers)
+        .flat_map(|(g, p)| g.ok.iter().chain(p.iter().copied()))
+        .filter_map(|r| r.peak_bytes)
+        .map(mib)
+        .collect();
     let ymax = peaks.iter().copied().fold(0.0, f64::max);
     let ymin_pos = peaks
         .iter()
         .copied()
         .filter(|v| *v > 0.0)
         .fold(f64::INFINITY, f64::min);
-    let series: Vec<(String, Vec<(f64, f64)>)> = g
-        .variants()
-        .into_iter()
-        .map(|v| {
-            let pts = g
-                .variant_rows(&v)
-                .iter()
-                .filter_map(|r| r.peak_bytes.map(|p| (r.depth as f64, mib(p))))
-                .collect();
-            (v, pts)
+    // In the stable variant order, each variant's f32 line then its bf16 line.
+    let all_variants = data::variant_order(
+        gs.iter()
+            .flat_map(|g| g.ok.iter().map(|r| r.variant.as_str())),
+    );
+    let series: Vec<Series> = all_variants
+        .iter()
+        .flat_map(|v| {
+            gs.iter().enumerate().map(move |(i, g)| Series {
+                variant: v.clone(),
+                group: g,
+                alt: i > 0,
+                pts: g
+                    .variant_rows(v)
+                    .iter()
+                    .filter_map(|r| r.peak_bytes.map(|p| (r.depth as f64, mib(p))))
+                    .collect(),
+            })
         })
-        .filter(|(_, p): &(String, Vec<(f64, f64)>)| !p.is_empty())
+        .filter(|s| !s.pts.is_empty())
         .collect();
-    let peer_series_pts = peer_points(g, &peers, |r| r.peak_bytes.map(mib));
+    // the peer's series of each group: (the group's index in `gs`, variant, points); those of
+    // any group but the first in the bf16 style
+    let peer_series_pts: Vec<PeerLine> = gs
+        .iter()
+        .zip(&peers)
+        .enumerate()
+        .flat_map(|(i, (g, p))| {
+            peer_points(g, p, |r| r.peak_bytes.map(mib))
+                .into_iter()
+                .map(move |(v, pts)| (i, v, pts))
+        })
+        .collect();
     let (w, _) = f.plot.dim_in_pixel();
     let (left, right) = f.plot.split_horizontally(w * 55 / 100);
     let mut chart = ChartBuilder::on(&left)
@@ -81,13 +143,15 @@ where
         .y_label_formatter(&tick)
         .light_line_style(WHITE.mix(0.0))
         .draw()?;
-    for (v, pts) in &series {
-        let c = rgb(v);
-        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
-        markers(&mut chart, pts, shape_of(v), c, 5)?;
+    for s in &series {
+        line(&mut chart, &s.variant, &s.pts, s.alt, 5)?;
     }
-    for (v, pts) in &peer_series_pts {
-        peer_series(&mut chart, v, pts, 5)?;
+    for (i, v, pts) in &peer_series_pts {
+        if *i > 0 {
+            bf16_series(&mut chart, v, pts, 5)?;
+        } else {
+            peer_series(&mut chart, v, pts, 5)?;
+        }
     }
     if ymin_pos.is_finite() && dmax > dmin {
         let (lo, hi) = (ymin_pos / 1.3, ymax * 1.3);
@@ -113,20 +177,22 @@ where
             .y_label_formatter(&tick)
             .light_line_style(WHITE.mix(0.0))
             .draw()?;
-        for (v, pts) in &series {
-            let c = rgb(v);
-            log.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
-            markers(&mut log, pts, shape_of(v), c, 4)?;
+        for s in &series {
+            line(&mut log, &s.variant, &s.pts, s.alt, 4)?;
         }
-        for (v, pts) in &peer_series_pts {
-            peer_series(&mut log, v, pts, 4)?;
+        for (i, v, pts) in &peer_series_pts {
+            if *i > 0 {
+                bf16_series(&mut log, v, pts, 4)?;
+            } else {
+                peer_series(&mut log, v, pts, 4)?;
+            }
         }
         // Guides through the first point of the largest and of the smallest series: slope 2
         // (quadratic) above, slope 1 (linear) below.
         let first = |pick: fn(f64, f64) -> bool| {
             series
                 .iter()
-                .filter_map(|(_, p)| p.first().copied())
+                .filter_map(|s| s.pts.first().copied())
                 .reduce(|a, b| if pick(a.1, b.1) { a } else { b })
         };
         for (start, slope, label) in [
@@ -172,40 +238,107 @@ where
     }
     let mut entries: Vec<Entry> = series
         .iter()
-        .map(|(v, _)| {
-            let label = match variant_exponent(g, v) {
-                Some(p) => format!("{v}  p = {p:.2}"),
-                None => v.clone(),
+        .map(|s| {
+            let name = format!("{}{}", s.variant, dtype_of(s.group));
+            let label = match variant_exponent(s.group, &s.variant) {
+                Some(p) => format!("{name}  p = {p:.2}"),
+                None => name,
             };
-            Entry::variant(v, data::marked(label, &g.variant_rows(v)), true)
+            let e = Entry::variant(
+                &s.variant,
+                data::marked(label, &s.group.variant_rows(&s.variant)),
+                true,
+            );
+            if s.alt {
+                e.in_bf16_style()
+            } else {
+                e
+            }
         })
         .collect();
-    entries.extend(
-        peer_series_pts
-            .iter()
-            .map(|(v, pts)| match growth_exponent(pts) {
-                Some(p) => Entry::peer(v, &format!("  p = {p:.2}"), &peers),
-                None => Entry::peer(v, "", &peers),
-            }),
-    );
+    entries.extend(peer_series_pts.iter().map(|(i, v, pts)| {
+        let p = growth_exponent(pts).map_or(String::new(), |p| format!("  p = {p:.2}"));
+        let e = Entry::peer(v, &format!("{}{p}", dtype_of(gs[*i])), &peers[*i]);
+        if *i > 0 {
+            e.in_bf16_style()
+        } else {
+            e
+        }
+    }));
     let mut notes = vec![
         "p: fitted growth exponent, peak ∝ L^p".to_string(),
         "(least squares on log peak vs log L)".to_string(),
         "quadratic ≈ 2, linear ≈ 1".to_string(),
         "dashed guides: slope 2 and slope 1".to_string(),
     ];
-    let drawn: Vec<&Row> = series.iter().flat_map(|(v, _)| g.variant_rows(v)).collect();
+    if dtyped {
+        notes.push(format!(
+            "short dashes, hollow: {} (mixed precision)",
+            gs[1..]
+                .iter()
+                .map(|g| g.key.dtype.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    let drawn: Vec<&Row> = series
+        .iter()
+        .flat_map(|s| s.group.variant_rows(&s.variant))
+        .collect();
     notes.extend(data::untrusted_notes(&drawn));
-    notes.extend(peer_notes(&peers, "dashed with diamonds"));
+    let all_peers: Vec<&Row> = peers.iter().flatten().copied().collect();
+    notes.extend(peer_notes(&all_peers, "dashed with diamonds"));
     legend(&f.legend, &entries, &notes)
 }
 
-/// The footer of the memory-vs-depth figure: the group's rows not ok, then the peer rows not
-/// drawn and why.
-pub(super) fn footer(g: &Group) -> Vec<String> {
-    let (_, left_out) = g.drawable_peers();
-    let mut footer = skipped_footer(g.skipped_notes());
-    footer.extend(left_out.into_iter().map(|(_, n)| n));
+/// One densebench series: solid with filled markers, or in the bf16 style (`alt`).
+fn line<DB, X, Y>(
+    chart: &mut Chart<'_, DB, X, Y>,
+    variant: &str,
+    pts: &[(f64, f64)],
+    alt: bool,
+    size: i32,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    if alt {
+        return bf16_series(chart, variant, pts, size);
+    }
+    let c = rgb(variant);
+    chart.draw_series(LineSeries::new(pts.to_vec(), c.stroke_width(2)))?;
+    markers(chart, pts, shape_of(variant), c, size)
+}
+
+/// The footer of the memory-vs-depth figure: its groups' rows not ok (each naming its dtype
+/// when the figure draws two), then the peer rows not drawn and why.
+pub(super) fn footer(gs: &[&Group]) -> Vec<String> {
+    let dtyped = gs.len() > 1;
+    let notes: Vec<String> = gs
+        .iter()
+        .flat_map(|g| g.skipped.iter())
+        .map(|r| {
+            if dtyped {
+                data::skipped_note_dtyped(r)
+            } else {
+                data::skipped_note(r)
+            }
+        })
+        .collect();
+    let mut footer = skipped_footer(notes);
+    for g in gs {
+        for (p, n) in g.drawable_peers().1 {
+            footer.push(if dtyped {
+                let name = peer_label(&p.variant);
+                n.replacen(&name, &format!("{name} {}", p.dtype), 1)
+            } else {
+                n
+            });
+        }
+    }
     footer
 }
 

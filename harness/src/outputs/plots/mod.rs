@@ -3,7 +3,10 @@
 //!
 //! Figures (file stems are deterministic, built from the configuration):
 //! 1. `memory-vs-depth-<config>`: peak memory against depth, one line per variant, with the
-//!    fitted growth exponent (Pleiss et al.'s quadratic-vs-linear figure);
+//!    fitted growth exponent (Pleiss et al.'s quadratic-vs-linear figure); a configuration's
+//!    bf16 rows are drawn on its f32 figure (same stem, the bf16 lines in short dashes with
+//!    hollow markers, each legend entry naming its dtype), a bf16 configuration without f32
+//!    rows on its own `…-bf16` figure, f64 always on its own (`data::memory_figure_set`);
 //! 2. `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
 //! 3. `memory-vs-time-<config>-L<depth>`: each variant a point, the Pareto front marked, at
 //!    every depth of one headline configuration per family and device;
@@ -11,9 +14,10 @@
 //! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
 //! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
 //!
-//! Figures 5 and 6 are drawn per family, dtype and math mode, never mixing them (an f64 error
-//! and an f32 one have tolerances eight decades apart): their stems take the per-configuration
-//! figures' suffixes, `-f64` for f64 and `-tf32` for tf32 (`grad-error-mlp-f64`).
+//! Every figure but the first is drawn per dtype. Figures 5 and 6 are drawn per family, dtype
+//! and math mode, never mixing them (an f64 error and an f32 one have tolerances eight decades
+//! apart): their stems take the per-configuration figures' suffixes, `-f64` for f64 and `-tf32`
+//! for tf32 (`grad-error-mlp-f64`).
 //!
 //! PNG text is drawn with DejaVu Sans, embedded from `harness/assets/` (licence beside it), so
 //! rendering needs no system fonts. Rows whose status is not `ok` are left out and listed: in
@@ -60,6 +64,9 @@ pub enum Kind {
 pub enum Target {
     /// All depths of one configuration (an index into the groups).
     Group(usize),
+    /// All depths of the configurations drawn on one memory-vs-depth figure: one, or an f32
+    /// one and its bf16 twin, f32's first ([`data::memory_figure_set`]).
+    Groups(Vec<usize>),
     /// One depth of one configuration.
     GroupDepth(usize, usize),
     /// Every ok row of one family in one dtype and math mode.
@@ -180,17 +187,35 @@ pub fn drawn_from(text: &str, bytes: &[u8]) -> std::result::Result<(), String> {
 pub fn plan(groups: &[Group]) -> Vec<Figure> {
     let mut figs = Vec::new();
     for (gi, g) in groups.iter().enumerate() {
+        if let Some(set) = data::memory_figure_set(groups, gi) {
+            let members: Vec<&Group> = set.iter().map(|&j| &groups[j]).collect();
+            let mut depths: Vec<usize> = members.iter().flat_map(|m| m.depths()).collect();
+            depths.sort_unstable();
+            depths.dedup();
+            if depths.len() >= 2
+                && members
+                    .iter()
+                    .any(|m| m.ok.iter().any(|r| r.peak_bytes.is_some()))
+            {
+                // the stem and label of the figure's first group: f32's when it has f32 rows
+                let lead = members[0];
+                let label = if members.len() > 1 {
+                    let dtypes: Vec<&str> = members.iter().map(|m| m.key.dtype.as_str()).collect();
+                    data::label_with_dtypes(&lead.label, &lead.key.dtype, &dtypes)
+                } else {
+                    lead.label.clone()
+                };
+                figs.push(Figure {
+                    kind: Kind::MemoryVsDepth,
+                    stem: format!("memory-vs-depth-{}", lead.slug),
+                    title: format!("Peak memory vs depth, {label}"),
+                    target: Target::Groups(set),
+                    key: true,
+                });
+            }
+        }
         if g.depths().len() < 2 {
             continue;
-        }
-        if g.ok.iter().any(|r| r.peak_bytes.is_some()) {
-            figs.push(Figure {
-                kind: Kind::MemoryVsDepth,
-                stem: format!("memory-vs-depth-{}", g.slug),
-                title: format!("Peak memory vs depth, {}", g.label),
-                target: Target::Group(gi),
-                key: true,
-            });
         }
         if g.ok.iter().any(|r| r.median_ns.is_some()) {
             figs.push(Figure {
@@ -261,6 +286,11 @@ pub fn plan(groups: &[Group]) -> Vec<Figure> {
     figs
 }
 
+/// The groups of a [`Target::Groups`].
+fn members<'a>(groups: &'a [Group], set: &[usize]) -> Vec<&'a Group> {
+    set.iter().map(|&j| &groups[j]).collect()
+}
+
 /// Every ok row of one family in one dtype and math mode, across configurations.
 fn family_rows<'a>(groups: &'a [Group], fam: &FamilyKey) -> Vec<&'a Row> {
     groups
@@ -274,7 +304,9 @@ fn family_rows<'a>(groups: &'a [Group], fam: &FamilyKey) -> Vec<&'a Row> {
 /// cuts them to what fits).
 fn footer_of(fig: &Figure, groups: &[Group]) -> Vec<String> {
     match (&fig.kind, &fig.target) {
-        (Kind::MemoryVsDepth, Target::Group(gi)) => memory_vs_depth::footer(&groups[*gi]),
+        (Kind::MemoryVsDepth, Target::Groups(set)) => {
+            memory_vs_depth::footer(&members(groups, set))
+        }
         (Kind::TimeVsDepth, Target::Group(gi)) => time_vs_depth::footer(&groups[*gi]),
         (Kind::MemoryVsTime, Target::GroupDepth(gi, d)) => memory_vs_time::footer(&groups[*gi], *d),
         _ => Vec::new(),
@@ -286,13 +318,16 @@ fn footer_of(fig: &Figure, groups: &[Group]) -> Vec<String> {
 /// depth only), or that a full footer's `… and n more` stands for, is shown by none, and
 /// `plots` must list it itself.
 pub fn footer_listed(groups: &[Group], figs: &[Figure]) -> Vec<Vec<bool>> {
-    let footers: Vec<(usize, Vec<String>)> = figs
+    // each figure's groups, whether its notes name the dtype (it draws two), its footer lines
+    let footers: Vec<(Vec<usize>, bool, Vec<String>)> = figs
         .iter()
-        .filter_map(|f| match f.target {
-            Target::Group(gi) | Target::GroupDepth(gi, _) => {
-                Some((gi, style::shown_footer(&footer_of(f, groups))))
-            }
-            Target::Family(_) => None,
+        .filter_map(|f| {
+            let (set, dtyped) = match &f.target {
+                Target::Group(gi) | Target::GroupDepth(gi, _) => (vec![*gi], false),
+                Target::Groups(set) => (set.clone(), set.len() > 1),
+                Target::Family(_) => return None,
+            };
+            Some((set, dtyped, style::shown_footer(&footer_of(f, groups))))
         })
         .collect();
     groups
@@ -302,10 +337,14 @@ pub fn footer_listed(groups: &[Group], figs: &[Figure]) -> Vec<Vec<bool>> {
             g.skipped
                 .iter()
                 .map(|r| {
-                    let line = style::skipped_line(&data::skipped_note(r));
-                    footers
-                        .iter()
-                        .any(|(fgi, lines)| *fgi == gi && lines.contains(&line))
+                    footers.iter().any(|(set, dtyped, lines)| {
+                        let note = if *dtyped {
+                            data::skipped_note_dtyped(r)
+                        } else {
+                            data::skipped_note(r)
+                        };
+                        set.contains(&gi) && lines.contains(&style::skipped_line(&note))
+                    })
                 })
                 .collect()
         })
@@ -333,8 +372,8 @@ where
     DB::ErrorType: 'static,
 {
     match (&fig.kind, &fig.target) {
-        (Kind::MemoryVsDepth, Target::Group(gi)) => {
-            memory_vs_depth::memory_vs_depth(root, &groups[*gi])
+        (Kind::MemoryVsDepth, Target::Groups(set)) => {
+            memory_vs_depth::memory_vs_depth(root, &members(groups, set))
         }
         (Kind::TimeVsDepth, Target::Group(gi)) => time_vs_depth::time_vs_depth(root, &groups[*gi]),
         (Kind::MemoryVsTime, Target::GroupDepth(gi, d)) => {
@@ -387,7 +426,7 @@ pub fn render_all(rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
 
 #[cfg(test)]
 mod tests {
-    use super::{data, footer_listed, plan, Kind, Target};
+    use super::{data, footer_listed, footer_of, plan, Figure, Kind, Target};
     use crate::results::row::Row;
 
     fn row(dtype: &str, device: &str, depth: usize, status: &str) -> Row {
@@ -445,6 +484,186 @@ mod tests {
                 "Gradient error per variant, mlp f64"
             ]
         );
+    }
+
+    /// `row` of an mlp configuration of batch `batch`, C0 = 4, k = 2 with its ReLUs.
+    fn mlp(dtype: &str, batch: usize, depth: usize, status: &str) -> Row {
+        Row {
+            batch,
+            channels: 4,
+            growth: 2,
+            activation: true,
+            ..row(dtype, "cpu", depth, status)
+        }
+    }
+
+    /// The memory-vs-depth figures of a plan: each stem with the dtypes of the groups drawn on
+    /// it, in drawing order.
+    fn memory_figures(groups: &[data::Group]) -> Vec<(String, Vec<String>)> {
+        plan(groups)
+            .into_iter()
+            .filter(|f| f.kind == Kind::MemoryVsDepth)
+            .map(|f| {
+                let Target::Groups(set) = &f.target else {
+                    panic!("{}: a memory-vs-depth figure of {:?}", f.stem, f.target);
+                };
+                let dtypes = set.iter().map(|&j| groups[j].key.dtype.clone()).collect();
+                (f.stem, dtypes)
+            })
+            .collect()
+    }
+
+    /// A configuration's f32 and bf16 rows are one memory-vs-depth figure, under the f32
+    /// figure's name (f32's lines first); its f64 rows are a figure of their own; a bf16
+    /// configuration without f32 rows keeps its `-bf16` figure. Every other figure stays one
+    /// dtype: time against depth is drawn for each of the three.
+    #[test]
+    fn bf16_is_drawn_on_its_f32_memory_figure_and_f64_is_not() {
+        let mut rows = Vec::new();
+        for dtype in ["f32", "bf16", "f64"] {
+            for depth in [1, 2] {
+                rows.push(mlp(dtype, 8, depth, "ok"));
+            }
+        }
+        // another configuration (batch 16), in bf16 only
+        rows.push(mlp("bf16", 16, 1, "ok"));
+        rows.push(mlp("bf16", 16, 2, "ok"));
+        let (groups, _) = data::group_rows(&rows);
+        assert_eq!(
+            groups.len(),
+            4,
+            "f32, bf16, f64 of batch 8; bf16 of batch 16"
+        );
+        let figs = memory_figures(&groups);
+        let want: Vec<(String, Vec<String>)> = [
+            ("memory-vs-depth-mlp-N8-C4-k2-relu", vec!["f32", "bf16"]),
+            ("memory-vs-depth-mlp-N8-C4-k2-relu-f64", vec!["f64"]),
+            ("memory-vs-depth-mlp-N16-C4-k2-relu-bf16", vec!["bf16"]),
+        ]
+        .into_iter()
+        .map(|(s, d)| (s.to_string(), d.into_iter().map(String::from).collect()))
+        .collect();
+        assert_eq!(figs, want);
+        let titles: Vec<String> = plan(&groups)
+            .into_iter()
+            .filter(|f| f.kind == Kind::MemoryVsDepth)
+            .map(|f| f.title)
+            .collect();
+        assert_eq!(
+            titles[0],
+            "Peak memory vs depth, mlp N=8 C0=4 k=2 relu=on f32 and bf16"
+        );
+        let mut times: Vec<String> = plan(&groups)
+            .into_iter()
+            .filter(|f| f.kind == Kind::TimeVsDepth)
+            .map(|f| f.stem)
+            .collect();
+        times.sort();
+        assert_eq!(
+            times,
+            [
+                "time-vs-depth-mlp-N16-C4-k2-relu-bf16",
+                "time-vs-depth-mlp-N8-C4-k2-relu",
+                "time-vs-depth-mlp-N8-C4-k2-relu-bf16",
+                "time-vs-depth-mlp-N8-C4-k2-relu-f64",
+            ]
+        );
+    }
+
+    /// One depth in f32 and another in bf16 are two depths of one figure (neither dtype alone
+    /// has a line to draw); a failed bf16 row is named with its dtype in that figure's footer,
+    /// and counted as shown there.
+    #[test]
+    fn a_shared_memory_figure_spans_both_dtypes_depths_and_footers() {
+        let rows = [
+            mlp("f32", 8, 1, "ok"),
+            mlp("bf16", 8, 2, "ok"),
+            mlp("bf16", 8, 3, "oom"),
+        ];
+        let (groups, _) = data::group_rows(&rows);
+        let figs = plan(&groups);
+        let mem: Vec<&Figure> = figs
+            .iter()
+            .filter(|f| f.kind == Kind::MemoryVsDepth)
+            .collect();
+        assert_eq!(mem.len(), 1, "{figs:?}");
+        assert_eq!(mem[0].stem, "memory-vs-depth-mlp-N8-C4-k2-relu");
+        let footer = footer_of(mem[0], &groups);
+        assert!(
+            footer
+                .iter()
+                .any(|l| l.contains("cat-store-copy bf16 L=3: oom")),
+            "{footer:?}"
+        );
+        let listed = footer_listed(&groups, &figs);
+        let by_dtype: Vec<(&str, Vec<bool>)> = groups
+            .iter()
+            .map(|g| g.key.dtype.as_str())
+            .zip(listed)
+            .collect();
+        assert_eq!(by_dtype, [("bf16", vec![true]), ("f32", vec![])]);
+    }
+
+    /// The shared figure's legend names each line's dtype, f32's and bf16's of one variant
+    /// side by side; a figure of one dtype names none.
+    #[test]
+    fn the_shared_figure_legend_names_each_dtype() {
+        use plotters::prelude::*;
+        super::register_font().expect("the embedded font");
+        let mut rows = Vec::new();
+        for dtype in ["f32", "bf16", "f64"] {
+            for depth in [1, 2] {
+                rows.push(mlp(dtype, 8, depth, "ok"));
+            }
+        }
+        let (groups, _) = data::group_rows(&rows);
+        // the texts of a figure's SVG, in drawing order
+        let texts = |fig: &Figure| -> Vec<String> {
+            let mut svg = String::new();
+            {
+                let root =
+                    SVGBackend::with_string(&mut svg, super::style::SIZE).into_drawing_area();
+                super::draw_figure(&root, fig, &groups).expect("drawn");
+                root.present().expect("presented");
+            }
+            svg.split("<text")
+                .skip(1)
+                .filter_map(|t| {
+                    Some(
+                        t.split_once('>')?
+                            .1
+                            .split_once("</text>")?
+                            .0
+                            .trim()
+                            .to_string(),
+                    )
+                })
+                .collect()
+        };
+        let figs = plan(&groups);
+        let mem: Vec<&Figure> = figs
+            .iter()
+            .filter(|f| f.kind == Kind::MemoryVsDepth)
+            .collect();
+        let shared = texts(mem[0]);
+        let at = |prefix: &str| shared.iter().position(|t| t.starts_with(prefix));
+        let (f32_at, bf16_at) = (
+            at("cat-store-copy f32  p = "),
+            at("cat-store-copy bf16  p = "),
+        );
+        assert!(
+            matches!((f32_at, bf16_at), (Some(a), Some(b)) if b == a + 1),
+            "f32's entry, then bf16's: {shared:?}"
+        );
+        assert!(at("short dashes, hollow: bf16").is_some(), "{shared:?}");
+        let alone = texts(mem[1]);
+        assert!(
+            alone.iter().any(|t| t.starts_with("cat-store-copy  p = ")),
+            "no dtype named: {alone:?}"
+        );
+        assert!(alone
+            .iter()
+            .all(|t| !t.contains("bf16") && !t.contains("cat-store-copy f")));
     }
 
     /// A failed row of a configuration with figures is in their footers; one of a

@@ -71,6 +71,9 @@ pub(super) enum Shape {
 
 /// Dash and gap, in pixels, of the PyTorch peer's series (densebench's are solid).
 pub(super) const PEER_DASH: (u32, u32) = (10, 6);
+/// Dash and gap, in pixels, of a bf16 series drawn beside f32 on one figure (memory vs depth):
+/// short dashes, with hollow markers, in the variant's colour.
+pub(super) const BF16_DASH: (u32, u32) = (3, 4);
 
 pub(super) fn shape_of(variant: &str) -> Shape {
     if variant.starts_with("pytorch-") {
@@ -92,6 +95,9 @@ pub(super) struct Entry {
     pub(super) shape: Option<Shape>,
     pub(super) line: bool,
     pub(super) dashed: bool,
+    /// The bf16 style of a figure that draws bf16 beside f32: short dashes ([`BF16_DASH`]) and
+    /// a hollow marker.
+    pub(super) bf16: bool,
 }
 
 impl Entry {
@@ -102,7 +108,13 @@ impl Entry {
             shape: Some(shape_of(v)),
             line,
             dashed: false,
+            bf16: false,
         }
+    }
+
+    /// This entry in the bf16 style ([`Entry::bf16`]).
+    pub(super) fn in_bf16_style(self) -> Self {
+        Self { bf16: true, ..self }
     }
 
     /// A PyTorch peer's entry: its dashed line (always, so the style reads in the legend of a
@@ -122,6 +134,7 @@ impl Entry {
             shape: Some(shape_of(v)),
             line: true,
             dashed: true,
+            bf16: false,
         }
     }
 }
@@ -165,6 +178,54 @@ where
         ))?;
     }
     markers(chart, pts, Shape::Diamond, c, size)
+}
+
+/// A series in the bf16 style of a figure that draws bf16 beside f32: short dashes
+/// ([`BF16_DASH`], cut in pixel space) and hollow markers of the variant's shape; `peer` keeps
+/// the peer's longer dashes and its diamonds, hollow.
+pub(super) fn bf16_series<DB, X, Y>(
+    chart: &mut Chart<'_, DB, X, Y>,
+    variant: &str,
+    pts: &[(f64, f64)],
+    size: i32,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let c = rgb(variant);
+    let dash = if variant.starts_with("pytorch-") {
+        PEER_DASH
+    } else {
+        BF16_DASH
+    };
+    if pts.len() > 1 {
+        chart.draw_series(DashedLineSeries::new(
+            pts.to_vec(),
+            dash.0,
+            dash.1,
+            c.stroke_width(2),
+        ))?;
+    }
+    markers(chart, pts, shape_of(variant), c, size)?;
+    markers(
+        chart,
+        pts,
+        shape_of(variant),
+        WHITE,
+        hollow_inner(shape_of(variant), size),
+    )
+}
+
+/// The size of the white marker drawn inside a coloured one to make it hollow (a border of
+/// about 2 px; a triangle's inradius is half its circumradius, so it needs one more).
+fn hollow_inner(shape: Shape, size: i32) -> i32 {
+    match shape {
+        Shape::Triangle => (size - 3).max(1),
+        _ => (size - 2).max(1),
+    }
 }
 
 /// The drawing areas of one figure's frame.
@@ -223,9 +284,19 @@ where
     DB::ErrorType: 'static,
 {
     let mid = Pos::new(HPos::Left, VPos::Center);
+    let row_h = legend_row_h(entries.len(), notes.len(), area.dim_in_pixel().1);
     let mut y = 30;
     for e in entries {
-        if e.line && e.dashed {
+        if e.line && e.bf16 && !e.dashed {
+            // Short dashes, as the bf16 series.
+            for x0 in (8..40).step_by((BF16_DASH.0 + BF16_DASH.1) as usize) {
+                let x1 = (x0 + BF16_DASH.0 as i32).min(40);
+                area.draw(&PathElement::new(
+                    vec![(x0, y), (x1, y)],
+                    e.color.stroke_width(2),
+                ))?;
+            }
+        } else if e.line && e.dashed {
             // Two dashes and a gap: the sample reads as dashed at legend size.
             for (x0, x1) in [(8, 18), (24, 34), (38, 42)] {
                 area.draw(&PathElement::new(
@@ -241,16 +312,32 @@ where
         }
         if let Some(shape) = e.shape {
             pixel_marker(area, (24, y), shape, e.color, 5)?;
+            if e.bf16 {
+                pixel_marker(area, (24, y), shape, WHITE, hollow_inner(shape, 5))?;
+            }
         }
         area.draw_text(&e.label, &font(LEGEND_PT).pos(mid), (50, y))?;
-        y += LEGEND_ROW_H;
+        y += row_h;
     }
     y += 8;
     for n in notes {
         area.draw_text(n, &font(NOTE_PT).color(&GREY).pos(mid), (8, y))?;
-        y += LEGEND_ROW_H - 6;
+        y += row_h - 6;
     }
     Ok(())
+}
+
+/// Smallest legend row that still separates two lines of legend text.
+const LEGEND_ROW_MIN_H: i32 = 19;
+
+/// The height of one legend entry: [`LEGEND_ROW_H`], or less (down to [`LEGEND_ROW_MIN_H`])
+/// where `entries` and `notes` would not fit a panel `height` px tall (a memory-vs-depth figure
+/// with f32 and bf16 series has twice the entries).
+pub(super) fn legend_row_h(entries: usize, notes: usize, height: u32) -> i32 {
+    // 30 px above the first entry, 8 between entries and notes, a note row 6 px shorter
+    let fixed = 30 + 8 - 6 * notes as i32;
+    let rows = (entries + notes).max(1) as i32;
+    ((height as i32 - fixed) / rows).clamp(LEGEND_ROW_MIN_H, LEGEND_ROW_H)
 }
 
 /// One marker at a pixel position of a plain drawing area (the legend).
