@@ -615,6 +615,10 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// Half a bf16 ulp on [1, 2) (8 significant bits): added to a bf16 value there it makes an
+/// exact tie of f32 → bf16 rounding.
+const TIE_SHIFT: f64 = 1.0 / 256.0;
+
 /// `affine_rows[_relu]` with planar `coef [2, C]` = (scale; shift) in `T::Acc`, bit for bit the
 /// CPU twin's under the launcher's and smaller row grids, on inputs with NaN, ±0, tiny values
 /// and ±∞.
@@ -626,8 +630,11 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     );
     let (c, cols) = (5, 300);
     let x = relu_values::<T>(c * cols, 60);
-    let scale = values::<T::Acc>(c, 61);
-    let shift = values::<T::Acc>(c, 62);
+    let mut scale = values::<T::Acc>(c, 61);
+    let mut shift = values::<T::Acc>(c, 62);
+    // row 1 is x + 2⁻⁸: for bf16 x in ±[1, 2) half a bf16 ulp, an exact tie (to even), which
+    // random coefficients almost never give
+    (scale[1], shift[1]) = (T::Acc::from_f64(1.0), T::Acc::from_f64(TIE_SHIFT));
     let f = if relu {
         bn::affine_rows_relu
     } else {
@@ -744,10 +751,16 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
     let (c, cols) = (4, 333);
     let gy = values::<T>(c * cols, 70);
     let x = values::<T>(c * cols, 71);
-    let (a, b, cc) = (
+    let (mut a, mut b, mut cc) = (
         values::<T::Acc>(c, 72),
         values::<T::Acc>(c, 73),
         values::<T::Acc>(c, 74),
+    );
+    // row 1 is gy + 2⁻⁸: exact ties for bf16 gy in ±[1, 2) (see `affine_rows_match`)
+    (a[1], b[1], cc[1]) = (
+        T::Acc::from_f64(1.0),
+        T::Acc::from_f64(0.0),
+        T::Acc::from_f64(TIE_SHIFT),
     );
     let dst0 = values::<T>(c * cols, 75);
     let coef: Vec<T::Acc> = a.iter().chain(&b).chain(&cc).copied().collect();
