@@ -4,8 +4,8 @@
 //!
 //! The kernel source is `ops/cuda/inplace.cu` ([`crate::ops::cuda::src::INPLACE`]), compiled with NVRTC
 //! at first use and loaded once per device (see [`crate::ops::cuda::launch`]). Each op handles `f32`,
-//! `f64` and `bf16` (added in f32, rounded once), contiguous operands only (with any start offset, so a narrowed prefix of a buffer is
-//! written through its view), and errs — never panics — on anything else. The semantics are
+//! `f64` and `bf16` (added in f32, rounded once), contiguous operands only (with any start
+//! offset, so a narrowed prefix of a buffer is written through its view), and errs — never panics — on anything else. The semantics are
 //! exactly the CPU ones, including NaN: `!(x > 0)` maps NaN to 0 in ReLU and masks the gradient
 //! where the output is NaN.
 //!
