@@ -1,10 +1,12 @@
 //! densebench's CUDA kernel sources run on the host: each module's text exactly as NVRTC gets it
 //! (`impls::ops::cuda::src`, prelude included) is compiled as C++ against a small emulation of the
-//! CUDA execution model (`tests/cuda_emulated/shim.hpp`), and every entry point, f32 and f64, is
+//! CUDA execution model (`tests/cuda_emulated/shim.hpp`), and every entry point, f32, f64 and
+//! bf16 (features stored as bf16, computed and tabled in f32, as the CPU twins' `Elem`), is
 //! launched with the launchers' geometry and with smaller grids (which exercise the grid-stride
 //! loops that cover capped grids) and compared with its CPU twin in `impls::ops::bn` /
 //! `impls::ops::elementwise`: the element-wise kernels bit for bit, the reductions within the bound of a
-//! different f64 summation order, and two runs of a reduction bit for bit.
+//! different f64 summation order, and two runs of a reduction bit for bit. The kernels' own
+//! bf16 conversions are checked against the `half` crate's bit for bit.
 //!
 //! This checks the kernels' indexing (rows, columns, taps, coefficient tables, views), their
 //! rounding claims and the fixed-tree block sum without a GPU. It does not check the driver
@@ -14,6 +16,7 @@
 //! absence fails the test: a kernel check that silently does not run is no check.
 
 use candle_core::{Device, Tensor, WithDType};
+use half::bf16;
 use impls::config::{BN_EPS, BN_MOMENTUM};
 use impls::ops::cuda::src::{self, CudaModule};
 use impls::ops::elementwise;
@@ -180,8 +183,11 @@ impl Emulated {
     }
 }
 
-/// f32 and f64 as the tests need them.
+/// f32, f64 and bf16 as the tests need them: features of `Self`, per-channel tables and
+/// scalars of [`El::Acc`] (the kernels' `db_acc<T>`, the CPU twins' `Elem::Acc`).
 trait El: WithDType + Copy {
+    /// The compute and table type: itself for f32 and f64, f32 for bf16.
+    type Acc: El;
     const SUFFIX: &'static str;
     /// Relative rounding of one result in this type (the half-ulp bound is 2⁻²⁴ / 2⁻⁵³; one
     /// ulp allows the two sides to round a nearly equal f64 to neighbours).
@@ -189,6 +195,7 @@ trait El: WithDType + Copy {
     fn bits(self) -> u64;
 }
 impl El for f32 {
+    type Acc = f32;
     const SUFFIX: &'static str = "f32";
     const ULP: f64 = f32::EPSILON as f64;
     fn bits(self) -> u64 {
@@ -196,10 +203,21 @@ impl El for f32 {
     }
 }
 impl El for f64 {
+    type Acc = f64;
     const SUFFIX: &'static str = "f64";
     const ULP: f64 = f64::EPSILON;
     fn bits(self) -> u64 {
         self.to_bits()
+    }
+}
+impl El for bf16 {
+    type Acc = f32;
+    const SUFFIX: &'static str = "bf16";
+    // 2⁻⁷ (8 significant bits): no tolerance uses it, every bf16 result is compared bit for
+    // bit (the reductions' results are f32 tables, compared with `f32::ULP`)
+    const ULP: f64 = 1.0 / 128.0;
+    fn bits(self) -> u64 {
+        u64::from(self.to_bits())
     }
 }
 
@@ -289,22 +307,24 @@ fn p<V>(v: &mut V) -> *mut c_void {
 }
 
 /// `[C, M]` shapes of the BN kernels: M below a block's threads (some threads sum nothing), and
-/// M past two whole batches of loads of every thread (2 · 8 · 1024 f32, 4 · 4 · 1024 f64) and
-/// not a multiple of the block: whole batches, a partial batch where only some threads have
-/// the last elements, and threads without any element of it (`db_thread_rows`).
+/// M past two whole batches of loads of every thread (2 · 8 · 1024 f32, 4 · 4 · 1024 f64; one
+/// of 16 · 1024 bf16) and not a multiple of the block: whole batches, a partial batch where
+/// only some threads have the last elements, and threads without any element of it
+/// (`db_thread_rows`).
 const BN_SHAPES: [(usize, usize); 3] = [(3, 200), (4, 517), (2, 2 * 8 * 1024 + 700)];
 
 /// `bn_stats`: the planar `[2, C]` (mean; variance) of each row, one block per row, within
 /// the f64-order bound of the CPU twin's interleaved sums, and the same bits on a second run
-/// (the block sum is a fixed tree, not an arrival order).
+/// (the block sum is a fixed tree, not an arrival order). The table is `T::Acc` (f32 for bf16
+/// `x`).
 fn bn_stats_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_stats_{}", T::SUFFIX);
     for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
         let x = values::<T>(c * cols, 10 + k as u64);
-        let mv = host::<T>(&bn::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats"));
+        let mv = host::<T::Acc>(&bn::bn_stats(&tensor(&x, (c, cols))).expect("cpu bn_stats"));
         let (mean, var) = mv.split_at(c);
         let run = || {
-            let mut out = vec![T::from_f64(7.0); 2 * c];
+            let mut out = vec![T::Acc::from_f64(7.0); 2 * c];
             let (mut xp, mut op) = (x.as_ptr().cast_mut(), out.as_mut_ptr());
             let (mut cc, mut mm) = (c as u64, cols as u64);
             m.launch(
@@ -325,14 +345,14 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
             let mu = row.iter().sum::<f64>() / cols as f64;
             let abs = row.iter().map(|v| v.abs()).sum::<f64>() / cols as f64;
             let sq = row.iter().map(|v| (v - mu) * (v - mu)).sum::<f64>() / cols as f64;
-            close::<T>(&kernel, "mean", r, a[r], mean[r], cols, abs);
-            close::<T>(&kernel, "variance", r, a[c + r], var[r], cols, sq);
+            close::<T::Acc>(&kernel, "mean", r, a[r], mean[r], cols, abs);
+            close::<T::Acc>(&kernel, "variance", r, a[c + r], var[r], cols, sq);
             // and bitwise the kernel's own order (two passes, the second about the f64 mean)
             let mu = kernel_order_sum(row.iter().copied()) / cols as f64;
             let var = kernel_order_sum(row.iter().map(|v| (v - mu) * (v - mu))) / cols as f64;
             let what = format!("{kernel} [{c}, {cols}] row {r} in the kernel's summation order");
-            assert_bitwise(&what, &a[r..=r], &[T::from_f64(mu)]);
-            assert_bitwise(&what, &a[c + r..=c + r], &[T::from_f64(var)]);
+            assert_bitwise(&what, &a[r..=r], &[T::Acc::from_f64(mu)]);
+            assert_bitwise(&what, &a[c + r..=c + r], &[T::Acc::from_f64(var)]);
         }
     }
 }
@@ -379,26 +399,27 @@ fn kernel_order_sum(terms: impl Iterator<Item = f64>) -> f64 {
 /// comparing them with the CPU twin's A, B, C would mix the sums' summation-order difference
 /// into a check of the per-channel arithmetic (order of the roundings, `T(−1/M)` and `T(1/M)`,
 /// planar indexing), which must be exact. γ has a 0 and a −0 and a few large values; and two
-/// runs give the same bits.
+/// runs give the same bits. Features `T`, everything per channel (st, γ, the output, the
+/// scalars) `T::Acc`.
 fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_bwd_reduce_{}", T::SUFFIX);
     for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
         let gy = values::<T>(c * cols, 20 + k as u64);
         let x = values::<T>(c * cols, 30 + k as u64);
-        let mean = values::<T>(c, 40 + k as u64);
-        let invstd: Vec<T> = values::<T>(c, 50 + k as u64)
+        let mean = values::<T::Acc>(c, 40 + k as u64);
+        let invstd: Vec<T::Acc> = values::<T::Acc>(c, 50 + k as u64)
             .iter()
-            .map(|v| T::from_f64(v.to_f64().abs() + 0.5))
+            .map(|v| T::Acc::from_f64(v.to_f64().abs() + 0.5))
             .collect();
-        let mut gamma = values::<T>(c, 55 + k as u64);
+        let mut gamma = values::<T::Acc>(c, 55 + k as u64);
         for (r, g) in [0.0, -0.0, 1e6].into_iter().enumerate() {
             if let Some(v) = gamma.get_mut(r) {
-                *v = T::from_f64(g);
+                *v = T::Acc::from_f64(g);
             }
         }
-        let st: Vec<T> = mean.iter().chain(&invstd).copied().collect();
+        let st: Vec<T::Acc> = mean.iter().chain(&invstd).copied().collect();
         let (st_t, gamma_t) = (tensor(&st, (2, c)), vector(&gamma));
-        let cpu = host::<T>(
+        let cpu = host::<T::Acc>(
             &bn_backward::bn_bwd_reduce(
                 &tensor(&gy, (c, cols)),
                 &tensor(&x, (c, cols)),
@@ -409,15 +430,15 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
         );
         assert_eq!(cpu.len(), 5 * c, "cpu bn_bwd_reduce: [5, C]");
         let run = || {
-            let mut out = vec![T::from_f64(7.0); 5 * c];
+            let mut out = vec![T::Acc::from_f64(7.0); 5 * c];
             let mut gp = gy.as_ptr().cast_mut();
             let mut xp = x.as_ptr().cast_mut();
             let mut sp = st.as_ptr().cast_mut();
             let mut gmp = gamma.as_ptr().cast_mut();
             let (mut op, mut cc, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
             // candle's scalar multiply and divide by M, as the launcher passes them
-            let mut neg_inv_m = T::from_f64(-1.0 / cols as f64);
-            let mut inv_m = T::from_f64(1.0 / cols as f64);
+            let mut neg_inv_m = T::Acc::from_f64(-1.0 / cols as f64);
+            let mut inv_m = T::Acc::from_f64(1.0 / cols as f64);
             m.launch(
                 &kernel,
                 reduce_geometry(c),
@@ -445,15 +466,15 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             let sgx_scale: f64 = range
                 .map(|i| (gy[i].to_f64() * (x[i].to_f64() - mu) * is).abs())
                 .sum();
-            close::<T>(&kernel, "Σgy", r, a[r], cpu[r], cols, sg_scale);
-            close::<T>(&kernel, "Σgy·x̂", r, a[c + r], cpu[c + r], cols, sgx_scale);
+            close::<T::Acc>(&kernel, "Σgy", r, a[r], cpu[r], cols, sg_scale);
+            close::<T::Acc>(&kernel, "Σgy·x̂", r, a[c + r], cpu[c + r], cols, sgx_scale);
             // and bitwise the kernel's own order: gy · (x − mean) · invstd per term, in f64
             let range = r * cols..(r + 1) * cols;
             let sg = kernel_order_sum(gy[range.clone()].iter().map(|g| g.to_f64()));
             let sgx = kernel_order_sum(range.map(|i| gy[i].to_f64() * (x[i].to_f64() - mu) * is));
             let what = format!("{kernel} [{c}, {cols}] row {r} in the kernel's summation order");
-            assert_bitwise(&what, &a[r..=r], &[T::from_f64(sg)]);
-            assert_bitwise(&what, &a[c + r..=c + r], &[T::from_f64(sgx)]);
+            assert_bitwise(&what, &a[r..=r], &[T::Acc::from_f64(sg)]);
+            assert_bitwise(&what, &a[c + r..=c + r], &[T::Acc::from_f64(sgx)]);
         }
         let coef = bn_backward::generic_bn_bwd_coef(
             &tensor(&a[..c], (c, 1)),
@@ -468,7 +489,7 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             assert_bitwise(
                 &format!("{kernel} [{c}, {cols}]: coefficient {name} of the kernel's sums"),
                 &a[rows],
-                &host::<T>(want),
+                &host::<T::Acc>(want),
             );
         }
     }
@@ -594,8 +615,13 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
     }
 }
 
-/// `affine_rows[_relu]` with planar `coef [2, C]` = (scale; shift), bit for bit the CPU twin's
-/// under the launcher's and smaller row grids, on inputs with NaN, ±0, tiny values and ±∞.
+/// Half a bf16 ulp on [1, 2) (8 significant bits): added to a bf16 value there it makes an
+/// exact tie of f32 → bf16 rounding.
+const TIE_SHIFT: f64 = 1.0 / 256.0;
+
+/// `affine_rows[_relu]` with planar `coef [2, C]` = (scale; shift) in `T::Acc`, bit for bit the
+/// CPU twin's under the launcher's and smaller row grids, on inputs with NaN, ±0, tiny values
+/// and ±∞.
 fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     let kernel = format!(
         "affine_rows{}_{}",
@@ -604,14 +630,17 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     );
     let (c, cols) = (5, 300);
     let x = relu_values::<T>(c * cols, 60);
-    let scale = values::<T>(c, 61);
-    let shift = values::<T>(c, 62);
+    let mut scale = values::<T::Acc>(c, 61);
+    let mut shift = values::<T::Acc>(c, 62);
+    // row 1 is x + 2⁻⁸: for bf16 x in ±[1, 2) half a bf16 ulp, an exact tie (to even), which
+    // random coefficients almost never give
+    (scale[1], shift[1]) = (T::Acc::from_f64(1.0), T::Acc::from_f64(TIE_SHIFT));
     let f = if relu {
         bn::affine_rows_relu
     } else {
         bn::affine_rows
     };
-    let coef: Vec<T> = scale.iter().chain(&shift).copied().collect();
+    let coef: Vec<T::Acc> = scale.iter().chain(&shift).copied().collect();
     let want = host::<T>(&f(&tensor(&x, (c, cols)), &tensor(&coef, (2, c))).expect("cpu affine"));
     for geom in row_geometries(c, cols) {
         let mut out = vec![T::from_f64(7.0); c * cols];
@@ -651,12 +680,12 @@ fn relu_bwd_affine_matches<T: El>(m: &Emulated, inplace: bool) {
     let (c, cols) = (5, 300);
     let x = relu_values::<T>(c * cols, 63);
     let g = relu_values::<T>(c * cols, 64);
-    let scale = values::<T>(c, 65);
-    let mut shift = values::<T>(c, 66);
+    let scale = values::<T::Acc>(c, 65);
+    let mut shift = values::<T::Acc>(c, 66);
     // row 0 holds x = +0 and −0 (relu_values): with shift +0, v = ±0·scale + 0 is exactly
     // zero, where the mask must stay closed
-    shift[0] = T::from_f64(0.0);
-    let coef: Vec<T> = scale.iter().chain(&shift).copied().collect();
+    shift[0] = T::Acc::from_f64(0.0);
+    let coef: Vec<T::Acc> = scale.iter().chain(&shift).copied().collect();
     let (gt, xt, ct) = (
         tensor(&g, (c, cols)),
         tensor(&x, (c, cols)),
@@ -710,7 +739,7 @@ fn relu_bwd_affine_matches<T: El>(m: &Emulated, inplace: bool) {
     }
 }
 
-/// `bn_bwd_dx[_accumulate]` with planar `coef [3, C]` = (A; B; C), bit for bit the CPU twin's
+/// `bn_bwd_dx[_accumulate]` with planar `coef [3, C]` = (A; B; C) in `T::Acc`, bit for bit the CPU twin's
 /// (the fresh tensor, or the destination updated in place) under the launcher's and smaller
 /// row grids.
 fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
@@ -722,9 +751,19 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
     let (c, cols) = (4, 333);
     let gy = values::<T>(c * cols, 70);
     let x = values::<T>(c * cols, 71);
-    let (a, b, cc) = (values::<T>(c, 72), values::<T>(c, 73), values::<T>(c, 74));
+    let (mut a, mut b, mut cc) = (
+        values::<T::Acc>(c, 72),
+        values::<T::Acc>(c, 73),
+        values::<T::Acc>(c, 74),
+    );
+    // row 1 is gy + 2⁻⁸: exact ties for bf16 gy in ±[1, 2) (see `affine_rows_match`)
+    (a[1], b[1], cc[1]) = (
+        T::Acc::from_f64(1.0),
+        T::Acc::from_f64(0.0),
+        T::Acc::from_f64(TIE_SHIFT),
+    );
     let dst0 = values::<T>(c * cols, 75);
-    let coef: Vec<T> = a.iter().chain(&b).chain(&cc).copied().collect();
+    let coef: Vec<T::Acc> = a.iter().chain(&b).chain(&cc).copied().collect();
     let coef_t = tensor(&coef, (3, c));
     let want = if accumulate {
         let dst = tensor(&dst0, (c, cols));
@@ -973,38 +1012,46 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
 }
 
 /// Every entry point of `bn.cu` (statistics, the forward per-channel step, apply with and
-/// without ReLU, the ReLU backward masked from BN's input, backward reduction with its coefficients, dx fresh and accumulated), f32 and
-/// f64, against its CPU twin in `impls::ops::bn`: the GPU path of every BN layer runs these.
+/// without ReLU, the ReLU backward masked from BN's input, backward reduction with its
+/// coefficients, dx fresh and accumulated), f32, f64 and bf16 features (the per-channel step
+/// is tables only: f32 and f64), against its CPU twin in `impls::ops::bn`: the GPU path of
+/// every BN layer runs these.
 #[test]
 fn bn_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&src::BN);
     bn_stats_matches::<f32>(&m);
     bn_stats_matches::<f64>(&m);
+    bn_stats_matches::<bf16>(&m);
     bn_prepare_matches::<f32>(&m);
     bn_prepare_matches::<f64>(&m);
     bn_bwd_reduce_matches::<f32>(&m);
     bn_bwd_reduce_matches::<f64>(&m);
+    bn_bwd_reduce_matches::<bf16>(&m);
     for relu in [false, true] {
         affine_rows_match::<f32>(&m, relu);
         affine_rows_match::<f64>(&m, relu);
+        affine_rows_match::<bf16>(&m, relu);
     }
     for accumulate in [false, true] {
         bn_bwd_dx_matches::<f32>(&m, accumulate);
         bn_bwd_dx_matches::<f64>(&m, accumulate);
+        bn_bwd_dx_matches::<bf16>(&m, accumulate);
     }
     for inplace in [false, true] {
         relu_bwd_affine_matches::<f32>(&m, inplace);
         relu_bwd_affine_matches::<f64>(&m, inplace);
+        relu_bwd_affine_matches::<bf16>(&m, inplace);
     }
 }
 
-/// `shift_stack` and `shift_sum` of `shift.cu` (the 3×3 convolution's shifted views), f32 and
-/// f64, bit for bit their CPU twins on non-square grids, forward, flipped and far taps.
+/// `shift_stack` and `shift_sum` of `shift.cu` (the 3×3 convolution's shifted views), f32,
+/// f64 and bf16, bit for bit their CPU twins on non-square grids, forward, flipped and far taps.
 #[test]
 fn shift_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&src::SHIFT);
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
+    shifts_match::<bf16>(&m);
 }
 
 /// The same through the shift kernels' 64-bit locator, which a GPU takes only for maps of 2³¹
@@ -1014,6 +1061,7 @@ fn shift_kernels_wide_locator_matches_too() {
     let m = Emulated::build_with(&src::SHIFT, &["DB_NARROW_COLUMNS=0"], "");
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
+    shifts_match::<bf16>(&m);
 }
 
 /// Each emulated module has its own launch geometry: a launch in one leaves `gridDim` and
@@ -1128,11 +1176,65 @@ fn shift_magic_division_is_exact() {
     assert!(checked > 25_000_000, "{checked} divisions checked");
 }
 
-/// The in-place element-wise kernels of `inplace.cu` (ReLU, its backward, `add_assign`), f32
-/// and f64, bit for bit `impls::ops::elementwise` under the launcher's and smaller flat grids.
+/// The in-place element-wise kernels of `inplace.cu` (ReLU, its backward, `add_assign`), f32,
+/// f64 and bf16, bit for bit `impls::ops::elementwise` under the launcher's and smaller flat
+/// grids.
 #[test]
 fn inplace_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&src::INPLACE);
     inplace_kernels_match::<f32>(&m);
     inplace_kernels_match::<f64>(&m);
+    inplace_kernels_match::<bf16>(&m);
+}
+
+/// The kernels' bf16 conversions (`db_widen`, `db_narrow<db_bf16>` in `prelude.cuh`) are the
+/// CPU twins' (`half::bf16::to_f32`, `from_f32`) bit for bit: every bf16 widened, and every
+/// bf16 as the high half of an f32 with low halves at and around the rounding midpoint
+/// (0x8000: ties to even, up or down by the kept half's last bit), the extremes and a few
+/// random ones, so ties, carries into the exponent, overflow to ∞, subnormals and NaN
+/// (signalling ones whose payload is only in the low half included) are all narrowed.
+#[test]
+fn bf16_conversions_match_the_cpu() {
+    let m = Emulated::build_with(
+        &src::INPLACE,
+        &[],
+        "extern \"C\" unsigned short emu_narrow(float v) { return db_narrow<db_bf16>(v).bits; }\n\
+         extern \"C\" float emu_widen(unsigned short b) { return db_widen(db_bf16{b}); }\n",
+    );
+    // SAFETY: the probes just compiled with exactly these signatures; pure functions.
+    let narrow: Symbol<unsafe extern "C" fn(f32) -> u16> =
+        unsafe { m.lib.get(b"emu_narrow\0") }.expect("emu_narrow");
+    // SAFETY: as above.
+    let widen: Symbol<unsafe extern "C" fn(u16) -> f32> =
+        unsafe { m.lib.get(b"emu_widen\0") }.expect("emu_widen");
+    let (mut ties, mut nans, mut checked) = (0u32, 0u32, 0u32);
+    let mut s = 0x9E37_79B9u32;
+    for hi in 0..=u16::MAX {
+        // SAFETY: a pure function of its argument.
+        let w = unsafe { widen(hi) };
+        let want = bf16::from_bits(hi).to_f32();
+        assert_eq!(w.to_bits(), want.to_bits(), "widen {hi:#06x}");
+        s ^= s << 13;
+        s ^= s >> 17;
+        s ^= s << 5;
+        const TIE: u32 = 0x8000;
+        for (k, lo) in [0u32, 1, 0x7FFF, TIE, 0x8001, 0xFFFF, s & 0xFFFF]
+            .into_iter()
+            .enumerate()
+        {
+            let v = f32::from_bits((u32::from(hi) << 16) | lo);
+            // SAFETY: as above.
+            let got = unsafe { narrow(v) };
+            let want = bf16::from_f32(v).to_bits();
+            assert_eq!(got, want, "narrow {:#010x}", v.to_bits());
+            // (the fixed midpoint only: the random low half may be one too)
+            ties += u32::from(k == 3 && !v.is_nan());
+            nans += u32::from(v.is_nan());
+            checked += 1;
+        }
+    }
+    // every high half took every fixed low half: 2¹⁶ ties (half of them rounding up), and the
+    // NaN patterns of both signs
+    assert_eq!((checked, ties), (7 << 16, (1 << 16) - 2 * 128), "patterns");
+    assert!(nans > 2 * 7 * 127, "{nans} NaN patterns");
 }

@@ -20,6 +20,7 @@
 #pragma once
 
 #include <barrier>
+#include <bit>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -71,6 +72,9 @@ inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 inline float __frcp_rn(float a) { return 1.0f / a; }
 inline double __drcp_rn(double a) { return 1.0 / a; }
 inline float __double2float_rn(double v) { return static_cast<float>(v); }
+// Bit casts (prelude.cuh's bf16 conversions).
+inline unsigned __float_as_uint(float v) { return std::bit_cast<unsigned>(v); }
+inline float __uint_as_float(unsigned v) { return std::bit_cast<float>(v); }
 // The high 32 bits of the 64-bit product (shift.cu's division by a magic number).
 inline unsigned __umulhi(unsigned a, unsigned b) {
     return static_cast<unsigned>((static_cast<unsigned long long>(a) * b) >> 32);

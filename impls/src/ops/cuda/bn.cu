@@ -34,13 +34,19 @@
 // two dozen launches of O(C) work per layer, each a kernel launch and an allocation; here it is
 // part of bn_stats' consumer (bn_prepare, one launch per BN in forward) and of bn_bwd_reduce's
 // last step (none extra in backward).
+//
+// Element types (prelude.cuh): features `T` (x, gy, y, dx) are f32, f64 or bf16; per-channel
+// tables, statistics and scalars are `A = db_acc<T>` (f32 for bf16 features, as PyTorch
+// autocast keeps BatchNorm in f32). A feature is read widened to A, computed in A (sums in f64)
+// and written once, rounded to T: the CPU twins' `Elem` rule, so bf16 results are bitwise the
+// CPU's too. bn_prepare works on tables only and exists for f32 and f64.
 
 // ---- per-channel reductions ------------------------------------------------------------------
 
 // mv [2, C] = (mean; biased variance) of each row of x [C, m]: two passes in f64, like the CPU
 // twin (the second pass subtracts the f64 mean, not the mean rounded to T).
-template <typename T>
-__device__ __forceinline__ void bn_stats(const T *__restrict__ x, T *__restrict__ mv,
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict__ mv,
                                          const u64 channels, const u64 m) {
     __shared__ double buf[DB_REDUCE_THREADS];
     const u64 c = blockIdx.x;
@@ -48,17 +54,17 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, T *__restrict_
     constexpr unsigned U = db_batch<T>::value;
     const auto load = [row](const u64 i) { return row[i]; };
     double s = 0.0;
-    db_thread_rows<U>(m, load, [&s](const T v) { s = db_add(s, (double)v); });
+    db_thread_rows<U>(m, load, [&s](const T v) { s = db_add(s, (double)db_widen(v)); });
     const double mean = db_div(db_block_sum(s, buf), (double)m);
     double q = 0.0;
     db_thread_rows<U>(m, load, [&q, mean](const T v) {
-        const double d = db_sub((double)v, mean);
+        const double d = db_sub((double)db_widen(v), mean);
         q = db_add(q, db_mul(d, d));
     });
     const double var = db_div(db_block_sum(q, buf), (double)m);
     if (threadIdx.x == 0) {
-        mv[c] = db_from_f64<T>(mean);
-        mv[channels + c] = db_from_f64<T>(var);
+        mv[c] = db_from_f64<A>(mean);
+        mv[channels + c] = db_from_f64<A>(var);
     }
 }
 
@@ -70,18 +76,19 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, T *__restrict_
 //   B = ((A * invstd) * X) * neg_inv_m + 0
 //   C = (A * ((mean * invstd) * X - S)) * inv_m + 0
 // (neg_inv_m = T(-1/m), inv_m = T(1/m): candle's scalar multiply and divide, `v * k + 0`).
-// st [2, C] = (mean; invstd), gamma [C]; out [5, C] = (S = dbeta; X = dgamma; A; B; C).
-template <typename T>
+// st [2, C] = (mean; invstd), gamma [C]; out [5, C] = (S = dbeta; X = dgamma; A; B; C); all
+// of them, and the scalars, in the compute type (here "T" of the formulas above is A).
+template <typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T *__restrict__ x,
-                                              const T *__restrict__ st,
-                                              const T *__restrict__ gamma, T *__restrict__ out,
-                                              const u64 channels, const u64 m, const T neg_inv_m,
-                                              const T inv_m) {
+                                              const A *__restrict__ st,
+                                              const A *__restrict__ gamma, A *__restrict__ out,
+                                              const u64 channels, const u64 m, const A neg_inv_m,
+                                              const A inv_m) {
     __shared__ double buf[DB_REDUCE_THREADS];
     const u64 c = blockIdx.x;
     const T *g = gy + c * m;
     const T *xr = x + c * m;
-    const T mean_t = st[c], invstd_t = st[channels + c];
+    const A mean_t = st[c], invstd_t = st[channels + c];
     const double mean = (double)mean_t;
     const double invstd = (double)invstd_t;
     double sg = 0.0, sgx = 0.0;
@@ -91,18 +98,18 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
     db_thread_rows<db_batch<T>::value>(
         m, [g, xr](const u64 i) { return pair{g[i], xr[i]}; },
         [&sg, &sgx, mean, invstd](const pair p) {
-            const double gi = (double)p.g;
+            const double gi = (double)db_widen(p.g);
             sg = db_add(sg, gi);
-            sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)p.x, mean)), invstd));
+            sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)db_widen(p.x), mean)), invstd));
         });
     sg = db_block_sum(sg, buf);
     sgx = db_block_sum(sgx, buf);
     if (threadIdx.x == 0) {
-        const T sg_t = db_from_f64<T>(sg), sgx_t = db_from_f64<T>(sgx);
-        const T a = db_mul(gamma[c], invstd_t);
-        const T b = db_add(db_mul(db_mul(db_mul(a, invstd_t), sgx_t), neg_inv_m), (T)0);
-        const T t = db_mul(db_mul(mean_t, invstd_t), sgx_t);
-        const T cc = db_add(db_mul(db_mul(a, db_sub(t, sg_t)), inv_m), (T)0);
+        const A sg_t = db_from_f64<A>(sg), sgx_t = db_from_f64<A>(sgx);
+        const A a = db_mul(gamma[c], invstd_t);
+        const A b = db_add(db_mul(db_mul(db_mul(a, invstd_t), sgx_t), neg_inv_m), (A)0);
+        const A t = db_mul(db_mul(mean_t, invstd_t), sgx_t);
+        const A cc = db_add(db_mul(db_mul(a, db_sub(t, sg_t)), inv_m), (A)0);
         out[c] = sg_t;
         out[channels + c] = sgx_t;
         out[2 * channels + c] = a;
@@ -145,19 +152,26 @@ __device__ __forceinline__ void bn_prepare(const T *__restrict__ mv, const T *__
 
 // ---- row-wise element-wise ops ---------------------------------------------------------------
 
-// y = x * scale + shift per row in T (two roundings, as on the CPU), coef [2, rows] =
-// (scale; shift). With RELU, y = y > 0 ? y : 0 (NaN -> 0): bitwise the CPU's BN apply
-// followed by its in-place ReLU, in one pass and one output.
-template <typename T, bool RELU>
-__device__ __forceinline__ void affine_rows(const T *__restrict__ x, const T *__restrict__ coef,
+// x * scale + shift of one feature, in A (two roundings, as on the CPU), rounded once to T:
+// the value BN apply writes, and the one whose sign the ReLU masks test.
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ T db_affine(const T x, const A scale, const A shift) {
+    return db_narrow<T>(db_add(db_mul(db_widen(x), scale), shift));
+}
+
+// y = x * scale + shift per row (db_affine), coef [2, rows] = (scale; shift) in A. With RELU,
+// y = y > 0 ? y : 0 (NaN -> 0) on the rounded value: bitwise the CPU's BN apply followed by
+// its in-place ReLU, in one pass and one output.
+template <typename T, bool RELU, typename A = db_acc<T>>
+__device__ __forceinline__ void affine_rows(const T *__restrict__ x, const A *__restrict__ coef,
                                             T *__restrict__ y, const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
-        const T scale = coef[r], shift = coef[rows + r];
+        const A scale = coef[r], shift = coef[rows + r];
         const T *xr = x + r * m;
         T *yr = y + r * m;
         for (u64 i = db_first(); i < m; i += db_stride()) {
-            const T v = db_add(db_mul(xr[i], scale), shift);
-            yr[i] = (!RELU || db_is_positive(v)) ? v : (T)0;
+            const T v = db_affine(xr[i], scale, shift);
+            yr[i] = (!RELU || db_is_positive(v)) ? v : db_zero<T>();
         }
     }
 }
@@ -168,34 +182,37 @@ __device__ __forceinline__ void affine_rows(const T *__restrict__ x, const T *__
 // affine_rows computes it (same roundings, same predicate), so the mask is the one relu_bwd
 // reads from the output, bit for bit. out may be g itself (in place): each element is read and
 // then written by one thread, so g and out are not __restrict__.
-template <typename T>
+template <typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void relu_bwd_affine(const T *g, const T *__restrict__ x,
-                                                const T *__restrict__ coef, T *out,
+                                                const A *__restrict__ coef, T *out,
                                                 const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
-        const T scale = coef[r], shift = coef[rows + r];
+        const A scale = coef[r], shift = coef[rows + r];
         const T *gr = g + r * m;
         const T *xr = x + r * m;
         T *o = out + r * m;
         for (u64 i = db_first(); i < m; i += db_stride()) {
-            const T v = db_add(db_mul(xr[i], scale), shift);
-            o[i] = db_is_positive(v) ? gr[i] : (T)0;
+            const T v = db_affine(xr[i], scale, shift);
+            o[i] = db_is_positive(v) ? gr[i] : db_zero<T>();
         }
     }
 }
 
-// A * gy + B * x + C per row, evaluated in f64 as ((A*gy) + (B*x)) + C and rounded to T once,
-// like the CPU twin.
-template <typename T>
-__device__ __forceinline__ T bn_dx_value(const double a, const double b, const double cc,
+// A * gy + B * x + C per row, evaluated in f64 as ((A*gy) + (B*x)) + C from the widened
+// features and rounded once to the compute type A, like the CPU twin (`dx_value`); a bf16
+// feature is then rounded again when written (f64 -> f32 -> bf16, as on the CPU).
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ A bn_dx_value(const double a, const double b, const double cc,
                                          const T g, const T x) {
-    return db_from_f64<T>(db_add(db_add(db_mul(a, (double)g), db_mul(b, (double)x)), cc));
+    return db_from_f64<A>(db_add(db_add(db_mul(a, (double)db_widen(g)),
+                                        db_mul(b, (double)db_widen(x))),
+                                 cc));
 }
 
-// dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in T.
-template <typename T>
+// dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in A.
+template <typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__restrict__ x,
-                                          const T *__restrict__ coef, T *__restrict__ dx,
+                                          const A *__restrict__ coef, T *__restrict__ dx,
                                           const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
@@ -203,17 +220,19 @@ __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__r
         const T *g = gy + r * m;
         const T *xr = x + r * m;
         T *d = dx + r * m;
-        for (u64 i = db_first(); i < m; i += db_stride()) d[i] = bn_dx_value<T>(a, b, cc, g[i], xr[i]);
+        for (u64 i = db_first(); i < m; i += db_stride())
+            d[i] = db_narrow<T>(bn_dx_value<T>(a, b, cc, g[i], xr[i]));
     }
 }
 
-// dst [C, m] += T(A * gy + B * x + C), **in place** (dst is a view of the gradient buffer):
-// the same rounding as bn_bwd_dx followed by one addition in T, so the result is bitwise that
-// of bn_bwd_dx then add_assign, without the [C, m] temporary.
-template <typename T>
+// dst [C, m] += A(A * gy + B * x + C), **in place** (dst is a view of the gradient buffer):
+// the same rounding as bn_bwd_dx followed by one addition in the compute type, rounded once to
+// T, so for f32 and f64 the result is bitwise that of bn_bwd_dx then add_assign, without the
+// [C, m] temporary; a bf16 dst is bf16(f32(dst) + f32(A * gy + B * x + C)), the CPU twin's.
+template <typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const T *__restrict__ gy,
                                                      const T *__restrict__ x,
-                                                     const T *__restrict__ coef, const u64 rows,
+                                                     const A *__restrict__ coef, const u64 rows,
                                                      const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
@@ -222,54 +241,66 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
         const T *xr = x + r * m;
         T *d = dst + r * m;
         for (u64 i = db_first(); i < m; i += db_stride())
-            d[i] = db_add(d[i], bn_dx_value<T>(a, b, cc, g[i], xr[i]));
+            d[i] = db_narrow<T>(db_add(db_widen(d[i]), bn_dx_value<T>(a, b, cc, g[i], xr[i])));
     }
 }
 
 // ---- extern "C" entry points, one per dtype ---------------------------------------------------
+//
+// DB_BN_KERNELS(T, S): the kernels of features T (tables in db_acc<T>), for f32, f64 and bf16.
+// DB_BN_TABLE_KERNELS(T, S): bn_prepare, tables only, for f32 and f64 (bf16 features take the
+// f32 one, their statistics being f32).
 
 #define DB_BN_KERNELS(T, S)                                                                    \
     extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
-        bn_stats_##S(const T *x, T *mv, const u64 channels, const u64 m) {                     \
+        bn_stats_##S(const T *x, db_acc<T> *mv, const u64 channels, const u64 m) {             \
         bn_stats<T>(x, mv, channels, m);                                                       \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
-        bn_bwd_reduce_##S(const T *gy, const T *x, const T *st, const T *gamma, T *out,        \
-                          const u64 channels, const u64 m, const T neg_inv_m, const T inv_m) { \
+        bn_bwd_reduce_##S(const T *gy, const T *x, const db_acc<T> *st,                        \
+                          const db_acc<T> *gamma, db_acc<T> *out, const u64 channels,          \
+                          const u64 m, const db_acc<T> neg_inv_m, const db_acc<T> inv_m) {     \
         bn_bwd_reduce<T>(gy, x, st, gamma, out, channels, m, neg_inv_m, inv_m);                \
     }                                                                                          \
+    extern "C" __global__ void affine_rows_##S(const T *x, const db_acc<T> *coef, T *y,         \
+                                               const u64 rows, const u64 m) {                  \
+        affine_rows<T, false>(x, coef, y, rows, m);                                            \
+    }                                                                                          \
+    extern "C" __global__ void affine_rows_relu_##S(const T *x, const db_acc<T> *coef, T *y,    \
+                                                    const u64 rows, const u64 m) {             \
+        affine_rows<T, true>(x, coef, y, rows, m);                                             \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_##S(const T *g, const T *x,                      \
+                                                   const db_acc<T> *coef, T *out,              \
+                                                   const u64 rows, const u64 m) {              \
+        relu_bwd_affine<T>(g, x, coef, out, rows, m);                                          \
+    }                                                                                          \
+    extern "C" __global__ void relu_bwd_affine_inplace_##S(T *g, const T *x,                    \
+                                                           const db_acc<T> *coef,              \
+                                                           const u64 rows, const u64 m) {      \
+        relu_bwd_affine<T>(g, x, coef, g, rows, m);                                            \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const db_acc<T> *coef,    \
+                                             T *dx, const u64 rows, const u64 m) {             \
+        bn_bwd_dx<T>(gy, x, coef, dx, rows, m);                                                \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_accumulate_##S(T *dst, const T *gy, const T *x,        \
+                                                        const db_acc<T> *coef, const u64 rows, \
+                                                        const u64 m) {                         \
+        bn_bwd_dx_accumulate<T>(dst, gy, x, coef, rows, m);                                    \
+    }
+
+#define DB_BN_TABLE_KERNELS(T, S)                                                              \
     extern "C" __global__ void bn_prepare_##S(const T *mv, const T *gamma, const T *beta,       \
                                               const T *rmean, const T *rvar, T *table,         \
                                               T *running, const u64 channels, const T eps,     \
                                               const T keep, const T mom, const T mom_unbias) { \
         bn_prepare<T>(mv, gamma, beta, rmean, rvar, table, running, channels, eps, keep, mom,  \
                       mom_unbias);                                                             \
-    }                                                                                          \
-    extern "C" __global__ void affine_rows_##S(const T *x, const T *coef, T *y, const u64 rows, \
-                                               const u64 m) {                                  \
-        affine_rows<T, false>(x, coef, y, rows, m);                                            \
-    }                                                                                          \
-    extern "C" __global__ void affine_rows_relu_##S(const T *x, const T *coef, T *y,            \
-                                                    const u64 rows, const u64 m) {             \
-        affine_rows<T, true>(x, coef, y, rows, m);                                             \
-    }                                                                                          \
-    extern "C" __global__ void relu_bwd_affine_##S(const T *g, const T *x, const T *coef,       \
-                                                   T *out, const u64 rows, const u64 m) {      \
-        relu_bwd_affine<T>(g, x, coef, out, rows, m);                                          \
-    }                                                                                          \
-    extern "C" __global__ void relu_bwd_affine_inplace_##S(T *g, const T *x, const T *coef,     \
-                                                           const u64 rows, const u64 m) {      \
-        relu_bwd_affine<T>(g, x, coef, g, rows, m);                                            \
-    }                                                                                          \
-    extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const T *coef, T *dx,     \
-                                             const u64 rows, const u64 m) {                    \
-        bn_bwd_dx<T>(gy, x, coef, dx, rows, m);                                                \
-    }                                                                                          \
-    extern "C" __global__ void bn_bwd_dx_accumulate_##S(T *dst, const T *gy, const T *x,        \
-                                                        const T *coef, const u64 rows,         \
-                                                        const u64 m) {                         \
-        bn_bwd_dx_accumulate<T>(dst, gy, x, coef, rows, m);                                    \
     }
 
 DB_BN_KERNELS(float, f32)
 DB_BN_KERNELS(double, f64)
+DB_BN_KERNELS(db_bf16, bf16)
+DB_BN_TABLE_KERNELS(float, f32)
+DB_BN_TABLE_KERNELS(double, f64)

@@ -10,7 +10,8 @@
 //!
 //! Operands must be contiguous (any start offset) and hold exactly the elements their shapes
 //! say; anything else is an `Err`, never an out-of-bounds read or a silent copy.
-//! Only compiled with the `cuda` feature.
+//! Features are f32, f64 or bf16 (`T`); per-channel tables, statistics and scalars are
+//! `T::Acc` (f32 for bf16 features, as on the CPU). Only compiled with the `cuda` feature.
 
 use crate::ops::cuda::launch::{
     by_dtype, contiguous_range, elementwise_config, expect_len, function, reduce_config,
@@ -43,7 +44,7 @@ fn coefficients(
     Ok(r)
 }
 
-/// Per-row `(mean; biased variance)` of `x [C, M]` → a new planar `[2, C]`.
+/// Per-row `(mean; biased variance)` of `x [C, M]` → a new planar `[2, C]` (in `T::Acc`).
 pub(crate) fn bn_stats(
     op: &str,
     s: &CudaStorage,
@@ -54,7 +55,7 @@ pub(crate) fn bn_stats(
         let dev = &s.device;
         // SAFETY: the kernel writes all 2·c elements (thread 0 of each of the c blocks, two
         // each) before anything reads them.
-        let mut out = unsafe { dev.alloc::<T>(2 * c) }?;
+        let mut out = unsafe { dev.alloc::<T::Acc>(2 * c) }?;
         if c > 0 {
             let func = function::<T>(dev, &BN, "bn_stats")?;
             let x = view(op, s.as_cuda_slice::<T>()?, r)?;
@@ -74,7 +75,8 @@ pub(crate) fn bn_stats(
 /// BN forward's per-channel step: operands `mv [2, C]`, γ, β, running mean, running var (`[C]`
 /// each) → a new planar `[6, C]` = (mean; invstd; scale; shift; new running mean; new running
 /// var), see `bn_prepare` in `bn.cu`. `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded
-/// to the dtype here (the CPU twin's `PrepareScalars`).
+/// to the dtype here (the CPU twin's `PrepareScalars`). Tables only: f32 or f64 (bf16
+/// features have f32 statistics).
 pub(crate) fn bn_prepare(
     op: &str,
     operands: [(&CudaStorage, &Layout); 5],
@@ -135,7 +137,11 @@ pub(crate) fn bn_prepare(
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
     let c = operands[0].1.shape().dims2()?.1;
-    let res = by_dtype!(op, operands[0].0, run(op, operands, scalars))?;
+    let res = match operands[0].0.dtype() {
+        DType::F32 => run::<f32>(op, operands, scalars),
+        DType::F64 => run::<f64>(op, operands, scalars),
+        other => Err(unsupported(op, other)),
+    }?;
     Ok((res, Shape::from((6, c))))
 }
 
@@ -166,7 +172,7 @@ pub(crate) fn affine_rows(
             };
             let func = function::<T>(dev, &BN, kernel)?;
             let x = view(op, s.as_cuda_slice::<T>()?, r)?;
-            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
             b.arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
@@ -212,7 +218,7 @@ fn gx_table_into_new(
             let func = function::<T>(dev, &BN, kernel)?;
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
-            let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+            let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
             b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
@@ -264,7 +270,7 @@ pub(crate) fn relu_bwd_affine_inplace(
         let func = function::<T>(&dev, &BN, "relu_bwd_affine_inplace")?;
         let mut g = view_mut(op, gs.as_cuda_slice_mut::<T>()?, rg)?;
         let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
-        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
         b.arg(&mut g).arg(&x).arg(&coef).arg(&c).arg(&m);
@@ -277,12 +283,13 @@ pub(crate) fn relu_bwd_affine_inplace(
     match gs.dtype() {
         DType::F32 => run::<f32>(op, (gs, gl), (xs, xl), (cs, cl)),
         DType::F64 => run::<f64>(op, (gs, gl), (xs, xl), (cs, cl)),
+        DType::BF16 => run::<half::bf16>(op, (gs, gl), (xs, xl), (cs, cl)),
         other => Err(unsupported(op, other)),
     }
 }
 
 /// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
-/// A; B; C); `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`.
+/// A; B; C) in `T::Acc`; `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`, both `T::Acc`.
 pub(crate) fn bn_bwd_reduce(
     op: &str,
     (gs, gl): (&CudaStorage, &Layout),
@@ -304,16 +311,16 @@ pub(crate) fn bn_bwd_reduce(
         let rgm = coefficients(op, gml, c, 1)?;
         let dev = &gs.device;
         // SAFETY: thread 0 of each of the c blocks writes its row's five outputs.
-        let mut out = unsafe { dev.alloc::<T>(5 * c) }?;
+        let mut out = unsafe { dev.alloc::<T::Acc>(5 * c) }?;
         if c > 0 {
             let func = function::<T>(dev, &BN, "bn_bwd_reduce")?;
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
-            let st = view(op, ss.as_cuda_slice::<T>()?, rs)?;
-            let gamma = view(op, gms.as_cuda_slice::<T>()?, rgm)?;
-            // candle's scalar multiply and divide by m: T(−1/m), T(1/m)
-            let neg_inv_m = T::from_f64(-1.0 / m as f64);
-            let inv_m = T::from_f64(1.0 / m as f64);
+            let st = view(op, ss.as_cuda_slice::<T::Acc>()?, rs)?;
+            let gamma = view(op, gms.as_cuda_slice::<T::Acc>()?, rgm)?;
+            // candle's scalar multiply and divide by m, in the table type: A(−1/m), A(1/m)
+            let neg_inv_m = <T::Acc as candle_core::WithDType>::from_f64(-1.0 / m as f64);
+            let inv_m = <T::Acc as candle_core::WithDType>::from_f64(1.0 / m as f64);
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
             b.arg(&g)
@@ -376,7 +383,7 @@ pub(crate) fn bn_bwd_dx_accumulate(
         let mut d = view_mut(op, ds.as_cuda_slice_mut::<T>()?, rd)?;
         let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
         let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
-        let coef = view(op, cs.as_cuda_slice::<T>()?, rc)?;
+        let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
         b.arg(&mut d).arg(&g).arg(&x).arg(&coef).arg(&c).arg(&m);
@@ -389,6 +396,7 @@ pub(crate) fn bn_bwd_dx_accumulate(
     match ds.dtype() {
         DType::F32 => run::<f32>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
         DType::F64 => run::<f64>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::BF16 => run::<half::bf16>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
         other => Err(unsupported(op, other)),
     }
 }

@@ -3,9 +3,9 @@
 //! memory behaviour on a GPU instead of silently copying.
 //!
 //! The kernel source is `ops/cuda/inplace.cu` ([`crate::ops::cuda::src::INPLACE`]), compiled with NVRTC
-//! at first use and loaded once per device (see [`crate::ops::cuda::launch`]). Each op handles `f32`
-//! and `f64`, contiguous operands only (with any start offset, so a narrowed prefix of a buffer is
-//! written through its view), and errs — never panics — on anything else. The semantics are
+//! at first use and loaded once per device (see [`crate::ops::cuda::launch`]). Each op handles `f32`,
+//! `f64` and `bf16` (added in f32, rounded once), contiguous operands only (with any start
+//! offset, so a narrowed prefix of a buffer is written through its view), and errs — never panics — on anything else. The semantics are
 //! exactly the CPU ones, including NaN: `!(x > 0)` maps NaN to 0 in ReLU and masks the gradient
 //! where the output is NaN.
 //!
@@ -20,7 +20,7 @@ use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
 use candle_core::cuda_backend::{CudaDevice, CudaStorage, WrapErr};
 use candle_core::{DType, Layout, Shape};
 
-/// The error for two operands whose dtypes are not both f32 or both f64.
+/// The error for two operands whose dtypes are not both f32, both f64 or both bf16.
 fn mixed(op: &str, a: DType, b: DType) -> candle_core::Error {
     if a == b {
         unsupported(op, a)
@@ -66,6 +66,7 @@ pub fn relu_inplace(op: &str, s: &mut CudaStorage, l: &Layout) -> candle_core::R
     match s.dtype() {
         DType::F32 => run(op, &dev, s.as_cuda_slice_mut::<f32>()?, r),
         DType::F64 => run(op, &dev, s.as_cuda_slice_mut::<f64>()?, r),
+        DType::BF16 => run(op, &dev, s.as_cuda_slice_mut::<half::bf16>()?, r),
         other => Err(unsupported(op, other)),
     }
 }
@@ -122,6 +123,15 @@ pub fn relu_bwd(
             g.as_cuda_slice::<f64>()?,
             rg,
             out.as_cuda_slice::<f64>()?,
+            ro,
+            n,
+        )?,
+        (DType::BF16, DType::BF16) => run(
+            op,
+            dev,
+            g.as_cuda_slice::<half::bf16>()?,
+            rg,
+            out.as_cuda_slice::<half::bf16>()?,
             ro,
             n,
         )?,
@@ -203,6 +213,15 @@ pub fn inplace2(
             dst.as_cuda_slice_mut::<f64>()?,
             rd,
             src.as_cuda_slice::<f64>()?,
+            rs,
+            n,
+        ),
+        (DType::BF16, DType::BF16) => run(
+            (op, k),
+            &dev,
+            dst.as_cuda_slice_mut::<half::bf16>()?,
+            rd,
+            src.as_cuda_slice::<half::bf16>()?,
             rs,
             n,
         ),

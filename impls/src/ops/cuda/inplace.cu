@@ -5,30 +5,32 @@
 //
 // Launch geometry: 1-D, block = (256, 1, 1), grid = (ceil(n / 256) capped at 65535, 1, 1);
 // grid-stride loops cover any n. One thread per element, no reductions: deterministic and
-// bitwise equal to the CPU (selections and one IEEE addition in T).
+// bitwise equal to the CPU (selections, and one IEEE addition in db_acc<T> rounded once to T:
+// f32, f64, or for bf16 features f32 then bf16, the CPU's `Elem` rule; see prelude.cuh).
 
 template <typename T> __device__ __forceinline__ void relu_inplace(T *x, const u64 n) {
     for (u64 i = db_first(); i < n; i += db_stride())
-        if (!db_is_positive(x[i])) x[i] = (T)0;
+        if (!db_is_positive(x[i])) x[i] = db_zero<T>();
 }
 
 template <typename T>
 __device__ __forceinline__ void relu_bwd(T *__restrict__ dst, const T *__restrict__ g,
                                          const T *__restrict__ out, const u64 n) {
-    for (u64 i = db_first(); i < n; i += db_stride()) dst[i] = db_is_positive(out[i]) ? g[i] : (T)0;
+    for (u64 i = db_first(); i < n; i += db_stride()) dst[i] = db_is_positive(out[i]) ? g[i] : db_zero<T>();
 }
 
 template <typename T>
 __device__ __forceinline__ void relu_bwd_inplace(T *__restrict__ g, const T *__restrict__ out,
                                                  const u64 n) {
     for (u64 i = db_first(); i < n; i += db_stride())
-        if (!db_is_positive(out[i])) g[i] = (T)0;
+        if (!db_is_positive(out[i])) g[i] = db_zero<T>();
 }
 
 template <typename T>
 __device__ __forceinline__ void add_assign(T *__restrict__ dst, const T *__restrict__ src,
                                            const u64 n) {
-    for (u64 i = db_first(); i < n; i += db_stride()) dst[i] = db_add(dst[i], src[i]);
+    for (u64 i = db_first(); i < n; i += db_stride())
+        dst[i] = db_narrow<T>(db_add(db_widen(dst[i]), db_widen(src[i])));
 }
 
 #define DB_INPLACE_KERNELS(T, S)                                                               \
@@ -45,3 +47,4 @@ __device__ __forceinline__ void add_assign(T *__restrict__ dst, const T *__restr
 
 DB_INPLACE_KERNELS(float, f32)
 DB_INPLACE_KERNELS(double, f64)
+DB_INPLACE_KERNELS(db_bf16, bf16)

@@ -15,16 +15,26 @@ use candle_core::{DType, Layout};
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};
 
-/// A float type the kernels are instantiated for.
+/// A feature type the kernels are instantiated for: f32, f64, or bf16 (features stored as
+/// bf16, computed in f32: `prelude.cuh`, the CPU twins' `Elem`).
 pub(crate) trait Float: CudaDType + DeviceRepr + candle_core::WithDType + Copy {
     /// The suffix of the kernel names (`relu_inplace_f32`).
     const SUFFIX: &'static str;
+    /// The type of the per-channel tables, statistics and scalars that go with features of
+    /// this type (the kernels' `db_acc<T>`): itself, f32 for bf16.
+    type Acc: Float;
 }
 impl Float for f32 {
     const SUFFIX: &'static str = "f32";
+    type Acc = f32;
 }
 impl Float for f64 {
     const SUFFIX: &'static str = "f64";
+    type Acc = f64;
+}
+impl Float for half::bf16 {
+    const SUFFIX: &'static str = "bf16";
+    type Acc = f32;
 }
 
 pub(crate) fn msg(s: String) -> candle_core::Error {
@@ -226,17 +236,20 @@ pub(crate) fn view_mut<'a, T>(
 /// The error for a dtype the kernels are not instantiated for.
 pub(crate) fn unsupported(op: &str, found: DType) -> candle_core::Error {
     msg(format!(
-        "{op} (cuda): dtype {found:?} unsupported (f32 or f64, every operand alike)"
+        "{op} (cuda): dtype {found:?} unsupported (f32 or f64 operands alike, or bf16 features \
+         with f32 tables)"
     ))
 }
 
-/// Calls `$run::<f32>` or `$run::<f64>` by the dtype of `$s`; other operands are checked by
-/// `as_cuda_slice::<T>()` inside (a mismatch is candle's dtype error).
+/// Calls `$run::<f32>`, `$run::<f64>` or `$run::<half::bf16>` by the dtype of `$s` (a
+/// feature operand); other operands are checked by `as_cuda_slice::<T>()` (features) or
+/// `as_cuda_slice::<T::Acc>()` (tables) inside (a mismatch is candle's dtype error).
 macro_rules! by_dtype {
     ($op:expr, $s:expr, $run:ident ( $($arg:expr),* )) => {
         match $s.dtype() {
             candle_core::DType::F32 => $run::<f32>($($arg),*),
             candle_core::DType::F64 => $run::<f64>($($arg),*),
+            candle_core::DType::BF16 => $run::<half::bf16>($($arg),*),
             other => Err($crate::ops::cuda::launch::unsupported($op, other)),
         }
     };

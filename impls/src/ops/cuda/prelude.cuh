@@ -43,9 +43,63 @@ template <> __device__ __forceinline__ float db_from_f64<float>(double v) {
 }
 template <> __device__ __forceinline__ double db_from_f64<double>(double v) { return v; }
 
+// ---- element types: how a feature is stored (T) and the float type it is computed in -----------
+//
+// f32 and f64 features are computed in themselves. bf16 features (PyTorch autocast's) are
+// stored as bf16 and computed in f32, with per-channel tables, statistics and scalars in f32:
+// a kernel reads a feature with db_widen (exact), computes in db_acc<T> with the rounded
+// intrinsics, and writes a feature once with db_narrow (round to nearest, ties to even). This is
+// `Elem` of impls/src/ops/cpu/shared.rs, so a bf16 kernel rounds exactly like its CPU twin; for
+// f32 and f64 both conversions are the identity and the kernels are the ones they were.
+//
+// bf16 is a struct of its bits, not cuda_bf16.h's __nv_bfloat16: the same text compiles with
+// NVRTC (no include paths) and in the host emulation, the conversions are the `half` crate's bit
+// for bit (NaN quietened both ways), and a struct cannot slip into arithmetic unconverted (an
+// `unsigned short` would, silently, as an integer). Same size and alignment as a bf16 element of
+// a candle CUDA tensor (2 bytes).
+struct db_bf16 {
+    unsigned short bits;
+};
+
+template <typename T> struct db_acc_of {
+    using type = T;
+};
+template <> struct db_acc_of<db_bf16> {
+    using type = float;
+};
+// The float type features of type T are computed in, and per-channel tables stored in.
+template <typename T> using db_acc = typename db_acc_of<T>::type;
+
+__device__ __forceinline__ float db_widen(const float v) { return v; }
+__device__ __forceinline__ double db_widen(const double v) { return v; }
+// bf16 -> f32, exact: the bits in the high half (a NaN quietened, as `half::bf16::to_f32`).
+__device__ __forceinline__ float db_widen(const db_bf16 v) {
+    const unsigned b = v.bits;
+    return __uint_as_float(((b & 0x7FFFu) > 0x7F80u ? b | 0x0040u : b) << 16);
+}
+
+template <typename T> __device__ __forceinline__ T db_narrow(db_acc<T> v);
+template <> __device__ __forceinline__ float db_narrow<float>(const float v) { return v; }
+template <> __device__ __forceinline__ double db_narrow<double>(const double v) { return v; }
+// f32 -> bf16, round to nearest, ties to even (`half::bf16::from_f32`, bit for bit): add one
+// to the kept half when the dropped half is above the midpoint, or at it with the kept half
+// odd; a NaN keeps its high bits and is made quiet. Overflow rounds to infinity by the carry.
+template <> __device__ __forceinline__ db_bf16 db_narrow<db_bf16>(const float v) {
+    const unsigned x = __float_as_uint(v);
+    if ((x & 0x7FFFFFFFu) > 0x7F800000u) return db_bf16{(unsigned short)((x >> 16) | 0x0040u)};
+    const unsigned round_bit = 0x8000u;
+    const bool up = (x & round_bit) != 0 && (x & (3 * round_bit - 1)) != 0;
+    return db_bf16{(unsigned short)((x >> 16) + (up ? 1u : 0u))};
+}
+
+// +0 as a feature.
+template <typename T> __device__ __forceinline__ T db_zero() { return T{}; }
+
 // `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN,
-// exactly like `kernels::is_positive` on the CPU.
-template <typename T> __device__ __forceinline__ bool db_is_positive(T x) { return x > (T)0; }
+// exactly like `kernels::is_positive` on the CPU (a bf16 compares as its f32 value).
+template <typename T> __device__ __forceinline__ bool db_is_positive(T x) {
+    return db_widen(x) > (db_acc<T>)0;
+}
 
 // First element and stride of a grid-stride loop over a 1-D grid of 1-D blocks.
 __device__ __forceinline__ u64 db_first() { return blockIdx.x * (u64)blockDim.x + threadIdx.x; }

@@ -130,7 +130,7 @@ __device__ __forceinline__ void shift_stack(const T *__restrict__ t, const u64 l
 #pragma unroll
             for (unsigned j = 0; j < 9; ++j) {
                 const auto s = locate.src(px, taps.oy[j], taps.ox[j]);
-                v[j] = s < 0 ? (T)0 : src[s];
+                v[j] = s < 0 ? db_zero<T>() : src[s];
             }
 #pragma unroll
             for (unsigned j = 0; j < 9; ++j) dst[j * tap_step + i] = v[j];
@@ -139,7 +139,8 @@ __device__ __forceinline__ void shift_stack(const T *__restrict__ t, const u64 l
 }
 
 // out [C, m]: row c = sum over j = 0..8 of row j*C + c of p [9C, m] shifted by tap j, added in
-// the order j = 0..8 to +0 (the CPU's order: bitwise the same sums).
+// the order j = 0..8 to +0 in db_acc<T> and rounded once to T (the CPU's order and rounding:
+// bitwise the same sums; for bf16 an f32 sum rounded to bf16, prelude.cuh).
 template <typename T, typename Locate>
 __device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_p,
                                           T *__restrict__ out, const u64 ld_out, const u64 c,
@@ -157,13 +158,13 @@ __device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_
             for (unsigned j = 0; j < 9; ++j) {
                 const auto s = locate.src(px, taps.oy[j], taps.ox[j]);
                 in[j] = s >= 0;
-                v[j] = in[j] ? src[j * tap_step + s] : (T)0;
+                v[j] = in[j] ? src[j * tap_step + s] : db_zero<T>();
             }
-            T acc = (T)0;
+            db_acc<T> acc = 0;
 #pragma unroll
             for (unsigned j = 0; j < 9; ++j)
-                if (in[j]) acc = db_add(acc, v[j]);
-            dst[i] = acc;
+                if (in[j]) acc = db_add(acc, db_widen(v[j]));
+            dst[i] = db_narrow<T>(acc);
         }
     }
 }
@@ -188,3 +189,4 @@ __device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_
 
 DB_SHIFT_KERNELS(float, f32)
 DB_SHIFT_KERNELS(double, f64)
+DB_SHIFT_KERNELS(db_bf16, bf16)

@@ -47,6 +47,11 @@ pub struct CudaModule {
     /// Every `extern "C"` kernel the launchers call, without the dtype suffix; each exists as
     /// `{kernel}_f32` and `{kernel}_f64`.
     pub kernels: &'static [&'static str],
+    /// The kernels of [`Self::kernels`] that also exist for bf16 features, as
+    /// `{kernel}_bf16` (features stored as bf16, computed and tabled in f32: `prelude.cuh`).
+    /// Every kernel with a bf16 CPU twin; the rest (BN forward's per-channel step, which
+    /// works on f32 tables only) take their f32 entry point for bf16 features.
+    pub bf16_kernels: &'static [&'static str],
 }
 
 impl CudaModule {
@@ -56,17 +61,26 @@ impl CudaModule {
         format!("{PRELUDE}\n#line 1 \"{}\"\n{}", self.file, self.body)
     }
 
-    /// The entry-point names of every kernel in both dtypes (`relu_inplace_f32`, …).
+    /// The entry-point names of every kernel in both float dtypes (`relu_inplace_f32`, …),
+    /// then of the bf16 ones (`relu_inplace_bf16`, …).
     pub fn entry_points(&self) -> Vec<String> {
-        self.kernels
+        let floats = self
+            .kernels
             .iter()
-            .flat_map(|k| DTYPE_SUFFIXES.iter().map(move |s| format!("{k}_{s}")))
-            .collect()
+            .flat_map(|k| DTYPE_SUFFIXES.iter().map(move |s| format!("{k}_{s}")));
+        let bf16 = self
+            .bf16_kernels
+            .iter()
+            .map(|k| format!("{k}_{BF16_SUFFIX}"));
+        floats.chain(bf16).collect()
     }
 }
 
 /// The dtype suffixes every kernel is instantiated for (`float`, `double`).
 pub const DTYPE_SUFFIXES: [&str; 2] = ["f32", "f64"];
+
+/// The suffix of the bf16 instances ([`CudaModule::bf16_kernels`], the C type `db_bf16`).
+pub const BF16_SUFFIX: &str = "bf16";
 
 /// In-place ReLU, ReLU backward (new and in place) and accumulation ([`crate::ops::elementwise`]).
 pub const INPLACE: CudaModule = CudaModule {
@@ -74,6 +88,7 @@ pub const INPLACE: CudaModule = CudaModule {
     file: "inplace.cu",
     body: include_str!("inplace.cu"),
     kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
+    bf16_kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
 };
 
 /// BatchNorm statistics, the per-channel forward step, apply (with and without ReLU), backward
@@ -93,6 +108,16 @@ pub const BN: CudaModule = CudaModule {
         "bn_bwd_dx",
         "bn_bwd_dx_accumulate",
     ],
+    bf16_kernels: &[
+        "bn_stats",
+        "affine_rows",
+        "affine_rows_relu",
+        "relu_bwd_affine",
+        "relu_bwd_affine_inplace",
+        "bn_bwd_reduce",
+        "bn_bwd_dx",
+        "bn_bwd_dx_accumulate",
+    ],
 };
 
 /// The 3×3 convolution's shift stack and shift sum ([`crate::ops::bn`], [`crate::ops::bn_backward`], [`crate::ops::shift`]).
@@ -101,6 +126,7 @@ pub const SHIFT: CudaModule = CudaModule {
     file: "shift.cu",
     body: include_str!("shift.cu"),
     kernels: &["shift_stack", "shift_sum"],
+    bf16_kernels: &["shift_stack", "shift_sum"],
 };
 
 /// Every module, in no particular order.
@@ -129,6 +155,8 @@ mod tests {
 
     /// Each listed kernel is defined for both dtypes by a `DB_*_KERNELS(T, S)` macro line
     /// `... void {kernel}_##S(`: a renamed kernel or a typo in a list fails here, without NVRTC.
+    /// (That each instance exists, bf16 ones included, is the NVRTC test's and the host
+    /// emulation's check: both look every entry point up.)
     #[test]
     fn every_listed_kernel_is_defined_in_its_file() {
         for m in MODULES {
@@ -141,6 +169,13 @@ mod tests {
                     "_KERNELS({}, {s})",
                     if s == "f32" { "float" } else { "double" }
                 );
+                assert!(m.body.contains(&inst), "{}: no `{inst}` line", m.file);
+            }
+            for k in m.bf16_kernels {
+                assert!(m.kernels.contains(k), "{}: bf16 `{k}` is no kernel", m.file);
+            }
+            if !m.bf16_kernels.is_empty() {
+                let inst = format!("_KERNELS(db_bf16, {BF16_SUFFIX})");
                 assert!(m.body.contains(&inst), "{}: no `{inst}` line", m.file);
             }
         }
