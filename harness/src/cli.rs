@@ -53,6 +53,22 @@ enum Command {
 /// Exit status for bad input and usage, as clap's own usage errors.
 const BAD_INPUT: u8 = 2;
 
+/// Makes this (the main) thread one of the compute threads of rayon's global pool, the pool
+/// candle, `gemm` and densebench's kernels run on, in the processes that run steps (`child`,
+/// `step`): `RAYON_NUM_THREADS` threads in all, this one included. Otherwise the main thread
+/// only hands every parallel op to the pool's threads and sleeps until they are done — two
+/// thread wake-ups per op, about a hundred per step of a small bc block, whose latency differs
+/// from one process to the next: on a 6 ms step (1 thread) the same binary's rows came out
+/// 4–11 ms, the `child` and `step --bare-loop` processes apart by up to ×1.5, and the fidelity
+/// check failed on it. With the main thread in the pool, one thread runs a 1-thread step with
+/// no hand-off at all, as PyTorch's intra-op pool runs its calling thread. A pool that already
+/// exists (it cannot: nothing before this touches rayon) is kept.
+fn join_compute_pool() {
+    let _ = rayon::ThreadPoolBuilder::new()
+        .use_current_thread()
+        .build_global();
+}
+
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
 pub fn main() -> ExitCode {
     interrupt::ignore_file_size_signal();
@@ -70,6 +86,9 @@ pub fn main() -> ExitCode {
             .map_err(bounds::bad_input),
         false => Ok(()),
     };
+    if matches!(cli.command, Some(Command::Child(_) | Command::Step(_))) {
+        join_compute_pool();
+    }
     let result = environment.and_then(|()| match cli.command {
         // `cargo run --release` with no arguments runs the main job: the default sweep.
         None => bench_all::run(bench_all::Args::default_sweep()),
