@@ -5,12 +5,11 @@
 use candle_core::{DType, Device};
 use impls::layer;
 use impls::model::predict_peak_bytes;
-use impls::{step, Case, Config, NoProbe, Spatial, Variant};
-use std::sync::atomic::Ordering::Relaxed;
+use impls::{Case, Config, Spatial, Variant};
 
 mod counting;
 
-use counting::{model_configs, Counting, LIVE, PEAK};
+use counting::{model_configs, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
@@ -89,24 +88,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
                     assert_eq!(v, Variant::Autograd, "only autograd is not modelled");
                     return None;
                 };
-                let run = || {
-                    step(
-                        v,
-                        &cfg,
-                        &case.params,
-                        &case.input,
-                        &case.grad_output,
-                        &mut NoProbe,
-                    )
-                    .unwrap()
-                };
-                drop(run()); // warm-up: settles gemm's thread-local scratch
-                let base = LIVE.load(Relaxed);
-                PEAK.store(base, Relaxed);
-                let r = run();
-                let measured = PEAK.load(Relaxed) - base;
-                drop(r);
-                Some((measured, predicted))
+                Some((counting::measured_peak(v, &case) as usize, predicted))
             };
             let got = if whole {
                 layer::with_whole_front_on_cpu(measure)

@@ -6,40 +6,17 @@
 
 use candle_core::{DType, Device};
 use impls::model::predict_peak_bytes;
-use impls::{step, Case, Config, NoProbe, Spatial, Variant};
-use std::sync::atomic::Ordering::Relaxed;
+use impls::{Case, Config, Spatial, Variant};
 
 mod counting;
 
-use counting::{Counting, LIVE, PEAK};
+use counting::{measured_peak, Counting};
 
 #[global_allocator]
 static GLOBAL: Counting = Counting;
 
 /// The model's claim above its scale (issue 5's target), as in `memory_model.rs`.
 const MODEL_REL_TOL: f64 = 0.05;
-
-/// The measured peak of one step of `v` on `case` (after a warm-up step), in bytes.
-fn measured_peak(v: Variant, case: &Case) -> u64 {
-    let run = || {
-        step(
-            v,
-            &case.cfg,
-            &case.params,
-            &case.input,
-            &case.grad_output,
-            &mut NoProbe,
-        )
-        .unwrap()
-    };
-    drop(run()); // warm-up: settles gemm's thread-local scratch
-    let base = LIVE.load(Relaxed);
-    PEAK.store(base, Relaxed);
-    let r = run();
-    let measured = PEAK.load(Relaxed) - base;
-    drop(r);
-    measured as u64
-}
 
 #[test]
 fn predicted_bf16_peak_matches_the_allocator_within_5_percent() {

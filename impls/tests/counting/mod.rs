@@ -131,6 +131,30 @@ unsafe impl GlobalAlloc for Counting {
     }
 }
 
+/// The counted peak of one step of `v` on `case` above the live bytes before it, after one
+/// warm-up step (which settles gemm's thread-local scratch), in bytes.
+#[allow(dead_code)]
+pub fn measured_peak(v: impls::Variant, case: &impls::Case) -> u64 {
+    let run = || {
+        impls::step(
+            v,
+            &case.cfg,
+            &case.params,
+            &case.input,
+            &case.grad_output,
+            &mut impls::NoProbe,
+        )
+        .unwrap()
+    };
+    drop(run());
+    let base = LIVE.load(Relaxed);
+    PEAK.store(base, Relaxed);
+    let r = run();
+    let measured = PEAK.load(Relaxed) - base;
+    drop(r);
+    measured as u64
+}
+
 /// The configs the memory-model tests measure: BC blocks on square and non-square maps, mlp
 /// blocks with and without ReLU, f32 and f64.
 #[allow(dead_code)]
