@@ -10,7 +10,8 @@
 //!   from BN's input, BN's dx and its accumulation, `add_assign`, the shift sum, whose nine taps
 //!   are added in the same order) equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp.
 //! - [`within_one_ulp`]: the products (dense, 3×3 convolution) accumulate in f32 in another
-//!   blocking than the f32 twin's, so `|bf16 result − bf16(f32 twin)| ≤ 1 bf16 ulp`; where the
+//!   blocking than the f32 twin's (dense products on both of their kernels: AVX-512 BF16 dot
+//!   products, whose pairs are exact like any bf16 product, and the widened f32 `gemm`), so `|bf16 result − bf16(f32 twin)| ≤ 1 bf16 ulp`; where the
 //!   two f32 sums may differ by more than a bf16 rounding can absorb (a result near zero after
 //!   cancellation) the bound is `|result − twin| ≤ ulp_bf16(twin) + 2·γ_K·Σ|a·b|` (each f32 sum
 //!   of K terms is within `γ_K·Σ|a·b|` of the exact one, `γ_K = K·u/(1 − K·u)`, `u = 2⁻²⁴`;
@@ -23,6 +24,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use half::bf16;
+use impls::ops::cpu::bf16_dot;
 use impls::ops::layout::grid::{Grid, TAPS};
 use impls::ops::{bn, bn_backward, conv3x3, dense, elementwise, shift};
 
@@ -347,8 +349,38 @@ fn abs_product(a: &Tensor, b: &Tensor) -> Vec<f64> {
     f64s(&a.matmul(&b).unwrap())
 }
 
+/// Held by every test that runs bf16 products: the choice between the dot-product kernel and
+/// the widened path is process-wide ([`bf16_dot::force_widened`]), so a test that changes it
+/// must not run beside one that compares two products bit for bit.
+static PRODUCT_KERNEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Runs `check` with bf16 products on the dot-product kernel (`dot`, where this CPU has it)
+/// or widened to f32, other product tests held off meanwhile; the default restored after.
+fn with_kernel(dot: bool, check: impl FnOnce()) {
+    let _held = PRODUCT_KERNEL.lock().unwrap_or_else(|e| e.into_inner());
+    bf16_dot::force_widened(!dot);
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
+    bf16_dot::force_widened(false);
+    if let Err(e) = r {
+        std::panic::resume_unwind(e);
+    }
+}
+
 #[test]
-fn dense_products_take_bf16_operands_with_f32_accumulation() {
+fn dense_products_take_bf16_operands_with_f32_accumulation_on_the_dot_kernel() {
+    if !bf16_dot::detected() {
+        eprintln!("this CPU has no AVX-512 BF16: the widened path runs (its own test)");
+    }
+    with_kernel(true, check_dense_products);
+}
+
+#[test]
+fn dense_products_take_bf16_operands_with_f32_accumulation_widened() {
+    with_kernel(false, check_dense_products);
+}
+
+/// The dense products' bounds (module doc) on whichever kernel is in force.
+fn check_dense_products() {
     // a Conv1×1 forward W·X, an input gradient Wᵀ·G, a weight gradient G·Xᵀ; inner lengths
     // over one widening block (256) and output tiles over one (128 × 256)
     for (out, c, m) in [(3, 5, 7), (48, 300, 520), (130, 40, 90)] {
@@ -438,8 +470,17 @@ fn bf16_products_do_not_depend_on_the_thread_count() {
             .unwrap()
             .install(|| bf16s(&dense::product(&wb, &xb).unwrap()))
     };
-    let one = run(1);
-    bitwise("1 vs 3 threads", &run(3), &one).unwrap();
+    for dot in [true, false] {
+        with_kernel(dot, || {
+            let one = run(1);
+            bitwise(
+                &format!("1 vs 3 threads (dot kernel: {dot})"),
+                &run(3),
+                &one,
+            )
+            .unwrap();
+        });
+    }
 }
 
 #[test]

@@ -518,9 +518,10 @@ pub const GEMM_PACKING_ALLOWANCE_BYTES: u64 = 128 * 1024;
 /// 128 KiB (every test config and default sweep row) are unchanged.
 pub fn packing_allowance(cfg: &Config) -> u64 {
     if cfg.dtype != cfg.param_dtype() {
-        // bf16 operands: gemm multiplies the f32 blocks of the thread's widening scratch
-        // (`ops::dense::WIDEN_SCRATCH_BYTES`, at most 128×256 by 256×256), made before the
-        // step, and packs those small blocks without allocating per product as the f32 step's
+        // bf16 operands: the products run in the thread's scratch
+        // (`ops::dense::WIDEN_SCRATCH_BYTES`, made before the step): blocks packed in bf16
+        // pairs for the dot-product kernel (`ops::cpu::bf16_dot`), or f32 blocks of at most
+        // 128×256 by 256×256 that gemm packs without allocating per product as the f32 step's
         // whole-operand products do (measured: with the f32 allowance the model was ×0.946 …
         // ×0.975 of the allocator on an mlp block, N=2048, C0=64, k=32, L=6)
         return GEMM_PACKING_FLOOR_BYTES;

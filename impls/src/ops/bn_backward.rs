@@ -12,7 +12,7 @@
 
 use crate::error::{CandleContext, Result};
 use crate::ops::bn::{coef_rows, column, generic_affine_rows_relu, planar};
-use crate::ops::cpu::shared::{lane_sums, Elem, Float};
+use crate::ops::cpu::shared::{lane_sums, zip1, zip2, zip3, Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, features, has_kernels, Operand};
@@ -40,10 +40,14 @@ pub(crate) fn relu_mask_rows<E: Elem<Acc = T>, T: Float>(
         .zip(x.par_chunks(m))
         .zip(scales.par_iter().zip(shifts))
         .for_each(|((g, x), (&scale, &shift))| {
-            for (g, x) in g.iter_mut().zip(x) {
+            zip1(g, x, |g, x| {
                 let v = E::narrow(x.widen() * scale + shift);
-                *g = if v > E::POS_ZERO { *g } else { E::POS_ZERO };
-            }
+                if v.is_positive() {
+                    g
+                } else {
+                    E::POS_ZERO
+                }
+            });
         });
 }
 
@@ -301,6 +305,7 @@ impl CustomOp3 for BnBwdReduceOp {
 
 /// `A·gy + B·x + C` of one element, in f64 from the widened features, rounded once to the
 /// compute type `E::Acc` (a bf16 feature is then rounded again when written: f64 → f32 → bf16).
+#[inline(always)]
 pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
     <E::Acc>::of(a * g.widen().f64() + b * x.widen().f64() + cc)
 }
@@ -417,15 +422,15 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
                     // dst = from + dx: the same roundings as copying `from` into dst first
                     Some(f) => {
                         let f = &f[r * m..(r + 1) * m];
-                        for (((d, g), x), f) in d.iter_mut().zip(g).zip(x).zip(f) {
-                            *d = E::narrow(f.widen() + dx_value(a, b, cc, *g, *x));
-                        }
+                        zip3(d, g, x, f, |_, g, x, f| {
+                            E::narrow(f.widen() + dx_value(a, b, cc, g, x))
+                        });
                     }
                     None => {
-                        for ((d, g), x) in d.iter_mut().zip(g).zip(x) {
-                            // in the compute type, rounded once (the identity for f32 and f64)
-                            *d = E::narrow(d.widen() + dx_value(a, b, cc, *g, *x));
-                        }
+                        // in the compute type, rounded once (the identity for f32 and f64)
+                        zip2(d, g, x, |d, g, x| {
+                            E::narrow(d.widen() + dx_value(a, b, cc, g, x))
+                        });
                     }
                 }
             };

@@ -152,6 +152,10 @@ impl<T: Float> Scratches<T> {
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
 /// [C, r+2, W+2]` (widened to the compute type, exact), zero outside the image (the halo and
 /// the two pad columns).
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
 fn fill_tile<E: Elem<Acc = T>, T: Float>(
     tile: &mut [T],
     x: &[E],
@@ -169,7 +173,8 @@ fn fill_tile<E: Elem<Acc = T>, T: Float>(
             match iy {
                 Some(iy) => {
                     dst[0] = T::default();
-                    for (d, v) in dst[1..=g.w].iter_mut().zip(&src[iy * g.w..(iy + 1) * g.w]) {
+                    let src = &src[iy * g.w..(iy + 1) * g.w];
+                    for (d, v) in dst[1..=g.w].iter_mut().zip(src) {
                         *d = v.widen();
                     }
                     dst[g.w + 1] = T::default();
@@ -257,6 +262,10 @@ unsafe fn gemm_acc<T: Float>(
 /// # Safety
 /// `out` must address `c_out · M` elements, and no other task may write rows y0 .. y0 + r of
 /// image n.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
 unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
     out: SharedPtr<E>,
     acc: &[T],

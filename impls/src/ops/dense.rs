@@ -12,22 +12,27 @@
 //! order for that inner length, so results do not depend on the number of threads or panels.
 //!
 //! bf16 operands (PyTorch autocast's products): `gemm` 0.19 has no bf16, so `multiply_widened`
-//! widens tiles of the operands to f32 in a per-thread scratch (exact), multiplies them with
-//! the f32 `gemm`, accumulates in f32 and writes each output element once: rounded to bf16 for
+//! runs tiles of the product on the CPU's bf16 dot-product instruction where it has one
+//! ([`crate::ops::cpu::bf16_dot`], AVX-512 BF16: operand blocks packed in bf16 pairs) and
+//! otherwise widens blocks of the operands to f32 (exact) for the f32 `gemm`; either way it
+//! accumulates in f32 and writes each output element once: rounded to bf16 for
 //! a bf16 destination ([`product`], [`accumulate`] into bf16), unrounded into an f32 one
 //! ([`product_f32`], [`accumulate`] of bf16 operands into f32: parameter gradients). The
-//! scratch is [`WIDEN_SCRATCH_BYTES`] per thread, made on a thread's first widened product and
+//! scratch (packed or widened blocks and the tile's accumulator) is [`WIDEN_SCRATCH_BYTES`]
+//! per thread, made on a thread's first bf16 product and
 //! kept for the thread's life, like `gemm`'s own packing slab: [`settle_widen_scratch`] makes it
 //! on every compute thread before a measured step, so no step allocates it.
 
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{Elem, Float, SharedPtr};
+use crate::ops::cpu::bf16_dot;
+use crate::ops::cpu::shared::{zip1, Elem, Float, SharedPtr};
 #[cfg(feature = "cuda")]
 pub use crate::ops::cuda::dense::{pin_cublas_workspace, CUBLAS_WORKSPACE_BYTES};
 use crate::ops::elementwise;
 use crate::ops::layout::matrix::{check_shapes, Mat};
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, Tensor};
+use half::bf16;
 use rayon::prelude::*;
 
 /// Panels per thread: a few per thread balance the load when one thread is slowed (measured
@@ -206,29 +211,33 @@ thread_local! {
         std::cell::RefCell::new(vec![0.0; WIDEN_SCRATCH_ELEMS]);
 }
 
-/// `dst [= or +=] a · b` for operands stored as `E` and computed in f32 (bf16 operands),
-/// `dst` stored as `D` (bf16, or f32 for a parameter gradient): tiles of `dst` of
-/// [`WIDE_MB`] × [`WIDE_NB`] in parallel, each summed in an f32 accumulator (from `dst`
-/// widened, or +0) over blocks of [`WIDE_KB`] of the inner dimension whose operand blocks are
-/// widened to f32 (exact) and multiplied by `gemm`, then written to `dst` once, `D::narrow`
-/// (round to nearest even for bf16, exact for f32). The tiling does not depend on the number
-/// of threads, so neither do the results. Scratch: the running thread's [`WIDEN_SCRATCH`]
-/// (a tile's work never yields to rayon, so no other tile of this thread holds it meanwhile;
+/// `dst [= or +=] a · b` for bf16 operands computed in f32, `dst` stored as `D` (bf16, or f32
+/// for a parameter gradient): tiles of `dst` of [`WIDE_MB`] × [`WIDE_NB`] in parallel, each
+/// summed in an f32 accumulator (from `dst` widened, or +0) over blocks of [`WIDE_KB`] of the
+/// inner dimension, then written to `dst` once, `D::narrow` (round to nearest even for bf16,
+/// exact for f32). A block's products run on the CPU's bf16 dot-product kernel where it has one
+/// ([`bf16_dot::enabled`]: operand blocks packed in bf16 pairs), else on the operand blocks
+/// widened to f32 (exact) and multiplied by `gemm`. The tiling does not depend on the number of
+/// threads, so neither do the results. Scratch: the running thread's [`WIDEN_SCRATCH`] (a
+/// tile's work never yields to rayon, so no other tile of this thread holds it meanwhile;
 /// should it be held anyway, the tile takes a scratch of its own).
 ///
 /// # Safety
 /// As [`multiply`]: the operands must lie inside the allocations the pointers address, and
 /// no element of `dst` may be an element of `a` or `b` (they may share an allocation).
-unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
+unsafe fn multiply_widened<D: Elem<Acc = f32>>(
     dst: *mut D,
     d: Mat,
     accumulate: bool,
-    a: *const E,
+    a: *const bf16,
     am: Mat,
-    b: *const E,
+    b: *const bf16,
     bm: Mat,
 ) {
-    crate::ops::cpu::shared::tune_gemm();
+    let dot = bf16_dot::enabled();
+    if !dot {
+        crate::ops::cpu::shared::tune_gemm();
+    }
     let (m, n, k) = (d.rows, d.cols, am.cols);
     let tiles: Vec<(usize, usize)> = (0..m)
         .step_by(WIDE_MB)
@@ -236,8 +245,8 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
         .collect();
     let (dp, ap, bp) = (
         SharedPtr(dst),
-        SharedPtr(a as *mut E),
-        SharedPtr(b as *mut E),
+        SharedPtr(a as *mut bf16),
+        SharedPtr(b as *mut bf16),
     );
     tiles.into_par_iter().for_each(|(r0, c0)| {
         WIDEN_SCRATCH.with(|cell| {
@@ -252,30 +261,66 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
             let (sb, acc) = rest.split_at_mut(WIDE_KB * WIDE_NB);
             let (mr, nc) = (WIDE_MB.min(m - r0), WIDE_NB.min(n - c0));
             let at = |x: Mat, i: usize, j: usize| x.off + i * x.rs + j * x.cs;
-            let acc = &mut acc[..mr * nc];
+            // the dot kernel writes whole blocks of MR × NR: rows and columns padded to them
+            // (WIDE_MB and WIDE_NB are multiples, so a tile's padded block fits the scratch)
+            let (rows, ldc) = if dot {
+                (
+                    mr.next_multiple_of(bf16_dot::MR),
+                    nc.next_multiple_of(bf16_dot::NR),
+                )
+            } else {
+                (mr, nc)
+            };
+            let acc = &mut acc[..rows * ldc];
             acc.fill(0.0);
             if accumulate {
                 for i in 0..mr {
-                    for j in 0..nc {
-                        // SAFETY: (r0 + i, c0 + j) is inside dst (the caller's contract); this
-                        // task alone writes this tile.
-                        acc[i * nc + j] = unsafe { *dp.get().add(at(d, r0 + i, c0 + j)) }.widen();
-                    }
+                    // SAFETY: row r0 + i, columns c0 .. c0 + nc of dst (the caller's contract);
+                    // this task alone writes this tile.
+                    unsafe {
+                        widen_row(
+                            dp.get().add(at(d, r0 + i, c0)),
+                            d.cs,
+                            &mut acc[i * ldc..i * ldc + nc],
+                        )
+                    };
                 }
             }
             for k0 in (0..k).step_by(WIDE_KB) {
                 let kc = WIDE_KB.min(k - k0);
-                let sa = &mut sa[..mr * kc];
-                for (e, v) in sa.iter_mut().enumerate() {
-                    // SAFETY: inside a (the caller's contract); a is only read
-                    *v = unsafe { *(ap.get() as *const E).add(at(am, r0 + e / kc, k0 + e % kc)) }
-                        .widen();
+                // SAFETY: the blocks' origins and extents lie inside a and b (the caller's
+                // contract); both are only read
+                let (a0, b0) = unsafe {
+                    (
+                        (ap.get() as *const bf16).add(at(am, r0, k0)),
+                        (bp.get() as *const bf16).add(at(bm, k0, c0)),
+                    )
+                };
+                if dot {
+                    // SAFETY: f32 and u32 have one size and alignment; the packed blocks fit
+                    // (WIDEN_SCRATCH_ELEMS' parts hold kc·mr and kc·nc f32 elements, the
+                    // packed pairs half as many plus the padding)
+                    let (pa, pb) = unsafe {
+                        (
+                            std::slice::from_raw_parts_mut(sa.as_mut_ptr() as *mut u32, sa.len()),
+                            std::slice::from_raw_parts_mut(sb.as_mut_ptr() as *mut u32, sb.len()),
+                        )
+                    };
+                    // SAFETY: the blocks inside a and b as above; the kernel's instructions are
+                    // present (bf16_dot::enabled)
+                    unsafe {
+                        bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
+                        bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
+                        bf16_dot::multiply_packed(pa, pb, mr, nc, kc, acc, ldc);
+                    }
+                    continue;
                 }
+                let sa = &mut sa[..mr * kc];
                 let sb = &mut sb[..kc * nc];
-                for (e, v) in sb.iter_mut().enumerate() {
-                    // SAFETY: inside b (the caller's contract); b is only read
-                    *v = unsafe { *(bp.get() as *const E).add(at(bm, k0 + e / nc, c0 + e % nc)) }
-                        .widen();
+                // SAFETY: the blocks inside a and b as above
+                unsafe {
+                    widen_block(a0, (am.rs, am.cs), (mr, kc), sa);
+                    widen_block(b0, (bm.rs, bm.cs), (kc, nc), sb);
                 }
                 // SAFETY: three dense row-major f32 buffers of this task, mr×nc, mr×kc, kc×nc.
                 unsafe {
@@ -303,13 +348,68 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>, E: Elem<Acc = f32>>(
                 };
             }
             for i in 0..mr {
-                for j in 0..nc {
-                    // SAFETY: as above: inside dst, this tile written by this task alone.
-                    unsafe { *dp.get().add(at(d, r0 + i, c0 + j)) = D::narrow(acc[i * nc + j]) };
+                let row = &acc[i * ldc..i * ldc + nc];
+                // SAFETY: as above: row r0 + i of dst's tile, written by this task alone.
+                let out = unsafe { dp.get().add(at(d, r0 + i, c0)) };
+                if d.cs == 1 {
+                    // SAFETY: nc contiguous elements of that row
+                    let out = unsafe { std::slice::from_raw_parts_mut(out, nc) };
+                    zip1(out, row, |_, v| D::narrow(v));
+                } else {
+                    for (j, &v) in row.iter().enumerate() {
+                        // SAFETY: column c0 + j of that row
+                        unsafe { *out.add(j * d.cs) = D::narrow(v) };
+                    }
                 }
             }
         })
     });
+}
+
+/// `out[j] = widen(src[j·stride])` for every j of `out`.
+///
+/// # Safety
+/// `src` must address `out.len()` readable elements `stride` apart.
+#[inline(always)]
+unsafe fn widen_row<E: Elem<Acc = f32>>(src: *const E, stride: usize, out: &mut [f32]) {
+    if stride == 1 {
+        // SAFETY: the caller's contract with stride 1
+        let src = unsafe { std::slice::from_raw_parts(src, out.len()) };
+        zip1(out, src, |_, v| v.widen());
+    } else {
+        for (j, o) in out.iter_mut().enumerate() {
+            // SAFETY: the caller's contract
+            *o = unsafe { *src.add(j * stride) }.widen();
+        }
+    }
+}
+
+/// The block `rows × cols` of `src` (element (i, j) at `src + i·rs + j·cs`) widened into
+/// `out`, row-major: row by row where rows are contiguous, column by column where columns are
+/// (a transposed operand), so the reads run along memory either way.
+///
+/// # Safety
+/// Every element of the block must be readable; `out` holds `rows · cols`.
+unsafe fn widen_block(
+    src: *const bf16,
+    (rs, cs): (usize, usize),
+    (rows, cols): (usize, usize),
+    out: &mut [f32],
+) {
+    if cs == 1 || rs != 1 {
+        for (i, o) in out[..rows * cols].chunks_exact_mut(cols.max(1)).enumerate() {
+            // SAFETY: row i of the block (the caller's contract)
+            unsafe { widen_row(src.add(i * rs), cs, o) };
+        }
+    } else {
+        for j in 0..cols {
+            // SAFETY: column j of the block, contiguous (rs = 1)
+            let col = unsafe { std::slice::from_raw_parts(src.add(j * cs), rows) };
+            for (i, &v) in col.iter().enumerate() {
+                out[i * cols + j] = v.widen();
+            }
+        }
+    }
 }
 
 /// [`multiply`] or [`multiply_widened`], picked by dtype: `dst [= or +=] a · b`.
@@ -397,17 +497,16 @@ impl CustomOp2 for Product {
             Ok((D::storage(out), Shape::from((am.rows, bm.cols))))
         }
         let (n, t) = (self.name(), self.transposed);
-        use half::bf16;
         match (s1, s2) {
             (CpuStorage::F32(a), CpuStorage::F32(b)) => go(n, t, a, l1, b, l2, multiply::<f32>),
             (CpuStorage::F64(a), CpuStorage::F64(b)) if !self.f32_out => {
                 go(n, t, a, l1, b, l2, multiply::<f64>)
             }
             (CpuStorage::BF16(a), CpuStorage::BF16(b)) if self.f32_out => {
-                go(n, t, a, l1, b, l2, multiply_widened::<f32, bf16>)
+                go(n, t, a, l1, b, l2, multiply_widened::<f32>)
             }
             (CpuStorage::BF16(a), CpuStorage::BF16(b)) => {
-                go(n, t, a, l1, b, l2, multiply_widened::<bf16, bf16>)
+                go(n, t, a, l1, b, l2, multiply_widened::<bf16>)
             }
             _ => Err(candle_core::Error::Msg(format!(
                 "{n}: operands must both be f32, both f64 or both bf16 (f32 or bf16 for an f32 \
@@ -480,16 +579,13 @@ impl InplaceOp3 for Accumulate {
         }
         let op = (self.name(), self.add);
         let (a, b) = ((a, al), (b, bl));
-        use half::bf16;
         // bf16 operands go to a bf16 destination or (a parameter gradient) an f32 one
         let bf16_operands = matches!(a.0, CpuStorage::BF16(_));
         match dst {
-            CpuStorage::F32(d) if bf16_operands => {
-                go(op, d, dl, a, b, multiply_widened::<f32, bf16>)
-            }
+            CpuStorage::F32(d) if bf16_operands => go(op, d, dl, a, b, multiply_widened::<f32>),
             CpuStorage::F32(d) => go(op, d, dl, a, b, multiply::<f32>),
             CpuStorage::F64(d) => go(op, d, dl, a, b, multiply::<f64>),
-            CpuStorage::BF16(d) => go(op, d, dl, a, b, multiply_widened::<bf16, bf16>),
+            CpuStorage::BF16(d) => go(op, d, dl, a, b, multiply_widened::<bf16>),
             other => Err(unsupported(op.0, other)),
         }
     }
@@ -650,7 +746,7 @@ pub fn product_of_column_chunks(
             n,
             chunks,
             &mut chunk,
-            multiply_widened::<half::bf16, half::bf16>,
+            multiply_widened::<half::bf16>,
         ),
         _ => Err(crate::error::Error::Unsupported {
             device: format!("{:?}", a.device().location()),

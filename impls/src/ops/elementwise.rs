@@ -12,7 +12,7 @@
 //! bf16 is `bf16(f32(dst) + f32(src))`, rounded once ([`Elem`]).
 
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::{Elem, SharedPtr};
+use crate::ops::cpu::shared::{fill_from, map_each, zip1, Elem, SharedPtr};
 use candle_core::backend::BackendStorage;
 use candle_core::{
     CpuStorage, CustomOp1, CustomOp2, InplaceOp1, InplaceOp2, Layout, Shape, Storage, Tensor,
@@ -32,8 +32,9 @@ fn contiguous_range(l: &Layout, op: &'static str) -> candle_core::Result<(usize,
 }
 
 /// `x > 0`, false for NaN: ReLU maps NaN to 0 and masks the gradient where the output is NaN.
+#[inline(always)]
 fn is_positive<E: Elem>(x: E) -> bool {
-    x > E::POS_ZERO
+    x.is_positive()
 }
 
 // The loops below are written as selects (`if p { a } else { b }` on values), not as branches
@@ -42,37 +43,41 @@ fn is_positive<E: Elem>(x: E) -> bool {
 
 fn relu_slice<E: Elem>(xs: &mut [E]) {
     xs.par_chunks_mut(PAR_CHUNK).for_each(|c| {
-        for x in c {
-            *x = if is_positive(*x) { *x } else { E::POS_ZERO };
-        }
+        map_each(c, |x| if is_positive(x) { x } else { E::POS_ZERO });
     });
 }
 
 /// `max(x, 0)` into a new vector, NaN to 0 like [`relu_slice`].
 fn relu_new<E: Elem>(xs: &[E]) -> Vec<E> {
-    xs.par_iter()
-        .with_min_len(PAR_CHUNK)
-        .map(|x| if is_positive(*x) { *x } else { E::POS_ZERO })
-        .collect()
+    new_chunks(xs.len(), PAR_CHUNK, |r| {
+        chunk_of(xs, r)
+            .iter()
+            .map(|x| if is_positive(*x) { *x } else { E::POS_ZERO })
+    })
+}
+
+/// Chunk `r` of [`PAR_CHUNK`] elements of `v` (the last one shorter).
+fn chunk_of<T>(v: &[T], r: usize) -> &[T] {
+    &v[r * PAR_CHUNK..v.len().min((r + 1) * PAR_CHUNK)]
 }
 
 /// `dst[i] = out[i] > 0 ? g[i] : 0`: the ReLU derivative taken from the output, the only thing
 /// an in-place ReLU leaves behind.
 fn relu_bwd_new<E: Elem>(g: &[E], out: &[E]) -> Vec<E> {
-    g.par_iter()
-        .zip(out.par_iter())
-        .with_min_len(PAR_CHUNK)
-        .map(|(g, o)| if is_positive(*o) { *g } else { E::POS_ZERO })
-        .collect()
+    let len = g.len().min(out.len());
+    new_chunks(len, PAR_CHUNK, |r| {
+        chunk_of(&g[..len], r)
+            .iter()
+            .zip(chunk_of(&out[..len], r))
+            .map(|(g, o)| if is_positive(*o) { *g } else { E::POS_ZERO })
+    })
 }
 
 fn relu_bwd_inplace_slice<E: Elem>(g: &mut [E], out: &[E]) {
     g.par_chunks_mut(PAR_CHUNK)
         .zip(out.par_chunks(PAR_CHUNK))
         .for_each(|(g, o)| {
-            for (g, o) in g.iter_mut().zip(o) {
-                *g = if is_positive(*o) { *g } else { E::POS_ZERO };
-            }
+            zip1(g, o, |g, o| if is_positive(o) { g } else { E::POS_ZERO });
         });
 }
 
@@ -81,9 +86,7 @@ fn add_assign_slice<E: Elem>(dst: &mut [E], src: &[E]) {
     dst.par_chunks_mut(PAR_CHUNK)
         .zip(src.par_chunks(PAR_CHUNK))
         .for_each(|(d, s)| {
-            for (d, s) in d.iter_mut().zip(s) {
-                *d = E::narrow(d.widen() + s.widen());
-            }
+            zip1(d, s, |d, s| E::narrow(d.widen() + s.widen()));
         });
 }
 
@@ -494,26 +497,40 @@ where
     let len = rows
         .checked_mul(cols)
         .expect("new_rows: rows × cols overflows");
+    new_chunks(len, cols, fill)
+}
+
+/// A new vector of `len` elements whose chunk `r` (elements `r·chunk ..`, the last one
+/// shorter) holds `fill(r)`'s values in order, the chunks written in parallel into memory that
+/// is not zeroed first (see [`new_rows`]). The loop is [`fill_from`]'s, compiled for this
+/// CPU's widest vectors, `fill`'s iterator inlined into it.
+///
+/// # Panics
+/// If a chunk's iterator ends before the chunk is full (a bug of the caller's): no element of
+/// the vector is then ever read, its length is still 0.
+fn new_chunks<T, I>(len: usize, chunk: usize, fill: impl Fn(usize) -> I + Sync) -> Vec<T>
+where
+    T: Copy + Send,
+    I: Iterator<Item = T>,
+{
     let mut out: Vec<T> = Vec::with_capacity(len);
     if len == 0 {
         return out;
     }
     out.spare_capacity_mut()[..len]
-        .par_chunks_mut(cols)
+        .par_chunks_mut(chunk)
         .enumerate()
-        .for_each(|(r, row)| {
-            let mut written = 0;
-            for (o, v) in row.iter_mut().zip(fill(r)) {
-                o.write(v);
-                written += 1;
-            }
+        .for_each(|(r, part)| {
+            let written = fill_from(part, fill(r));
             assert_eq!(
-                written, cols,
-                "new_rows: row {r} got {written} of {cols} values"
+                written,
+                part.len(),
+                "new_rows: row {r} got {written} of {} values",
+                part.len()
             );
         });
-    // SAFETY: each of the `rows` rows wrote all its `cols` elements (asserted above; a panic
-    // there leaves the length 0), and T is Copy.
+    // SAFETY: every chunk wrote all its elements (asserted above; a panic there leaves the
+    // length 0), and T is Copy.
     unsafe { out.set_len(len) };
     out
 }

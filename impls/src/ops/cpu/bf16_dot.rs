@@ -1,0 +1,372 @@
+//! The CPU's bf16 dot-product kernel for bf16-operand products (PyTorch autocast's matmuls):
+//! one tile `acc [mr, nc] += a [mr, kc] · b [kc, nc]` of bf16 operands into f32 accumulators
+//! with AVX-512 BF16's `vdpbf16ps` (each f32 lane adds two bf16 products), the operands packed
+//! in pairs along the inner dimension. [`crate::ops::dense`]'s bf16 products take it where the
+//! CPU has the instruction ([`enabled`]) and otherwise widen their operands to f32 for `gemm`.
+//!
+//! Numerics: the two products of a pair are exact in f32 and are added into the lane with
+//! round-to-nearest-even, inputs and outputs that are subnormal taken as zero (the
+//! instruction's fixed DAZ/FTZ, as oneDNN's bf16 convolutions that PyTorch autocast runs on
+//! such a CPU). Every output element is summed pair by pair in inner-dimension order whatever
+//! the tile's position, so results do not depend on how a product is cut into tiles or threads;
+//! they differ from the widened path's `gemm` order by rounding only (bounded like any f32 sum
+//! of the same terms).
+
+use half::bf16;
+use std::sync::atomic::{AtomicU8, Ordering};
+
+/// Rows of the micro-kernel's output block.
+pub(crate) const MR: usize = 8;
+/// Columns of the micro-kernel's output block (two 16-lane vectors).
+pub(crate) const NR: usize = 32;
+
+/// 0: not yet decided, 1: the dot kernel, 2: widened (no instruction, or forced).
+static MODE: AtomicU8 = AtomicU8::new(0);
+
+/// The environment variable that makes bf16 products widen their operands to f32 for `gemm`
+/// on a CPU that has the dot-product instruction (`0`; `1` or unset: the instruction where the
+/// CPU has it): the widened path's bits, e.g. to compare a row with one from a CPU without it.
+pub const BF16_DOT_ENV: &str = "DENSEBENCH_BF16_DOT";
+
+/// Whether bf16 products use this kernel: the CPU has AVX-512 BF16 ([`detected`]), and neither
+/// [`BF16_DOT_ENV`] `= 0` nor [`force_widened`] turned it off. Decided once per process.
+pub fn enabled() -> bool {
+    match MODE.load(Ordering::Relaxed) {
+        1 => true,
+        2 => false,
+        _ => {
+            let off = std::env::var(BF16_DOT_ENV).is_ok_and(|v| v.trim() == "0");
+            let on = detected() && !off;
+            MODE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
+            on
+        }
+    }
+}
+
+/// Whether this CPU has the instruction (AVX-512 BF16, with the AVX-512F and BW the packing
+/// uses: every CPU with AVX-512 BF16 has both).
+pub fn detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx512f")
+            && std::arch::is_x86_feature_detected!("avx512bw")
+            && std::arch::is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Makes every later bf16 product of this process widen its operands to f32 for `gemm`
+/// (`true`), or use this kernel where [`detected`] (`false`): for timing the two side by side
+/// and for testing the widened path on a CPU that has the instruction. Process-wide; a product
+/// already running keeps its choice.
+pub fn force_widened(on: bool) {
+    MODE.store(if on || !detected() { 2 } else { 1 }, Ordering::Relaxed);
+}
+
+/// Which kernel bf16 products use in this process, in words (for a row's notes).
+pub fn describe() -> &'static str {
+    if enabled() {
+        "bf16 products: AVX-512 BF16 dot products (vdpbf16ps), f32 accumulation"
+    } else {
+        "bf16 products: operands widened to f32, f32 gemm"
+    }
+}
+
+/// u32 elements of the packed left block of `mr` rows and inner length `kc` ([`pack_a`]).
+pub(crate) fn packed_a_len(mr: usize, kc: usize) -> usize {
+    mr.next_multiple_of(MR) * kc.div_ceil(2)
+}
+
+/// u32 elements of the packed right block of `nc` columns and inner length `kc` ([`pack_b`]).
+pub(crate) fn packed_b_len(nc: usize, kc: usize) -> usize {
+    nc.next_multiple_of(NR) * kc.div_ceil(2)
+}
+
+/// bits of `lo` in the low half, `hi` in the high half: one pair of a packed operand.
+#[inline(always)]
+fn pair(lo: bf16, hi: bf16) -> u32 {
+    lo.to_bits() as u32 | ((hi.to_bits() as u32) << 16)
+}
+
+/// Packs `a`'s block (`mr` rows × `kc`, element (i, p) at `a + i·rs + p·cs`) into `out`: for
+/// each panel of [`MR`] rows, for each pair p of the inner dimension, the panel's rows' pairs
+/// `(a[i, 2p], a[i, 2p+1])` in row order; rows past `mr` and the pair past an odd `kc` are +0.
+///
+/// # Safety
+/// Every element of the block must be readable; `out` holds [`packed_a_len`]`(mr, kc)`.
+pub(crate) unsafe fn pack_a(
+    a: *const bf16,
+    rs: usize,
+    cs: usize,
+    mr: usize,
+    kc: usize,
+    out: &mut [u32],
+) {
+    let kp = kc.div_ceil(2);
+    let full = kc / 2; // pairs with both elements inside the block
+    let out = &mut out[..packed_a_len(mr, kc)];
+    for (panel, block) in out.chunks_exact_mut(MR * kp).enumerate() {
+        for i in 0..MR {
+            let row = panel * MR + i;
+            if row >= mr {
+                for p in 0..kp {
+                    block[p * MR + i] = 0;
+                }
+                continue;
+            }
+            // SAFETY: row < mr and every index < kc: inside the block (the caller's contract)
+            let base = unsafe { a.add(row * rs) };
+            if cs == 1 {
+                // a pair is two adjacent elements: one unaligned 32-bit read, low half first
+                // (little-endian), as `pair` puts them
+                for p in 0..full {
+                    block[p * MR + i] =
+                        u32::from_le(unsafe { (base.add(2 * p) as *const u32).read_unaligned() });
+                }
+            } else {
+                for p in 0..full {
+                    block[p * MR + i] =
+                        unsafe { pair(*base.add(2 * p * cs), *base.add((2 * p + 1) * cs)) };
+                }
+            }
+            if full < kp {
+                block[full * MR + i] = pair(unsafe { *base.add(2 * full * cs) }, bf16::ZERO);
+            }
+        }
+    }
+}
+
+/// Packs `b`'s block (`kc` × `nc` columns, element (p, j) at `b + p·rs + j·cs`) into `out`: for
+/// each panel of [`NR`] columns, for each pair p of the inner dimension, the panel's columns'
+/// pairs `(b[2p, j], b[2p+1, j])` in column order; columns past `nc` and the pair past an odd
+/// `kc` are +0.
+///
+/// # Safety
+/// Every element of the block must be readable; `out` holds [`packed_b_len`]`(nc, kc)`; the
+/// CPU has AVX-512F and BW ([`detected`]).
+pub(crate) unsafe fn pack_b(
+    b: *const bf16,
+    rs: usize,
+    cs: usize,
+    kc: usize,
+    nc: usize,
+    out: &mut [u32],
+) {
+    let kp = kc.div_ceil(2);
+    let out = &mut out[..packed_b_len(nc, kc)];
+    for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
+        let j0 = panel * NR;
+        let cols = NR.min(nc - j0);
+        for p in 0..kp {
+            let dst = &mut block[p * NR..(p + 1) * NR];
+            let (k0, k1) = (2 * p, 2 * p + 1);
+            // SAFETY (every read below): rows k0 (and k1 where < kc), columns j0 .. j0 + cols:
+            // inside the block (the caller's contract)
+            if cs == 1 && cols == NR && k1 < kc {
+                // two contiguous row segments interleaved, 32 columns at a time
+                #[cfg(target_arch = "x86_64")]
+                unsafe {
+                    interleave_32(b.add(k0 * rs + j0), b.add(k1 * rs + j0), dst)
+                };
+                #[cfg(not(target_arch = "x86_64"))]
+                unreachable!("the dot kernel is x86-64 only");
+                continue;
+            }
+            if rs == 1 && k1 < kc {
+                // a transposed operand: a column's pair is two adjacent elements
+                for (j, d) in dst[..cols].iter_mut().enumerate() {
+                    *d = u32::from_le(unsafe {
+                        (b.add(k0 + (j0 + j) * cs) as *const u32).read_unaligned()
+                    });
+                }
+            } else {
+                for (j, d) in dst[..cols].iter_mut().enumerate() {
+                    let at = |k: usize| unsafe { *b.add(k * rs + (j0 + j) * cs) };
+                    let hi = if k1 < kc { at(k1) } else { bf16::ZERO };
+                    *d = pair(at(k0), hi);
+                }
+            }
+            dst[cols..].fill(0);
+        }
+    }
+}
+
+/// `dst[j] = pair(r0[j], r1[j])` for 32 columns: two 64-byte loads, two permutes, two stores.
+///
+/// # Safety
+/// `r0` and `r1` address 32 readable elements each; the CPU has AVX-512F and BW ([`detected`]).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn interleave_32(r0: *const bf16, r1: *const bf16, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    /// 16-bit lanes of the output: column t / 2's element of r0 (index t / 2) then of r1
+    /// (index 32 + t / 2), for columns `first ..`.
+    const fn lanes(first: u16) -> [u16; 32] {
+        let mut a = [0u16; 32];
+        let mut t = 0;
+        while t < 32 {
+            a[t] = first + (t / 2) as u16 + if t % 2 == 1 { 32 } else { 0 };
+            t += 1;
+        }
+        a
+    }
+    const LO: [u16; 32] = lanes(0);
+    const HI: [u16; 32] = lanes(16);
+    assert!(dst.len() >= 32);
+    // SAFETY: the caller's contract; dst holds 32 u32 (64 + 64 bytes), checked above
+    unsafe {
+        let v0 = _mm512_loadu_si512(r0 as *const __m512i);
+        let v1 = _mm512_loadu_si512(r1 as *const __m512i);
+        let lo =
+            _mm512_permutex2var_epi16(v0, _mm512_loadu_si512(LO.as_ptr() as *const __m512i), v1);
+        let hi =
+            _mm512_permutex2var_epi16(v0, _mm512_loadu_si512(HI.as_ptr() as *const __m512i), v1);
+        _mm512_storeu_si512(dst.as_mut_ptr() as *mut __m512i, lo);
+        _mm512_storeu_si512(dst.as_mut_ptr().add(16) as *mut __m512i, hi);
+    }
+}
+
+/// `acc += A · B` for packed blocks ([`pack_a`] of `mr` rows, [`pack_b`] of `nc` columns, inner
+/// length `kc`), `acc` row-major with row stride `ldc ≥ nc.next_multiple_of(NR)` and at least
+/// `mr.next_multiple_of(MR)` rows: the padding rows and columns are written too (with sums of
+/// +0 pads), so callers read only the `mr × nc` corner.
+///
+/// # Safety
+/// [`enabled`] must be true (the CPU has the instructions); `pa`, `pb` packed as above; `acc`
+/// holds the padded block.
+pub(crate) unsafe fn multiply_packed(
+    pa: &[u32],
+    pb: &[u32],
+    mr: usize,
+    nc: usize,
+    kc: usize,
+    acc: &mut [f32],
+    ldc: usize,
+) {
+    let kp = kc.div_ceil(2);
+    let (mp, np) = (mr.next_multiple_of(MR), nc.next_multiple_of(NR));
+    assert!(pa.len() >= mp * kp && pb.len() >= np * kp && ldc >= np);
+    assert!(acc.len() >= (mp - MR) * ldc + np);
+    for pi in 0..mp / MR {
+        for pj in 0..np / NR {
+            let c = acc[pi * MR * ldc + pj * NR..].as_mut_ptr();
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the blocks' sizes checked above; the instructions present (the caller's
+            // contract)
+            unsafe {
+                kernel(
+                    kp,
+                    pa[pi * MR * kp..].as_ptr(),
+                    pb[pj * NR * kp..].as_ptr(),
+                    c,
+                    ldc,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = c;
+        }
+    }
+}
+
+/// The micro-kernel: `c [MR, NR] += a_panel · b_panel` over `kp` pairs, 16 f32 accumulators in
+/// registers, two `vdpbf16ps` per row and pair.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel(kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (the whole body): a holds kp·MR pairs, b kp·NR, c MR rows of NR at stride ldc
+    // (multiply_packed's checks); __m512bh and __m512i are the same 512 bits.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for (i, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm512_loadu_ps(c.add(i * ldc));
+            row[1] = _mm512_loadu_ps(c.add(i * ldc + 16));
+        }
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
+            let b1: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
+                row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            _mm512_storeu_ps(c.add(i * ldc), row[0]);
+            _mm512_storeu_ps(c.add(i * ldc + 16), row[1]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The kernel against the plain sum, on odd sizes (padding rows, columns and the last pair)
+    /// and every operand layout the packers distinguish (rows contiguous, transposed, both
+    /// strided). Small integers (times 2⁻³) keep every product and partial sum exact in f32, so
+    /// any order gives the same bits and a misplaced element shows.
+    #[test]
+    fn the_packed_product_is_the_plain_sum() {
+        if !detected() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16");
+            return;
+        }
+        let val = |s: usize| bf16::from_f32(((s * 7919 % 17) as f32 - 8.0) / 8.0);
+        for (mr, kc, nc) in [(11, 37, 45), (8, 2, 32), (1, 1, 1), (17, 64, 96)] {
+            let a_at = |i: usize, p: usize| val(i * 131 + p);
+            let b_at = |p: usize, j: usize| val(p * 71 + j + 5);
+            // (rs, cs, storage) of one matrix in three layouts: rows contiguous (with a wider
+            // row), transposed, every other element of every other row
+            let layouts = |rows: usize, cols: usize, at: &dyn Fn(usize, usize) -> bf16| {
+                let mut out = Vec::new();
+                for (rs, cs) in [(cols + 3, 1), (1, rows + 2), (2 * (2 * cols + 1), 2)] {
+                    let mut v = vec![bf16::NAN; (rows - 1) * rs + (cols - 1) * cs + 1];
+                    for i in 0..rows {
+                        for j in 0..cols {
+                            v[i * rs + j * cs] = at(i, j);
+                        }
+                    }
+                    out.push((rs, cs, v));
+                }
+                out
+            };
+            let mut packed_a = Vec::new();
+            for (rs, cs, v) in layouts(mr, kc, &a_at) {
+                let mut pa = vec![7u32; packed_a_len(mr, kc)];
+                unsafe { pack_a(v.as_ptr(), rs, cs, mr, kc, &mut pa) };
+                packed_a.push(pa);
+            }
+            let mut packed_b = Vec::new();
+            for (rs, cs, v) in layouts(kc, nc, &b_at) {
+                let mut pb = vec![7u32; packed_b_len(nc, kc)];
+                unsafe { pack_b(v.as_ptr(), rs, cs, kc, nc, &mut pb) };
+                packed_b.push(pb);
+            }
+            assert!(
+                packed_a.windows(2).all(|w| w[0] == w[1]),
+                "A packed alike in every layout"
+            );
+            assert!(
+                packed_b.windows(2).all(|w| w[0] == w[1]),
+                "B packed alike in every layout"
+            );
+            let ldc = nc.next_multiple_of(NR) + 3;
+            let mut acc = vec![0.5f32; mr.next_multiple_of(MR) * ldc];
+            unsafe { multiply_packed(&packed_a[0], &packed_b[0], mr, nc, kc, &mut acc, ldc) };
+            for i in 0..mr {
+                for j in 0..nc {
+                    let want =
+                        (0..kc).fold(0.5f32, |s, p| s + a_at(i, p).to_f32() * b_at(p, j).to_f32());
+                    assert_eq!(acc[i * ldc + j], want, "{mr}×{kc}×{nc} ({i}, {j})");
+                }
+            }
+        }
+    }
+}
