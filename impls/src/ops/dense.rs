@@ -205,7 +205,15 @@ pub const WIDEN_SCRATCH_BYTES: usize = 4 * WIDEN_SCRATCH_ELEMS;
 /// [`WIDEN_SCRATCH_BYTES`] in f32 elements.
 const WIDEN_SCRATCH_ELEMS: usize = WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB;
 
+/// Numbers the bf16 products (see [`PACKED_A`]).
+static NEXT_PRODUCT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 thread_local! {
+    /// Which left block this thread's scratch holds packed for the dot-product kernel:
+    /// (product, first row, first inner index), or `None`. Set by the tile that packed it,
+    /// cleared by the widened path (which overwrites the scratch).
+    static PACKED_A: std::cell::Cell<Option<(u64, usize, usize)>> =
+        const { std::cell::Cell::new(None) };
     /// This thread's widening scratch ([`WIDEN_SCRATCH_BYTES`]), made whole on first use.
     static WIDEN_SCRATCH: std::cell::RefCell<Vec<f32>> =
         std::cell::RefCell::new(vec![0.0; WIDEN_SCRATCH_ELEMS]);
@@ -238,6 +246,9 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
     if !dot {
         crate::ops::cpu::shared::tune_gemm();
     }
+    // This product's number: a thread's packed left block is reused by its next tile of the
+    // same rows and inner block within this product only (`PACKED_A`)
+    let product = NEXT_PRODUCT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (m, n, k) = (d.rows, d.cols, am.cols);
     let tiles: Vec<(usize, usize)> = (0..m)
         .step_by(WIDE_MB)
@@ -252,9 +263,9 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         WIDEN_SCRATCH.with(|cell| {
             let mut own = Vec::new();
             let mut held = cell.try_borrow_mut();
-            let scratch: &mut Vec<f32> = match &mut held {
-                Ok(s) => s,
-                Err(_) => &mut own,
+            let (scratch, mine): (&mut Vec<f32>, bool) = match &mut held {
+                Ok(s) => (s, true),
+                Err(_) => (&mut own, false),
             };
             scratch.resize(WIDEN_SCRATCH_ELEMS, 0.0);
             let (sa, rest) = scratch.split_at_mut(WIDE_MB * WIDE_KB);
@@ -309,12 +320,22 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                     // SAFETY: the blocks inside a and b as above; the kernel's instructions are
                     // present (bf16_dot::enabled)
                     unsafe {
-                        bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
+                        // the thread's scratch still holds this block of a, packed by its
+                        // previous tile (same product, rows and inner block): a is only read
+                        // during a product, so the packed pairs are still its values
+                        let key = (product, r0, k0);
+                        if !(mine && PACKED_A.with(|p| p.get()) == Some(key)) {
+                            bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
+                            if mine {
+                                PACKED_A.with(|p| p.set(Some(key)));
+                            }
+                        }
                         bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
                         bf16_dot::multiply_packed(pa, pb, mr, nc, kc, acc, ldc);
                     }
                     continue;
                 }
+                PACKED_A.with(|p| p.set(None));
                 let sa = &mut sa[..mr * kc];
                 let sb = &mut sb[..kc * nc];
                 // SAFETY: the blocks inside a and b as above
