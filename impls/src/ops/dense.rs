@@ -205,15 +205,16 @@ pub const WIDEN_SCRATCH_BYTES: usize = 4 * WIDEN_SCRATCH_ELEMS;
 /// [`WIDEN_SCRATCH_BYTES`] in f32 elements.
 const WIDEN_SCRATCH_ELEMS: usize = WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB;
 
-/// Numbers the bf16 products (see [`PACKED_A`]).
+/// Numbers the bf16 products (see [`PACKED`]).
 static NEXT_PRODUCT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 thread_local! {
-    /// Which left block this thread's scratch holds packed for the dot-product kernel:
-    /// (product, first row, first inner index), or `None`. Set by the tile that packed it,
-    /// cleared by the widened path (which overwrites the scratch).
-    static PACKED_A: std::cell::Cell<Option<(u64, usize, usize)>> =
-        const { std::cell::Cell::new(None) };
+    /// Which blocks this thread's scratch holds packed for the dot-product kernel: the left
+    /// block as (product, first row, first inner index) and the right one as (product, first
+    /// column, first inner index), or `None`. Set by the tile that packed them, cleared by the
+    /// widened path (which overwrites the scratch).
+    static PACKED: std::cell::Cell<[Option<(u64, usize, usize)>; 2]> =
+        const { std::cell::Cell::new([None; 2]) };
     /// This thread's widening scratch ([`WIDEN_SCRATCH_BYTES`]), made whole on first use.
     static WIDEN_SCRATCH: std::cell::RefCell<Vec<f32>> =
         std::cell::RefCell::new(vec![0.0; WIDEN_SCRATCH_ELEMS]);
@@ -246,13 +247,17 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
     if !dot {
         crate::ops::cpu::shared::tune_gemm();
     }
-    // This product's number: a thread's packed left block is reused by its next tile of the
-    // same rows and inner block within this product only (`PACKED_A`)
+    // This product's number: a thread's packed blocks are reused by its next tile that has the
+    // same rows (left block) or columns (right block) and inner block, within this product
+    // only (`PACKED`)
     let product = NEXT_PRODUCT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (m, n, k) = (d.rows, d.cols, am.cols);
-    let tiles: Vec<(usize, usize)> = (0..m)
-        .step_by(WIDE_MB)
-        .flat_map(|r0| (0..n).step_by(WIDE_NB).map(move |c0| (r0, c0)))
+    // Column by column: consecutive tiles (which rayon mostly gives one thread) share their
+    // columns, so a tall product packs each right block once per thread rather than once per
+    // row tile; a product of one row tile shares its rows instead.
+    let tiles: Vec<(usize, usize)> = (0..n)
+        .step_by(WIDE_NB)
+        .flat_map(|c0| (0..m).step_by(WIDE_MB).map(move |r0| (r0, c0)))
         .collect();
     let (dp, ap, bp) = (
         SharedPtr(dst),
@@ -320,22 +325,29 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                     // SAFETY: the blocks inside a and b as above; the kernel's instructions are
                     // present (bf16_dot::enabled)
                     unsafe {
-                        // the thread's scratch still holds this block of a, packed by its
-                        // previous tile (same product, rows and inner block): a is only read
-                        // during a product, so the packed pairs are still its values
-                        let key = (product, r0, k0);
-                        if !(mine && PACKED_A.with(|p| p.get()) == Some(key)) {
+                        // the thread's scratch may still hold a block packed by its previous
+                        // tile (same product, rows or columns, and inner block): the operands
+                        // are only read during a product, so the packed pairs are still theirs
+                        let keys = [Some((product, r0, k0)), Some((product, c0, k0))];
+                        let held = if mine {
+                            PACKED.with(|p| p.get())
+                        } else {
+                            [None; 2]
+                        };
+                        if held[0] != keys[0] {
                             bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
-                            if mine {
-                                PACKED_A.with(|p| p.set(Some(key)));
-                            }
                         }
-                        bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
+                        if held[1] != keys[1] {
+                            bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
+                        }
+                        if mine {
+                            PACKED.with(|p| p.set(keys));
+                        }
                         bf16_dot::multiply_packed(pa, pb, mr, nc, kc, acc, ldc);
                     }
                     continue;
                 }
-                PACKED_A.with(|p| p.set(None));
+                PACKED.with(|p| p.set([None; 2]));
                 let sa = &mut sa[..mr * kc];
                 let sb = &mut sb[..kc * nc];
                 // SAFETY: the blocks inside a and b as above
