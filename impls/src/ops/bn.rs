@@ -36,27 +36,21 @@ pub(crate) struct BnStatsOp;
 impl Kernel1 for BnStatsOp {
     const NAME: &'static str = "bn-stats";
     fn run<E: Elem>(&self, x: &[E], c: usize, m: usize) -> Vec<E::Acc> {
-        stats_rows(x, c, m)
+        // straight into the planar rows: the output is the op's only allocation (the memory
+        // model counts one tensor per op, and a pool would hold nothing else)
+        let mut out = vec![<E::Acc as Float>::ZERO; 2 * c];
+        let (means, vars) = out.split_at_mut(c);
+        x.par_chunks(m)
+            .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
+            .for_each(|(row, (mean_out, var_out))| {
+                let [sum] = lane_sums(row, row, |v, _| [v.widen().f64()]);
+                let mean = sum / m as f64;
+                let [ss] = lane_sums(row, row, |v, _| [(v.widen().f64() - mean).powi(2)]);
+                let var = ss / m as f64;
+                (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
+            });
+        out
     }
-}
-
-/// [`BnStatsOp`]'s rows (a free function: compiled for AVX-512 and AVX2 as well, see
-/// [`crate::ops::cpu::shared`]).
-fn stats_rows<E: Elem>(x: &[E], c: usize, m: usize) -> Vec<E::Acc> {
-    // straight into the planar rows: the output is the op's only allocation (the memory
-    // model counts one tensor per op, and a pool would hold nothing else)
-    let mut out = vec![<E::Acc as Float>::ZERO; 2 * c];
-    let (means, vars) = out.split_at_mut(c);
-    x.par_chunks(m)
-        .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
-        .for_each(|(row, (mean_out, var_out))| {
-            let [sum] = lane_sums(row, row, |v, _| [v.widen().f64()]);
-            let mean = sum / m as f64;
-            let [ss] = lane_sums(row, row, |v, _| [(v.widen().f64() - mean).powi(2)]);
-            let var = ss / m as f64;
-            (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
-        });
-    out
 }
 impl CustomOp1 for BnStatsOp {
     fn name(&self) -> &'static str {

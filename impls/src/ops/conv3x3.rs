@@ -31,7 +31,7 @@
 
 use crate::error::{CandleContext, Result};
 pub use crate::ops::cpu::shared::Float;
-use crate::ops::cpu::shared::{Elem, SharedPtr};
+use crate::ops::cpu::shared::{zip1, Elem, SharedPtr};
 use crate::ops::layout::grid::Grid;
 use crate::ops::layout::grid::TAPS;
 use candle_core::backend::BackendStorage;
@@ -152,10 +152,6 @@ impl<T: Float> Scratches<T> {
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
 /// [C, r+2, W+2]` (widened to the compute type, exact), zero outside the image (the halo and
 /// the two pad columns).
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
-    "x86_64+avx2+fma"
-))]
 fn fill_tile<E: Elem<Acc = T>, T: Float>(
     tile: &mut [T],
     x: &[E],
@@ -174,9 +170,7 @@ fn fill_tile<E: Elem<Acc = T>, T: Float>(
                 Some(iy) => {
                     dst[0] = T::default();
                     let src = &src[iy * g.w..(iy + 1) * g.w];
-                    for (d, v) in dst[1..=g.w].iter_mut().zip(src) {
-                        *d = v.widen();
-                    }
+                    zip1(&mut dst[1..=g.w], src, |_, v| v.widen());
                     dst[g.w + 1] = T::default();
                 }
                 None => dst.fill(T::default()),
@@ -262,10 +256,6 @@ unsafe fn gemm_acc<T: Float>(
 /// # Safety
 /// `out` must address `c_out · M` elements, and no other task may write rows y0 .. y0 + r of
 /// image n.
-#[multiversion::multiversion(targets(
-    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
-    "x86_64+avx2+fma"
-))]
 unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
     out: SharedPtr<E>,
     acc: &[T],
@@ -281,9 +271,7 @@ unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
             let at = co * m + n * plane + (y0 + row) * g.w;
             // SAFETY: the caller's contract.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(at), g.w) };
-            for (d, &v) in dst.iter_mut().zip(src) {
-                *d = E::narrow(v);
-            }
+            zip1(dst, src, |_, v| E::narrow(v));
         }
     }
 }
