@@ -21,6 +21,10 @@
 #           timed the harness's way and in a bare loop with CUDA events, within ±5 %:
 #           $OUT/fidelity.csv and $OUT/fidelity.txt (not a default stage; it may need more than
 #           one call: name variants with DENSEBENCH_FIDELITY_ARGS="--variants a,b")
+#   bf16    issue 39's first GPU rows in bf16: harness/sweeps/bf16-vs-pytorch.toml on cuda:0
+#           (BC-100 L=16 and the forum mlp L=32, f32 and bf16, two variants each) beside PyTorch
+#           eager under torch.autocast when the peer has CUDA: $OUT/bf16.csv (resumable from
+#           .gpu/bf16.csv) and the `report` of it, $OUT/bf16.md (not a default stage)
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
@@ -47,7 +51,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report fidelity chunks flips sanitize profile)
+known=(info tests tf32 sweep report fidelity bf16 chunks flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -301,6 +305,24 @@ CONFIGS
             --csv "$OUT/fidelity.csv" ${DENSEBENCH_FIDELITY_ARGS:-} 2>&1 | tee "$OUT/fidelity.txt" | tail -n 60
         code=${PIPESTATUS[0]}
         [ "$code" -eq 0 ] || fail "fidelity exited $code (see fidelity.txt)"
+        ;;
+    bf16)
+        csv="$OUT/bf16.csv"
+        [ ! -f .gpu/bf16.csv ] || { cp .gpu/bf16.csv "$csv" && chmod u+w "$csv"; }
+        bpeer=()
+        if peer_on_gpu; then bpeer=(--peer pytorch); fi
+        secs=$(( $(left) - $(reserve_after bf16) - 30 ))
+        [ "$secs" -ge 30 ] || { fail "bf16: not run: out of time"; continue; }
+        timeout -s TERM -k 30 "$secs" "$db" bench-all --sweep harness/sweeps/bf16-vs-pytorch.toml \
+            --devices cuda:0 "${bpeer[@]}" --resume --out "$csv" 2>&1 | tail -n 40
+        code=${PIPESTATUS[0]}
+        if [ "$code" -eq 124 ]; then
+            echo "gpu-session: bf16 stopped after $secs s; copy $csv back into .gpu/ and run the bf16 stage again to go on"
+        elif [ "$code" -ne 0 ]; then
+            fail "the bf16 sweep exited with $code"
+        fi
+        [ ! -s "$csv" ] || bounded 60 "$db" report "$csv" --out "$OUT/bf16.md" > /dev/null 2>&1 \
+            || fail "bf16: report failed"
         ;;
     report)
         csv="$OUT/reference-gpu.csv"

@@ -8,7 +8,7 @@ use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::strategies::autograd;
 use crate::strategies::block;
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use crate::check::result::StepResult;
 
@@ -38,19 +38,6 @@ pub fn step(
                 context: " from the parameters".to_string(),
             })?;
         check_tensor(&spec.name, t, &spec.shape, cfg.param_dtype())?;
-    }
-    // bf16 runs on the CPU's own kernels only: the GPU's path (candle's matmul, which has no
-    // bf16 on the CPU) takes f32 and f64, and the CUDA bf16 kernels have not run on a GPU
-    if cfg.dtype == DType::BF16 && !crate::layer::cpu_kernels(input.device()) {
-        return Err(Error::Unsupported {
-            device: format!("{:?}", input.device().location()),
-            what: format!(
-                "a bf16 step of {variant}: bf16 (mixed precision) runs on the CPU's own kernels \
-                 only; the GPU's path (the tap-stacked 3×3 convolution, candle's matmul) has no \
-                 bf16 matrix products yet and densebench's CUDA bf16 kernels have not been run \
-                 on a GPU (issue 39)"
-            ),
-        });
     }
     crate::layer::whole_front_override()?; // a mistyped DENSEBENCH_WHOLE_FRONT fails here
     match variant {

@@ -340,6 +340,50 @@ fn shift_stack_and_sum_take_bf16() {
     }
 }
 
+/// The GPU path's bf16 convolution sums f32 tap products into bf16 features: bitwise the f32
+/// shift sum of the same products rounded once (products that bf16 cannot hold, so a sum that
+/// rounded them first would differ), into a whole map and into a column range of whole images
+/// of a wider one (row-strided); a stack of f32 into bf16 is refused.
+#[test]
+fn shift_sum_of_f32_products_into_bf16_rounds_once() {
+    let (c, grid) = (3, Grid { n: 2, h: 3, w: 5 });
+    let m = grid.n * grid.h * grid.w;
+    let plane = grid.h * grid.w;
+    let (_, pf, pd) = draw(&[9 * c, m], 33);
+    // f32 values with bits below bf16's precision: x·(1 + 2⁻¹²)
+    let p32 = pd
+        .affine(1.0 + 2f64.powi(-12), 0.0)
+        .unwrap()
+        .to_dtype(DType::F32)
+        .unwrap();
+    assert_ne!(f32s(&p32), f32s(&pf), "the products hold more than bf16");
+    for sign in [1isize, -1] {
+        let offsets = TAPS.map(|(dy, dx)| (sign * (dy as isize - 1), sign * (dx as isize - 1)));
+        let twin = rounded(&shift::shift_sum(&p32, grid, offsets).unwrap());
+        let whole = Tensor::zeros((c, m), DType::BF16, &Device::Cpu).unwrap();
+        shift::shift_sum_into(&whole, &p32, grid, offsets).unwrap();
+        bitwise("f32 products into bf16", &bf16s(&whole), &twin).unwrap();
+        let narrow = shift::shift_sum(&p32.to_dtype(DType::BF16).unwrap(), grid, offsets).unwrap();
+        assert!(
+            bitwise("products rounded first", &bf16s(&narrow), &twin).is_err(),
+            "rounding the products first gave the same bits: the check cannot tell"
+        );
+        // the second image as columns of a wider map: row stride m + 4
+        let wide = Tensor::zeros((c, m + 4), DType::BF16, &Device::Cpu).unwrap();
+        let one = Grid { n: 1, ..grid };
+        let part = p32.narrow(1, plane, plane).unwrap();
+        shift::shift_sum_into(&wide.narrow(1, 2, plane).unwrap(), &part, one, offsets).unwrap();
+        let want = rounded(&shift::shift_sum(&part.contiguous().unwrap(), one, offsets).unwrap());
+        let got = wide.narrow(1, 2, plane).unwrap().contiguous().unwrap();
+        bitwise("into a column range", &bf16s(&got), &want).unwrap();
+    }
+    let stack = Tensor::zeros((9 * c, m), DType::BF16, &Device::Cpu).unwrap();
+    let x = Tensor::zeros((c, m), DType::F32, &Device::Cpu).unwrap();
+    let e = shift::shift_stack_into(&stack, &x, grid, TAPS.map(|_| (0, 0)))
+        .expect_err("a stack of f32 into bf16");
+    assert!(format!("{e}").contains("stack"), "{e}");
+}
+
 /// `Σ_p |a[i, p]|·|b[p, j]|` in f64: the scale of the rounding errors of `a · b`.
 fn abs_product(a: &Tensor, b: &Tensor) -> Vec<f64> {
     let (a, b) = (
@@ -562,8 +606,14 @@ fn unsupported_dtype_mixes_are_errors_naming_the_op() {
         shift::shift_stack_into(&stack, &xb, grid, offsets),
         "shift-stack",
     );
+    // (f32 tap products into bf16 is the GPU path's sum: allowed; f64 ones are not)
+    let stack64 = stack.to_dtype(DType::F64).unwrap();
     expect_err(
-        shift::shift_sum_into(&xb, &stack, grid, offsets),
+        shift::shift_sum_into(&xb, &stack64, grid, offsets),
+        "shift-sum",
+    );
+    expect_err(
+        shift::shift_sum_into(&xf, &stack64, grid, offsets),
         "shift-sum",
     );
     let w = Tensor::zeros((4, c), DType::F32, &Device::Cpu).unwrap();

@@ -137,6 +137,48 @@ fn every_hand_written_variant_in_bf16_matches_f64_and_naive() -> impls::Result<(
     Ok(())
 }
 
+/// The GPU's path in bf16, run on the CPU ([`impls::layer::with_tap_stack_on_cpu`]: the 3×3
+/// convolution through the tap stack with f32 tap products, the dense products into new
+/// tensors, weight and bias gradients as products into f32): every hand-written variant within
+/// the bf16 bound of the f64 reference, bitwise the path's naive variant, with autocast's
+/// dtypes; and not bitwise the CPU kernels' step (another summation order: the path is not the
+/// CPU's run twice). A GPU runs these ops in these dtypes (cuBLAS with f32 compute, the bf16
+/// kernels `cuda_emulated.rs` checks), so its bf16 rows are this arithmetic up to summation order.
+#[test]
+fn the_gpu_path_in_bf16_matches_f64_and_its_naive_variant() -> impls::Result<()> {
+    let mut differs_from_cpu_kernels = false;
+    for cfg in configs() {
+        let case = Case::random(&cfg, &Device::Cpu)?;
+        let reference = case.reference()?;
+        let cpu_naive = case.step(Variant::NAIVE)?;
+        impls::layer::with_tap_stack_on_cpu(|| -> impls::Result<()> {
+            let naive = case.step(Variant::NAIVE)?;
+            differs_from_cpu_kernels |= !compare(&naive, &cpu_naive)?.overall.bitwise;
+            for v in Variant::for_config(&cfg) {
+                let what = format!("{v} on {}, the GPU's path", cfg.describe());
+                let r = case.step(v)?;
+                assert_autocast_dtypes(&r, &what);
+                let err = error_vs_f64(&r, &case, &reference)?;
+                let bound = bound(&cfg);
+                assert!(err <= bound, "{what}: bf16 vs f64 max_rel {err} > {bound}");
+                assert!(err > 1e-6, "{what}: {err} is f32's error, not bf16's");
+                let vs_naive = compare(&r, &naive)?;
+                assert!(
+                    vs_naive.overall.bitwise,
+                    "{what}: not bitwise its naive variant: {:?}",
+                    vs_naive.per_tensor.iter().find(|(_, e)| !e.bitwise)
+                );
+            }
+            Ok(())
+        })?;
+    }
+    assert!(
+        differs_from_cpu_kernels,
+        "the GPU's path gave the CPU kernels' bits on every config: it did not run"
+    );
+    Ok(())
+}
+
 #[test]
 fn a_perturbed_gradient_fails_the_bf16_bound() -> impls::Result<()> {
     for cfg in [configs()[0].clone(), configs()[4].clone()] {

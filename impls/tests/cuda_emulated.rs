@@ -944,6 +944,73 @@ fn shifts_match<T: El>(m: &Emulated) {
     }
 }
 
+/// `shift_sum_wide_bf16` (f32 tap products of a bf16 convolution into bf16 features), bit for
+/// bit the CPU's mixed shift sum ([`shift::shift_sum_into`] of f32 into bf16: the f32 sum
+/// rounded once), on every grid and tap set, row-strided operands, capped grids.
+fn shift_sum_wide_matches(m: &Emulated) {
+    let c = 3;
+    let untouched = bf16::from_f32(7.0);
+    for (gi, grid) in GRIDS.into_iter().enumerate() {
+        let cols = grid.n * grid.h * grid.w;
+        for offsets in tap_sets() {
+            let mut tp = taps(&offsets);
+            let pp = values::<f32>(9 * c * cols, 190 + gi as u64);
+            let dst =
+                Tensor::zeros((c, cols), candle_core::DType::BF16, &Device::Cpu).expect("zeros");
+            shift::shift_sum_into(&dst, &tensor(&pp, (9 * c, cols)), grid, offsets)
+                .expect("cpu sum of f32 into bf16");
+            let want = host::<bf16>(&dst);
+            let (mut cc, mut mm) = (c as u64, cols as u64);
+            let (mut h, mut w) = (grid.h as u64, grid.w as u64);
+            for (pad_in, pad_out) in SHIFT_PADS {
+                let (ld_in, ld_out) = (cols + pad_in, cols + pad_out);
+                let wide: Vec<f32> = (0..9 * c)
+                    .flat_map(|r| {
+                        pp[r * cols..(r + 1) * cols]
+                            .iter()
+                            .copied()
+                            .chain(std::iter::repeat_n(f32::NAN, pad_in))
+                    })
+                    .collect();
+                for geom in row_geometries(c, cols) {
+                    let mut out = vec![untouched; c * ld_out];
+                    let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
+                    let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
+                    m.launch(
+                        "shift_sum_wide_bf16",
+                        geom,
+                        &mut [
+                            p(&mut ip),
+                            p(&mut li),
+                            p(&mut op),
+                            p(&mut lo),
+                            p(&mut cc),
+                            p(&mut mm),
+                            p(&mut h),
+                            p(&mut w),
+                            p(&mut tp),
+                        ],
+                        false,
+                    );
+                    let what = format!("shift_sum_wide_bf16 {grid:?} {geom:?} ld {ld_in}/{ld_out}");
+                    let view: Vec<bf16> = (0..c)
+                        .flat_map(|r| out[r * ld_out..r * ld_out + cols].to_vec())
+                        .collect();
+                    assert_bitwise(&what, &view, &want);
+                    let pads: Vec<bf16> = (0..c)
+                        .flat_map(|r| out[r * ld_out + cols..(r + 1) * ld_out].to_vec())
+                        .collect();
+                    assert_bitwise(
+                        &format!("{what}: columns outside the view"),
+                        &pads,
+                        &vec![untouched; pads.len()],
+                    );
+                }
+            }
+        }
+    }
+}
+
 fn inplace_kernels_match<T: El>(m: &Emulated) {
     let n = 1000;
     let x = relu_values::<T>(n, 100);
@@ -1045,13 +1112,15 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
 }
 
 /// `shift_stack` and `shift_sum` of `shift.cu` (the 3×3 convolution's shifted views), f32,
-/// f64 and bf16, bit for bit their CPU twins on non-square grids, forward, flipped and far taps.
+/// f64 and bf16, and `shift_sum_wide_bf16` (f32 products into bf16), bit for bit their CPU
+/// twins on non-square grids, forward, flipped and far taps.
 #[test]
 fn shift_kernels_match_their_cpu_twins_on_the_host() {
     let m = Emulated::build(&src::SHIFT);
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
     shifts_match::<bf16>(&m);
+    shift_sum_wide_matches(&m);
 }
 
 /// The same through the shift kernels' 64-bit locator, which a GPU takes only for maps of 2³¹
@@ -1062,6 +1131,7 @@ fn shift_kernels_wide_locator_matches_too() {
     shifts_match::<f32>(&m);
     shifts_match::<f64>(&m);
     shifts_match::<bf16>(&m);
+    shift_sum_wide_matches(&m);
 }
 
 /// Each emulated module has its own launch geometry: a launch in one leaves `gridDim` and

@@ -85,8 +85,19 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
     // Each config at the default chunking of the tap stack (one chunk at these sizes), the bc
     // blocks also a few whole images at a time with a shorter last chunk (16 = 5 + 5 + 5 + 1,
     // 8 = 3 + 3 + 2): the model's chunk-sized transients against the allocator's.
+    // and the path in bf16 (autocast: bf16 features, f32 tap products, parameter gradients
+    // and tables; weights cast to bf16 for their products), a bc block and an mlp
+    let bf16 = model_configs()
+        .into_iter()
+        .filter(|c| c.batch == 16 && c.size.height == 16 || c.family == Family::Mlp && c.seed == 1)
+        .map(|c| Config {
+            dtype: DType::BF16,
+            ..c
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(bf16.len(), 2, "one bc and one mlp config in bf16");
     let mut runs: Vec<(Config, Option<usize>)> = Vec::new();
-    for cfg in model_configs().into_iter().chain([wide]) {
+    for cfg in model_configs().into_iter().chain([wide]).chain(bf16) {
         let plane = cfg.size.height * cfg.size.width;
         let images = if cfg.batch == 8 { 3 } else { 5 };
         runs.push((cfg.clone(), None));

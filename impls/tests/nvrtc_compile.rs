@@ -284,6 +284,7 @@ fn a_syntax_error_is_reported_with_nvrtc_log() {
         body: "extern \"C\" __global__ void k(float *x) { x[0] = 1.0f }\n",
         kernels: &["k"],
         bf16_kernels: &[],
+        bf16_only: &[],
     };
     let e = compile_module(&nvrtc, &broken, ARCHS[0]).expect_err("a syntax error compiled");
     println!("expected failure:\n{e}");

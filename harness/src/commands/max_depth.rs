@@ -229,11 +229,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         refuse_foreign(out, "--out", &kind, a.force)?;
     }
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
-    for (cfg, _) in &blocks {
-        job::check_dtype_on(device, cfg.dtype)
-            .context("--dtype")
-            .bad_input()?;
-    }
     if !a.no_confirm {
         device.check_available().bad_input()?;
     }

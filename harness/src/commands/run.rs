@@ -106,9 +106,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .map_err(|e| anyhow!("--variant: {e}"))
         .bad_input()?;
     let device: DeviceSpec = a.device.parse().context("--device").bad_input()?;
-    job::check_dtype_on(device, cfg.dtype)
-        .context("--dtype")
-        .bad_input()?;
     device.check_available().bad_input()?;
     let math = a.math;
     math.check(device, cfg.dtype)

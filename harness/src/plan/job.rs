@@ -250,10 +250,8 @@ impl Math {
     }
 
     /// Refuses `tf32` where it means nothing: on the CPU (which computes f32 in full
-    /// precision) and in f64; and bf16 on a GPU (issue 39: its CUDA element-wise kernels are
-    /// written and host-checked but not yet run on a GPU, its bf16 GEMMs not written).
+    /// precision) and in f64 and bf16.
     pub fn check(self, device: DeviceSpec, dtype: candle_core::DType) -> Result<()> {
-        check_dtype_on(device, dtype)?;
         if self == Math::Tf32 {
             if device == DeviceSpec::Cpu {
                 bail!(
@@ -270,20 +268,6 @@ impl Math {
         }
         Ok(())
     }
-}
-
-/// Refuses bf16 (mixed precision) on a GPU (issue 39): the CUDA bf16 element-wise kernels are
-/// written and checked in host emulation but have not run on a GPU, and the GPU's bf16 GEMMs
-/// (cuBLAS, tensor cores) are not written; the CPU runs bf16 whole. Every other dtype the config accepts runs on every device.
-pub fn check_dtype_on(device: DeviceSpec, dtype: candle_core::DType) -> Result<()> {
-    if dtype == candle_core::DType::BF16 && device != DeviceSpec::Cpu {
-        bail!(
-            "dtype bf16 (mixed precision) runs on the CPU only for now: densebench's GPU path \
-             has no bf16 matrix products yet and its bf16 kernels have not been run on a GPU \
-             (issue 39); use --device cpu, or f32 on the GPU"
-        );
-    }
-    Ok(())
 }
 
 /// The key of a row measured under `math`: [`key`], [`Math::key_suffix`] and the target's

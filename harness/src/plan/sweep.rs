@@ -853,36 +853,31 @@ mod tests {
         assert!(seen >= 3, "only {seen} sweep files in {}", dir.display());
     }
 
-    /// gpu.toml's bf16 group (commented out: bf16 on a GPU is refused until densebench's CUDA
-    /// kernels have it) is a valid group: on the CPU it expands to every hand-written variant
-    /// at its three depths, in bf16 and IEEE math; uncommented, the GPU sweep is refused for
-    /// bf16 alone. When the refusal goes, this fails: uncomment the group.
+    /// gpu.toml's bf16 group: every hand-written variant of the BC-100 block (autograd has no
+    /// bf16) at its three depths, in bf16 and IEEE math only, eager and graph, on the GPU,
+    /// after every f32 row (a sweep cut short has its f32 rows first).
     #[test]
-    fn gpu_bf16_group_waits_for_the_cuda_kernels() {
+    fn gpu_sweep_has_its_bf16_group_after_the_f32_rows() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sweeps/gpu.toml");
         let text = std::fs::read_to_string(&path).expect("harness/sweeps/gpu.toml");
-        let start = text
-            .find("# [[group]]\n# name = \"bc100-block-bf16\"")
-            .expect("gpu.toml's bf16 group");
-        let group: String = text[start..]
-            .lines()
-            .map_while(|l| l.strip_prefix("# "))
-            .map(|l| format!("{l}\n"))
+        let jobs = parse(&text, "gpu.toml", Some(1 << 30))
+            .map_err(|e| format!("{e:#}"))
+            .expect("gpu.toml parses");
+        let bf16: Vec<_> = jobs
+            .iter()
+            .filter(|j| j.cfg.dtype == candle_core::DType::BF16)
             .collect();
-        assert!(group.contains("dtype = \"bf16\""), "{group}");
-        let jobs = parse(&group, "gpu.toml's bf16 group on the CPU", Some(1 << 30))
-            .expect("a valid group on the CPU");
-        // 8 hand-written bc variants (autograd has no bf16) at L = 16, 32, 48
-        assert_eq!(jobs.len(), 8 * 3);
-        assert!(jobs.iter().all(|j| j.cfg.dtype == candle_core::DType::BF16
-            && j.settings.math == Math::Ieee
-            && j.variant.name() != "autograd"));
-        let gpu = format!("{text}\n{group}");
-        let e = parse(&gpu, "gpu.toml, bf16 uncommented", Some(1 << 30))
-            .err()
-            .map(|e| format!("{e:#}"))
-            .unwrap_or_default();
-        assert!(e.contains("runs on the CPU only"), "{e}");
+        // 8 hand-written bc variants at L = 16, 32, 48, eager and graph
+        assert_eq!(bf16.len(), 8 * 3 * 2);
+        assert!(bf16.iter().all(|j| j.settings.math == Math::Ieee
+            && j.variant.name() != "autograd"
+            && j.cfg.family == impls::Family::Bc
+            && j.settings.device != DeviceSpec::Cpu));
+        let first = jobs
+            .iter()
+            .position(|j| j.cfg.dtype == candle_core::DType::BF16)
+            .expect("a bf16 row");
+        assert_eq!(first, jobs.len() - bf16.len(), "bf16 rows come last");
     }
 
     #[test]

@@ -6,12 +6,14 @@
 //! concatenated features is a contiguous view. Every strategy calls these functions, so variants
 //! with the same op order produce bitwise-identical results.
 //!
-//! Mixed precision (bf16, PyTorch autocast's rule, the CPU's kernels): the features and their
-//! gradients are bf16; a matrix product reads a bf16 copy of its f32 weight ([`autocast`]),
-//! accumulates in f32 and rounds its bf16 output once; BatchNorm's statistics, tables and
-//! running stats are f32; every parameter gradient is accumulated in f32 and kept in f32
-//! (weight gradients of bf16 operands, [`dense_bwd_weight`], [`conv1_bwd_weight`], the 3×3
-//! weight gradient; the bias gradient, [`dense_bwd_bias`]; BN's dγ and dβ).
+//! Mixed precision (bf16, PyTorch autocast's rule, on the CPU's kernels and the GPU's path):
+//! the features and their gradients are bf16; a matrix product reads a bf16 copy of its f32
+//! weight ([`autocast`]), accumulates in f32 and rounds its bf16 output once (the tap-stack
+//! convolution keeps its tap products in f32 and rounds each output's sum once); BatchNorm's
+//! statistics, tables and running stats are f32; every parameter gradient is accumulated in
+//! f32 and kept in f32 (weight gradients of bf16 operands, [`dense_bwd_weight`],
+//! [`conv1_bwd_weight`], the 3×3 weight gradient; the bias gradient, [`dense_bwd_bias`]; BN's
+//! dγ and dβ).
 
 use crate::config::variant::Relu;
 use crate::config::Config;
@@ -64,9 +66,26 @@ fn scoped<T: Copy + 'static, R>(
 }
 
 /// `a @ b` through candle's matmul: the product of every path but the CPU's own kernels, with
-/// its operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`].
-fn matmul(a: &Tensor, b: &Tensor, what: &str) -> Result<Tensor> {
+/// its operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`]. bf16 operands
+/// (autocast) take [`product_new`] into bf16 instead: f32 accumulation, each output element
+/// rounded once (cuBLAS with f32 compute on a GPU, the CPU's own product on its tap-stack
+/// path; candle's CPU matmul has no bf16).
+fn matmul(a: &Tensor, b: &Tensor, what: &'static str) -> Result<Tensor> {
+    if a.dtype() == DType::BF16 {
+        return product_new(a, b, DType::BF16, what);
+    }
     operand(a)?.matmul(&operand(b)?).ctx(what)
+}
+
+/// `a @ b` into a new `[m, n]` tensor of `dtype` through [`gemm_into`] (β = 0: one allocation,
+/// the output's): bf16 operands into bf16 or (a parameter gradient) f32, or operands of
+/// `dtype`.
+fn product_new(a: &Tensor, b: &Tensor, dtype: DType, what: &'static str) -> Result<Tensor> {
+    let (m, n) = (a.dims2().ctx(what)?.0, b.dims2().ctx(what)?.1);
+    // SAFETY: a product that does not add writes every element of its destination, reads none.
+    let out = unsafe { unfilled((m, n), dtype, a.device(), what)? };
+    gemm_into(&out, a, b, false)?;
+    Ok(out)
 }
 
 /// `t` as the products read it: rounded to TF32 (a new tensor) inside
@@ -554,14 +573,27 @@ pub fn dense_bwd_weight(gy: &Tensor, x: &Tensor) -> Result<Tensor> {
             _ => dense::product_transposed(x, &gt),
         };
     }
-    matmul(gy, &x.t().ctx("dense dW")?, "dense dW")
+    let xt = x.t().ctx("dense dW")?;
+    match gy.dtype() {
+        DType::BF16 => product_new(gy, &xt, DType::F32, "dense dW"),
+        _ => matmul(gy, &xt, "dense dW"),
+    }
 }
 
-/// Bias gradient of [`dense_fwd`]: `Σ_M gy`; of bf16 features an f32 gradient, each row
-/// summed in f64 and rounded once ([`elementwise::row_sums_f32`]).
+/// Bias gradient of [`dense_fwd`]: `Σ_M gy`; of bf16 features an f32 gradient, on the CPU's
+/// kernels each row summed in f64 and rounded once ([`elementwise::row_sums_f32`]), on the
+/// GPU's path the product `gy · 1` into f32 (f32 accumulation, cuBLAS on a GPU; a transient
+/// column of M bf16 ones).
 pub fn dense_bwd_bias(gy: &Tensor) -> Result<Tensor> {
     if gy.dtype() == DType::BF16 {
-        return elementwise::row_sums_f32(gy);
+        if cpu_kernels(gy.device()) {
+            return elementwise::row_sums_f32(gy);
+        }
+        let (k, m) = gy.dims2().ctx("dense db")?;
+        let ones = Tensor::ones((m, 1), DType::BF16, gy.device()).ctx("dense db")?;
+        return product_new(gy, &ones, DType::F32, "dense db")?
+            .reshape(k)
+            .ctx("dense db");
     }
     gy.sum(1).ctx("dense db")
 }
@@ -714,7 +746,9 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
 }
 
 /// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
-/// so the CPU can time it against the direct one).
+/// so the CPU can time it against the direct one). bf16 features (autocast): the tap products
+/// `P` are f32 (bf16 operands, f32 accumulation) and each output is their f32 sum rounded once
+/// ([`shift::shift_sum_into`]), as autocast's convolution accumulates in f32 and rounds once.
 pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     let (g, columns) = (grid(cfg), tap_chunk_columns()?);
     let (k, plane) = (w.dims()[0], g.h * g.w);
@@ -723,7 +757,8 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
     // chunk's columns of p are written whole by its product (β = 0) before the sum reads them.
     let y = unsafe { unfilled((k, g.n * plane), s.dtype(), s.device(), "conv2 forward")? };
     let per = tap_chunk_images(g, columns) * plane;
-    let p = unsafe { unfilled((9 * k, per), s.dtype(), s.device(), "conv2 forward")? };
+    let products = crate::config::param_dtype(s.dtype());
+    let p = unsafe { unfilled((9 * k, per), products, s.device(), "conv2 forward")? };
     for (c0, n) in tap_chunks(g, columns) {
         let (cols, chunk) = (n * plane, Grid { n, ..g });
         let pc = p.narrow(1, 0, cols).ctx("conv2 forward")?;
@@ -745,7 +780,8 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
 /// [`conv3x3::backward_weight`] (per-group partials summed in a fixed order). Other devices:
 /// per range of whole images, with `G = shift_stack(gy[:, range]) [9k, ·]` (block j is gy
 /// shifted back by tap j), `ds[:, range] = W_tapsᵀ @ G` and `dW_taps (+)= G @ s[:, range]ᵀ`
-/// (the chunks' products added in chunk order); transients `G` (9k·columns of a chunk).
+/// (the chunks' products added in chunk order; f32 for bf16 features, a parameter gradient);
+/// transients `G` (9k·columns of a chunk).
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     if cpu_kernels(gy.device()) {
         let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
@@ -772,7 +808,14 @@ pub fn conv3x3_bwd_tap_stack(
     // each chunk's columns of the stack are written whole by its shift stack before the
     // products read them.
     let ds = unsafe { unfilled((b, g.n * plane), dtype, dev, "conv2 bwd ds")? };
-    let dw_taps = unsafe { unfilled((9 * k, b), dtype, dev, "conv2 bwd dW")? };
+    let dw_taps = unsafe {
+        unfilled(
+            (9 * k, b),
+            crate::config::param_dtype(dtype),
+            dev,
+            "conv2 bwd dW",
+        )?
+    };
     let per = tap_chunk_images(g, columns) * plane;
     let stack = unsafe { unfilled((9 * k, per), dtype, dev, "conv2 bwd")? };
     for (i, (c0, n)) in tap_chunks(g, columns).enumerate() {

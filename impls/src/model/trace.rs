@@ -356,8 +356,9 @@ pub(crate) fn trace_with<'a>(
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
                         t.alloc(k * m); // y, written a chunk of images at a time
-                        t.alloc(9 * k * chunk); // tap products of one chunk (one buffer)
-                        t.free(9 * k * chunk);
+                                        // tap products of one chunk (one buffer; f32 for bf16 features)
+                        t.alloc_p(9 * k * chunk);
+                        t.free_p(9 * k * chunk);
                         t.free(9 * k * b);
                     }
                 }
@@ -416,7 +417,14 @@ pub(crate) fn trace_with<'a>(
                     t.alloc_p(k); // db (kept)
                 } else {
                     t.alloc_p(k * c); // dW (kept)
-                    t.alloc_p(k); // db (kept)
+                    if t.autocast {
+                        // db = gy · 1 into f32: a column of M ones in the features' dtype
+                        t.alloc(m);
+                        t.alloc_p(k); // db (kept)
+                        t.free(m);
+                    } else {
+                        t.alloc_p(k); // db (kept)
+                    }
                 }
                 if cat {
                     t.free(c * m); // the layer input (saved or re-concatenated)
@@ -458,11 +466,11 @@ pub(crate) fn trace_with<'a>(
                     Kernels::TapStack => {
                         t.alloc(9 * k * b); // tap-stacked weight
                         t.alloc(b * m); // ds, written a chunk of images at a time
-                        t.alloc(9 * k * b); // dW2 taps, the chunks' products added in order
+                        t.alloc_p(9 * k * b); // dW2 taps, the chunks' products added in order
                         t.alloc(9 * k * chunk); // shifted gradients of one chunk (one buffer)
                         t.free(9 * k * chunk);
-                        t.alloc(9 * k * b); // dW2 (kept)
-                        t.free(9 * k * b); // dW2 taps
+                        t.alloc_p(9 * k * b); // dW2 (kept)
+                        t.free_p(9 * k * b); // dW2 taps
                         t.free(9 * k * b); // tap-stacked weight
                     }
                 }

@@ -3,9 +3,10 @@
 //! gradient's scatter), written in place into a destination view, one kernel on a GPU and no
 //! allocation; with `generic_*` oracles from candle ops for the tests and strided operands.
 //!
-//! On the CPU both take f32, f64 or bf16 (destination and source one dtype): the stack is a
-//! copy (exact); the sum adds the nine taps in the compute type ([`Elem::Acc`], f32 for bf16) in
-//! a per-task scratch of one image plane (`H·W` elements of `Acc`) and rounds once.
+//! Both take f32, f64 or bf16 (destination and source one dtype; the sum also f32 tap products
+//! into bf16, a bf16 convolution's): the stack is a copy (exact); the sum adds the nine taps in
+//! the compute type ([`Elem::Acc`], f32 for bf16) — on the CPU in a per-task scratch of one
+//! image plane (`H·W` elements of `Acc`) — and rounds once.
 
 use crate::error::{CandleContext, Result};
 use crate::ops::cpu::shared::{unfilled, Elem, Float};
@@ -103,23 +104,72 @@ impl ShiftIntoOp {
         if dv.rows == 0 || m == 0 {
             return Ok(());
         }
+        if self.kind == Shift::Sum {
+            self.sum_rows(d, dv, s, sv, (c, m), E::widen);
+            return Ok(());
+        }
         let plane = self.grid.h * self.grid.w;
         let src_row = |r: usize| &s[sv.off + r * sv.rs..][..m];
         let (start, end) = dv.span();
         // Row r of dst is the first m elements of the r-th chunk of rs elements from its start.
-        let rows = d[start..end].par_chunks_mut(dv.rs);
-        match self.kind {
-            Shift::Stack => rows.enumerate().for_each(|(row, dst)| {
+        d[start..end]
+            .par_chunks_mut(dv.rs)
+            .enumerate()
+            .for_each(|(row, dst)| {
                 let (j, ch) = (row / c, row % c);
                 let (oy, ox) = self.offsets[j];
                 for (d, s) in dst[..m].chunks_mut(plane).zip(src_row(ch).chunks(plane)) {
                     shift_plane::<E, E, false>(d, s, (self.grid, oy, ox), E::POS_ZERO, |_, v| v);
                 }
-            }),
-            // Plane by plane: the nine taps summed into a plane of E::Acc from +0, j in order,
-            // then rounded once into the destination (for f32 and f64 the same additions in
-            // the same order as summing in the destination itself: the same bits).
-            Shift::Sum => rows.enumerate().for_each_init(
+            });
+        Ok(())
+    }
+
+    /// [`Shift::Sum`] of f32 tap products into bf16 features (a bf16 convolution's products,
+    /// accumulated in f32 as autocast's are): each output the f32 sum of its taps rounded once,
+    /// bitwise the f32 sum of the same products rounded to bf16.
+    fn run_wide(
+        &self,
+        d: &mut [half::bf16],
+        dv: Mat,
+        s: &[f32],
+        sv: Mat,
+    ) -> candle_core::Result<()> {
+        let (c, m) = self.dims((dv.rows, dv.cols), (sv.rows, sv.cols))?;
+        if self.kind != Shift::Sum {
+            return Err(candle_core::Error::Msg(format!(
+                "{}: an f32 source into a bf16 destination is a sum's (f32 tap products), not \
+                 a stack's",
+                self.name()
+            )));
+        }
+        if dv.rows > 0 && m > 0 {
+            self.sum_rows(d, dv, s, sv, (c, m), |v| v);
+        }
+        Ok(())
+    }
+
+    /// The sum of `(c, m)` (nonzero) into `d` from tap products of type `S`, each taken into
+    /// the destination's compute type by `widen`.
+    fn sum_rows<E: Elem, S: Copy + Sync>(
+        &self,
+        d: &mut [E],
+        dv: Mat,
+        s: &[S],
+        sv: Mat,
+        (c, m): (usize, usize),
+        widen: impl Fn(S) -> E::Acc + Sync,
+    ) {
+        let plane = self.grid.h * self.grid.w;
+        let src_row = |r: usize| &s[sv.off + r * sv.rs..][..m];
+        let (start, end) = dv.span();
+        // Plane by plane: the nine taps summed into a plane of E::Acc from +0, j in order,
+        // then rounded once into the destination (for f32 and f64 the same additions in
+        // the same order as summing in the destination itself: the same bits).
+        d[start..end]
+            .par_chunks_mut(dv.rs)
+            .enumerate()
+            .for_each_init(
                 || vec![<E::Acc as Float>::ZERO; plane],
                 |acc, (ch, dst)| {
                     for (p, dplane) in dst[..m].chunks_mut(plane).enumerate() {
@@ -127,12 +177,12 @@ impl ShiftIntoOp {
                         acc.fill(<E::Acc as Float>::ZERO);
                         for (j, &(oy, ox)) in self.offsets.iter().enumerate() {
                             let s = &src_row(j * c + ch)[p * plane..][..dplane.len()];
-                            shift_plane::<E, E::Acc, true>(
+                            shift_plane::<S, E::Acc, true>(
                                 acc,
                                 s,
                                 (self.grid, oy, ox),
                                 <E::Acc as Float>::ZERO,
-                                |a, v| a + v.widen(),
+                                |a, v| a + widen(v),
                             );
                         }
                         for (d, a) in dplane.iter_mut().zip(acc.iter()) {
@@ -140,9 +190,7 @@ impl ShiftIntoOp {
                         }
                     }
                 },
-            ),
-        }
-        Ok(())
+            );
     }
 }
 
@@ -170,10 +218,16 @@ impl InplaceOp2 for ShiftIntoOp {
             let sv = Mat::rows_of(sl, s.len(), n, "the source")?;
             op.run(d, dv, s, sv)
         }
-        match d {
-            CpuStorage::F32(d) => go(self, d, dl, s, sl),
-            CpuStorage::F64(d) => go(self, d, dl, s, sl),
-            CpuStorage::BF16(d) => go(self, d, dl, s, sl),
+        match (d, s) {
+            (CpuStorage::BF16(d), CpuStorage::F32(s)) => {
+                let n = self.name();
+                let dv = Mat::rows_of(dl, d.len(), n, "the destination")?;
+                let sv = Mat::rows_of(sl, s.len(), n, "the source")?;
+                self.run_wide(d, dv, s, sv)
+            }
+            (CpuStorage::F32(d), s) => go(self, d, dl, s, sl),
+            (CpuStorage::F64(d), s) => go(self, d, dl, s, sl),
+            (CpuStorage::BF16(d), s) => go(self, d, dl, s, sl),
             _ => Err(bad_dtype(self.name())),
         }
     }
@@ -213,7 +267,9 @@ pub fn shift_stack_into(
 }
 
 /// Writes [`Shift::Sum`] of `p [9C, m]` into `dst [C, m]` (`Σ_j shift(p_j, offsets[j])`, j in
-/// order), **in place**, as [`shift_stack_into`].
+/// order), **in place**, as [`shift_stack_into`]. `p` is of `dst`'s dtype, or f32 for a bf16
+/// `dst`: a bf16 convolution's f32 tap products, summed in f32 and rounded once (the tap-stack
+/// path under mixed precision, as autocast's convolution accumulates in f32).
 pub fn shift_sum_into(
     dst: &Tensor,
     p: &Tensor,

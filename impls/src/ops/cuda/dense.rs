@@ -12,6 +12,11 @@
 //! Also here: [`pin_cublas_workspace`], the fixed workspace every cuBLAS call of a measured
 //! device uses (outside the memory pool a GPU row's peak is read from).
 //!
+//! bf16 operands (mixed precision, autocast's rule): `cublasGemmStridedBatchedEx` with
+//! `CUDA_R_16BF` operands and `CUBLAS_COMPUTE_32F` (f32 accumulation on tensor cores) into a bf16
+//! destination (each element rounded once) or an f32 one (a parameter gradient, the f32 tap
+//! products of a bf16 convolution): PyTorch's bf16 GEMM under autocast.
+//!
 //! Only compiled with the `cuda` feature. Every failure is an `Err` naming the op.
 
 use crate::ops::cuda::launch::{msg, unsupported};
@@ -35,15 +40,27 @@ pub fn accumulate(
     tail: Option<usize>,
 ) -> candle_core::Result<()> {
     let dtype = dst.dtype();
-    if a.dtype() != dtype || b.is_some_and(|(b, _)| b.dtype() != dtype) {
+    // the operands' dtype: the destination's, or bf16 into f32 (a parameter gradient of bf16
+    // features, and the f32 tap products of a bf16 convolution)
+    let operands = a.dtype();
+    let fits = match (dtype, operands) {
+        (DType::F32, DType::F32) | (DType::F64, DType::F64) | (DType::BF16, DType::BF16) => true,
+        (DType::F32, DType::BF16) => b.is_some(),
+        _ => false,
+    };
+    if !fits || b.is_some_and(|(b, _)| b.dtype() != operands) {
         return Err(msg(format!(
-            "{op} (cuda): operands must all be f32 or all f64"
+            "{op} (cuda): operands must all be f32 or all f64, or bf16 into a bf16 or f32 \
+             destination; got {:?} and {:?} into {dtype:?}",
+            a.dtype(),
+            b.map(|(b, _)| b.dtype())
         )));
     }
     let len = |s: &CudaStorage| -> candle_core::Result<usize> {
         Ok(match s.dtype() {
             DType::F32 => s.as_cuda_slice::<f32>()?.len(),
             DType::F64 => s.as_cuda_slice::<f64>()?.len(),
+            DType::BF16 => s.as_cuda_slice::<half::bf16>()?.len(),
             other => return Err(unsupported(op, other)),
         })
     };
@@ -98,8 +115,8 @@ pub fn accumulate(
     // SAFETY (both calls): Mat::of checked every operand against its storage; dst's rows do not
     // overlap the right operand's (another storage, or the rows after `top`); the handle is
     // candle's, on candle's stream, which orders the call with every other op.
-    let status = match dtype {
-        DType::F32 => {
+    let status = match (dtype, operands) {
+        (DType::F32, DType::F32) => {
             let compute = if candle_core::cuda::gemm_reduced_precision_f32() {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
             } else {
@@ -112,7 +129,7 @@ pub fn accumulate(
                 &0f32 as *const f32 as *const _
             };
             let r32 = sys::cudaDataType_t::CUDA_R_32F;
-            with_addresses::<f32, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
+            with_addresses::<f32, f32, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
                 blas::gemm_strided_batched_ex(
                     handle,
                     ta,
@@ -140,37 +157,87 @@ pub fn accumulate(
                 )
             })?
         }
-        DType::F64 => with_addresses::<f64, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
-            blas::dgemm_strided_batched(
-                handle,
-                ta,
-                tb,
-                m,
-                n,
-                k,
-                &1.0,
-                x as *const f64,
-                ldx,
-                0,
-                y as *const f64,
-                ldy,
-                0,
-                if add { &1.0 } else { &0.0 },
-                c as *mut f64,
-                ldc,
-                0,
-                1,
-            )
-        })?,
-        other => return Err(unsupported(op, other)),
+        // bf16 operands (autocast): f32 accumulation (`CUBLAS_COMPUTE_32F`, tensor cores) into a
+        // bf16 destination, each element rounded once, or an f32 one, not rounded to bf16
+        (DType::BF16 | DType::F32, DType::BF16) => {
+            let one = &1f32 as *const f32 as *const _;
+            let beta = if add {
+                one
+            } else {
+                &0f32 as *const f32 as *const _
+            };
+            let bf = sys::cudaDataType_t::CUDA_R_16BF;
+            let out = if dtype == DType::F32 {
+                sys::cudaDataType_t::CUDA_R_32F
+            } else {
+                bf
+            };
+            let call = |c: u64, x: u64, y: u64| unsafe {
+                blas::gemm_strided_batched_ex(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    one,
+                    x as *const _,
+                    bf,
+                    ldx,
+                    0,
+                    y as *const _,
+                    bf,
+                    ldy,
+                    0,
+                    beta,
+                    c as *mut _,
+                    out,
+                    ldc,
+                    0,
+                    1,
+                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+                )
+            };
+            if dtype == DType::F32 {
+                with_addresses::<f32, half::bf16, _>(&stream, dst, a, b, &g, call)?
+            } else {
+                with_addresses::<half::bf16, half::bf16, _>(&stream, dst, a, b, &g, call)?
+            }
+        }
+        (DType::F64, _) => {
+            with_addresses::<f64, f64, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
+                blas::dgemm_strided_batched(
+                    handle,
+                    ta,
+                    tb,
+                    m,
+                    n,
+                    k,
+                    &1.0,
+                    x as *const f64,
+                    ldx,
+                    0,
+                    y as *const f64,
+                    ldy,
+                    0,
+                    if add { &1.0 } else { &0.0 },
+                    c as *mut f64,
+                    ldc,
+                    0,
+                    1,
+                )
+            })?
+        }
+        (other, _) => return Err(unsupported(op, other)),
     };
     status.map_err(|e| msg(format!("{op} (cuda): cuBLAS: {e:?}")))
 }
 
-/// Runs `call` with the device addresses of `g`'s C (in `dst`), X (in `b`, or in `dst` itself
-/// for a tail) and Y (in `a`), each operand's offset applied, while the guards that keep the
-/// storages' pointers valid are held (until the call is queued).
-fn with_addresses<T: CudaDType, R>(
+/// Runs `call` with the device addresses of `g`'s C (in `dst`, elements `D`), X (in `b`, or in
+/// `dst` itself for a tail) and Y (in `a`) (elements `E`), each operand's offset applied, while
+/// the guards that keep the storages' pointers valid are held (until the call is queued).
+fn with_addresses<D: CudaDType, E: CudaDType, R>(
     stream: &Arc<CudaStream>,
     dst: &mut CudaStorage,
     a: &CudaStorage,
@@ -178,19 +245,20 @@ fn with_addresses<T: CudaDType, R>(
     g: &ColMajorGemm,
     call: impl FnOnce(u64, u64, u64) -> R,
 ) -> candle_core::Result<R> {
-    let size = std::mem::size_of::<T>() as u64;
-    let at = |base: u64, off: usize| base + off as u64 * size;
-    let (base_c, _c) = dst.as_cuda_slice_mut::<T>()?.device_ptr_mut(stream);
-    let (base_a, _a) = a.as_cuda_slice::<T>()?.device_ptr(stream);
+    let at = |base: u64, off: usize, size: usize| base + (off * size) as u64;
+    let (d, e) = (std::mem::size_of::<D>(), std::mem::size_of::<E>());
+    let (base_c, _c) = dst.as_cuda_slice_mut::<D>()?.device_ptr_mut(stream);
+    let (base_a, _a) = a.as_cuda_slice::<E>()?.device_ptr(stream);
     let b = match b {
-        Some((b, _)) => Some(b.as_cuda_slice::<T>()?.device_ptr(stream)),
+        Some((b, _)) => Some(b.as_cuda_slice::<E>()?.device_ptr(stream)),
         None => None,
     };
-    let base_b = b.as_ref().map_or(base_c, |(p, _)| *p);
+    // a tail's right operand is rows of dst itself (D = E there: checked by the caller)
+    let (base_b, size_b) = b.as_ref().map_or((base_c, d), |(p, _)| (*p, e));
     Ok(call(
-        at(base_c, g.c.0),
-        at(base_b, g.x.0),
-        at(base_a, g.y.0),
+        at(base_c, g.c.0, d),
+        at(base_b, g.x.0, size_b),
+        at(base_a, g.y.0, e),
     ))
 }
 

@@ -140,25 +140,27 @@ __device__ __forceinline__ void shift_stack(const T *__restrict__ t, const u64 l
 
 // out [C, m]: row c = sum over j = 0..8 of row j*C + c of p [9C, m] shifted by tap j, added in
 // the order j = 0..8 to +0 in db_acc<T> and rounded once to T (the CPU's order and rounding:
-// bitwise the same sums; for bf16 an f32 sum rounded to bf16, prelude.cuh).
-template <typename T, typename Locate>
-__device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_p,
+// bitwise the same sums; for bf16 an f32 sum rounded to bf16, prelude.cuh). The tap products
+// are of type S: T itself, or (shift_sum_wide_bf16) f32 products of a bf16 convolution summed
+// into bf16 features, as autocast's convolution accumulates in f32 and rounds its output once.
+template <typename S, typename T, typename Locate>
+__device__ __forceinline__ void shift_sum(const S *__restrict__ p, const u64 ld_p,
                                           T *__restrict__ out, const u64 ld_out, const u64 c,
                                           const u64 m, const db_taps taps, const Locate locate) {
     const u64 tap_step = c * ld_p;  // from row j*C + r of the input to row (j+1)*C + r
     for (u64 r = blockIdx.y; r < c; r += gridDim.y) {
-        const T *src = p + r * ld_p;
+        const S *src = p + r * ld_p;
         T *dst = out + r * ld_out;
         for (u64 i = db_first(); i < m; i += db_stride()) {
             const auto px = locate(i);
             // The nine loads first, then the additions in order, skipping taps from outside.
-            T v[9];
+            S v[9];
             bool in[9];
 #pragma unroll
             for (unsigned j = 0; j < 9; ++j) {
                 const auto s = locate.src(px, taps.oy[j], taps.ox[j]);
                 in[j] = s >= 0;
-                v[j] = in[j] ? src[j * tap_step + s] : db_zero<T>();
+                v[j] = in[j] ? src[j * tap_step + s] : db_zero<S>();
             }
             db_acc<T> acc = 0;
 #pragma unroll
@@ -182,11 +184,22 @@ __device__ __forceinline__ void shift_sum(const T *__restrict__ p, const u64 ld_
                                              const u64 ld_out, const u64 c, const u64 m,      \
                                              const u64 h, const u64 w, const db_taps taps) {   \
         if (db_narrow(m))                                                                    \
-            shift_sum<T>(p, ld_p, out, ld_out, c, m, taps, db_locate_narrow(h, w));    \
+            shift_sum<T, T>(p, ld_p, out, ld_out, c, m, taps, db_locate_narrow(h, w)); \
         else                                                                                 \
-            shift_sum<T>(p, ld_p, out, ld_out, c, m, taps, db_locate_wide(h, w));      \
+            shift_sum<T, T>(p, ld_p, out, ld_out, c, m, taps, db_locate_wide(h, w));   \
     }
 
 DB_SHIFT_KERNELS(float, f32)
 DB_SHIFT_KERNELS(double, f64)
 DB_SHIFT_KERNELS(db_bf16, bf16)
+
+// The bf16 convolution's sum: f32 tap products p [9C, m] into bf16 features out [C, m], each
+// output the f32 sum of its taps rounded once (bitwise shift_sum_f32 followed by a rounding).
+extern "C" __global__ void shift_sum_wide_bf16(const float *p, const u64 ld_p, db_bf16 *out,
+                                               const u64 ld_out, const u64 c, const u64 m,
+                                               const u64 h, const u64 w, const db_taps taps) {
+    if (db_narrow(m))
+        shift_sum<float, db_bf16>(p, ld_p, out, ld_out, c, m, taps, db_locate_narrow(h, w));
+    else
+        shift_sum<float, db_bf16>(p, ld_p, out, ld_out, c, m, taps, db_locate_wide(h, w));
+}

@@ -5,14 +5,15 @@
 //!
 //! Only compiled with the `cuda` feature.
 
-use crate::ops::cuda::launch::{by_dtype, function, rows_config, view, view_mut, Float};
+use crate::ops::cuda::launch::{function, rows_config, view, view_mut, Float};
 use crate::ops::cuda::src::SHIFT;
 use crate::ops::layout::grid::{Grid, Shift};
 use crate::ops::layout::matrix::Mat;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::{DeviceRepr, PushKernelArg};
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
-use candle_core::Layout;
+use candle_core::{DType, Layout};
+use half::bf16;
 
 /// The nine taps as the kernels take them: `struct db_taps { int oy[9]; int ox[9]; }`, by value.
 #[repr(C)]
@@ -60,7 +61,8 @@ fn check_grid(op: &str, grid: Grid, cols: usize) -> candle_core::Result<()> {
 
 /// [`Shift::Stack`] (`src [C, m] → dst [9C, m]`) or [`Shift::Sum`] (`src [9C, m] → dst [C, m]`)
 /// with the nine `offsets`, written into `dst`'s view; both operands rows of unit column stride
-/// (any row stride ≥ m: column ranges of wider maps). `(c, m)` as checked by the op.
+/// (any row stride ≥ m: column ranges of wider maps). `(c, m)` as checked by the op. One dtype,
+/// or for the sum f32 tap products into bf16 (`shift_sum_wide_bf16`).
 pub(crate) fn shift_into(
     op: &str,
     kind: Shift,
@@ -70,9 +72,12 @@ pub(crate) fn shift_into(
     grid: Grid,
     offsets: &[(isize, isize); 9],
 ) -> candle_core::Result<()> {
-    fn run<T: Float>(
+    /// The kernel `{kernel}_{D::SUFFIX}` from `S` into `D`.
+    #[allow(clippy::too_many_arguments)]
+    fn run<S: Float, D: Float>(
         op: &str,
         kind: Shift,
+        kernel: &str,
         (d, dl): (&mut CudaStorage, &Layout),
         (s, sl): (&CudaStorage, &Layout),
         (c, m): (usize, usize),
@@ -82,12 +87,12 @@ pub(crate) fn shift_into(
         check_grid(op, grid, m)?;
         // Both kernels walk the C channel rows in the grid's y (a stack thread writes the nine
         // tap rows of its column); the destination has 9C rows for the stack.
-        let (kernel, out_rows) = match kind {
-            Shift::Stack => ("shift_stack", 9 * c),
-            Shift::Sum => ("shift_sum", c),
+        let out_rows = match kind {
+            Shift::Stack => 9 * c,
+            Shift::Sum => c,
         };
-        let dv = Mat::rows_of(dl, d.as_cuda_slice::<T>()?.len(), op, "the destination")?;
-        let sv = Mat::rows_of(sl, s.as_cuda_slice::<T>()?.len(), op, "the source")?;
+        let dv = Mat::rows_of(dl, d.as_cuda_slice::<D>()?.len(), op, "the destination")?;
+        let sv = Mat::rows_of(sl, s.as_cuda_slice::<S>()?.len(), op, "the source")?;
         if dv.rows != out_rows || dv.cols != m {
             return Err(crate::ops::cuda::launch::msg(format!(
                 "{op} (cuda): the destination is {}×{}, expected {out_rows}×{m}",
@@ -98,9 +103,9 @@ pub(crate) fn shift_into(
             return Ok(());
         }
         let dev = d.device.clone();
-        let func = function::<T>(&dev, &SHIFT, kernel)?;
-        let src = view(op, s.as_cuda_slice::<T>()?, sv.span())?;
-        let mut dst = view_mut(op, d.as_cuda_slice_mut::<T>()?, dv.span())?;
+        let func = function::<D>(&dev, &SHIFT, kernel)?;
+        let src = view(op, s.as_cuda_slice::<S>()?, sv.span())?;
+        let mut dst = view_mut(op, d.as_cuda_slice_mut::<D>()?, dv.span())?;
         let (ld_s, ld_d) = (sv.rs, dv.rs);
         let (h, w) = (grid.h, grid.w);
         let stream = dev.cuda_stream();
@@ -122,5 +127,22 @@ pub(crate) fn shift_into(
         Ok(())
     }
     let taps = Taps::new(op, offsets)?;
-    by_dtype!(op, s, run(op, kind, (d, dl), (s, sl), (c, m), grid, taps))
+    let kernel = match kind {
+        Shift::Stack => "shift_stack",
+        Shift::Sum => "shift_sum",
+    };
+    let (d, s) = ((d, dl), (s, sl));
+    match (d.0.dtype(), s.0.dtype()) {
+        (DType::BF16, DType::F32) if kind == Shift::Sum => {
+            run::<f32, bf16>(op, kind, "shift_sum_wide", d, s, (c, m), grid, taps)
+        }
+        (dd, sd) if dd != sd => Err(crate::ops::cuda::launch::msg(format!(
+            "{op} (cuda): a {dd:?} destination from a {sd:?} source (one dtype, or for a sum \
+             f32 tap products into bf16)"
+        ))),
+        (DType::F32, _) => run::<f32, f32>(op, kind, kernel, d, s, (c, m), grid, taps),
+        (DType::F64, _) => run::<f64, f64>(op, kind, kernel, d, s, (c, m), grid, taps),
+        (DType::BF16, _) => run::<bf16, bf16>(op, kind, kernel, d, s, (c, m), grid, taps),
+        (other, _) => Err(crate::ops::cuda::launch::unsupported(op, other)),
+    }
 }

@@ -52,6 +52,9 @@ pub struct CudaModule {
     /// Every kernel with a bf16 CPU twin; the rest (BN forward's per-channel step, which
     /// works on f32 tables only) take their f32 entry point for bf16 features.
     pub bf16_kernels: &'static [&'static str],
+    /// Kernels that exist only as `{kernel}_bf16`, written out in the file (not by its macro):
+    /// mixed-type steps of bf16 features, e.g. f32 tap products summed into bf16.
+    pub bf16_only: &'static [&'static str],
 }
 
 impl CudaModule {
@@ -62,7 +65,7 @@ impl CudaModule {
     }
 
     /// The entry-point names of every kernel in both float dtypes (`relu_inplace_f32`, …),
-    /// then of the bf16 ones (`relu_inplace_bf16`, …).
+    /// then of the bf16 ones (`relu_inplace_bf16`, …, [`Self::bf16_only`]'s last).
     pub fn entry_points(&self) -> Vec<String> {
         let floats = self
             .kernels
@@ -71,6 +74,7 @@ impl CudaModule {
         let bf16 = self
             .bf16_kernels
             .iter()
+            .chain(self.bf16_only)
             .map(|k| format!("{k}_{BF16_SUFFIX}"));
         floats.chain(bf16).collect()
     }
@@ -89,6 +93,7 @@ pub const INPLACE: CudaModule = CudaModule {
     body: include_str!("inplace.cu"),
     kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
     bf16_kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
+    bf16_only: &[],
 };
 
 /// BatchNorm statistics, the per-channel forward step, apply (with and without ReLU), backward
@@ -118,6 +123,7 @@ pub const BN: CudaModule = CudaModule {
         "bn_bwd_dx",
         "bn_bwd_dx_accumulate",
     ],
+    bf16_only: &[],
 };
 
 /// The 3×3 convolution's shift stack and shift sum ([`crate::ops::bn`], [`crate::ops::bn_backward`], [`crate::ops::shift`]).
@@ -127,6 +133,8 @@ pub const SHIFT: CudaModule = CudaModule {
     body: include_str!("shift.cu"),
     kernels: &["shift_stack", "shift_sum"],
     bf16_kernels: &["shift_stack", "shift_sum"],
+    // f32 tap products of a bf16 convolution summed into bf16 features (`shift::shift_sum_into`)
+    bf16_only: &["shift_sum_wide"],
 };
 
 /// Every module, in no particular order.
@@ -173,6 +181,11 @@ mod tests {
             }
             for k in m.bf16_kernels {
                 assert!(m.kernels.contains(k), "{}: bf16 `{k}` is no kernel", m.file);
+            }
+            for k in m.bf16_only {
+                let def = format!(" {k}_{BF16_SUFFIX}(");
+                assert!(m.body.contains(&def), "{}: no `{def}` in the file", m.file);
+                assert!(!m.kernels.contains(k), "{}: `{k}` is listed twice", m.file);
             }
             if !m.bf16_kernels.is_empty() {
                 let inst = format!("_KERNELS(db_bf16, {BF16_SUFFIX})");
