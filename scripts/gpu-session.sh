@@ -25,6 +25,9 @@
 #           (BC-100 L=16 and the forum mlp L=32, f32 and bf16, two variants each) beside PyTorch
 #           eager under torch.autocast when the peer has CUDA: $OUT/bf16.csv (resumable from
 #           .gpu/bf16.csv) and the `report` of it, $OUT/bf16.md (not a default stage)
+#   front   issue 38's split front on the GPU against the whole front (DENSEBENCH_WHOLE_FRONT=1),
+#           side by side, for the recomputing variants of BC-100's block at L = 16 and 48:
+#           peaks and times, $OUT/front.csv and $OUT/front.txt (not a default stage)
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
@@ -51,7 +54,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report fidelity bf16 chunks flips sanitize profile)
+known=(info tests tf32 sweep report fidelity bf16 front chunks flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -333,6 +336,42 @@ CONFIGS
         # the figures of this CSV (the repository's plots/ are the CPU reference's)
         bounded 60 "$db" report "$csv" --out "$OUT/REPORT-gpu.md" --plots /tmp/densebench-gpu-plots \
             || fail "report failed"
+        ;;
+    front)
+        csv="$OUT/front.csv"
+        : > "$csv"
+        while read -r label args; do
+            for v in buffer-recompute-inplace cat-recompute-inplace; do
+                for whole in 0 1; do
+                    # the model's schedule (split where it pays), then the front whole
+                    [ "$(left)" -ge 30 ] || { fail "front run '$label' $v ($whole): not run: out of time"; continue; }
+                    row=$(bounded 180 env DENSEBENCH_WHOLE_FRONT="$whole" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/front.err") \
+                        || fail "front run '$label' $v (whole=$whole) exited $? (see front.err)"
+                    [ -n "$row" ] || continue
+                    if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
+                done
+            done
+        done <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
+CONFIGS
+        [ -s "$csv" ] || { fail "front: no rows"; continue; }
+        python3 - "$csv" <<'PY' | tee "$OUT/front.txt"
+import csv, sys
+by_key = {}
+for r in csv.DictReader(open(sys.argv[1])):
+    by_key.setdefault(r["key"], []).append(r)
+for key, rs in by_key.items():
+    if len(rs) != 2:
+        print(f"{key}: {len(rs)} row(s), not a pair (a run failed: front.err)")
+        continue
+    a, b = rs
+    ratio = int(a["median_ns"]) / int(b["median_ns"]) if a["median_ns"] and b["median_ns"] else float("nan")
+    mib = lambda r: f"{int(r['peak_bytes']) / 2**20:.1f}" if r["peak_bytes"] else "?"
+    print(f"{key}: split/whole median {a['median_ns']} / {b['median_ns']} ns (x{ratio:.3f}), "
+          f"peak {mib(a)} / {mib(b)} MiB (predicted {a['predicted_peak_bytes']} / {b['predicted_peak_bytes']} B), "
+          f"status {a['status']}/{b['status']}")
+PY
         ;;
     chunks)
         csv="$OUT/chunks.csv"

@@ -147,7 +147,7 @@ fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
             let run = || case.step_manual(strategy, defer_r);
             let t = Instant::now();
             let r = if whole {
-                layer::with_whole_front_on_cpu(run)?
+                layer::with_whole_front(run)?
             } else {
                 run()?
             };
@@ -164,7 +164,7 @@ fn front(variant: Variant, reps: usize, depth: usize) -> impls::error::Result<()
     let medians: Vec<f64> = times.iter_mut().map(median).collect();
     let mib = |b: Option<u64>| b.unwrap_or(0) as f64 / (1u64 << 20) as f64;
     let split_peak = mib(impls::model::predict_peak_bytes(variant, &cfg));
-    let whole_peak = mib(layer::with_whole_front_on_cpu(|| {
+    let whole_peak = mib(layer::with_whole_front(|| {
         impls::model::predict_peak_bytes(variant, &cfg)
     }));
     println!(

@@ -59,7 +59,7 @@ pub fn step(
                 if schedule.split_front {
                     run()
                 } else {
-                    crate::layer::with_whole_front_on_cpu(run)
+                    crate::layer::with_whole_front(run)
                 }
             })
         }

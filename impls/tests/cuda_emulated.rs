@@ -642,25 +642,81 @@ fn affine_rows_match<T: El>(m: &Emulated, relu: bool) {
     };
     let coef: Vec<T::Acc> = scale.iter().chain(&shift).copied().collect();
     let want = host::<T>(&f(&tensor(&x, (c, cols)), &tensor(&coef, (2, c))).expect("cpu affine"));
+    // x contiguous, and as a column range of a wider map (row stride cols + 7, the extra
+    // columns NaN, never to be read): the split front's chunks
+    for pad in [0, 7] {
+        let ld = cols + pad;
+        let wide: Vec<T> = (0..c)
+            .flat_map(|r| {
+                x[r * cols..(r + 1) * cols]
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(T::from_f64(f64::NAN), pad))
+            })
+            .collect();
+        affine_rows_launches(m, &kernel, (&wide, ld), &coef, (c, cols), &want, relu);
+    }
+    // the CPU twin on a strided view gives the same bits as on the contiguous map
+    let wide = tensor(
+        &(0..c)
+            .flat_map(|r| {
+                x[r * cols..(r + 1) * cols]
+                    .iter()
+                    .copied()
+                    .chain([T::from_f64(0.0)])
+            })
+            .collect::<Vec<T>>(),
+        (c, cols + 1),
+    );
+    let view = wide.narrow(1, 0, cols).expect("view");
+    let got = host::<T>(&f(&view, &tensor(&coef, (2, c))).expect("cpu affine view"));
+    let nan = |v: &T| v.to_f64().is_nan();
+    let keep = |v: &[T]| -> Vec<T> { v.iter().copied().filter(|v| !nan(v)).collect() };
+    assert_bitwise(&format!("{kernel} CPU view"), &keep(&got), &keep(&want));
+}
+
+/// Launches `kernel` on `x` (rows `ld` apart) under the launcher's and smaller row grids and
+/// compares with `want` (NaN positions as NaN, the rest bit for bit).
+fn affine_rows_launches<T: El>(
+    m: &Emulated,
+    kernel: &str,
+    (x, ld): (&[T], usize),
+    coef: &[T::Acc],
+    (c, cols): (usize, usize),
+    want: &[T],
+    relu: bool,
+) {
     for geom in row_geometries(c, cols) {
         let mut out = vec![T::from_f64(7.0); c * cols];
         let mut xp = x.as_ptr().cast_mut();
         let mut cp = coef.as_ptr().cast_mut();
         let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+        let mut ldx = ld as u64;
         m.launch(
-            &kernel,
+            kernel,
             geom,
-            &mut [p(&mut xp), p(&mut cp), p(&mut op), p(&mut rows), p(&mut mm)],
+            &mut [
+                p(&mut xp),
+                p(&mut ldx),
+                p(&mut cp),
+                p(&mut op),
+                p(&mut rows),
+                p(&mut mm),
+            ],
             false,
         );
         // NaN inputs give NaN without ReLU: compare those as NaN, the rest bit for bit.
         let nan = |v: &T| v.to_f64().is_nan();
         assert!(
-            out.iter().zip(&want).all(|(a, b)| nan(a) == nan(b)),
+            out.iter().zip(want).all(|(a, b)| nan(a) == nan(b)),
             "{kernel}: NaN positions differ"
         );
         let keep = |v: &[T]| -> Vec<T> { v.iter().copied().filter(|v| !nan(v)).collect() };
-        assert_bitwise(&format!("{kernel} {geom:?}"), &keep(&out), &keep(&want));
+        assert_bitwise(
+            &format!("{kernel} {geom:?} ld {ld}"),
+            &keep(&out),
+            &keep(want),
+        );
         if relu {
             assert!(!out.iter().any(nan), "{kernel}: ReLU let a NaN through");
         }

@@ -276,7 +276,7 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
             // the step itself, not `step()`, which splits only where the model says it pays
             let run = || case.step_manual(strategy, false);
             let split = run()?;
-            let whole = impls::layer::with_whole_front_on_cpu(run)?;
+            let whole = impls::layer::with_whole_front(run)?;
             let c = compare(&split, &whole)?;
             assert!(
                 c.overall.bitwise,
@@ -284,6 +284,66 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
                 cfg.describe(),
                 c.per_tensor.iter().find(|(_, e)| !e.bitwise)
             );
+        }
+    }
+    Ok(())
+}
+
+/// The split front on a GPU's path (issue 38 item 3), run on the CPU
+/// ([`impls::layer::with_tap_stack_on_cpu`]): ReLU1's output in column chunks written into z's
+/// columns, dW1 summed group by group into one `[B, C]`, the channel blocks' dx added into the
+/// copied prefix (`cat`) or the buffer. Every hand-written variant, f32 and f64, split and
+/// whole: both within the tolerance of the f64 reference, and of each other (on a GPU the
+/// split sums in cuBLAS's order, so no bitwise claim is made there).
+#[test]
+fn the_gpu_paths_split_front_matches_f64_and_its_whole_front() -> impls::Result<()> {
+    for dtype in [DType::F32, DType::F64] {
+        let cfg = Config {
+            batch: 1,
+            channels: 170,
+            growth: 2,
+            depth: 2,
+            bn_size: 2,
+            size: Spatial::square(92),
+            activation: true,
+            dtype,
+            seed: 7,
+            family: Family::Bc,
+        };
+        let case = Case::random(&cfg, &Device::Cpu)?;
+        let reference = case.reference()?;
+        let wide = case.to_dtype(DType::F64)?;
+        for v in Variant::for_config(&cfg) {
+            let Variant::Manual(strategy) = v else {
+                continue;
+            };
+            impls::layer::with_tap_stack_on_cpu(|| -> impls::Result<()> {
+                let run = || case.step_manual(strategy, false);
+                let split = run()?;
+                let whole = impls::layer::with_whole_front(run)?;
+                for (what, r) in [("split", &split), ("whole", &whole)] {
+                    let c = compare_updates(
+                        &r.to_dtype(DType::F64)?,
+                        &reference,
+                        &wide.params.tensors,
+                    )?;
+                    assert!(
+                        c.overall.max_rel <= tol(dtype),
+                        "{v} {what} on the GPU's path, {}: {} > {}",
+                        cfg.describe(),
+                        c.overall.max_rel,
+                        tol(dtype)
+                    );
+                }
+                let c = compare(&split, &whole)?;
+                assert!(
+                    c.overall.max_rel <= tol(dtype),
+                    "{v} on the GPU's path, {}: split vs whole {}",
+                    cfg.describe(),
+                    c.overall.max_rel
+                );
+                Ok(())
+            })?;
         }
     }
     Ok(())

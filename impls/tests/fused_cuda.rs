@@ -10,7 +10,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use impls::ops::layout::grid::{Grid, TAPS};
-use impls::ops::{bn, bn_backward, shift};
+use impls::ops::{bn, bn_backward, dense, shift};
 
 /// f64 sums of the 3×3 convolution test (9·B products per output of y and ds, M = 1173 per
 /// element of dW; |x| ≤ 2): two summation orders differ by a few ulps (a simulation of that
@@ -85,6 +85,13 @@ fn host(t: &Tensor) -> Vec<f64> {
 
 fn bits(t: &Tensor) -> Vec<u64> {
     match t.dtype() {
+        DType::BF16 => t
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<half::bf16>())
+            .expect("to host")
+            .into_iter()
+            .map(|v| u64::from(v.to_bits()))
+            .collect(),
         DType::F32 => t
             .flatten_all()
             .and_then(|t| t.to_vec1::<f32>())
@@ -317,6 +324,26 @@ fn cuda_bn_elementwise_kernels_equal_cpu_bitwise() {
         assert!(zeros > C * m / 4, "affine_rows_relu: only {zeros} zeros");
         let cpu_dx = bn_backward::bn_bwd_dx(&gy, &x, &coef3).expect("cpu dx");
         assert_bitwise(&g[2], &cpu_dx, &format!("bn_bwd_dx {dtype:?}"));
+        // a column range of the map, rows ld = m apart (the split front's chunks): the kernel
+        // reads it row-strided, the CPU twin the same view
+        let (c0, n) = (3, m - 7);
+        let xs = xv.narrow(1, c0, n).expect("column range");
+        let cx = x.narrow(1, c0, n).expect("column range");
+        for (relu, f) in [
+            (
+                false,
+                bn::affine_rows as fn(&Tensor, &Tensor) -> impls::Result<Tensor>,
+            ),
+            (true, bn::affine_rows_relu),
+        ] {
+            let got = f(&xs, &k2).expect("cuda affine of a column range");
+            let want = f(&cx, &coef2).expect("cpu affine of a column range");
+            assert_bitwise(
+                &got,
+                &want,
+                &format!("affine_rows relu={relu} {dtype:?}, columns"),
+            );
+        }
 
         // In place into rows 2..2+C of a gradient buffer: the rows around stay untouched, the
         // view holds bitwise the CPU's accumulate (= dx then add).
@@ -595,4 +622,72 @@ fn cuda_relu_bwd_affine_equals_cpu_bitwise() {
             "relu_bwd_affine_inplace wrote outside its view"
         );
     }
+}
+
+/// Issue 39 on a GPU: cuBLAS with bf16 operands and f32 accumulation (`ops::cuda::dense`) into
+/// bf16 and f32 destinations, a transposed operand among them, and with β = 1, each element
+/// within the bound of one f32 summation of its products (`k·2⁻²³·Σ|a||b|`) of the exact
+/// product, plus half a bf16 ulp where the output is bf16; and `shift_sum_wide_bf16` (f32 tap
+/// products into bf16) bitwise the CPU's mixed sum.
+#[test]
+fn cuda_bf16_products_and_the_wide_shift_sum_match_the_cpu() {
+    let Some(dev) = gpu("cuda_bf16_products_and_the_wide_shift_sum_match_the_cpu") else {
+        return;
+    };
+    let bf = |t: Tensor| t.to_dtype(DType::BF16).expect("bf16");
+    let (m, k, n) = (48, 300, 700);
+    let a = bf(rand((m, k), 21, DType::F32));
+    let bt = bf(rand((n, k), 22, DType::F32));
+    let wide = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
+    let exact = wide(&a)
+        .matmul(&wide(&bt).t().unwrap())
+        .expect("f64 product");
+    let scale = wide(&a)
+        .abs()
+        .unwrap()
+        .matmul(&wide(&bt).abs().unwrap().t().unwrap())
+        .expect("|a|·|b|");
+    let (ag, btg) = (a.to_device(&dev).unwrap(), bt.to_device(&dev).unwrap());
+    let b_t = btg.t().unwrap();
+    for (out, add) in [
+        (DType::F32, false),
+        (DType::BF16, false),
+        (DType::F32, true),
+    ] {
+        let dst = Tensor::ones((m, n), out, &dev).expect("dst");
+        let r = if add {
+            dense::accumulate(&dst, &ag, &b_t)
+        } else {
+            dense::product_into(&dst, &ag, &b_t)
+        };
+        r.unwrap_or_else(|e| panic!("cuBLAS bf16 into {out:?} (add {add}): {e}"));
+        let got = host(&dst);
+        let (want, s) = (host(&exact), host(&scale));
+        let ulp = if out == DType::BF16 {
+            2f64.powi(-8)
+        } else {
+            0.0
+        };
+        for (i, ((g, w), s)) in got.iter().zip(&want).zip(&s).enumerate() {
+            let w = w + f64::from(u8::from(add));
+            let bound = k as f64 * 2f64.powi(-23) * s + ulp * w.abs() + 1e-30;
+            assert!(
+                (g - w).abs() <= bound,
+                "into {out:?} (add {add}), element {i}: {g} vs {w} (bound {bound:e})"
+            );
+        }
+    }
+    // f32 tap products summed into bf16 features: the CPU's bits
+    let mm = GRID.n * GRID.h * GRID.w;
+    let p = rand((9 * C, mm), 24, DType::F32);
+    let offsets = TAPS.map(|(dy, dx)| (dy as isize - 1, dx as isize - 1));
+    let cpu = Tensor::zeros((C, mm), DType::BF16, &Device::Cpu).unwrap();
+    shift::shift_sum_into(&cpu, &p, GRID, offsets).expect("cpu wide sum");
+    let got = twice("shift_sum_wide_bf16", || {
+        let d = Tensor::zeros((C, mm), DType::BF16, &dev).unwrap();
+        shift::shift_sum_into(&d, &p.to_device(&dev).unwrap(), GRID, offsets)
+            .expect("cuda wide sum");
+        vec![d]
+    });
+    assert_bitwise(&got[0], &cpu, "shift_sum_wide_bf16");
 }

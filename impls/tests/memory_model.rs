@@ -91,7 +91,7 @@ fn predicted_peak_matches_the_allocator_within_5_percent() {
                 Some((counting::measured_peak(v, &case) as usize, predicted))
             };
             let got = if whole {
-                layer::with_whole_front_on_cpu(measure)
+                layer::with_whole_front(measure)
             } else {
                 measure()
             };

@@ -96,8 +96,37 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
         })
         .collect::<Vec<_>>();
     assert_eq!(bf16.len(), 2, "one bc and one mlp config in bf16");
+    // and a bc block wide enough for the split front (issue 38: ReLU1's output in three column
+    // chunks, dW1 in three groups, BN1's backward in three channel blocks), which the schedule
+    // picks for the recomputing variants on this path too
+    let split = Config {
+        batch: 1,
+        channels: 170,
+        growth: 2,
+        depth: 2,
+        bn_size: 2,
+        size: Spatial::square(92),
+        dtype: DType::F32,
+        seed: 7,
+        ..Config::bc100_block()
+    };
+    let split_seen = Variant::for_config(&split).into_iter().any(|v| {
+        impls::model::schedule::schedule_for(v, &split, Kernels::TapStack)
+            .unwrap()
+            .split_front
+    });
+    assert!(
+        split_seen,
+        "no variant splits its front on {}",
+        split.describe()
+    );
     let mut runs: Vec<(Config, Option<usize>)> = Vec::new();
-    for cfg in model_configs().into_iter().chain([wide]).chain(bf16) {
+    for cfg in model_configs()
+        .into_iter()
+        .chain([wide])
+        .chain(bf16)
+        .chain([split])
+    {
         let plane = cfg.size.height * cfg.size.width;
         let images = if cfg.batch == 8 { 3 } else { 5 };
         runs.push((cfg.clone(), None));

@@ -509,7 +509,7 @@ impl Case {
 
     /// Runs one step of a hand-written `strategy` on this case as given, without the schedule
     /// [`crate::step::step()`] picks: the front split on the CPU unless inside
-    /// [`crate::layer::with_whole_front_on_cpu`], ReLU1's output remade for dW1 on a whole
+    /// [`crate::layer::with_whole_front`], ReLU1's output remade for dW1 on a whole
     /// front if `defer_r`. For tests and timings of one schedule choice against another.
     pub fn step_manual(
         &self,

@@ -30,8 +30,8 @@ use std::cell::Cell;
 thread_local! {
     /// Set inside [`with_tf32_emulation_on_cpu`].
     static TF32_ON_CPU: Cell<Option<Tf32Rounding>> = const { Cell::new(None) };
-    /// Set inside [`with_whole_front_on_cpu`].
-    static WHOLE_FRONT_ON_CPU: Cell<bool> = const { Cell::new(false) };
+    /// Set inside [`with_whole_front`].
+    static WHOLE_FRONT_HERE: Cell<bool> = const { Cell::new(false) };
 }
 
 pub use crate::ops::cpu::shared::cpu_kernels;
@@ -69,10 +69,13 @@ fn scoped<T: Copy + 'static, R>(
 /// its operands rounded to TF32 inside [`with_tf32_emulation_on_cpu`]. bf16 operands
 /// (autocast) take [`product_new`] into bf16 instead: f32 accumulation, each output element
 /// rounded once (cuBLAS with f32 compute on a GPU, the CPU's own product on its tap-stack
-/// path; candle's CPU matmul has no bf16).
+/// path; candle's CPU matmul has no bf16); so do strided operands candle's matmul refuses.
 fn matmul(a: &Tensor, b: &Tensor, what: &'static str) -> Result<Tensor> {
-    if a.dtype() == DType::BF16 {
-        return product_new(a, b, DType::BF16, what);
+    // candle's matmul takes contiguous or transposed-contiguous operands only; a block of a
+    // matrix (the split front's `W1[:, block]ᵀ`) goes through the strided product
+    let plain = |t: &Tensor| t.is_contiguous() || t.t().is_ok_and(|t| t.is_contiguous());
+    if a.dtype() == DType::BF16 || !(plain(a) && plain(b)) {
+        return product_new(a, b, a.dtype(), what);
     }
     operand(a)?.matmul(&operand(b)?).ctx(what)
 }
@@ -107,35 +110,36 @@ pub fn with_tap_stack_on_cpu<R>(f: impl FnOnce() -> R) -> R {
     scoped(&TAP_STACK_ON_CPU, true, f)
 }
 
-/// Runs `f` with the CPU's kernels taking a bc layer's front (BN1 → ReLU → Conv1×1) whole,
-/// as a GPU does, instead of split ([`split_front`]): ReLU1's output and its gradient
-/// `[C_i, M]` made whole, bitwise the same results. For timing the split against the whole
-/// side by side (`examples/step_timing.rs front`); the memory model made inside follows it.
-pub fn with_whole_front_on_cpu<R>(f: impl FnOnce() -> R) -> R {
-    scoped(&WHOLE_FRONT_ON_CPU, true, f)
+/// Runs `f` with a bc layer's front (BN1 → ReLU → Conv1×1) taken whole instead of split
+/// ([`split_front`]), on any device: ReLU1's output and its gradient `[C_i, M]` made whole (on
+/// the CPU's kernels bitwise the same results; on a GPU's path the same values up to cuBLAS's
+/// summation order). For timing the split against the whole side by side
+/// (`examples/step_timing.rs front`); the memory model made inside follows it.
+pub fn with_whole_front<R>(f: impl FnOnce() -> R) -> R {
+    scoped(&WHOLE_FRONT_HERE, true, f)
 }
 
-/// Whether a bc layer's front on `dev` is split on this thread: the CPU's kernels make ReLU1's
-/// output a column chunk at a time where it is not kept ([`bn_relu_conv1_chunked`]), and the
-/// front's backward a column group ([`dw_groups`]) and then a channel block ([`grad_blocks`])
-/// at a time, unless inside [`with_whole_front_on_cpu`] (which [`crate::step::step()`] enters
-/// wherever the schedule keeps the front whole, [`WHOLE_FRONT_ENV`] included: a thread-local
-/// read per layer, not the environment).
-pub fn split_front(dev: &Device) -> bool {
-    cpu_kernels(dev) && !WHOLE_FRONT_ON_CPU.with(Cell::get)
+/// Whether a bc layer's front is split on this thread, on any device (the CPU's kernels and a
+/// GPU's path): ReLU1's output made a column chunk at a time where it is not kept
+/// ([`bn_relu_conv1_chunked`]), and the front's backward a column group ([`dw_groups`]) and
+/// then a channel block ([`grad_blocks`]) at a time, unless inside [`with_whole_front`] (which
+/// [`crate::step::step()`] enters wherever the schedule keeps the front whole,
+/// [`WHOLE_FRONT_ENV`] included: a thread-local read per layer, not the environment).
+pub fn split_front(_dev: &Device) -> bool {
+    !WHOLE_FRONT_HERE.with(Cell::get)
 }
 
-/// The environment variable that makes every [`crate::step::step()`] on the CPU run each bc layer's
-/// front whole, as a GPU does (`1`; `0` or unset: split where the schedule picks it): the
-/// step enters [`with_whole_front_on_cpu`], e.g. for a `densebench run` timed against the
-/// split (bitwise the same results; the memory model follows it).
+/// The environment variable that makes every [`crate::step::step()`] run each bc layer's front
+/// whole (`1`; `0` or unset: split where the schedule picks it), on any device: the step
+/// enters [`with_whole_front`], e.g. for a `densebench run` timed against the split (the
+/// memory model follows it).
 pub const WHOLE_FRONT_ENV: &str = "DENSEBENCH_WHOLE_FRONT";
 
-/// Whether [`with_whole_front_on_cpu`] or [`WHOLE_FRONT_ENV`] `= 1` is in force on this
+/// Whether [`with_whole_front`] or [`WHOLE_FRONT_ENV`] `= 1` is in force on this
 /// thread (a value [`whole_front_override`] refuses counts as unset; steps check it first):
 /// what the memory model's schedule reads.
 pub fn whole_front_forced() -> bool {
-    WHOLE_FRONT_ON_CPU.with(Cell::get) || matches!(whole_front_override(), Ok(true))
+    WHOLE_FRONT_HERE.with(Cell::get) || matches!(whole_front_override(), Ok(true))
 }
 
 /// [`WHOLE_FRONT_ENV`] read: `1` true, `0` or unset false, anything else an error naming it.
@@ -268,7 +272,8 @@ pub fn dw_groups(m: usize) -> Vec<(usize, usize)> {
 /// input (the split front's recompute, `block::Front::backward_blocked`). Both give the same
 /// bits. `dz`'s chunk stays in cache for all C rows, where a block of rows at a time streamed
 /// all of `dz` once per block. Other devices (a GPU's path): [`dense_bwd_weight`] of all of r,
-/// `r_of(0, M)`.
+/// `r_of(0, M)`, or with the front split ([`split_front`]) the groups' products added into one
+/// `[B, c]` in group order (cuBLAS with β = 1).
 pub fn conv1_bwd_weight(
     dz: &Tensor,
     c: usize,
@@ -276,7 +281,20 @@ pub fn conv1_bwd_weight(
 ) -> Result<Tensor> {
     let (b, m) = dz.dims2().ctx("conv1 dW")?;
     if !cpu_kernels(dz.device()) {
-        return dense_bwd_weight(dz, &r_of(0, m)?);
+        if !split_front(dz.device()) {
+            return dense_bwd_weight(dz, &r_of(0, m)?);
+        }
+        // the split front on a GPU's path: `dW1 (+)= dz[:, group] · r_groupᵀ` group by group
+        // into one `[B, c]` (f32 for bf16 features), each group's r made and dropped in turn
+        let dtype = crate::config::param_dtype(dz.dtype());
+        // SAFETY: the first group's product (β = 0) writes all of dW1 before any group adds.
+        let dw = unsafe { unfilled((b, c), dtype, dz.device(), "conv1 dW")? };
+        for (i, (g0, gn)) in dw_groups(m).into_iter().enumerate() {
+            let r = r_of(g0, gn)?;
+            let dzg = dz.narrow(1, g0, gn).ctx("conv1 dW")?;
+            gemm_into(&dw, &dzg, &r.t().ctx("conv1 dW")?, i > 0)?;
+        }
+        return Ok(dw);
     }
     // a parameter gradient: f32 for bf16 features, summed in f32 (not rounded to bf16)
     let dtype = crate::config::param_dtype(dz.dtype());
@@ -365,13 +383,14 @@ pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
     even_split(c, c.div_ceil(GRAD_BLOCK_ROWS))
 }
 
-/// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, on the CPU a
-/// column chunk ([`front_chunks`]) at a time: each chunk's BN1 → ReLU (`copy`: the BN output
-/// and the ReLU's new tensor, as the strategy measures) is multiplied into its columns of `z`
-/// and freed ([`dense::product_of_column_chunks`]: `z` is not zeroed first). Bitwise
+/// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, a column
+/// chunk ([`front_chunks`]) at a time: each chunk's BN1 → ReLU (`copy`: the BN output and the
+/// ReLU's new tensor, as the strategy measures) is multiplied into its columns of `z` and
+/// freed (on the CPU [`dense::product_of_column_chunks`], on a GPU's path one product with
+/// β = 0 into the chunk's columns; `z` is not zeroed first). On the CPU bitwise
 /// [`dense_fwd`]`(w1, None, &`[`bn_apply_relu`]`(x, stats, mode))`: the element-wise ops per
-/// element, the products over the whole inner dimension C (see [`MIN_SPLIT`]). Transient: one
-/// chunk's `[C, ≤ 4096]` instead of `[C, M]`.
+/// element, the products over the whole inner dimension C (see [`MIN_SPLIT`]); on a GPU the
+/// same sums up to cuBLAS's order. Transient: one chunk's `[C, ≤ 4096]` instead of `[C, M]`.
 pub fn bn_relu_conv1_chunked(
     w1: &Tensor,
     x: &Tensor,
@@ -379,6 +398,17 @@ pub fn bn_relu_conv1_chunked(
     mode: Relu,
 ) -> Result<Tensor> {
     let m = x.dims()[1];
+    if !cpu_kernels(x.device()) {
+        // a GPU's path: each chunk's product written into its columns of z (cuBLAS, β = 0)
+        let (b, what) = (w1.dims()[0], "front chunk");
+        // SAFETY: the chunks tile the columns; each chunk's product writes all of its columns.
+        let z = unsafe { unfilled((b, m), x.dtype(), x.device(), what)? };
+        for (c0, n) in front_chunks(m) {
+            let r = bn_apply_relu(&x.narrow(1, c0, n).ctx(what)?, stats, mode)?;
+            gemm_into(&z.narrow(1, c0, n).ctx(what)?, w1, &r, false)?;
+        }
+        return Ok(z);
+    }
     dense::product_of_column_chunks(&operand(w1)?, m, &front_chunks(m), |c0, n| {
         operand(&bn_apply_relu(
             &x.narrow(1, c0, n).ctx("front chunk")?,

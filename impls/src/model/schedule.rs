@@ -1,6 +1,6 @@
 //! The schedule a step runs with, picked by the model from predicted peaks ([`schedule_for`]):
 //! the tap stack's chunking on a GPU's path, whether a recomputing bc variant remakes ReLU1's
-//! output late, whether the CPU splits the bc layer's front.
+//! output late, whether the bc layer's front is split (on the CPU's kernels and a GPU's path).
 
 use crate::config::variant::{Intermediates, Variant};
 use crate::config::{Config, Family};
@@ -19,13 +19,14 @@ pub struct Schedule {
     /// convolution's backward (`block::bc_backward`): C_i·M fewer there, one BN1 apply more per
     /// layer, bitwise the same values. Where the convolution's backward does not set the peak
     /// (or the remade r with a `copy` ReLU's second tensor would), it only costs time. A whole
-    /// front's choice: the CPU's split front never keeps r whole, so with
+    /// front's choice: the split front never keeps r whole, so with
     /// [`Schedule::split_front`] it is false.
     pub defer_r: bool,
-    /// The CPU's kernels split the bc layer's front ([`crate::layer::split_front`]): ReLU1's
+    /// The bc layer's front is split ([`crate::layer::split_front`], either path): ReLU1's
     /// output made a column chunk at a time where it is not kept, the front's backward a
     /// column group, then a channel block at a time, so neither it nor its gradient `[C_i, M]`
-    /// is ever whole; bitwise the same values (for its time, see [`SPLIT_FRONT_MIN_GAIN`]).
+    /// is ever whole; on the CPU's kernels bitwise the same values, on a GPU's path the same
+    /// up to cuBLAS's summation order (for its time, see [`SPLIT_FRONT_MIN_GAIN`]).
     pub split_front: bool,
 }
 
@@ -36,15 +37,17 @@ pub struct Schedule {
 /// `buffer-recompute-inplace` step measured ×0.97 (L = 16) and ×1.00 (L = 48) of the whole
 /// front's, where the block-wise split had cost ×1.05 and ×1.17 (README). It runs where it
 /// saves memory that matters — the recomputing variants at BC-100's scale — not where it trims
-/// 1–2% off a store variant's saved state.
+/// 1–2% off a store variant's saved state. On a GPU its time is not yet measured (more, smaller
+/// launches: docs/gpu.md, "The split front on the GPU").
 pub const SPLIT_FRONT_MIN_GAIN: f64 = 0.05;
 
 /// The [`Schedule`] of `variant` on `cfg` for a device's kernels. With the front whole: for
 /// each choice of [`Schedule::defer_r`] (only recomputing bc variants have one) the tap-stack
 /// chunking (`tap_chunk_columns_given`, a GPU's path only), then the choice with the lower
-/// predicted peak (a tie keeps r: no extra work). On the CPU's kernels a bc variant's front
-/// split ([`Schedule::split_front`]) where that lowers the peak by at least
-/// [`SPLIT_FRONT_MIN_GAIN`] (never inside [`crate::layer::with_whole_front_on_cpu`] or with
+/// predicted peak (a tie keeps r: no extra work). A bc variant's front split
+/// ([`Schedule::split_front`], with its own tap-stack chunking on a GPU's path) where that
+/// lowers the peak by at least
+/// [`SPLIT_FRONT_MIN_GAIN`] (never inside [`crate::layer::with_whole_front`] or with
 /// [`crate::layer::WHOLE_FRONT_ENV`] set). An `Err` for an unreadable chunking override.
 pub fn schedule_for(
     variant: Variant,
@@ -52,7 +55,7 @@ pub fn schedule_for(
     path: Kernels,
 ) -> crate::error::Result<Schedule> {
     let manual_bc = matches!(variant, Variant::Manual(_)) && cfg.family == Family::Bc;
-    let can_split = manual_bc && path == Kernels::Cpu && !crate::layer::whole_front_forced();
+    let can_split = manual_bc && !crate::layer::whole_front_forced();
     let can_defer = matches!(variant, Variant::Manual(s)
             if s.intermediates == Intermediates::Recompute && cfg.family == Family::Bc);
     let mut best: Option<(i128, Schedule)> = None;
@@ -61,7 +64,7 @@ pub fn schedule_for(
             continue;
         }
         let tap_chunk_columns = match path {
-            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r)?,
+            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r, false)?,
             Kernels::Cpu => 0,
         };
         let Some(t) = trace_with(
@@ -85,11 +88,16 @@ pub fn schedule_for(
         }
     }
     if let (true, Some((whole, _))) = (can_split, best) {
-        if let Some(t) = trace_with(variant, cfg, path, &exact, 0, false, true) {
+        let tap_chunk_columns = match path {
+            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, false, true)?,
+            Kernels::Cpu => 0,
+        };
+        if let Some(t) = trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true) {
             if (t.peak as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
                 best = Some((
                     t.peak,
                     Schedule {
+                        tap_chunk_columns,
                         split_front: true,
                         ..Schedule::default()
                     },
@@ -121,6 +129,7 @@ pub(crate) fn tap_chunk_columns_given(
     variant: Variant,
     cfg: &Config,
     defer_r: bool,
+    split: bool,
 ) -> crate::error::Result<usize> {
     if let Some(columns) = crate::layer::tap_chunk_override()? {
         return Ok(columns);
@@ -139,7 +148,7 @@ pub(crate) fn tap_chunk_columns_given(
             &exact,
             columns,
             defer_r,
-            false,
+            split,
         )
         .map(|t| t.peak)
     };

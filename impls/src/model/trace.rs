@@ -194,6 +194,7 @@ impl<'a> Trace<'a> {
     /// column group at a time (`recompute`: the group's r `[C, ≤ 4096]` remade; else columns of
     /// the saved r, freed after), then dr, ReLU1's and BN1's backward a block of channels at a
     /// time.
+    #[allow(clippy::too_many_arguments)]
     fn front_bwd_split(
         &mut self,
         c: usize,
@@ -202,8 +203,11 @@ impl<'a> Trace<'a> {
         copy: bool,
         recompute: bool,
         cat: bool,
+        path: Kernels,
     ) {
-        self.alloc_p(b * c); // dW1ᵀ, summed a column chunk at a time
+        // the CPU sums dW1ᵀ a column chunk at a time and transposes it; a GPU's path adds the
+        // groups' products into dW1 itself (`layer::conv1_bwd_weight`)
+        self.alloc_p(b * c); // dW1ᵀ (CPU) or dW1 (kept)
         for (_, n) in crate::layer::dw_groups(m) {
             if recompute {
                 self.bn1_relu(c, n, copy); // the group's r
@@ -214,10 +218,12 @@ impl<'a> Trace<'a> {
             }
         }
         if !recompute {
-            self.free(c * m); // r (saved), read by the blocks
+            self.free(c * m); // r (saved), read by the groups
         }
-        self.alloc_p(b * c); // dW1 (kept), transposed
-        self.free_p(b * c);
+        if path == Kernels::Cpu {
+            self.alloc_p(b * c); // dW1 (kept), transposed
+            self.free_p(b * c);
+        }
         let blocks = crate::layer::grad_blocks(c);
         for (j, &(_, n)) in blocks.iter().enumerate() {
             self.alloc_p(4 * n); // the block's BN1 table
@@ -304,10 +310,9 @@ pub(crate) fn trace_with<'a>(
         Kernels::TapStack => 0,
     };
     let mut t = Trace::new(cfg, pack, charge);
-    // a split front (the CPU's kernels): r in column chunks where it is not kept, its
-    // backward in column groups, then channel blocks (`maths::front_chunks`,
-    // `maths::dw_groups`, `maths::grad_blocks`)
-    let split = split && path == Kernels::Cpu;
+    // a split front (either path): r in column chunks where it is not kept, its backward in
+    // column groups, then channel blocks (`layer::front_chunks`, `layer::dw_groups`,
+    // `layer::grad_blocks`)
     // ---- forward ----
     t.alloc(c0 * m); // input → channel-major copy
     if !cat {
@@ -486,7 +491,7 @@ pub(crate) fn trace_with<'a>(
                 t.free(b * m); // z
                 t.cast(b * c); // W1 in the features' dtype, for the front's backward
                 if split {
-                    t.front_bwd_split(c, b, m, copy, recompute, cat);
+                    t.front_bwd_split(c, b, m, copy, recompute, cat, path);
                 } else {
                     t.front_bwd_whole(c, b, m, copy, recompute && defer_r, cat, path);
                 }

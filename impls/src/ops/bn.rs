@@ -436,10 +436,9 @@ pub fn affine_rows(x: &Tensor, coef: &Tensor) -> Result<Tensor> {
 /// The fused kernel of [`affine_rows`] (`relu`: and of [`affine_rows_relu`]), or `None` where
 /// there is none (another device, a strided operand) and the caller composes candle ops.
 pub(crate) fn fused_affine_rows(x: &Tensor, coef: &Tensor, relu: bool) -> Option<Result<Tensor>> {
-    // the CPU kernel also reads a column range of a wider map (rows of unit column stride: the
-    // recomputed front's column chunks, `maths::bn_relu_conv1_chunked`); the CUDA twin takes
-    // contiguous maps only
-    let layout_ok = x.is_contiguous() || (x.device().is_cpu() && unit_column_stride(x));
+    // the kernels also read a column range of a wider map (rows of unit column stride: the
+    // split front's column chunks, `layer::bn_relu_conv1_chunked`), on the CPU and on CUDA
+    let layout_ok = x.is_contiguous() || unit_column_stride(x);
     if !(has_kernels(x) && layout_ok && coef.is_contiguous()) {
         return None;
     }

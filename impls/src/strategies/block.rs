@@ -688,14 +688,15 @@ impl Front<'_> {
         Ok((dw1, dg1, dbeta1, dx))
     }
 
-    /// [`Front::backward_whole`] in pieces (the CPU's path), in two passes. First dW1
+    /// [`Front::backward_whole`] in pieces (the split front, on any device), in two passes. First dW1
     /// ([`layer::conv1_bwd_weight`]), from ReLU1's output a column group of
     /// [`layer::dw_groups`] at a time (columns of the saved `r`, else remade from the group's
     /// columns of `x`). Then, a block of [`layer::grad_blocks`] at a time, the block's `dr`,
     /// ReLU1's mask and BN1's backward on its channels, which adds the block's rows of `dx`
     /// into `into`. Every op is per channel or element, or sums as the unsplit one does, so the
-    /// results are bitwise [`Front::backward_whole`]'s, with group- and block-sized transients
-    /// where that has `[C_i, M]` ones.
+    /// results are bitwise [`Front::backward_whole`]'s on the CPU's kernels (on a GPU's path up
+    /// to cuBLAS's summation order), with group- and block-sized transients where that has
+    /// `[C_i, M]` ones.
     fn backward_blocked(
         &self,
         r: Option<Tensor>,
@@ -719,6 +720,9 @@ impl Front<'_> {
             InputGrad::Into(dst) => (Some(dst), None, false),
             InputGrad::New(prefix) => (None, Some(prefix), true),
         };
+        // the CPU writes the new gradient block by block as prefix + dx in one pass
+        // (`bn_bwd_accumulate_from`, a CPU kernel); elsewhere the prefix is copied first
+        let fused_copy = layer::cpu_kernels(self.x.device());
         let mut sums = Vec::new();
         for (c0, n) in layer::grad_blocks(c) {
             let rows = |t: &Tensor| t.narrow(0, c0, n).ctx("channel block");
@@ -727,10 +731,14 @@ impl Front<'_> {
             let dr = layer::dense_bwd_input(&w1, &dz)?;
             let da = layer::relu_bwd_bn(dr, &x, &stats, self.relu)?;
             if let (Some(p), None) = (&prefix, &dst) {
-                // SAFETY: the blocks of grad_blocks tile the channels, and each block's rows
-                // are written whole by bn_bwd_accumulate_from below before anything reads them.
-                dst = Some(unsafe {
-                    unfilled(p.dims(), p.dtype(), p.device(), "grad of layer input")?
+                dst = Some(if fused_copy {
+                    // SAFETY: the blocks of grad_blocks tile the channels, and each block's
+                    // rows are written whole by bn_bwd_accumulate_from below before anything
+                    // reads them.
+                    unsafe { unfilled(p.dims(), p.dtype(), p.device(), "grad of layer input")? }
+                } else {
+                    // a GPU's path: the prefix copied whole, each block's dx added into it
+                    elementwise::copy_rows(p)?
                 });
             }
             let d = dst
@@ -741,10 +749,10 @@ impl Front<'_> {
                 })?;
             let gamma = self.gamma1.narrow(0, c0, n).ctx("channel block")?;
             sums.push(match &prefix {
-                Some(p) => {
+                Some(p) if fused_copy => {
                     layer::bn_bwd_accumulate_from(&da, &x, &stats, &gamma, &rows(p)?, &rows(d)?)?
                 }
-                None => layer::bn_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
+                _ => layer::bn_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
             });
         }
         drop(prefix);

@@ -161,13 +161,15 @@ __device__ __forceinline__ T db_affine(const T x, const A scale, const A shift) 
 
 // y = x * scale + shift per row (db_affine), coef [2, rows] = (scale; shift) in A. With RELU,
 // y = y > 0 ? y : 0 (NaN -> 0) on the rounded value: bitwise the CPU's BN apply followed by
-// its in-place ReLU, in one pass and one output.
+// its in-place ReLU, in one pass and one output. x's rows start ld_x apart (ld_x >= m: a column
+// range of a wider map, the split front's chunks); y is a contiguous [rows, m].
 template <typename T, bool RELU, typename A = db_acc<T>>
-__device__ __forceinline__ void affine_rows(const T *__restrict__ x, const A *__restrict__ coef,
-                                            T *__restrict__ y, const u64 rows, const u64 m) {
+__device__ __forceinline__ void affine_rows(const T *__restrict__ x, const u64 ld_x,
+                                            const A *__restrict__ coef, T *__restrict__ y,
+                                            const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const A scale = coef[r], shift = coef[rows + r];
-        const T *xr = x + r * m;
+        const T *xr = x + r * ld_x;
         T *yr = y + r * m;
         for (u64 i = db_first(); i < m; i += db_stride()) {
             const T v = db_affine(xr[i], scale, shift);
@@ -262,13 +264,15 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
                           const u64 m, const db_acc<T> neg_inv_m, const db_acc<T> inv_m) {     \
         bn_bwd_reduce<T>(gy, x, st, gamma, out, channels, m, neg_inv_m, inv_m);                \
     }                                                                                          \
-    extern "C" __global__ void affine_rows_##S(const T *x, const db_acc<T> *coef, T *y,         \
-                                               const u64 rows, const u64 m) {                  \
-        affine_rows<T, false>(x, coef, y, rows, m);                                            \
+    extern "C" __global__ void affine_rows_##S(const T *x, const u64 ld_x,                      \
+                                               const db_acc<T> *coef, T *y, const u64 rows,    \
+                                               const u64 m) {                                  \
+        affine_rows<T, false>(x, ld_x, coef, y, rows, m);                                      \
     }                                                                                          \
-    extern "C" __global__ void affine_rows_relu_##S(const T *x, const db_acc<T> *coef, T *y,    \
+    extern "C" __global__ void affine_rows_relu_##S(const T *x, const u64 ld_x,                 \
+                                                    const db_acc<T> *coef, T *y,               \
                                                     const u64 rows, const u64 m) {             \
-        affine_rows<T, true>(x, coef, y, rows, m);                                             \
+        affine_rows<T, true>(x, ld_x, coef, y, rows, m);                                       \
     }                                                                                          \
     extern "C" __global__ void relu_bwd_affine_##S(const T *g, const T *x,                      \
                                                    const db_acc<T> *coef, T *out,              \

@@ -9,7 +9,8 @@
 //! over the columns of a row, the grid's y dimension over the rows.
 //!
 //! Operands must be contiguous (any start offset) and hold exactly the elements their shapes
-//! say; anything else is an `Err`, never an out-of-bounds read or a silent copy.
+//! say (BN apply's input may also be rows of unit column stride); anything else is an `Err`,
+//! never an out-of-bounds read or a silent copy.
 //! Features are f32, f64 or bf16 (`T`); per-channel tables, statistics and scalars are
 //! `T::Acc` (f32 for bf16 features, as on the CPU). Only compiled with the `cuda` feature.
 
@@ -18,6 +19,7 @@ use crate::ops::cuda::launch::{
     rows_config, unsupported, view, view_mut, Float,
 };
 use crate::ops::cuda::src::BN;
+use crate::ops::layout::matrix::Mat;
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
 use candle_core::cuda_backend::{CudaStorage, WrapErr};
@@ -146,7 +148,8 @@ pub(crate) fn bn_prepare(
 }
 
 /// `x [C, M] · scale + shift` per row (planar `coef [2, C]`), with `relu` also `max(·, 0)`: a
-/// new `[C, M]`.
+/// new contiguous `[C, M]`; `x` may be a column range of a wider map (rows of unit column
+/// stride).
 pub(crate) fn affine_rows(
     op: &str,
     relu: bool,
@@ -159,7 +162,11 @@ pub(crate) fn affine_rows(
         (s, l): (&CudaStorage, &Layout),
         (cs, cl): (&CudaStorage, &Layout),
     ) -> candle_core::Result<CudaStorage> {
-        let (c, m, r) = matrix(op, "x", l)?;
+        // x: rows of unit column stride (a whole map, or a column range of whole images of a
+        // wider one: the split front's chunks, `layer::bn_relu_conv1_chunked`)
+        let xv = Mat::rows_of(l, s.as_cuda_slice::<T>()?.len(), op, "x")?;
+        let (c, m, r) = (xv.rows, xv.cols, xv.span());
+        let ld_x = xv.rs;
         let rc = coefficients(op, cl, c, 2)?;
         let dev = &s.device;
         // SAFETY: every one of the c·m elements is written by the kernel below.
@@ -175,8 +182,15 @@ pub(crate) fn affine_rows(
             let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
-            b.arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
-            // SAFETY: x and out hold c·m elements, coef 2·c; the kernel touches no others.
+            b.arg(&x)
+                .arg(&ld_x)
+                .arg(&coef)
+                .arg(&mut out)
+                .arg(&c)
+                .arg(&m);
+            // SAFETY: x's view spans its c rows of m elements at stride ld_x (Mat::rows_of
+            // checked it against the storage), out holds c·m elements, coef 2·c; the kernel
+            // touches no others.
             unsafe { b.launch(rows_config(c, m)) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
