@@ -47,6 +47,26 @@ pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
     (chunks > 1).then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"))
 }
 
+/// What a GPU row's `note` says where the model splits the bc layers' fronts
+/// (`impls::model::schedule::Schedule::split_front`: ReLU1's output a column chunk at a time,
+/// its backward a column group then a channel block at a time), which the child's step runs
+/// as the parent predicts (same schedule, same environment: `DENSEBENCH_WHOLE_FRONT=1` keeps
+/// the fronts whole); `None` where they stay whole, for the mlp and `autograd`.
+pub fn front_note(variant: Variant, cfg: &Config) -> Option<String> {
+    if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
+        return None;
+    }
+    let s =
+        impls::model::schedule::schedule_for(variant, cfg, impls::model::trace::Kernels::TapStack)
+            .ok()?;
+    s.split_front.then(|| {
+        format!(
+            "bc layer fronts split (ReLU1's output in chunks of ≤ {} columns)",
+            impls::layer::FRONT_CHUNK_COLUMNS
+        )
+    })
+}
+
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;
 /// recomputation not counted, so GFLOP/s compares variants on the same useful work).
 pub fn flops(cfg: &Config) -> Option<u64> {
@@ -218,7 +238,21 @@ mod tests {
             depth: 48,
             ..Config::bc100_block()
         };
-        assert_eq!(tap_chunk_note(brc, &bc100), None);
-        assert_eq!(tap_chunk_note(bri, &bc100), None);
+        // the split front (issue 38) has its own chunking of the tap stack: the layer input's
+        // gradient no longer sets the leanest variants' peak
+        assert_eq!(
+            tap_chunk_note(brc, &bc100).as_deref(),
+            Some("3×3 tap stack in 2 chunks of ≤ 32 images")
+        );
+        assert_eq!(
+            tap_chunk_note(bri, &bc100).as_deref(),
+            Some("3×3 tap stack in 8 chunks of ≤ 8 images")
+        );
+        let split = Some("bc layer fronts split (ReLU1's output in chunks of ≤ 4096 columns)");
+        assert_eq!(front_note(bri, &bc100).as_deref(), split);
+        assert_eq!(front_note(brc, &bc100).as_deref(), split);
+        // the store variants keep their fronts whole; the mlp has none
+        assert_eq!(front_note(csi, &bc100), None);
+        assert_eq!(front_note(bri, &Config::tiny(impls::Family::Mlp)), None);
     }
 }

@@ -151,6 +151,9 @@ fn measure_densebench_row(
         if let Some(chunks) = estimates::tap_chunk_note(variant, cfg) {
             add_note(&mut row, chunks);
         }
+        if let Some(front) = estimates::front_note(variant, cfg) {
+            add_note(&mut row, front);
+        }
     } else if cfg.dtype == candle_core::DType::BF16 {
         // which kernel the child's bf16 products take: its bits depend on it (the child runs
         // on this CPU with this environment, so it decides as this process does)
