@@ -528,34 +528,88 @@ fn bf16_products_do_not_depend_on_the_thread_count() {
 }
 
 #[test]
-fn conv3x3_takes_bf16_operands_with_f32_accumulation() {
-    // 50 rows of 7: two tiles per image (45 rows, then 5)
-    let (b, k, grid) = (5, 4, Grid { n: 2, h: 50, w: 7 });
+fn conv3x3_takes_bf16_operands_with_f32_accumulation_widened() {
+    with_kernel(false, || {
+        for (b, k, grid) in conv_blocks() {
+            check_conv3x3(b, k, grid, false);
+        }
+    });
+}
+
+#[test]
+fn conv3x3_takes_bf16_operands_with_f32_accumulation_on_the_dot_kernel() {
+    if !bf16_dot::detected() {
+        eprintln!("this CPU has no AVX-512 BF16: the widened path runs (its own test)");
+    }
+    with_kernel(true, || {
+        for (b, k, grid) in conv_blocks() {
+            check_conv3x3(b, k, grid, bf16_dot::detected());
+        }
+    });
+}
+
+/// `(B, k, grid)`: 50 rows of 7 (two tiles per image: 45 rows, then 5) on a tiny block, and
+/// BC-100's layer (B = 48, k = 12) on 16×16 maps, whose packed blocks fit the widened path's
+/// allocations (the dot kernel runs all three passes there).
+fn conv_blocks() -> [(usize, usize, Grid); 2] {
+    [
+        (5, 4, Grid { n: 2, h: 50, w: 7 }),
+        (48, 12, Grid { n: 2, h: 16, w: 16 }),
+    ]
+}
+
+/// The 3×3 convolution's bounds on whichever kernel is in force: features within one bf16 ulp
+/// of bf16(f32 twin) (slack: the two f32 orders), the weight gradient within the bound of one
+/// f32 sum of its terms of the f64 reference — and on the widened path the f32 twin's own bits
+/// (`widened_bits`), on the dot kernel other bits (it ran).
+fn check_conv3x3(b: usize, k: usize, grid: Grid, dot: bool) {
     let m = grid.n * grid.h * grid.w;
     let (sb, sf, sd) = draw(&[b, m], 61);
     let (wb, wf, _) = draw(&[k, b, 3, 3], 62);
     let (gb, gf, gd) = draw(&[k, m], 63);
     let abs = |t: &Tensor| t.abs().unwrap();
+    let at = format!("B={b} k={k} {grid:?}");
     // forward: 9·B terms per output
     let y = conv3x3::forward(&sb, &wb, grid).unwrap();
     let twin = conv3x3::forward(&sf, &wf, grid).unwrap();
     let scale = f64s(&conv3x3::forward(&abs(&sf), &abs(&wf), grid).unwrap());
     let slack: Vec<f64> = scale.iter().map(|s| 2.0 * gamma(9 * b) * s).collect();
-    let worst = within_one_ulp("conv forward", &bf16s(&y), &f32s(&twin), &slack).unwrap();
-    eprintln!("conv forward: at most {worst} ulp from bf16(f32 twin)");
+    let worst = within_one_ulp(
+        &format!("conv forward {at}"),
+        &bf16s(&y),
+        &f32s(&twin),
+        &slack,
+    )
+    .unwrap();
+    eprintln!("conv forward {at} (dot {dot}): at most {worst} ulp from bf16(f32 twin)");
     // data gradient: 9·k terms per output
     let ds = conv3x3::backward_data(&gb, &wb, grid).unwrap();
     let twin = conv3x3::backward_data(&gf, &wf, grid).unwrap();
     let scale = f64s(&conv3x3::backward_data(&abs(&gf), &abs(&wf), grid).unwrap());
     let slack: Vec<f64> = scale.iter().map(|s| 2.0 * gamma(9 * k) * s).collect();
-    let worst = within_one_ulp("conv data", &bf16s(&ds), &f32s(&twin), &slack).unwrap();
-    eprintln!("conv data: at most {worst} ulp from bf16(f32 twin)");
+    let worst = within_one_ulp(
+        &format!("conv data {at}"),
+        &bf16s(&ds),
+        &f32s(&twin),
+        &slack,
+    )
+    .unwrap();
+    eprintln!("conv data {at} (dot {dot}): at most {worst} ulp from bf16(f32 twin)");
     // weight gradient: f32, M pixels per element (plus the 16 group partials added in order)
     let dw = conv3x3::backward_weight(&gb, &sb, grid).unwrap();
     assert_eq!(dw.dtype(), DType::F32);
-    // the widened operands run the f32 kernel's own sums: its twin's bits
     let twin = conv3x3::backward_weight(&gf, &sf, grid).unwrap();
-    assert_eq!(f32s(&dw), f32s(&twin), "conv weight twin");
+    if dot {
+        // the dot kernel's own sums (pairs in f32): not the widened path's bits
+        assert_ne!(
+            f32s(&dw),
+            f32s(&twin),
+            "conv weight {at}: the dot kernel did not run"
+        );
+    } else {
+        // the widened operands run the f32 kernel's own sums: its twin's bits
+        assert_eq!(f32s(&dw), f32s(&twin), "conv weight twin {at}");
+    }
     let reference = f64s(&conv3x3::backward_weight(&gd, &sd, grid).unwrap());
     let scale = f64s(&conv3x3::backward_weight(&abs(&gf), &abs(&sf), grid).unwrap());
     let bound: Vec<f64> = scale
@@ -563,7 +617,44 @@ fn conv3x3_takes_bf16_operands_with_f32_accumulation() {
         .zip(&reference)
         .map(|(s, r)| gamma(m + conv3x3::WEIGHT_GROUPS) * s + U * r.abs())
         .collect();
-    within_relative("conv weight f32", &f32s(&dw), &reference, &bound).unwrap();
+    within_relative(
+        &format!("conv weight f32 {at}"),
+        &f32s(&dw),
+        &reference,
+        &bound,
+    )
+    .unwrap();
+}
+
+/// The 3×3 convolution in bf16 gives the same bits at 1 and 3 threads on either kernel (each
+/// output summed by one tile; the weight gradient's groups fixed).
+#[test]
+fn bf16_convolutions_do_not_depend_on_the_thread_count() {
+    let (b, k, grid) = conv_blocks()[1];
+    let m = grid.n * grid.h * grid.w;
+    let (sb, _, _) = draw(&[b, m], 64);
+    let (wb, _, _) = draw(&[k, b, 3, 3], 65);
+    let (gb, _, _) = draw(&[k, m], 66);
+    let run = |threads| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap()
+            .install(|| {
+                let y = bf16s(&conv3x3::forward(&sb, &wb, grid).unwrap());
+                let ds = bf16s(&conv3x3::backward_data(&gb, &wb, grid).unwrap());
+                let dw = conv3x3::backward_weight(&gb, &sb, grid).unwrap();
+                (y, ds, f32s(&dw))
+            })
+    };
+    for dot in [true, false] {
+        with_kernel(dot, || {
+            let (one, three) = (run(1), run(3));
+            bitwise(&format!("forward, dot {dot}"), &three.0, &one.0).unwrap();
+            bitwise(&format!("data, dot {dot}"), &three.1, &one.1).unwrap();
+            assert_eq!(three.2, one.2, "weight, dot {dot}");
+        });
+    }
 }
 
 /// Mixes that are not one of the supported combinations are errors naming the op.

@@ -21,11 +21,13 @@
 //! order, so results do not depend on the thread count or on scheduling. The only workspace is
 //! one scratch per thread ([`workspace_elems`]) and the stacked weight of the pass.
 //!
-//! Dtypes: all f32 or all f64, or bf16 operands (PyTorch autocast's convolution): the scratch
-//! tiles and the stacked weight are then f32 — the bf16 operands widened (exact) as a tile is
-//! filled — the products accumulate in f32, and each output element is written once, rounded
-//! to bf16 (forward, backward-data) or not rounded (backward-weight: an f32 parameter
-//! gradient). For bf16 the scratch is [`workspace_elems`] f32 elements (4 bytes each, not the
+//! Dtypes: all f32 or all f64, or bf16 operands (PyTorch autocast's convolution): where the CPU
+//! has AVX-512 BF16, the passes run on its dot-product kernel with bf16 tiles
+//! ([`crate::ops::cpu::conv3x3_bf16`], in the same allocations); elsewhere (or where a block's
+//! packed operands do not fit them) the scratch tiles and the stacked weight are f32 — the bf16
+//! operands widened (exact) as a tile is filled. Either way the products accumulate in f32,
+//! and each output element is written once, rounded to bf16 (forward, backward-data) or not
+//! rounded (backward-weight: an f32 parameter gradient). For bf16 the scratch is [`workspace_elems`] f32 elements (4 bytes each, not the
 //! operands' 2) per thread and the stacked weight `9·k·B` f32 elements: the same element counts
 //! as for f32 operands.
 
@@ -48,12 +50,12 @@ const TILE_COLS: usize = 400;
 pub const WEIGHT_GROUPS: usize = 16;
 
 /// Rows per tile for `grid`: whole image rows, about [`TILE_COLS`] padded columns.
-fn tile_rows(g: Grid) -> usize {
+pub(crate) fn tile_rows(g: Grid) -> usize {
     TILE_COLS.div_ceil(g.w + 2).clamp(1, g.h.max(1))
 }
 
 /// The tiles of `grid`: `(image, first row, rows)`, in image-then-row order.
-fn tiles(g: Grid) -> Vec<(usize, usize, usize)> {
+pub(crate) fn tiles(g: Grid) -> Vec<(usize, usize, usize)> {
     let r = tile_rows(g);
     (0..g.n)
         .flat_map(|n| (0..g.h).step_by(r).map(move |y0| (n, y0, r.min(g.h - y0))))
@@ -67,7 +69,7 @@ fn tile_count(g: Grid) -> usize {
 
 /// `(tiles per group, groups)` of the weight gradient for `tiles` tiles: at most
 /// [`WEIGHT_GROUPS`] groups of equal size but the last.
-fn weight_groups(tiles: usize) -> (usize, usize) {
+pub(crate) fn weight_groups(tiles: usize) -> (usize, usize) {
     let per = tiles.div_ceil(WEIGHT_GROUPS.min(tiles).max(1)).max(1);
     (per, tiles.div_ceil(per))
 }
@@ -85,7 +87,7 @@ pub enum Pass {
 
 /// Sizes of one tile of `r` rows: padded width, padded tile length `(r + 2)·wp`, output
 /// columns `r·wp − 2` (padded position c + 1 of rows 0..r is output column c).
-fn tile_dims(g: Grid, r: usize) -> (usize, usize, usize) {
+pub(crate) fn tile_dims(g: Grid, r: usize) -> (usize, usize, usize) {
     let wp = g.w + 2;
     (wp, (r + 2) * wp, r * wp - 2)
 }
@@ -127,10 +129,10 @@ pub fn weight_partial_elems(g: Grid, k: usize, b: usize) -> usize {
 /// The scratches of one pass, one per worker that has work ([`scratch_elems`] in all),
 /// allocated before the pass starts, so the pass holds exactly what the memory model counts
 /// however rayon schedules its tiles (a pool may run a small pass on one thread alone).
-struct Scratches<T>(Vec<std::sync::Mutex<Vec<T>>>);
+pub(crate) struct Scratches<T>(Vec<std::sync::Mutex<Vec<T>>>);
 
 impl<T: Float> Scratches<T> {
-    fn new(g: Grid, pass: Pass, b: usize, k: usize) -> Self {
+    pub(crate) fn new(g: Grid, pass: Pass, b: usize, k: usize) -> Self {
         let one = workspace_elems(g, pass, b, k);
         Scratches(
             (0..scratch_count(g, pass))
@@ -142,7 +144,7 @@ impl<T: Float> Scratches<T> {
     /// Runs `f` on the current worker's scratch. A worker runs one tile at a time (the tile
     /// code never yields to rayon), so its scratch is free; a pool with more workers than
     /// scratches shares them through the lock.
-    fn with(&self, f: impl FnOnce(&mut [T])) {
+    pub(crate) fn with(&self, f: impl FnOnce(&mut [T])) {
         let i = rayon::current_thread_index().unwrap_or(0) % self.0.len();
         let mut scratch = self.0[i].lock().unwrap_or_else(|e| e.into_inner());
         f(&mut scratch)
@@ -157,7 +159,21 @@ fn fill_tile<E: Elem<Acc = T>, T: Float>(
     x: &[E],
     c: usize,
     g: Grid,
+    pos: (usize, usize, usize),
+) {
+    fill_tile_as(tile, x, c, g, pos, T::default(), E::widen);
+}
+
+/// [`fill_tile`] with each element taken by `conv` (exact) and `zero` outside the image: the
+/// bf16 dot path keeps its tiles in bf16.
+pub(crate) fn fill_tile_as<E: Copy, T: Copy>(
+    tile: &mut [T],
+    x: &[E],
+    c: usize,
+    g: Grid,
     (n, y0, r): (usize, usize, usize),
+    zero: T,
+    conv: impl Fn(E) -> T,
 ) {
     let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
     let rows = r + 2;
@@ -168,12 +184,12 @@ fn fill_tile<E: Elem<Acc = T>, T: Float>(
             let iy = (y0 + tr).checked_sub(1).filter(|&iy| iy < g.h);
             match iy {
                 Some(iy) => {
-                    dst[0] = T::default();
+                    dst[0] = zero;
                     let src = &src[iy * g.w..(iy + 1) * g.w];
-                    zip1(&mut dst[1..=g.w], src, |_, v| v.widen());
-                    dst[g.w + 1] = T::default();
+                    zip1(&mut dst[1..=g.w], src, |_, v| conv(v));
+                    dst[g.w + 1] = zero;
                 }
-                None => dst.fill(T::default()),
+                None => dst.fill(zero),
             }
         }
     }
@@ -250,24 +266,24 @@ unsafe fn gemm_acc<T: Float>(
     );
 }
 
-/// Copies the output tile `acc [c_out, cols]` (padded-width columns) of tile `(n, y0, r)` into
-/// `out [c_out, M]` without the pad columns, each element rounded once to `E`.
+/// Copies the output tile `acc [c_out, cols]` (padded-width columns, rows `ld ≥ cols` apart)
+/// of tile `(n, y0, r)` into `out [c_out, M]` without the pad columns, each element rounded
+/// once to `E`.
 ///
 /// # Safety
 /// `out` must address `c_out · M` elements, and no other task may write rows y0 .. y0 + r of
 /// image n.
-unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
+pub(crate) unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
     out: SharedPtr<E>,
-    acc: &[T],
+    (acc, ld): (&[T], usize),
     c_out: usize,
-    cols: usize,
     g: Grid,
     (n, y0, r): (usize, usize, usize),
 ) {
     let (wp, plane, m) = (g.w + 2, g.h * g.w, g.n * g.h * g.w);
     for co in 0..c_out {
         for row in 0..r {
-            let src = &acc[co * cols + row * wp..co * cols + row * wp + g.w];
+            let src = &acc[co * ld + row * wp..co * ld + row * wp + g.w];
             let at = co * m + n * plane + (y0 + row) * g.w;
             // SAFETY: the caller's contract.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.get().add(at), g.w) };
@@ -395,7 +411,7 @@ fn data_tiles<E: Elem<Acc = T>, T: Float>(
                     stack.as_ptr(),
                     Mat::rows(0, cols),
                 );
-                write_tile(shared, acc, b, cols, g, (n, y0, r));
+                write_tile(shared, (acc, cols), b, g, (n, y0, r));
             }
         })
     });
@@ -455,6 +471,12 @@ fn weight_grad<E: Elem<Acc = T>, T: Float>(
             })
         });
     drop(ws);
+    sum_weight_partials(partials, k, b)
+}
+
+/// The weight gradient from its groups' partial `dW_taps [9k, B]` sums: added in group order,
+/// then reordered into PyTorch's `[k, B, 3, 3]`.
+pub(crate) fn sum_weight_partials<T: Float>(partials: Vec<Vec<T>>, k: usize, b: usize) -> Vec<T> {
     let mut it = partials.into_iter();
     let mut sum = it.next().unwrap_or_else(|| vec![T::default(); 9 * k * b]);
     for p in it {
@@ -563,7 +585,14 @@ impl CustomOp2 for Conv3x3Op {
         let out = match (s1, s2) {
             (CpuStorage::F32(x), CpuStorage::F32(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
             (CpuStorage::F64(x), CpuStorage::F64(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
-            (CpuStorage::BF16(x), CpuStorage::BF16(y)) => go(p, &x[a1..b1], &y[a2..b2], (k, b), g),
+            (CpuStorage::BF16(x), CpuStorage::BF16(y)) => {
+                let (x, y) = (&x[a1..b1], &y[a2..b2]);
+                // the dot-product kernel where the CPU has it and the pass's blocks fit
+                let dot = crate::ops::cpu::bf16_dot::enabled()
+                    .then(|| crate::ops::cpu::conv3x3_bf16::run(p, x, y, (k, b), g))
+                    .flatten();
+                dot.unwrap_or_else(|| go(p, x, y, (k, b), g))
+            }
             _ => {
                 return Err(candle_core::Error::Msg(format!(
                     "{name}: operands must all be f32, all f64 or all bf16, got {:?} and {:?}",

@@ -105,20 +105,37 @@ pub(crate) unsafe fn pack_a(
     kc: usize,
     out: &mut [u32],
 ) {
+    // SAFETY: the caller's contract, row by row
+    unsafe { pack_a_rows(|i| a.wrapping_add(i * rs), cs, mr, kc, out) }
+}
+
+/// [`pack_a`] of rows anywhere: row `i`'s element p at `row(i) + p·cs` (e.g. the shifted rows of
+/// a tile that a stacked product reads, never stacked in memory).
+///
+/// # Safety
+/// For every row `i < mr`, `row(i) + p·cs` must be readable for every `p < kc`; `out` holds
+/// [`packed_a_len`]`(mr, kc)`.
+pub(crate) unsafe fn pack_a_rows(
+    row: impl Fn(usize) -> *const bf16,
+    cs: usize,
+    mr: usize,
+    kc: usize,
+    out: &mut [u32],
+) {
     let kp = kc.div_ceil(2);
     let full = kc / 2; // pairs with both elements inside the block
     let out = &mut out[..packed_a_len(mr, kc)];
     for (panel, block) in out.chunks_exact_mut(MR * kp).enumerate() {
         for i in 0..MR {
-            let row = panel * MR + i;
-            if row >= mr {
+            let r = panel * MR + i;
+            if r >= mr {
                 for p in 0..kp {
                     block[p * MR + i] = 0;
                 }
                 continue;
             }
-            // SAFETY: row < mr and every index < kc: inside the block (the caller's contract)
-            let base = unsafe { a.add(row * rs) };
+            // every index below < kc: inside the row (the caller's contract)
+            let base = row(r);
             if cs == 1 {
                 // a pair is two adjacent elements: one unaligned 32-bit read, low half first
                 // (little-endian), as `pair` puts them
@@ -134,6 +151,33 @@ pub(crate) unsafe fn pack_a(
             }
             if full < kp {
                 block[full * MR + i] = pair(unsafe { *base.add(2 * full * cs) }, bf16::ZERO);
+            }
+        }
+    }
+}
+
+/// [`pack_a`] of a block given element by element, `get(i, p)` for `i < mr`, `p < kc` (a
+/// weight rearranged as it is packed; scalar, for blocks packed once per pass).
+pub(crate) fn pack_a_with(
+    get: impl Fn(usize, usize) -> bf16,
+    mr: usize,
+    kc: usize,
+    out: &mut [u32],
+) {
+    let kp = kc.div_ceil(2);
+    let out = &mut out[..packed_a_len(mr, kc)];
+    for (panel, block) in out.chunks_exact_mut(MR * kp).enumerate() {
+        for i in 0..MR {
+            let r = panel * MR + i;
+            for p in 0..kp {
+                let at = |q: usize| {
+                    if r < mr && q < kc {
+                        get(r, q)
+                    } else {
+                        bf16::ZERO
+                    }
+                };
+                block[p * MR + i] = pair(at(2 * p), at(2 * p + 1));
             }
         }
     }
@@ -155,6 +199,47 @@ pub(crate) unsafe fn pack_b(
     nc: usize,
     out: &mut [u32],
 ) {
+    if rs == 1 && cs != 1 {
+        // a transposed operand: a column's pair is two adjacent elements
+        let kp = kc.div_ceil(2);
+        let out = &mut out[..packed_b_len(nc, kc)];
+        for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
+            let j0 = panel * NR;
+            let cols = NR.min(nc - j0);
+            for p in 0..kp {
+                let dst = &mut block[p * NR..(p + 1) * NR];
+                let (k0, k1) = (2 * p, 2 * p + 1);
+                for (j, d) in dst[..cols].iter_mut().enumerate() {
+                    // SAFETY: rows k0 (and k1 where < kc), column j0 + j: inside the block
+                    let at = unsafe { b.add(k0 + (j0 + j) * cs) };
+                    *d = if k1 < kc {
+                        u32::from_le(unsafe { (at as *const u32).read_unaligned() })
+                    } else {
+                        pair(unsafe { *at }, bf16::ZERO)
+                    };
+                }
+                dst[cols..].fill(0);
+            }
+        }
+        return;
+    }
+    // SAFETY: the caller's contract, row by row
+    unsafe { pack_b_rows(|p| b.wrapping_add(p * rs), cs, kc, nc, out) }
+}
+
+/// [`pack_b`] of rows anywhere: row `p`'s element j at `row(p) + j·cs` (e.g. the shifted rows
+/// of a tile, or a tile's rows from a column on, never copied into a block).
+///
+/// # Safety
+/// For every row `p < kc`, `row(p) + j·cs` must be readable for every `j < nc`; `out` holds
+/// [`packed_b_len`]`(nc, kc)`; the CPU has AVX-512F and BW ([`detected`]).
+pub(crate) unsafe fn pack_b_rows(
+    row: impl Fn(usize) -> *const bf16,
+    cs: usize,
+    kc: usize,
+    nc: usize,
+    out: &mut [u32],
+) {
     let kp = kc.div_ceil(2);
     let out = &mut out[..packed_b_len(nc, kc)];
     for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
@@ -164,30 +249,21 @@ pub(crate) unsafe fn pack_b(
             let dst = &mut block[p * NR..(p + 1) * NR];
             let (k0, k1) = (2 * p, 2 * p + 1);
             // SAFETY (every read below): rows k0 (and k1 where < kc), columns j0 .. j0 + cols:
-            // inside the block (the caller's contract)
+            // inside the rows (the caller's contract)
             if cs == 1 && cols == NR && k1 < kc {
                 // two contiguous row segments interleaved, 32 columns at a time
                 #[cfg(target_arch = "x86_64")]
                 unsafe {
-                    interleave_32(b.add(k0 * rs + j0), b.add(k1 * rs + j0), dst)
+                    interleave_32(row(k0).add(j0), row(k1).add(j0), dst)
                 };
                 #[cfg(not(target_arch = "x86_64"))]
                 unreachable!("the dot kernel is x86-64 only");
                 continue;
             }
-            if rs == 1 && k1 < kc {
-                // a transposed operand: a column's pair is two adjacent elements
-                for (j, d) in dst[..cols].iter_mut().enumerate() {
-                    *d = u32::from_le(unsafe {
-                        (b.add(k0 + (j0 + j) * cs) as *const u32).read_unaligned()
-                    });
-                }
-            } else {
-                for (j, d) in dst[..cols].iter_mut().enumerate() {
-                    let at = |k: usize| unsafe { *b.add(k * rs + (j0 + j) * cs) };
-                    let hi = if k1 < kc { at(k1) } else { bf16::ZERO };
-                    *d = pair(at(k0), hi);
-                }
+            for (j, d) in dst[..cols].iter_mut().enumerate() {
+                let at = |k: usize| unsafe { *row(k).add((j0 + j) * cs) };
+                let hi = if k1 < kc { at(k1) } else { bf16::ZERO };
+                *d = pair(at(k0), hi);
             }
             dst[cols..].fill(0);
         }
