@@ -69,7 +69,7 @@ fn tile_count(g: Grid) -> usize {
 
 /// `(tiles per group, groups)` of the weight gradient for `tiles` tiles: at most
 /// [`WEIGHT_GROUPS`] groups of equal size but the last.
-pub(crate) fn weight_groups(tiles: usize) -> (usize, usize) {
+fn weight_groups(tiles: usize) -> (usize, usize) {
     let per = tiles.div_ceil(WEIGHT_GROUPS.min(tiles).max(1)).max(1);
     (per, tiles.div_ceil(per))
 }
@@ -432,9 +432,46 @@ fn weight_grad<E: Elem<Acc = T>, T: Float>(
     b: usize,
     g: Grid,
 ) -> Vec<T> {
+    weight_by_groups(g, k, b, |part, scratch, t, (n, y0, r)| {
+        let dims @ (wp, tl, cols) = tile_dims(g, r);
+        let (st, rest) = scratch.split_at_mut(b * tl);
+        let (gyt, stack) = rest.split_at_mut(k * tl);
+        fill_tile(st, s, b, g, (n, y0, r));
+        fill_tile(gyt, gy, k, g, (n, y0, r));
+        stack_shifts(stack, gyt, k, dims);
+        // SAFETY: part is 9k × b; stack 9k × cols; sᵀ reads st[c·tl + wp + 1 + q] for q <
+        // cols, ≤ (r + 1)·wp − 1 + wp < tl (zero in the pad columns).
+        unsafe {
+            gemm_acc(
+                (9 * k, b, cols),
+                part.as_mut_ptr(),
+                Mat::rows(0, b),
+                t > 0,
+                stack.as_ptr(),
+                Mat::rows(0, cols),
+                st.as_ptr(),
+                Mat {
+                    off: wp + 1,
+                    rs: 1,
+                    cs: tl,
+                },
+            );
+        }
+    })
+}
+
+/// The weight gradient's frame, for either kernel: every group's partial `dW_taps [9k, B]`
+/// made up front, then the scratches (the memory model's order); `tile(partial, scratch, t,
+/// tile)` adds the group's t-th tile into its partial (t = 0: writes it), the groups in
+/// parallel; then [`sum_weight_partials`].
+pub(crate) fn weight_by_groups<T: Float>(
+    g: Grid,
+    k: usize,
+    b: usize,
+    tile: impl Fn(&mut [T], &mut [T], usize, (usize, usize, usize)) + Sync,
+) -> Vec<T> {
     let all = tiles(g);
     let (per, groups) = weight_groups(all.len());
-    // Every group's partial up front, then the scratches (the memory model's order).
     let mut partials: Vec<Vec<T>> = (0..groups).map(|_| vec![T::default(); 9 * k * b]).collect();
     let ws = Scratches::<T>::new(g, Pass::Weight, b, k);
     partials
@@ -442,31 +479,8 @@ fn weight_grad<E: Elem<Acc = T>, T: Float>(
         .zip(all.par_chunks(per))
         .for_each(|(part, chunk)| {
             ws.with(|scratch| {
-                for (t, &(n, y0, r)) in chunk.iter().enumerate() {
-                    let dims @ (wp, tl, cols) = tile_dims(g, r);
-                    let (st, rest) = scratch.split_at_mut(b * tl);
-                    let (gyt, stack) = rest.split_at_mut(k * tl);
-                    fill_tile(st, s, b, g, (n, y0, r));
-                    fill_tile(gyt, gy, k, g, (n, y0, r));
-                    stack_shifts(stack, gyt, k, dims);
-                    // SAFETY: part is 9k × b; stack 9k × cols; sᵀ reads st[c·tl + wp + 1 + q] for
-                    // q < cols, ≤ (r + 1)·wp − 1 + wp < tl (zero in the pad columns).
-                    unsafe {
-                        gemm_acc(
-                            (9 * k, b, cols),
-                            part.as_mut_ptr(),
-                            Mat::rows(0, b),
-                            t > 0,
-                            stack.as_ptr(),
-                            Mat::rows(0, cols),
-                            st.as_ptr(),
-                            Mat {
-                                off: wp + 1,
-                                rs: 1,
-                                cs: tl,
-                            },
-                        );
-                    }
+                for (t, &pos) in chunk.iter().enumerate() {
+                    tile(part, scratch, t, pos);
                 }
             })
         });
@@ -476,7 +490,7 @@ fn weight_grad<E: Elem<Acc = T>, T: Float>(
 
 /// The weight gradient from its groups' partial `dW_taps [9k, B]` sums: added in group order,
 /// then reordered into PyTorch's `[k, B, 3, 3]`.
-pub(crate) fn sum_weight_partials<T: Float>(partials: Vec<Vec<T>>, k: usize, b: usize) -> Vec<T> {
+fn sum_weight_partials<T: Float>(partials: Vec<Vec<T>>, k: usize, b: usize) -> Vec<T> {
     let mut it = partials.into_iter();
     let mut sum = it.next().unwrap_or_else(|| vec![T::default(); 9 * k * b]);
     for p in it {

@@ -16,8 +16,7 @@
 //! only (`tests/bf16_kernels.rs`).
 
 use crate::ops::conv3x3::{
-    self, fill_tile_as, sum_weight_partials, tile_dims, tile_rows, tiles, weight_groups,
-    write_tile, Pass, Scratches,
+    self, fill_tile_as, tile_dims, tile_rows, tiles, weight_by_groups, write_tile, Pass, Scratches,
 };
 use crate::ops::cpu::bf16_dot::{
     multiply_packed, pack_a_rows, pack_a_with, pack_b, pack_b_rows, packed_a_len, packed_b_len, MR,
@@ -219,48 +218,33 @@ fn weight(gy: &[bf16], s: &[bf16], k: usize, b: usize, g: Grid) -> Option<Vec<f3
     if need > conv3x3::workspace_elems(g, Pass::Weight, b, k) {
         return None;
     }
-    let all = tiles(g);
-    let (per, groups) = weight_groups(all.len());
-    // Every group's partial up front, then the scratches (the memory model's order).
-    let mut partials: Vec<Vec<f32>> = (0..groups).map(|_| vec![0.0; 9 * k * b]).collect();
-    let ws = Scratches::<f32>::new(g, Pass::Weight, b, k);
-    partials
-        .par_iter_mut()
-        .zip(all.par_chunks(per))
-        .for_each(|(part, chunk)| {
-            ws.with(|scratch| {
-                for (t, &(n, y0, r)) in chunk.iter().enumerate() {
-                    let (wp, tl, cols) = tile_dims(g, r);
-                    let [st, gt, pa, pb, acc] = regions(
-                        scratch,
-                        [slots(b * tl), slots(k * tl), pa_len, pb_len, acc_len],
-                    );
-                    let st = as_bf16(st, b * tl);
-                    fill_tile_as(st, s, b, g, (n, y0, r), bf16::ZERO, |v| v);
-                    let gyt = as_bf16(gt, k * tl);
-                    fill_tile_as(gyt, gy, k, g, (n, y0, r), bf16::ZERO, |v| v);
-                    let (pa, pb, st, gyt) = (as_pairs(pa), as_pairs(pb), &*st, &*gyt);
-                    // SAFETY: the shifted rows as in `data`; sᵀ reads st[c·tl + wp + 1 + q]
-                    // for q < cols, < tl; pa, pb hold their packed lengths for cols ≤ the
-                    // first tile's (the tallest); acc (9k rounded to MR) rows of bp; the dot
-                    // kernel is enabled (the caller's check).
-                    unsafe {
-                        pack_a_rows(|q| shifted_row(gyt, k, (wp, tl), q), 1, 9 * k, cols, pa);
-                        pack_b(st.as_ptr().add(wp + 1), 1, tl, cols, b, pb);
-                        acc.fill(0.0);
-                        multiply_packed(pa, pb, 9 * k, b, cols, acc, bp);
-                    }
-                    for (i, row) in part.chunks_exact_mut(b).enumerate() {
-                        let tile = &acc[i * bp..][..b];
-                        if t == 0 {
-                            row.copy_from_slice(tile);
-                        } else {
-                            zip1(row, tile, |a, v| a + v);
-                        }
-                    }
-                }
-            })
-        });
-    drop(ws);
-    Some(sum_weight_partials(partials, k, b))
+    Some(weight_by_groups(g, k, b, |part, scratch, t, (n, y0, r)| {
+        let (wp, tl, cols) = tile_dims(g, r);
+        let [st, gt, pa, pb, acc] = regions(
+            scratch,
+            [slots(b * tl), slots(k * tl), pa_len, pb_len, acc_len],
+        );
+        let st = as_bf16(st, b * tl);
+        fill_tile_as(st, s, b, g, (n, y0, r), bf16::ZERO, |v| v);
+        let gyt = as_bf16(gt, k * tl);
+        fill_tile_as(gyt, gy, k, g, (n, y0, r), bf16::ZERO, |v| v);
+        let (pa, pb, st, gyt) = (as_pairs(pa), as_pairs(pb), &*st, &*gyt);
+        // SAFETY: the shifted rows as in `data`; sᵀ reads st[c·tl + wp + 1 + q] for q < cols,
+        // < tl; pa, pb hold their packed lengths for cols ≤ the first tile's (the tallest);
+        // acc (9k rounded to MR) rows of bp; the dot kernel is enabled (the caller's check).
+        unsafe {
+            pack_a_rows(|q| shifted_row(gyt, k, (wp, tl), q), 1, 9 * k, cols, pa);
+            pack_b(st.as_ptr().add(wp + 1), 1, tl, cols, b, pb);
+            acc.fill(0.0);
+            multiply_packed(pa, pb, 9 * k, b, cols, acc, bp);
+        }
+        for (i, row) in part.chunks_exact_mut(b).enumerate() {
+            let tile = &acc[i * bp..][..b];
+            if t == 0 {
+                row.copy_from_slice(tile);
+            } else {
+                zip1(row, tile, |a, v| a + v);
+            }
+        }
+    }))
 }

@@ -115,6 +115,47 @@ pub fn accumulate(
     // SAFETY (both calls): Mat::of checked every operand against its storage; dst's rows do not
     // overlap the right operand's (another storage, or the rows after `top`); the handle is
     // candle's, on candle's stream, which orders the call with every other op.
+    // f32 and bf16 operands: one `cublasGemmStridedBatchedEx` with f32 scalars (α = 1, β = 1
+    // to add or 0), the operands' and destination's types and the compute type
+    let one = &1f32 as *const f32 as *const _;
+    let beta = if add {
+        one
+    } else {
+        &0f32 as *const f32 as *const _
+    };
+    let ex = |(ab, out, compute): (sys::cudaDataType_t, sys::cudaDataType_t, _)| {
+        move |c: u64, x: u64, y: u64| unsafe {
+            blas::gemm_strided_batched_ex(
+                handle,
+                ta,
+                tb,
+                m,
+                n,
+                k,
+                one,
+                x as *const _,
+                ab,
+                ldx,
+                0,
+                y as *const _,
+                ab,
+                ldy,
+                0,
+                beta,
+                c as *mut _,
+                out,
+                ldc,
+                0,
+                1,
+                compute,
+                sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
+            )
+        }
+    };
+    let (r32, bf) = (
+        sys::cudaDataType_t::CUDA_R_32F,
+        sys::cudaDataType_t::CUDA_R_16BF,
+    );
     let status = match (dtype, operands) {
         (DType::F32, DType::F32) => {
             let compute = if candle_core::cuda::gemm_reduced_precision_f32() {
@@ -122,89 +163,26 @@ pub fn accumulate(
             } else {
                 sys::cublasComputeType_t::CUBLAS_COMPUTE_32F
             };
-            let one = &1f32 as *const f32 as *const _;
-            let beta = if add {
-                one
-            } else {
-                &0f32 as *const f32 as *const _
-            };
-            let r32 = sys::cudaDataType_t::CUDA_R_32F;
-            with_addresses::<f32, f32, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
-                blas::gemm_strided_batched_ex(
-                    handle,
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    one,
-                    x as *const _,
-                    r32,
-                    ldx,
-                    0,
-                    y as *const _,
-                    r32,
-                    ldy,
-                    0,
-                    beta,
-                    c as *mut _,
-                    r32,
-                    ldc,
-                    0,
-                    1,
-                    compute,
-                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-                )
-            })?
+            with_addresses::<f32, f32, _>(&stream, dst, a, b, &g, ex((r32, r32, compute)))?
         }
         // bf16 operands (autocast): f32 accumulation (`CUBLAS_COMPUTE_32F`, tensor cores) into a
         // bf16 destination, each element rounded once, or an f32 one, not rounded to bf16
-        (DType::BF16 | DType::F32, DType::BF16) => {
-            let one = &1f32 as *const f32 as *const _;
-            let beta = if add {
-                one
-            } else {
-                &0f32 as *const f32 as *const _
-            };
-            let bf = sys::cudaDataType_t::CUDA_R_16BF;
-            let out = if dtype == DType::F32 {
-                sys::cudaDataType_t::CUDA_R_32F
-            } else {
-                bf
-            };
-            let call = |c: u64, x: u64, y: u64| unsafe {
-                blas::gemm_strided_batched_ex(
-                    handle,
-                    ta,
-                    tb,
-                    m,
-                    n,
-                    k,
-                    one,
-                    x as *const _,
-                    bf,
-                    ldx,
-                    0,
-                    y as *const _,
-                    bf,
-                    ldy,
-                    0,
-                    beta,
-                    c as *mut _,
-                    out,
-                    ldc,
-                    0,
-                    1,
-                    sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT_TENSOR_OP,
-                )
-            };
-            if dtype == DType::F32 {
-                with_addresses::<f32, half::bf16, _>(&stream, dst, a, b, &g, call)?
-            } else {
-                with_addresses::<half::bf16, half::bf16, _>(&stream, dst, a, b, &g, call)?
-            }
-        }
+        (DType::F32, DType::BF16) => with_addresses::<f32, half::bf16, _>(
+            &stream,
+            dst,
+            a,
+            b,
+            &g,
+            ex((bf, r32, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)),
+        )?,
+        (DType::BF16, DType::BF16) => with_addresses::<half::bf16, half::bf16, _>(
+            &stream,
+            dst,
+            a,
+            b,
+            &g,
+            ex((bf, bf, sys::cublasComputeType_t::CUBLAS_COMPUTE_32F)),
+        )?,
         (DType::F64, _) => {
             with_addresses::<f64, f64, _>(&stream, dst, a, b, &g, |c, x, y| unsafe {
                 blas::dgemm_strided_batched(
