@@ -1,5 +1,5 @@
 //! The direct 3×3 convolution's three passes for bf16 operands on the CPU's bf16 dot-product
-//! kernel ([`crate::ops::cpu::bf16_dot`], AVX-512 BF16): the tiles of [`crate::ops::conv3x3`]
+//! kernel ([`crate::ops::cpu::bf16_dot`], AVX-512 BF16): the tiles of [`super::tiles`]
 //! kept in bf16 (not widened to f32), each tile's products on `vdpbf16ps` with f32
 //! accumulation, the outputs rounded once (forward, backward-data) or kept in f32 (the weight
 //! gradient). The stacked products read the tile's shifted rows where they lie: the packers take
@@ -9,14 +9,15 @@
 //! The same allocations as the widened path, so the memory model holds whichever path runs:
 //! the packed weight fits in the `9·k·B` f32 elements of the widened path's stacked weight,
 //! each tile's bf16 tile, packed blocks and f32 accumulators in its f32 scratch
-//! ([`conv3x3::workspace_elems`]); where a shape does not fit (tiny blocks, odd sizes), the pass
+//! ([`super::workspace_elems`]); where a shape does not fit (tiny blocks, odd sizes), the pass
 //! returns `None` and the widened path runs. Results do not depend on the thread count or the
 //! tiling (each output summed pair by pair in inner-dimension order by one tile; the weight
 //! gradient's tiles added in a fixed order); they differ from the widened path's by rounding
 //! only (`tests/bf16_kernels.rs`).
 
-use crate::ops::conv3x3::{
-    self, fill_tile_as, tile_dims, tile_rows, tiles, weight_by_groups, write_tile, Pass, Scratches,
+use super::tiles::{
+    fill_tile_as, tile_dims, tile_rows, tiles, weight_by_groups, workspace_elems, write_tile, Pass,
+    Scratches,
 };
 use crate::ops::cpu::bf16_dot::{
     multiply_packed, pack_a_rows, pack_a_with, pack_b, pack_b_rows, packed_a_len, packed_b_len, MR,
@@ -57,7 +58,7 @@ fn as_pairs(r: &mut [f32]) -> &mut [u32] {
 /// The pass on the dot kernel, or `None` where its blocks do not fit the widened path's
 /// allocations (see the module) and that path must run. `a`, `w` as
 /// [`crate::ops::conv3x3`]'s op takes them; the weight gradient comes back as f32.
-pub(crate) fn run(
+pub(super) fn run(
     pass: Pass,
     a: &[bf16],
     w: &[bf16],
@@ -82,7 +83,7 @@ fn forward(s: &[bf16], w: &[bf16], b: usize, k: usize, g: Grid) -> Option<Vec<bf
     let z_len = (3 * k).next_multiple_of(MR) * zp;
     let y_len = k * tile_rows(g) * g.w;
     let need = slots(b * tl) + pb_len + z_len + y_len;
-    if 3 * pa_len > 9 * k * b || need > conv3x3::workspace_elems(g, Pass::Forward, b, k) {
+    if 3 * pa_len > 9 * k * b || need > workspace_elems(g, Pass::Forward, b, k) {
         return None;
     }
     // the three kernel rows' weights packed, row dx·k + o of W_dy = W[o, :, dy, dx]; in the
@@ -166,7 +167,7 @@ fn data(gy: &[bf16], w: &[bf16], b: usize, k: usize, g: Grid) -> Option<Vec<bf16
     let (pa_len, pb_len) = (packed_a_len(b, 9 * k), packed_b_len(cols, 9 * k));
     let acc_len = b.next_multiple_of(MR) * cp;
     let need = slots(k * tl) + pb_len + acc_len;
-    if pa_len > 9 * k * b || need > conv3x3::workspace_elems(g, Pass::Data, b, k) {
+    if pa_len > 9 * k * b || need > workspace_elems(g, Pass::Data, b, k) {
         return None;
     }
     // the flipped kernel, row c = [W[o, c, 8 − j] for j, o], packed
@@ -215,7 +216,7 @@ fn weight(gy: &[bf16], s: &[bf16], k: usize, b: usize, g: Grid) -> Option<Vec<f3
     let bp = b.next_multiple_of(NR);
     let acc_len = (9 * k).next_multiple_of(MR) * bp;
     let need = slots(b * tl) + slots(k * tl) + pa_len + pb_len + acc_len;
-    if need > conv3x3::workspace_elems(g, Pass::Weight, b, k) {
+    if need > workspace_elems(g, Pass::Weight, b, k) {
         return None;
     }
     Some(weight_by_groups(g, k, b, |part, scratch, t, (n, y0, r)| {
