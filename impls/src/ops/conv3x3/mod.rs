@@ -23,7 +23,7 @@
 //!
 //! Dtypes: all f32 or all f64, or bf16 operands (PyTorch autocast's convolution): where the CPU
 //! has AVX-512 BF16, the passes run on its dot-product kernel with bf16 tiles
-//! ([`bf16`], in the same allocations); elsewhere (or where a block's
+//! (the `bf16` submodule, in the same allocations); elsewhere (or where a block's
 //! packed operands do not fit them) the scratch tiles and the stacked weight are f32 — the bf16
 //! operands widened (exact) as a tile is filled. Either way the products accumulate in f32,
 //! and each output element is written once, rounded to bf16 (forward, backward-data) or not
