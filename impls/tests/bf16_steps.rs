@@ -141,7 +141,7 @@ fn every_hand_written_variant_in_bf16_matches_f64_and_naive() -> impls::Result<(
 /// convolution through the tap stack with f32 tap products, the dense products into new
 /// tensors, weight and bias gradients as products into f32): every hand-written variant within
 /// the bf16 bound of the f64 reference, bitwise the path's naive variant, with autocast's
-/// dtypes; and not bitwise the CPU kernels' step (another summation order: the path is not the
+/// dtypes, and its bc variants with the front split too (issue 38); and not bitwise the CPU kernels' step (another summation order: the path is not the
 /// CPU's run twice). A GPU runs these ops in these dtypes (cuBLAS with f32 compute, the bf16
 /// kernels `cuda_emulated.rs` checks), so its bf16 rows are this arithmetic up to summation order.
 #[test]
@@ -168,6 +168,13 @@ fn the_gpu_path_in_bf16_matches_f64_and_its_naive_variant() -> impls::Result<()>
                     "{what}: not bitwise its naive variant: {:?}",
                     vs_naive.per_tensor.iter().find(|(_, e)| !e.bitwise)
                 );
+                // the split front on this path (issue 38), whatever the schedule picks here
+                if let (Variant::Manual(st), Family::Bc) = (v, cfg.family) {
+                    let split = case.step_manual(st, false)?;
+                    assert_autocast_dtypes(&split, &format!("{what}, front split"));
+                    let err = error_vs_f64(&split, &case, &reference)?;
+                    assert!(err <= bound, "{what}, front split: max_rel {err} > {bound}");
+                }
             }
             Ok(())
         })?;
