@@ -96,7 +96,8 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
 /// `(a[i, 2p], a[i, 2p+1])` in row order; rows past `mr` and the pair past an odd `kc` are +0.
 ///
 /// # Safety
-/// Every element of the block must be readable; `out` holds [`packed_a_len`]`(mr, kc)`.
+/// Every element of the block must be readable; `out` holds [`packed_a_len`]`(mr, kc)`; the
+/// CPU has AVX-512F ([`detected`]).
 pub(crate) unsafe fn pack_a(
     a: *const bf16,
     rs: usize,
@@ -114,7 +115,7 @@ pub(crate) unsafe fn pack_a(
 ///
 /// # Safety
 /// For every row `i < mr`, `row(i) + p·cs` must be readable for every `p < kc`; `out` holds
-/// [`packed_a_len`]`(mr, kc)`.
+/// [`packed_a_len`]`(mr, kc)`; the CPU has AVX-512F ([`detected`]).
 pub(crate) unsafe fn pack_a_rows(
     row: impl Fn(usize) -> *const bf16,
     cs: usize,
@@ -126,6 +127,25 @@ pub(crate) unsafe fn pack_a_rows(
     let full = kc / 2; // pairs with both elements inside the block
     let out = &mut out[..packed_a_len(mr, kc)];
     for (panel, block) in out.chunks_exact_mut(MR * kp).enumerate() {
+        // A whole panel of contiguous rows: 16 pairs of its 8 rows at a time, transposed in
+        // registers into the panel's 16 × 8 layout (`transpose_8x16`); the rest pair by pair.
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if cs == 1 && (panel + 1) * MR <= mr {
+            let rows: [*const u32; MR] = std::array::from_fn(|i| row(panel * MR + i) as *const u32);
+            while done + 16 <= full {
+                // SAFETY: pairs done .. done + 16 < full of every row: inside the rows (the
+                // caller's contract); the block holds kp·MR ≥ (done + 16)·MR u32; AVX-512F
+                // present (the caller's contract)
+                unsafe {
+                    transpose_8x16(
+                        rows.map(|r| r.add(done)),
+                        block[done * MR..(done + 16) * MR].as_mut_ptr(),
+                    )
+                };
+                done += 16;
+            }
+        }
         for i in 0..MR {
             let r = panel * MR + i;
             if r >= mr {
@@ -139,7 +159,7 @@ pub(crate) unsafe fn pack_a_rows(
             if cs == 1 {
                 // a pair is two adjacent elements: one unaligned 32-bit read, low half first
                 // (little-endian), as `pair` puts them
-                for p in 0..full {
+                for p in done..full {
                     block[p * MR + i] =
                         u32::from_le(unsafe { (base.add(2 * p) as *const u32).read_unaligned() });
                 }
@@ -151,6 +171,65 @@ pub(crate) unsafe fn pack_a_rows(
             }
             if full < kp {
                 block[full * MR + i] = pair(unsafe { *base.add(2 * full * cs) }, bf16::ZERO);
+            }
+        }
+    }
+}
+
+/// `dst[t·8 + i] = rows[i][t]` for t < 16, i < 8: 16 pairs of 8 rows, each row's 16 u32 read
+/// in one load, transposed with three rounds of two-source permutes (pairs of rows, then
+/// quadruples, then all eight), written as eight 64-byte stores.
+///
+/// # Safety
+/// Each `rows[i]` addresses 16 readable u32 (unaligned is fine), `dst` 128 writable ones; the
+/// CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32) {
+    use std::arch::x86_64::*;
+    /// Round 1 (u32 lanes of two rows a, b): `a[t], b[t]` for t in `first .. first + 8`.
+    const fn pairs(first: u32) -> [u32; 16] {
+        let mut x = [0u32; 16];
+        let mut t = 0;
+        while t < 8 {
+            x[2 * t] = first + t as u32;
+            x[2 * t + 1] = 16 + first + t as u32;
+            t += 1;
+        }
+        x
+    }
+    const A_LO: [u32; 16] = pairs(0);
+    const A_HI: [u32; 16] = pairs(8);
+    // round 2 (u64 lanes: one t of two rows): the t-th of each, four t at a time
+    const B_LO: [u64; 8] = [0, 8, 1, 9, 2, 10, 3, 11];
+    const B_HI: [u64; 8] = [4, 12, 5, 13, 6, 14, 7, 15];
+    // round 3 (pairs of u64 lanes: one t of four rows): rows 0-3 then 4-7 of a t, two t
+    const C_LO: [u64; 8] = [0, 1, 8, 9, 2, 3, 10, 11];
+    const C_HI: [u64; 8] = [4, 5, 12, 13, 6, 7, 14, 15];
+    // SAFETY: the caller's contract; the index arrays are 64 bytes each
+    unsafe {
+        let ld = |p: *const u32| _mm512_loadu_si512(p as *const __m512i);
+        let r: [__m512i; MR] = std::array::from_fn(|i| ld(rows[i]));
+        let (a_lo, a_hi) = (ld(A_LO.as_ptr()), ld(A_HI.as_ptr()));
+        let q = |x: &[u64; 8]| _mm512_loadu_si512(x.as_ptr() as *const __m512i);
+        let (b_lo, b_hi, c_lo, c_hi) = (q(&B_LO), q(&B_HI), q(&C_LO), q(&C_HI));
+        let mut out = 0;
+        for idx in [a_lo, a_hi] {
+            // rows (2i, 2i + 1) interleaved, t in this half's eight
+            let h: [__m512i; 4] =
+                std::array::from_fn(|i| _mm512_permutex2var_epi32(r[2 * i], idx, r[2 * i + 1]));
+            for b in [b_lo, b_hi] {
+                let (x, y) = (
+                    _mm512_permutex2var_epi64(h[0], b, h[1]),
+                    _mm512_permutex2var_epi64(h[2], b, h[3]),
+                );
+                for c in [c_lo, c_hi] {
+                    _mm512_storeu_si512(
+                        dst.add(out * 16) as *mut __m512i,
+                        _mm512_permutex2var_epi64(x, c, y),
+                    );
+                    out += 1;
+                }
             }
         }
     }
@@ -395,7 +474,15 @@ mod tests {
             return;
         }
         let val = |s: usize| bf16::from_f32(((s * 7919 % 17) as f32 - 8.0) / 8.0);
-        for (mr, kc, nc) in [(11, 37, 45), (8, 2, 32), (1, 1, 1), (17, 64, 96)] {
+        // (16, 71, 33): two whole panels whose rows take the register transpose for 32 of
+        // their 35 pairs, then pair by pair, then the odd last element
+        for (mr, kc, nc) in [
+            (11, 37, 45),
+            (8, 2, 32),
+            (1, 1, 1),
+            (17, 64, 96),
+            (16, 71, 33),
+        ] {
             let a_at = |i: usize, p: usize| val(i * 131 + p);
             let b_at = |p: usize, j: usize| val(p * 71 + j + 5);
             // (rs, cs, storage) of one matrix in three layouts: rows contiguous (with a wider
@@ -425,6 +512,9 @@ mod tests {
                 unsafe { pack_b(v.as_ptr(), rs, cs, kc, nc, &mut pb) };
                 packed_b.push(pb);
             }
+            let mut with = vec![7u32; packed_a_len(mr, kc)];
+            pack_a_with(a_at, mr, kc, &mut with);
+            packed_a.push(with);
             assert!(
                 packed_a.windows(2).all(|w| w[0] == w[1]),
                 "A packed alike in every layout"
