@@ -141,6 +141,7 @@ pub(crate) unsafe fn pack_a_rows(
                     transpose_8x16(
                         rows.map(|r| r.add(done)),
                         block[done * MR..(done + 16) * MR].as_mut_ptr(),
+                        MR,
                     )
                 };
                 done += 16;
@@ -176,16 +177,17 @@ pub(crate) unsafe fn pack_a_rows(
     }
 }
 
-/// `dst[t·8 + i] = rows[i][t]` for t < 16, i < 8: 16 pairs of 8 rows, each row's 16 u32 read
+/// `dst[t·ld + i] = rows[i][t]` for t < 16, i < 8: 16 pairs of 8 rows, each row's 16 u32 read
 /// in one load, transposed with three rounds of two-source permutes (pairs of rows, then
-/// quadruples, then all eight), written as eight 64-byte stores.
+/// quadruples, then all eight), written as eight 64-byte stores (`ld` = 8) or sixteen 32-byte
+/// ones.
 ///
 /// # Safety
-/// Each `rows[i]` addresses 16 readable u32 (unaligned is fine), `dst` 128 writable ones; the
-/// CPU has AVX-512F.
+/// Each `rows[i]` addresses 16 readable u32 (unaligned is fine), `dst + t·ld` 8 writable ones
+/// for every t < 16; the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32) {
+unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32, ld: usize) {
     use std::arch::x86_64::*;
     /// Round 1 (u32 lanes of two rows a, b): `a[t], b[t]` for t in `first .. first + 8`.
     const fn pairs(first: u32) -> [u32; 16] {
@@ -208,9 +210,9 @@ unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32) {
     const C_HI: [u64; 8] = [4, 5, 12, 13, 6, 7, 14, 15];
     // SAFETY: the caller's contract; the index arrays are 64 bytes each
     unsafe {
-        let ld = |p: *const u32| _mm512_loadu_si512(p as *const __m512i);
-        let r: [__m512i; MR] = std::array::from_fn(|i| ld(rows[i]));
-        let (a_lo, a_hi) = (ld(A_LO.as_ptr()), ld(A_HI.as_ptr()));
+        let load = |p: *const u32| _mm512_loadu_si512(p as *const __m512i);
+        let r: [__m512i; MR] = std::array::from_fn(|i| load(rows[i]));
+        let (a_lo, a_hi) = (load(A_LO.as_ptr()), load(A_HI.as_ptr()));
         let q = |x: &[u64; 8]| _mm512_loadu_si512(x.as_ptr() as *const __m512i);
         let (b_lo, b_hi, c_lo, c_hi) = (q(&B_LO), q(&B_HI), q(&C_LO), q(&C_HI));
         let mut out = 0;
@@ -224,10 +226,15 @@ unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32) {
                     _mm512_permutex2var_epi64(h[2], b, h[3]),
                 );
                 for c in [c_lo, c_hi] {
-                    _mm512_storeu_si512(
-                        dst.add(out * 16) as *mut __m512i,
-                        _mm512_permutex2var_epi64(x, c, y),
-                    );
+                    // pairs 2·out and 2·out + 1, eight rows each
+                    let v = _mm512_permutex2var_epi64(x, c, y);
+                    if ld == MR {
+                        _mm512_storeu_si512(dst.add(out * 2 * MR) as *mut __m512i, v);
+                    } else {
+                        let at = |t: usize| dst.add(t * ld) as *mut __m256i;
+                        _mm256_storeu_si256(at(2 * out), _mm512_castsi512_si256(v));
+                        _mm256_storeu_si256(at(2 * out + 1), _mm512_extracti64x4_epi64::<1>(v));
+                    }
                     out += 1;
                 }
             }
@@ -285,7 +292,28 @@ pub(crate) unsafe fn pack_b(
         for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
             let j0 = panel * NR;
             let cols = NR.min(nc - j0);
-            for p in 0..kp {
+            // A whole panel: 16 pairs of 8 columns at a time, each column's pairs one load,
+            // transposed in registers (`transpose_8x16`) into the panel's rows of NR.
+            let mut done = 0;
+            #[cfg(target_arch = "x86_64")]
+            if cols == NR {
+                let full = kc / 2;
+                while done + 16 <= full {
+                    for g in 0..NR / MR {
+                        let starts: [*const u32; MR] = std::array::from_fn(|i| {
+                            b.wrapping_add(2 * done + (j0 + g * MR + i) * cs) as *const u32
+                        });
+                        // SAFETY: pairs done .. done + 16 ≤ full of the panel's columns: inside
+                        // the block (the caller's contract); the block holds kp·NR ≥ (done +
+                        // 16)·NR u32; AVX-512F present (the caller's contract)
+                        unsafe {
+                            transpose_8x16(starts, block[done * NR + g * MR..].as_mut_ptr(), NR)
+                        };
+                    }
+                    done += 16;
+                }
+            }
+            for p in done..kp {
                 let dst = &mut block[p * NR..(p + 1) * NR];
                 let (k0, k1) = (2 * p, 2 * p + 1);
                 for (j, d) in dst[..cols].iter_mut().enumerate() {
@@ -482,6 +510,8 @@ mod tests {
             (1, 1, 1),
             (17, 64, 96),
             (16, 71, 33),
+            // two whole panels of B, whose transposed layout takes it too
+            (16, 71, 64),
         ] {
             let a_at = |i: usize, p: usize| val(i * 131 + p);
             let b_at = |p: usize, j: usize| val(p * 71 + j + 5);
