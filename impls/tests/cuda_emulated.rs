@@ -927,11 +927,9 @@ fn shifts_match<T: El>(m: &Emulated) {
         format!("shift_sum_{}", T::SUFFIX),
     );
     let c = 3;
-    let untouched = T::from_f64(7.0);
     for (gi, grid) in GRIDS.into_iter().enumerate() {
         let cols = grid.n * grid.h * grid.w;
         for offsets in tap_sets() {
-            let mut tp = taps(&offsets);
             let t = values::<T>(c * cols, 80 + gi as u64);
             let want = host::<T>(
                 &shift::shift_stack(&tensor(&t, (c, cols)), grid, offsets).expect("cpu stack"),
@@ -940,62 +938,74 @@ fn shifts_match<T: El>(m: &Emulated) {
             let want_sum = host::<T>(
                 &shift::shift_sum(&tensor(&pp, (9 * c, cols)), grid, offsets).expect("cpu sum"),
             );
-            let (mut cc, mut mm) = (c as u64, cols as u64);
-            let (mut h, mut w) = (grid.h as u64, grid.w as u64);
-            // (kernel, input, its rows, output rows, CPU result): the stack [C, M] → [9C, M],
-            // the sum [9C, M] → [C, M]; both take (input, ld_in, output, ld_out, C, M, H, W,
-            // taps).
-            for (kernel, input, in_rows, rows, want) in [
-                (&stack_k, &t, c, 9 * c, &want),
-                (&sum_k, &pp, 9 * c, c, &want_sum),
-            ] {
-                for (pad_in, pad_out) in SHIFT_PADS {
-                    let (ld_in, ld_out) = (cols + pad_in, cols + pad_out);
-                    let wide: Vec<T> = (0..in_rows)
-                        .flat_map(|r| {
-                            input[r * cols..(r + 1) * cols]
-                                .iter()
-                                .copied()
-                                .chain(std::iter::repeat_n(T::from_f64(f64::NAN), pad_in))
-                        })
-                        .collect();
-                    // Both kernels walk the C channel rows in y (the launcher's geometry).
-                    for geom in row_geometries(c, cols) {
-                        let mut out = vec![untouched; rows * ld_out];
-                        let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
-                        let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
-                        m.launch(
-                            kernel,
-                            geom,
-                            &mut [
-                                p(&mut ip),
-                                p(&mut li),
-                                p(&mut op),
-                                p(&mut lo),
-                                p(&mut cc),
-                                p(&mut mm),
-                                p(&mut h),
-                                p(&mut w),
-                                p(&mut tp),
-                            ],
-                            false,
-                        );
-                        let what = format!("{kernel} {grid:?} {geom:?} ld {ld_in}/{ld_out}");
-                        let view: Vec<T> = (0..rows)
-                            .flat_map(|r| out[r * ld_out..r * ld_out + cols].to_vec())
-                            .collect();
-                        assert_bitwise(&what, &view, want);
-                        let pads: Vec<T> = (0..rows)
-                            .flat_map(|r| out[r * ld_out + cols..(r + 1) * ld_out].to_vec())
-                            .collect();
-                        assert_bitwise(
-                            &format!("{what}: columns outside the view"),
-                            &pads,
-                            &vec![untouched; pads.len()],
-                        );
-                    }
-                }
-            }
+            // the stack [C, M] → [9C, M], the sum [9C, M] → [C, M]
+            shift_launches_match(m, &stack_k, (&t, c), (9 * c, &want), grid, &offsets);
+            shift_launches_match(m, &sum_k, (&pp, 9 * c), (c, &want_sum), grid, &offsets);
+        }
+    }
+}
+
+/// Launches the shift `kernel` (`(input, ld_in, output, ld_out, C, M, H, W, taps)`, C = 3) on
+/// `input` (`in_rows` rows of the grid's columns, type `S`) into `rows` rows of `T`, under
+/// every row stride of [`SHIFT_PADS`] (the input's extra columns NaN, never to be read) and the
+/// launcher's and smaller row grids: the view bit for `want`, the columns outside it untouched.
+fn shift_launches_match<S: El, T: El>(
+    m: &Emulated,
+    kernel: &str,
+    (input, in_rows): (&[S], usize),
+    (rows, want): (usize, &[T]),
+    grid: Grid,
+    offsets: &[(isize, isize); 9],
+) {
+    let (c, cols) = (3, grid.n * grid.h * grid.w);
+    let untouched = T::from_f64(7.0);
+    let mut tp = taps(offsets);
+    let (mut cc, mut mm) = (c as u64, cols as u64);
+    let (mut h, mut w) = (grid.h as u64, grid.w as u64);
+    for (pad_in, pad_out) in SHIFT_PADS {
+        let (ld_in, ld_out) = (cols + pad_in, cols + pad_out);
+        let wide: Vec<S> = (0..in_rows)
+            .flat_map(|r| {
+                input[r * cols..(r + 1) * cols]
+                    .iter()
+                    .copied()
+                    .chain(std::iter::repeat_n(S::from_f64(f64::NAN), pad_in))
+            })
+            .collect();
+        // Both kernels walk the C channel rows in y (the launcher's geometry).
+        for geom in row_geometries(c, cols) {
+            let mut out = vec![untouched; rows * ld_out];
+            let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
+            let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
+            m.launch(
+                kernel,
+                geom,
+                &mut [
+                    p(&mut ip),
+                    p(&mut li),
+                    p(&mut op),
+                    p(&mut lo),
+                    p(&mut cc),
+                    p(&mut mm),
+                    p(&mut h),
+                    p(&mut w),
+                    p(&mut tp),
+                ],
+                false,
+            );
+            let what = format!("{kernel} {grid:?} {geom:?} ld {ld_in}/{ld_out}");
+            let view: Vec<T> = (0..rows)
+                .flat_map(|r| out[r * ld_out..r * ld_out + cols].to_vec())
+                .collect();
+            assert_bitwise(&what, &view, want);
+            let pads: Vec<T> = (0..rows)
+                .flat_map(|r| out[r * ld_out + cols..(r + 1) * ld_out].to_vec())
+                .collect();
+            assert_bitwise(
+                &format!("{what}: columns outside the view"),
+                &pads,
+                &vec![untouched; pads.len()],
+            );
         }
     }
 }
@@ -1005,64 +1015,17 @@ fn shifts_match<T: El>(m: &Emulated) {
 /// rounded once), on every grid and tap set, row-strided operands, capped grids.
 fn shift_sum_wide_matches(m: &Emulated) {
     let c = 3;
-    let untouched = bf16::from_f32(7.0);
     for (gi, grid) in GRIDS.into_iter().enumerate() {
         let cols = grid.n * grid.h * grid.w;
         for offsets in tap_sets() {
-            let mut tp = taps(&offsets);
             let pp = values::<f32>(9 * c * cols, 190 + gi as u64);
             let dst =
                 Tensor::zeros((c, cols), candle_core::DType::BF16, &Device::Cpu).expect("zeros");
             shift::shift_sum_into(&dst, &tensor(&pp, (9 * c, cols)), grid, offsets)
                 .expect("cpu sum of f32 into bf16");
             let want = host::<bf16>(&dst);
-            let (mut cc, mut mm) = (c as u64, cols as u64);
-            let (mut h, mut w) = (grid.h as u64, grid.w as u64);
-            for (pad_in, pad_out) in SHIFT_PADS {
-                let (ld_in, ld_out) = (cols + pad_in, cols + pad_out);
-                let wide: Vec<f32> = (0..9 * c)
-                    .flat_map(|r| {
-                        pp[r * cols..(r + 1) * cols]
-                            .iter()
-                            .copied()
-                            .chain(std::iter::repeat_n(f32::NAN, pad_in))
-                    })
-                    .collect();
-                for geom in row_geometries(c, cols) {
-                    let mut out = vec![untouched; c * ld_out];
-                    let (mut ip, mut op) = (wide.as_ptr().cast_mut(), out.as_mut_ptr());
-                    let (mut li, mut lo) = (ld_in as u64, ld_out as u64);
-                    m.launch(
-                        "shift_sum_wide_bf16",
-                        geom,
-                        &mut [
-                            p(&mut ip),
-                            p(&mut li),
-                            p(&mut op),
-                            p(&mut lo),
-                            p(&mut cc),
-                            p(&mut mm),
-                            p(&mut h),
-                            p(&mut w),
-                            p(&mut tp),
-                        ],
-                        false,
-                    );
-                    let what = format!("shift_sum_wide_bf16 {grid:?} {geom:?} ld {ld_in}/{ld_out}");
-                    let view: Vec<bf16> = (0..c)
-                        .flat_map(|r| out[r * ld_out..r * ld_out + cols].to_vec())
-                        .collect();
-                    assert_bitwise(&what, &view, &want);
-                    let pads: Vec<bf16> = (0..c)
-                        .flat_map(|r| out[r * ld_out + cols..(r + 1) * ld_out].to_vec())
-                        .collect();
-                    assert_bitwise(
-                        &format!("{what}: columns outside the view"),
-                        &pads,
-                        &vec![untouched; pads.len()],
-                    );
-                }
-            }
+            let k = "shift_sum_wide_bf16";
+            shift_launches_match(m, k, (&pp, 9 * c), (c, &want), grid, &offsets);
         }
     }
 }

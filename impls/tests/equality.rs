@@ -242,26 +242,32 @@ fn autograd_f32_matches_in_f64_and_hand_written_f32_is_more_accurate() -> impls:
     Ok(())
 }
 
+/// A bc block wide enough for a split front to have several pieces of each kind (M = 8464:
+/// three column chunks, three column groups for dW1; C_i = 170, 172: three blocks for BN1's
+/// backward).
+fn split_front_block(dtype: DType, seed: u64) -> Config {
+    Config {
+        batch: 1,
+        channels: 170,
+        growth: 2,
+        depth: 2,
+        bn_size: 2,
+        size: Spatial::square(92),
+        activation: true,
+        dtype,
+        seed,
+        family: Family::Bc,
+    }
+}
+
 #[test]
 fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
-    // The CPU splits a bc layer's front (ReLU1's output in column chunks, its backward in
-    // column groups, then channel blocks); a GPU runs it whole. Both orders of the same maths
-    // on the CPU's kernels, every hand-written variant: bit for bit the same step (M = 8464:
-    // three column chunks, three column groups for dW1; C_i = 170, 172: three blocks for
-    // BN1's backward).
+    // A bc layer's front split (ReLU1's output in column chunks, its backward in column
+    // groups, then channel blocks) and whole: both orders of the same maths on the CPU's
+    // kernels, every hand-written variant, bit for bit the same step (a GPU's path: the next
+    // test).
     for dtype in [DType::F32, DType::F64] {
-        let cfg = Config {
-            batch: 1,
-            channels: 170,
-            growth: 2,
-            depth: 2,
-            bn_size: 2,
-            size: Spatial::square(92),
-            activation: true,
-            dtype,
-            seed: 5,
-            family: Family::Bc,
-        };
+        let cfg = split_front_block(dtype, 5);
         assert!(impls::layer::front_chunks(cfg.m()).len() > 2);
         assert!(impls::layer::dw_groups(cfg.m()).len() > 2);
         assert!(impls::layer::grad_blocks(cfg.channels).len() > 2);
@@ -298,18 +304,7 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
 #[test]
 fn the_gpu_paths_split_front_matches_f64_and_its_whole_front() -> impls::Result<()> {
     for dtype in [DType::F32, DType::F64] {
-        let cfg = Config {
-            batch: 1,
-            channels: 170,
-            growth: 2,
-            depth: 2,
-            bn_size: 2,
-            size: Spatial::square(92),
-            activation: true,
-            dtype,
-            seed: 7,
-            family: Family::Bc,
-        };
+        let cfg = split_front_block(dtype, 7);
         let case = Case::random(&cfg, &Device::Cpu)?;
         let reference = case.reference()?;
         let wide = case.to_dtype(DType::F64)?;

@@ -313,15 +313,12 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                     )
                 };
                 if dot {
-                    // SAFETY: f32 and u32 have one size and alignment; the packed blocks fit
-                    // (WIDEN_SCRATCH_ELEMS' parts hold kc·mr and kc·nc f32 elements, the
-                    // packed pairs half as many plus the padding)
-                    let (pa, pb) = unsafe {
-                        (
-                            std::slice::from_raw_parts_mut(sa.as_mut_ptr() as *mut u32, sa.len()),
-                            std::slice::from_raw_parts_mut(sb.as_mut_ptr() as *mut u32, sb.len()),
-                        )
-                    };
+                    // the packed pairs in the same slots (WIDEN_SCRATCH_ELEMS' parts hold kc·mr
+                    // and kc·nc f32 elements, the packed pairs half as many plus the padding)
+                    let (pa, pb) = (
+                        bytemuck::cast_slice_mut::<f32, u32>(sa),
+                        bytemuck::cast_slice_mut::<f32, u32>(sb),
+                    );
                     // SAFETY: the blocks inside a and b as above; the kernel's instructions are
                     // present (bf16_dot::enabled)
                     unsafe {
