@@ -7,7 +7,7 @@
 //! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone, or
 //! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart, or
 //! `-- front VARIANT REPS [L]` for a variant's step with the bc layer's front split, as the
-//! CPU runs it, and whole, as a GPU does — and, for a recomputing variant, whole with ReLU1's
+//! schedule runs it where it pays, and whole — and, for a recomputing variant, whole with ReLU1's
 //! output remade for dW1 (`memory::Schedule::defer_r`) — alternately, side by side, with the
 //! model's peak of each (`defer` is the same)).
 //!
