@@ -11,8 +11,13 @@
 # minutes. The packed tree must stay under the size a copy to the GPU machine allows: the script
 # prints each file's size and fails above DENSEBENCH_PACK_LIMIT_MIB (default 60).
 #
+# Built with the `cudnn` feature (issue 38: the bc layer's 3×3 convolution in cuDNN), linking
+# libcudnn.so.9 from the nvidia-cudnn-cu13 wheel; on the GPU machine gpu-session.sh finds the
+# libcudnn.so.9 of PyTorch's wheels. DENSEBENCH_CUDNN=0 builds without it (the tap stack only).
+#
 # Environment: DENSEBENCH_CUDA (toolkit version, default 13.0), CARGO_TARGET_DIR (default
-# target/cuda), CUDA_COMPUTE_CAP (default 90: H100/H200), DENSEBENCH_PACK_LIMIT_MIB.
+# target/cuda), CUDA_COMPUTE_CAP (default 90: H100/H200), DENSEBENCH_PACK_LIMIT_MIB,
+# DENSEBENCH_CUDNN (default 1).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -24,7 +29,14 @@ esac
 
 # Not `eval "$(…)"` alone: that hides the installer's exit status from `set -e`, and a failed
 # toolkit went on to a build without nvcc.
-toolkit_env=$(scripts/install-cuda-toolkit.sh --cuda "${DENSEBENCH_CUDA:-13.0}" --print-env) \
+features=cudnn
+cudnn_flag=(--cudnn)
+case "${DENSEBENCH_CUDNN:-1}" in
+    1) ;;
+    0) features=cuda; cudnn_flag=() ;;
+    *) echo "gpu-pack: DENSEBENCH_CUDNN must be 1 or 0 (got '${DENSEBENCH_CUDNN}')" >&2; exit 2 ;;
+esac
+toolkit_env=$(scripts/install-cuda-toolkit.sh --cuda "${DENSEBENCH_CUDA:-13.0}" "${cudnn_flag[@]}" --print-env) \
     || { echo "gpu-pack: the CUDA toolkit could not be installed or found (above); nothing was built" >&2; exit 1; }
 eval "$toolkit_env"
 command -v nvcc > /dev/null || { echo "gpu-pack: no nvcc on PATH after the toolkit's environment; nothing was built" >&2; exit 1; }
@@ -39,14 +51,14 @@ exclude="$(git rev-parse --git-common-dir)/info/exclude"
 mkdir -p "$(dirname "$exclude")"
 grep -qxF '/.gpu/' "$exclude" 2>/dev/null || echo '/.gpu/' >> "$exclude"
 
-echo "gpu-pack: $(nvcc --version | tail -n 2 | head -n 1); sm_${CUDA_COMPUTE_CAP}; target ${CARGO_TARGET_DIR}"
-cargo build --release --features cuda -p densebench --bin densebench
+echo "gpu-pack: $(nvcc --version | tail -n 2 | head -n 1); sm_${CUDA_COMPUTE_CAP}; target ${CARGO_TARGET_DIR}; features ${features}"
+cargo build --release --features "$features" -p densebench --bin densebench
 # The test binaries that need a GPU (they skip without one) and the CLI tests that drive the
 # densebench binary through DENSEBENCH_BIN.
 tests=(gpu fused_cuda)
 listing=$(mktemp)
 trap 'rm -f "$listing"' EXIT
-cargo test --release --features cuda --workspace --no-run --message-format=json \
+cargo test --release --features "$features" --workspace --no-run --message-format=json \
     | jq -r 'select(.reason == "compiler-artifact" and .executable != null and .profile.test == true)
              | "\(.target.name) \(.executable)"' > "$listing"
 

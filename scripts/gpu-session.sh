@@ -31,6 +31,12 @@
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
+#   conv    issue 38's 3×3 convolution in cuDNN (a binary built with the `cudnn` feature) against
+#           the tap stack (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
+#           buffer-recompute-inplace on BC-100's block at L = 16 and 48 and the torchvision-style
+#           block at L = 6, `--math tf32 --execution graph` (DENSEBENCH_CONV_ARGS to change):
+#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt (not a
+#           default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
 #           exact arithmetic counted (scripts/relu_flips.py): $OUT/flips.txt (not a default stage)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck on the kernel
@@ -54,7 +60,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report fidelity bf16 front chunks flips sanitize profile)
+known=(info tests tf32 sweep report fidelity bf16 front chunks conv flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -157,7 +163,13 @@ pick_nvrtc() {
     echo "$f"
 }
 dirs=""
-for l in libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13; do
+# cuDNN 9 where the binary links it (built with the `cudnn` feature: scripts/gpu-pack.sh's
+# default), PyTorch's own (its nvidia/cudnn/lib, with the sub-libraries cuDNN loads beside it).
+libs="libnvrtc.so.13 libcublas.so.13 libcublasLt.so.13 libcurand.so.10 libcudart.so.13"
+if [ -e .gpu/densebench.gz ] && gunzip -c .gpu/densebench.gz | grep -ac 'libcudnn\.so\.9' > /dev/null; then
+    libs="$libs libcudnn.so.9"
+fi
+for l in $libs; do
     f=""
     [ "$l" != libnvrtc.so.13 ] || [ -z "$driver_cuda" ] || f=$(pick_nvrtc)
     [ -n "$f" ] || f=$(ls /usr/local/cuda*/targets/x86_64-linux/lib/$l /usr/local/cuda*/lib64/$l 2>/dev/null | head -n 1)
@@ -193,6 +205,35 @@ reserve_after() {
     done
     echo "$r"
 }
+# side_by_side NAME VAR SETTINGS VARIANTS NOTE [RUN ARGS...]: each config read from stdin
+# ("label args...") and each variant run with VAR set to each of the comma-separated SETTINGS in
+# turn (`model`: VAR unset, the memory model's choice), rows appended to $OUT/NAME.csv, then
+# paired per key by scripts/side_by_side.py (NOTE: the regex of each row's note to show) into
+# $OUT/NAME.txt. The A/B stages (front, chunks, conv) are this with their own settings.
+side_by_side() {
+    local name=$1 var=$2 settings=$3 variants=$4 note=$5 label args v setting row
+    shift 5
+    local csv="$OUT/$name.csv"
+    : > "$csv"
+    while read -r label args; do
+        for v in $variants; do
+            for setting in ${settings//,/ }; do
+                local set_var=()
+                [ "$setting" = model ] || set_var=("$var=$setting")
+                [ "$(left)" -ge 30 ] || { fail "$name run '$label' $v ($setting): not run: out of time"; continue; }
+                # shellcheck disable=SC2086  # the config's flags are words
+                row=$(bounded 180 env "${set_var[@]}" "$db" run $args "$@" --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/$name.err") \
+                    || fail "$name run '$label' $v ($var=$setting) exited $? (see $name.err)"
+                [ -n "$row" ] || continue
+                if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
+            done
+        done
+    done
+    [ -s "$csv" ] || { fail "$name: no rows"; return; }
+    python3 scripts/side_by_side.py "$csv" --settings "$settings" --note "$note" --log "$name.err" \
+        | tee "$OUT/$name.txt"
+}
+
 for stage in "${stages[@]}"; do
     if [ "$(left)" -lt "$(least "$stage")" ]; then
         fail "$stage: not run: out of time ($(left) s left of DENSEBENCH_SESSION_SECS=$budget); name it in the next call"
@@ -338,80 +379,30 @@ CONFIGS
             || fail "report failed"
         ;;
     front)
-        csv="$OUT/front.csv"
-        : > "$csv"
-        while read -r label args; do
-            for v in buffer-recompute-inplace cat-recompute-inplace; do
-                for whole in 0 1; do
-                    # the model's schedule (split where it pays), then the front whole
-                    [ "$(left)" -ge 30 ] || { fail "front run '$label' $v ($whole): not run: out of time"; continue; }
-                    row=$(bounded 180 env DENSEBENCH_WHOLE_FRONT="$whole" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/front.err") \
-                        || fail "front run '$label' $v (whole=$whole) exited $? (see front.err)"
-                    [ -n "$row" ] || continue
-                    if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
-                done
-            done
-        done <<'CONFIGS'
+        # the model's schedule (split where it pays), then the front whole
+        side_by_side front DENSEBENCH_WHOLE_FRONT 0,1 "buffer-recompute-inplace cat-recompute-inplace" \
+            "bc layer fronts split[^;]*" <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
-        [ -s "$csv" ] || { fail "front: no rows"; continue; }
-        python3 - "$csv" <<'PY' | tee "$OUT/front.txt"
-import csv, sys
-by_key = {}
-for r in csv.DictReader(open(sys.argv[1])):
-    by_key.setdefault(r["key"], []).append(r)
-for key, rs in by_key.items():
-    if len(rs) != 2:
-        print(f"{key}: {len(rs)} row(s), not a pair (a run failed: front.err)")
-        continue
-    a, b = rs
-    ratio = int(a["median_ns"]) / int(b["median_ns"]) if a["median_ns"] and b["median_ns"] else float("nan")
-    mib = lambda r: f"{int(r['peak_bytes']) / 2**20:.1f}" if r["peak_bytes"] else "?"
-    print(f"{key}: split/whole median {a['median_ns']} / {b['median_ns']} ns (x{ratio:.3f}), "
-          f"peak {mib(a)} / {mib(b)} MiB (predicted {a['predicted_peak_bytes']} / {b['predicted_peak_bytes']} B), "
-          f"status {a['status']}/{b['status']}")
-PY
         ;;
     chunks)
-        csv="$OUT/chunks.csv"
-        : > "$csv"
-        while read -r label args; do
-            for v in buffer-recompute-inplace cat-store-inplace cat-store-copy; do
-                for columns in model 0; do
-                    # the model's chunking, then one chunk forced
-                    chunking=()
-                    [ "$columns" = model ] || chunking=(DENSEBENCH_TAP_CHUNK_COLUMNS="$columns")
-                    [ "$(left)" -ge 30 ] || { fail "chunks run '$label' $v ($columns): not run: out of time"; continue; }
-                    row=$(bounded 180 env "${chunking[@]}" "$db" run $args --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/chunks.err") \
-                        || fail "chunks run '$label' $v ($columns) exited $? (see chunks.err)"
-                    [ -n "$row" ] || continue
-                    if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
-                done
-            done
-        done <<'CONFIGS'
+        # the model's chunks (the note says how many), then one chunk forced
+        side_by_side chunks DENSEBENCH_TAP_CHUNK_COLUMNS model,0 \
+            "buffer-recompute-inplace cat-store-inplace cat-store-copy" "3×3 tap stack in [^;]*" <<'CONFIGS'
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 CONFIGS
-        # each pair, by key: the model's chunks (the note says how many), then one chunk; a key
-        # with a row missing (its run failed) is said, never paired with another key's row
-        [ -s "$csv" ] || { fail "chunks: no rows"; continue; }
-        python3 - "$csv" <<'PY' | tee "$OUT/chunks.txt"
-import csv, re, sys
-by_key = {}
-for r in csv.DictReader(open(sys.argv[1])):
-    by_key.setdefault(r["key"], []).append(r)
-for key, rs in by_key.items():
-    if len(rs) != 2:
-        print(f"{key}: {len(rs)} row(s), not a pair (a run failed: chunks.err)")
-        continue
-    a, b = rs
-    chunks = re.search(r"3×3 tap stack in [^;]*", a["note"])
-    ratio = int(a["median_ns"]) / int(b["median_ns"]) if a["median_ns"] and b["median_ns"] else float("nan")
-    print(f"{a['key']}: {chunks.group(0) if chunks else 'one chunk'}: "
-          f"median {a['median_ns']} ns vs {b['median_ns']} ns one chunk (x{ratio:.3f}), "
-          f"peak {a['peak_bytes']} vs {b['peak_bytes']} B, status {a['status']}/{b['status']}")
-PY
+        ;;
+    conv)
+        # cuDNN (the default of a `cudnn` build), then the tap stack
+        # shellcheck disable=SC2086  # the extra flags are words
+        side_by_side conv DENSEBENCH_CONV cudnn,tap-stack "cat-store-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
+bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
+CONFIGS
         ;;
     flips)
         work=/tmp/densebench-flips

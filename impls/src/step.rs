@@ -45,12 +45,8 @@ pub fn step(
         Variant::Manual(s) => {
             // what the memory model picked for the least peak on this device's kernels: the
             // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1,
-            // whether the CPU splits the layer front
-            let path = if crate::layer::cpu_kernels(input.device()) {
-                crate::model::trace::Kernels::Cpu
-            } else {
-                crate::model::trace::Kernels::TapStack
-            };
+            // whether the CPU splits the layer front (the tap stack's or cuDNN's convolution)
+            let path = crate::model::kernels_for(input.device(), cfg)?;
             let schedule = crate::model::schedule::schedule_for(variant, cfg, path)?;
             crate::layer::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
                 let mut run = || {

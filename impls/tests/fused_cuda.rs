@@ -585,6 +585,98 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
     }
 }
 
+/// cuDNN's 3×3 convolution (the `cudnn` feature: `ops::conv3x3::cudnn`, the layer's default on
+/// a GPU) against the CPU's direct kernel: forward and both gradients, the output gradient
+/// read through a row view with a start offset (as the block reads a gradient buffer's rows),
+/// in f64 (to summation order), f32 in IEEE math (norm-wise, f32 sums of 9·B and M terms) and
+/// bf16 (cuDNN's f32 accumulation rounded once against the CPU's, and its bf16 filter gradient);
+/// two runs bitwise equal (deterministic algorithms), and the layer's dispatch is cuDNN.
+#[cfg(feature = "cudnn")]
+#[test]
+fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
+    use impls::layer;
+    use impls::ops::conv3x3;
+    use impls::{Config, Family, Spatial};
+    let Some(dev) = gpu("cuda_cudnn_conv_matches_the_cpu_direct_kernel") else {
+        return;
+    };
+    assert!(layer::conv_in_cudnn(&dev).expect("DENSEBENCH_CONV"));
+    let (b, k, m) = (6, 5, GRID.n * GRID.h * GRID.w);
+    let cfg = Config {
+        batch: GRID.n,
+        size: Spatial::new(GRID.h, GRID.w),
+        ..Config::tiny(Family::Bc)
+    };
+    // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor)
+    for (dtype, tol) in [
+        (DType::F64, 1e-13),
+        (DType::F32, 1e-5),
+        (DType::BF16, 2.0 * 2f64.powi(-8)),
+    ] {
+        let s = rand((b, m), 31, DType::F64).to_dtype(dtype).expect("s");
+        let w = rand((k, b * 9), 32, DType::F64)
+            .reshape((k, b, 3, 3))
+            .and_then(|w| w.to_dtype(dtype))
+            .expect("w");
+        // gy: rows 2..2+k of a taller tensor, so the view starts past the storage's start
+        let tall = rand((k + 3, m), 33, DType::F64)
+            .to_dtype(dtype)
+            .expect("gy");
+        let gy = tall.narrow(0, 2, k).expect("gy rows");
+        let cpu = [
+            conv3x3::forward(&s, &w, GRID).expect("cpu y"),
+            conv3x3::backward_data(&gy.contiguous().expect("gy"), &w, GRID).expect("cpu ds"),
+            conv3x3::backward_weight(&gy.contiguous().expect("gy"), &s, GRID).expect("cpu dW"),
+        ];
+        let on = |t: &Tensor| t.to_device(&dev).expect("to gpu");
+        let (s_g, w_g) = (on(&s), on(&w));
+        let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+        let run = || {
+            let y = layer::conv3x3_fwd(&cfg, &s_g, &w_g).expect("gpu y");
+            let (ds, dw) = layer::conv3x3_bwd(&cfg, &gy_g, &s_g, &w_g).expect("gpu bwd");
+            [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
+        };
+        let (first, second) = (run(), run());
+        for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
+            let (g, c) = (
+                g.to_dtype(DType::F64).expect("f64"),
+                c.to_dtype(DType::F64).expect("f64"),
+            );
+            let max = |t: Tensor| {
+                t.abs()
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.max(0))
+                    .and_then(|t| t.to_scalar::<f64>())
+                    .expect("max")
+            };
+            let rel = max((&g - &c).expect("diff")) / max(c.clone());
+            assert!(
+                rel <= tol,
+                "{dtype:?}: {name}: max |cuDNN − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
+            );
+        }
+        for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
+            assert_eq!(a.dtype(), b.dtype());
+            let bits = |t: &Tensor| {
+                t.to_dtype(DType::F64)
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1::<f64>())
+                    .expect("values")
+                    .into_iter()
+                    .map(f64::to_bits)
+                    .collect::<Vec<_>>()
+            };
+            assert!(bits(a) == bits(b), "{dtype:?}: {name}: two runs differ");
+        }
+        // parameter gradients are f32 under autocast: cuDNN's bf16 dW widened
+        let want = impls::config::param_dtype(dtype);
+        assert_eq!(first[2].dtype(), want, "{dtype:?}: dW's dtype");
+        let ws = conv3x3::cudnn::workspaces(&dev, GRID, b, k, dtype).expect("workspaces");
+        let algos = conv3x3::cudnn::algorithms(&dev, GRID, b, k, dtype).expect("algorithms");
+        println!("{dtype:?}: cuDNN {algos}; workspaces {ws:?}");
+    }
+}
+
 /// ReLU backward masked from BN's input and `(scale; shift)` (`relu_bwd_affine`, new and in
 /// place through a view with a start offset) equals the CPU bit for bit, and the mask the
 /// ReLU's output gives on the GPU.

@@ -2,12 +2,13 @@
 //! peak memory, FLOPs of a step, achieved and machine GFLOP/s. Each is one small function so
 //! the memory model can be plugged in without touching the measurement code.
 
+use impls::model::trace::Kernels;
 use impls::{Config, Variant};
 
 /// Predicted `peak_bytes` of one training step of `variant` on `cfg` (the analytic model,
 /// `impls::model::predict_peak_bytes_with`; `None` for `autograd`): the CPU runs the direct 3×3
-/// convolution and in-place dense products, other devices the tap stack and matmuls, whose
-/// transients differ.
+/// convolution and in-place dense products, a GPU the tap stack or cuDNN's convolution
+/// ([`gpu_kernels_without_device`]) and matmuls, whose transients differ.
 ///
 /// On the CPU the transients that exist once per compute thread (the 3×3 convolution's tiles,
 /// gemm's packing) are counted for `threads`, the row's thread count, not this process's.
@@ -18,9 +19,8 @@ pub fn predicted_peak_bytes(
     threads: usize,
 ) -> Option<u64> {
     use impls::model::predict_peak_bytes_with;
-    use impls::model::trace::Kernels;
     if !on_cpu {
-        return predict_peak_bytes_with(variant, cfg, Kernels::TapStack);
+        return predict_peak_bytes_with(variant, cfg, gpu_kernels_without_device(cfg));
     }
     let predict = || predict_peak_bytes_with(variant, cfg, Kernels::Cpu);
     match rayon::ThreadPoolBuilder::new()
@@ -32,16 +32,36 @@ pub fn predicted_peak_bytes(
     }
 }
 
+/// The GPU's kernels as far as they are known without opening a device: cuDNN's convolution
+/// with workspaces of 0 bytes where the binary runs it ([`impls::layer::conv_in_cudnn_on_gpus`];
+/// the workspaces are asked of the device), else the tap stack. A GPU row's child predicts
+/// again with the device's workspaces (`Measurement::predicted_peak_bytes`), which replaces this;
+/// `max-depth` confirms its answer by measured runs.
+pub fn gpu_kernels_without_device(cfg: &Config) -> Kernels {
+    let cudnn = impls::layer::conv_in_cudnn_on_gpus().unwrap_or(false);
+    if cudnn && cfg.family == impls::Family::Bc {
+        Kernels::Cudnn(impls::model::trace::ConvWorkspaces::default())
+    } else {
+        Kernels::TapStack
+    }
+}
+
 /// What a GPU row's `note` says of the tap-stack 3×3 convolution when it runs in several
 /// chunks of whole images (`impls::model::schedule::tap_chunk_columns_for`: the fewest chunks within
 /// 1% of the variant's least predicted peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them),
 /// e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk, the mlp and `autograd`, and for an
 /// unreadable override (the row's step reports that).
-pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
-    if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
+///
+/// `path`: the kernels the child runs ([`impls::model::kernels_for`] on its device); none for
+/// cuDNN's convolution, which has no tap stack.
+pub fn tap_chunk_note(variant: Variant, cfg: &Config, path: Kernels) -> Option<String> {
+    if variant == Variant::Autograd || cfg.family != impls::Family::Bc || path != Kernels::TapStack
+    {
         return None;
     }
-    let columns = impls::model::schedule::tap_chunk_columns_for(variant, cfg).ok()?;
+    let columns = impls::model::schedule::schedule_for(variant, cfg, path)
+        .ok()?
+        .tap_chunk_columns;
     let images = impls::layer::tap_chunk_images(impls::layer::grid(cfg), columns);
     let chunks = cfg.batch.div_ceil(images.max(1));
     (chunks > 1).then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"))
@@ -52,13 +72,11 @@ pub fn tap_chunk_note(variant: Variant, cfg: &Config) -> Option<String> {
 /// its backward a column group then a channel block at a time), which the child's step runs
 /// as the parent predicts (same schedule, same environment: `DENSEBENCH_WHOLE_FRONT=1` keeps
 /// the fronts whole); `None` where they stay whole, for the mlp and `autograd`.
-pub fn front_note(variant: Variant, cfg: &Config) -> Option<String> {
+pub fn front_note(variant: Variant, cfg: &Config, path: Kernels) -> Option<String> {
     if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
         return None;
     }
-    let s =
-        impls::model::schedule::schedule_for(variant, cfg, impls::model::trace::Kernels::TapStack)
-            .ok()?;
+    let s = impls::model::schedule::schedule_for(variant, cfg, path).ok()?;
     s.split_front.then(|| {
         format!(
             "bc layer fronts split (ReLU1's output in chunks of ≤ {} columns)",
@@ -211,6 +229,9 @@ pub fn overhead_margin(budget: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use impls::model::trace::ConvWorkspaces;
+
+    const TAP: Kernels = Kernels::TapStack;
 
     #[test]
     fn a_gpu_row_notes_the_tap_stack_chunks_only_when_there_are_several() {
@@ -224,15 +245,15 @@ mod tests {
             ..Config::bc100_block()
         };
         assert_eq!(
-            tap_chunk_note(bri, &torchvision).as_deref(),
+            tap_chunk_note(bri, &torchvision, TAP).as_deref(),
             Some("3×3 tap stack in 16 chunks of ≤ 2 images")
         );
         let csi = Variant::parse("cat-store-inplace").unwrap();
         assert_eq!(
-            tap_chunk_note(csi, &torchvision).as_deref(),
+            tap_chunk_note(csi, &torchvision, TAP).as_deref(),
             Some("3×3 tap stack in 7 chunks of ≤ 5 images")
         );
-        assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision), None);
+        assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision, TAP), None);
         let brc = Variant::parse("buffer-recompute-copy").unwrap();
         let bc100 = Config {
             depth: 48,
@@ -241,18 +262,32 @@ mod tests {
         // the split front (issue 38) has its own chunking of the tap stack: the layer input's
         // gradient no longer sets the leanest variants' peak
         assert_eq!(
-            tap_chunk_note(brc, &bc100).as_deref(),
+            tap_chunk_note(brc, &bc100, TAP).as_deref(),
             Some("3×3 tap stack in 2 chunks of ≤ 32 images")
         );
         assert_eq!(
-            tap_chunk_note(bri, &bc100).as_deref(),
+            tap_chunk_note(bri, &bc100, TAP).as_deref(),
             Some("3×3 tap stack in 8 chunks of ≤ 8 images")
         );
         let split = Some("bc layer fronts split (ReLU1's output in chunks of ≤ 4096 columns)");
-        assert_eq!(front_note(bri, &bc100).as_deref(), split);
-        assert_eq!(front_note(brc, &bc100).as_deref(), split);
+        assert_eq!(front_note(bri, &bc100, TAP).as_deref(), split);
+        assert_eq!(front_note(brc, &bc100, TAP).as_deref(), split);
         // the store variants keep their fronts whole; the mlp has none
-        assert_eq!(front_note(csi, &bc100), None);
-        assert_eq!(front_note(bri, &Config::tiny(impls::Family::Mlp)), None);
+        assert_eq!(front_note(csi, &bc100, TAP), None);
+        assert_eq!(
+            front_note(bri, &Config::tiny(impls::Family::Mlp), TAP),
+            None
+        );
+        // cuDNN's convolution has no tap stack to chunk; the front's split is the model's
+        // choice on that path too (its workspaces are small beside the saved state)
+        let cudnn = Kernels::Cudnn(ConvWorkspaces {
+            forward: 1 << 20,
+            data: 1 << 20,
+            filter: 1 << 20,
+        });
+        assert_eq!(tap_chunk_note(bri, &torchvision, cudnn), None);
+        assert_eq!(tap_chunk_note(bri, &bc100, cudnn), None);
+        assert_eq!(front_note(bri, &bc100, cudnn).as_deref(), split);
+        assert_eq!(front_note(csi, &bc100, cudnn), None);
     }
 }

@@ -8,6 +8,7 @@ use crate::plan::job::{Execution, Math};
 use anyhow::{anyhow, bail, Context, Result};
 use candle_core::{DType, Device};
 use impls::check::compare::{Comparison, TensorError};
+use impls::model::trace::Kernels;
 use impls::{Case, Config, Event, NoProbe, Probe, StepResult, Variant};
 use serde::{Deserialize, Serialize};
 use std::path::Path;
@@ -390,6 +391,10 @@ pub struct Measurement {
     /// parent's request-size prediction. `None` elsewhere.
     #[serde(default)]
     pub predicted_peak_bytes: Option<u64>,
+    /// What the row's `note` says of the kernels the step ran on a GPU (`kernel_notes`): cuDNN's
+    /// convolution, the tap stack's chunks, the split fronts. Empty on the CPU.
+    #[serde(default)]
+    pub notes: Vec<String>,
     /// A `tf32` row's own error against the f64 reference (norm-wise relative, worst tensor),
     /// as text so that a NaN or infinite error survives JSON (which has no such numbers); its
     /// [`Measurement::errors`] are those of the `ieee` check step ([`measure`]).
@@ -588,6 +593,11 @@ pub fn measure(
     let device = spec.open()?;
     let meter = MemoryMeter::for_device(spec)?;
     let case = Case::random(cfg, &device).map_err(|e| anyhow!("building the case: {e}"))?;
+    // the kernels the step runs here (a GPU's 3×3 convolution in cuDNN or the tap stack), which
+    // the memory model predicts with and the row's note names
+    let path = impls::model::kernels_for(&device, cfg)
+        .map_err(|e| anyhow!("{variant}: the kernels of {}: {e}", spec))?;
+    let notes = kernel_notes(variant, cfg, &device, path);
     // gemm's per-thread slab on every compute thread, whether or not warm-up runs a product
     // there; warm-up settles the allocator and the rest before the baseline.
     impls::ops::dense::settle_thread_scratch();
@@ -680,7 +690,7 @@ pub fn measure(
         _ => None,
     };
     let mut warning = meter.warning().map(str::to_string);
-    let predicted_peak_bytes = match pool_prediction(variant, cfg, &meter, &device) {
+    let predicted_peak_bytes = match pool_prediction(variant, cfg, &meter, &device, path) {
         Ok(p) => p,
         Err(e) => {
             let w =
@@ -730,6 +740,7 @@ pub fn measure(
         errors,
         warning,
         predicted_peak_bytes,
+        notes,
         tf32_max_rel_err,
         cuda_graph,
         graph,
@@ -797,9 +808,42 @@ fn graph_timing(
 /// A step's results as SHA-256 digests of each tensor's bits, by name.
 type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
-/// The memory model of `variant` on the GPU path ([`impls::model::trace::Kernels::TapStack`]) with
-/// each allocation charged what the device's pool charges for its size, measured once per size
-/// the model allocates ([`MemoryMeter::pool_charges`]): the pool's rounding modelled
+/// What a GPU row's `note` says of the kernels its step runs on `path`: cuDNN's convolution
+/// (its algorithms and workspaces), the tap stack's chunks ([`estimates::tap_chunk_note`]),
+/// the split fronts ([`estimates::front_note`]). None on the CPU.
+fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) -> Vec<String> {
+    use crate::measure::estimates;
+    if device.is_cpu() {
+        return Vec::new();
+    }
+    let mut notes = Vec::new();
+    if let Kernels::Cudnn(ws) = path {
+        if variant != Variant::Autograd {
+            #[cfg(feature = "cudnn")]
+            let algorithms = impls::ops::conv3x3::cudnn::algorithms(
+                device,
+                impls::layer::grid(cfg),
+                cfg.bottleneck(),
+                cfg.growth,
+                cfg.dtype,
+            )
+            .unwrap_or_else(|e| format!("algorithms unknown: {e}"));
+            #[cfg(not(feature = "cudnn"))]
+            let algorithms = String::from("algorithms unknown");
+            notes.push(format!(
+                "3×3 convolution in cuDNN ({algorithms}; workspaces {} / {} / {} B)",
+                ws.forward, ws.data, ws.filter
+            ));
+        }
+    }
+    notes.extend(estimates::tap_chunk_note(variant, cfg, path));
+    notes.extend(estimates::front_note(variant, cfg, path));
+    notes
+}
+
+/// The memory model of `variant` on the GPU's kernels `path` ([`impls::model::kernels_for`])
+/// with each allocation charged what the device's pool charges for its size, measured once per
+/// size the model allocates ([`MemoryMeter::pool_charges`]): the pool's rounding modelled
 /// allocation by allocation. `None` off pools (the CPU counts request sizes exactly) and for
 /// `autograd`.
 fn pool_prediction(
@@ -807,10 +851,10 @@ fn pool_prediction(
     cfg: &Config,
     meter: &MemoryMeter,
     device: &Device,
+    path: Kernels,
 ) -> Result<Option<u64>> {
-    use impls::model::trace::Kernels;
     use impls::model::{allocation_sizes, predict_peak_bytes_charged};
-    let Some(sizes) = allocation_sizes(variant, cfg, Kernels::TapStack) else {
+    let Some(sizes) = allocation_sizes(variant, cfg, path) else {
         return Ok(None);
     };
     let Some(charges) = meter.pool_charges(device, &sizes)? else {
@@ -820,12 +864,7 @@ fn pool_prediction(
         anyhow::bail!(why);
     }
     let charge = |bytes: u64| charges.get(&bytes).copied().unwrap_or(bytes);
-    Ok(predict_peak_bytes_charged(
-        variant,
-        cfg,
-        Kernels::TapStack,
-        &charge,
-    ))
+    Ok(predict_peak_bytes_charged(variant, cfg, path, &charge))
 }
 
 /// The dtype references are computed in. f64 because candle's autograd in f32 is not accurate

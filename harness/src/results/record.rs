@@ -147,14 +147,9 @@ fn measure_densebench_row(
             tolerance.to_string(),
         ]);
     }
-    if s.device != DeviceSpec::Cpu {
-        if let Some(chunks) = estimates::tap_chunk_note(variant, cfg) {
-            add_note(&mut row, chunks);
-        }
-        if let Some(front) = estimates::front_note(variant, cfg) {
-            add_note(&mut row, front);
-        }
-    } else if cfg.dtype == candle_core::DType::BF16 {
+    // a GPU row's notes of its kernels (cuDNN or the tap stack's chunks, split fronts) come
+    // from the child, which asks its device (`Measurement::notes`)
+    if s.device == DeviceSpec::Cpu && cfg.dtype == candle_core::DType::BF16 {
         // which kernel the child's bf16 products take: its bits depend on it (the child runs
         // on this CPU with this environment, so it decides as this process does)
         add_note(&mut row, impls::ops::cpu::bf16_dot::describe().to_string());
@@ -466,6 +461,9 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<String>> {
             timeline: m.timeline,
         },
     );
+    for note in m.notes {
+        add_note(row, note);
+    }
     if let Some(p) = m.predicted_peak_bytes {
         // The child measured the pool's charge per allocation size (GPU): its prediction
         // replaces the request-size one.
@@ -570,6 +568,7 @@ mod tests {
             errors: None,
             warning: None,
             predicted_peak_bytes: predicted,
+            notes: Vec::new(),
             tf32_max_rel_err: None,
             cuda_graph: None,
             graph: None,

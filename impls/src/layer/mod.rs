@@ -768,11 +768,72 @@ fn tap_chunks(g: Grid, columns: usize) -> impl Iterator<Item = (usize, usize)> {
 /// at its source pixel, then `y[:, range] = Σ_j shift(P_j, tap_j)`, written into `y`;
 /// transients `P` (9k·columns of a chunk, one buffer for all chunks) and the tap-stacked
 /// weight — an im2col would hold 9·B·M.
+///
+/// With the `cudnn` feature on a CUDA device (unless [`CONV_ENV`] says `tap-stack`): cuDNN's
+/// convolution straight on the channel-major maps ([`conv_in_cudnn`]), no tap stack; its only
+/// transient is cuDNN's workspace.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if cpu_kernels(s.device()) {
         return conv3x3::forward(s, w, grid(cfg));
     }
+    #[cfg(feature = "cudnn")]
+    if conv_in_cudnn(s.device())? {
+        return conv3x3::cudnn::forward(s, w, grid(cfg));
+    }
     conv3x3_fwd_tap_stack(cfg, s, w)
+}
+
+/// The environment variable that picks a GPU's 3×3 convolution: `cudnn` (the default in a
+/// binary built with the `cudnn` feature; an error in one without) or `tap-stack` (the
+/// default without it). Read at every convolution and by the memory model, so a step and its
+/// prediction agree.
+pub const CONV_ENV: &str = "DENSEBENCH_CONV";
+
+/// Whether a bc layer's 3×3 convolution runs in cuDNN on `dev`: a CUDA device, a binary built
+/// with the `cudnn` feature, and [`CONV_ENV`] unset or `cudnn`. An error for any other value
+/// of it, or `cudnn` asked of a binary without the feature.
+pub fn conv_in_cudnn(dev: &Device) -> Result<bool> {
+    Ok(dev.is_cuda() && conv_in_cudnn_on_gpus()?)
+}
+
+/// [`conv_in_cudnn`] for any CUDA device, asked without one (the feature and [`CONV_ENV`]).
+pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
+    let value = match std::env::var(CONV_ENV) {
+        Err(std::env::VarError::NotPresent) => None,
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+    };
+    conv_choice(value.as_deref(), cfg!(feature = "cudnn"))
+}
+
+/// [`CONV_ENV`]'s value read for a binary with (`built`) or without the `cudnn` feature.
+fn conv_choice(value: Option<&str>, built: bool) -> Result<bool> {
+    let asked = match value.map(str::trim) {
+        None | Some("") => return Ok(built),
+        Some("cudnn") => true,
+        Some("tap-stack") => false,
+        Some(other) => {
+            return Err(bad_conv(
+                other.to_string(),
+                "expected `cudnn` or `tap-stack`, or unset",
+            ))
+        }
+    };
+    if asked && !built {
+        return Err(bad_conv(
+            "cudnn".to_string(),
+            "this binary was built without the `cudnn` feature (build with `--features cudnn`)",
+        ));
+    }
+    Ok(asked)
+}
+
+fn bad_conv(value: String, reason: &str) -> crate::error::Error {
+    crate::error::Error::InvalidConfig {
+        field: CONV_ENV,
+        value,
+        reason: reason.to_string(),
+    }
 }
 
 /// [`conv3x3_fwd`] through the tap stack, the path of devices without a direct kernel (public
@@ -812,10 +873,26 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
 /// shifted back by tap j), `ds[:, range] = W_tapsᵀ @ G` and `dW_taps (+)= G @ s[:, range]ᵀ`
 /// (the chunks' products added in chunk order; f32 for bf16 features, a parameter gradient);
 /// transients `G` (9k·columns of a chunk).
+///
+/// cuDNN (see [`conv3x3_fwd`]): `ds`, then `dW` in the features' dtype (cuDNN's filter
+/// gradient takes its operands' type; under autocast a bf16 `dW`, as PyTorch's, widened to f32
+/// here); transients: cuDNN's workspaces.
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     if cpu_kernels(gy.device()) {
         let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
         let dw = conv3x3::backward_weight(gy, s, grid(cfg))?;
+        return Ok((ds, dw));
+    }
+    #[cfg(feature = "cudnn")]
+    if conv_in_cudnn(gy.device())? {
+        let ds = conv3x3::cudnn::backward_data(gy, w, grid(cfg))?;
+        let dw = conv3x3::cudnn::backward_filter(gy, s, grid(cfg))?;
+        let param = crate::config::param_dtype(gy.dtype());
+        let dw = if dw.dtype() == param {
+            dw
+        } else {
+            dw.to_dtype(param).ctx("conv2 bwd dW")?
+        };
         return Ok((ds, dw));
     }
     conv3x3_bwd_tap_stack(cfg, gy, s, w)
@@ -906,6 +983,30 @@ mod tests {
     use super::*;
     use crate::ops::cpu::shared::{bits, randn};
     use candle_core::DType;
+
+    /// `DENSEBENCH_CONV`: unset or empty is the build's default, `cudnn` only in a `cudnn`
+    /// build (else an error saying how to build one), `tap-stack` anywhere, anything else an
+    /// error naming the variable; and never cuDNN on the CPU.
+    #[test]
+    fn the_conv_switch_is_read_strictly() {
+        for built in [false, true] {
+            assert_eq!(conv_choice(None, built).unwrap(), built);
+            assert_eq!(conv_choice(Some(" "), built).unwrap(), built);
+            assert!(!conv_choice(Some("tap-stack"), built).unwrap());
+        }
+        assert!(conv_choice(Some("cudnn"), true).unwrap());
+        let e = conv_choice(Some("cudnn"), false).unwrap_err().to_string();
+        assert!(
+            e.contains("DENSEBENCH_CONV") && e.contains("--features cudnn"),
+            "{e}"
+        );
+        let e = conv_choice(Some("cuDNN"), true).unwrap_err().to_string();
+        assert!(
+            e.contains("DENSEBENCH_CONV = cuDNN") && e.contains("tap-stack"),
+            "{e}"
+        );
+        assert!(!conv_in_cudnn(&Device::Cpu).unwrap_or(true));
+    }
 
     /// Conv1×1's weight gradient summed a column chunk at a time is `dz · rᵀ` (f64, within
     /// rounding of another order), and a block of rows of r gives bitwise those rows of it,

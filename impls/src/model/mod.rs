@@ -134,8 +134,35 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
     predict_peak_bytes_with(variant, cfg, Kernels::Cpu)
 }
 
+/// The kernels a step of `cfg` runs with on `dev` ([`crate::step::step()`] runs them, a GPU row
+/// predicts with them): [`Kernels::Cpu`] on the CPU's kernels, [`Kernels::Cudnn`] for a bc
+/// block where the 3×3 convolution runs in cuDNN ([`crate::layer::conv_in_cudnn`]; its
+/// workspaces asked of cuDNN on `dev`, for the config's dtype and the current math mode),
+/// else [`Kernels::TapStack`]. An error for an unreadable [`crate::layer::CONV_ENV`] or where
+/// cuDNN cannot plan the convolution.
+pub fn kernels_for(dev: &candle_core::Device, cfg: &Config) -> crate::error::Result<Kernels> {
+    if crate::layer::cpu_kernels(dev) {
+        return Ok(Kernels::Cpu);
+    }
+    let cudnn = crate::layer::conv_in_cudnn(dev)?;
+    #[cfg(feature = "cudnn")]
+    if cudnn && cfg.family == Family::Bc {
+        let g = crate::layer::grid(cfg);
+        let ws = crate::ops::conv3x3::cudnn::workspaces(
+            dev,
+            g,
+            cfg.bottleneck(),
+            cfg.growth,
+            cfg.dtype,
+        )?;
+        return Ok(Kernels::Cudnn(ws));
+    }
+    let _ = (cudnn, cfg);
+    Ok(Kernels::TapStack)
+}
+
 /// [`predict_peak_bytes`] for a device's kernels: [`Kernels::Cpu`] on the CPU,
-/// [`Kernels::TapStack`] on a GPU.
+/// [`Kernels::TapStack`] or [`Kernels::Cudnn`] on a GPU ([`kernels_for`]).
 pub fn predict_peak_bytes_with(variant: Variant, cfg: &Config, path: Kernels) -> Option<u64> {
     predict_peak_bytes_charged(variant, cfg, path, &exact)
 }
@@ -429,6 +456,122 @@ mod tests {
                     .unwrap()
                     .split_front
             );
+        }
+    }
+
+    /// cuDNN's path ([`Kernels::Cudnn`]): no tap stack (no tap products or shifted gradients of
+    /// `[9k, M]`, no stacked weight, no chunking) and each pass's workspace charged once, while
+    /// its call runs: a workspace larger than everything else sets the peak at exactly its size
+    /// over what is live at that call; with small workspaces the frugal peak is at most the
+    /// tap stack's and the CPU's (issue 38's target, BC-100 L=48 ≤ 345 MiB), and bf16 halves it
+    /// (issue 39's ≤ 0.55×: cuDNN's bf16 filter gradient, widened, counted).
+    #[test]
+    fn cudnn_path_has_no_tap_stack_and_charges_each_workspace_once() {
+        let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
+        let small = ConvWorkspaces {
+            forward: 1001,
+            data: 2003,
+            filter: 3005,
+        };
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        for depth in [16, 48] {
+            let cfg = Config {
+                depth,
+                ..Config::bc100_block()
+            };
+            for v in Variant::for_config(&cfg) {
+                if v == Variant::Autograd {
+                    continue;
+                }
+                let what = format!("{v} at L={depth}");
+                let sizes = allocation_sizes(v, &cfg, Kernels::Cudnn(small)).unwrap();
+                for ws in [1001, 2003, 3005] {
+                    assert!(sizes.contains(&ws), "{what}: no workspace of {ws} B");
+                }
+                assert_eq!(
+                    schedule_for(v, &cfg, Kernels::Cudnn(small))
+                        .unwrap()
+                        .tap_chunk_columns,
+                    0,
+                    "{what}"
+                );
+                let none =
+                    predict_peak_bytes_with(v, &cfg, Kernels::Cudnn(Default::default())).unwrap();
+                let with_small = predict_peak_bytes_with(v, &cfg, Kernels::Cudnn(small)).unwrap();
+                assert!(with_small >= none && with_small <= none + 3005, "{what}");
+                let tap = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap();
+                assert!(
+                    none <= tap,
+                    "{what}: cuDNN {} MiB over the tap stack's {} MiB",
+                    mib(none),
+                    mib(tap)
+                );
+                // each pass's workspace, made huge, sets the peak: exactly its size over what is
+                // live at its call, which is no more than the peak without it
+                let huge = 1u64 << 40;
+                for ws in [
+                    ConvWorkspaces {
+                        forward: huge,
+                        ..small
+                    },
+                    ConvWorkspaces {
+                        data: huge,
+                        ..small
+                    },
+                    ConvWorkspaces {
+                        filter: huge,
+                        ..small
+                    },
+                ] {
+                    // on the schedule picked with the small workspaces (a huge one would
+                    // change the model's choice of split front)
+                    let sc = schedule_for(v, &cfg, Kernels::Cudnn(small)).unwrap();
+                    let t = |ws| {
+                        trace_with(
+                            v,
+                            &cfg,
+                            Kernels::Cudnn(ws),
+                            &exact,
+                            0,
+                            sc.defer_r,
+                            sc.split_front,
+                        )
+                        .unwrap()
+                        .peak as u64
+                    };
+                    let p = t(ws);
+                    assert!(p > huge && p - huge <= t(small), "{what}: {ws:?}: {p}");
+                }
+            }
+            let gpu = predict_peak_bytes_with(bri, &cfg, Kernels::Cudnn(small)).unwrap();
+            let cpu = predict_peak_bytes_with(bri, &cfg, Kernels::Cpu).unwrap();
+            assert!(
+                gpu <= cpu,
+                "L={depth}: cuDNN path {} MiB, CPU {} MiB",
+                mib(gpu),
+                mib(cpu)
+            );
+            if depth == 48 {
+                assert!(mib(gpu) <= 345.0, "L=48: {} MiB", mib(gpu));
+            }
+            let bf16 = Config {
+                dtype: candle_core::DType::BF16,
+                ..cfg.clone()
+            };
+            for v in Variant::for_config(&cfg) {
+                let (Some(f), Some(h)) = (
+                    predict_peak_bytes_with(v, &cfg, Kernels::Cudnn(small)),
+                    predict_peak_bytes_with(v, &bf16, Kernels::Cudnn(small)),
+                ) else {
+                    continue;
+                };
+                assert!(
+                    (h as f64) <= 0.55 * f as f64,
+                    "{v} at L={depth}: bf16 {} MiB, f32 {} MiB",
+                    mib(h),
+                    mib(f)
+                );
+            }
         }
     }
 }

@@ -65,7 +65,7 @@ pub fn schedule_for(
         }
         let tap_chunk_columns = match path {
             Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r, false)?,
-            Kernels::Cpu => 0,
+            Kernels::Cpu | Kernels::Cudnn(_) => 0,
         };
         let Some(t) = trace_with(
             variant,
@@ -90,7 +90,7 @@ pub fn schedule_for(
     if let (true, Some((whole, _))) = (can_split, best) {
         let tap_chunk_columns = match path {
             Kernels::TapStack => tap_chunk_columns_given(variant, cfg, false, true)?,
-            Kernels::Cpu => 0,
+            Kernels::Cpu | Kernels::Cudnn(_) => 0,
         };
         if let Some(t) = trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true) {
             if (t.peak as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {

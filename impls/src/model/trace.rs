@@ -6,6 +6,7 @@
 use crate::config::variant::{Concat, Intermediates, Variant};
 use crate::config::{Config, Family};
 use crate::ops::conv3x3;
+pub use crate::ops::conv3x3::ConvWorkspaces;
 use std::collections::BTreeSet;
 
 /// Live-bytes bookkeeping for the predicted trace of one step.
@@ -67,6 +68,14 @@ impl<'a> Trace<'a> {
     /// The allocation of `elems` elements made by an earlier [`Trace::alloc`] is freed.
     fn free(&mut self, elems: usize) {
         self.free_bytes(elems as u64 * self.s as u64);
+    }
+    /// A workspace of `bytes` for one library call, freed when the call is queued (none for 0:
+    /// the call then gets a null workspace, see [`ConvWorkspaces`]).
+    fn workspace(&mut self, bytes: u64) {
+        if bytes > 0 {
+            self.alloc_bytes(bytes);
+            self.free_bytes(bytes);
+        }
     }
     /// One allocation of `elems` parameter-sized elements (a parameter gradient, a BN table,
     /// compute-type scratch).
@@ -167,7 +176,7 @@ impl<'a> Trace<'a> {
         if remake_r {
             self.bn1_relu(c, m, copy); // r again, for dW1 (`block::bc_backward`)
         }
-        if path == Kernels::Cpu {
+        if path.is_cpu() {
             self.alloc_p(b * c); // dW1ᵀ, transposed into dW1
             self.product();
             self.alloc_p(b * c); // dW1 (kept)
@@ -220,7 +229,7 @@ impl<'a> Trace<'a> {
         if !recompute {
             self.free(c * m); // r (saved), read by the groups
         }
-        if path == Kernels::Cpu {
+        if path.is_cpu() {
             self.alloc_p(b * c); // dW1 (kept), transposed
             self.free_p(b * c);
         }
@@ -277,6 +286,19 @@ pub enum Kernels {
     /// and the mlp input gradient, added into their destination as on the CPU (cuBLAS with
     /// β = 1). The CPU takes this path inside [`crate::layer::with_tap_stack_on_cpu`].
     TapStack,
+    /// A GPU's with cuDNN's 3×3 convolution (the `cudnn` feature; `crate::layer::conv3x3_fwd`):
+    /// no tap stack and no stacked weight, the output or input gradient written by cuDNN,
+    /// a workspace per call of the sizes cuDNN asks for the algorithms it runs, and under
+    /// autocast the filter gradient in the features' dtype (cuDNN's rule, PyTorch's too),
+    /// widened to f32; the other products as [`Kernels::TapStack`].
+    Cudnn(ConvWorkspaces),
+}
+
+impl Kernels {
+    /// The CPU's kernels ([`Kernels::Cpu`]), whose dense products add into their destination.
+    pub fn is_cpu(self) -> bool {
+        self == Kernels::Cpu
+    }
 }
 
 /// [`crate::model::schedule::trace`] with the tap stack in chunks of `columns` (see [`crate::layer::tap_chunk_images`]),
@@ -307,7 +329,7 @@ pub(crate) fn trace_with<'a>(
         .saturating_mul(g.w);
     let pack = match path {
         Kernels::Cpu => (packing_allowance(cfg) * rayon::current_num_threads() as u64) as i128,
-        Kernels::TapStack => 0,
+        Kernels::TapStack | Kernels::Cudnn(_) => 0,
     };
     let mut t = Trace::new(cfg, pack, charge);
     // a split front (either path): r in column chunks where it is not kept, its backward in
@@ -366,6 +388,10 @@ pub(crate) fn trace_with<'a>(
                         t.free_p(9 * k * chunk);
                         t.free(9 * k * b);
                     }
+                    Kernels::Cudnn(ws) => {
+                        t.alloc(k * m); // y
+                        t.workspace(ws.forward);
+                    }
                 }
                 t.uncast(9 * k * b);
                 if i + 1 < l {
@@ -414,7 +440,7 @@ pub(crate) fn trace_with<'a>(
                 if cat && !recompute {
                     t.free(k * m); // saved output
                 }
-                if path == Kernels::Cpu {
+                if path.is_cpu() {
                     t.alloc_p(k * c); // dWᵀ, transposed into dW
                     t.product();
                     t.alloc_p(k * c); // dW (kept)
@@ -477,6 +503,19 @@ pub(crate) fn trace_with<'a>(
                         t.alloc_p(9 * k * b); // dW2 (kept)
                         t.free_p(9 * k * b); // dW2 taps
                         t.free(9 * k * b); // tap-stacked weight
+                    }
+                    Kernels::Cudnn(ws) => {
+                        t.alloc(b * m); // ds
+                        t.workspace(ws.data);
+                        if t.autocast {
+                            t.alloc(9 * k * b); // dW2 in the features' dtype (cuDNN's rule)
+                            t.workspace(ws.filter);
+                            t.alloc_p(9 * k * b); // dW2 (kept), widened
+                            t.free(9 * k * b);
+                        } else {
+                            t.alloc_p(9 * k * b); // dW2 (kept)
+                            t.workspace(ws.filter);
+                        }
                     }
                 }
                 t.uncast(9 * k * b);

@@ -32,6 +32,8 @@
 //! as for f32 operands.
 
 mod bf16;
+#[cfg(feature = "cudnn")]
+pub mod cudnn;
 mod tiles;
 mod widened;
 
@@ -43,6 +45,19 @@ use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};
 pub use tiles::{scratch_elems, weight_partial_elems, workspace_elems, Pass, WEIGHT_GROUPS};
 use widened::{data_tiles, forward_tiles, weight_grad};
+
+/// Bytes of the workspaces cuDNN takes for a bc layer's 3×3 convolution, one per pass, for the
+/// algorithms the device runs (asked of cuDNN on the device with the `cudnn` feature: `cudnn::workspaces`). Every layer of a block convolves the same shapes (B = 4k channels
+/// in, k out, the same maps), so one triple holds for the whole block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ConvWorkspaces {
+    /// Forward (`y = conv(s, W2)`).
+    pub forward: u64,
+    /// Data gradient (`ds`).
+    pub data: u64,
+    /// Filter gradient (`dW2`).
+    pub filter: u64,
+}
 
 struct Conv3x3Op {
     grid: Grid,

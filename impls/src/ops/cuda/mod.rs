@@ -1,11 +1,13 @@
 //! The CUDA sides of the op families: the `.cu` sources and their NVRTC options ([`src`]) and
 //! the PTX cache ([`ptx_cache`]), which need no CUDA and are checked in every build; and, with
 //! the `cuda` feature, the launchers (`bn`, `shift`, `elementwise`, `dense`: the family names of
-//! [`crate::ops`]) and their shared plumbing
+//! [`crate::ops`]; `cudnn`, the 3×3 convolution's, with the `cudnn` feature) and their shared plumbing
 //! (`launch`).
 
 #[cfg(feature = "cuda")]
 pub(crate) mod bn;
+#[cfg(feature = "cudnn")]
+pub(crate) mod cudnn;
 #[cfg(feature = "cuda")]
 pub(crate) mod dense;
 #[cfg(feature = "cuda")]

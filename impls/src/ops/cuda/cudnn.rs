@@ -1,0 +1,586 @@
+//! cuDNN for the bc layer's 3×3 convolution on a GPU (the `cudnn` feature): forward, data
+//! gradient and filter gradient straight on the channel-major features `[C, N·H·W]` — described
+//! to cuDNN as NCHW tensors with strides `(H·W, N·H·W, W, 1)`, no copy — and PyTorch's
+//! `[k, B, 3, 3]` filter as it is. One plan per thread, device, shapes, dtype and math mode
+//! (descriptors, the algorithm of each pass and its workspace size), made at the first call and
+//! kept, so a step (and a CUDA graph capture) only launches.
+//!
+//! **Algorithms**: cuDNN's own heuristics (`cudnnGetConvolution*Algorithm_v7`, what PyTorch asks
+//! with `torch.backends.cudnn.benchmark` off, its default), the first one ranked that succeeds,
+//! is **deterministic** (two runs and a graph replay give the same bits: densebench's GPU tests
+//! check that) and keeps the math mode: `--math ieee` only FMA kernels (`CUDNN_FMA_MATH`, as
+//! PyTorch sets without TF32), `tf32` any (`CUDNN_DEFAULT_MATH`: TF32 tensor cores on sm_80+),
+//! bf16 tensor cores with f32 accumulation (`CUDNN_TENSOR_OP_MATH`, compute type float), f64
+//! double. **Workspaces** come from the device's stream-ordered pool, one per call, freed as soon
+//! as the call is queued — the memory model charges exactly these sizes (the family's
+//! `ConvWorkspaces`).
+//!
+//! Only compiled with the `cudnn` feature. Every failure is an `Err` naming the op and cuDNN's
+//! status, never a panic.
+
+use crate::ops::cuda::launch::{contiguous_range, expect_len, msg, unsupported};
+use candle_core::backend::BackendStorage;
+use candle_core::cuda_backend::cudarc::cudnn::{result as dnn, sys};
+use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, CudaStorage, DeviceId};
+use candle_core::{DType, Layout};
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The shapes of one 3×3 convolution (padding 1, stride 1): `b` channels in, `k` out, `n`
+/// images of `h × w`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ConvShape {
+    pub n: usize,
+    pub b: usize,
+    pub k: usize,
+    pub h: usize,
+    pub w: usize,
+}
+
+impl ConvShape {
+    fn columns(&self) -> usize {
+        self.n * self.h * self.w
+    }
+}
+
+/// The algorithms a plan runs, by name, for a row's `note`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConvAlgorithms {
+    pub forward: String,
+    pub data: String,
+    pub filter: String,
+}
+
+fn err(op: &str, what: &str, e: dnn::CudnnError) -> candle_core::Error {
+    msg(format!("{op} (cudnn): {what}: {:?}", e.0))
+}
+
+/// A cuDNN handle bound to candle's stream of a device.
+struct Handle(sys::cudnnHandle_t);
+impl Drop for Handle {
+    fn drop(&mut self) {
+        // SAFETY: created by `dnn::create_handle`, destroyed once
+        let _ = unsafe { dnn::destroy_handle(self.0) };
+    }
+}
+
+struct TensorDesc(sys::cudnnTensorDescriptor_t);
+impl Drop for TensorDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by `dnn::create_tensor_descriptor`, destroyed once
+        let _ = unsafe { dnn::destroy_tensor_descriptor(self.0) };
+    }
+}
+
+struct FilterDesc(sys::cudnnFilterDescriptor_t);
+impl Drop for FilterDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by `dnn::create_filter_descriptor`, destroyed once
+        let _ = unsafe { dnn::destroy_filter_descriptor(self.0) };
+    }
+}
+
+struct ConvDesc(sys::cudnnConvolutionDescriptor_t);
+impl Drop for ConvDesc {
+    fn drop(&mut self) {
+        // SAFETY: created by `dnn::create_convolution_descriptor`, destroyed once
+        let _ = unsafe { dnn::destroy_convolution_descriptor(self.0) };
+    }
+}
+
+/// One pass's choice: the algorithm, its workspace in bytes, and a convolution descriptor set
+/// to the math type cuDNN ranked it with (as PyTorch sets it per call).
+struct Pass<A> {
+    algo: A,
+    workspace: usize,
+    conv: ConvDesc,
+}
+
+/// Everything one convolution needs at launch.
+struct Plan {
+    handle: Rc<Handle>,
+    x: TensorDesc,
+    y: TensorDesc,
+    w: FilterDesc,
+    forward: Pass<sys::cudnnConvolutionFwdAlgo_t>,
+    data: Pass<sys::cudnnConvolutionBwdDataAlgo_t>,
+    filter: Pass<sys::cudnnConvolutionBwdFilterAlgo_t>,
+}
+
+type Key = (DeviceId, ConvShape, DType, bool);
+
+thread_local! {
+    // Handles and plans are per thread: cuDNN handles are not to be shared between threads
+    // without care (candle keeps its own per thread too).
+    static HANDLES: RefCell<HashMap<DeviceId, Rc<Handle>>> = RefCell::default();
+    static PLANS: RefCell<HashMap<Key, Rc<Plan>>> = RefCell::default();
+}
+
+fn handle(dev: &CudaDevice) -> candle_core::Result<Rc<Handle>> {
+    if let Some(h) = HANDLES.with(|m| m.borrow().get(&dev.id()).cloned()) {
+        return Ok(h);
+    }
+    let op = "conv3x3";
+    let stream = dev.cuda_stream();
+    stream
+        .context()
+        .bind_to_thread()
+        .map_err(|e| msg(format!("{op} (cudnn): binding the context: {e:?}")))?;
+    let h = Handle(dnn::create_handle().map_err(|e| {
+        err(
+            op,
+            "cudnnCreate (is libcudnn.so.9 of cuDNN 9 on the library path?)",
+            e,
+        )
+    })?);
+    // SAFETY: a live handle and candle's live stream of the same context
+    unsafe { dnn::set_stream(h.0, stream.cu_stream() as sys::cudaStream_t) }
+        .map_err(|e| err(op, "cudnnSetStream", e))?;
+    let h = Rc::new(h);
+    HANDLES.with(|m| m.borrow_mut().insert(dev.id(), h.clone()));
+    Ok(h)
+}
+
+fn data_type(op: &str, dtype: DType) -> candle_core::Result<sys::cudnnDataType_t> {
+    Ok(match dtype {
+        DType::F32 => sys::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        DType::F64 => sys::cudnnDataType_t::CUDNN_DATA_DOUBLE,
+        DType::BF16 => sys::cudnnDataType_t::CUDNN_DATA_BFLOAT16,
+        other => return Err(unsupported(op, other)),
+    })
+}
+
+fn int(op: &str, v: usize) -> candle_core::Result<i32> {
+    i32::try_from(v).map_err(|_| msg(format!("{op} (cudnn): {v} does not fit cuDNN's int")))
+}
+
+/// A channel-major `[c, N·H·W]` tensor as cuDNN's NCHW with strides `(H·W, N·H·W, W, 1)`.
+fn channel_major(
+    op: &str,
+    dt: sys::cudnnDataType_t,
+    s: ConvShape,
+    c: usize,
+) -> candle_core::Result<TensorDesc> {
+    let d =
+        TensorDesc(dnn::create_tensor_descriptor().map_err(|e| err(op, "tensor descriptor", e))?);
+    let i = |v| int(op, v);
+    // SAFETY: a live descriptor
+    unsafe {
+        dnn::set_tensor4d_descriptor_ex(
+            d.0,
+            dt,
+            [i(s.n)?, i(c)?, i(s.h)?, i(s.w)?],
+            [i(s.h * s.w)?, i(s.columns())?, i(s.w)?, 1],
+        )
+    }
+    .map_err(|e| err(op, "tensor descriptor", e))?;
+    Ok(d)
+}
+
+/// The convolution descriptor: padding 1, stride 1, cross-correlation (PyTorch's), compute type
+/// double for f64, float otherwise, with `math`.
+fn conv_desc(op: &str, dtype: DType, math: sys::cudnnMathType_t) -> candle_core::Result<ConvDesc> {
+    let c = ConvDesc(
+        dnn::create_convolution_descriptor().map_err(|e| err(op, "convolution descriptor", e))?,
+    );
+    let compute = if dtype == DType::F64 {
+        sys::cudnnDataType_t::CUDNN_DATA_DOUBLE
+    } else {
+        sys::cudnnDataType_t::CUDNN_DATA_FLOAT
+    };
+    let cross = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
+    // SAFETY: a live descriptor
+    unsafe { dnn::set_convolution2d_descriptor(c.0, 1, 1, 1, 1, 1, 1, cross, compute) }
+        .map_err(|e| err(op, "convolution descriptor", e))?;
+    // SAFETY: as above
+    unsafe { dnn::set_convolution_math_type(c.0, math) }
+        .map_err(|e| err(op, "convolution math type", e))?;
+    Ok(c)
+}
+
+/// The math type a plan asks for (see the module's doc).
+fn requested_math(dtype: DType, tf32: bool) -> sys::cudnnMathType_t {
+    use sys::cudnnMathType_t as M;
+    match dtype {
+        DType::BF16 => M::CUDNN_TENSOR_OP_MATH,
+        DType::F32 if !tf32 => M::CUDNN_FMA_MATH,
+        _ => M::CUDNN_DEFAULT_MATH,
+    }
+}
+
+/// Whether an algorithm ranked with `math` may run under the plan's mode: IEEE f32 only FMA
+/// kernels, every other mode any.
+fn math_allowed(dtype: DType, tf32: bool, math: sys::cudnnMathType_t) -> bool {
+    dtype != DType::F32 || tf32 || math == sys::cudnnMathType_t::CUDNN_FMA_MATH
+}
+
+/// The first of cuDNN's ranked results that succeeded, is deterministic and keeps the math
+/// mode: its algorithm and the math type it was ranked with.
+fn choose<A: Copy + std::fmt::Debug>(
+    op: &str,
+    pass: &str,
+    (dtype, tf32): (DType, bool),
+    ranked: impl Iterator<
+        Item = (
+            A,
+            sys::cudnnStatus_t,
+            sys::cudnnDeterminism_t,
+            sys::cudnnMathType_t,
+        ),
+    >,
+) -> candle_core::Result<(A, sys::cudnnMathType_t)> {
+    let mut seen = Vec::new();
+    for (algo, status, determinism, math) in ranked {
+        let ok = status == sys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+            && determinism == sys::cudnnDeterminism_t::CUDNN_DETERMINISTIC
+            && math_allowed(dtype, tf32, math);
+        if ok {
+            return Ok((algo, math));
+        }
+        seen.push(format!("{algo:?} ({status:?}, {determinism:?}, {math:?})"));
+    }
+    Err(msg(format!(
+        "{op} (cudnn): no deterministic {pass} algorithm for {dtype:?}{} among cuDNN's: [{}]; \
+         DENSEBENCH_CONV=tap-stack runs the tap stack instead",
+        if dtype == DType::F32 && !tf32 {
+            " in IEEE math"
+        } else {
+            ""
+        },
+        seen.join(", ")
+    )))
+}
+
+fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core::Result<Rc<Plan>> {
+    let key = (dev.id(), s, dtype, tf32);
+    if let Some(p) = PLANS.with(|m| m.borrow().get(&key).cloned()) {
+        return Ok(p);
+    }
+    let op = "conv3x3";
+    let handle = handle(dev)?;
+    let dt = data_type(op, dtype)?;
+    let x = channel_major(op, dt, s, s.b)?;
+    let y = channel_major(op, dt, s, s.k)?;
+    let w =
+        FilterDesc(dnn::create_filter_descriptor().map_err(|e| err(op, "filter descriptor", e))?);
+    // SAFETY: a live descriptor
+    unsafe {
+        dnn::set_filter4d_descriptor(
+            w.0,
+            dt,
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            [int(op, s.k)?, int(op, s.b)?, 3, 3],
+        )
+    }
+    .map_err(|e| err(op, "filter descriptor", e))?;
+    let mode = (dtype, tf32);
+    let asked = requested_math(dtype, tf32);
+    let h = handle.0;
+
+    // forward
+    let probe = conv_desc(op, dtype, asked)?;
+    let mut fwd = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>() }; 8];
+    let mut count = 0;
+    // SAFETY: live handle and descriptors; `fwd` holds as many results as asked for
+    unsafe {
+        dnn::get_convolution_forward_algorithm(
+            h,
+            x.0,
+            w.0,
+            probe.0,
+            y.0,
+            fwd.len() as i32,
+            &mut count,
+            fwd.as_mut_ptr(),
+        )
+    }
+    .map_err(|e| err(op, "forward heuristics", e))?;
+    let ranked = fwd[..count.max(0) as usize]
+        .iter()
+        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
+    let (algo, math) = choose(op, "forward", mode, ranked)?;
+    let conv = conv_desc(op, dtype, math)?;
+    // SAFETY: live handle and descriptors
+    let workspace =
+        unsafe { dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo) }
+            .map_err(|e| err(op, "forward workspace size", e))?;
+    let forward = Pass {
+        algo,
+        workspace,
+        conv,
+    };
+
+    // data gradient
+    let mut bwd = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>() }; 6];
+    // SAFETY: as above
+    unsafe {
+        dnn::get_convolution_backward_data_algorithm(
+            h,
+            w.0,
+            y.0,
+            probe.0,
+            x.0,
+            bwd.len() as i32,
+            &mut count,
+            bwd.as_mut_ptr(),
+        )
+    }
+    .map_err(|e| err(op, "data-gradient heuristics", e))?;
+    let ranked = bwd[..count.max(0) as usize]
+        .iter()
+        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
+    let (algo, math) = choose(op, "data-gradient", mode, ranked)?;
+    let conv = conv_desc(op, dtype, math)?;
+    // SAFETY: as above
+    let workspace = unsafe {
+        dnn::get_convolution_backward_data_workspace_size(h, w.0, y.0, conv.0, x.0, algo)
+    }
+    .map_err(|e| err(op, "data-gradient workspace size", e))?;
+    let data = Pass {
+        algo,
+        workspace,
+        conv,
+    };
+
+    // filter gradient
+    let mut flt = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>() }; 7];
+    // SAFETY: as above
+    unsafe {
+        dnn::get_convolution_backward_filter_algorithm(
+            h,
+            x.0,
+            y.0,
+            probe.0,
+            w.0,
+            flt.len() as i32,
+            &mut count,
+            flt.as_mut_ptr(),
+        )
+    }
+    .map_err(|e| err(op, "filter-gradient heuristics", e))?;
+    let ranked = flt[..count.max(0) as usize]
+        .iter()
+        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
+    let (algo, math) = choose(op, "filter-gradient", mode, ranked)?;
+    let conv = conv_desc(op, dtype, math)?;
+    // SAFETY: as above
+    let workspace = unsafe {
+        dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
+    }
+    .map_err(|e| err(op, "filter-gradient workspace size", e))?;
+    let filter = Pass {
+        algo,
+        workspace,
+        conv,
+    };
+
+    let p = Rc::new(Plan {
+        handle,
+        x,
+        y,
+        w,
+        forward,
+        data,
+        filter,
+    });
+    PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
+    Ok(p)
+}
+
+/// Whether candle's f32 products run in TF32 (`--math tf32`), which the convolution follows.
+fn tf32() -> bool {
+    candle_core::cuda::gemm_reduced_precision_f32()
+}
+
+/// The workspace bytes (forward, data gradient, filter gradient) of the plan for `s` in
+/// `dtype` under the current math mode on `dev` (the plan is made and kept for the step).
+pub fn workspaces(dev: &CudaDevice, s: ConvShape, dtype: DType) -> candle_core::Result<[usize; 3]> {
+    let p = plan(dev, s, dtype, tf32())?;
+    Ok([p.forward.workspace, p.data.workspace, p.filter.workspace])
+}
+
+/// The algorithms of that plan, by cuDNN's names.
+pub fn algorithms(
+    dev: &CudaDevice,
+    s: ConvShape,
+    dtype: DType,
+) -> candle_core::Result<ConvAlgorithms> {
+    let p = plan(dev, s, dtype, tf32())?;
+    let name = |a: String| a.trim_start_matches("CUDNN_CONVOLUTION_").to_string();
+    Ok(ConvAlgorithms {
+        forward: name(format!("{:?}", p.forward.algo)),
+        data: name(format!("{:?}", p.data.algo)),
+        filter: name(format!("{:?}", p.filter.algo)),
+    })
+}
+
+/// Which pass a launch runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Which {
+    /// `dst = conv(a = s, b = W)`: `dst` `[k, M]`.
+    Forward,
+    /// `dst = ds` from `a = W`, `b = gy`: `dst` `[B, M]`.
+    Data,
+    /// `dst = dW` from `a = s`, `b = gy`: `dst` `[k, B, 3, 3]`.
+    Filter,
+}
+
+/// One pass of the 3×3 convolution of shapes `s`: the destination written whole (β = 0), the
+/// two operands as [`Which`] says. Every operand contiguous (any start offset) and of the
+/// length its role asks, all of one dtype.
+pub fn launch(
+    which: Which,
+    s: ConvShape,
+    dst: (&mut CudaStorage, &Layout),
+    a: (&CudaStorage, &Layout),
+    b: (&CudaStorage, &Layout),
+) -> candle_core::Result<()> {
+    let op = match which {
+        Which::Forward => "conv3x3 forward",
+        Which::Data => "conv3x3 data gradient",
+        Which::Filter => "conv3x3 filter gradient",
+    };
+    let dtype = dst.0.dtype();
+    if a.0.dtype() != dtype || b.0.dtype() != dtype {
+        return Err(msg(format!(
+            "{op} (cudnn): operands must share the destination's dtype {dtype:?}, got {:?} and {:?}",
+            a.0.dtype(),
+            b.0.dtype()
+        )));
+    }
+    let (m, weights) = (s.columns(), 9 * s.k * s.b);
+    let (dst_len, a_len, b_len) = match which {
+        Which::Forward => (s.k * m, s.b * m, weights),
+        Which::Data => (s.b * m, weights, s.k * m),
+        Which::Filter => (weights, s.b * m, s.k * m),
+    };
+    let (dr, ar, br) = (
+        contiguous_range(dst.1, op)?,
+        contiguous_range(a.1, op)?,
+        contiguous_range(b.1, op)?,
+    );
+    expect_len(op, "the destination", dr, dst_len)?;
+    expect_len(op, "the first operand", ar, a_len)?;
+    expect_len(op, "the second operand", br, b_len)?;
+    let dev = dst.0.device.clone();
+    let p = plan(&dev, s, dtype, tf32())?;
+    let workspace = match which {
+        Which::Forward => p.forward.workspace,
+        Which::Data => p.data.workspace,
+        Which::Filter => p.filter.workspace,
+    };
+    let stream = dev.cuda_stream();
+    // the workspace from the stream-ordered pool (charged like every tensor), freed on the
+    // stream once the call is queued
+    let mut ws = match workspace {
+        0 => None,
+        n => Some(
+            // SAFETY: cuDNN writes the workspace before it reads it
+            unsafe { dev.alloc::<u8>(n) }
+                .map_err(|e| msg(format!("{op} (cudnn): workspace of {n} bytes: {e}")))?,
+        ),
+    };
+    let ws_ptr = ws.as_mut().map(|w| w.device_ptr_mut(&stream));
+    let ws_addr = ws_ptr.as_ref().map_or(0, |(p, _)| *p);
+    let (d, a, b, scratch) = (
+        (dst.0, dr.0),
+        (a.0, ar.0),
+        (b.0, br.0),
+        (ws_addr, workspace),
+    );
+    let status = match dtype {
+        DType::F32 => run::<f32>(which, &p, &stream, d, a, b, scratch),
+        DType::F64 => run::<f64>(which, &p, &stream, d, a, b, scratch),
+        DType::BF16 => run::<half::bf16>(which, &p, &stream, d, a, b, scratch),
+        other => return Err(unsupported(op, other)),
+    }?;
+    drop(ws_ptr);
+    drop(ws);
+    status.map_err(|e| err(op, "launch", e))
+}
+
+/// The call of `which` on the addresses of the operands (each offset applied) with α = 1,
+/// β = 0 (f64 scalars for f64 data, f32 otherwise), while the guards that keep the storages'
+/// pointers valid are held.
+#[allow(clippy::too_many_arguments)]
+fn run<T: CudaDType + candle_core::WithDType>(
+    which: Which,
+    p: &Plan,
+    stream: &Arc<CudaStream>,
+    (dst, d0): (&mut CudaStorage, usize),
+    (a, a0): (&CudaStorage, usize),
+    (b, b0): (&CudaStorage, usize),
+    (ws, ws_bytes): (u64, usize),
+) -> candle_core::Result<Result<(), dnn::CudnnError>> {
+    let size = std::mem::size_of::<T>() as u64;
+    let (dst_base, _d) = dst.as_cuda_slice_mut::<T>()?.device_ptr_mut(stream);
+    let (a_base, _a) = a.as_cuda_slice::<T>()?.device_ptr(stream);
+    let (b_base, _b) = b.as_cuda_slice::<T>()?.device_ptr(stream);
+    let at = |base: u64, off: usize| (base + off as u64 * size) as *mut std::ffi::c_void;
+    let (d, x, y) = (at(dst_base, d0), at(a_base, a0), at(b_base, b0));
+    let (one64, zero64, one32, zero32) = (1f64, 0f64, 1f32, 0f32);
+    let (one, zero): (*const std::ffi::c_void, *const std::ffi::c_void) = if T::DTYPE == DType::F64
+    {
+        (&one64 as *const f64 as _, &zero64 as *const f64 as _)
+    } else {
+        (&one32 as *const f32 as _, &zero32 as *const f32 as _)
+    };
+    let wsp = ws as *mut std::ffi::c_void;
+    let h = p.handle.0;
+    // SAFETY: the descriptors describe the operands (checked lengths, contiguous, one dtype);
+    // the destination does not overlap the operands (another storage: candle's in-place op
+    // refuses shared storages); the workspace has the plan's size; the handle is bound to
+    // candle's stream, which orders the call with every other op.
+    Ok(unsafe {
+        match which {
+            Which::Forward => dnn::convolution_forward(
+                h,
+                one,
+                p.x.0,
+                x,
+                p.w.0,
+                y,
+                p.forward.conv.0,
+                p.forward.algo,
+                wsp,
+                ws_bytes,
+                zero,
+                p.y.0,
+                d,
+            ),
+            Which::Data => dnn::convolution_backward_data(
+                h,
+                one,
+                p.w.0,
+                x,
+                p.y.0,
+                y,
+                p.data.conv.0,
+                p.data.algo,
+                wsp,
+                ws_bytes,
+                zero,
+                p.x.0,
+                d,
+            ),
+            Which::Filter => dnn::convolution_backward_filter(
+                h,
+                one,
+                p.x.0,
+                x,
+                p.y.0,
+                y,
+                p.filter.conv.0,
+                p.filter.algo,
+                wsp,
+                ws_bytes,
+                zero,
+                p.w.0,
+                d,
+            ),
+        }
+    })
+}
