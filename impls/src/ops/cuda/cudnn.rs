@@ -211,10 +211,26 @@ fn requested_math(dtype: DType, tf32: bool) -> sys::cudnnMathType_t {
     }
 }
 
-/// Whether an algorithm ranked with `math` may run under the plan's mode: IEEE f32 only FMA
-/// kernels, every other mode any.
+/// Whether an algorithm ranked with `math` may run under the plan's mode: in IEEE f32 none
+/// ranked for tensor cores (TF32), every other mode any.
 fn math_allowed(dtype: DType, tf32: bool, math: sys::cudnnMathType_t) -> bool {
-    dtype != DType::F32 || tf32 || math == sys::cudnnMathType_t::CUDNN_FMA_MATH
+    use sys::cudnnMathType_t as M;
+    let tensor_cores = matches!(
+        math,
+        M::CUDNN_TENSOR_OP_MATH | M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION
+    );
+    dtype != DType::F32 || tf32 || !tensor_cores
+}
+
+/// The math type a pass's descriptor runs its algorithm with: the one cuDNN ranked it with (as
+/// PyTorch sets it), except in IEEE f32, where it stays `CUDNN_FMA_MATH` whatever the ranking
+/// said (`CUDNN_DEFAULT_MATH` would let an sm_80+ GPU use TF32).
+fn pass_math(dtype: DType, tf32: bool, ranked: sys::cudnnMathType_t) -> sys::cudnnMathType_t {
+    if dtype == DType::F32 && !tf32 {
+        sys::cudnnMathType_t::CUDNN_FMA_MATH
+    } else {
+        ranked
+    }
 }
 
 /// The first of cuDNN's ranked results that succeeded, is deterministic and keeps the math
@@ -302,7 +318,7 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         .iter()
         .map(|p| (p.algo, p.status, p.determinism, p.mathType));
     let (algo, math) = choose(op, "forward", mode, ranked)?;
-    let conv = conv_desc(op, dtype, math)?;
+    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
     // SAFETY: live handle and descriptors
     let workspace =
         unsafe { dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo) }
@@ -333,7 +349,7 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         .iter()
         .map(|p| (p.algo, p.status, p.determinism, p.mathType));
     let (algo, math) = choose(op, "data-gradient", mode, ranked)?;
-    let conv = conv_desc(op, dtype, math)?;
+    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
     // SAFETY: as above
     let workspace = unsafe {
         dnn::get_convolution_backward_data_workspace_size(h, w.0, y.0, conv.0, x.0, algo)
@@ -365,7 +381,7 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         .iter()
         .map(|p| (p.algo, p.status, p.determinism, p.mathType));
     let (algo, math) = choose(op, "filter-gradient", mode, ranked)?;
-    let conv = conv_desc(op, dtype, math)?;
+    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
     // SAFETY: as above
     let workspace = unsafe {
         dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
