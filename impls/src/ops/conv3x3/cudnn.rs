@@ -52,7 +52,7 @@ impl InplaceOp3 for Cudnn {
     }
 }
 
-fn shape(g: Grid, b: usize, k: usize) -> ConvShape {
+fn shape_of(g: Grid, b: usize, k: usize) -> ConvShape {
     ConvShape {
         n: g.n,
         b,
@@ -72,51 +72,75 @@ fn cuda(dev: &Device, what: &'static str) -> Result<candle_core::CudaDevice> {
     }
 }
 
+/// A new tensor of `shape` in `like`'s dtype and device, written whole by cuDNN's pass `which`
+/// (β = 0) from `a` and `b`, for a convolution of `b_in` channels into `k`.
+#[allow(clippy::too_many_arguments)]
+fn pass(
+    which: Which,
+    what: &'static str,
+    g: Grid,
+    (b_in, k): (usize, usize),
+    shape: &[usize],
+    like: &Tensor,
+    a: &Tensor,
+    b: &Tensor,
+) -> Result<Tensor> {
+    // SAFETY: cuDNN writes the destination whole (β = 0) before anything reads it
+    let dst = unsafe { unfilled(shape, like.dtype(), like.device(), what)? };
+    let op = Cudnn {
+        which,
+        shape: shape_of(g, b_in, k),
+    };
+    dst.inplace_op3(a, b, &op).ctx(what)?;
+    Ok(dst)
+}
+
 /// `y [k, M] = conv(s [B, M], w [k, B, 3, 3])`, all in one dtype.
 pub fn forward(s: &Tensor, w: &Tensor, g: Grid) -> Result<Tensor> {
     let (k, b) = (w.dims()[0], w.dims()[1]);
-    // SAFETY: cuDNN writes y whole (β = 0) before anything reads it
-    let y = unsafe { unfilled((k, g.n * g.h * g.w), s.dtype(), s.device(), "conv2 forward")? };
-    let op = Cudnn {
-        which: Which::Forward,
-        shape: shape(g, b, k),
-    };
-    y.inplace_op3(s, w, &op).ctx("conv2 forward (cudnn)")?;
-    Ok(y)
+    let m = g.n * g.h * g.w;
+    pass(
+        Which::Forward,
+        "conv2 forward (cudnn)",
+        g,
+        (b, k),
+        &[k, m],
+        s,
+        s,
+        w,
+    )
 }
 
 /// `ds [B, M]` from `w [k, B, 3, 3]` and `gy [k, M]`.
 pub fn backward_data(gy: &Tensor, w: &Tensor, g: Grid) -> Result<Tensor> {
     let (k, b) = (w.dims()[0], w.dims()[1]);
-    // SAFETY: cuDNN writes ds whole (β = 0)
-    let ds = unsafe {
-        unfilled(
-            (b, g.n * g.h * g.w),
-            gy.dtype(),
-            gy.device(),
-            "conv2 bwd ds",
-        )?
-    };
-    let op = Cudnn {
-        which: Which::Data,
-        shape: shape(g, b, k),
-    };
-    ds.inplace_op3(w, gy, &op).ctx("conv2 bwd ds (cudnn)")?;
-    Ok(ds)
+    let m = g.n * g.h * g.w;
+    pass(
+        Which::Data,
+        "conv2 bwd ds (cudnn)",
+        g,
+        (b, k),
+        &[b, m],
+        gy,
+        w,
+        gy,
+    )
 }
 
 /// `dW [k, B, 3, 3]` from `s [B, M]` and `gy [k, M]`, in their dtype (cuDNN's filter gradient
 /// takes the operands' type: bf16 under autocast, as PyTorch's; the caller widens it).
 pub fn backward_filter(gy: &Tensor, s: &Tensor, g: Grid) -> Result<Tensor> {
     let (k, b) = (gy.dims()[0], s.dims()[0]);
-    // SAFETY: cuDNN writes dW whole (β = 0)
-    let dw = unsafe { unfilled((k, b, 3, 3), gy.dtype(), gy.device(), "conv2 bwd dW")? };
-    let op = Cudnn {
-        which: Which::Filter,
-        shape: shape(g, b, k),
-    };
-    dw.inplace_op3(s, gy, &op).ctx("conv2 bwd dW (cudnn)")?;
-    Ok(dw)
+    pass(
+        Which::Filter,
+        "conv2 bwd dW (cudnn)",
+        g,
+        (b, k),
+        &[k, b, 3, 3],
+        gy,
+        s,
+        gy,
+    )
 }
 
 /// The workspaces cuDNN takes on `dev` for a convolution of `b` channels into `k` on `g` in
@@ -130,7 +154,7 @@ pub fn workspaces(
 ) -> Result<ConvWorkspaces> {
     let d = cuda(dev, "conv2 workspaces")?;
     let [forward, data, filter] =
-        dnn::workspaces(&d, shape(g, b, k), dtype).ctx("conv2 workspaces (cudnn)")?;
+        dnn::workspaces(&d, shape_of(g, b, k), dtype).ctx("conv2 workspaces (cudnn)")?;
     Ok(ConvWorkspaces {
         forward: forward as u64,
         data: data as u64,
@@ -142,7 +166,7 @@ pub fn workspaces(
 /// `fwd IMPLICIT_PRECOMP_GEMM, data ALGO_1, filter ALGO_1`.
 pub fn algorithms(dev: &Device, g: Grid, b: usize, k: usize, dtype: DType) -> Result<String> {
     let d = cuda(dev, "conv2 algorithms")?;
-    let a = dnn::algorithms(&d, shape(g, b, k), dtype).ctx("conv2 algorithms (cudnn)")?;
+    let a = dnn::algorithms(&d, shape_of(g, b, k), dtype).ctx("conv2 algorithms (cudnn)")?;
     Ok(format!(
         "fwd {}, data {}, filter {}",
         a.forward, a.data, a.filter

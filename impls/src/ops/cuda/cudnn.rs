@@ -270,6 +270,86 @@ fn choose<A: Copy + std::fmt::Debug>(
     )))
 }
 
+/// One of cuDNN's three ranked-result types (`cudnnConvolution*AlgoPerf_t`).
+trait Ranked: Copy {
+    type Algo: Copy + std::fmt::Debug;
+    /// How many algorithms cuDNN has for the pass (`*_ALGO_COUNT`).
+    const COUNT: usize;
+    fn fields(
+        &self,
+    ) -> (
+        Self::Algo,
+        sys::cudnnStatus_t,
+        sys::cudnnDeterminism_t,
+        sys::cudnnMathType_t,
+    );
+}
+
+macro_rules! ranked {
+    ($perf:ty, $algo:ty, $count:expr) => {
+        impl Ranked for $perf {
+            type Algo = $algo;
+            const COUNT: usize = $count as usize;
+            fn fields(
+                &self,
+            ) -> (
+                Self::Algo,
+                sys::cudnnStatus_t,
+                sys::cudnnDeterminism_t,
+                sys::cudnnMathType_t,
+            ) {
+                (self.algo, self.status, self.determinism, self.mathType)
+            }
+        }
+    };
+}
+ranked!(
+    sys::cudnnConvolutionFwdAlgoPerf_t,
+    sys::cudnnConvolutionFwdAlgo_t,
+    sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT
+);
+ranked!(
+    sys::cudnnConvolutionBwdDataAlgoPerf_t,
+    sys::cudnnConvolutionBwdDataAlgo_t,
+    sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT
+);
+ranked!(
+    sys::cudnnConvolutionBwdFilterAlgoPerf_t,
+    sys::cudnnConvolutionBwdFilterAlgo_t,
+    sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT
+);
+
+/// One pass planned: cuDNN's ranking (`heuristics(out, asked, &mut returned)`), the algorithm
+/// [`choose`] takes from it, a descriptor with its math ([`pass_math`]) and its workspace size
+/// (`workspace(descriptor, algorithm)`).
+fn pass<P: Ranked>(
+    (op, name): (&str, &str),
+    (dtype, tf32): (DType, bool),
+    heuristics: impl FnOnce(*mut P, i32, &mut i32) -> Result<(), dnn::CudnnError>,
+    workspace: impl FnOnce(&ConvDesc, P::Algo) -> Result<usize, dnn::CudnnError>,
+) -> candle_core::Result<Pass<P::Algo>> {
+    // SAFETY: plain C structs of enums, numbers and padding, for cuDNN to fill
+    let mut out = vec![unsafe { std::mem::zeroed::<P>() }; P::COUNT];
+    let mut count = 0;
+    heuristics(out.as_mut_ptr(), P::COUNT as i32, &mut count)
+        .map_err(|e| err(op, &format!("{name} heuristics"), e))?;
+    let returned = (count.max(0) as usize).min(P::COUNT);
+    let (algo, math) = choose(
+        op,
+        name,
+        (dtype, tf32),
+        out[..returned].iter().map(P::fields),
+    )?;
+    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
+    let workspace =
+        workspace(&conv, algo).map_err(|e| err(op, &format!("{name} workspace size"), e))?;
+    Ok(Pass {
+        algo,
+        workspace,
+        conv,
+    })
+}
+
 fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core::Result<Rc<Plan>> {
     let key = (dev.id(), s, dtype, tf32);
     if let Some(p) = PLANS.with(|m| m.borrow().get(&key).cloned()) {
@@ -292,106 +372,42 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         )
     }
     .map_err(|e| err(op, "filter descriptor", e))?;
-    let mode = (dtype, tf32);
     let asked = requested_math(dtype, tf32);
     let h = handle.0;
 
-    // forward
     let probe = conv_desc(op, dtype, asked)?;
-    let mut fwd = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionFwdAlgoPerf_t>() }; 8];
-    let mut count = 0;
-    // SAFETY: live handle and descriptors; `fwd` holds as many results as asked for
-    unsafe {
-        dnn::get_convolution_forward_algorithm(
-            h,
-            x.0,
-            w.0,
-            probe.0,
-            y.0,
-            fwd.len() as i32,
-            &mut count,
-            fwd.as_mut_ptr(),
-        )
-    }
-    .map_err(|e| err(op, "forward heuristics", e))?;
-    let ranked = fwd[..count.max(0) as usize]
-        .iter()
-        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
-    let (algo, math) = choose(op, "forward", mode, ranked)?;
-    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
-    // SAFETY: live handle and descriptors
-    let workspace =
-        unsafe { dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo) }
-            .map_err(|e| err(op, "forward workspace size", e))?;
-    let forward = Pass {
-        algo,
-        workspace,
-        conv,
-    };
-
-    // data gradient
-    let mut bwd = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdDataAlgoPerf_t>() }; 6];
-    // SAFETY: as above
-    unsafe {
-        dnn::get_convolution_backward_data_algorithm(
-            h,
-            w.0,
-            y.0,
-            probe.0,
-            x.0,
-            bwd.len() as i32,
-            &mut count,
-            bwd.as_mut_ptr(),
-        )
-    }
-    .map_err(|e| err(op, "data-gradient heuristics", e))?;
-    let ranked = bwd[..count.max(0) as usize]
-        .iter()
-        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
-    let (algo, math) = choose(op, "data-gradient", mode, ranked)?;
-    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
-    // SAFETY: as above
-    let workspace = unsafe {
-        dnn::get_convolution_backward_data_workspace_size(h, w.0, y.0, conv.0, x.0, algo)
-    }
-    .map_err(|e| err(op, "data-gradient workspace size", e))?;
-    let data = Pass {
-        algo,
-        workspace,
-        conv,
-    };
-
-    // filter gradient
-    let mut flt = [unsafe { std::mem::zeroed::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>() }; 7];
-    // SAFETY: as above
-    unsafe {
-        dnn::get_convolution_backward_filter_algorithm(
-            h,
-            x.0,
-            y.0,
-            probe.0,
-            w.0,
-            flt.len() as i32,
-            &mut count,
-            flt.as_mut_ptr(),
-        )
-    }
-    .map_err(|e| err(op, "filter-gradient heuristics", e))?;
-    let ranked = flt[..count.max(0) as usize]
-        .iter()
-        .map(|p| (p.algo, p.status, p.determinism, p.mathType));
-    let (algo, math) = choose(op, "filter-gradient", mode, ranked)?;
-    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
-    // SAFETY: as above
-    let workspace = unsafe {
-        dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
-    }
-    .map_err(|e| err(op, "filter-gradient workspace size", e))?;
-    let filter = Pass {
-        algo,
-        workspace,
-        conv,
-    };
+    // SAFETY (each call below): a live handle and descriptors, and room for as many results as
+    // asked for
+    let forward = pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
+        (op, "forward"),
+        (dtype, tf32),
+        |out, n, count| unsafe {
+            dnn::get_convolution_forward_algorithm(h, x.0, w.0, probe.0, y.0, n, count, out)
+        },
+        |conv, algo| unsafe {
+            dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo)
+        },
+    )?;
+    let data = pass::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(
+        (op, "data-gradient"),
+        (dtype, tf32),
+        |out, n, count| unsafe {
+            dnn::get_convolution_backward_data_algorithm(h, w.0, y.0, probe.0, x.0, n, count, out)
+        },
+        |conv, algo| unsafe {
+            dnn::get_convolution_backward_data_workspace_size(h, w.0, y.0, conv.0, x.0, algo)
+        },
+    )?;
+    let filter = pass::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(
+        (op, "filter-gradient"),
+        (dtype, tf32),
+        |out, n, count| unsafe {
+            dnn::get_convolution_backward_filter_algorithm(h, x.0, y.0, probe.0, w.0, n, count, out)
+        },
+        |conv, algo| unsafe {
+            dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
+        },
+    )?;
 
     let p = Rc::new(Plan {
         handle,
