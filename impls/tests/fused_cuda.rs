@@ -588,7 +588,7 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
 /// cuDNN's 3×3 convolution (the `cudnn` feature: `ops::conv3x3::cudnn`, the layer's default on
 /// a GPU) against the CPU's direct kernel: forward and both gradients, the output gradient
 /// read through a row view with a start offset (as the block reads a gradient buffer's rows),
-/// in f64 (to summation order), f32 in IEEE math (norm-wise, f32 sums of 9·B and M terms) and
+/// in f64 (to summation order), f32 in IEEE math (Winograd or FFT allowed) and
 /// bf16 (cuDNN's f32 accumulation rounded once against the CPU's, and its bf16 filter gradient);
 /// two runs bitwise equal (deterministic algorithms), and the layer's dispatch is cuDNN.
 #[cfg(feature = "cudnn")]
@@ -607,10 +607,11 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
         size: Spatial::new(GRID.h, GRID.w),
         ..Config::tiny(Family::Bc)
     };
-    // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor)
+    // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor); in IEEE f32 cuDNN may pick
+    // Winograd or FFT (as for PyTorch), whose errors are some 1e-5 of the largest element
     for (dtype, tol) in [
         (DType::F64, 1e-13),
-        (DType::F32, 1e-5),
+        (DType::F32, 1e-4),
         (DType::BF16, 2.0 * 2f64.powi(-8)),
     ] {
         let s = rand((b, m), 31, DType::F64).to_dtype(dtype).expect("s");
