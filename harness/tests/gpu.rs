@@ -559,6 +559,78 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
     );
 }
 
+/// Issue 38 item 1: the bc layer's 3×3 convolution in cuDNN (a `cudnn` build's default) and on
+/// the tap stack (`DENSEBENCH_CONV=tap-stack`), each as a row of a small bc block: both `ok` with
+/// their gradients checked, each row's `note` naming the path it ran (cuDNN's algorithms and
+/// workspaces, or no cuDNN), and each measured peak equal to the model of that path charged with
+/// the pool's rounding (×1.000 ± 0.001). A binary without the feature runs the tap stack for both
+/// and refuses `DENSEBENCH_CONV=cudnn` with one line.
+#[test]
+fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
+    if gpu_or_skip("gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled").is_none()
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().expect("temp dir");
+    let args = small_bc("4");
+    let cudnn_built = cfg!(feature = "cudnn");
+    for v in ["cat-store-copy", "buffer-recompute-inplace"] {
+        let v = impls::Variant::parse(v).expect("variant");
+        for conv in ["default", "tap-stack"] {
+            let mut cmd = Command::new(bin());
+            if conv != "default" {
+                cmd.env("DENSEBENCH_CONV", conv);
+            }
+            let r = checked_gpu_row(&args, v, dir.path(), cmd);
+            let in_cudnn = r.note.contains("3×3 convolution in cuDNN");
+            assert_eq!(
+                in_cudnn,
+                cudnn_built && conv == "default",
+                "{} ({conv}): note {}",
+                r.key,
+                r.note
+            );
+            let (peak, predicted) = (
+                r.peak_bytes.expect("peak"),
+                r.predicted_peak_bytes.expect("prediction"),
+            );
+            let ratio = peak as f64 / predicted as f64;
+            println!("{} ({conv}): ×{ratio:.6}, {} B; {}", r.key, peak, r.note);
+            assert!(
+                (ratio - 1.0).abs() <= 0.001,
+                "{} ({conv}): measured {peak} B, predicted {predicted} B (×{ratio:.6}); {}",
+                r.key,
+                r.note
+            );
+        }
+    }
+    if !cudnn_built {
+        let o = Command::new(bin())
+            .env("DENSEBENCH_CONV", "cudnn")
+            .arg("run")
+            .args(args)
+            .args([
+                "--variant",
+                "cat-store-copy",
+                "--device",
+                "cuda:0",
+                "--cache-dir",
+            ])
+            .arg(dir.path().join("cache"))
+            .output()
+            .expect("the densebench binary runs");
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        );
+        assert!(
+            text.contains("DENSEBENCH_CONV") && text.contains("--features cudnn"),
+            "{text}"
+        );
+    }
+}
+
 /// Issue 11 item 5, as graph rows (issue 36): every hand-written variant of a small bc block,
 /// as a `run --execution graph` row on `cuda:0`, is timed as one CUDA graph (`measure::graph`)
 /// whose replayed results are bitwise the checked eager step's (the child reports a timing only
