@@ -226,7 +226,13 @@ export CUDA_COMPUTE_CAP="\${CUDA_COMPUTE_CAP:-90}"
 EOF
 }
 
-if [ ! -f "$marker" ] || [ "$(cat "$marker")" != "$want" ] || [ ! -x "$prefix/bin/nvcc" ]; then
+# A prefix installed with cuDNN also serves a request without it (no download back and forth
+# between a `--cudnn` build and a plain one).
+installed=$(cat "$marker" 2>/dev/null || true)
+if [ "$cudnn" = 0 ] && [ -n "${cudnn_wheel:-}" ] && [ "$installed" = "$want $cudnn_wheel" ]; then
+    want=$installed
+fi
+if [ "$installed" != "$want" ] || [ ! -x "$prefix/bin/nvcc" ]; then
     install
     printf '%s\n' "$want" > "$marker"
 else
