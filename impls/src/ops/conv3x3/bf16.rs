@@ -16,8 +16,8 @@
 //! only (`tests/bf16_kernels.rs`).
 
 use super::tiles::{
-    fill_tile_as, tile_dims, tile_rows, tiles, weight_by_groups, workspace_elems, write_tile, Pass,
-    Scratches,
+    by_tiles, fill_tile_as, tile_dims, tile_rows, weight_by_groups, workspace_elems, write_tile,
+    Pass,
 };
 use crate::ops::cpu::bf16_dot::{
     multiply_packed, pack_a_rows, pack_a_with, pack_b, pack_b_rows, packed_a_len, packed_b_len, MR,
@@ -26,7 +26,6 @@ use crate::ops::cpu::bf16_dot::{
 use crate::ops::cpu::shared::{zip1, Elem, SharedPtr};
 use crate::ops::layout::grid::{Grid, TAPS};
 use half::bf16;
-use rayon::prelude::*;
 
 /// f32 slots that hold `n` bf16 elements.
 fn slots(n: usize) -> usize {
@@ -98,58 +97,51 @@ fn forward(s: &[bf16], w: &[bf16], b: usize, k: usize, g: Grid) -> Option<Vec<bf
         );
     }
     let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
-    // Uninitialised: every element is written once by its tile (as the widened path).
-    let mut out: Vec<bf16> = Vec::with_capacity(k * m);
-    let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::<f32>::new(g, Pass::Forward, b, k);
-    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
-        ws.with(|scratch| {
-            let (_, tl, cols) = tile_dims(g, r);
-            let (zc, zp) = (cols + 2, (cols + 2).next_multiple_of(NR));
-            let [t, pb, z, y] = regions(scratch, [slots(b * tl), pb_len, z_len, y_len]);
-            let tile = as_bf16(t, b * tl);
-            fill_tile_as(tile, s, b, g, (n, y0, r), bf16::ZERO, |v| v);
-            let (pb, tile) = (as_pairs(pb), &*tile);
-            for dy in 0..3 {
-                // SAFETY: rows p < b of the tile from column dy·wp on, zc columns: dy·wp + zc
-                // = (dy + r)·wp ≤ tl; pb holds packed_b_len(zc, b) ≤ pb_len; the dot kernel is
-                // enabled (the caller's check); z holds (3k rounded to MR) rows of zp ≥ zc
-                // rounded to NR columns.
-                unsafe {
-                    pack_b_rows(|p| tile.as_ptr().add(p * tl + dy * wp), 1, b, zc, pb);
-                    z.fill(0.0);
-                    multiply_packed(&pa[dy * pa_len..], pb, 3 * k, zc, b, z, zp);
-                }
-                for o in 0..k {
-                    for row in 0..r {
-                        let acc = &mut y[(o * r + row) * g.w..][..g.w];
-                        for dx in 0..3 {
-                            let tap = &z[(dx * k + o) * zp + row * wp + dx..][..g.w];
-                            if dy == 0 && dx == 0 {
-                                acc.copy_from_slice(tap);
-                            } else {
-                                zip1(acc, tap, |a, v| a + v);
-                            }
+    let tile = |shared: SharedPtr<bf16>, scratch: &mut [f32], (n, y0, r): (usize, usize, usize)| {
+        let (_, tl, cols) = tile_dims(g, r);
+        let (zc, zp) = (cols + 2, (cols + 2).next_multiple_of(NR));
+        let [t, pb, z, y] = regions(scratch, [slots(b * tl), pb_len, z_len, y_len]);
+        let tile = as_bf16(t, b * tl);
+        fill_tile_as(tile, s, b, g, (n, y0, r), bf16::ZERO, |v| v);
+        let (pb, tile) = (as_pairs(pb), &*tile);
+        for dy in 0..3 {
+            // SAFETY: rows p < b of the tile from column dy·wp on, zc columns: dy·wp + zc
+            // = (dy + r)·wp ≤ tl; pb holds packed_b_len(zc, b) ≤ pb_len; the dot kernel is
+            // enabled (the caller's check); z holds (3k rounded to MR) rows of zp ≥ zc
+            // rounded to NR columns.
+            unsafe {
+                pack_b_rows(|p| tile.as_ptr().add(p * tl + dy * wp), 1, b, zc, pb);
+                z.fill(0.0);
+                multiply_packed(&pa[dy * pa_len..], pb, 3 * k, zc, b, z, zp);
+            }
+            for o in 0..k {
+                for row in 0..r {
+                    let acc = &mut y[(o * r + row) * g.w..][..g.w];
+                    for dx in 0..3 {
+                        let tap = &z[(dx * k + o) * zp + row * wp + dx..][..g.w];
+                        if dy == 0 && dx == 0 {
+                            acc.copy_from_slice(tap);
+                        } else {
+                            zip1(acc, tap, |a, v| a + v);
                         }
                     }
                 }
             }
-            for o in 0..k {
-                for row in 0..r {
-                    let at = o * m + n * plane + (y0 + row) * g.w;
-                    // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
-                    zip1(dst, &y[(o * r + row) * g.w..][..g.w], |_, v| {
-                        bf16::narrow(v)
-                    });
-                }
+        }
+        for o in 0..k {
+            for row in 0..r {
+                let at = o * m + n * plane + (y0 + row) * g.w;
+                // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
+                zip1(dst, &y[(o * r + row) * g.w..][..g.w], |_, v| {
+                    bf16::narrow(v)
+                });
             }
-        })
-    });
-    drop(ws);
+        }
+    };
+    // SAFETY: each tile writes rows y0..y0 + r of image n of every output channel, once.
+    let out = unsafe { by_tiles(g, (Pass::Forward, b, k), k, tile) };
     drop(pa);
-    // SAFETY: every element of [0, k·m) was written by exactly one tile.
-    unsafe { out.set_len(k * m) };
     Some(out)
 }
 
@@ -178,33 +170,26 @@ fn data(gy: &[bf16], w: &[bf16], b: usize, k: usize, g: Grid) -> Option<Vec<bf16
         9 * k,
         &mut pa,
     );
-    let m = g.n * g.h * g.w;
-    let mut out: Vec<bf16> = Vec::with_capacity(b * m);
-    let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::<f32>::new(g, Pass::Data, b, k);
-    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
-        ws.with(|scratch| {
-            let (wp, tl, cols) = tile_dims(g, r);
-            let cp = cols.next_multiple_of(NR);
-            let [t, pb, acc] = regions(scratch, [slots(k * tl), pb_len, acc_len]);
-            let gyt = as_bf16(t, k * tl);
-            fill_tile_as(gyt, gy, k, g, (n, y0, r), bf16::ZERO, |v| v);
-            let (pb, gyt) = (as_pairs(pb), &*gyt);
-            // SAFETY: each shifted row has cols elements inside the tile (dy·wp + dx + cols ≤
-            // tl, as the widened path's stack); pb holds packed_b_len(cols, 9k); acc (b
-            // rounded to MR) rows of cp; the dot kernel is enabled (the caller's check).
-            unsafe {
-                pack_b_rows(|q| shifted_row(gyt, k, (wp, tl), q), 1, 9 * k, cols, pb);
-                acc.fill(0.0);
-                multiply_packed(&pa, pb, b, cols, 9 * k, acc, cp);
-                write_tile(shared, (&*acc, cp), b, g, (n, y0, r));
-            }
-        })
-    });
-    drop(ws);
+    let tile = |shared: SharedPtr<bf16>, scratch: &mut [f32], (n, y0, r): (usize, usize, usize)| {
+        let (wp, tl, cols) = tile_dims(g, r);
+        let cp = cols.next_multiple_of(NR);
+        let [t, pb, acc] = regions(scratch, [slots(k * tl), pb_len, acc_len]);
+        let gyt = as_bf16(t, k * tl);
+        fill_tile_as(gyt, gy, k, g, (n, y0, r), bf16::ZERO, |v| v);
+        let (pb, gyt) = (as_pairs(pb), &*gyt);
+        // SAFETY: each shifted row has cols elements inside the tile (dy·wp + dx + cols ≤
+        // tl, as the widened path's stack); pb holds packed_b_len(cols, 9k); acc (b
+        // rounded to MR) rows of cp; the dot kernel is enabled (the caller's check).
+        unsafe {
+            pack_b_rows(|q| shifted_row(gyt, k, (wp, tl), q), 1, 9 * k, cols, pb);
+            acc.fill(0.0);
+            multiply_packed(&pa, pb, b, cols, 9 * k, acc, cp);
+            write_tile(shared, (&*acc, cp), b, g, (n, y0, r));
+        }
+    };
+    // SAFETY: each tile writes rows y0..y0 + r of image n of every output channel, once.
+    let out = unsafe { by_tiles(g, (Pass::Data, b, k), b, tile) };
     drop(pa);
-    // SAFETY: every element of [0, b·m) was written by exactly one tile.
-    unsafe { out.set_len(b * m) };
     Some(out)
 }
 

@@ -175,6 +175,35 @@ pub(super) unsafe fn write_tile<E: Elem<Acc = T>, T: Float>(
     }
 }
 
+/// The forward and data passes' frame, for either kernel: the output `[c_out, M]` allocated
+/// uninitialised (a zeroed vector cost a memset pass over heap memory glibc hands back dirty),
+/// then the pass's scratches (the memory model's order), then `tile(out, scratch, tile)` on
+/// every tile in parallel.
+///
+/// # Safety
+/// `tile` must write every element of rows y0 .. y0 + r of image n in each of the `c_out`
+/// channels of `out` (`c_out · M` elements, e.g. through [`write_tile`]) and nothing else: the
+/// tiles cover every row of every image, so every element is then written exactly once.
+pub(super) unsafe fn by_tiles<E: Copy + Send, T: Float>(
+    g: Grid,
+    (pass, b, k): (Pass, usize, usize),
+    c_out: usize,
+    tile: impl Fn(SharedPtr<E>, &mut [T], (usize, usize, usize)) + Sync,
+) -> Vec<E> {
+    let len = c_out * g.n * g.h * g.w;
+    let mut out: Vec<E> = Vec::with_capacity(len);
+    let shared = SharedPtr(out.as_mut_ptr());
+    let ws = Scratches::<T>::new(g, pass, b, k);
+    tiles(g)
+        .into_par_iter()
+        .for_each(|pos| ws.with(|scratch| tile(shared, scratch, pos)));
+    drop(ws);
+    // SAFETY: every element of [0, len) was written by exactly one tile (the caller's
+    // contract; E is Copy).
+    unsafe { out.set_len(len) };
+    out
+}
+
 /// The weight gradient's frame, for either kernel: every group's partial `dW_taps [9k, B]`
 /// made up front, then the scratches (the memory model's order); `tile(partial, scratch, t,
 /// tile)` adds the group's t-th tile into its partial (t = 0: writes it), the groups in

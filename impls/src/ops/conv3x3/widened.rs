@@ -2,10 +2,9 @@
 //! they are, bf16 operands widened (exact) to f32 as a tile is filled (where the CPU has no
 //! AVX-512 BF16, or a block's packed operands do not fit, see [`super::bf16`]).
 
-use super::tiles::{fill_tile_as, tile_dims, tiles, weight_by_groups, write_tile, Pass, Scratches};
+use super::tiles::{by_tiles, fill_tile_as, tile_dims, weight_by_groups, write_tile, Pass};
 use crate::ops::cpu::shared::{Elem, Float, SharedPtr};
 use crate::ops::layout::grid::{Grid, TAPS};
-use rayon::prelude::*;
 
 /// Copies rows `y0 − 1 .. y0 + r + 1` of image `n` of every channel of `x [C, M]` into `tile
 /// [C, r+2, W+2]` (widened to the compute type, exact), zero outside the image (the halo and
@@ -109,62 +108,54 @@ pub(super) fn forward_tiles<E: Elem<Acc = T>, T: Float>(
             }
         }
     }
-    // Uninitialised: the tiles cover every row of every image, so each element is written
-    // once below (a zeroed vector cost a memset pass over heap memory glibc hands back dirty).
-    let mut out: Vec<E> = Vec::with_capacity(k * m);
-    let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::<T>::new(g, Pass::Forward, b, k);
-    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
-        ws.with(|scratch| {
-            let (wp, tl, cols) = tile_dims(g, r);
-            let zc = cols + 2;
-            let (tile, z) = scratch.split_at_mut(b * tl);
-            fill_tile(tile, s, b, g, (n, y0, r));
-            for dy in 0..3 {
-                // Z rows (3dy .. 3dy + 3)·k: the three taps of kernel row dy on every column
-                // from padded row dy on.
-                // SAFETY: Z has 9k rows of zc; the tile columns read are dy·wp + q for
-                // q < zc = r·wp, ≤ (r + 2)·wp − 1 < tl; wst is 9k × b.
-                unsafe {
-                    gemm_acc(
-                        (3 * k, zc, b),
-                        z.as_mut_ptr(),
-                        Mat::rows(3 * dy * k * zc, zc),
-                        false,
-                        wst.as_ptr(),
-                        Mat::rows(3 * dy * k * b, b),
-                        tile.as_ptr(),
-                        Mat::rows(dy * wp, tl),
-                    );
-                }
+    let tile = |shared: SharedPtr<E>, scratch: &mut [T], (n, y0, r): (usize, usize, usize)| {
+        let (wp, tl, cols) = tile_dims(g, r);
+        let zc = cols + 2;
+        let (tile, z) = scratch.split_at_mut(b * tl);
+        fill_tile(tile, s, b, g, (n, y0, r));
+        for dy in 0..3 {
+            // Z rows (3dy .. 3dy + 3)·k: the three taps of kernel row dy on every column
+            // from padded row dy on.
+            // SAFETY: Z has 9k rows of zc; the tile columns read are dy·wp + q for
+            // q < zc = r·wp, ≤ (r + 2)·wp − 1 < tl; wst is 9k × b.
+            unsafe {
+                gemm_acc(
+                    (3 * k, zc, b),
+                    z.as_mut_ptr(),
+                    Mat::rows(3 * dy * k * zc, zc),
+                    false,
+                    wst.as_ptr(),
+                    Mat::rows(3 * dy * k * b, b),
+                    tile.as_ptr(),
+                    Mat::rows(dy * wp, tl),
+                );
             }
-            // y[o, (row, x)] = Σ_j Z[j·k + o, row·wp + x + dx_j], in tap order from tap 0's
-            // value (no +0 first), in T, rounded once to E.
-            for o in 0..k {
-                for row in 0..r {
-                    let at = o * m + n * plane + (y0 + row) * g.w;
-                    // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
-                    let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
-                    let tap = |j: usize| {
-                        let from = (j * k + o) * zc + row * wp + TAPS[j].1;
-                        &z[from..from + g.w]
-                    };
-                    let taps: [&[T]; 9] = std::array::from_fn(tap);
-                    for (x, d) in dst.iter_mut().enumerate() {
-                        let mut v = taps[0][x];
-                        for t in &taps[1..] {
-                            v = v + t[x];
-                        }
-                        *d = E::narrow(v);
+        }
+        // y[o, (row, x)] = Σ_j Z[j·k + o, row·wp + x + dx_j], in tap order from tap 0's
+        // value (no +0 first), in T, rounded once to E.
+        for o in 0..k {
+            for row in 0..r {
+                let at = o * m + n * plane + (y0 + row) * g.w;
+                // SAFETY: rows y0..y0 + r of image n of channel o belong to this tile only.
+                let dst = unsafe { std::slice::from_raw_parts_mut(shared.get().add(at), g.w) };
+                let tap = |j: usize| {
+                    let from = (j * k + o) * zc + row * wp + TAPS[j].1;
+                    &z[from..from + g.w]
+                };
+                let taps: [&[T]; 9] = std::array::from_fn(tap);
+                for (x, d) in dst.iter_mut().enumerate() {
+                    let mut v = taps[0][x];
+                    for t in &taps[1..] {
+                        v = v + t[x];
                     }
+                    *d = E::narrow(v);
                 }
             }
-        })
-    });
-    drop(ws);
+        }
+    };
+    // SAFETY: each tile writes rows y0..y0 + r of image n of every output channel, once.
+    let out = unsafe { by_tiles(g, (Pass::Forward, b, k), k, tile) };
     drop(wst);
-    // SAFETY: every element of [0, k·m) was written by exactly one tile (T is Copy).
-    unsafe { out.set_len(k * m) };
     out
 }
 
@@ -176,7 +167,6 @@ pub(super) fn data_tiles<E: Elem<Acc = T>, T: Float>(
     k: usize,
     g: Grid,
 ) -> Vec<E> {
-    let m = g.n * g.h * g.w;
     // The flipped kernel, row c = [W[o, c, 8 − j] for j, o] ([B, 9k]), matching the rows of
     // the stacked shifts.
     let mut wt = vec![T::default(); 9 * k * b];
@@ -187,37 +177,30 @@ pub(super) fn data_tiles<E: Elem<Acc = T>, T: Float>(
             }
         }
     }
-    // Uninitialised: every element is written once by its tile (see forward_tiles).
-    let mut out: Vec<E> = Vec::with_capacity(b * m);
-    let shared = SharedPtr(out.as_mut_ptr());
-    let ws = Scratches::<T>::new(g, Pass::Data, b, k);
-    tiles(g).into_par_iter().for_each(|(n, y0, r)| {
-        ws.with(|scratch| {
-            let dims @ (_, tl, cols) = tile_dims(g, r);
-            let (gyt, rest) = scratch.split_at_mut(k * tl);
-            let (stack, acc) = rest.split_at_mut(9 * k * cols);
-            fill_tile(gyt, gy, k, g, (n, y0, r));
-            stack_shifts(stack, gyt, k, dims);
-            // SAFETY: acc is b × cols, wt b × 9k, stack 9k × cols.
-            unsafe {
-                gemm_acc(
-                    (b, cols, 9 * k),
-                    acc.as_mut_ptr(),
-                    Mat::rows(0, cols),
-                    false,
-                    wt.as_ptr(),
-                    Mat::rows(0, 9 * k),
-                    stack.as_ptr(),
-                    Mat::rows(0, cols),
-                );
-                write_tile(shared, (acc, cols), b, g, (n, y0, r));
-            }
-        })
-    });
-    drop(ws);
+    let tile = |shared: SharedPtr<E>, scratch: &mut [T], (n, y0, r): (usize, usize, usize)| {
+        let dims @ (_, tl, cols) = tile_dims(g, r);
+        let (gyt, rest) = scratch.split_at_mut(k * tl);
+        let (stack, acc) = rest.split_at_mut(9 * k * cols);
+        fill_tile(gyt, gy, k, g, (n, y0, r));
+        stack_shifts(stack, gyt, k, dims);
+        // SAFETY: acc is b × cols, wt b × 9k, stack 9k × cols.
+        unsafe {
+            gemm_acc(
+                (b, cols, 9 * k),
+                acc.as_mut_ptr(),
+                Mat::rows(0, cols),
+                false,
+                wt.as_ptr(),
+                Mat::rows(0, 9 * k),
+                stack.as_ptr(),
+                Mat::rows(0, cols),
+            );
+            write_tile(shared, (acc, cols), b, g, (n, y0, r));
+        }
+    };
+    // SAFETY: each tile writes rows y0..y0 + r of image n of every output channel, once.
+    let out = unsafe { by_tiles(g, (Pass::Data, b, k), b, tile) };
     drop(wt);
-    // SAFETY: every element of [0, b·m) was written by exactly one tile (T is Copy).
-    unsafe { out.set_len(b * m) };
     out
 }
 
