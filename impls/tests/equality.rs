@@ -10,6 +10,9 @@ use candle_core::{DType, Device};
 use impls::check::compare::{compare, compare_updates};
 use impls::{step, Case, Concat, Config, Family, NoProbe, Spatial, Variant};
 
+mod blocks;
+use blocks::split_front_block;
+
 /// Norm-wise relative tolerance (max |a − b| / max |ref|) against `autograd` in f64. The two
 /// implementations sum in different orders (candle's conv/matmul backward vs ours), so they
 /// agree to rounding: observed ≤ 1e-14 on these configs; 1e-11 leaves three orders of margin
@@ -240,24 +243,6 @@ fn autograd_f32_matches_in_f64_and_hand_written_f32_is_more_accurate() -> impls:
     // An O(1) relative error would be a wrong formula, not rounding.
     assert!(theirs < 0.1, "autograd f32 error {theirs}");
     Ok(())
-}
-
-/// A bc block wide enough for a split front to have several pieces of each kind (M = 8464:
-/// three column chunks, three column groups for dW1; C_i = 170, 172: three blocks for BN1's
-/// backward).
-fn split_front_block(dtype: DType, seed: u64) -> Config {
-    Config {
-        batch: 1,
-        channels: 170,
-        growth: 2,
-        depth: 2,
-        bn_size: 2,
-        size: Spatial::square(92),
-        activation: true,
-        dtype,
-        seed,
-        family: Family::Bc,
-    }
 }
 
 #[test]

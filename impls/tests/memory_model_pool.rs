@@ -16,6 +16,7 @@ use impls::model::trace::{exact, Kernels};
 use impls::{Case, Config, Family, Relu, Spatial, Strategy, Variant};
 use std::sync::atomic::Ordering::Relaxed;
 
+mod blocks;
 mod counting;
 
 use counting::{
@@ -99,17 +100,7 @@ fn gpu_path_model_matches_the_allocator_exactly_and_under_pool_rounding() {
     // and a bc block wide enough for the split front (issue 38: ReLU1's output in three column
     // chunks, dW1 in three groups, BN1's backward in three channel blocks), which the schedule
     // picks for the recomputing variants on this path too
-    let split = Config {
-        batch: 1,
-        channels: 170,
-        growth: 2,
-        depth: 2,
-        bn_size: 2,
-        size: Spatial::square(92),
-        dtype: DType::F32,
-        seed: 7,
-        ..Config::bc100_block()
-    };
+    let split = blocks::split_front_block(DType::F32, 7);
     let split_seen = Variant::for_config(&split).into_iter().any(|v| {
         impls::model::schedule::schedule_for(v, &split, Kernels::TapStack)
             .unwrap()
