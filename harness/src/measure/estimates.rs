@@ -46,43 +46,40 @@ pub fn gpu_kernels_without_device(cfg: &Config) -> Kernels {
     }
 }
 
-/// What a GPU row's `note` says of the tap-stack 3×3 convolution when it runs in several
-/// chunks of whole images (`impls::model::schedule::tap_chunk_columns_for`: the fewest chunks within
-/// 1% of the variant's least predicted peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS` forces them),
-/// e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk, the mlp and `autograd`, and for an
-/// unreadable override (the row's step reports that).
+/// What a GPU row's `note` says of its step's schedule on `path` (the kernels the child runs,
+/// [`impls::model::kernels_for`] on its device), from one [`impls::model::schedule::schedule_for`]:
 ///
-/// `path`: the kernels the child runs ([`impls::model::kernels_for`] on its device); none for
-/// cuDNN's convolution, which has no tap stack.
-pub fn tap_chunk_note(variant: Variant, cfg: &Config, path: Kernels) -> Option<String> {
-    if variant == Variant::Autograd || cfg.family != impls::Family::Bc || path != Kernels::TapStack
-    {
-        return None;
-    }
-    let columns = impls::model::schedule::schedule_for(variant, cfg, path)
-        .ok()?
-        .tap_chunk_columns;
-    let images = impls::layer::tap_chunk_images(impls::layer::grid(cfg), columns);
-    let chunks = cfg.batch.div_ceil(images.max(1));
-    (chunks > 1).then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"))
-}
-
-/// What a GPU row's `note` says where the model splits the bc layers' fronts
-/// (`impls::model::schedule::Schedule::split_front`: ReLU1's output a column chunk at a time,
-/// its backward a column group then a channel block at a time), which the child's step runs
-/// as the parent predicts (same schedule, same environment: `DENSEBENCH_WHOLE_FRONT=1` keeps
-/// the fronts whole); `None` where they stay whole, for the mlp and `autograd`.
-pub fn front_note(variant: Variant, cfg: &Config, path: Kernels) -> Option<String> {
+/// - the tap-stack 3×3 convolution when it runs in several chunks of whole images (the fewest
+///   chunks within 1% of the variant's least predicted peak, or `DENSEBENCH_TAP_CHUNK_COLUMNS`
+///   forces them), e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk and for
+///   cuDNN's convolution, which has no tap stack;
+/// - the bc layers' fronts where the model splits them (`Schedule::split_front`: ReLU1's output
+///   a column chunk at a time, its backward a column group then a channel block at a time;
+///   `DENSEBENCH_WHOLE_FRONT=1` keeps them whole); `None` where they stay whole.
+///
+/// Both `None` for the mlp, `autograd` and an unreadable override (the row's step reports that).
+pub fn schedule_notes(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+) -> (Option<String>, Option<String>) {
     if variant == Variant::Autograd || cfg.family != impls::Family::Bc {
-        return None;
+        return (None, None);
     }
-    let s = impls::model::schedule::schedule_for(variant, cfg, path).ok()?;
-    s.split_front.then(|| {
+    let Ok(s) = impls::model::schedule::schedule_for(variant, cfg, path) else {
+        return (None, None);
+    };
+    let images = impls::layer::tap_chunk_images(impls::layer::grid(cfg), s.tap_chunk_columns);
+    let chunks = cfg.batch.div_ceil(images.max(1));
+    let chunks = (path == Kernels::TapStack && chunks > 1)
+        .then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"));
+    let front = s.split_front.then(|| {
         format!(
             "bc layer fronts split (ReLU1's output in chunks of ≤ {} columns)",
             impls::layer::FRONT_CHUNK_COLUMNS
         )
-    })
+    });
+    (chunks, front)
 }
 
 /// Floating-point operations of one training step (matmuls and convolutions, both passes;
@@ -245,15 +242,15 @@ mod tests {
             ..Config::bc100_block()
         };
         assert_eq!(
-            tap_chunk_note(bri, &torchvision, TAP).as_deref(),
+            schedule_notes(bri, &torchvision, TAP).0.as_deref(),
             Some("3×3 tap stack in 16 chunks of ≤ 2 images")
         );
         let csi = Variant::parse("cat-store-inplace").unwrap();
         assert_eq!(
-            tap_chunk_note(csi, &torchvision, TAP).as_deref(),
+            schedule_notes(csi, &torchvision, TAP).0.as_deref(),
             Some("3×3 tap stack in 7 chunks of ≤ 5 images")
         );
-        assert_eq!(tap_chunk_note(Variant::Autograd, &torchvision, TAP), None);
+        assert_eq!(schedule_notes(Variant::Autograd, &torchvision, TAP).0, None);
         let brc = Variant::parse("buffer-recompute-copy").unwrap();
         let bc100 = Config {
             depth: 48,
@@ -262,20 +259,20 @@ mod tests {
         // the split front (issue 38) has its own chunking of the tap stack: the layer input's
         // gradient no longer sets the leanest variants' peak
         assert_eq!(
-            tap_chunk_note(brc, &bc100, TAP).as_deref(),
+            schedule_notes(brc, &bc100, TAP).0.as_deref(),
             Some("3×3 tap stack in 2 chunks of ≤ 32 images")
         );
         assert_eq!(
-            tap_chunk_note(bri, &bc100, TAP).as_deref(),
+            schedule_notes(bri, &bc100, TAP).0.as_deref(),
             Some("3×3 tap stack in 8 chunks of ≤ 8 images")
         );
         let split = Some("bc layer fronts split (ReLU1's output in chunks of ≤ 4096 columns)");
-        assert_eq!(front_note(bri, &bc100, TAP).as_deref(), split);
-        assert_eq!(front_note(brc, &bc100, TAP).as_deref(), split);
+        assert_eq!(schedule_notes(bri, &bc100, TAP).1.as_deref(), split);
+        assert_eq!(schedule_notes(brc, &bc100, TAP).1.as_deref(), split);
         // the store variants keep their fronts whole; the mlp has none
-        assert_eq!(front_note(csi, &bc100, TAP), None);
+        assert_eq!(schedule_notes(csi, &bc100, TAP).1, None);
         assert_eq!(
-            front_note(bri, &Config::tiny(impls::Family::Mlp), TAP),
+            schedule_notes(bri, &Config::tiny(impls::Family::Mlp), TAP).1,
             None
         );
         // cuDNN's convolution has no tap stack to chunk; the front's split is the model's
@@ -285,9 +282,9 @@ mod tests {
             data: 1 << 20,
             filter: 1 << 20,
         });
-        assert_eq!(tap_chunk_note(bri, &torchvision, cudnn), None);
-        assert_eq!(tap_chunk_note(bri, &bc100, cudnn), None);
-        assert_eq!(front_note(bri, &bc100, cudnn).as_deref(), split);
-        assert_eq!(front_note(csi, &bc100, cudnn), None);
+        assert_eq!(schedule_notes(bri, &torchvision, cudnn).0, None);
+        assert_eq!(schedule_notes(bri, &bc100, cudnn).0, None);
+        assert_eq!(schedule_notes(bri, &bc100, cudnn).1.as_deref(), split);
+        assert_eq!(schedule_notes(csi, &bc100, cudnn).1, None);
     }
 }
