@@ -47,7 +47,7 @@ pub fn step(
             // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1,
             // whether the CPU splits the layer front (the tap stack's or cuDNN's convolution)
             let path = crate::model::kernels_for(input.device(), cfg)?;
-            let schedule = crate::model::schedule::schedule_for(variant, cfg, path)?;
+            let schedule = crate::model::schedule::schedule_for_step(variant, cfg, path)?;
             crate::layer::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
                 let mut run = || {
                     block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)

@@ -574,4 +574,37 @@ mod tests {
             }
         }
     }
+
+    /// The step's remembered schedule is the model's for the same inputs, and follows a change
+    /// of what it depends on (a forced whole front, a forced tap chunking) instead of
+    /// returning what it remembered.
+    #[test]
+    fn the_steps_remembered_schedule_follows_its_inputs() {
+        let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
+        let cfg = Config {
+            depth: 16,
+            ..Config::bc100_block()
+        };
+        let path = Kernels::TapStack;
+        let fresh = schedule_for(bri, &cfg, path).unwrap();
+        assert!(fresh.split_front);
+        for _ in 0..2 {
+            assert_eq!(schedule_for_step(bri, &cfg, path).unwrap(), fresh);
+        }
+        let whole = crate::layer::with_whole_front(|| schedule_for_step(bri, &cfg, path).unwrap());
+        assert!(!whole.split_front);
+        let plane = cfg.size.height * cfg.size.width;
+        let forced =
+            with_tap_chunk_columns(3 * plane, || schedule_for_step(bri, &cfg, path).unwrap());
+        assert_eq!(forced.tap_chunk_columns, 3 * plane);
+        assert_eq!(schedule_for_step(bri, &cfg, path).unwrap(), fresh);
+        let other = Config {
+            depth: 17,
+            ..cfg.clone()
+        };
+        assert_eq!(
+            schedule_for_step(bri, &other, path).unwrap(),
+            schedule_for(bri, &other, path).unwrap()
+        );
+    }
 }

@@ -108,6 +108,52 @@ pub fn schedule_for(
     Ok(best.map(|(_, s)| s).unwrap_or_default())
 }
 
+/// [`schedule_for`], remembered per thread for the inputs it depends on — the variant, the
+/// config, the kernels, the front and tap-chunk overrides in force and the thread count (the
+/// CPU's packing allowance is per thread) — so that [`crate::step::step()`] does not trace
+/// the block again at the start of every step: on a GPU's tap-stack path the chunking search
+/// traces it up to N times (0.26 ms of host time before a BC-100 L=16
+/// `buffer-recompute-inplace` step's first launch, 0.72 ms at L=48). An unreadable override is
+/// an `Err`, never remembered.
+pub fn schedule_for_step(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+) -> crate::error::Result<Schedule> {
+    type Key = (Variant, Config, Kernels, bool, Option<usize>, usize);
+    thread_local! {
+        static SEEN: std::cell::RefCell<Vec<(Key, Schedule)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    /// Distinct keys kept per thread (a process steps one or two configs).
+    const KEEP: usize = 16;
+    let key: Key = (
+        variant,
+        cfg.clone(),
+        path,
+        crate::layer::whole_front_forced(),
+        crate::layer::tap_chunk_override()?,
+        rayon::current_num_threads(),
+    );
+    if let Some(s) = SEEN.with(|seen| {
+        seen.borrow()
+            .iter()
+            .find(|(k, _)| *k == key)
+            .map(|(_, s)| *s)
+    }) {
+        return Ok(s);
+    }
+    let s = schedule_for(variant, cfg, path)?;
+    SEEN.with(|seen| {
+        let mut seen = seen.borrow_mut();
+        if seen.len() >= KEEP {
+            seen.remove(0);
+        }
+        seen.push((key, s));
+    });
+    Ok(s)
+}
+
 /// How far above its least possible predicted peak a variant's tap-stack chunking may leave
 /// it: `tap_chunk_columns_given` picks the fewest chunks whose peak is within this fraction
 /// of the peak with one image per chunk (the least the tap stack can add).
