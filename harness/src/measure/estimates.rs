@@ -33,17 +33,12 @@ pub fn predicted_peak_bytes(
 }
 
 /// The GPU's kernels as far as they are known without opening a device: cuDNN's convolution
-/// with workspaces of 0 bytes where the binary runs it ([`impls::layer::conv_in_cudnn_on_gpus`];
+/// with workspaces of 0 bytes where the binary runs it ([`impls::model::gpu_kernels`];
 /// the workspaces are asked of the device), else the tap stack. A GPU row's child predicts
 /// again with the device's workspaces (`Measurement::predicted_peak_bytes`), which replaces this;
 /// `max-depth` confirms its answer by measured runs.
 pub fn gpu_kernels_without_device(cfg: &Config) -> Kernels {
-    let cudnn = impls::layer::conv_in_cudnn_on_gpus().unwrap_or(false);
-    if cudnn && cfg.family == impls::Family::Bc {
-        Kernels::Cudnn(impls::model::trace::ConvWorkspaces::default())
-    } else {
-        Kernels::TapStack
-    }
+    impls::model::gpu_kernels(cfg, || Ok(Default::default())).unwrap_or(Kernels::TapStack)
 }
 
 /// What a GPU row's `note` says of its step's schedule on `path` (the kernels the child runs,

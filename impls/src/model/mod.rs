@@ -144,20 +144,46 @@ pub fn kernels_for(dev: &candle_core::Device, cfg: &Config) -> crate::error::Res
     if crate::layer::cpu_kernels(dev) {
         return Ok(Kernels::Cpu);
     }
-    let cudnn = crate::layer::conv_in_cudnn(dev)?;
-    #[cfg(feature = "cudnn")]
-    if cudnn && cfg.family == Family::Bc {
-        let g = crate::layer::grid(cfg);
-        let ws = crate::ops::conv3x3::cudnn::workspaces(
-            dev,
-            g,
-            cfg.bottleneck(),
-            cfg.growth,
-            cfg.dtype,
-        )?;
-        return Ok(Kernels::Cudnn(ws));
+    if !dev.is_cuda() {
+        return Ok(Kernels::TapStack); // the CPU taking the GPU's path (the tests)
     }
-    let _ = (cudnn, cfg);
+    gpu_kernels(cfg, || cudnn_workspaces(dev, cfg))
+}
+
+/// cuDNN's workspaces for `cfg`'s convolution on `dev` (an error in a build without cuDNN).
+#[cfg(feature = "cudnn")]
+fn cudnn_workspaces(
+    dev: &candle_core::Device,
+    cfg: &Config,
+) -> crate::error::Result<trace::ConvWorkspaces> {
+    let g = crate::layer::grid(cfg);
+    crate::ops::conv3x3::cudnn::workspaces(dev, g, cfg.bottleneck(), cfg.growth, cfg.dtype)
+}
+
+#[cfg(not(feature = "cudnn"))]
+fn cudnn_workspaces(
+    dev: &candle_core::Device,
+    _: &Config,
+) -> crate::error::Result<trace::ConvWorkspaces> {
+    Err(crate::error::Error::Unsupported {
+        device: format!("{dev:?}"),
+        what: "cuDNN's convolution: built without the `cudnn` feature".to_string(),
+    })
+}
+
+/// A GPU's kernels for `cfg`: [`Kernels::Cudnn`] with `workspaces()` for a bc block whose 3×3
+/// convolution runs in cuDNN ([`crate::layer::conv_in_cudnn_on_gpus`]; the mlp has none), else
+/// [`Kernels::TapStack`] — the one rule that a device's step ([`kernels_for`], its
+/// workspaces asked of cuDNN) and a prediction without a device (0-byte workspaces) follow.
+/// An error for an unreadable [`crate::layer::CONV_ENV`], whatever the family.
+pub fn gpu_kernels(
+    cfg: &Config,
+    workspaces: impl FnOnce() -> crate::error::Result<trace::ConvWorkspaces>,
+) -> crate::error::Result<Kernels> {
+    let cudnn = crate::layer::conv_in_cudnn_on_gpus()?;
+    if cudnn && cfg.family == Family::Bc {
+        return Ok(Kernels::Cudnn(workspaces()?));
+    }
     Ok(Kernels::TapStack)
 }
 
