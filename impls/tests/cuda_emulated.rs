@@ -495,6 +495,212 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// Launches a reduction of BN's backward (`bn_bwd_reduce[_relu]`) with the launcher's
+/// geometry and scalars; returns its `q_out · C` outputs (prefilled with 7s, so an unwritten one
+/// shows).
+#[allow(clippy::too_many_arguments)]
+fn launch_bwd_reduce<T: El>(
+    m: &Emulated,
+    kernel: &str,
+    gy: &[T],
+    x: &[T],
+    st: &[T::Acc],
+    gamma: &[T::Acc],
+    (c, cols): (usize, usize),
+    q_out: usize,
+) -> Vec<T::Acc> {
+    let mut out = vec![T::Acc::from_f64(7.0); q_out * c];
+    let mut gp = gy.as_ptr().cast_mut();
+    let mut xp = x.as_ptr().cast_mut();
+    let mut sp = st.as_ptr().cast_mut();
+    let mut gmp = gamma.as_ptr().cast_mut();
+    let (mut op, mut cc, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+    let mut neg_inv_m = T::Acc::from_f64(-1.0 / cols as f64);
+    let mut inv_m = T::Acc::from_f64(1.0 / cols as f64);
+    m.launch(
+        kernel,
+        reduce_geometry(c),
+        &mut [
+            p(&mut gp),
+            p(&mut xp),
+            p(&mut sp),
+            p(&mut gmp),
+            p(&mut op),
+            p(&mut cc),
+            p(&mut mm),
+            p(&mut neg_inv_m),
+            p(&mut inv_m),
+        ],
+        true,
+    );
+    out
+}
+
+/// `bn_bwd_reduce_relu`, BN's backward reduction with the backward of the ReLU after it fused
+/// in (the gradient masked where `x·scale + shift ≤ 0`, or NaN): its `[7, C]` output must be,
+/// bit for bit, the plain kernel's `[5, C]` on the gradient the CPU's `relu_bwd_affine` masks,
+/// followed by the table's (scale; shift); and the CPU twin (`bn_bwd_reduce_relu`) the CPU's
+/// two steps. Row 0 has `x = ±0` with shift `+0` (an exactly zero pre-activation: closed); the
+/// mask closes between a tenth and nine tenths of the elements.
+fn bn_bwd_reduce_relu_matches<T: El>(m: &Emulated) {
+    let kernel = format!("bn_bwd_reduce_relu_{}", T::SUFFIX);
+    let plain = format!("bn_bwd_reduce_{}", T::SUFFIX);
+    for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
+        let gy = values::<T>(c * cols, 120 + k as u64);
+        let mut x = values::<T>(c * cols, 130 + k as u64);
+        (x[7], x[14]) = (T::from_f64(0.0), T::from_f64(-0.0));
+        let mean = values::<T::Acc>(c, 140 + k as u64);
+        let invstd: Vec<T::Acc> = values::<T::Acc>(c, 150 + k as u64)
+            .iter()
+            .map(|v| T::Acc::from_f64(v.to_f64().abs() + 0.5))
+            .collect();
+        let gamma = values::<T::Acc>(c, 155 + k as u64);
+        let scale = values::<T::Acc>(c, 160 + k as u64);
+        let mut shift = values::<T::Acc>(c, 165 + k as u64);
+        shift[0] = T::Acc::from_f64(0.0);
+        let st: Vec<T::Acc> = mean.iter().chain(&invstd).copied().collect();
+        let affine: Vec<T::Acc> = scale.iter().chain(&shift).copied().collect();
+        let table: Vec<T::Acc> = st.iter().chain(&affine).copied().collect();
+        let (gt, xt) = (tensor(&gy, (c, cols)), tensor(&x, (c, cols)));
+        let masked_t =
+            bn_backward::relu_bwd_affine(&gt, &xt, &tensor(&affine, (2, c))).expect("mask");
+        let masked = host::<T>(&masked_t);
+        let closed = masked
+            .iter()
+            .zip(&gy)
+            .filter(|(a, b)| a.bits() != b.bits())
+            .count();
+        assert!(
+            closed * 10 > c * cols && closed * 10 < 9 * c * cols,
+            "{kernel}: the mask closes {closed} of {} elements",
+            c * cols
+        );
+        let fused = launch_bwd_reduce(m, &kernel, &gy, &x, &table, &gamma, (c, cols), 7);
+        let two_steps = launch_bwd_reduce(m, &plain, &masked, &x, &st, &gamma, (c, cols), 5);
+        let what = format!("{kernel} [{c}, {cols}]");
+        assert_bitwise(
+            &format!("{what}: the plain kernel on the masked gradient"),
+            &fused[..5 * c],
+            &two_steps,
+        );
+        assert_bitwise(
+            &format!("{what}: (scale; shift) copied"),
+            &fused[5 * c..],
+            &affine,
+        );
+        let (stt, gammat) = (tensor(&st, (2, c)), vector(&gamma));
+        let cpu_fused = host::<T::Acc>(
+            &bn_backward::bn_bwd_reduce_relu(&gt, &xt, &tensor(&table, (4, c)), &gammat)
+                .expect("cpu reduce relu"),
+        );
+        let cpu_two = host::<T::Acc>(
+            &bn_backward::bn_bwd_reduce(&masked_t, &xt, &stt, &gammat).expect("cpu reduce"),
+        );
+        assert_bitwise(
+            &format!("{what}: the CPU twin's two steps"),
+            &cpu_fused[..5 * c],
+            &cpu_two,
+        );
+        assert_bitwise(
+            &format!("{what}: the CPU twin's (scale; shift)"),
+            &cpu_fused[5 * c..],
+            &affine,
+        );
+    }
+}
+
+/// `bn_bwd_dx[_accumulate]_relu`: dx with the ReLU's backward fused in, `coef [5, C]` = (A; B;
+/// C; scale; shift), bit for bit the CPU twin's under the launcher's and smaller row grids, and
+/// the CPU twin bit for bit `relu_bwd_affine` followed by the plain op (NaN for NaN): NaN, ±0,
+/// ±∞ and tiny values in both the gradient and BN's input, row 0 with an exactly zero
+/// pre-activation. The accumulating form also against `bn_bwd_dx_accumulate_from_relu` (CPU).
+fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
+    let kernel = format!(
+        "bn_bwd_dx{}_relu_{}",
+        if accumulate { "_accumulate" } else { "" },
+        T::SUFFIX
+    );
+    let (c, cols) = (4, 333);
+    let gy = relu_values::<T>(c * cols, 170);
+    let x = relu_values::<T>(c * cols, 171);
+    let mut shift = values::<T::Acc>(c, 176);
+    shift[0] = T::Acc::from_f64(0.0);
+    let coef: Vec<T::Acc> = [72u64, 73, 74, 175]
+        .iter()
+        .flat_map(|&seed| values::<T::Acc>(c, seed))
+        .chain(shift)
+        .collect();
+    let (gt, xt, coef_t) = (
+        tensor(&gy, (c, cols)),
+        tensor(&x, (c, cols)),
+        tensor(&coef, (5, c)),
+    );
+    let (abc, affine) = (
+        tensor(&coef[..3 * c], (3, c)),
+        tensor(&coef[3 * c..], (2, c)),
+    );
+    let masked = bn_backward::relu_bwd_affine(&gt, &xt, &affine).expect("mask");
+    let dst0 = values::<T>(c * cols, 177);
+    let (want, two_steps) = if accumulate {
+        let dst = tensor(&dst0, (c, cols));
+        bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gt, &xt, &coef_t).expect("cpu fused");
+        let two = tensor(&dst0, (c, cols));
+        bn_backward::bn_bwd_dx_accumulate(&two, &masked, &xt, &abc).expect("cpu");
+        let from = tensor(&dst0, (c, cols));
+        let fresh = tensor(&vec![T::from_f64(5.0); c * cols], (c, cols));
+        bn_backward::bn_bwd_dx_accumulate_from_relu(&fresh, &from, &gt, &xt, &coef_t)
+            .expect("cpu from");
+        assert_bitwise_nan(
+            &format!("{kernel}: the CPU's accumulation from a source"),
+            &host::<T>(&fresh),
+            &host::<T>(&dst),
+        );
+        (host::<T>(&dst), host::<T>(&two))
+    } else {
+        (
+            host::<T>(&bn_backward::bn_bwd_dx_relu(&gt, &xt, &coef_t).expect("cpu fused")),
+            host::<T>(&bn_backward::bn_bwd_dx(&masked, &xt, &abc).expect("cpu")),
+        )
+    };
+    assert_bitwise_nan(
+        &format!("{kernel}: the CPU twin's two steps"),
+        &want,
+        &two_steps,
+    );
+    for geom in row_geometries(c, cols) {
+        let mut out = if accumulate {
+            dst0.clone()
+        } else {
+            vec![T::from_f64(7.0); c * cols]
+        };
+        let mut gp = gy.as_ptr().cast_mut();
+        let mut xp = x.as_ptr().cast_mut();
+        let mut cp = coef.as_ptr().cast_mut();
+        let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+        let args: &mut [*mut c_void] = if accumulate {
+            &mut [
+                p(&mut op),
+                p(&mut gp),
+                p(&mut xp),
+                p(&mut cp),
+                p(&mut rows),
+                p(&mut mm),
+            ]
+        } else {
+            &mut [
+                p(&mut gp),
+                p(&mut xp),
+                p(&mut cp),
+                p(&mut op),
+                p(&mut rows),
+                p(&mut mm),
+            ]
+        };
+        m.launch(&kernel, geom, args, false);
+        assert_bitwise_nan(&format!("{kernel} {geom:?}"), &out, &want);
+    }
+}
+
 /// Per-channel inputs of `bn_prepare` that are not random: `(mean, var, γ, β, running mean,
 /// running var)`, `None` keeping the random value. Zero and negative-zero variance (invstd
 /// 1/√eps), a tiny negative one (still above −eps), one below −eps (√ of a negative: NaN),
@@ -1127,6 +1333,22 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
         relu_bwd_affine_matches::<f32>(&m, inplace);
         relu_bwd_affine_matches::<f64>(&m, inplace);
         relu_bwd_affine_matches::<bf16>(&m, inplace);
+    }
+}
+
+/// The kernels of BN's backward with the backward of the ReLU after BN fused in
+/// (`bn_bwd_reduce_relu`, `bn_bwd_dx_relu`, `bn_bwd_dx_accumulate_relu`), f32, f64 and bf16:
+/// bitwise the mask followed by the plain kernels, on the emulated GPU and on the CPU.
+#[test]
+fn fused_relu_bn_backward_kernels_are_the_two_steps_on_the_host() {
+    let m = Emulated::build(&src::BN);
+    bn_bwd_reduce_relu_matches::<f32>(&m);
+    bn_bwd_reduce_relu_matches::<f64>(&m);
+    bn_bwd_reduce_relu_matches::<bf16>(&m);
+    for accumulate in [false, true] {
+        bn_bwd_dx_relu_matches::<f32>(&m, accumulate);
+        bn_bwd_dx_relu_matches::<f64>(&m, accumulate);
+        bn_bwd_dx_relu_matches::<bf16>(&m, accumulate);
     }
 }
 

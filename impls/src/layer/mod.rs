@@ -474,8 +474,24 @@ pub fn bn_bwd(
     stats: &BnStats,
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
     let dx = bn_backward::bn_bwd_dx(gy, x, &coef)?;
+    Ok((dx, dgamma, dbeta))
+}
+
+/// [`bn_bwd`] of [`bn_apply_relu`] with an `inplace` ReLU, from the gradient `g` of the ReLU's
+/// output: the ReLU's backward is fused into BN's (its mask from BN's input `x` and `stats`,
+/// [`bn_backward::bn_bwd_reduce_relu`]), bitwise [`relu_bwd_bn`] then [`bn_bwd`] with one pass
+/// over `[C, M]` fewer and nothing allocated for the mask. (`copy` strategies keep the two
+/// steps, each with its own output, as they measure.)
+pub fn bn_relu_bwd(
+    g: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
+    let dx = bn_backward::bn_bwd_dx_relu(g, x, &coef)?;
     Ok((dx, dgamma, dbeta))
 }
 
@@ -488,8 +504,22 @@ pub fn bn_bwd_accumulate(
     gamma: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
     bn_backward::bn_bwd_dx_accumulate(dst, gy, x, &coef)?;
+    Ok((dgamma, dbeta))
+}
+
+/// [`bn_bwd_accumulate`] of [`bn_apply_relu`] with an `inplace` ReLU, its backward fused in as
+/// [`bn_relu_bwd`]'s.
+pub fn bn_relu_bwd_accumulate(
+    g: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    dst: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
+    bn_backward::bn_bwd_dx_accumulate_relu(dst, g, x, &coef)?;
     Ok((dgamma, dbeta))
 }
 
@@ -504,22 +534,47 @@ pub fn bn_bwd_accumulate_from(
     from: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma)?;
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
     bn_backward::bn_bwd_dx_accumulate_from(dst, from, gy, x, &coef)?;
     Ok((dgamma, dbeta))
 }
 
+/// [`bn_bwd_accumulate_from`] of [`bn_apply_relu`] with an `inplace` ReLU, its backward fused
+/// in as [`bn_relu_bwd`]'s. CPU only.
+pub fn bn_relu_bwd_accumulate_from(
+    g: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    from: &Tensor,
+    dst: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
+    bn_backward::bn_bwd_dx_accumulate_from_relu(dst, from, g, x, &coef)?;
+    Ok((dgamma, dbeta))
+}
+
 /// The reductions of BN backward and the per-channel `(A; B; C)` of `dx = A·gy + B·x + C`
-/// (planar `[3, C]`), with `(dγ, dβ)`: views of one fused op's output.
+/// (planar `[3, C]`; with `relu`, the ReLU after BN fused in, `[5, C]` = (A; B; C; scale;
+/// shift)), with `(dγ, dβ)`: views of one fused op's output.
 fn bn_bwd_coef(
     gy: &Tensor,
     x: &Tensor,
     stats: &BnStats,
     gamma: &Tensor,
+    relu: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let r = bn_backward::bn_bwd_reduce(gy, x, &stats.mean_invstd()?, gamma)?;
+    let (r, q) = if relu {
+        (
+            bn_backward::bn_bwd_reduce_relu(gy, x, &stats.table, gamma)?,
+            5,
+        )
+    } else {
+        let st = stats.mean_invstd()?;
+        (bn_backward::bn_bwd_reduce(gy, x, &st, gamma)?, 3)
+    };
     Ok((
-        r.narrow(0, 2, 3).ctx("bn bwd coef")?,
+        r.narrow(0, 2, q).ctx("bn bwd coef")?,
         bn::row(&r, 1)?,
         bn::row(&r, 0)?,
     ))

@@ -1,7 +1,8 @@
 //! BatchNorm backward as fused kernels: the gradient through a ReLU that follows BN apply,
 //! masked from BN's input ([`relu_bwd_affine`], also in place), the per-channel reductions of
 //! the gradient ([`bn_bwd_reduce`]) and the data gradient ([`bn_bwd_dx`], also accumulated into
-//! a gradient buffer's view). One pass, exactly one output or in place, on the CPU and (`cuda`
+//! a gradient buffer's view); the last two also with that ReLU's backward fused in
+//! (`*_relu`: the mask applied as they read the gradient, one pass and no tensor fewer). One pass, exactly one output or in place, on the CPU and (`cuda`
 //! feature) on CUDA through the same custom ops, as [`crate::ops::bn`]'s forward; `generic_*`
 //! are the oracles from candle ops.
 //!
@@ -49,6 +50,43 @@ pub(crate) fn relu_mask_rows<E: Elem<Acc = T>, T: Float>(
                 }
             });
         });
+}
+
+/// The gradient a BN backward reads at `(g, x)`: `g` itself, or with `RELU` (the backward of a
+/// ReLU after BN apply, fused into BN's backward) `g` where `x·scale + shift > 0` and `+0`
+/// elsewhere, [`relu_mask_rows`]'s value: the fused kernels compute bitwise what the mask
+/// followed by the plain kernel computes. CPU twin of `db_masked` in `bn.cu`.
+#[inline(always)]
+pub(crate) fn masked<const RELU: bool, E: Elem<Acc = T>, T: Float>(
+    g: E,
+    x: E,
+    scale: T,
+    shift: T,
+) -> E {
+    if !RELU || E::narrow(x.widen() * scale + shift).is_positive() {
+        g
+    } else {
+        E::POS_ZERO
+    }
+}
+
+/// The rows of BN backward's per-channel input table and of its reduction's output: `(2, 5)`,
+/// or `(4, 7)` with a fused ReLU (BN's saved table; the output ends with its (scale; shift)).
+pub(crate) fn reduce_rows(relu: bool) -> (usize, usize) {
+    if relu {
+        (4, 7)
+    } else {
+        (2, 5)
+    }
+}
+
+/// The rows of a dx op's coefficient table: (A; B; C), and (scale; shift) with a fused ReLU.
+pub(crate) fn dx_rows(relu: bool) -> usize {
+    if relu {
+        5
+    } else {
+        3
+    }
 }
 
 /// ReLU backward from BN's input (see [`relu_bwd_affine`]) into a new tensor.
@@ -215,9 +253,12 @@ pub(crate) fn bwd_coef<T: Float>(
 
 /// BN backward's reduction and coefficients: operands `gy`, `x` (`[C, M]`) and
 /// `st [2, C]` = (mean; invstd); the op carries γ (`[C]`). Output planar `[5, C]` =
-/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64.
+/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64. With
+/// `relu`, `gy` is the gradient of ReLU(BN(x)) ([`masked`]), `st` BN's saved table `[4, C]` =
+/// (mean; invstd; scale; shift) and the output `[7, C]` ends with (scale; shift).
 pub(crate) struct BnBwdReduceOp {
     gamma: Tensor,
+    relu: bool,
 }
 impl CustomOp3 for BnBwdReduceOp {
     fn name(&self) -> &'static str {
@@ -235,23 +276,34 @@ impl CustomOp3 for BnBwdReduceOp {
         let n = self.name();
         let (c, m) = gl.shape().dims2()?;
         let (gms, gml) = carried(n, &self.gamma)?;
-        fn go<E: Elem<Acc = T>, T: Float>(
+        fn go<const RELU: bool, E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, st, gamma]: [Operand; 4],
             c: usize,
             m: usize,
         ) -> candle_core::Result<CpuStorage> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let st = table::<T>(st.0, st.1, 2, c, n)?;
+            let (q_in, q_out) = reduce_rows(RELU);
+            let st = table::<T>(st.0, st.1, q_in, c, n)?;
             let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
-            let (means, invstds) = st.split_at(c);
+            let (means, rest) = st.split_at(c);
+            let (invstds, affine) = rest.split_at(c);
+            // row r's (scale; shift) with a fused ReLU (nothing allocated without one)
+            let affine_of = |r: usize| {
+                if RELU {
+                    (affine[r], affine[c + r])
+                } else {
+                    (T::ZERO, T::ZERO)
+                }
+            };
             let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
-            // straight into the five planar rows: the output is the op's only allocation
-            let mut out = vec![T::ZERO; 5 * c];
+            // straight into the planar rows: the output is the op's only allocation
+            let mut out = vec![T::ZERO; q_out * c];
             let (sgs, rest) = out.split_at_mut(c);
             let (sgxs, rest) = rest.split_at_mut(c);
             let (aas, rest) = rest.split_at_mut(c);
-            let (bbs, ccs) = rest.split_at_mut(c);
+            let (bbs, rest) = rest.split_at_mut(c);
+            let (ccs, affine_out) = rest.split_at_mut(c);
             let outs = (
                 sgs.par_iter_mut(),
                 sgxs.par_iter_mut(),
@@ -262,27 +314,36 @@ impl CustomOp3 for BnBwdReduceOp {
             g.par_chunks(m)
                 .zip(x.par_chunks(m))
                 .zip(means.par_iter().zip(invstds).zip(gamma))
+                .zip((0..c).into_par_iter())
                 .zip(outs.into_par_iter())
-                .for_each(|(((g, x), ((&mean, &invstd), &gamma)), row)| {
+                .for_each(|((((g, x), ((&mean, &invstd), &gamma)), r), row)| {
+                    let (scale, shift) = affine_of(r);
                     let (mean64, invstd64) = (mean.f64(), invstd.f64());
                     let [sg, sgx] = lane_sums(g, x, |g, x| {
-                        let g = g.widen().f64();
+                        let g = masked::<RELU, E, T>(g, x, scale, shift).widen().f64();
                         [g, g * (x.widen().f64() - mean64) * invstd64]
                     });
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);
                 });
+            // the dx ops' (scale; shift), after their (A; B; C)
+            if RELU {
+                affine_out.copy_from_slice(affine);
+            }
             Ok(T::storage(out))
         }
         let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];
-        let out = match gs {
-            CpuStorage::F32(_) => go::<f32, f32>(n, ops, c, m)?,
-            CpuStorage::F64(_) => go::<f64, f64>(n, ops, c, m)?,
-            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, ops, c, m)?,
+        let out = match (gs, self.relu) {
+            (CpuStorage::F32(_), false) => go::<false, f32, f32>(n, ops, c, m)?,
+            (CpuStorage::F64(_), false) => go::<false, f64, f64>(n, ops, c, m)?,
+            (CpuStorage::BF16(_), false) => go::<false, half::bf16, f32>(n, ops, c, m)?,
+            (CpuStorage::F32(_), true) => go::<true, f32, f32>(n, ops, c, m)?,
+            (CpuStorage::F64(_), true) => go::<true, f64, f64>(n, ops, c, m)?,
+            (CpuStorage::BF16(_), true) => go::<true, half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
-        Ok((out, Shape::from((5, c))))
+        Ok((out, Shape::from((reduce_rows(self.relu).1, c))))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -299,7 +360,18 @@ impl CustomOp3 for BnBwdReduceOp {
         let candle_core::Storage::Cuda(gms) = &*gms else {
             return Err(not_on_cuda(n, "gamma"));
         };
-        crate::ops::cuda::bn::bn_bwd_reduce(n, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
+        crate::ops::cuda::bn::bn_bwd_reduce(n, self.relu, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
+    }
+}
+
+/// Row `r`'s (scale; shift) of a dx coefficient table with a fused ReLU (rows 3 and 4 of
+/// `[5, C]`); zeros, never read, without.
+#[inline(always)]
+fn dx_affine<const RELU: bool, T: Float>(coef: &[T], c: usize, r: usize) -> (T, T) {
+    if RELU {
+        (coef[3 * c + r], coef[4 * c + r])
+    } else {
+        (T::ZERO, T::ZERO)
     }
 }
 
@@ -310,8 +382,11 @@ pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
     <E::Acc>::of(a * g.widen().f64() + b * x.widen().f64() + cc)
 }
 
-/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64.
-pub(crate) struct BnBwdDxOp;
+/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64; with
+/// `relu`, `gy` [`masked`] by the ReLU after BN, `coef [5, C]` = (A; B; C; scale; shift).
+pub(crate) struct BnBwdDxOp {
+    relu: bool,
+}
 impl CustomOp3 for BnBwdDxOp {
     fn name(&self) -> &'static str {
         "bn-bwd-dx"
@@ -326,28 +401,33 @@ impl CustomOp3 for BnBwdDxOp {
         cl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<E: Elem<Acc = T>, T: Float>(
+        fn go<const RELU: bool, E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, coef]: [Operand; 3],
             c: usize,
             m: usize,
         ) -> candle_core::Result<CpuStorage> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            let coef = table::<T>(coef.0, coef.1, dx_rows(RELU), c, n)?;
             Ok(E::storage(crate::ops::elementwise::new_rows(c, m, |r| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let (scale, shift) = dx_affine::<RELU, T>(coef, c, r);
                 let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
-                g.iter()
-                    .zip(x)
-                    .map(move |(&g, &x)| E::narrow(dx_value(a, b, cc, g, x)))
+                g.iter().zip(x).map(move |(&g, &x)| {
+                    let g = masked::<RELU, E, T>(g, x, scale, shift);
+                    E::narrow(dx_value(a, b, cc, g, x))
+                })
             })))
         }
         let n = self.name();
         let ops = [(gs, gl), (xs, xl), (cs, cl)];
-        let out = match gs {
-            CpuStorage::F32(_) => go::<f32, f32>(n, ops, c, m)?,
-            CpuStorage::F64(_) => go::<f64, f64>(n, ops, c, m)?,
-            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, ops, c, m)?,
+        let out = match (gs, self.relu) {
+            (CpuStorage::F32(_), false) => go::<false, f32, f32>(n, ops, c, m)?,
+            (CpuStorage::F64(_), false) => go::<false, f64, f64>(n, ops, c, m)?,
+            (CpuStorage::BF16(_), false) => go::<false, half::bf16, f32>(n, ops, c, m)?,
+            (CpuStorage::F32(_), true) => go::<true, f32, f32>(n, ops, c, m)?,
+            (CpuStorage::F64(_), true) => go::<true, f64, f64>(n, ops, c, m)?,
+            (CpuStorage::BF16(_), true) => go::<true, half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -362,7 +442,7 @@ impl CustomOp3 for BnBwdDxOp {
         cs: &candle_core::CudaStorage,
         cl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::ops::cuda::bn::bn_bwd_dx(self.name(), (gs, gl), (xs, xl), (cs, cl))
+        crate::ops::cuda::bn::bn_bwd_dx(self.name(), self.relu, (gs, gl), (xs, xl), (cs, cl))
     }
 }
 
@@ -379,6 +459,8 @@ pub(crate) struct BnBwdDxAccumulateOp {
     /// ([`bn_bwd_dx_accumulate_from`], CPU only): `dst = from + dx`, the destination written
     /// whole and never read. Carried like `coef`; it must not alias the destination.
     from: Option<Tensor>,
+    /// `gy` is [`masked`] by the ReLU after BN; `coef` is then `[5, C]` (see [`BnBwdDxOp`]).
+    relu: bool,
 }
 impl InplaceOp3 for BnBwdDxAccumulateOp {
     fn name(&self) -> &'static str {
@@ -394,7 +476,7 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xl: &Layout,
     ) -> candle_core::Result<()> {
         let (c, m) = gl.shape().dims2()?;
-        fn go<E: Elem<Acc = T>, T: Float>(
+        fn go<const RELU: bool, E: Elem<Acc = T>, T: Float>(
             n: &str,
             d: &mut [E],
             [g, x, coef]: [Operand; 3],
@@ -403,7 +485,7 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             m: usize,
         ) -> candle_core::Result<()> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            let coef = table::<T>(coef.0, coef.1, dx_rows(RELU), c, n)?;
             let from = from.map(|(s, l)| features::<E>(s, l, n)).transpose()?;
             for (what, len) in [
                 ("destination", d.len()),
@@ -418,19 +500,17 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             }
             let row = |r: usize, d: &mut [E], g: &[E], x: &[E]| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let (scale, shift) = dx_affine::<RELU, T>(coef, c, r);
+                let dx = |g, x| dx_value(a, b, cc, masked::<RELU, E, T>(g, x, scale, shift), x);
                 match from {
                     // dst = from + dx: the same roundings as copying `from` into dst first
                     Some(f) => {
                         let f = &f[r * m..(r + 1) * m];
-                        zip3(d, g, x, f, |_, g, x, f| {
-                            E::narrow(f.widen() + dx_value(a, b, cc, g, x))
-                        });
+                        zip3(d, g, x, f, |_, g, x, f| E::narrow(f.widen() + dx(g, x)));
                     }
                     None => {
                         // in the compute type, rounded once (the identity for f32 and f64)
-                        zip2(d, g, x, |d, g, x| {
-                            E::narrow(d.widen() + dx_value(a, b, cc, g, x))
-                        });
+                        zip2(d, g, x, |d, g, x| E::narrow(d.widen() + dx(g, x)));
                     }
                 }
             };
@@ -448,10 +528,21 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
         let from = self.from.as_ref().map(|f| carried(n, f)).transpose()?;
         let from = from.as_ref().map(|(s, l)| (cpu_of(s), *l));
-        match ds {
-            CpuStorage::F32(d) => go::<f32, f32>(n, &mut d[da..db], ops, from, c, m),
-            CpuStorage::F64(d) => go::<f64, f64>(n, &mut d[da..db], ops, from, c, m),
-            CpuStorage::BF16(d) => go::<half::bf16, f32>(n, &mut d[da..db], ops, from, c, m),
+        match (ds, self.relu) {
+            (CpuStorage::F32(d), false) => {
+                go::<false, f32, f32>(n, &mut d[da..db], ops, from, c, m)
+            }
+            (CpuStorage::F64(d), false) => {
+                go::<false, f64, f64>(n, &mut d[da..db], ops, from, c, m)
+            }
+            (CpuStorage::BF16(d), false) => {
+                go::<false, half::bf16, f32>(n, &mut d[da..db], ops, from, c, m)
+            }
+            (CpuStorage::F32(d), true) => go::<true, f32, f32>(n, &mut d[da..db], ops, from, c, m),
+            (CpuStorage::F64(d), true) => go::<true, f64, f64>(n, &mut d[da..db], ops, from, c, m),
+            (CpuStorage::BF16(d), true) => {
+                go::<true, half::bf16, f32>(n, &mut d[da..db], ops, from, c, m)
+            }
             _ => Err(bad_dtype(n)),
         }
     }
@@ -475,7 +566,8 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let candle_core::Storage::Cuda(cs) = &*cs else {
             return Err(not_on_cuda(n, "coefficients"));
         };
-        crate::ops::cuda::bn::bn_bwd_dx_accumulate(n, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
+        let relu = self.relu;
+        crate::ops::cuda::bn::bn_bwd_dx_accumulate(n, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
     }
 }
 
@@ -520,19 +612,48 @@ pub fn generic_relu_bwd_affine(g: &Tensor, x: &Tensor, coef: &Tensor) -> Result<
 /// ([`bn_bwd_dx`] takes rows 2..5 as its coefficients). The coefficients are bitwise
 /// [`generic_bn_bwd_coef`] of the two sums.
 pub fn bn_bwd_reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor) -> Result<Tensor> {
+    reduce(gy, x, st, gamma, false)
+}
+
+/// [`bn_bwd_reduce`] of ReLU(BN(x)), from the gradient `gy` of the ReLU's output, the ReLU's
+/// backward fused in ([`masked`]: `gy` where `x·scale + shift > 0`, else `+0`): `table` is BN's
+/// saved `[4, C]` = (mean; invstd; scale; shift). Returns planar `[7, C]` = (Σ gy = dβ; Σ gy·x̂
+/// = dγ; A; B; C; scale; shift) of the masked gradient: rows 2..7 are the coefficients of
+/// [`bn_bwd_dx_relu`] and its accumulating forms. Bitwise [`relu_bwd_affine`] followed by
+/// [`bn_bwd_reduce`] (the same terms in the same order), one pass over `[C, M]` and one
+/// `[C, M]` tensor fewer.
+pub fn bn_bwd_reduce_relu(
+    gy: &Tensor,
+    x: &Tensor,
+    table: &Tensor,
+    gamma: &Tensor,
+) -> Result<Tensor> {
+    reduce(gy, x, table, gamma, true)
+}
+
+fn reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor, relu: bool) -> Result<Tensor> {
     let operands = [gy, x, st, gamma];
     if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
-        gy.apply_op3_no_bwd(
-            x,
-            st,
-            &BnBwdReduceOp {
-                gamma: gamma.clone(),
-            },
-        )
-        .ctx("bn bwd reduce")
+        let op = BnBwdReduceOp {
+            gamma: gamma.clone(),
+            relu,
+        };
+        gy.apply_op3_no_bwd(x, st, &op).ctx("bn bwd reduce")
+    } else if relu {
+        let g = generic_relu_bwd_affine(gy, x, &st.narrow(0, 2, 2).ctx("bn bwd reduce")?)?;
+        let r = generic_bn_bwd_reduce(&g, x, &st.narrow(0, 0, 2).ctx("bn bwd reduce")?, gamma)?;
+        Tensor::cat(&[&r, &st.narrow(0, 2, 2).ctx("bn bwd reduce")?], 0).ctx("bn bwd reduce")
     } else {
         generic_bn_bwd_reduce(gy, x, st, gamma)
     }
+}
+
+/// The gradient that a dx op with a fused ReLU reads, from candle ops: `gy` masked by
+/// `coef`'s rows (scale; shift) = 3..5, and the coefficients (A; B; C) = rows 0..3. The
+/// oracle's first step.
+fn generic_masked(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<(Tensor, Tensor)> {
+    let g = generic_relu_bwd_affine(gy, x, &coef.narrow(0, 3, 2).ctx("bn bwd dx")?)?;
+    Ok((g, coef.narrow(0, 0, 3).ctx("bn bwd dx")?))
 }
 
 /// [`bn_bwd_reduce`] from candle ops (any device): the sums in the dtype (not f64), then
@@ -591,8 +712,23 @@ pub fn generic_bn_bwd_coef(
 
 /// `A·gy + B·x + C` per row (`coef [3, C]` = (A; B; C)), one new tensor.
 pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    dx(gy, x, coef, false)
+}
+
+/// [`bn_bwd_dx`] of ReLU(BN(x)) from the ReLU output's gradient `gy`, masked in the same pass
+/// ([`masked`]); `coef [5, C]` = (A; B; C; scale; shift), rows 2..7 of [`bn_bwd_reduce_relu`].
+/// Bitwise [`relu_bwd_affine`] then [`bn_bwd_dx`].
+pub fn bn_bwd_dx_relu(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
+    dx(gy, x, coef, true)
+}
+
+fn dx(gy: &Tensor, x: &Tensor, coef: &Tensor, relu: bool) -> Result<Tensor> {
     if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && coef.is_contiguous() {
-        gy.apply_op3_no_bwd(x, coef, &BnBwdDxOp).ctx("bn bwd dx")
+        gy.apply_op3_no_bwd(x, coef, &BnBwdDxOp { relu })
+            .ctx("bn bwd dx")
+    } else if relu {
+        let (g, coef) = generic_masked(gy, x, coef)?;
+        generic_bn_bwd_dx(&g, x, &coef)
     } else {
         generic_bn_bwd_dx(gy, x, coef)
     }
@@ -612,15 +748,36 @@ pub fn generic_bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tenso
 /// gradient buffer): [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary.
 /// Bitwise the same as the two-step path.
 pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<()> {
+    dx_accumulate(dst, gy, x, coef, false)
+}
+
+/// [`bn_bwd_dx_accumulate`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`]
+/// (`coef [5, C]`).
+pub fn bn_bwd_dx_accumulate_relu(
+    dst: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    coef: &Tensor,
+) -> Result<()> {
+    dx_accumulate(dst, gy, x, coef, true)
+}
+
+fn dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor, relu: bool) -> Result<()> {
     let operands = [dst, gy, x, coef];
     if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
         let op = BnBwdDxAccumulateOp {
             coef: coef.clone(),
             from: None,
+            relu,
         };
         dst.inplace_op3(gy, x, &op).ctx("bn bwd dx accumulate")
     } else {
-        let dx = generic_bn_bwd_dx(gy, x, coef)?;
+        let dx = if relu {
+            let (g, coef) = generic_masked(gy, x, coef)?;
+            generic_bn_bwd_dx(&g, x, &coef)?
+        } else {
+            generic_bn_bwd_dx(gy, x, coef)?
+        };
         crate::ops::elementwise::add_assign(dst, &dx)
     }
 }
@@ -637,6 +794,29 @@ pub fn bn_bwd_dx_accumulate_from(
     gy: &Tensor,
     x: &Tensor,
     coef: &Tensor,
+) -> Result<()> {
+    dx_accumulate_from(dst, from, gy, x, coef, false)
+}
+
+/// [`bn_bwd_dx_accumulate_from`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`]
+/// (`coef [5, C]`).
+pub fn bn_bwd_dx_accumulate_from_relu(
+    dst: &Tensor,
+    from: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    coef: &Tensor,
+) -> Result<()> {
+    dx_accumulate_from(dst, from, gy, x, coef, true)
+}
+
+fn dx_accumulate_from(
+    dst: &Tensor,
+    from: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    coef: &Tensor,
+    relu: bool,
 ) -> Result<()> {
     const OP: &str = "bn bwd dx accumulate from";
     let operands = [dst, from, gy, x, coef];
@@ -660,6 +840,7 @@ pub fn bn_bwd_dx_accumulate_from(
     let op = BnBwdDxAccumulateOp {
         coef: coef.clone(),
         from: Some(from.clone()),
+        relu,
     };
     dst.inplace_op3(gy, x, &op).ctx(OP)
 }

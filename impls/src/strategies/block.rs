@@ -608,10 +608,23 @@ fn bc_backward(
     let (ds, dw2) = layer::conv3x3_bwd(cfg, &gy, &s, &w2)?;
     drop((gy, w2));
     param_grads.insert(conv_name(i, 2), dw2);
-    let db = layer::relu_bwd(ds, &s, strategy.relu)?;
-    drop(s);
-    let (dz, dg2, dbeta2) = layer::bn_bwd(&db, &z, &stats2, params.get(&bn_name(i, 2, "weight"))?)?;
-    drop((db, z));
+    let gamma2 = params.get(&bn_name(i, 2, "weight"))?;
+    let (dz, dg2, dbeta2) = match strategy.relu {
+        // ReLU2's backward, then BN2's, each with its output
+        Relu::Copy => {
+            let db = layer::relu_bwd(ds, &s, Relu::Copy)?;
+            drop(s);
+            layer::bn_bwd(&db, &z, &stats2, gamma2)?
+        }
+        // ReLU2's backward fused into BN2's (masked from z, as `s` was made from it)
+        Relu::Inplace => {
+            drop(s);
+            let grads = layer::bn_relu_bwd(&ds, &z, &stats2, gamma2)?;
+            drop(ds);
+            grads
+        }
+    };
+    drop(z);
     param_grads.insert(bn_name(i, 2, "weight"), dg2);
     param_grads.insert(bn_name(i, 2, "bias"), dbeta2);
     let w1 = layer::autocast(&conv1_matrix(cfg, params, i)?, dz.dtype())?;
@@ -670,22 +683,41 @@ impl Front<'_> {
         drop(r);
         let dr = layer::dense_bwd_input(self.w1, &dz)?;
         drop(dz);
-        let da = layer::relu_bwd_bn(dr, self.x, self.stats1, self.relu)?;
+        let (da, relu) = self.relu1_bwd(dr)?;
+        let bn1 = |dst: &Tensor| {
+            let (x, stats, gamma) = (self.x, self.stats1, self.gamma1);
+            if relu {
+                layer::bn_relu_bwd_accumulate(&da, x, stats, gamma, dst)
+            } else {
+                layer::bn_bwd_accumulate(&da, x, stats, gamma, dst)
+            }
+        };
         let (dx, dg1, dbeta1) = match into {
             InputGrad::Into(dst) => {
-                let (dg, db) =
-                    layer::bn_bwd_accumulate(&da, self.x, self.stats1, self.gamma1, &dst)?;
+                let (dg, db) = bn1(&dst)?;
                 (None, dg, db)
             }
             InputGrad::New(prefix) => {
                 let next = elementwise::copy_rows(&prefix)?;
                 drop(prefix);
-                let (dg, db) =
-                    layer::bn_bwd_accumulate(&da, self.x, self.stats1, self.gamma1, &next)?;
+                let (dg, db) = bn1(&next)?;
                 (Some(next), dg, db)
             }
         };
         Ok((dw1, dg1, dbeta1, dx))
+    }
+
+    /// ReLU1's backward on `dr`, the gradient of its output (a channel block of it, with `self`
+    /// that block's): `copy` masks into a new tensor here (`(da, false)`); `inplace` leaves it
+    /// to BN1's backward, which fuses it in (`(dr, true)`: `layer::bn_relu_bwd_accumulate`).
+    fn relu1_bwd(&self, dr: Tensor) -> Result<(Tensor, bool)> {
+        Ok(match self.relu {
+            Relu::Copy => (
+                layer::relu_bwd_bn(dr, self.x, self.stats1, Relu::Copy)?,
+                false,
+            ),
+            Relu::Inplace => (dr, true),
+        })
     }
 
     /// [`Front::backward_whole`] in pieces (the split front, on any device), in two passes. First dW1
@@ -729,7 +761,14 @@ impl Front<'_> {
             let (x, stats) = (rows(self.x)?, self.stats1.channels(c0, n)?);
             let w1 = self.w1.narrow(1, c0, n).ctx("channel block")?;
             let dr = layer::dense_bwd_input(&w1, &dz)?;
-            let da = layer::relu_bwd_bn(dr, &x, &stats, self.relu)?;
+            let block = Front {
+                x: &x,
+                stats1: &stats,
+                w1: &w1,
+                gamma1: self.gamma1,
+                relu: self.relu,
+            };
+            let (da, relu) = block.relu1_bwd(dr)?;
             if let (Some(p), None) = (&prefix, &dst) {
                 dst = Some(if fused_copy {
                     // SAFETY: the blocks of grad_blocks tile the channels, and each block's
@@ -748,11 +787,20 @@ impl Front<'_> {
                     reason: "a channel block without its input gradient".to_string(),
                 })?;
             let gamma = self.gamma1.narrow(0, c0, n).ctx("channel block")?;
-            sums.push(match &prefix {
-                Some(p) if fused_copy => {
+            sums.push(match (&prefix, relu) {
+                (Some(p), false) if fused_copy => {
                     layer::bn_bwd_accumulate_from(&da, &x, &stats, &gamma, &rows(p)?, &rows(d)?)?
                 }
-                _ => layer::bn_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
+                (Some(p), true) if fused_copy => layer::bn_relu_bwd_accumulate_from(
+                    &da,
+                    &x,
+                    &stats,
+                    &gamma,
+                    &rows(p)?,
+                    &rows(d)?,
+                )?,
+                (_, false) => layer::bn_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
+                (_, true) => layer::bn_relu_bwd_accumulate(&da, &x, &stats, &gamma, &rows(d)?)?,
             });
         }
         drop(prefix);

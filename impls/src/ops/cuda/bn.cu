@@ -68,6 +68,23 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict_
     }
 }
 
+// x * scale + shift of one feature, in A (two roundings, as on the CPU), rounded once to T:
+// the value BN apply writes, and the one whose sign the ReLU masks test.
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ T db_affine(const T x, const A scale, const A shift) {
+    return db_narrow<T>(db_add(db_mul(db_widen(x), scale), shift));
+}
+
+// The gradient BN's backward reads at element (x, g): g itself, or with RELU (the backward of
+// a ReLU that followed BN apply, fused in) g where x * scale + shift > 0 and +0 elsewhere: the
+// value relu_bwd_affine writes (same db_affine, same predicate), so the fused kernels compute
+// bitwise what relu_bwd_affine[_inplace] followed by the plain kernel computes, one pass over
+// [C, m] fewer and no [C, m] tensor between them.
+template <bool RELU, typename T, typename A = db_acc<T>>
+__device__ __forceinline__ T db_masked(const T g, const T x, const A scale, const A shift) {
+    return (!RELU || db_is_positive(db_affine(x, scale, shift))) ? g : db_zero<T>();
+}
+
 // BN backward of row c: the sums S = sum(gy) and X = sum(gy * xhat) over the row, with
 // xhat = (x - mean) * invstd evaluated in f64 as ((gy * (x - mean)) * invstd) like the CPU twin,
 // each rounded to T; then, in T and in the CPU twin's order, the coefficients of
@@ -78,7 +95,10 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict_
 // (neg_inv_m = T(-1/m), inv_m = T(1/m): candle's scalar multiply and divide, `v * k + 0`).
 // st [2, C] = (mean; invstd), gamma [C]; out [5, C] = (S = dbeta; X = dgamma; A; B; C); all
 // of them, and the scalars, in the compute type (here "T" of the formulas above is A).
-template <typename T, typename A = db_acc<T>>
+// With RELU, gy is the gradient of ReLU(BN(x)) (db_masked): st is BN's whole saved table
+// [4, C] = (mean; invstd; scale; shift), and out [7, C] ends with (scale; shift) copied, so
+// that its rows 2..7 are the [5, C] coefficient table of the RELU dx kernels.
+template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T *__restrict__ x,
                                               const A *__restrict__ st,
                                               const A *__restrict__ gamma, A *__restrict__ out,
@@ -89,6 +109,7 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
     const T *g = gy + c * m;
     const T *xr = x + c * m;
     const A mean_t = st[c], invstd_t = st[channels + c];
+    const A scale = RELU ? st[2 * channels + c] : (A)0, shift = RELU ? st[3 * channels + c] : (A)0;
     const double mean = (double)mean_t;
     const double invstd = (double)invstd_t;
     double sg = 0.0, sgx = 0.0;
@@ -97,8 +118,8 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
     };
     db_thread_rows<db_batch<T>::value>(
         m, [g, xr](const u64 i) { return pair{g[i], xr[i]}; },
-        [&sg, &sgx, mean, invstd](const pair p) {
-            const double gi = (double)db_widen(p.g);
+        [&sg, &sgx, mean, invstd, scale, shift](const pair p) {
+            const double gi = (double)db_widen(db_masked<RELU>(p.g, p.x, scale, shift));
             sg = db_add(sg, gi);
             sgx = db_add(sgx, db_mul(db_mul(gi, db_sub((double)db_widen(p.x), mean)), invstd));
         });
@@ -115,6 +136,10 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
         out[2 * channels + c] = a;
         out[3 * channels + c] = b;
         out[4 * channels + c] = cc;
+        if (RELU) {
+            out[5 * channels + c] = scale;
+            out[6 * channels + c] = shift;
+        }
     }
 }
 
@@ -151,13 +176,6 @@ __device__ __forceinline__ void bn_prepare(const T *__restrict__ mv, const T *__
 }
 
 // ---- row-wise element-wise ops ---------------------------------------------------------------
-
-// x * scale + shift of one feature, in A (two roundings, as on the CPU), rounded once to T:
-// the value BN apply writes, and the one whose sign the ReLU masks test.
-template <typename T, typename A = db_acc<T>>
-__device__ __forceinline__ T db_affine(const T x, const A scale, const A shift) {
-    return db_narrow<T>(db_add(db_mul(db_widen(x), scale), shift));
-}
 
 // y = x * scale + shift per row (db_affine), coef [2, rows] = (scale; shift) in A. With RELU,
 // y = y > 0 ? y : 0 (NaN -> 0) on the rounded value: bitwise the CPU's BN apply followed by
@@ -211,19 +229,25 @@ __device__ __forceinline__ A bn_dx_value(const double a, const double b, const d
                                  cc));
 }
 
-// dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in A.
-template <typename T, typename A = db_acc<T>>
+// dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in A. With
+// RELU, gy is db_masked (the gradient of ReLU(BN(x))) and coef [5, rows] = (A; B; C; scale;
+// shift), rows 2..7 of bn_bwd_reduce<RELU>'s output.
+template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__restrict__ x,
                                           const A *__restrict__ coef, T *__restrict__ dx,
                                           const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
                      cc = (double)coef[2 * rows + r];
+        const A scale = RELU ? coef[3 * rows + r] : (A)0, shift = RELU ? coef[4 * rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
         T *d = dx + r * m;
-        for (u64 i = db_first(); i < m; i += db_stride())
-            d[i] = db_narrow<T>(bn_dx_value<T>(a, b, cc, g[i], xr[i]));
+        for (u64 i = db_first(); i < m; i += db_stride()) {
+            const T xi = xr[i];
+            d[i] = db_narrow<T>(
+                bn_dx_value<T>(a, b, cc, db_masked<RELU>(g[i], xi, scale, shift), xi));
+        }
     }
 }
 
@@ -231,7 +255,8 @@ __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__r
 // the same rounding as bn_bwd_dx followed by one addition in the compute type, rounded once to
 // T, so for f32 and f64 the result is bitwise that of bn_bwd_dx then add_assign, without the
 // [C, m] temporary; a bf16 dst is bf16(f32(dst) + f32(A * gy + B * x + C)), the CPU twin's.
-template <typename T, typename A = db_acc<T>>
+// RELU as in bn_bwd_dx.
+template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const T *__restrict__ gy,
                                                      const T *__restrict__ x,
                                                      const A *__restrict__ coef, const u64 rows,
@@ -239,11 +264,15 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
                      cc = (double)coef[2 * rows + r];
+        const A scale = RELU ? coef[3 * rows + r] : (A)0, shift = RELU ? coef[4 * rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
         T *d = dst + r * m;
-        for (u64 i = db_first(); i < m; i += db_stride())
-            d[i] = db_narrow<T>(db_add(db_widen(d[i]), bn_dx_value<T>(a, b, cc, g[i], xr[i])));
+        for (u64 i = db_first(); i < m; i += db_stride()) {
+            const T xi = xr[i];
+            const A v = bn_dx_value<T>(a, b, cc, db_masked<RELU>(g[i], xi, scale, shift), xi);
+            d[i] = db_narrow<T>(db_add(db_widen(d[i]), v));
+        }
     }
 }
 
@@ -262,7 +291,14 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
         bn_bwd_reduce_##S(const T *gy, const T *x, const db_acc<T> *st,                        \
                           const db_acc<T> *gamma, db_acc<T> *out, const u64 channels,          \
                           const u64 m, const db_acc<T> neg_inv_m, const db_acc<T> inv_m) {     \
-        bn_bwd_reduce<T>(gy, x, st, gamma, out, channels, m, neg_inv_m, inv_m);                \
+        bn_bwd_reduce<false, T>(gy, x, st, gamma, out, channels, m, neg_inv_m, inv_m);         \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
+        bn_bwd_reduce_relu_##S(const T *gy, const T *x, const db_acc<T> *table,                \
+                               const db_acc<T> *gamma, db_acc<T> *out, const u64 channels,     \
+                               const u64 m, const db_acc<T> neg_inv_m,                         \
+                               const db_acc<T> inv_m) {                                        \
+        bn_bwd_reduce<true, T>(gy, x, table, gamma, out, channels, m, neg_inv_m, inv_m);       \
     }                                                                                          \
     extern "C" __global__ void affine_rows_##S(const T *x, const u64 ld_x,                      \
                                                const db_acc<T> *coef, T *y, const u64 rows,    \
@@ -286,12 +322,22 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const db_acc<T> *coef,    \
                                              T *dx, const u64 rows, const u64 m) {             \
-        bn_bwd_dx<T>(gy, x, coef, dx, rows, m);                                                \
+        bn_bwd_dx<false, T>(gy, x, coef, dx, rows, m);                                         \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_relu_##S(const T *gy, const T *x,                      \
+                                                  const db_acc<T> *coef, T *dx,                \
+                                                  const u64 rows, const u64 m) {               \
+        bn_bwd_dx<true, T>(gy, x, coef, dx, rows, m);                                          \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_accumulate_##S(T *dst, const T *gy, const T *x,        \
                                                         const db_acc<T> *coef, const u64 rows, \
                                                         const u64 m) {                         \
-        bn_bwd_dx_accumulate<T>(dst, gy, x, coef, rows, m);                                    \
+        bn_bwd_dx_accumulate<false, T>(dst, gy, x, coef, rows, m);                             \
+    }                                                                                          \
+    extern "C" __global__ void bn_bwd_dx_accumulate_relu_##S(T *dst, const T *gy, const T *x,   \
+                                                             const db_acc<T> *coef,            \
+                                                             const u64 rows, const u64 m) {    \
+        bn_bwd_dx_accumulate<true, T>(dst, gy, x, coef, rows, m);                              \
     }
 
 #define DB_BN_TABLE_KERNELS(T, S)                                                              \

@@ -304,8 +304,12 @@ pub(crate) fn relu_bwd_affine_inplace(
 
 /// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
 /// A; B; C) in `T::Acc`; `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`, both `T::Acc`.
+/// With `relu`, `gy` is the gradient of ReLU(BN(x)), masked in the kernel: `st` is BN's saved
+/// table `[4, C]` = (mean; invstd; scale; shift) and the output `[7, C]` ends with (scale;
+/// shift).
 pub(crate) fn bn_bwd_reduce(
     op: &str,
+    relu: bool,
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (ss, sl): (&CudaStorage, &Layout),
@@ -313,6 +317,7 @@ pub(crate) fn bn_bwd_reduce(
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     fn run<T: Float>(
         op: &str,
+        relu: bool,
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (ss, sl): (&CudaStorage, &Layout),
@@ -321,13 +326,19 @@ pub(crate) fn bn_bwd_reduce(
         let (c, m, rg) = matrix(op, "gy", gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
-        let rs = coefficients(op, sl, c, 2)?;
+        let (q_in, q_out) = reduce_rows(relu);
+        let rs = coefficients(op, sl, c, q_in)?;
         let rgm = coefficients(op, gml, c, 1)?;
         let dev = &gs.device;
-        // SAFETY: thread 0 of each of the c blocks writes its row's five outputs.
-        let mut out = unsafe { dev.alloc::<T::Acc>(5 * c) }?;
+        // SAFETY: thread 0 of each of the c blocks writes its row's q_out outputs.
+        let mut out = unsafe { dev.alloc::<T::Acc>(q_out * c) }?;
         if c > 0 {
-            let func = function::<T>(dev, &BN, "bn_bwd_reduce")?;
+            let kernel = if relu {
+                "bn_bwd_reduce_relu"
+            } else {
+                "bn_bwd_reduce"
+            };
+            let func = function::<T>(dev, &BN, kernel)?;
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
             let st = view(op, ss.as_cuda_slice::<T::Acc>()?, rs)?;
@@ -346,31 +357,58 @@ pub(crate) fn bn_bwd_reduce(
                 .arg(&m)
                 .arg(&neg_inv_m)
                 .arg(&inv_m);
-            // SAFETY: block c reads row c of gy and x (c·m elements each), st[c], st[C + c],
-            // gamma[c], and writes out[q·C + c] for q < 5.
+            // SAFETY: block c reads row c of gy and x (c·m elements each), st[q·C + c] for
+            // q < q_in, gamma[c], and writes out[q·C + c] for q < q_out.
             unsafe { b.launch(reduce_config(op, c)?) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
     let c = gl.shape().dims2()?.0;
-    let res = by_dtype!(op, gs, run(op, (gs, gl), (xs, xl), (ss, sl), (gms, gml)))?;
-    Ok((res, Shape::from((5, c))))
+    let res = by_dtype!(
+        op,
+        gs,
+        run(op, relu, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
+    )?;
+    Ok((res, Shape::from((reduce_rows(relu).1, c))))
 }
 
-/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`.
+/// The rows of BN backward's per-channel input table and of its reduction's output: `(2, 5)`,
+/// or `(4, 7)` with a fused ReLU (the table's and the output's (scale; shift) too).
+fn reduce_rows(relu: bool) -> (usize, usize) {
+    if relu {
+        (4, 7)
+    } else {
+        (2, 5)
+    }
+}
+
+/// The rows of a dx kernel's coefficient table: (A; B; C), and (scale; shift) with a fused ReLU.
+fn dx_rows(relu: bool) -> usize {
+    if relu {
+        5
+    } else {
+        3
+    }
+}
+
+/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`; with `relu`, `gy` masked
+/// by the ReLU after BN (`coef [5, C]` = (A; B; C; scale; shift)).
 pub(crate) fn bn_bwd_dx(
     op: &str,
+    relu: bool,
     gy: (&CudaStorage, &Layout),
     x: (&CudaStorage, &Layout),
     coef: (&CudaStorage, &Layout),
 ) -> candle_core::Result<(CudaStorage, Shape)> {
-    gx_table_into_new(op, "bn_bwd_dx", "gy", 3, gy, x, coef)
+    let kernel = if relu { "bn_bwd_dx_relu" } else { "bn_bwd_dx" };
+    gx_table_into_new(op, kernel, "gy", dx_rows(relu), gy, x, coef)
 }
 
 /// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient
-/// buffer); planar `coef [3, C]`.
+/// buffer); planar `coef [3, C]`, or with `relu` as [`bn_bwd_dx`]'s.
 pub(crate) fn bn_bwd_dx_accumulate(
     op: &str,
+    relu: bool,
     (ds, dl): (&mut CudaStorage, &Layout),
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
@@ -378,6 +416,7 @@ pub(crate) fn bn_bwd_dx_accumulate(
 ) -> candle_core::Result<()> {
     fn run<T: Float>(
         op: &str,
+        relu: bool,
         (ds, dl): (&mut CudaStorage, &Layout),
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
@@ -388,12 +427,17 @@ pub(crate) fn bn_bwd_dx_accumulate(
         expect_len(op, "the destination", rd, c * m)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
-        let rc = coefficients(op, cl, c, 3)?;
+        let rc = coefficients(op, cl, c, dx_rows(relu))?;
         if c * m == 0 {
             return Ok(());
         }
         let dev = ds.device.clone();
-        let func = function::<T>(&dev, &BN, "bn_bwd_dx_accumulate")?;
+        let kernel = if relu {
+            "bn_bwd_dx_accumulate_relu"
+        } else {
+            "bn_bwd_dx_accumulate"
+        };
+        let func = function::<T>(&dev, &BN, kernel)?;
         let mut d = view_mut(op, ds.as_cuda_slice_mut::<T>()?, rd)?;
         let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
         let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
@@ -401,16 +445,16 @@ pub(crate) fn bn_bwd_dx_accumulate(
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
         b.arg(&mut d).arg(&g).arg(&x).arg(&coef).arg(&c).arg(&m);
-        // SAFETY: d, gy and x hold c·m elements, coef 3·c. candle hands dst as `&mut` and the
+        // SAFETY: d, gy and x hold c·m elements, coef dx_rows(relu)·c. candle hands dst as `&mut` and the
         // sources as distinct storages (it rejects aliasing for this op), and the coefficient
         // table is a tensor of its own, so no operand aliases the destination.
         unsafe { b.launch(rows_config(c, m)) }.w()?;
         Ok(())
     }
     match ds.dtype() {
-        DType::F32 => run::<f32>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
-        DType::F64 => run::<f64>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
-        DType::BF16 => run::<half::bf16>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::F32 => run::<f32>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::F64 => run::<f64>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::BF16 => run::<half::bf16>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
         other => Err(unsupported(op, other)),
     }
 }

@@ -110,8 +110,11 @@ pub const BN: CudaModule = CudaModule {
         "relu_bwd_affine",
         "relu_bwd_affine_inplace",
         "bn_bwd_reduce",
+        "bn_bwd_reduce_relu",
         "bn_bwd_dx",
+        "bn_bwd_dx_relu",
         "bn_bwd_dx_accumulate",
+        "bn_bwd_dx_accumulate_relu",
     ],
     bf16_kernels: &[
         "bn_stats",
@@ -120,8 +123,11 @@ pub const BN: CudaModule = CudaModule {
         "relu_bwd_affine",
         "relu_bwd_affine_inplace",
         "bn_bwd_reduce",
+        "bn_bwd_reduce_relu",
         "bn_bwd_dx",
+        "bn_bwd_dx_relu",
         "bn_bwd_dx_accumulate",
+        "bn_bwd_dx_accumulate_relu",
     ],
     bf16_only: &[],
 };
