@@ -442,6 +442,18 @@ fn gpu_fused_ops_allocate_only_their_output() {
         bn_backward::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).expect("accumulate");
         Vec::new()
     });
+    // the ReLU after BN fused into its backward: the same allocations, a [7, C] table
+    let (table, coef5) = (rand(4, C), rand(5, C));
+    measure("bn_bwd_reduce_relu", 0, &|| {
+        vec![bn_backward::bn_bwd_reduce_relu(&gy, &x, &table, &gamma).expect("reduce relu")]
+    });
+    measure("bn_bwd_dx_relu", f32s(C), &|| {
+        vec![bn_backward::bn_bwd_dx_relu(&gy, &x, &coef5).expect("dx relu")]
+    });
+    measure("bn_bwd_dx_accumulate_relu", 0, &|| {
+        bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gy, &x, &coef5).expect("accumulate relu");
+        Vec::new()
+    });
     measure("shift_stack", f32s(9 * K), &|| {
         vec![shift::shift_stack(&t, grid, offsets).expect("stack")]
     });

@@ -784,3 +784,67 @@ fn cuda_bf16_products_and_the_wide_shift_sum_match_the_cpu() {
     });
     assert_bitwise(&got[0], &cpu, "shift_sum_wide_bf16");
 }
+
+/// Issue 38 item 2 on a GPU: BN's backward with the backward of the ReLU after it fused in
+/// (`bn_bwd_reduce_relu`, `bn_bwd_dx_relu`, `bn_bwd_dx_accumulate_relu`) is bitwise the two
+/// steps on the GPU — `relu_bwd_affine`, then the plain kernel, whose summation order the
+/// fused reduction keeps — and its element-wise results bitwise the CPU twin's; through views
+/// with a start offset, f32, f64 and bf16 features.
+#[test]
+fn cuda_bn_backward_with_the_relu_fused_is_the_two_steps_bitwise() {
+    let Some(dev) = gpu("cuda_bn_backward_with_the_relu_fused_is_the_two_steps_bitwise") else {
+        return;
+    };
+    let c = 5;
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        let table_dtype = if dtype == DType::BF16 {
+            DType::F32
+        } else {
+            dtype
+        };
+        let (x, gy) = (rand((c, LONG_M), 61, dtype), rand((c, LONG_M), 62, dtype));
+        // BN's saved table (mean; invstd; scale; shift) and γ, in the table type
+        let table = rand((4, c), 63, table_dtype);
+        let table = Tensor::cat(
+            &[
+                &table.narrow(0, 0, 1).unwrap(),
+                &(table.narrow(0, 1, 1).unwrap().abs().unwrap() + 0.5).unwrap(),
+                &table.narrow(0, 2, 2).unwrap(),
+            ],
+            0,
+        )
+        .expect("table");
+        let gamma = rand((1, c), 64, table_dtype).flatten_all().expect("gamma");
+        let (_bx, xv) = in_buffer(&x, &dev);
+        let (_bg, gv) = in_buffer(&gy, &dev);
+        let d = |t: &Tensor| t.to_device(&dev).expect("to device");
+        let (td, gd) = (d(&table), d(&gamma));
+        let (st, affine) = (td.narrow(0, 0, 2).unwrap(), td.narrow(0, 2, 2).unwrap());
+        let masked = bn_backward::relu_bwd_affine(&gv, &xv, &affine).expect("cuda mask");
+        let fused = bn_backward::bn_bwd_reduce_relu(&gv, &xv, &td, &gd).expect("fused reduce");
+        let two = bn_backward::bn_bwd_reduce(&masked, &xv, &st, &gd).expect("reduce");
+        let what = format!("bn_bwd_reduce_relu {dtype:?}");
+        assert_bitwise(&fused.narrow(0, 0, 5).unwrap(), &two, &what);
+        assert_bitwise(&fused.narrow(0, 5, 2).unwrap(), &affine, &what);
+        let (coef5, coef3) = (fused.narrow(0, 2, 5).unwrap(), two.narrow(0, 2, 3).unwrap());
+        let dx = bn_backward::bn_bwd_dx_relu(&gv, &xv, &coef5).expect("fused dx");
+        let dx_two = bn_backward::bn_bwd_dx(&masked, &xv, &coef3).expect("dx");
+        assert_bitwise(&dx, &dx_two, &format!("bn_bwd_dx_relu {dtype:?}"));
+        let cpu = bn_backward::bn_bwd_dx_relu(&gy, &x, &coef5.to_device(&Device::Cpu).unwrap())
+            .expect("cpu fused dx");
+        assert_bitwise(
+            &dx,
+            &cpu,
+            &format!("bn_bwd_dx_relu {dtype:?} against the CPU"),
+        );
+        let (_ba, acc) = in_buffer(&x, &dev);
+        let (_bb, acc_two) = in_buffer(&x, &dev);
+        bn_backward::bn_bwd_dx_accumulate_relu(&acc, &gv, &xv, &coef5).expect("fused acc");
+        bn_backward::bn_bwd_dx_accumulate(&acc_two, &masked, &xv, &coef3).expect("acc");
+        assert_bitwise(
+            &acc,
+            &acc_two,
+            &format!("bn_bwd_dx_accumulate_relu {dtype:?}"),
+        );
+    }
+}
