@@ -45,19 +45,27 @@ pub fn step(
         Variant::Manual(s) => {
             // what the memory model picked for the least peak on this device's kernels: the
             // chunks of the tap stack (a GPU's 3×3 convolution), whether r is remade for dW1,
-            // whether the CPU splits the layer front (the tap stack's or cuDNN's convolution)
+            // whether the layer front is split, and on a GPU's path into how many pieces
             let path = crate::model::kernels_for(input.device(), cfg)?;
             let schedule = crate::model::schedule::schedule_for_step(variant, cfg, path)?;
-            crate::layer::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
-                let mut run = || {
-                    block::step_manual(s, cfg, params, input, grad_output, schedule.defer_r, probe)
-                };
-                if schedule.split_front {
-                    run()
-                } else {
-                    crate::layer::with_whole_front(run)
-                }
-            })
+            let mut scheduled = || {
+                crate::layer::with_tap_chunk_columns(schedule.tap_chunk_columns, || {
+                    let mut run = || {
+                        let defer_r = schedule.defer_r;
+                        block::step_manual(s, cfg, params, input, grad_output, defer_r, probe)
+                    };
+                    if schedule.split_front {
+                        run()
+                    } else {
+                        crate::layer::with_whole_front(run)
+                    }
+                })
+            };
+            // a GPU's split front cut into the fewest pieces the model allows
+            match schedule.front_pieces {
+                Some(pieces) => crate::layer::with_front_pieces(pieces, scheduled),
+                None => scheduled(),
+            }
         }
     }
 }

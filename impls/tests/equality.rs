@@ -283,9 +283,10 @@ fn the_split_front_is_bitwise_the_whole_one() -> impls::Result<()> {
 /// The split front on a GPU's path (issue 38 item 3), run on the CPU
 /// ([`impls::layer::with_tap_stack_on_cpu`]): ReLU1's output in column chunks written into z's
 /// columns, dW1 summed group by group into one `[B, C]`, the channel blocks' dx added into the
-/// copied prefix (`cat`) or the buffer. Every hand-written variant, f32 and f64, split and
-/// whole: both within the tolerance of the f64 reference, and of each other (on a GPU the
-/// split sums in cuBLAS's order, so no bitwise claim is made there).
+/// copied prefix (`cat`) or the buffer. Every hand-written variant, f32 and f64, split (the
+/// CPU's pieces and a GPU's coarser, uneven ones) and whole: all within the tolerance of the
+/// f64 reference, and of each other (on a GPU the split sums in cuBLAS's order, so no bitwise
+/// claim is made there).
 #[test]
 fn the_gpu_paths_split_front_matches_f64_and_its_whole_front() -> impls::Result<()> {
     for dtype in [DType::F32, DType::F64] {
@@ -301,7 +302,18 @@ fn the_gpu_paths_split_front_matches_f64_and_its_whole_front() -> impls::Result<
                 let run = || case.step_manual(strategy, false);
                 let split = run()?;
                 let whole = impls::layer::with_whole_front(run)?;
-                for (what, r) in [("split", &split), ("whole", &whole)] {
+                // a GPU's coarser cut (the model's `Schedule::front_pieces`), uneven pieces:
+                // 2 column chunks, 2 channel blocks
+                let pieces = impls::layer::FrontPieces {
+                    columns: 5000,
+                    rows: 100,
+                };
+                let coarse = impls::layer::with_front_pieces(pieces, run)?;
+                impls::layer::with_front_pieces(pieces, || {
+                    assert_eq!(impls::layer::front_chunks(cfg.m()).len(), 2);
+                    assert_eq!(impls::layer::grad_blocks(cfg.c_in(cfg.depth - 1)).len(), 2);
+                });
+                for (what, r) in [("split", &split), ("whole", &whole), ("coarse", &coarse)] {
                     let c = compare_updates(
                         &r.to_dtype(DType::F64)?,
                         &reference,
@@ -315,13 +327,15 @@ fn the_gpu_paths_split_front_matches_f64_and_its_whole_front() -> impls::Result<
                         tol(dtype)
                     );
                 }
-                let c = compare(&split, &whole)?;
-                assert!(
-                    c.overall.max_rel <= tol(dtype),
-                    "{v} on the GPU's path, {}: split vs whole {}",
-                    cfg.describe(),
-                    c.overall.max_rel
-                );
+                for (what, r) in [("split", &split), ("coarse", &coarse)] {
+                    let c = compare(r, &whole)?;
+                    assert!(
+                        c.overall.max_rel <= tol(dtype),
+                        "{v} on the GPU's path, {}: {what} vs whole {}",
+                        cfg.describe(),
+                        c.overall.max_rel
+                    );
+                }
                 Ok(())
             })?;
         }

@@ -49,8 +49,10 @@ pub fn gpu_kernels_without_device(cfg: &Config) -> Kernels {
 ///   forces them), e.g. `3×3 tap stack in 16 chunks of ≤ 2 images`; `None` for one chunk and for
 ///   cuDNN's convolution, which has no tap stack;
 /// - the bc layers' fronts where the model splits them (`Schedule::split_front`: ReLU1's output
-///   a column chunk at a time, its backward a column group then a channel block at a time;
-///   `DENSEBENCH_WHOLE_FRONT=1` keeps them whole); `None` where they stay whole.
+///   a column chunk at a time, its backward a column group then a channel block at a time, as
+///   few as the peak allows, `Schedule::front_pieces`; `DENSEBENCH_WHOLE_FRONT=1` keeps them
+///   whole), e.g. `bc layer fronts split (ReLU1's output in 2 chunks of ≤ 32768 columns, its
+///   backward in blocks of ≤ 256 channels)`; `None` where they stay whole.
 ///
 /// Both `None` for the mlp, `autograd` and an unreadable override (the row's step reports that).
 pub fn schedule_notes(
@@ -69,9 +71,14 @@ pub fn schedule_notes(
     let chunks = (path == Kernels::TapStack && chunks > 1)
         .then(|| format!("3×3 tap stack in {chunks} chunks of ≤ {images} images"));
     let front = s.split_front.then(|| {
+        let p = s.front_pieces.unwrap_or(impls::layer::FrontPieces::CPU);
+        let columns = impls::layer::with_front_pieces(p, || impls::layer::front_chunks(cfg.m()));
         format!(
-            "bc layer fronts split (ReLU1's output in chunks of ≤ {} columns)",
-            impls::layer::FRONT_CHUNK_COLUMNS
+            "bc layer fronts split (ReLU1's output in {} chunks of ≤ {} columns, its backward in \
+             blocks of ≤ {} channels)",
+            columns.len(),
+            p.columns,
+            p.rows
         )
     });
     (chunks, front)
@@ -261,7 +268,11 @@ mod tests {
             schedule_notes(bri, &bc100, TAP).0.as_deref(),
             Some("3×3 tap stack in 8 chunks of ≤ 8 images")
         );
-        let split = Some("bc layer fronts split (ReLU1's output in chunks of ≤ 4096 columns)");
+        // on a GPU's path in fewer pieces than the CPU's 16 (`Schedule::front_pieces`)
+        let split = Some(
+            "bc layer fronts split (ReLU1's output in 8 chunks of ≤ 8192 columns, its backward \
+             in blocks of ≤ 64 channels)",
+        );
         assert_eq!(schedule_notes(bri, &bc100, TAP).1.as_deref(), split);
         assert_eq!(schedule_notes(brc, &bc100, TAP).1.as_deref(), split);
         // the store variants keep their fronts whole; the mlp has none

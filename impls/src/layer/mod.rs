@@ -238,10 +238,54 @@ fn even_split(len: usize, pieces: usize) -> Vec<(usize, usize)> {
         .collect()
 }
 
+/// How a split front is cut on a GPU's path, where no bitwise argument ties it to the CPU's
+/// constants and every chunk and block costs launches: columns per chunk of ReLU1's output (and
+/// per column group of dW1), rows per channel block of its backward. The memory model picks it
+/// ([`crate::model::schedule::Schedule::front_pieces`]: the fewest pieces within 0.5% of the
+/// least predicted peak); the step runs in [`with_front_pieces`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FrontPieces {
+    /// Columns per chunk of ReLU1's output and per group of dW1 (at least [`MIN_SPLIT`]).
+    pub columns: usize,
+    /// Channels per block of `dr`, ReLU1's and BN1's backward (at least 1).
+    pub rows: usize,
+}
+
+impl FrontPieces {
+    /// The CPU's pieces ([`FRONT_CHUNK_COLUMNS`], [`GRAD_BLOCK_ROWS`]), the finest a GPU's
+    /// path considers.
+    pub const CPU: FrontPieces = FrontPieces {
+        columns: FRONT_CHUNK_COLUMNS,
+        rows: GRAD_BLOCK_ROWS,
+    };
+}
+
+thread_local! {
+    /// Set inside [`with_front_pieces`].
+    static FRONT_PIECES_HERE: Cell<Option<FrontPieces>> = const { Cell::new(None) };
+}
+
+/// Runs `f` with a split front cut in `pieces` on this thread ([`front_chunks`], [`dw_groups`]
+/// and [`grad_blocks`] follow it, and so do the model's traces made inside): what
+/// [`crate::step::step()`] runs a GPU's step in. The CPU's kernels keep their constants, on
+/// which their bitwise equalities rest: a step on them never enters this.
+pub fn with_front_pieces<R>(pieces: FrontPieces, f: impl FnOnce() -> R) -> R {
+    scoped(&FRONT_PIECES_HERE, Some(pieces), f)
+}
+
+/// The pieces in force: [`with_front_pieces`]'s, else [`FrontPieces::CPU`].
+pub fn front_pieces() -> FrontPieces {
+    FRONT_PIECES_HERE
+        .with(Cell::get)
+        .unwrap_or(FrontPieces::CPU)
+}
+
 /// The column chunks `(start, columns)` of a recomputed front over `m` columns: the fewest of
-/// at most [`FRONT_CHUNK_COLUMNS`] (each at least [`MIN_SPLIT`], else one chunk).
+/// at most [`FRONT_CHUNK_COLUMNS`] (or [`with_front_pieces`]'s columns; each at least
+/// [`MIN_SPLIT`], else one chunk).
 pub fn front_chunks(m: usize) -> Vec<(usize, usize)> {
-    even_split(m, m.div_ceil(FRONT_CHUNK_COLUMNS).min(m / MIN_SPLIT))
+    let columns = front_pieces().columns.max(1);
+    even_split(m, m.div_ceil(columns).min(m / MIN_SPLIT))
 }
 
 /// Columns per inner chunk of a bc layer's Conv1×1 weight gradient on the CPU
@@ -256,12 +300,13 @@ pub const DW_CHUNK_COLUMNS: usize = 512;
 /// The column groups `(start, columns)` a bc layer's Conv1×1 weight gradient reads ReLU1's
 /// output in on the CPU ([`conv1_bwd_weight`]): [`FRONT_CHUNK_COLUMNS`] each (the last the
 /// rest), whole [`DW_CHUNK_COLUMNS`] chunks, so a recomputing layer remakes r `[C_i, ≤ 4096]`
-/// at a time, never whole.
+/// at a time, never whole; on a GPU's path [`with_front_pieces`]'s columns each.
 pub fn dw_groups(m: usize) -> Vec<(usize, usize)> {
     const _: () = assert!(FRONT_CHUNK_COLUMNS.is_multiple_of(DW_CHUNK_COLUMNS));
+    let columns = front_pieces().columns.max(1);
     (0..m)
-        .step_by(FRONT_CHUNK_COLUMNS)
-        .map(|g0| (g0, FRONT_CHUNK_COLUMNS.min(m - g0)))
+        .step_by(columns)
+        .map(|g0| (g0, columns.min(m - g0)))
         .collect()
 }
 
@@ -376,11 +421,11 @@ const DW_MIN_BLOCK_ROWS: usize = 96;
 pub const GRAD_BLOCK_ROWS: usize = 64;
 
 /// The channel blocks `(first channel, channels)` of a bc layer's `dr = W1ᵀ·dz`, ReLU1's mask
-/// and BN1's backward on the CPU, at most [`GRAD_BLOCK_ROWS`] channels each (an even split):
-/// per-channel ops, and a product whose output `[n, M]` is never small, so any split keeps
-/// every bit.
+/// and BN1's backward on the CPU, at most [`GRAD_BLOCK_ROWS`] channels each (or
+/// [`with_front_pieces`]'s rows; an even split): per-channel ops, and a product whose output
+/// `[n, M]` is never small, so any split keeps every bit.
 pub fn grad_blocks(c: usize) -> Vec<(usize, usize)> {
-    even_split(c, c.div_ceil(GRAD_BLOCK_ROWS))
+    even_split(c, c.div_ceil(front_pieces().rows.max(1)))
 }
 
 /// `W1 [B, C] @ relu(bn(x [C, M]))`, Conv1×1 of a bc layer's BN1 → ReLU output, a column

@@ -491,6 +491,64 @@ mod tests {
     /// over what is live at that call; with small workspaces the frugal peak is at most the
     /// tap stack's and the CPU's (issue 38's target, BC-100 L=48 ≤ 345 MiB), and bf16 halves it
     /// (issue 39's ≤ 0.55×: cuDNN's bf16 filter gradient, widened, counted).
+    /// A GPU's split front is cut into as few pieces as the model allows (issue 38: every chunk
+    /// and block is launches): on BC-100's block the recomputing variants run fewer column
+    /// chunks than the CPU's 16, each picked cut within `FRONT_PIECES_PEAK_SLACK` of the finest
+    /// cut's peak, and the coarsest cut within it (twice the columns, where there are more
+    /// than one chunk, goes over the limit); the CPU keeps its constants.
+    #[test]
+    fn a_gpus_split_front_takes_the_fewest_pieces_within_the_slack() {
+        use crate::layer::{front_chunks, with_front_pieces, FrontPieces};
+        for depth in [16, 48] {
+            let cfg = Config {
+                depth,
+                ..Config::bc100_block()
+            };
+            let fine = with_front_pieces(FrontPieces::CPU, || front_chunks(cfg.m()).len());
+            assert_eq!(fine, 16);
+            for v in [
+                manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace),
+                manual(Concat::Buffer, Intermediates::Recompute, Relu::Copy),
+            ] {
+                let cpu = schedule_for(v, &cfg, Kernels::Cpu).unwrap();
+                assert!(
+                    cpu.split_front && cpu.front_pieces.is_none(),
+                    "{v}: {cpu:?}"
+                );
+                for path in [Kernels::TapStack, Kernels::Cudnn(Default::default())] {
+                    let what = format!("{v} at L={depth} on {path:?}");
+                    let s = schedule_for(v, &cfg, path).unwrap();
+                    let p = s.front_pieces.unwrap_or_else(|| panic!("{what}: {s:?}"));
+                    assert!(s.split_front, "{what}");
+                    let peak = |pieces| {
+                        with_front_pieces(pieces, || {
+                            trace_with(v, &cfg, path, &exact, s.tap_chunk_columns, false, true)
+                        })
+                        .unwrap()
+                        .peak as f64
+                    };
+                    let (finest, picked) = (peak(FrontPieces::CPU), peak(p));
+                    let chunks = with_front_pieces(p, || front_chunks(cfg.m()).len());
+                    assert!(chunks < fine, "{what}: {chunks} chunks");
+                    assert!(
+                        picked <= finest * (1.0 + FRONT_PIECES_PEAK_SLACK),
+                        "{what}: {picked} B over the finest cut's {finest} B"
+                    );
+                    if chunks > 1 {
+                        let coarser = FrontPieces {
+                            columns: 2 * p.columns,
+                            ..p
+                        };
+                        assert!(
+                            peak(coarser) > finest * (1.0 + FRONT_PIECES_PEAK_SLACK),
+                            "{what}: {coarser:?} is within the slack too"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn cudnn_path_has_no_tap_stack_and_charges_each_workspace_once() {
         let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);

@@ -4,6 +4,7 @@
 
 use crate::config::variant::{Intermediates, Variant};
 use crate::config::{Config, Family};
+use crate::layer::{with_front_pieces, FrontPieces};
 use crate::model::trace::{exact, trace_with, Charge, Kernels, Trace};
 
 /// How a manual step runs where the strategy leaves a choice, picked by the memory model for
@@ -28,6 +29,56 @@ pub struct Schedule {
     /// is ever whole; on the CPU's kernels bitwise the same values, on a GPU's path the same
     /// up to cuBLAS's summation order (for its time, see [`SPLIT_FRONT_MIN_GAIN`]).
     pub split_front: bool,
+    /// How a split front is cut on a GPU's path ([`crate::layer::FrontPieces`]; `None`: the
+    /// CPU's constants, which its kernels' bitwise equalities rest on): the fewest column
+    /// chunks and channel blocks — the fewest launches — whose predicted peak is within
+    /// [`FRONT_PIECES_PEAK_SLACK`] of the peak with the CPU's finest ones (16 chunks of 4096
+    /// columns and blocks of 64 channels on BC-100's N = 64 block: some 80 launches per layer
+    /// more than the whole front's).
+    pub front_pieces: Option<FrontPieces>,
+}
+
+/// How far above the finest split front's predicted peak a GPU's coarser cut may leave a
+/// variant ([`Schedule::front_pieces`]): half the tap stack's [`TAP_CHUNK_PEAK_SLACK`], so
+/// that the cut keeps BC-100's predicted peaks where the finest cut has them (L = 16 / 32 / 48
+/// `buffer-recompute-inplace` on cuDNN's path 144.7 / 242.1 / 340.2 MiB, the CPU's 145.6 /
+/// 243.0 / 341.0) in 4 / 4 / 8 column chunks instead of 16; at 1% L=16 took 2 chunks at
+/// 145.6 MiB and L=48 on the tap stack 346.8 MiB, over the CPU's.
+pub const FRONT_PIECES_PEAK_SLACK: f64 = 0.005;
+
+/// The fewest pieces for a GPU's split front: columns per chunk `FRONT_CHUNK_COLUMNS · 2^j`
+/// (up to one chunk of all `m`), the most whose peak (`peak`, with the CPU's block rows) is
+/// within [`FRONT_PIECES_PEAK_SLACK`] of `finest`'s; then channel rows per block
+/// `GRAD_BLOCK_ROWS · 2^j` (up to one block of `c_max`, the widest layer input) the same way
+/// with those columns. A peak that cannot be traced counts as over the limit.
+fn fewest_pieces(
+    m: usize,
+    c_max: usize,
+    finest: i128,
+    peak: impl Fn(FrontPieces) -> Option<i128>,
+) -> FrontPieces {
+    let limit = finest as f64 * (1.0 + FRONT_PIECES_PEAK_SLACK);
+    let within = |p: FrontPieces| peak(p).is_some_and(|v| v as f64 <= limit);
+    let doublings = |first: usize, last: usize| {
+        std::iter::successors(Some(first), move |&v| {
+            (v < last).then(|| v.saturating_mul(2))
+        })
+        .collect::<Vec<_>>()
+    };
+    let mut pieces = FrontPieces::CPU;
+    for columns in doublings(FrontPieces::CPU.columns, m).into_iter().rev() {
+        if within(FrontPieces { columns, ..pieces }) {
+            pieces.columns = columns;
+            break;
+        }
+    }
+    for rows in doublings(FrontPieces::CPU.rows, c_max).into_iter().rev() {
+        if within(FrontPieces { rows, ..pieces }) {
+            pieces.rows = rows;
+            break;
+        }
+    }
+    pieces
 }
 
 /// How much a split front ([`Schedule::split_front`]) must lower a variant's predicted peak,
@@ -81,7 +132,7 @@ pub fn schedule_for(
         let s = Schedule {
             tap_chunk_columns,
             defer_r,
-            split_front: false,
+            ..Schedule::default()
         };
         if best.is_none_or(|(peak, _)| t.peak < peak) {
             best = Some((t.peak, s));
@@ -92,13 +143,24 @@ pub fn schedule_for(
             Kernels::TapStack => tap_chunk_columns_given(variant, cfg, false, true)?,
             Kernels::Cpu | Kernels::Cudnn(_) => 0,
         };
-        if let Some(t) = trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true) {
-            if (t.peak as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
+        let peak = |pieces: Option<FrontPieces>| {
+            let trace = || trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true);
+            with_front_pieces(pieces.unwrap_or(FrontPieces::CPU), trace).map(|t| t.peak)
+        };
+        if let Some(finest) = peak(None) {
+            // a GPU's path: as few pieces as the peak allows (the CPU keeps its constants)
+            let front_pieces = (!path.is_cpu()).then(|| {
+                let c_max = cfg.c_in(cfg.depth.saturating_sub(1));
+                fewest_pieces(cfg.m(), c_max, finest, |p| peak(Some(p)))
+            });
+            let split = peak(front_pieces).unwrap_or(finest);
+            if (split as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
                 best = Some((
-                    t.peak,
+                    split,
                     Schedule {
                         tap_chunk_columns,
                         split_front: true,
+                        front_pieces,
                         ..Schedule::default()
                     },
                 ));
@@ -227,13 +289,19 @@ pub(crate) fn trace<'a>(
     charge: Charge<'a>,
 ) -> Option<Trace<'a>> {
     let s = schedule_for(variant, cfg, path).unwrap_or_default();
-    trace_with(
-        variant,
-        cfg,
-        path,
-        charge,
-        s.tap_chunk_columns,
-        s.defer_r,
-        s.split_front,
-    )
+    let trace = || {
+        trace_with(
+            variant,
+            cfg,
+            path,
+            charge,
+            s.tap_chunk_columns,
+            s.defer_r,
+            s.split_front,
+        )
+    };
+    match s.front_pieces {
+        Some(p) => with_front_pieces(p, trace),
+        None => trace(),
+    }
 }
