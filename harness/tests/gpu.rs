@@ -442,17 +442,23 @@ fn gpu_fused_ops_allocate_only_their_output() {
         bn_backward::bn_bwd_dx_accumulate(&dst, &gy, &x, &coef3).expect("accumulate");
         Vec::new()
     });
-    // the ReLU after BN fused into its backward: the same allocations, a [7, C] table
-    let (table, coef5) = (rand(4, C), rand(5, C));
+    // the ReLU after BN fused into its backward: the plain ops' allocations
+    let table = rand(4, C);
     measure("bn_bwd_reduce_relu", 0, &|| {
         vec![bn_backward::bn_bwd_reduce_relu(&gy, &x, &table, &gamma).expect("reduce relu")]
     });
     measure("bn_bwd_dx_relu", f32s(C), &|| {
-        vec![bn_backward::bn_bwd_dx_relu(&gy, &x, &coef5).expect("dx relu")]
+        vec![bn_backward::bn_bwd_dx_relu(&gy, &x, &coef3, &coef2).expect("dx relu")]
     });
     measure("bn_bwd_dx_accumulate_relu", 0, &|| {
-        bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gy, &x, &coef5).expect("accumulate relu");
+        let acc = bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gy, &x, &coef3, &coef2);
+        acc.expect("accumulate relu");
         Vec::new()
+    });
+    // BN2's statistics and per-channel step in one op: a [6, C] table
+    measure("bn_stats_prepare", 0, &|| {
+        let p = bn::bn_stats_prepare(&x, &gamma, &beta, &rmean, &rvar).expect("stats prepare");
+        vec![p.0, p.1]
     });
     measure("shift_stack", f32s(9 * K), &|| {
         vec![shift::shift_stack(&t, grid, offsets).expect("stack")]

@@ -357,6 +357,118 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// `bn_stats_prepare` (issue 38: BN2's statistics and per-channel step in one launch): its
+/// `[6, C]` must be, bit for bit (NaN for NaN), what `bn_prepare` (f32 tables for bf16
+/// features) makes from `bn_stats`' output on the emulated GPU, and the CPU twin
+/// (`bn::bn_stats_prepare`) the CPU's two ops; γ has 0, −0 and ∞ planted, the running
+/// variance a NaN. Reduction geometry, two runs bitwise equal.
+fn bn_stats_prepare_matches<T: El>(m: &Emulated) {
+    let kernel = format!("bn_stats_prepare_{}", T::SUFFIX);
+    let stats = format!("bn_stats_{}", T::SUFFIX);
+    let prepare = format!("bn_prepare_{}", <T::Acc as El>::SUFFIX);
+    for (k, &(c, cols)) in BN_SHAPES.iter().enumerate() {
+        let x = values::<T>(c * cols, 180 + k as u64);
+        let mut gamma = values::<T::Acc>(c, 181 + k as u64);
+        let beta = values::<T::Acc>(c, 182 + k as u64);
+        let rmean = values::<T::Acc>(c, 183 + k as u64);
+        let mut rvar = values::<T::Acc>(c, 184 + k as u64);
+        for (r, g) in [0.0, -0.0, f64::INFINITY].into_iter().enumerate() {
+            if let Some(v) = gamma.get_mut(r) {
+                *v = T::Acc::from_f64(g);
+            }
+        }
+        rvar[c - 1] = T::Acc::from_f64(f64::NAN);
+        let mf = cols as f64;
+        let scalars = [
+            BN_EPS,
+            1.0 - BN_MOMENTUM,
+            BN_MOMENTUM,
+            BN_MOMENTUM * (mf / (mf - 1.0)),
+        ]
+        .map(T::Acc::from_f64);
+        let vectors = [&gamma, &beta, &rmean, &rvar];
+        // the emulated GPU: one kernel, and the two it replaces
+        let fused = || {
+            let mut out = vec![T::Acc::from_f64(7.0); 6 * c];
+            let (table, running) = out.split_at_mut(4 * c);
+            let mut xp = x.as_ptr().cast_mut();
+            let [mut gp, mut bp, mut rmp, mut rvp] = vectors.map(|v| v.as_ptr().cast_mut());
+            let (mut tp, mut rp) = (table.as_mut_ptr(), running.as_mut_ptr());
+            let (mut cc, mut mm) = (c as u64, cols as u64);
+            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
+            m.launch(
+                &kernel,
+                reduce_geometry(c),
+                &mut [
+                    p(&mut xp),
+                    p(&mut gp),
+                    p(&mut bp),
+                    p(&mut rmp),
+                    p(&mut rvp),
+                    p(&mut tp),
+                    p(&mut rp),
+                    p(&mut cc),
+                    p(&mut mm),
+                    p(&mut eps),
+                    p(&mut keep),
+                    p(&mut mom),
+                    p(&mut mom_unbias),
+                ],
+                true,
+            );
+            out
+        };
+        let got = fused();
+        assert_bitwise_nan(&format!("{kernel} run twice"), &fused(), &got);
+        let mut mv = vec![T::Acc::from_f64(7.0); 2 * c];
+        {
+            let (mut xp, mut op) = (x.as_ptr().cast_mut(), mv.as_mut_ptr());
+            let (mut cc, mut mm) = (c as u64, cols as u64);
+            let args = &mut [p(&mut xp), p(&mut op), p(&mut cc), p(&mut mm)];
+            m.launch(&stats, reduce_geometry(c), args, true);
+        }
+        let mut two = vec![T::Acc::from_f64(7.0); 6 * c];
+        {
+            let (table, running) = two.split_at_mut(4 * c);
+            let [mut mp, mut gp, mut bp, mut rmp, mut rvp] =
+                [&mv, &gamma, &beta, &rmean, &rvar].map(|v| v.as_ptr().cast_mut());
+            let (mut tp, mut rp) = (table.as_mut_ptr(), running.as_mut_ptr());
+            let mut cc = c as u64;
+            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
+            let args = &mut [
+                p(&mut mp),
+                p(&mut gp),
+                p(&mut bp),
+                p(&mut rmp),
+                p(&mut rvp),
+                p(&mut tp),
+                p(&mut rp),
+                p(&mut cc),
+                p(&mut eps),
+                p(&mut keep),
+                p(&mut mom),
+                p(&mut mom_unbias),
+            ];
+            m.launch(&prepare, flat_geometries(c)[0], args, false);
+        }
+        let what = format!("{kernel} [{c}, {cols}]");
+        assert_bitwise_nan(&format!("{what}: bn_stats then bn_prepare"), &got, &two);
+        // the CPU twin: the two ops, one op
+        let xt = tensor(&x, (c, cols));
+        let [g, b, rm, rv] = vectors.map(|v| vector(v));
+        let (t1, r1) = bn::bn_stats_prepare(&xt, &g, &b, &rm, &rv).expect("cpu fused");
+        let mv_cpu = bn::bn_stats(&xt).expect("cpu stats");
+        let (t2, r2) = bn::bn_prepare(&mv_cpu, &g, &b, &rm, &rv, cols).expect("cpu prepare");
+        for (name, a, b) in [("table", &t1, &t2), ("running", &r1, &r2)] {
+            assert_bitwise_nan(
+                &format!("{what}: the CPU twin's {name}"),
+                &host::<T::Acc>(a),
+                &host::<T::Acc>(b),
+            );
+        }
+    }
+}
+
 /// `got` and `want` are one result computed with two f64 summation orders over `m` terms whose
 /// absolute values sum to `scale`, then rounded to `T`: each order's error is at most
 /// `(m − 1) · 2⁻⁵³ · scale` (recursive summation; the kernel's tree of per-thread sums is within
@@ -537,10 +649,9 @@ fn launch_bwd_reduce<T: El>(
 }
 
 /// `bn_bwd_reduce_relu`, BN's backward reduction with the backward of the ReLU after it fused
-/// in (the gradient masked where `x·scale + shift ≤ 0`, or NaN): its `[7, C]` output must be,
-/// bit for bit, the plain kernel's `[5, C]` on the gradient the CPU's `relu_bwd_affine` masks,
-/// followed by the table's (scale; shift); and the CPU twin (`bn_bwd_reduce_relu`) the CPU's
-/// two steps. Row 0 has `x = ±0` with shift `+0` (an exactly zero pre-activation: closed); the
+/// in (the gradient masked where `x·scale + shift ≤ 0`, or NaN), reading BN's saved table
+/// `[4, C]`: its `[5, C]` output must be, bit for bit, the plain kernel's on the gradient the
+/// CPU's `relu_bwd_affine` masks; and the CPU twin (`bn_bwd_reduce_relu`) the CPU's two steps. Row 0 has `x = ±0` with shift `+0` (an exactly zero pre-activation: closed); the
 /// mask closes between a tenth and nine tenths of the elements.
 fn bn_bwd_reduce_relu_matches<T: El>(m: &Emulated) {
     let kernel = format!("bn_bwd_reduce_relu_{}", T::SUFFIX);
@@ -575,18 +686,13 @@ fn bn_bwd_reduce_relu_matches<T: El>(m: &Emulated) {
             "{kernel}: the mask closes {closed} of {} elements",
             c * cols
         );
-        let fused = launch_bwd_reduce(m, &kernel, &gy, &x, &table, &gamma, (c, cols), 7);
+        let fused = launch_bwd_reduce(m, &kernel, &gy, &x, &table, &gamma, (c, cols), 5);
         let two_steps = launch_bwd_reduce(m, &plain, &masked, &x, &st, &gamma, (c, cols), 5);
         let what = format!("{kernel} [{c}, {cols}]");
         assert_bitwise(
             &format!("{what}: the plain kernel on the masked gradient"),
-            &fused[..5 * c],
+            &fused,
             &two_steps,
-        );
-        assert_bitwise(
-            &format!("{what}: (scale; shift) copied"),
-            &fused[5 * c..],
-            &affine,
         );
         let (stt, gammat) = (tensor(&st, (2, c)), vector(&gamma));
         let cpu_fused = host::<T::Acc>(
@@ -598,19 +704,14 @@ fn bn_bwd_reduce_relu_matches<T: El>(m: &Emulated) {
         );
         assert_bitwise(
             &format!("{what}: the CPU twin's two steps"),
-            &cpu_fused[..5 * c],
+            &cpu_fused,
             &cpu_two,
-        );
-        assert_bitwise(
-            &format!("{what}: the CPU twin's (scale; shift)"),
-            &cpu_fused[5 * c..],
-            &affine,
         );
     }
 }
 
-/// `bn_bwd_dx[_accumulate]_relu`: dx with the ReLU's backward fused in, `coef [5, C]` = (A; B;
-/// C; scale; shift), bit for bit the CPU twin's under the launcher's and smaller row grids, and
+/// `bn_bwd_dx[_accumulate]_relu`: dx with the ReLU's backward fused in, `coef [3, C]` = (A; B;
+/// C) and the mask's `affine [2, C]` = (scale; shift), bit for bit the CPU twin's under the launcher's and smaller row grids, and
 /// the CPU twin bit for bit `relu_bwd_affine` followed by the plain op (NaN for NaN): NaN, ±0,
 /// ±∞ and tiny values in both the gradient and BN's input, row 0 with an exactly zero
 /// pre-activation. The accumulating form also against `bn_bwd_dx_accumulate_from_relu` (CPU).
@@ -625,30 +726,23 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
     let x = relu_values::<T>(c * cols, 171);
     let mut shift = values::<T::Acc>(c, 176);
     shift[0] = T::Acc::from_f64(0.0);
-    let coef: Vec<T::Acc> = [72u64, 73, 74, 175]
+    let coef: Vec<T::Acc> = [72u64, 73, 74]
         .iter()
         .flat_map(|&seed| values::<T::Acc>(c, seed))
-        .chain(shift)
         .collect();
-    let (gt, xt, coef_t) = (
-        tensor(&gy, (c, cols)),
-        tensor(&x, (c, cols)),
-        tensor(&coef, (5, c)),
-    );
-    let (abc, affine) = (
-        tensor(&coef[..3 * c], (3, c)),
-        tensor(&coef[3 * c..], (2, c)),
-    );
+    let aff: Vec<T::Acc> = values::<T::Acc>(c, 175).into_iter().chain(shift).collect();
+    let (gt, xt) = (tensor(&gy, (c, cols)), tensor(&x, (c, cols)));
+    let (abc, affine) = (tensor(&coef, (3, c)), tensor(&aff, (2, c)));
     let masked = bn_backward::relu_bwd_affine(&gt, &xt, &affine).expect("mask");
     let dst0 = values::<T>(c * cols, 177);
     let (want, two_steps) = if accumulate {
         let dst = tensor(&dst0, (c, cols));
-        bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gt, &xt, &coef_t).expect("cpu fused");
+        bn_backward::bn_bwd_dx_accumulate_relu(&dst, &gt, &xt, &abc, &affine).expect("cpu fused");
         let two = tensor(&dst0, (c, cols));
         bn_backward::bn_bwd_dx_accumulate(&two, &masked, &xt, &abc).expect("cpu");
         let from = tensor(&dst0, (c, cols));
         let fresh = tensor(&vec![T::from_f64(5.0); c * cols], (c, cols));
-        bn_backward::bn_bwd_dx_accumulate_from_relu(&fresh, &from, &gt, &xt, &coef_t)
+        bn_backward::bn_bwd_dx_accumulate_from_relu(&fresh, &from, &gt, &xt, &abc, &affine)
             .expect("cpu from");
         assert_bitwise_nan(
             &format!("{kernel}: the CPU's accumulation from a source"),
@@ -658,7 +752,7 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
         (host::<T>(&dst), host::<T>(&two))
     } else {
         (
-            host::<T>(&bn_backward::bn_bwd_dx_relu(&gt, &xt, &coef_t).expect("cpu fused")),
+            host::<T>(&bn_backward::bn_bwd_dx_relu(&gt, &xt, &abc, &affine).expect("cpu fused")),
             host::<T>(&bn_backward::bn_bwd_dx(&masked, &xt, &abc).expect("cpu")),
         )
     };
@@ -676,6 +770,7 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
         let mut gp = gy.as_ptr().cast_mut();
         let mut xp = x.as_ptr().cast_mut();
         let mut cp = coef.as_ptr().cast_mut();
+        let mut ap = aff.as_ptr().cast_mut();
         let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
         let args: &mut [*mut c_void] = if accumulate {
             &mut [
@@ -683,6 +778,7 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
                 p(&mut gp),
                 p(&mut xp),
                 p(&mut cp),
+                p(&mut ap),
                 p(&mut rows),
                 p(&mut mm),
             ]
@@ -691,6 +787,7 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
                 p(&mut gp),
                 p(&mut xp),
                 p(&mut cp),
+                p(&mut ap),
                 p(&mut op),
                 p(&mut rows),
                 p(&mut mm),
@@ -1303,7 +1400,8 @@ fn inplace_kernels_match<T: El>(m: &Emulated) {
     }
 }
 
-/// Every entry point of `bn.cu` (statistics, the forward per-channel step, apply with and
+/// Every entry point of `bn.cu` (statistics, the forward per-channel step and the two fused,
+/// apply with and
 /// without ReLU, the ReLU backward masked from BN's input, backward reduction with its
 /// coefficients, dx fresh and accumulated), f32, f64 and bf16 features (the per-channel step
 /// is tables only: f32 and f64), against its CPU twin in `impls::ops::bn`: the GPU path of
@@ -1316,6 +1414,9 @@ fn bn_kernels_match_their_cpu_twins_on_the_host() {
     bn_stats_matches::<bf16>(&m);
     bn_prepare_matches::<f32>(&m);
     bn_prepare_matches::<f64>(&m);
+    bn_stats_prepare_matches::<f32>(&m);
+    bn_stats_prepare_matches::<f64>(&m);
+    bn_stats_prepare_matches::<bf16>(&m);
     bn_bwd_reduce_matches::<f32>(&m);
     bn_bwd_reduce_matches::<f64>(&m);
     bn_bwd_reduce_matches::<bf16>(&m);

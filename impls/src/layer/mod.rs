@@ -490,6 +490,24 @@ pub fn bn_forward_stats(
     ))
 }
 
+/// [`bn_forward_stats`] from the features `x [C, M]` themselves: their batch statistics and
+/// the per-channel step in one op ([`bn::bn_stats_prepare`], one launch on a GPU), bitwise
+/// [`bn_stats`] then [`bn_forward_stats`]. BN2's forward, whose statistics nothing else reads.
+pub fn bn_forward_stats_of(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+) -> Result<(BnStats, Tensor, Tensor)> {
+    let (table, running) = bn::bn_stats_prepare(x, gamma, beta, running_mean, running_var)?;
+    Ok((
+        BnStats { table },
+        bn::row(&running, 0)?,
+        bn::row(&running, 1)?,
+    ))
+}
+
 /// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with the per-channel
 /// `scale = γ·invstd`, `shift = β − mean·scale` of `stats`: one pass, one new tensor.
 pub fn bn_apply(x: &Tensor, stats: &BnStats) -> Result<Tensor> {
@@ -536,7 +554,7 @@ pub fn bn_relu_bwd(
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    let dx = bn_backward::bn_bwd_dx_relu(g, x, &coef)?;
+    let dx = bn_backward::bn_bwd_dx_relu(g, x, &coef, &stats.affine()?)?;
     Ok((dx, dgamma, dbeta))
 }
 
@@ -564,7 +582,7 @@ pub fn bn_relu_bwd_accumulate(
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    bn_backward::bn_bwd_dx_accumulate_relu(dst, g, x, &coef)?;
+    bn_backward::bn_bwd_dx_accumulate_relu(dst, g, x, &coef, &stats.affine()?)?;
     Ok((dgamma, dbeta))
 }
 
@@ -595,13 +613,13 @@ pub fn bn_relu_bwd_accumulate_from(
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    bn_backward::bn_bwd_dx_accumulate_from_relu(dst, from, g, x, &coef)?;
+    bn_backward::bn_bwd_dx_accumulate_from_relu(dst, from, g, x, &coef, &stats.affine()?)?;
     Ok((dgamma, dbeta))
 }
 
 /// The reductions of BN backward and the per-channel `(A; B; C)` of `dx = A·gy + B·x + C`
-/// (planar `[3, C]`; with `relu`, the ReLU after BN fused in, `[5, C]` = (A; B; C; scale;
-/// shift)), with `(dγ, dβ)`: views of one fused op's output.
+/// (planar `[3, C]`; with `relu`, of the gradient masked by the ReLU after BN), with
+/// `(dγ, dβ)`: views of one fused op's output.
 fn bn_bwd_coef(
     gy: &Tensor,
     x: &Tensor,
@@ -609,17 +627,13 @@ fn bn_bwd_coef(
     gamma: &Tensor,
     relu: bool,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (r, q) = if relu {
-        (
-            bn_backward::bn_bwd_reduce_relu(gy, x, &stats.table, gamma)?,
-            5,
-        )
+    let r = if relu {
+        bn_backward::bn_bwd_reduce_relu(gy, x, &stats.table, gamma)?
     } else {
-        let st = stats.mean_invstd()?;
-        (bn_backward::bn_bwd_reduce(gy, x, &st, gamma)?, 3)
+        bn_backward::bn_bwd_reduce(gy, x, &stats.mean_invstd()?, gamma)?
     };
     Ok((
-        r.narrow(0, 2, q).ctx("bn bwd coef")?,
+        r.narrow(0, 2, 3).ctx("bn bwd coef")?,
         bn::row(&r, 1)?,
         bn::row(&r, 0)?,
     ))

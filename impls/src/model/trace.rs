@@ -147,9 +147,7 @@ impl<'a> Trace<'a> {
         }
         self.uncast(b * c);
         if forward {
-            self.alloc_p(2 * b); // z's (mean; var)
-            self.alloc_p(6 * b); // BN2's table and running stats
-            self.free_p(2 * b);
+            self.alloc_p(6 * b); // BN2's table and running stats, with z's statistics (one op)
         }
         self.alloc(b * m); // BN2 output
         if copy {
@@ -195,7 +193,7 @@ impl<'a> Trace<'a> {
         if cat {
             self.alloc(c * m); // new input gradient: the previous one's prefix, dx added in
         } // buffer: BN1's backward adds dx straight into the gradient buffer
-        self.alloc_p(bwd_sums(copy) * c); // BN1's sums and coefficients, kept for dγ1, dβ1
+        self.alloc_p(5 * c); // BN1's sums and coefficients, kept for dγ1, dβ1
         self.free(c * m); // BN1 grad input
     }
 
@@ -245,7 +243,7 @@ impl<'a> Trace<'a> {
             if cat && j == 0 {
                 self.alloc(c * m); // new input gradient: the previous one's prefix
             }
-            self.alloc_p(bwd_sums(copy) * n); // BN1's sums and coefficients of the block
+            self.alloc_p(5 * n); // BN1's sums and coefficients of the block
             self.free(n * m); // the block's BN1 grad input
             self.free_p(4 * n);
         }
@@ -254,7 +252,7 @@ impl<'a> Trace<'a> {
             self.alloc_p(c); // dγ1 (kept), gathered from the blocks
             self.alloc_p(c); // dβ1 (kept)
             for &(_, n) in &blocks {
-                self.free_p(bwd_sums(copy) * n);
+                self.free_p(5 * n);
             }
         } // one block: dγ1 and dβ1 are rows of its sums (kept)
     }
@@ -265,13 +263,6 @@ impl<'a> Trace<'a> {
 /// device, see [`crate::model::allocation_sizes`]). The model is a sequence of single allocations and frees,
 /// so a charge applies to each tensor as the allocator sees it.
 pub type Charge<'a> = &'a dyn Fn(u64) -> u64;
-
-/// Rows per channel of BN's backward reduction (`ops::bn_backward::bn_bwd_reduce[_relu]`):
-/// (Σgy; Σgy·x̂; A; B; C), and with an `inplace` ReLU, whose backward is fused into BN's, the
-/// (scale; shift) its dx reads too.
-fn bwd_sums(copy: bool) -> usize {
-    crate::ops::bn_backward::reduce_rows(!copy).1
-}
 
 /// The identity [`Charge`]: exact request sizes.
 pub fn exact(bytes: u64) -> u64 {
@@ -531,8 +522,7 @@ pub(crate) fn trace_with<'a>(
                     t.free(b * m); // ds
                 }
                 t.free(b * m); // s
-                               // BN2's (Σgy = dβ2; Σgy·x̂ = dγ2; A; B; C[; scale; shift]), kept for dγ2, dβ2
-                t.alloc_p(bwd_sums(copy) * b);
+                t.alloc_p(5 * b); // BN2's (Σgy = dβ2; Σgy·x̂ = dγ2; A; B; C), kept for dγ2, dβ2
                 t.alloc(b * m); // dz
                 t.free(b * m); // BN2 grad input
                 t.free(b * m); // z

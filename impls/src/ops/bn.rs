@@ -40,17 +40,23 @@ impl Kernel1 for BnStatsOp {
         // model counts one tensor per op, and a pool would hold nothing else)
         let mut out = vec![<E::Acc as Float>::ZERO; 2 * c];
         let (means, vars) = out.split_at_mut(c);
-        x.par_chunks(m)
-            .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
-            .for_each(|(row, (mean_out, var_out))| {
-                let [sum] = lane_sums(row, row, |v, _| [v.widen().f64()]);
-                let mean = sum / m as f64;
-                let [ss] = lane_sums(row, row, |v, _| [(v.widen().f64() - mean).powi(2)]);
-                let var = ss / m as f64;
-                (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
-            });
+        stats_into(x, m, means, vars);
         out
     }
+}
+
+/// Row r's (mean; biased variance) of `x [C, m]` into `means[r]`, `vars[r]`: two passes in
+/// f64, rounded to the compute type (CPU twin of `bn_row_stats` in `bn.cu`).
+fn stats_into<E: Elem>(x: &[E], m: usize, means: &mut [E::Acc], vars: &mut [E::Acc]) {
+    x.par_chunks(m.max(1))
+        .zip(means.par_iter_mut().zip(vars.par_iter_mut()))
+        .for_each(|(row, (mean_out, var_out))| {
+            let [sum] = lane_sums(row, row, |v, _| [v.widen().f64()]);
+            let mean = sum / m as f64;
+            let [ss] = lane_sums(row, row, |v, _| [(v.widen().f64() - mean).powi(2)]);
+            let var = ss / m as f64;
+            (*mean_out, *var_out) = (<E::Acc>::of(mean), <E::Acc>::of(var));
+        });
 }
 impl CustomOp1 for BnStatsOp {
     fn name(&self) -> &'static str {
@@ -104,28 +110,137 @@ pub(crate) fn prepare_rows<T: Float>(
     c: usize,
     k: PrepareScalars,
 ) -> Vec<T> {
+    let mut out = vec![T::ZERO; 6 * c];
+    for ch in 0..c {
+        prepare_channel(
+            &mut out,
+            ch,
+            c,
+            [mv[ch], mv[c + ch]],
+            [gamma, beta, rmean, rvar],
+            k,
+        );
+    }
+    out
+}
+
+/// Channel `ch` of [`prepare_rows`]' `[6, C]` table `out` from its `[mean, var]` (CPU twin of
+/// `bn_prepare_channel` in `bn.cu`).
+fn prepare_channel<T: Float>(
+    out: &mut [T],
+    ch: usize,
+    c: usize,
+    [mean, var]: [T; 2],
+    [gamma, beta, rmean, rvar]: [&[T]; 4],
+    k: PrepareScalars,
+) {
     let (eps, keep, mom, mom_unbias) = (
         T::of(k.eps),
         T::of(k.keep),
         T::of(k.mom),
         T::of(k.mom_unbias),
     );
-    let mut out = vec![T::ZERO; 6 * c];
-    for ch in 0..c {
-        let (mean, var) = (mv[ch], mv[c + ch]);
-        // candle: (var + eps) is the affine v·1 + eps, then sqrt, then recip (1/v)
-        let invstd = T::ONE / (var * T::ONE + eps).sqrt();
-        let scale = gamma[ch] * invstd;
-        let shift = beta[ch] - mean * scale;
-        out[ch] = mean;
-        out[c + ch] = invstd;
-        out[2 * c + ch] = scale;
-        out[3 * c + ch] = shift;
-        // candle: a scalar multiply is the affine v·k + 0
-        out[4 * c + ch] = (rmean[ch] * keep + T::ZERO) + (mean * mom + T::ZERO);
-        out[5 * c + ch] = (rvar[ch] * keep + T::ZERO) + (var * mom_unbias + T::ZERO);
+    // candle: (var + eps) is the affine v·1 + eps, then sqrt, then recip (1/v)
+    let invstd = T::ONE / (var * T::ONE + eps).sqrt();
+    let scale = gamma[ch] * invstd;
+    let shift = beta[ch] - mean * scale;
+    out[ch] = mean;
+    out[c + ch] = invstd;
+    out[2 * c + ch] = scale;
+    out[3 * c + ch] = shift;
+    // candle: a scalar multiply is the affine v·k + 0
+    out[4 * c + ch] = (rmean[ch] * keep + T::ZERO) + (mean * mom + T::ZERO);
+    out[5 * c + ch] = (rvar[ch] * keep + T::ZERO) + (var * mom_unbias + T::ZERO);
+}
+
+/// [`BnStatsOp`] then [`BnPrepareOp`] in one op ([`bn_stats_prepare`]): operands `x [C, M]`, γ
+/// and β; the op carries the running mean and variance. Its output `[6, C]` is its only
+/// allocation: the statistics are made in its first two rows, then each channel's step
+/// overwrites them.
+pub(crate) struct BnStatsPrepareOp {
+    running_mean: Tensor,
+    running_var: Tensor,
+    scalars: PrepareScalars,
+}
+impl CustomOp3 for BnStatsPrepareOp {
+    fn name(&self) -> &'static str {
+        "bn-stats-prepare"
     }
-    out
+    fn cpu_fwd(
+        &self,
+        xs: &CpuStorage,
+        xl: &Layout,
+        gs: &CpuStorage,
+        gl: &Layout,
+        bs: &CpuStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(CpuStorage, Shape)> {
+        let n = self.name();
+        let (c, m) = xl.shape().dims2()?;
+        let (rms, rml) = carried(n, &self.running_mean)?;
+        let (rvs, rvl) = carried(n, &self.running_var)?;
+        fn go<E: Elem<Acc = T>, T: Float>(
+            n: &str,
+            x: Operand,
+            vectors: [Operand; 4],
+            (c, m): (usize, usize),
+            k: PrepareScalars,
+        ) -> candle_core::Result<CpuStorage> {
+            let x = features::<E>(x.0, x.1, n)?;
+            let [g, b, rm, rv] = vectors.map(|(s, l)| {
+                let v = features::<T>(s, l, n)?;
+                if v.len() != c {
+                    return Err(candle_core::Error::Msg(format!(
+                        "{n}: a per-channel vector has {} elements, expected {c}",
+                        v.len()
+                    )));
+                }
+                Ok(v)
+            });
+            let vectors = [g?, b?, rm?, rv?];
+            let mut out = vec![T::ZERO; 6 * c];
+            let (means, rest) = out.split_at_mut(c);
+            stats_into(x, m, means, &mut rest[..c]);
+            for ch in 0..c {
+                let mv = [out[ch], out[c + ch]];
+                prepare_channel(&mut out, ch, c, mv, vectors, k);
+            }
+            Ok(T::storage(out))
+        }
+        let vectors = [(gs, gl), (bs, bl), (cpu_of(&rms), rml), (cpu_of(&rvs), rvl)];
+        let k = self.scalars;
+        let out = match xs {
+            CpuStorage::F32(_) => go::<f32, f32>(n, (xs, xl), vectors, (c, m), k)?,
+            CpuStorage::F64(_) => go::<f64, f64>(n, (xs, xl), vectors, (c, m), k)?,
+            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, (xs, xl), vectors, (c, m), k)?,
+            _ => return Err(bad_dtype(n)),
+        };
+        Ok((out, Shape::from((6, c))))
+    }
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        xs: &candle_core::CudaStorage,
+        xl: &Layout,
+        gs: &candle_core::CudaStorage,
+        gl: &Layout,
+        bs: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
+        let n = self.name();
+        let (rms, rml) = self.running_mean.storage_and_layout();
+        let (rvs, rvl) = self.running_var.storage_and_layout();
+        let (candle_core::Storage::Cuda(rms), candle_core::Storage::Cuda(rvs)) = (&*rms, &*rvs)
+        else {
+            return Err(not_on_cuda(n, "running statistics"));
+        };
+        let k = self.scalars;
+        crate::ops::cuda::bn::bn_stats_prepare(
+            n,
+            [(xs, xl), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)],
+            [k.eps, k.keep, k.mom, k.mom_unbias],
+        )
+    }
 }
 
 /// BN forward's per-channel step ([`prepare_rows`]): operands `mv [2, C]`, γ and β (`[C]`); the
@@ -380,6 +495,35 @@ pub fn bn_prepare(
     } else {
         generic_bn_prepare(mv, gamma, beta, running_mean, running_var, m)
     }
+}
+
+/// [`bn_stats`] then [`bn_prepare`] over the `m` columns of `x [C, M]`, in one op (one launch
+/// on a GPU, no `[2, C]` statistics between them): the table `[4, C]` and the running-stat
+/// update `[2, C]`, views of one new `[6, C]`, bitwise the two ops'.
+pub fn bn_stats_prepare(
+    x: &Tensor,
+    gamma: &Tensor,
+    beta: &Tensor,
+    running_mean: &Tensor,
+    running_var: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    let m = x.dims2().ctx("bn stats prepare")?.1;
+    let operands = [x, gamma, beta, running_mean, running_var];
+    if !operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+        return bn_prepare(&bn_stats(x)?, gamma, beta, running_mean, running_var, m);
+    }
+    let op = BnStatsPrepareOp {
+        running_mean: running_mean.clone(),
+        running_var: running_var.clone(),
+        scalars: PrepareScalars::new(m),
+    };
+    let all = x
+        .apply_op3_no_bwd(gamma, beta, &op)
+        .ctx("bn stats prepare")?;
+    Ok((
+        all.narrow(0, 0, 4).ctx("bn stats prepare")?,
+        all.narrow(0, 4, 2).ctx("bn stats prepare")?,
+    ))
 }
 
 /// [`bn_prepare`] from candle ops (any device), op for op what the layer maths computed before

@@ -70,25 +70,6 @@ pub(crate) fn masked<const RELU: bool, E: Elem<Acc = T>, T: Float>(
     }
 }
 
-/// The rows of BN backward's per-channel input table and of its reduction's output: `(2, 5)`,
-/// or `(4, 7)` with a fused ReLU (BN's saved table; the output ends with its (scale; shift)).
-pub(crate) fn reduce_rows(relu: bool) -> (usize, usize) {
-    if relu {
-        (4, 7)
-    } else {
-        (2, 5)
-    }
-}
-
-/// The rows of a dx op's coefficient table: (A; B; C), and (scale; shift) with a fused ReLU.
-pub(crate) fn dx_rows(relu: bool) -> usize {
-    if relu {
-        5
-    } else {
-        3
-    }
-}
-
 /// ReLU backward from BN's input (see [`relu_bwd_affine`]) into a new tensor.
 pub(crate) struct ReluBwdAffineOp;
 impl CustomOp3 for ReluBwdAffineOp {
@@ -254,8 +235,8 @@ pub(crate) fn bwd_coef<T: Float>(
 /// BN backward's reduction and coefficients: operands `gy`, `x` (`[C, M]`) and
 /// `st [2, C]` = (mean; invstd); the op carries γ (`[C]`). Output planar `[5, C]` =
 /// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64. With
-/// `relu`, `gy` is the gradient of ReLU(BN(x)) ([`masked`]), `st` BN's saved table `[4, C]` =
-/// (mean; invstd; scale; shift) and the output `[7, C]` ends with (scale; shift).
+/// `relu`, `gy` is the gradient of ReLU(BN(x)) ([`masked`]) and `st` BN's saved table
+/// `[4, C]` = (mean; invstd; scale; shift).
 pub(crate) struct BnBwdReduceOp {
     gamma: Tensor,
     relu: bool,
@@ -283,8 +264,7 @@ impl CustomOp3 for BnBwdReduceOp {
             m: usize,
         ) -> candle_core::Result<CpuStorage> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let (q_in, q_out) = reduce_rows(RELU);
-            let st = table::<T>(st.0, st.1, q_in, c, n)?;
+            let st = table::<T>(st.0, st.1, if RELU { 4 } else { 2 }, c, n)?;
             let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
             let (means, rest) = st.split_at(c);
             let (invstds, affine) = rest.split_at(c);
@@ -298,12 +278,11 @@ impl CustomOp3 for BnBwdReduceOp {
             };
             let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
             // straight into the planar rows: the output is the op's only allocation
-            let mut out = vec![T::ZERO; q_out * c];
+            let mut out = vec![T::ZERO; 5 * c];
             let (sgs, rest) = out.split_at_mut(c);
             let (sgxs, rest) = rest.split_at_mut(c);
             let (aas, rest) = rest.split_at_mut(c);
-            let (bbs, rest) = rest.split_at_mut(c);
-            let (ccs, affine_out) = rest.split_at_mut(c);
+            let (bbs, ccs) = rest.split_at_mut(c);
             let outs = (
                 sgs.par_iter_mut(),
                 sgxs.par_iter_mut(),
@@ -327,10 +306,6 @@ impl CustomOp3 for BnBwdReduceOp {
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);
                 });
-            // the dx ops' (scale; shift), after their (A; B; C)
-            if RELU {
-                affine_out.copy_from_slice(affine);
-            }
             Ok(T::storage(out))
         }
         let ops = [(gs, gl), (xs, xl), (ss, sl), (cpu_of(&gms), gml)];
@@ -343,7 +318,7 @@ impl CustomOp3 for BnBwdReduceOp {
             (CpuStorage::BF16(_), true) => go::<true, half::bf16, f32>(n, ops, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
-        Ok((out, Shape::from((reduce_rows(self.relu).1, c))))
+        Ok((out, Shape::from((5, c))))
     }
     #[cfg(feature = "cuda")]
     fn cuda_fwd(
@@ -364,14 +339,26 @@ impl CustomOp3 for BnBwdReduceOp {
     }
 }
 
-/// Row `r`'s (scale; shift) of a dx coefficient table with a fused ReLU (rows 3 and 4 of
-/// `[5, C]`); zeros, never read, without.
+/// Row `r`'s (scale; shift) of a fused ReLU's planar `[2, C]` table; zeros, never read,
+/// without one.
 #[inline(always)]
-fn dx_affine<const RELU: bool, T: Float>(coef: &[T], c: usize, r: usize) -> (T, T) {
+fn dx_affine<const RELU: bool, T: Float>(affine: &[T], c: usize, r: usize) -> (T, T) {
     if RELU {
-        (coef[3 * c + r], coef[4 * c + r])
+        (affine[r], affine[c + r])
     } else {
         (T::ZERO, T::ZERO)
+    }
+}
+
+/// A fused ReLU's `[2, C]` (scale; shift) as `T`, or an empty slice without one.
+fn affine_table<'a, T: Float>(
+    affine: Option<Operand<'a>>,
+    c: usize,
+    n: &str,
+) -> candle_core::Result<&'a [T]> {
+    match affine {
+        Some((s, l)) => table::<T>(s, l, 2, c, n),
+        None => Ok(&[]),
     }
 }
 
@@ -383,9 +370,10 @@ pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
 }
 
 /// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64; with
-/// `relu`, `gy` [`masked`] by the ReLU after BN, `coef [5, C]` = (A; B; C; scale; shift).
+/// `affine`, BN's `[2, C]` (scale; shift), `gy` is [`masked`] by the ReLU after BN.
 pub(crate) struct BnBwdDxOp {
-    relu: bool,
+    /// A fused ReLU's (scale; shift), carried (a custom op takes at most three operands).
+    affine: Option<Tensor>,
 }
 impl CustomOp3 for BnBwdDxOp {
     fn name(&self) -> &'static str {
@@ -404,14 +392,16 @@ impl CustomOp3 for BnBwdDxOp {
         fn go<const RELU: bool, E: Elem<Acc = T>, T: Float>(
             n: &str,
             [g, x, coef]: [Operand; 3],
+            affine: Option<Operand>,
             c: usize,
             m: usize,
         ) -> candle_core::Result<CpuStorage> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let coef = table::<T>(coef.0, coef.1, dx_rows(RELU), c, n)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            let affine = affine_table::<T>(affine, c, n)?;
             Ok(E::storage(crate::ops::elementwise::new_rows(c, m, |r| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                let (scale, shift) = dx_affine::<RELU, T>(coef, c, r);
+                let (scale, shift) = dx_affine::<RELU, T>(affine, c, r);
                 let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
                 g.iter().zip(x).map(move |(&g, &x)| {
                     let g = masked::<RELU, E, T>(g, x, scale, shift);
@@ -421,13 +411,15 @@ impl CustomOp3 for BnBwdDxOp {
         }
         let n = self.name();
         let ops = [(gs, gl), (xs, xl), (cs, cl)];
-        let out = match (gs, self.relu) {
-            (CpuStorage::F32(_), false) => go::<false, f32, f32>(n, ops, c, m)?,
-            (CpuStorage::F64(_), false) => go::<false, f64, f64>(n, ops, c, m)?,
-            (CpuStorage::BF16(_), false) => go::<false, half::bf16, f32>(n, ops, c, m)?,
-            (CpuStorage::F32(_), true) => go::<true, f32, f32>(n, ops, c, m)?,
-            (CpuStorage::F64(_), true) => go::<true, f64, f64>(n, ops, c, m)?,
-            (CpuStorage::BF16(_), true) => go::<true, half::bf16, f32>(n, ops, c, m)?,
+        let carried_affine = self.affine.as_ref().map(|t| carried(n, t)).transpose()?;
+        let a = carried_affine.as_ref().map(|(s, l)| (cpu_of(s), *l));
+        let out = match (gs, a.is_some()) {
+            (CpuStorage::F32(_), false) => go::<false, f32, f32>(n, ops, a, c, m)?,
+            (CpuStorage::F64(_), false) => go::<false, f64, f64>(n, ops, a, c, m)?,
+            (CpuStorage::BF16(_), false) => go::<false, half::bf16, f32>(n, ops, a, c, m)?,
+            (CpuStorage::F32(_), true) => go::<true, f32, f32>(n, ops, a, c, m)?,
+            (CpuStorage::F64(_), true) => go::<true, f64, f64>(n, ops, a, c, m)?,
+            (CpuStorage::BF16(_), true) => go::<true, half::bf16, f32>(n, ops, a, c, m)?,
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, gl.shape().clone()))
@@ -442,7 +434,16 @@ impl CustomOp3 for BnBwdDxOp {
         cs: &candle_core::CudaStorage,
         cl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        crate::ops::cuda::bn::bn_bwd_dx(self.name(), self.relu, (gs, gl), (xs, xl), (cs, cl))
+        let n = self.name();
+        let guard = self.affine.as_ref().map(|t| t.storage_and_layout());
+        let affine = match &guard {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cuda(s) => Some((s, *l)),
+                _ => return Err(not_on_cuda(n, "the ReLU's (scale; shift)")),
+            },
+            None => None,
+        };
+        crate::ops::cuda::bn::bn_bwd_dx(n, (gs, gl), (xs, xl), (cs, cl), affine)
     }
 }
 
@@ -459,8 +460,9 @@ pub(crate) struct BnBwdDxAccumulateOp {
     /// ([`bn_bwd_dx_accumulate_from`], CPU only): `dst = from + dx`, the destination written
     /// whole and never read. Carried like `coef`; it must not alias the destination.
     from: Option<Tensor>,
-    /// `gy` is [`masked`] by the ReLU after BN; `coef` is then `[5, C]` (see [`BnBwdDxOp`]).
-    relu: bool,
+    /// A fused ReLU's (scale; shift), `gy` [`masked`] by it (see [`BnBwdDxOp`]). Carried like
+    /// `coef`.
+    affine: Option<Tensor>,
 }
 impl InplaceOp3 for BnBwdDxAccumulateOp {
     fn name(&self) -> &'static str {
@@ -476,16 +478,19 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         xl: &Layout,
     ) -> candle_core::Result<()> {
         let (c, m) = gl.shape().dims2()?;
+        #[allow(clippy::too_many_arguments)]
         fn go<const RELU: bool, E: Elem<Acc = T>, T: Float>(
             n: &str,
             d: &mut [E],
             [g, x, coef]: [Operand; 3],
             from: Option<Operand>,
+            affine: Option<Operand>,
             c: usize,
             m: usize,
         ) -> candle_core::Result<()> {
             let (g, x) = gy_and_x::<E>(n, g, x)?;
-            let coef = table::<T>(coef.0, coef.1, dx_rows(RELU), c, n)?;
+            let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
+            let affine = affine_table::<T>(affine, c, n)?;
             let from = from.map(|(s, l)| features::<E>(s, l, n)).transpose()?;
             for (what, len) in [
                 ("destination", d.len()),
@@ -500,7 +505,7 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             }
             let row = |r: usize, d: &mut [E], g: &[E], x: &[E]| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                let (scale, shift) = dx_affine::<RELU, T>(coef, c, r);
+                let (scale, shift) = dx_affine::<RELU, T>(affine, c, r);
                 let dx = |g, x| dx_value(a, b, cc, masked::<RELU, E, T>(g, x, scale, shift), x);
                 match from {
                     // dst = from + dx: the same roundings as copying `from` into dst first
@@ -528,20 +533,23 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let ops = [(gs, gl), (xs, xl), (cpu_of(&cs), cl)];
         let from = self.from.as_ref().map(|f| carried(n, f)).transpose()?;
         let from = from.as_ref().map(|(s, l)| (cpu_of(s), *l));
-        match (ds, self.relu) {
+        let carried_affine = self.affine.as_ref().map(|t| carried(n, t)).transpose()?;
+        let a = carried_affine.as_ref().map(|(s, l)| (cpu_of(s), *l));
+        let f = from;
+        match (ds, a.is_some()) {
             (CpuStorage::F32(d), false) => {
-                go::<false, f32, f32>(n, &mut d[da..db], ops, from, c, m)
+                go::<false, f32, f32>(n, &mut d[da..db], ops, f, a, c, m)
             }
             (CpuStorage::F64(d), false) => {
-                go::<false, f64, f64>(n, &mut d[da..db], ops, from, c, m)
+                go::<false, f64, f64>(n, &mut d[da..db], ops, f, a, c, m)
             }
             (CpuStorage::BF16(d), false) => {
-                go::<false, half::bf16, f32>(n, &mut d[da..db], ops, from, c, m)
+                go::<false, half::bf16, f32>(n, &mut d[da..db], ops, f, a, c, m)
             }
-            (CpuStorage::F32(d), true) => go::<true, f32, f32>(n, &mut d[da..db], ops, from, c, m),
-            (CpuStorage::F64(d), true) => go::<true, f64, f64>(n, &mut d[da..db], ops, from, c, m),
+            (CpuStorage::F32(d), true) => go::<true, f32, f32>(n, &mut d[da..db], ops, f, a, c, m),
+            (CpuStorage::F64(d), true) => go::<true, f64, f64>(n, &mut d[da..db], ops, f, a, c, m),
             (CpuStorage::BF16(d), true) => {
-                go::<true, half::bf16, f32>(n, &mut d[da..db], ops, from, c, m)
+                go::<true, half::bf16, f32>(n, &mut d[da..db], ops, f, a, c, m)
             }
             _ => Err(bad_dtype(n)),
         }
@@ -566,8 +574,22 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let candle_core::Storage::Cuda(cs) = &*cs else {
             return Err(not_on_cuda(n, "coefficients"));
         };
-        let relu = self.relu;
-        crate::ops::cuda::bn::bn_bwd_dx_accumulate(n, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl))
+        let guard = self.affine.as_ref().map(|t| t.storage_and_layout());
+        let affine = match &guard {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cuda(s) => Some((s, *l)),
+                _ => return Err(not_on_cuda(n, "the ReLU's (scale; shift)")),
+            },
+            None => None,
+        };
+        crate::ops::cuda::bn::bn_bwd_dx_accumulate(
+            n,
+            (ds, dl),
+            (gs, gl),
+            (xs, xl),
+            (cs, cl),
+            affine,
+        )
     }
 }
 
@@ -617,11 +639,10 @@ pub fn bn_bwd_reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor) -> Re
 
 /// [`bn_bwd_reduce`] of ReLU(BN(x)), from the gradient `gy` of the ReLU's output, the ReLU's
 /// backward fused in ([`masked`]: `gy` where `x·scale + shift > 0`, else `+0`): `table` is BN's
-/// saved `[4, C]` = (mean; invstd; scale; shift). Returns planar `[7, C]` = (Σ gy = dβ; Σ gy·x̂
-/// = dγ; A; B; C; scale; shift) of the masked gradient: rows 2..7 are the coefficients of
-/// [`bn_bwd_dx_relu`] and its accumulating forms. Bitwise [`relu_bwd_affine`] followed by
-/// [`bn_bwd_reduce`] (the same terms in the same order), one pass over `[C, M]` and one
-/// `[C, M]` tensor fewer.
+/// saved `[4, C]` = (mean; invstd; scale; shift). Returns the `[5, C]` of the masked gradient;
+/// its rows 2..5 and the table's rows 2..4 are what [`bn_bwd_dx_relu`] and its accumulating
+/// forms read. Bitwise [`relu_bwd_affine`] followed by [`bn_bwd_reduce`] (the same terms in
+/// the same order), one pass over `[C, M]` and one `[C, M]` tensor fewer.
 pub fn bn_bwd_reduce_relu(
     gy: &Tensor,
     x: &Tensor,
@@ -641,19 +662,10 @@ fn reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor, relu: bool) -> R
         gy.apply_op3_no_bwd(x, st, &op).ctx("bn bwd reduce")
     } else if relu {
         let g = generic_relu_bwd_affine(gy, x, &st.narrow(0, 2, 2).ctx("bn bwd reduce")?)?;
-        let r = generic_bn_bwd_reduce(&g, x, &st.narrow(0, 0, 2).ctx("bn bwd reduce")?, gamma)?;
-        Tensor::cat(&[&r, &st.narrow(0, 2, 2).ctx("bn bwd reduce")?], 0).ctx("bn bwd reduce")
+        generic_bn_bwd_reduce(&g, x, &st.narrow(0, 0, 2).ctx("bn bwd reduce")?, gamma)
     } else {
         generic_bn_bwd_reduce(gy, x, st, gamma)
     }
-}
-
-/// The gradient that a dx op with a fused ReLU reads, from candle ops: `gy` masked by
-/// `coef`'s rows (scale; shift) = 3..5, and the coefficients (A; B; C) = rows 0..3. The
-/// oracle's first step.
-fn generic_masked(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<(Tensor, Tensor)> {
-    let g = generic_relu_bwd_affine(gy, x, &coef.narrow(0, 3, 2).ctx("bn bwd dx")?)?;
-    Ok((g, coef.narrow(0, 0, 3).ctx("bn bwd dx")?))
 }
 
 /// [`bn_bwd_reduce`] from candle ops (any device): the sums in the dtype (not f64), then
@@ -712,23 +724,25 @@ pub fn generic_bn_bwd_coef(
 
 /// `A·gy + B·x + C` per row (`coef [3, C]` = (A; B; C)), one new tensor.
 pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
-    dx(gy, x, coef, false)
+    dx(gy, x, coef, None)
 }
 
 /// [`bn_bwd_dx`] of ReLU(BN(x)) from the ReLU output's gradient `gy`, masked in the same pass
-/// ([`masked`]); `coef [5, C]` = (A; B; C; scale; shift), rows 2..7 of [`bn_bwd_reduce_relu`].
-/// Bitwise [`relu_bwd_affine`] then [`bn_bwd_dx`].
-pub fn bn_bwd_dx_relu(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
-    dx(gy, x, coef, true)
+/// ([`masked`]) by `affine [2, C]` = (scale; shift), BN's table rows 2..4; `coef [3, C]` from
+/// [`bn_bwd_reduce_relu`]. Bitwise [`relu_bwd_affine`] then [`bn_bwd_dx`].
+pub fn bn_bwd_dx_relu(gy: &Tensor, x: &Tensor, coef: &Tensor, affine: &Tensor) -> Result<Tensor> {
+    dx(gy, x, coef, Some(affine))
 }
 
-fn dx(gy: &Tensor, x: &Tensor, coef: &Tensor, relu: bool) -> Result<Tensor> {
-    if has_kernels(x) && x.is_contiguous() && gy.is_contiguous() && coef.is_contiguous() {
-        gy.apply_op3_no_bwd(x, coef, &BnBwdDxOp { relu })
-            .ctx("bn bwd dx")
-    } else if relu {
-        let (g, coef) = generic_masked(gy, x, coef)?;
-        generic_bn_bwd_dx(&g, x, &coef)
+fn dx(gy: &Tensor, x: &Tensor, coef: &Tensor, affine: Option<&Tensor>) -> Result<Tensor> {
+    let kernels = [gy, x, coef].into_iter().chain(affine);
+    if has_kernels(x) && kernels.into_iter().all(Tensor::is_contiguous) {
+        let op = BnBwdDxOp {
+            affine: affine.cloned(),
+        };
+        gy.apply_op3_no_bwd(x, coef, &op).ctx("bn bwd dx")
+    } else if let Some(affine) = affine {
+        generic_bn_bwd_dx(&generic_relu_bwd_affine(gy, x, affine)?, x, coef)
     } else {
         generic_bn_bwd_dx(gy, x, coef)
     }
@@ -748,35 +762,42 @@ pub fn generic_bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tenso
 /// gradient buffer): [`bn_bwd_dx`] and an in-place add in one pass, with no `[C, M]` temporary.
 /// Bitwise the same as the two-step path.
 pub fn bn_bwd_dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<()> {
-    dx_accumulate(dst, gy, x, coef, false)
+    dx_accumulate(dst, gy, x, coef, None)
 }
 
-/// [`bn_bwd_dx_accumulate`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`]
-/// (`coef [5, C]`).
+/// [`bn_bwd_dx_accumulate`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`].
 pub fn bn_bwd_dx_accumulate_relu(
     dst: &Tensor,
     gy: &Tensor,
     x: &Tensor,
     coef: &Tensor,
+    affine: &Tensor,
 ) -> Result<()> {
-    dx_accumulate(dst, gy, x, coef, true)
+    dx_accumulate(dst, gy, x, coef, Some(affine))
 }
 
-fn dx_accumulate(dst: &Tensor, gy: &Tensor, x: &Tensor, coef: &Tensor, relu: bool) -> Result<()> {
-    let operands = [dst, gy, x, coef];
-    if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
+fn dx_accumulate(
+    dst: &Tensor,
+    gy: &Tensor,
+    x: &Tensor,
+    coef: &Tensor,
+    affine: Option<&Tensor>,
+) -> Result<()> {
+    let operands = [dst, gy, x, coef].into_iter().chain(affine);
+    if operands
+        .into_iter()
+        .all(|t| has_kernels(t) && t.is_contiguous())
+    {
         let op = BnBwdDxAccumulateOp {
             coef: coef.clone(),
             from: None,
-            relu,
+            affine: affine.cloned(),
         };
         dst.inplace_op3(gy, x, &op).ctx("bn bwd dx accumulate")
     } else {
-        let dx = if relu {
-            let (g, coef) = generic_masked(gy, x, coef)?;
-            generic_bn_bwd_dx(&g, x, &coef)?
-        } else {
-            generic_bn_bwd_dx(gy, x, coef)?
+        let dx = match affine {
+            Some(affine) => generic_bn_bwd_dx(&generic_relu_bwd_affine(gy, x, affine)?, x, coef)?,
+            None => generic_bn_bwd_dx(gy, x, coef)?,
         };
         crate::ops::elementwise::add_assign(dst, &dx)
     }
@@ -795,19 +816,19 @@ pub fn bn_bwd_dx_accumulate_from(
     x: &Tensor,
     coef: &Tensor,
 ) -> Result<()> {
-    dx_accumulate_from(dst, from, gy, x, coef, false)
+    dx_accumulate_from(dst, from, gy, x, coef, None)
 }
 
-/// [`bn_bwd_dx_accumulate_from`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`]
-/// (`coef [5, C]`).
+/// [`bn_bwd_dx_accumulate_from`] with the ReLU after BN fused in, as [`bn_bwd_dx_relu`].
 pub fn bn_bwd_dx_accumulate_from_relu(
     dst: &Tensor,
     from: &Tensor,
     gy: &Tensor,
     x: &Tensor,
     coef: &Tensor,
+    affine: &Tensor,
 ) -> Result<()> {
-    dx_accumulate_from(dst, from, gy, x, coef, true)
+    dx_accumulate_from(dst, from, gy, x, coef, Some(affine))
 }
 
 fn dx_accumulate_from(
@@ -816,12 +837,12 @@ fn dx_accumulate_from(
     gy: &Tensor,
     x: &Tensor,
     coef: &Tensor,
-    relu: bool,
+    affine: Option<&Tensor>,
 ) -> Result<()> {
     const OP: &str = "bn bwd dx accumulate from";
-    let operands = [dst, from, gy, x, coef];
+    let operands = [dst, from, gy, x, coef].into_iter().chain(affine);
     if !operands
-        .iter()
+        .into_iter()
         .all(|t| t.device().is_cpu() && has_kernels(t) && t.is_contiguous())
     {
         return Err(candle_core::Error::Msg(
@@ -840,7 +861,7 @@ fn dx_accumulate_from(
     let op = BnBwdDxAccumulateOp {
         coef: coef.clone(),
         from: Some(from.clone()),
-        relu,
+        affine: affine.cloned(),
     };
     dst.inplace_op3(gy, x, &op).ctx(OP)
 }

@@ -198,8 +198,16 @@ fn bc_front(
     let (stats2, run2) = match stats {
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
-            let (s, r) = bn_forward(cfg, params, i, 2, &layer::bn_stats(&z)?)?;
-            (s, Some(r))
+            // z's statistics and BN2's per-channel step in one op
+            let p = |what| params.get(&bn_name(i, 2, what));
+            let (s, mean, var) = layer::bn_forward_stats_of(
+                &z,
+                p("weight")?,
+                p("bias")?,
+                p("running_mean")?,
+                p("running_var")?,
+            )?;
+            (s, Some((mean, var)))
         }
     };
     let s = layer::bn_apply_relu(&z, &stats2, relu)?;

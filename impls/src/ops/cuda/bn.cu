@@ -43,14 +43,16 @@
 
 // ---- per-channel reductions ------------------------------------------------------------------
 
-// mv [2, C] = (mean; biased variance) of each row of x [C, m]: two passes in f64, like the CPU
-// twin (the second pass subtracts the f64 mean, not the mean rounded to T).
+// (mean; biased variance) of row c = blockIdx.x of x [C, m], each rounded to A, in every
+// thread: two passes in f64, like the CPU twin (the second pass subtracts the f64 mean, not the
+// mean rounded to T).
+template <typename T, typename A = db_acc<T>> struct db_row_stats {
+    A mean, var;
+};
 template <typename T, typename A = db_acc<T>>
-__device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict__ mv,
-                                         const u64 channels, const u64 m) {
+__device__ __forceinline__ db_row_stats<T> bn_row_stats(const T *__restrict__ x, const u64 m) {
     __shared__ double buf[DB_REDUCE_THREADS];
-    const u64 c = blockIdx.x;
-    const T *row = x + c * m;
+    const T *row = x + (u64)blockIdx.x * m;
     constexpr unsigned U = db_batch<T>::value;
     const auto load = [row](const u64 i) { return row[i]; };
     double s = 0.0;
@@ -62,9 +64,18 @@ __device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict_
         q = db_add(q, db_mul(d, d));
     });
     const double var = db_div(db_block_sum(q, buf), (double)m);
+    return {db_from_f64<A>(mean), db_from_f64<A>(var)};
+}
+
+// mv [2, C] = (mean; biased variance) of each row of x [C, m] (bn_row_stats).
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ void bn_stats(const T *__restrict__ x, A *__restrict__ mv,
+                                         const u64 channels, const u64 m) {
+    const u64 c = blockIdx.x;
+    const db_row_stats<T> st = bn_row_stats<T>(x, m);
     if (threadIdx.x == 0) {
-        mv[c] = db_from_f64<A>(mean);
-        mv[channels + c] = db_from_f64<A>(var);
+        mv[c] = st.mean;
+        mv[channels + c] = st.var;
     }
 }
 
@@ -96,8 +107,7 @@ __device__ __forceinline__ T db_masked(const T g, const T x, const A scale, cons
 // st [2, C] = (mean; invstd), gamma [C]; out [5, C] = (S = dbeta; X = dgamma; A; B; C); all
 // of them, and the scalars, in the compute type (here "T" of the formulas above is A).
 // With RELU, gy is the gradient of ReLU(BN(x)) (db_masked): st is BN's whole saved table
-// [4, C] = (mean; invstd; scale; shift), and out [7, C] ends with (scale; shift) copied, so
-// that its rows 2..7 are the [5, C] coefficient table of the RELU dx kernels.
+// [4, C] = (mean; invstd; scale; shift).
 template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T *__restrict__ x,
                                               const A *__restrict__ st,
@@ -136,10 +146,6 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
         out[2 * channels + c] = a;
         out[3 * channels + c] = b;
         out[4 * channels + c] = cc;
-        if (RELU) {
-            out[5 * channels + c] = scale;
-            out[6 * channels + c] = shift;
-        }
     }
 }
 
@@ -151,6 +157,28 @@ __device__ __forceinline__ void bn_bwd_reduce(const T *__restrict__ gy, const T 
 //   running [2, C] = (r_mean*(1-mu) + 0 + (mean*mu + 0); r_var*(1-mu) + 0 + (var*mu*M/(M-1) + 0)),
 // all in T, in the order of the candle ops they replace (a scalar multiply is candle's affine
 // `v*k + 0`). keep = T(1-mu), mom = T(mu), mom_unbias = T(mu*M/(M-1)), eps = T(eps).
+// Channel c of it, from its mean and var.
+template <typename T>
+__device__ __forceinline__ void bn_prepare_channel(const u64 c, const T mean, const T var,
+                                                   const T *__restrict__ gamma,
+                                                   const T *__restrict__ beta,
+                                                   const T *__restrict__ rmean,
+                                                   const T *__restrict__ rvar,
+                                                   T *__restrict__ table, T *__restrict__ running,
+                                                   const u64 channels, const T eps, const T keep,
+                                                   const T mom, const T mom_unbias) {
+    const T invstd = db_rcp(db_sqrt(db_add(var, eps)));
+    const T scale = db_mul(gamma[c], invstd);
+    const T shift = db_sub(beta[c], db_mul(mean, scale));
+    table[c] = mean;
+    table[channels + c] = invstd;
+    table[2 * channels + c] = scale;
+    table[3 * channels + c] = shift;
+    running[c] = db_add(db_add(db_mul(rmean[c], keep), (T)0), db_add(db_mul(mean, mom), (T)0));
+    running[channels + c] =
+        db_add(db_add(db_mul(rvar[c], keep), (T)0), db_add(db_mul(var, mom_unbias), (T)0));
+}
+
 template <typename T>
 __device__ __forceinline__ void bn_prepare(const T *__restrict__ mv, const T *__restrict__ gamma,
                                            const T *__restrict__ beta,
@@ -159,20 +187,29 @@ __device__ __forceinline__ void bn_prepare(const T *__restrict__ mv, const T *__
                                            T *__restrict__ running, const u64 channels,
                                            const T eps, const T keep, const T mom,
                                            const T mom_unbias) {
-    for (u64 c = db_first(); c < channels; c += db_stride()) {
-        const T mean = mv[c], var = mv[channels + c];
-        const T invstd = db_rcp(db_sqrt(db_add(var, eps)));
-        const T scale = db_mul(gamma[c], invstd);
-        const T shift = db_sub(beta[c], db_mul(mean, scale));
-        table[c] = mean;
-        table[channels + c] = invstd;
-        table[2 * channels + c] = scale;
-        table[3 * channels + c] = shift;
-        running[c] =
-            db_add(db_add(db_mul(rmean[c], keep), (T)0), db_add(db_mul(mean, mom), (T)0));
-        running[channels + c] =
-            db_add(db_add(db_mul(rvar[c], keep), (T)0), db_add(db_mul(var, mom_unbias), (T)0));
-    }
+    for (u64 c = db_first(); c < channels; c += db_stride())
+        bn_prepare_channel<T>(c, mv[c], mv[channels + c], gamma, beta, rmean, rvar, table,
+                              running, channels, eps, keep, mom, mom_unbias);
+}
+
+// bn_stats and bn_prepare in one launch (issue 38: BN2's statistics and per-channel step, one
+// launch a layer fewer): block c computes row c's statistics as bn_stats does, rounded to the
+// table type A as bn_stats writes them, and its thread 0 channel c's step as bn_prepare does
+// from them: bitwise the two kernels, without the [2, C] statistics between them. Reduction
+// geometry (one block per channel); features T, tables and scalars A.
+template <typename T, typename A = db_acc<T>>
+__device__ __forceinline__ void bn_stats_prepare(const T *__restrict__ x,
+                                                 const A *__restrict__ gamma,
+                                                 const A *__restrict__ beta,
+                                                 const A *__restrict__ rmean,
+                                                 const A *__restrict__ rvar,
+                                                 A *__restrict__ table, A *__restrict__ running,
+                                                 const u64 channels, const u64 m, const A eps,
+                                                 const A keep, const A mom, const A mom_unbias) {
+    const db_row_stats<T> st = bn_row_stats<T>(x, m);
+    if (threadIdx.x == 0)
+        bn_prepare_channel<A>(blockIdx.x, st.mean, st.var, gamma, beta, rmean, rvar, table,
+                              running, channels, eps, keep, mom, mom_unbias);
 }
 
 // ---- row-wise element-wise ops ---------------------------------------------------------------
@@ -230,16 +267,16 @@ __device__ __forceinline__ A bn_dx_value(const double a, const double b, const d
 }
 
 // dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in A. With
-// RELU, gy is db_masked (the gradient of ReLU(BN(x))) and coef [5, rows] = (A; B; C; scale;
-// shift), rows 2..7 of bn_bwd_reduce<RELU>'s output.
+// RELU, gy is db_masked (the gradient of ReLU(BN(x))) by aff [2, rows] = (scale; shift), rows
+// 2..4 of BN's saved table (unread without).
 template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__restrict__ x,
-                                          const A *__restrict__ coef, T *__restrict__ dx,
-                                          const u64 rows, const u64 m) {
+                                          const A *__restrict__ coef, const A *__restrict__ aff,
+                                          T *__restrict__ dx, const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
                      cc = (double)coef[2 * rows + r];
-        const A scale = RELU ? coef[3 * rows + r] : (A)0, shift = RELU ? coef[4 * rows + r] : (A)0;
+        const A scale = RELU ? aff[r] : (A)0, shift = RELU ? aff[rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
         T *d = dx + r * m;
@@ -259,12 +296,13 @@ __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__r
 template <bool RELU, typename T, typename A = db_acc<T>>
 __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const T *__restrict__ gy,
                                                      const T *__restrict__ x,
-                                                     const A *__restrict__ coef, const u64 rows,
+                                                     const A *__restrict__ coef,
+                                                     const A *__restrict__ aff, const u64 rows,
                                                      const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
         const double a = (double)coef[r], b = (double)coef[rows + r],
                      cc = (double)coef[2 * rows + r];
-        const A scale = RELU ? coef[3 * rows + r] : (A)0, shift = RELU ? coef[4 * rows + r] : (A)0;
+        const A scale = RELU ? aff[r] : (A)0, shift = RELU ? aff[rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
         T *d = dst + r * m;
@@ -286,6 +324,14 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
     extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
         bn_stats_##S(const T *x, db_acc<T> *mv, const u64 channels, const u64 m) {             \
         bn_stats<T>(x, mv, channels, m);                                                       \
+    }                                                                                          \
+    extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS) bn_stats_prepare_##S(      \
+        const T *x, const db_acc<T> *gamma, const db_acc<T> *beta, const db_acc<T> *rmean,     \
+        const db_acc<T> *rvar, db_acc<T> *table, db_acc<T> *running, const u64 channels,       \
+        const u64 m, const db_acc<T> eps, const db_acc<T> keep, const db_acc<T> mom,           \
+        const db_acc<T> mom_unbias) {                                                          \
+        bn_stats_prepare<T>(x, gamma, beta, rmean, rvar, table, running, channels, m, eps,     \
+                            keep, mom, mom_unbias);                                            \
     }                                                                                          \
     extern "C" __global__ void __launch_bounds__(DB_REDUCE_THREADS)                            \
         bn_bwd_reduce_##S(const T *gy, const T *x, const db_acc<T> *st,                        \
@@ -322,22 +368,23 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_##S(const T *gy, const T *x, const db_acc<T> *coef,    \
                                              T *dx, const u64 rows, const u64 m) {             \
-        bn_bwd_dx<false, T>(gy, x, coef, dx, rows, m);                                         \
+        bn_bwd_dx<false, T>(gy, x, coef, (const db_acc<T> *)nullptr, dx, rows, m);          \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_relu_##S(const T *gy, const T *x,                      \
-                                                  const db_acc<T> *coef, T *dx,                \
+                                                  const db_acc<T> *coef,                       \
+                                                  const db_acc<T> *aff, T *dx,                 \
                                                   const u64 rows, const u64 m) {               \
-        bn_bwd_dx<true, T>(gy, x, coef, dx, rows, m);                                          \
+        bn_bwd_dx<true, T>(gy, x, coef, aff, dx, rows, m);                                     \
     }                                                                                          \
     extern "C" __global__ void bn_bwd_dx_accumulate_##S(T *dst, const T *gy, const T *x,        \
                                                         const db_acc<T> *coef, const u64 rows, \
                                                         const u64 m) {                         \
-        bn_bwd_dx_accumulate<false, T>(dst, gy, x, coef, rows, m);                             \
+        bn_bwd_dx_accumulate<false, T>(dst, gy, x, coef, (const db_acc<T> *)nullptr, rows, m); \
     }                                                                                          \
-    extern "C" __global__ void bn_bwd_dx_accumulate_relu_##S(T *dst, const T *gy, const T *x,   \
-                                                             const db_acc<T> *coef,            \
-                                                             const u64 rows, const u64 m) {    \
-        bn_bwd_dx_accumulate<true, T>(dst, gy, x, coef, rows, m);                              \
+    extern "C" __global__ void bn_bwd_dx_accumulate_relu_##S(                                  \
+        T *dst, const T *gy, const T *x, const db_acc<T> *coef, const db_acc<T> *aff,          \
+        const u64 rows, const u64 m) {                                                         \
+        bn_bwd_dx_accumulate<true, T>(dst, gy, x, coef, aff, rows, m);                         \
     }
 
 #define DB_BN_TABLE_KERNELS(T, S)                                                              \

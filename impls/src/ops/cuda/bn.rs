@@ -147,6 +147,71 @@ pub(crate) fn bn_prepare(
     Ok((res, Shape::from((6, c))))
 }
 
+/// [`bn_stats`] and [`bn_prepare`] in one launch: operands `x [C, M]` (features `T`), γ, β,
+/// running mean, running var (`[C]` each, `T::Acc`) → a new planar `[6, C]` in `T::Acc`, as
+/// [`bn_prepare`] makes from [`bn_stats`]' output (see `bn_stats_prepare` in `bn.cu`).
+pub(crate) fn bn_stats_prepare(
+    op: &str,
+    operands: [(&CudaStorage, &Layout); 5],
+    scalars: [f64; 4],
+) -> candle_core::Result<(CudaStorage, Shape)> {
+    fn run<T: Float>(
+        op: &str,
+        [(xs, xl), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
+        scalars: [f64; 4],
+    ) -> candle_core::Result<CudaStorage> {
+        let (c, m, rx) = matrix(op, "x", xl)?;
+        let vec_range = |what: &str, l: &Layout| {
+            let r = contiguous_range(l, op)?;
+            expect_len(op, what, r, c)?;
+            Ok::<_, candle_core::Error>(r)
+        };
+        let (rg, rb) = (vec_range("gamma", gl)?, vec_range("beta", bl)?);
+        let (rrm, rrv) = (
+            vec_range("running mean", rml)?,
+            vec_range("running var", rvl)?,
+        );
+        let dev = &xs.device;
+        // SAFETY: thread 0 of each of the c blocks writes its channel's six elements.
+        let mut out = unsafe { dev.alloc::<T::Acc>(6 * c) }?;
+        if c > 0 {
+            let func = function::<T>(dev, &BN, "bn_stats_prepare")?;
+            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let g = view(op, gs.as_cuda_slice::<T::Acc>()?, rg)?;
+            let b_ = view(op, bs.as_cuda_slice::<T::Acc>()?, rb)?;
+            let rm = view(op, rms.as_cuda_slice::<T::Acc>()?, rrm)?;
+            let rv = view(op, rvs.as_cuda_slice::<T::Acc>()?, rrv)?;
+            let (mut table, mut running) = out.split_at_mut(4 * c);
+            let [eps, keep, mom, mom_unbias] =
+                scalars.map(<T::Acc as candle_core::WithDType>::from_f64);
+            let stream = dev.cuda_stream();
+            let mut l = stream.launch_builder(&func);
+            l.arg(&x)
+                .arg(&g)
+                .arg(&b_)
+                .arg(&rm)
+                .arg(&rv)
+                .arg(&mut table)
+                .arg(&mut running)
+                .arg(&c)
+                .arg(&m)
+                .arg(&eps)
+                .arg(&keep)
+                .arg(&mom)
+                .arg(&mom_unbias);
+            // SAFETY: block c reads row c of x (c·m elements), channel c of γ, β and the
+            // running stats (c each), and writes channel c of table (4·c) and running (2·c),
+            // disjoint parts of out.
+            unsafe { l.launch(reduce_config(op, c)?) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+    }
+    let c = operands[0].1.shape().dims2()?.0;
+    let (xs, _) = operands[0];
+    let res = by_dtype!(op, xs, run(op, operands, scalars))?;
+    Ok((res, Shape::from((6, c))))
+}
+
 /// `x [C, M] · scale + shift` per row (planar `coef [2, C]`), with `relu` also `max(·, 0)`: a
 /// new contiguous `[C, M]`; `x` may be a column range of a wider map (rows of unit column
 /// stride).
@@ -199,9 +264,14 @@ pub(crate) fn affine_rows(
     Ok((res, l.shape().clone()))
 }
 
+/// A planar `[2, C]` (scale; shift) a fused ReLU's mask reads, when there is one.
+type Affine<'a> = Option<(&'a CudaStorage, &'a Layout)>;
+
 /// A row kernel of `bn.cu` that reads a gradient `g [C, M]` (`g_name` in errors), BN's input
-/// `x` (as many elements) and a planar `[q, C]` table, and writes every element of a new
-/// `[C, M]`: `kernel(g, x, coef, out, C, M)`. [`relu_bwd_affine`] and [`bn_bwd_dx`].
+/// `x` (as many elements), a planar `[q, C]` table and, where `affine` is given, a planar
+/// `[2, C]` one, and writes every element of a new `[C, M]`: `kernel(g, x, coef[, affine],
+/// out, C, M)`. [`relu_bwd_affine`] and [`bn_bwd_dx`].
+#[allow(clippy::too_many_arguments)]
 fn gx_table_into_new(
     op: &str,
     kernel: &str,
@@ -210,6 +280,7 @@ fn gx_table_into_new(
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (cs, cl): (&CudaStorage, &Layout),
+    affine: Affine,
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     #[allow(clippy::too_many_arguments)]
     fn run<T: Float>(
@@ -220,11 +291,15 @@ fn gx_table_into_new(
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (cs, cl): (&CudaStorage, &Layout),
+        affine: Affine,
     ) -> candle_core::Result<CudaStorage> {
         let (c, m, rg) = matrix(op, g_name, gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
         let rc = coefficients(op, cl, c, q)?;
+        let ra = affine
+            .map(|(s, l)| Ok::<_, candle_core::Error>((s, coefficients(op, l, c, 2)?)))
+            .transpose()?;
         let dev = &gs.device;
         // SAFETY: every one of the c·m elements is written by the kernel below.
         let mut out = unsafe { dev.alloc::<T>(c * m) }?;
@@ -233,10 +308,17 @@ fn gx_table_into_new(
             let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
             let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
             let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
+            let aff = ra
+                .map(|(s, r)| view(op, s.as_cuda_slice::<T::Acc>()?, r))
+                .transpose()?;
             let stream = dev.cuda_stream();
             let mut b = stream.launch_builder(&func);
-            b.arg(&g).arg(&x).arg(&coef).arg(&mut out).arg(&c).arg(&m);
-            // SAFETY: g, x and out hold c·m elements, coef q·c; out is fresh.
+            b.arg(&g).arg(&x).arg(&coef);
+            if let Some(aff) = &aff {
+                b.arg(aff);
+            }
+            b.arg(&mut out).arg(&c).arg(&m);
+            // SAFETY: g, x and out hold c·m elements, coef q·c, aff 2·c; out is fresh.
             unsafe { b.launch(rows_config(c, m)) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
@@ -244,7 +326,7 @@ fn gx_table_into_new(
     let res = by_dtype!(
         op,
         gs,
-        run(op, kernel, g_name, q, (gs, gl), (xs, xl), (cs, cl))
+        run(op, kernel, g_name, q, (gs, gl), (xs, xl), (cs, cl), affine)
     )?;
     Ok((res, gl.shape().clone()))
 }
@@ -257,7 +339,7 @@ pub(crate) fn relu_bwd_affine(
     x: (&CudaStorage, &Layout),
     coef: (&CudaStorage, &Layout),
 ) -> candle_core::Result<(CudaStorage, Shape)> {
-    gx_table_into_new(op, "relu_bwd_affine", "the gradient", 2, g, x, coef)
+    gx_table_into_new(op, "relu_bwd_affine", "the gradient", 2, g, x, coef, None)
 }
 
 /// [`relu_bwd_affine`] **over the gradient `(gs, gl)` in place**.
@@ -305,8 +387,7 @@ pub(crate) fn relu_bwd_affine_inplace(
 /// BN backward's reductions and coefficients per row → a new planar `[5, C]` = (Σ gy; Σ gy·x̂;
 /// A; B; C) in `T::Acc`; `st [2, C]` holds `(mean; invstd)`, `gamma` is `[C]`, both `T::Acc`.
 /// With `relu`, `gy` is the gradient of ReLU(BN(x)), masked in the kernel: `st` is BN's saved
-/// table `[4, C]` = (mean; invstd; scale; shift) and the output `[7, C]` ends with (scale;
-/// shift).
+/// table `[4, C]` = (mean; invstd; scale; shift).
 pub(crate) fn bn_bwd_reduce(
     op: &str,
     relu: bool,
@@ -326,12 +407,11 @@ pub(crate) fn bn_bwd_reduce(
         let (c, m, rg) = matrix(op, "gy", gl)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
-        let (q_in, q_out) = reduce_rows(relu);
-        let rs = coefficients(op, sl, c, q_in)?;
+        let rs = coefficients(op, sl, c, if relu { 4 } else { 2 })?;
         let rgm = coefficients(op, gml, c, 1)?;
         let dev = &gs.device;
-        // SAFETY: thread 0 of each of the c blocks writes its row's q_out outputs.
-        let mut out = unsafe { dev.alloc::<T::Acc>(q_out * c) }?;
+        // SAFETY: thread 0 of each of the c blocks writes its row's five outputs.
+        let mut out = unsafe { dev.alloc::<T::Acc>(5 * c) }?;
         if c > 0 {
             let kernel = if relu {
                 "bn_bwd_reduce_relu"
@@ -358,7 +438,7 @@ pub(crate) fn bn_bwd_reduce(
                 .arg(&neg_inv_m)
                 .arg(&inv_m);
             // SAFETY: block c reads row c of gy and x (c·m elements each), st[q·C + c] for
-            // q < q_in, gamma[c], and writes out[q·C + c] for q < q_out.
+            // q < 2 (4 with relu), gamma[c], and writes out[q·C + c] for q < 5.
             unsafe { b.launch(reduce_config(op, c)?) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
@@ -369,70 +449,58 @@ pub(crate) fn bn_bwd_reduce(
         gs,
         run(op, relu, (gs, gl), (xs, xl), (ss, sl), (gms, gml))
     )?;
-    Ok((res, Shape::from((reduce_rows(relu).1, c))))
+    Ok((res, Shape::from((5, c))))
 }
 
-/// The rows of BN backward's per-channel input table and of its reduction's output: `(2, 5)`,
-/// or `(4, 7)` with a fused ReLU (the table's and the output's (scale; shift) too).
-fn reduce_rows(relu: bool) -> (usize, usize) {
-    if relu {
-        (4, 7)
-    } else {
-        (2, 5)
-    }
-}
-
-/// The rows of a dx kernel's coefficient table: (A; B; C), and (scale; shift) with a fused ReLU.
-fn dx_rows(relu: bool) -> usize {
-    if relu {
-        5
-    } else {
-        3
-    }
-}
-
-/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`; with `relu`, `gy` masked
-/// by the ReLU after BN (`coef [5, C]` = (A; B; C; scale; shift)).
+/// `A·gy + B·x + C` per row (planar `coef [3, C]`) → a new `[C, M]`; with `affine` (planar
+/// `[2, C]` (scale; shift)), `gy` masked by the ReLU after BN.
 pub(crate) fn bn_bwd_dx(
     op: &str,
-    relu: bool,
     gy: (&CudaStorage, &Layout),
     x: (&CudaStorage, &Layout),
     coef: (&CudaStorage, &Layout),
+    affine: Affine,
 ) -> candle_core::Result<(CudaStorage, Shape)> {
-    let kernel = if relu { "bn_bwd_dx_relu" } else { "bn_bwd_dx" };
-    gx_table_into_new(op, kernel, "gy", dx_rows(relu), gy, x, coef)
+    let kernel = if affine.is_some() {
+        "bn_bwd_dx_relu"
+    } else {
+        "bn_bwd_dx"
+    };
+    gx_table_into_new(op, kernel, "gy", 3, gy, x, coef, affine)
 }
 
 /// `dst += A·gy + B·x + C` per row, **writing into `dst`'s storage** (a view of the gradient
-/// buffer); planar `coef [3, C]`, or with `relu` as [`bn_bwd_dx`]'s.
+/// buffer); planar `coef [3, C]`, with `affine` as [`bn_bwd_dx`]'s.
 pub(crate) fn bn_bwd_dx_accumulate(
     op: &str,
-    relu: bool,
     (ds, dl): (&mut CudaStorage, &Layout),
     (gs, gl): (&CudaStorage, &Layout),
     (xs, xl): (&CudaStorage, &Layout),
     (cs, cl): (&CudaStorage, &Layout),
+    affine: Affine,
 ) -> candle_core::Result<()> {
     fn run<T: Float>(
         op: &str,
-        relu: bool,
         (ds, dl): (&mut CudaStorage, &Layout),
         (gs, gl): (&CudaStorage, &Layout),
         (xs, xl): (&CudaStorage, &Layout),
         (cs, cl): (&CudaStorage, &Layout),
+        affine: Affine,
     ) -> candle_core::Result<()> {
         let (c, m, rg) = matrix(op, "gy", gl)?;
         let rd = contiguous_range(dl, op)?;
         expect_len(op, "the destination", rd, c * m)?;
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
-        let rc = coefficients(op, cl, c, dx_rows(relu))?;
+        let rc = coefficients(op, cl, c, 3)?;
+        let ra = affine
+            .map(|(s, l)| Ok::<_, candle_core::Error>((s, coefficients(op, l, c, 2)?)))
+            .transpose()?;
         if c * m == 0 {
             return Ok(());
         }
         let dev = ds.device.clone();
-        let kernel = if relu {
+        let kernel = if ra.is_some() {
             "bn_bwd_dx_accumulate_relu"
         } else {
             "bn_bwd_dx_accumulate"
@@ -442,19 +510,26 @@ pub(crate) fn bn_bwd_dx_accumulate(
         let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
         let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
         let coef = view(op, cs.as_cuda_slice::<T::Acc>()?, rc)?;
+        let aff = ra
+            .map(|(s, r)| view(op, s.as_cuda_slice::<T::Acc>()?, r))
+            .transpose()?;
         let stream = dev.cuda_stream();
         let mut b = stream.launch_builder(&func);
-        b.arg(&mut d).arg(&g).arg(&x).arg(&coef).arg(&c).arg(&m);
-        // SAFETY: d, gy and x hold c·m elements, coef dx_rows(relu)·c. candle hands dst as `&mut` and the
+        b.arg(&mut d).arg(&g).arg(&x).arg(&coef);
+        if let Some(aff) = &aff {
+            b.arg(aff);
+        }
+        b.arg(&c).arg(&m);
+        // SAFETY: d, gy and x hold c·m elements, coef 3·c, aff 2·c. candle hands dst as `&mut` and the
         // sources as distinct storages (it rejects aliasing for this op), and the coefficient
         // table is a tensor of its own, so no operand aliases the destination.
         unsafe { b.launch(rows_config(c, m)) }.w()?;
         Ok(())
     }
     match ds.dtype() {
-        DType::F32 => run::<f32>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
-        DType::F64 => run::<f64>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
-        DType::BF16 => run::<half::bf16>(op, relu, (ds, dl), (gs, gl), (xs, xl), (cs, cl)),
+        DType::F32 => run::<f32>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl), affine),
+        DType::F64 => run::<f64>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl), affine),
+        DType::BF16 => run::<half::bf16>(op, (ds, dl), (gs, gl), (xs, xl), (cs, cl), affine),
         other => Err(unsupported(op, other)),
     }
 }

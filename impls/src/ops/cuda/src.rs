@@ -104,6 +104,7 @@ pub const BN: CudaModule = CudaModule {
     body: include_str!("bn.cu"),
     kernels: &[
         "bn_stats",
+        "bn_stats_prepare",
         "bn_prepare",
         "affine_rows",
         "affine_rows_relu",
@@ -118,6 +119,7 @@ pub const BN: CudaModule = CudaModule {
     ],
     bf16_kernels: &[
         "bn_stats",
+        "bn_stats_prepare",
         "affine_rows",
         "affine_rows_relu",
         "relu_bwd_affine",
