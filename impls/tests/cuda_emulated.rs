@@ -541,34 +541,7 @@ fn bn_bwd_reduce_matches<T: El>(m: &Emulated) {
             .expect("cpu bn_bwd_reduce"),
         );
         assert_eq!(cpu.len(), 5 * c, "cpu bn_bwd_reduce: [5, C]");
-        let run = || {
-            let mut out = vec![T::Acc::from_f64(7.0); 5 * c];
-            let mut gp = gy.as_ptr().cast_mut();
-            let mut xp = x.as_ptr().cast_mut();
-            let mut sp = st.as_ptr().cast_mut();
-            let mut gmp = gamma.as_ptr().cast_mut();
-            let (mut op, mut cc, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
-            // candle's scalar multiply and divide by M, as the launcher passes them
-            let mut neg_inv_m = T::Acc::from_f64(-1.0 / cols as f64);
-            let mut inv_m = T::Acc::from_f64(1.0 / cols as f64);
-            m.launch(
-                &kernel,
-                reduce_geometry(c),
-                &mut [
-                    p(&mut gp),
-                    p(&mut xp),
-                    p(&mut sp),
-                    p(&mut gmp),
-                    p(&mut op),
-                    p(&mut cc),
-                    p(&mut mm),
-                    p(&mut neg_inv_m),
-                    p(&mut inv_m),
-                ],
-                true,
-            );
-            out
-        };
+        let run = || launch_bwd_reduce(m, &kernel, &gy, &x, &st, &gamma, (c, cols), 5);
         let (a, b) = (run(), run());
         assert_bitwise(&format!("{kernel} run twice"), &a, &b);
         for r in 0..c {
@@ -710,6 +683,38 @@ fn bn_bwd_reduce_relu_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// Launches a dx kernel of BN's backward over `out` (`[C, M]`, the destination when
+/// `accumulate`): `(gy, x)`, the `[3, C]` coefficients and, for the fused ReLU's kernels, a
+/// non-empty `[2, C]` (scale; shift), in the launchers' argument order.
+fn launch_dx<T: El>(
+    m: &Emulated,
+    kernel: &str,
+    geom: (Dim, Dim),
+    accumulate: bool,
+    [gy, x]: [&[T]; 2],
+    [coef, aff]: [&[T::Acc]; 2],
+    out: &mut [T],
+) {
+    let c = coef.len() / 3;
+    let cols = out.len() / c.max(1);
+    let [mut gp, mut xp] = [gy, x].map(|v| v.as_ptr().cast_mut());
+    let [mut cp, mut ap] = [coef, aff].map(|v| v.as_ptr().cast_mut());
+    let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
+    let mut args = Vec::new();
+    if accumulate {
+        args.push(p(&mut op));
+    }
+    args.extend([p(&mut gp), p(&mut xp), p(&mut cp)]);
+    if !aff.is_empty() {
+        args.push(p(&mut ap));
+    }
+    if !accumulate {
+        args.push(p(&mut op));
+    }
+    args.extend([p(&mut rows), p(&mut mm)]);
+    m.launch(kernel, geom, &mut args, false);
+}
+
 /// `bn_bwd_dx[_accumulate]_relu`: dx with the ReLU's backward fused in, `coef [3, C]` = (A; B;
 /// C) and the mask's `affine [2, C]` = (scale; shift), bit for bit the CPU twin's under the launcher's and smaller row grids, and
 /// the CPU twin bit for bit `relu_bwd_affine` followed by the plain op (NaN for NaN): NaN, ±0,
@@ -767,33 +772,15 @@ fn bn_bwd_dx_relu_matches<T: El>(m: &Emulated, accumulate: bool) {
         } else {
             vec![T::from_f64(7.0); c * cols]
         };
-        let mut gp = gy.as_ptr().cast_mut();
-        let mut xp = x.as_ptr().cast_mut();
-        let mut cp = coef.as_ptr().cast_mut();
-        let mut ap = aff.as_ptr().cast_mut();
-        let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
-        let args: &mut [*mut c_void] = if accumulate {
-            &mut [
-                p(&mut op),
-                p(&mut gp),
-                p(&mut xp),
-                p(&mut cp),
-                p(&mut ap),
-                p(&mut rows),
-                p(&mut mm),
-            ]
-        } else {
-            &mut [
-                p(&mut gp),
-                p(&mut xp),
-                p(&mut cp),
-                p(&mut ap),
-                p(&mut op),
-                p(&mut rows),
-                p(&mut mm),
-            ]
-        };
-        m.launch(&kernel, geom, args, false);
+        launch_dx(
+            m,
+            &kernel,
+            geom,
+            accumulate,
+            [&gy, &x],
+            [&coef, &aff],
+            &mut out,
+        );
         assert_bitwise_nan(&format!("{kernel} {geom:?}"), &out, &want);
     }
 }
@@ -1146,30 +1133,15 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
         } else {
             vec![T::from_f64(7.0); c * cols]
         };
-        let mut gp = gy.as_ptr().cast_mut();
-        let mut xp = x.as_ptr().cast_mut();
-        let mut cp = coef.as_ptr().cast_mut();
-        let (mut op, mut rows, mut mm) = (out.as_mut_ptr(), c as u64, cols as u64);
-        let args: &mut [*mut c_void] = if accumulate {
-            &mut [
-                p(&mut op),
-                p(&mut gp),
-                p(&mut xp),
-                p(&mut cp),
-                p(&mut rows),
-                p(&mut mm),
-            ]
-        } else {
-            &mut [
-                p(&mut gp),
-                p(&mut xp),
-                p(&mut cp),
-                p(&mut op),
-                p(&mut rows),
-                p(&mut mm),
-            ]
-        };
-        m.launch(&kernel, geom, args, false);
+        launch_dx(
+            m,
+            &kernel,
+            geom,
+            accumulate,
+            [&gy, &x],
+            [&coef, &[]],
+            &mut out,
+        );
         assert_bitwise(&format!("{kernel} {geom:?}"), &out, &want);
     }
 }

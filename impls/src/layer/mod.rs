@@ -537,9 +537,7 @@ pub fn bn_bwd(
     stats: &BnStats,
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
-    let dx = bn_backward::bn_bwd_dx(gy, x, &coef)?;
-    Ok((dx, dgamma, dbeta))
+    bwd(gy, x, stats, gamma, false)
 }
 
 /// [`bn_bwd`] of [`bn_apply_relu`] with an `inplace` ReLU, from the gradient `g` of the ReLU's
@@ -553,8 +551,22 @@ pub fn bn_relu_bwd(
     stats: &BnStats,
     gamma: &Tensor,
 ) -> Result<(Tensor, Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    let dx = bn_backward::bn_bwd_dx_relu(g, x, &coef, &stats.affine()?)?;
+    bwd(g, x, stats, gamma, true)
+}
+
+fn bwd(
+    gy: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    relu: bool,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, relu)?;
+    let dx = if relu {
+        bn_backward::bn_bwd_dx_relu(gy, x, &coef, &stats.affine()?)?
+    } else {
+        bn_backward::bn_bwd_dx(gy, x, &coef)?
+    };
     Ok((dx, dgamma, dbeta))
 }
 
@@ -567,9 +579,7 @@ pub fn bn_bwd_accumulate(
     gamma: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
-    bn_backward::bn_bwd_dx_accumulate(dst, gy, x, &coef)?;
-    Ok((dgamma, dbeta))
+    bwd_accumulate(gy, x, stats, gamma, (None, dst), false)
 }
 
 /// [`bn_bwd_accumulate`] of [`bn_apply_relu`] with an `inplace` ReLU, its backward fused in as
@@ -581,9 +591,7 @@ pub fn bn_relu_bwd_accumulate(
     gamma: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    bn_backward::bn_bwd_dx_accumulate_relu(dst, g, x, &coef, &stats.affine()?)?;
-    Ok((dgamma, dbeta))
+    bwd_accumulate(g, x, stats, gamma, (None, dst), true)
 }
 
 /// [`bn_bwd_accumulate`] into a copy of `from` made in the same pass: `dst = from + dx`, `dst`
@@ -597,9 +605,7 @@ pub fn bn_bwd_accumulate_from(
     from: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, false)?;
-    bn_backward::bn_bwd_dx_accumulate_from(dst, from, gy, x, &coef)?;
-    Ok((dgamma, dbeta))
+    bwd_accumulate(gy, x, stats, gamma, (Some(from), dst), false)
 }
 
 /// [`bn_bwd_accumulate_from`] of [`bn_apply_relu`] with an `inplace` ReLU, its backward fused
@@ -612,8 +618,29 @@ pub fn bn_relu_bwd_accumulate_from(
     from: &Tensor,
     dst: &Tensor,
 ) -> Result<(Tensor, Tensor)> {
-    let (coef, dgamma, dbeta) = bn_bwd_coef(g, x, stats, gamma, true)?;
-    bn_backward::bn_bwd_dx_accumulate_from_relu(dst, from, g, x, &coef, &stats.affine()?)?;
+    bwd_accumulate(g, x, stats, gamma, (Some(from), dst), true)
+}
+
+/// The accumulating BN backwards: `dx` added into `dst`, or (`from`) `dst = from + dx`; with
+/// `relu`, the ReLU after BN fused in.
+fn bwd_accumulate(
+    gy: &Tensor,
+    x: &Tensor,
+    stats: &BnStats,
+    gamma: &Tensor,
+    (from, dst): (Option<&Tensor>, &Tensor),
+    relu: bool,
+) -> Result<(Tensor, Tensor)> {
+    let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, relu)?;
+    let affine = stats.affine()?;
+    match (from, relu) {
+        (None, false) => bn_backward::bn_bwd_dx_accumulate(dst, gy, x, &coef)?,
+        (None, true) => bn_backward::bn_bwd_dx_accumulate_relu(dst, gy, x, &coef, &affine)?,
+        (Some(f), false) => bn_backward::bn_bwd_dx_accumulate_from(dst, f, gy, x, &coef)?,
+        (Some(f), true) => {
+            bn_backward::bn_bwd_dx_accumulate_from_relu(dst, f, gy, x, &coef, &affine)?
+        }
+    }
     Ok((dgamma, dbeta))
 }
 

@@ -153,6 +153,21 @@ fn prepare_channel<T: Float>(
     out[5 * c + ch] = (rvar[ch] * keep + T::ZERO) + (var * mom_unbias + T::ZERO);
 }
 
+/// `f` of the running mean and variance a BN forward op carries, as CUDA storages; an error
+/// if either is elsewhere.
+#[cfg(feature = "cuda")]
+fn on_cuda_running<R>(
+    n: &str,
+    [mean, var]: [&Tensor; 2],
+    f: impl FnOnce([(&candle_core::CudaStorage, &Layout); 2]) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let ((ms, ml), (vs, vl)) = (mean.storage_and_layout(), var.storage_and_layout());
+    match (&*ms, &*vs) {
+        (candle_core::Storage::Cuda(ms), candle_core::Storage::Cuda(vs)) => f([(ms, ml), (vs, vl)]),
+        _ => Err(not_on_cuda(n, "running statistics")),
+    }
+}
+
 /// [`BnStatsOp`] then [`BnPrepareOp`] in one op ([`bn_stats_prepare`]): operands `x [C, M]`, γ
 /// and β; the op carries the running mean and variance. Its output `[6, C]` is its only
 /// allocation: the statistics are made in its first two rows, then each channel's step
@@ -228,18 +243,14 @@ impl CustomOp3 for BnStatsPrepareOp {
         bl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let n = self.name();
-        let (rms, rml) = self.running_mean.storage_and_layout();
-        let (rvs, rvl) = self.running_var.storage_and_layout();
-        let (candle_core::Storage::Cuda(rms), candle_core::Storage::Cuda(rvs)) = (&*rms, &*rvs)
-        else {
-            return Err(not_on_cuda(n, "running statistics"));
-        };
         let k = self.scalars;
-        crate::ops::cuda::bn::bn_stats_prepare(
-            n,
-            [(xs, xl), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)],
-            [k.eps, k.keep, k.mom, k.mom_unbias],
-        )
+        on_cuda_running(n, [&self.running_mean, &self.running_var], |[rm, rv]| {
+            crate::ops::cuda::bn::bn_stats_prepare(
+                n,
+                [(xs, xl), (gs, gl), (bs, bl), rm, rv],
+                [k.eps, k.keep, k.mom, k.mom_unbias],
+            )
+        })
     }
 }
 
@@ -320,18 +331,14 @@ impl CustomOp3 for BnPrepareOp {
         bl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let n = self.name();
-        let (rms, rml) = self.running_mean.storage_and_layout();
-        let (rvs, rvl) = self.running_var.storage_and_layout();
-        let (candle_core::Storage::Cuda(rms), candle_core::Storage::Cuda(rvs)) = (&*rms, &*rvs)
-        else {
-            return Err(not_on_cuda(n, "running stats"));
-        };
         let k = self.scalars;
-        crate::ops::cuda::bn::bn_prepare(
-            n,
-            [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)],
-            [k.eps, k.keep, k.mom, k.mom_unbias],
-        )
+        on_cuda_running(n, [&self.running_mean, &self.running_var], |[rm, rv]| {
+            crate::ops::cuda::bn::bn_prepare(
+                n,
+                [(ms, ml), (gs, gl), (bs, bl), rm, rv],
+                [k.eps, k.keep, k.mom, k.mom_unbias],
+            )
+        })
     }
 }
 

@@ -369,6 +369,24 @@ pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
     <E::Acc>::of(a * g.widen().f64() + b * x.widen().f64() + cc)
 }
 
+/// `f` of a fused ReLU's carried (scale; shift) on CUDA, `None` without one; an error if it is
+/// not on CUDA.
+#[cfg(feature = "cuda")]
+fn on_cuda_affine<R>(
+    n: &str,
+    affine: Option<&Tensor>,
+    f: impl FnOnce(Option<(&candle_core::CudaStorage, &Layout)>) -> candle_core::Result<R>,
+) -> candle_core::Result<R> {
+    let Some(t) = affine else {
+        return f(None);
+    };
+    let (s, l) = t.storage_and_layout();
+    match &*s {
+        candle_core::Storage::Cuda(s) => f(Some((s, l))),
+        _ => Err(not_on_cuda(n, "the ReLU's (scale; shift)")),
+    }
+}
+
 /// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64; with
 /// `affine`, BN's `[2, C]` (scale; shift), `gy` is [`masked`] by the ReLU after BN.
 pub(crate) struct BnBwdDxOp {
@@ -435,15 +453,9 @@ impl CustomOp3 for BnBwdDxOp {
         cl: &Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let n = self.name();
-        let guard = self.affine.as_ref().map(|t| t.storage_and_layout());
-        let affine = match &guard {
-            Some((s, l)) => match &**s {
-                candle_core::Storage::Cuda(s) => Some((s, *l)),
-                _ => return Err(not_on_cuda(n, "the ReLU's (scale; shift)")),
-            },
-            None => None,
-        };
-        crate::ops::cuda::bn::bn_bwd_dx(n, (gs, gl), (xs, xl), (cs, cl), affine)
+        on_cuda_affine(n, self.affine.as_ref(), |affine| {
+            crate::ops::cuda::bn::bn_bwd_dx(n, (gs, gl), (xs, xl), (cs, cl), affine)
+        })
     }
 }
 
@@ -574,22 +586,16 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
         let candle_core::Storage::Cuda(cs) = &*cs else {
             return Err(not_on_cuda(n, "coefficients"));
         };
-        let guard = self.affine.as_ref().map(|t| t.storage_and_layout());
-        let affine = match &guard {
-            Some((s, l)) => match &**s {
-                candle_core::Storage::Cuda(s) => Some((s, *l)),
-                _ => return Err(not_on_cuda(n, "the ReLU's (scale; shift)")),
-            },
-            None => None,
-        };
-        crate::ops::cuda::bn::bn_bwd_dx_accumulate(
-            n,
-            (ds, dl),
-            (gs, gl),
-            (xs, xl),
-            (cs, cl),
-            affine,
-        )
+        on_cuda_affine(n, self.affine.as_ref(), |affine| {
+            crate::ops::cuda::bn::bn_bwd_dx_accumulate(
+                n,
+                (ds, dl),
+                (gs, gl),
+                (xs, xl),
+                (cs, cl),
+                affine,
+            )
+        })
     }
 }
 

@@ -46,6 +46,22 @@ fn coefficients(
     Ok(r)
 }
 
+/// The contiguous ranges of a BN forward step's per-channel vectors γ, β, running mean and
+/// running variance, `c` elements each.
+fn per_channel(
+    op: &str,
+    c: usize,
+    layouts: [&Layout; 4],
+) -> candle_core::Result<[(usize, usize); 4]> {
+    let names = ["gamma", "beta", "running mean", "running var"];
+    let mut out = [(0, 0); 4];
+    for ((r, l), what) in out.iter_mut().zip(layouts).zip(names) {
+        *r = contiguous_range(l, op)?;
+        expect_len(op, what, *r, c)?;
+    }
+    Ok(out)
+}
+
 /// Per-row `(mean; biased variance)` of `x [C, M]` → a new planar `[2, C]` (in `T::Acc`).
 pub(crate) fn bn_stats(
     op: &str,
@@ -95,16 +111,7 @@ pub(crate) fn bn_prepare(
                 "{op} (cuda): statistics must be [2, C] (mean; var), got [{two}, {c}]"
             )));
         }
-        let vec_range = |what: &str, l: &Layout| {
-            let r = contiguous_range(l, op)?;
-            expect_len(op, what, r, c)?;
-            Ok::<_, candle_core::Error>(r)
-        };
-        let (rg, rb) = (vec_range("gamma", gl)?, vec_range("beta", bl)?);
-        let (rrm, rrv) = (
-            vec_range("running mean", rml)?,
-            vec_range("running var", rvl)?,
-        );
+        let [rg, rb, rrm, rrv] = per_channel(op, c, [gl, bl, rml, rvl])?;
         let dev = &ms.device;
         // SAFETY: the kernel writes all 6·c elements (one thread per channel, six each).
         let mut out = unsafe { dev.alloc::<T>(6 * c) }?;
@@ -161,16 +168,7 @@ pub(crate) fn bn_stats_prepare(
         scalars: [f64; 4],
     ) -> candle_core::Result<CudaStorage> {
         let (c, m, rx) = matrix(op, "x", xl)?;
-        let vec_range = |what: &str, l: &Layout| {
-            let r = contiguous_range(l, op)?;
-            expect_len(op, what, r, c)?;
-            Ok::<_, candle_core::Error>(r)
-        };
-        let (rg, rb) = (vec_range("gamma", gl)?, vec_range("beta", bl)?);
-        let (rrm, rrv) = (
-            vec_range("running mean", rml)?,
-            vec_range("running var", rvl)?,
-        );
+        let [rg, rb, rrm, rrv] = per_channel(op, c, [gl, bl, rml, rvl])?;
         let dev = &xs.device;
         // SAFETY: thread 0 of each of the c blocks writes its channel's six elements.
         let mut out = unsafe { dev.alloc::<T::Acc>(6 * c) }?;
