@@ -9,8 +9,9 @@
 // Three launch geometries (the Rust side, impls/src/ops/cuda/bn.rs, builds them):
 //
 // * per-channel reductions (bn_stats, bn_stats_prepare, bn_bwd_reduce[_relu]): grid =
-//   (C, 1, 1), one block per channel, block = (DB_REDUCE_THREADS, 1, 1). Thread t accumulates elements t, t + T, t + 2T, ... of
-//   its row in f64 (its loads issued 32 bytes per row at a time, db_thread_rows, so a block
+//   (C, 1, 1), one block per channel, block = (DB_REDUCE_THREADS, 1, 1). Thread t
+//   accumulates elements t, t + T, t + 2T, ... of its row in f64 (its loads issued 32 bytes
+//   per row at a time, db_thread_rows, so a block
 //   keeps 32 KiB of reads in flight: a BN over fewer channels than the GPU has SMs still
 //   streams), then db_block_sum adds the T partial sums in a fixed tree. No atomics, no
 //   dependence on scheduling: two runs are bitwise equal. Shared memory: T doubles (static).
