@@ -644,7 +644,7 @@ pub fn bn_bwd_reduce(gy: &Tensor, x: &Tensor, st: &Tensor, gamma: &Tensor) -> Re
 }
 
 /// [`bn_bwd_reduce`] of ReLU(BN(x)), from the gradient `gy` of the ReLU's output, the ReLU's
-/// backward fused in ([`masked`]: `gy` where `x·scale + shift > 0`, else `+0`): `table` is BN's
+/// backward fused in (the mask: `gy` where `x·scale + shift > 0`, else `+0`): `table` is BN's
 /// saved `[4, C]` = (mean; invstd; scale; shift). Returns the `[5, C]` of the masked gradient;
 /// its rows 2..5 and the table's rows 2..4 are what [`bn_bwd_dx_relu`] and its accumulating
 /// forms read. Bitwise [`relu_bwd_affine`] followed by [`bn_bwd_reduce`] (the same terms in
@@ -734,7 +734,7 @@ pub fn bn_bwd_dx(gy: &Tensor, x: &Tensor, coef: &Tensor) -> Result<Tensor> {
 }
 
 /// [`bn_bwd_dx`] of ReLU(BN(x)) from the ReLU output's gradient `gy`, masked in the same pass
-/// ([`masked`]) by `affine [2, C]` = (scale; shift), BN's table rows 2..4; `coef [3, C]` from
+/// (the same mask) by `affine [2, C]` = (scale; shift), BN's table rows 2..4; `coef [3, C]` from
 /// [`bn_bwd_reduce_relu`]. Bitwise [`relu_bwd_affine`] then [`bn_bwd_dx`].
 pub fn bn_bwd_dx_relu(gy: &Tensor, x: &Tensor, coef: &Tensor, affine: &Tensor) -> Result<Tensor> {
     dx(gy, x, coef, Some(affine))
