@@ -357,6 +357,42 @@ fn bn_stats_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// Launches BN forward's per-channel step: `bn_prepare` from the statistics at `first`, or
+/// (`cols`: the features' columns) `bn_stats_prepare` from the features at `first`, with γ, β
+/// and the running stats (`vectors`) and the scalars; returns its `[6, C]` (prefilled with 7s,
+/// so an unwritten element shows).
+fn launch_prepare<A: El>(
+    m: &Emulated,
+    kernel: &str,
+    geom: (Dim, Dim),
+    mut first: *mut c_void,
+    vectors: [&[A]; 4],
+    cols: Option<usize>,
+    scalars: [A; 4],
+) -> Vec<A> {
+    let c = vectors[0].len();
+    let mut out = vec![A::from_f64(7.0); 6 * c];
+    let (table, running) = out.split_at_mut(4 * c);
+    let [mut gp, mut bp, mut rmp, mut rvp] = vectors.map(|v| v.as_ptr().cast_mut());
+    let (mut tp, mut rp) = (table.as_mut_ptr(), running.as_mut_ptr());
+    let (mut cc, mut mm) = (c as u64, cols.unwrap_or(0) as u64);
+    let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
+    let mut args = vec![
+        p(&mut first),
+        p(&mut gp),
+        p(&mut bp),
+        p(&mut rmp),
+        p(&mut rvp),
+    ];
+    args.extend([p(&mut tp), p(&mut rp), p(&mut cc)]);
+    if cols.is_some() {
+        args.push(p(&mut mm));
+    }
+    args.extend([p(&mut eps), p(&mut keep), p(&mut mom), p(&mut mom_unbias)]);
+    m.launch(kernel, geom, &mut args, cols.is_some());
+    out
+}
+
 /// `bn_stats_prepare` (issue 38: BN2's statistics and per-channel step in one launch): its
 /// `[6, C]` must be, bit for bit (NaN for NaN), what `bn_prepare` (f32 tables for bf16
 /// features) makes from `bn_stats`' output on the emulated GPU, and the CPU twin
@@ -386,37 +422,19 @@ fn bn_stats_prepare_matches<T: El>(m: &Emulated) {
             BN_MOMENTUM * (mf / (mf - 1.0)),
         ]
         .map(T::Acc::from_f64);
-        let vectors = [&gamma, &beta, &rmean, &rvar];
+        let vectors = [&gamma, &beta, &rmean, &rvar].map(|v| &v[..]);
         // the emulated GPU: one kernel, and the two it replaces
+        let xp = x.as_ptr().cast_mut().cast();
         let fused = || {
-            let mut out = vec![T::Acc::from_f64(7.0); 6 * c];
-            let (table, running) = out.split_at_mut(4 * c);
-            let mut xp = x.as_ptr().cast_mut();
-            let [mut gp, mut bp, mut rmp, mut rvp] = vectors.map(|v| v.as_ptr().cast_mut());
-            let (mut tp, mut rp) = (table.as_mut_ptr(), running.as_mut_ptr());
-            let (mut cc, mut mm) = (c as u64, cols as u64);
-            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
-            m.launch(
+            launch_prepare(
+                m,
                 &kernel,
                 reduce_geometry(c),
-                &mut [
-                    p(&mut xp),
-                    p(&mut gp),
-                    p(&mut bp),
-                    p(&mut rmp),
-                    p(&mut rvp),
-                    p(&mut tp),
-                    p(&mut rp),
-                    p(&mut cc),
-                    p(&mut mm),
-                    p(&mut eps),
-                    p(&mut keep),
-                    p(&mut mom),
-                    p(&mut mom_unbias),
-                ],
-                true,
-            );
-            out
+                xp,
+                vectors,
+                Some(cols),
+                scalars,
+            )
         };
         let got = fused();
         assert_bitwise_nan(&format!("{kernel} run twice"), &fused(), &got);
@@ -427,35 +445,21 @@ fn bn_stats_prepare_matches<T: El>(m: &Emulated) {
             let args = &mut [p(&mut xp), p(&mut op), p(&mut cc), p(&mut mm)];
             m.launch(&stats, reduce_geometry(c), args, true);
         }
-        let mut two = vec![T::Acc::from_f64(7.0); 6 * c];
-        {
-            let (table, running) = two.split_at_mut(4 * c);
-            let [mut mp, mut gp, mut bp, mut rmp, mut rvp] =
-                [&mv, &gamma, &beta, &rmean, &rvar].map(|v| v.as_ptr().cast_mut());
-            let (mut tp, mut rp) = (table.as_mut_ptr(), running.as_mut_ptr());
-            let mut cc = c as u64;
-            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
-            let args = &mut [
-                p(&mut mp),
-                p(&mut gp),
-                p(&mut bp),
-                p(&mut rmp),
-                p(&mut rvp),
-                p(&mut tp),
-                p(&mut rp),
-                p(&mut cc),
-                p(&mut eps),
-                p(&mut keep),
-                p(&mut mom),
-                p(&mut mom_unbias),
-            ];
-            m.launch(&prepare, flat_geometries(c)[0], args, false);
-        }
+        let mvp = mv.as_ptr().cast_mut().cast();
+        let two = launch_prepare(
+            m,
+            &prepare,
+            flat_geometries(c)[0],
+            mvp,
+            vectors,
+            None,
+            scalars,
+        );
         let what = format!("{kernel} [{c}, {cols}]");
         assert_bitwise_nan(&format!("{what}: bn_stats then bn_prepare"), &got, &two);
         // the CPU twin: the two ops, one op
         let xt = tensor(&x, (c, cols));
-        let [g, b, rm, rv] = vectors.map(|v| vector(v));
+        let [g, b, rm, rv] = vectors.map(vector);
         let (t1, r1) = bn::bn_stats_prepare(&xt, &g, &b, &rm, &rv).expect("cpu fused");
         let mv_cpu = bn::bn_stats(&xt).expect("cpu stats");
         let (t2, r2) = bn::bn_prepare(&mv_cpu, &g, &b, &rm, &rv, cols).expect("cpu prepare");
@@ -872,32 +876,9 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
         ]
         .map(T::from_f64);
         for geom in flat_geometries(c) {
-            let mut out = vec![T::from_f64(7.0); 6 * c];
-            let (table_out, running_out) = out.split_at_mut(4 * c);
-            let [mut mp, mut gp, mut bp, mut rmp, mut rvp] =
-                [&mv, &gamma, &beta, &rmean, &rvar].map(|v| v.as_ptr().cast_mut());
-            let (mut tp, mut rp) = (table_out.as_mut_ptr(), running_out.as_mut_ptr());
-            let mut cc = c as u64;
-            let [mut eps, mut keep, mut mom, mut mom_unbias] = scalars;
-            m.launch(
-                &kernel,
-                geom,
-                &mut [
-                    p(&mut mp),
-                    p(&mut gp),
-                    p(&mut bp),
-                    p(&mut rmp),
-                    p(&mut rvp),
-                    p(&mut tp),
-                    p(&mut rp),
-                    p(&mut cc),
-                    p(&mut eps),
-                    p(&mut keep),
-                    p(&mut mom),
-                    p(&mut mom_unbias),
-                ],
-                false,
-            );
+            let mvp = mv.as_ptr().cast_mut().cast();
+            let vectors = [&gamma, &beta, &rmean, &rvar].map(|v| &v[..]);
+            let out = launch_prepare(m, &kernel, geom, mvp, vectors, None, scalars);
             let what = format!("{kernel} M = {bn_m} {geom:?}");
             assert_bitwise_nan(&format!("{what}: table"), &out[..4 * c], &table);
             assert_bitwise_nan(&format!("{what}: running stats"), &out[4 * c..], &running);

@@ -482,7 +482,19 @@ pub fn bn_forward_stats(
     running_mean: &Tensor,
     running_var: &Tensor,
 ) -> Result<(BnStats, Tensor, Tensor)> {
-    let (table, running) = bn::bn_prepare(mv, gamma, beta, running_mean, running_var, cfg.m())?;
+    forward_stats(bn::bn_prepare(
+        mv,
+        gamma,
+        beta,
+        running_mean,
+        running_var,
+        cfg.m(),
+    )?)
+}
+
+/// `(stats, new running mean, new running var)` from a BN forward step's table and running
+/// update.
+fn forward_stats((table, running): (Tensor, Tensor)) -> Result<(BnStats, Tensor, Tensor)> {
     Ok((
         BnStats { table },
         bn::row(&running, 0)?,
@@ -500,12 +512,13 @@ pub fn bn_forward_stats_of(
     running_mean: &Tensor,
     running_var: &Tensor,
 ) -> Result<(BnStats, Tensor, Tensor)> {
-    let (table, running) = bn::bn_stats_prepare(x, gamma, beta, running_mean, running_var)?;
-    Ok((
-        BnStats { table },
-        bn::row(&running, 0)?,
-        bn::row(&running, 1)?,
-    ))
+    forward_stats(bn::bn_stats_prepare(
+        x,
+        gamma,
+        beta,
+        running_mean,
+        running_var,
+    )?)
 }
 
 /// `y = (x − mean)·invstd·γ + β`, computed as `x·scale + shift` with the per-channel

@@ -33,7 +33,7 @@ pub struct Schedule {
     /// CPU's constants, which its kernels' bitwise equalities rest on): the fewest column
     /// chunks and channel blocks — the fewest launches — whose predicted peak is within
     /// [`FRONT_PIECES_PEAK_SLACK`] of the peak with the CPU's finest ones (16 chunks of 4096
-    /// columns and blocks of 64 channels on BC-100's N = 64 block: some 80 launches per layer
+    /// columns and blocks of 64 channels on BC-100's N = 64 block: some 60 launches per layer
     /// more than the whole front's).
     pub front_pieces: Option<FrontPieces>,
 }

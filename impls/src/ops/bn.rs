@@ -153,117 +153,33 @@ fn prepare_channel<T: Float>(
     out[5 * c + ch] = (rvar[ch] * keep + T::ZERO) + (var * mom_unbias + T::ZERO);
 }
 
-/// `f` of the running mean and variance a BN forward op carries, as CUDA storages; an error
-/// if either is elsewhere.
-#[cfg(feature = "cuda")]
-fn on_cuda_running<R>(
-    n: &str,
-    [mean, var]: [&Tensor; 2],
-    f: impl FnOnce([(&candle_core::CudaStorage, &Layout); 2]) -> candle_core::Result<R>,
-) -> candle_core::Result<R> {
-    let ((ms, ml), (vs, vl)) = (mean.storage_and_layout(), var.storage_and_layout());
-    match (&*ms, &*vs) {
-        (candle_core::Storage::Cuda(ms), candle_core::Storage::Cuda(vs)) => f([(ms, ml), (vs, vl)]),
-        _ => Err(not_on_cuda(n, "running statistics")),
-    }
-}
-
-/// [`BnStatsOp`] then [`BnPrepareOp`] in one op ([`bn_stats_prepare`]): operands `x [C, M]`, γ
-/// and β; the op carries the running mean and variance. Its output `[6, C]` is its only
-/// allocation: the statistics are made in its first two rows, then each channel's step
-/// overwrites them.
-pub(crate) struct BnStatsPrepareOp {
-    running_mean: Tensor,
-    running_var: Tensor,
-    scalars: PrepareScalars,
-}
-impl CustomOp3 for BnStatsPrepareOp {
-    fn name(&self) -> &'static str {
-        "bn-stats-prepare"
-    }
-    fn cpu_fwd(
-        &self,
-        xs: &CpuStorage,
-        xl: &Layout,
-        gs: &CpuStorage,
-        gl: &Layout,
-        bs: &CpuStorage,
-        bl: &Layout,
-    ) -> candle_core::Result<(CpuStorage, Shape)> {
-        let n = self.name();
-        let (c, m) = xl.shape().dims2()?;
-        let (rms, rml) = carried(n, &self.running_mean)?;
-        let (rvs, rvl) = carried(n, &self.running_var)?;
-        fn go<E: Elem<Acc = T>, T: Float>(
-            n: &str,
-            x: Operand,
-            vectors: [Operand; 4],
-            (c, m): (usize, usize),
-            k: PrepareScalars,
-        ) -> candle_core::Result<CpuStorage> {
-            let x = features::<E>(x.0, x.1, n)?;
-            let [g, b, rm, rv] = vectors.map(|(s, l)| {
-                let v = features::<T>(s, l, n)?;
-                if v.len() != c {
-                    return Err(candle_core::Error::Msg(format!(
-                        "{n}: a per-channel vector has {} elements, expected {c}",
-                        v.len()
-                    )));
-                }
-                Ok(v)
-            });
-            let vectors = [g?, b?, rm?, rv?];
-            let mut out = vec![T::ZERO; 6 * c];
-            let (means, rest) = out.split_at_mut(c);
-            stats_into(x, m, means, &mut rest[..c]);
-            for ch in 0..c {
-                let mv = [out[ch], out[c + ch]];
-                prepare_channel(&mut out, ch, c, mv, vectors, k);
-            }
-            Ok(T::storage(out))
-        }
-        let vectors = [(gs, gl), (bs, bl), (cpu_of(&rms), rml), (cpu_of(&rvs), rvl)];
-        let k = self.scalars;
-        let out = match xs {
-            CpuStorage::F32(_) => go::<f32, f32>(n, (xs, xl), vectors, (c, m), k)?,
-            CpuStorage::F64(_) => go::<f64, f64>(n, (xs, xl), vectors, (c, m), k)?,
-            CpuStorage::BF16(_) => go::<half::bf16, f32>(n, (xs, xl), vectors, (c, m), k)?,
-            _ => return Err(bad_dtype(n)),
-        };
-        Ok((out, Shape::from((6, c))))
-    }
-    #[cfg(feature = "cuda")]
-    fn cuda_fwd(
-        &self,
-        xs: &candle_core::CudaStorage,
-        xl: &Layout,
-        gs: &candle_core::CudaStorage,
-        gl: &Layout,
-        bs: &candle_core::CudaStorage,
-        bl: &Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
-        let n = self.name();
-        let k = self.scalars;
-        on_cuda_running(n, [&self.running_mean, &self.running_var], |[rm, rv]| {
-            crate::ops::cuda::bn::bn_stats_prepare(
-                n,
-                [(xs, xl), (gs, gl), (bs, bl), rm, rv],
-                [k.eps, k.keep, k.mom, k.mom_unbias],
-            )
-        })
-    }
-}
-
-/// BN forward's per-channel step ([`prepare_rows`]): operands `mv [2, C]`, γ and β (`[C]`); the
-/// op carries the running mean and variance (a custom op takes at most three operands).
+/// BN forward's per-channel step ([`prepare_rows`]): operands `mv [2, C]` (or, [`Measured`],
+/// the features `x [C, M]` whose statistics it measures first: [`bn_stats_prepare`]), γ and β
+/// (`[C]`); the op carries the running mean and variance (a custom op takes at most three
+/// operands). Its `[6, C]` output is its only allocation either way: measured statistics are
+/// made in its first two rows, then each channel's step overwrites them.
 pub(crate) struct BnPrepareOp {
     running_mean: Tensor,
     running_var: Tensor,
     scalars: PrepareScalars,
+    input: Measured,
 }
+
+/// What [`BnPrepareOp`]'s first operand is.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Measured {
+    /// The statistics `mv [2, C]` (mean; biased var), made before.
+    Before,
+    /// The features `x [C, M]`: measured in the same op (one launch on a GPU).
+    Here,
+}
+
 impl CustomOp3 for BnPrepareOp {
     fn name(&self) -> &'static str {
-        "bn-prepare"
+        match self.input {
+            Measured::Before => "bn-prepare",
+            Measured::Here => "bn-stats-prepare",
+        }
     }
     fn cpu_fwd(
         &self,
@@ -275,12 +191,16 @@ impl CustomOp3 for BnPrepareOp {
         bl: &Layout,
     ) -> candle_core::Result<(CpuStorage, Shape)> {
         let n = self.name();
-        let (two, c) = ml.shape().dims2()?;
-        if two != 2 {
-            return Err(candle_core::Error::Msg(format!(
-                "{n}: statistics must be [2, C] (mean; var), got [{two}, {c}]"
-            )));
-        }
+        let (rows, cols) = ml.shape().dims2()?;
+        let c = match self.input {
+            Measured::Before if rows != 2 => {
+                return Err(candle_core::Error::Msg(format!(
+                    "{n}: statistics must be [2, C] (mean; var), got [{rows}, {cols}]"
+                )))
+            }
+            Measured::Before => cols,
+            Measured::Here => rows,
+        };
         let (rms, rml) = carried(n, &self.running_mean)?;
         let (rvs, rvl) = carried(n, &self.running_var)?;
         for (what, l) in [
@@ -296,15 +216,33 @@ impl CustomOp3 for BnPrepareOp {
                 )));
             }
         }
-        // One dtype for all five; `features` checks each operand holds it.
-        fn go<T: Float>(
+        // Features `E`, everything else `T`; `features` checks each operand holds its type.
+        fn go<E: Elem<Acc = T>, T: Float>(
             n: &str,
-            ops: [Operand; 5],
-            c: usize,
+            input: Measured,
+            [first, vectors @ ..]: [Operand; 5],
+            (c, m): (usize, usize),
             k: PrepareScalars,
-        ) -> candle_core::Result<Vec<T>> {
-            let [mv, g, b, rm, rv] = ops.map(|(s, l)| features::<T>(s, l, n));
-            Ok(prepare_rows(mv?, [g?, b?, rm?, rv?], c, k))
+        ) -> candle_core::Result<CpuStorage> {
+            let [g, b, rm, rv] = vectors.map(|(s, l)| features::<T>(s, l, n));
+            let vectors = [g?, b?, rm?, rv?];
+            let out = match input {
+                Measured::Before => {
+                    prepare_rows(features::<T>(first.0, first.1, n)?, vectors, c, k)
+                }
+                Measured::Here => {
+                    let x = features::<E>(first.0, first.1, n)?;
+                    let mut out = vec![T::ZERO; 6 * c];
+                    let (means, rest) = out.split_at_mut(c);
+                    stats_into(x, m, means, &mut rest[..c]);
+                    for ch in 0..c {
+                        let mv = [out[ch], out[c + ch]];
+                        prepare_channel(&mut out, ch, c, mv, vectors, k);
+                    }
+                    out
+                }
+            };
+            Ok(T::storage(out))
         }
         let ops = [
             (ms, ml),
@@ -313,9 +251,13 @@ impl CustomOp3 for BnPrepareOp {
             (cpu_of(&rms), rml),
             (cpu_of(&rvs), rvl),
         ];
-        let out = match ms {
-            CpuStorage::F32(_) => CpuStorage::F32(go(n, ops, c, self.scalars)?),
-            CpuStorage::F64(_) => CpuStorage::F64(go(n, ops, c, self.scalars)?),
+        let (input, k) = (self.input, self.scalars);
+        let out = match (ms, input) {
+            (CpuStorage::F32(_), _) => go::<f32, f32>(n, input, ops, (c, cols), k)?,
+            (CpuStorage::F64(_), _) => go::<f64, f64>(n, input, ops, (c, cols), k)?,
+            (CpuStorage::BF16(_), Measured::Here) => {
+                go::<half::bf16, f32>(n, input, ops, (c, cols), k)?
+            }
             _ => return Err(bad_dtype(n)),
         };
         Ok((out, Shape::from((6, c))))
@@ -332,13 +274,15 @@ impl CustomOp3 for BnPrepareOp {
     ) -> candle_core::Result<(candle_core::CudaStorage, Shape)> {
         let n = self.name();
         let k = self.scalars;
-        on_cuda_running(n, [&self.running_mean, &self.running_var], |[rm, rv]| {
-            crate::ops::cuda::bn::bn_prepare(
-                n,
-                [(ms, ml), (gs, gl), (bs, bl), rm, rv],
-                [k.eps, k.keep, k.mom, k.mom_unbias],
-            )
-        })
+        let (rms, rml) = self.running_mean.storage_and_layout();
+        let (rvs, rvl) = self.running_var.storage_and_layout();
+        let (candle_core::Storage::Cuda(rms), candle_core::Storage::Cuda(rvs)) = (&*rms, &*rvs)
+        else {
+            return Err(not_on_cuda(n, "running stats"));
+        };
+        let operands = [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)];
+        let scalars = [k.eps, k.keep, k.mom, k.mom_unbias];
+        crate::ops::cuda::bn::bn_prepare(n, self.input, operands, scalars)
     }
 }
 
@@ -493,6 +437,7 @@ pub fn bn_prepare(
             running_mean: running_mean.clone(),
             running_var: running_var.clone(),
             scalars: PrepareScalars::new(m),
+            input: Measured::Before,
         };
         let all = mv.apply_op3_no_bwd(gamma, beta, &op).ctx("bn prepare")?;
         Ok((
@@ -519,10 +464,11 @@ pub fn bn_stats_prepare(
     if !operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
         return bn_prepare(&bn_stats(x)?, gamma, beta, running_mean, running_var, m);
     }
-    let op = BnStatsPrepareOp {
+    let op = BnPrepareOp {
         running_mean: running_mean.clone(),
         running_var: running_var.clone(),
         scalars: PrepareScalars::new(m),
+        input: Measured::Here,
     };
     let all = x
         .apply_op3_no_bwd(gamma, beta, &op)

@@ -2,9 +2,9 @@
 //! masked from BN's input ([`relu_bwd_affine`], also in place), the per-channel reductions of
 //! the gradient ([`bn_bwd_reduce`]) and the data gradient ([`bn_bwd_dx`], also accumulated into
 //! a gradient buffer's view); the last two also with that ReLU's backward fused in
-//! (`*_relu`: the mask applied as they read the gradient, one pass and no tensor fewer). One pass, exactly one output or in place, on the CPU and (`cuda`
-//! feature) on CUDA through the same custom ops, as [`crate::ops::bn`]'s forward; `generic_*`
-//! are the oracles from candle ops.
+//! (`*_relu`: the mask applied as they read the gradient, one pass over it fewer). One pass,
+//! exactly one output or in place, on the CPU and (`cuda` feature) on CUDA through the same
+//! custom ops, as [`crate::ops::bn`]'s forward; `generic_*` are the oracles from candle ops.
 //!
 //! Dtypes on the CPU: all f32, all f64, or bf16 features (`gy`, `x`, the ReLU gradient, `dx` and
 //! its destination) with f32 tables (`coef`, `st`, γ, and [`bn_bwd_reduce`]'s output): computed
@@ -268,14 +268,6 @@ impl CustomOp3 for BnBwdReduceOp {
             let gamma = table::<T>(gamma.0, gamma.1, 1, c, n)?;
             let (means, rest) = st.split_at(c);
             let (invstds, affine) = rest.split_at(c);
-            // row r's (scale; shift) with a fused ReLU (nothing allocated without one)
-            let affine_of = |r: usize| {
-                if RELU {
-                    (affine[r], affine[c + r])
-                } else {
-                    (T::ZERO, T::ZERO)
-                }
-            };
             let per_m = [T::of(-1.0 / m as f64), T::of(1.0 / m as f64)];
             // straight into the planar rows: the output is the op's only allocation
             let mut out = vec![T::ZERO; 5 * c];
@@ -296,7 +288,7 @@ impl CustomOp3 for BnBwdReduceOp {
                 .zip((0..c).into_par_iter())
                 .zip(outs.into_par_iter())
                 .for_each(|((((g, x), ((&mean, &invstd), &gamma)), r), row)| {
-                    let (scale, shift) = affine_of(r);
+                    let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
                     let (mean64, invstd64) = (mean.f64(), invstd.f64());
                     let [sg, sgx] = lane_sums(g, x, |g, x| {
                         let g = masked::<RELU, E, T>(g, x, scale, shift).widen().f64();
@@ -342,7 +334,7 @@ impl CustomOp3 for BnBwdReduceOp {
 /// Row `r`'s (scale; shift) of a fused ReLU's planar `[2, C]` table; zeros, never read,
 /// without one.
 #[inline(always)]
-fn dx_affine<const RELU: bool, T: Float>(affine: &[T], c: usize, r: usize) -> (T, T) {
+fn affine_row<const RELU: bool, T: Float>(affine: &[T], c: usize, r: usize) -> (T, T) {
     if RELU {
         (affine[r], affine[c + r])
     } else {
@@ -419,7 +411,7 @@ impl CustomOp3 for BnBwdDxOp {
             let affine = affine_table::<T>(affine, c, n)?;
             Ok(E::storage(crate::ops::elementwise::new_rows(c, m, |r| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                let (scale, shift) = dx_affine::<RELU, T>(affine, c, r);
+                let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
                 let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
                 g.iter().zip(x).map(move |(&g, &x)| {
                     let g = masked::<RELU, E, T>(g, x, scale, shift);
@@ -517,7 +509,7 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
             }
             let row = |r: usize, d: &mut [E], g: &[E], x: &[E]| {
                 let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
-                let (scale, shift) = dx_affine::<RELU, T>(affine, c, r);
+                let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
                 let dx = |g, x| dx_value(a, b, cc, masked::<RELU, E, T>(g, x, scale, shift), x);
                 match from {
                     // dst = from + dx: the same roundings as copying `from` into dst first

@@ -691,7 +691,7 @@ impl Front<'_> {
         drop(r);
         let dr = layer::dense_bwd_input(self.w1, &dz)?;
         drop(dz);
-        let (da, relu) = self.relu1_bwd(dr)?;
+        let (da, relu) = relu1_bwd(dr, self.x, self.stats1, self.relu)?;
         let bn1 = |dst: &Tensor| {
             let (x, stats, gamma) = (self.x, self.stats1, self.gamma1);
             if relu {
@@ -713,19 +713,6 @@ impl Front<'_> {
             }
         };
         Ok((dw1, dg1, dbeta1, dx))
-    }
-
-    /// ReLU1's backward on `dr`, the gradient of its output (a channel block of it, with `self`
-    /// that block's): `copy` masks into a new tensor here (`(da, false)`); `inplace` leaves it
-    /// to BN1's backward, which fuses it in (`(dr, true)`: `layer::bn_relu_bwd_accumulate`).
-    fn relu1_bwd(&self, dr: Tensor) -> Result<(Tensor, bool)> {
-        Ok(match self.relu {
-            Relu::Copy => (
-                layer::relu_bwd_bn(dr, self.x, self.stats1, Relu::Copy)?,
-                false,
-            ),
-            Relu::Inplace => (dr, true),
-        })
     }
 
     /// [`Front::backward_whole`] in pieces (the split front, on any device), in two passes. First dW1
@@ -769,14 +756,7 @@ impl Front<'_> {
             let (x, stats) = (rows(self.x)?, self.stats1.channels(c0, n)?);
             let w1 = self.w1.narrow(1, c0, n).ctx("channel block")?;
             let dr = layer::dense_bwd_input(&w1, &dz)?;
-            let block = Front {
-                x: &x,
-                stats1: &stats,
-                w1: &w1,
-                gamma1: self.gamma1,
-                relu: self.relu,
-            };
-            let (da, relu) = block.relu1_bwd(dr)?;
+            let (da, relu) = relu1_bwd(dr, &x, &stats, self.relu)?;
             if let (Some(p), None) = (&prefix, &dst) {
                 dst = Some(if fused_copy {
                     // SAFETY: the blocks of grad_blocks tile the channels, and each block's
@@ -825,6 +805,17 @@ impl Front<'_> {
         let next = if new { dst } else { None };
         Ok((dw1, dg1, dbeta1, next))
     }
+}
+
+/// ReLU1's backward on `dr`, the gradient of its output over the channels of `x` and `stats`
+/// (all of them, or a channel block's): `copy` masks into a new tensor here (`(da, false)`),
+/// before the caller allocates anything else, as the memory model orders it; `inplace` leaves
+/// it to BN1's backward, which fuses it in (`(dr, true)`: `layer::bn_relu_bwd_accumulate`).
+fn relu1_bwd(dr: Tensor, x: &Tensor, stats: &BnStats, relu: Relu) -> Result<(Tensor, bool)> {
+    Ok(match relu {
+        Relu::Copy => (layer::relu_bwd_bn(dr, x, stats, Relu::Copy)?, false),
+        Relu::Inplace => (dr, true),
+    })
 }
 
 #[cfg(test)]

@@ -14,6 +14,7 @@
 //! Features are f32, f64 or bf16 (`T`); per-channel tables, statistics and scalars are
 //! `T::Acc` (f32 for bf16 features, as on the CPU). Only compiled with the `cuda` feature.
 
+use crate::ops::bn::Measured;
 use crate::ops::cuda::launch::{
     by_dtype, contiguous_range, elementwise_config, expect_len, function, reduce_config,
     rows_config, unsupported, view, view_mut, Float,
@@ -92,121 +93,88 @@ pub(crate) fn bn_stats(
 
 /// BN forward's per-channel step: operands `mv [2, C]`, γ, β, running mean, running var (`[C]`
 /// each) → a new planar `[6, C]` = (mean; invstd; scale; shift; new running mean; new running
-/// var), see `bn_prepare` in `bn.cu`. `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded
-/// to the dtype here (the CPU twin's `PrepareScalars`). Tables only: f32 or f64 (bf16
-/// features have f32 statistics).
+/// var), see `bn_prepare` in `bn.cu`; tables only, f32 or f64 (bf16 features have f32
+/// statistics). With [`Measured::Here`] the first operand is the features `x [C, M]` (f32, f64
+/// or bf16), whose statistics the same launch measures (`bn_stats_prepare`, one block per
+/// channel). `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded to the table type here
+/// (the CPU twin's `PrepareScalars`).
 pub(crate) fn bn_prepare(
     op: &str,
+    input: Measured,
     operands: [(&CudaStorage, &Layout); 5],
     scalars: [f64; 4],
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     fn run<T: Float>(
         op: &str,
+        input: Measured,
         [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
         scalars: [f64; 4],
     ) -> candle_core::Result<CudaStorage> {
-        let (two, c, rm_) = matrix(op, "the statistics", ml)?;
-        if two != 2 {
+        let here = input == Measured::Here;
+        let (rows, cols, r0) = matrix(op, if here { "x" } else { "the statistics" }, ml)?;
+        if !here && rows != 2 {
             return Err(crate::ops::cuda::launch::msg(format!(
-                "{op} (cuda): statistics must be [2, C] (mean; var), got [{two}, {c}]"
+                "{op} (cuda): statistics must be [2, C] (mean; var), got [{rows}, {cols}]"
             )));
         }
+        let (c, m) = if here { (rows, cols) } else { (cols, 0) };
         let [rg, rb, rrm, rrv] = per_channel(op, c, [gl, bl, rml, rvl])?;
         let dev = &ms.device;
-        // SAFETY: the kernel writes all 6·c elements (one thread per channel, six each).
-        let mut out = unsafe { dev.alloc::<T>(6 * c) }?;
-        if c > 0 {
-            let func = function::<T>(dev, &BN, "bn_prepare")?;
-            let mv = view(op, ms.as_cuda_slice::<T>()?, rm_)?;
-            let g = view(op, gs.as_cuda_slice::<T>()?, rg)?;
-            let b_ = view(op, bs.as_cuda_slice::<T>()?, rb)?;
-            let rm = view(op, rms.as_cuda_slice::<T>()?, rrm)?;
-            let rv = view(op, rvs.as_cuda_slice::<T>()?, rrv)?;
-            // the output in two views: the table rows 0..4 and the running rows 4..6
-            let (mut table, mut running) = out.split_at_mut(4 * c);
-            let [eps, keep, mom, mom_unbias] = scalars.map(T::from_f64);
-            let stream = dev.cuda_stream();
-            let mut l = stream.launch_builder(&func);
-            l.arg(&mv)
-                .arg(&g)
-                .arg(&b_)
-                .arg(&rm)
-                .arg(&rv)
-                .arg(&mut table)
-                .arg(&mut running)
-                .arg(&c)
-                .arg(&eps)
-                .arg(&keep)
-                .arg(&mom)
-                .arg(&mom_unbias);
-            // SAFETY: mv holds 2·c elements, γ, β and the running stats c each, table 4·c and
-            // running 2·c (disjoint parts of out); thread c touches only channel c of each.
-            unsafe { l.launch(elementwise_config(c)) }.w()?;
-        }
-        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
-    }
-    let c = operands[0].1.shape().dims2()?.1;
-    let res = match operands[0].0.dtype() {
-        DType::F32 => run::<f32>(op, operands, scalars),
-        DType::F64 => run::<f64>(op, operands, scalars),
-        other => Err(unsupported(op, other)),
-    }?;
-    Ok((res, Shape::from((6, c))))
-}
-
-/// [`bn_stats`] and [`bn_prepare`] in one launch: operands `x [C, M]` (features `T`), γ, β,
-/// running mean, running var (`[C]` each, `T::Acc`) → a new planar `[6, C]` in `T::Acc`, as
-/// [`bn_prepare`] makes from [`bn_stats`]' output (see `bn_stats_prepare` in `bn.cu`).
-pub(crate) fn bn_stats_prepare(
-    op: &str,
-    operands: [(&CudaStorage, &Layout); 5],
-    scalars: [f64; 4],
-) -> candle_core::Result<(CudaStorage, Shape)> {
-    fn run<T: Float>(
-        op: &str,
-        [(xs, xl), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
-        scalars: [f64; 4],
-    ) -> candle_core::Result<CudaStorage> {
-        let (c, m, rx) = matrix(op, "x", xl)?;
-        let [rg, rb, rrm, rrv] = per_channel(op, c, [gl, bl, rml, rvl])?;
-        let dev = &xs.device;
-        // SAFETY: thread 0 of each of the c blocks writes its channel's six elements.
+        // SAFETY: the kernel writes all 6·c elements (six per channel).
         let mut out = unsafe { dev.alloc::<T::Acc>(6 * c) }?;
         if c > 0 {
-            let func = function::<T>(dev, &BN, "bn_stats_prepare")?;
-            let x = view(op, xs.as_cuda_slice::<T>()?, rx)?;
+            let kernel = if here {
+                "bn_stats_prepare"
+            } else {
+                "bn_prepare"
+            };
+            let func = function::<T>(dev, &BN, kernel)?;
+            let first = view(op, ms.as_cuda_slice::<T>()?, r0)?;
             let g = view(op, gs.as_cuda_slice::<T::Acc>()?, rg)?;
             let b_ = view(op, bs.as_cuda_slice::<T::Acc>()?, rb)?;
             let rm = view(op, rms.as_cuda_slice::<T::Acc>()?, rrm)?;
             let rv = view(op, rvs.as_cuda_slice::<T::Acc>()?, rrv)?;
+            // the output in two views: the table rows 0..4 and the running rows 4..6
             let (mut table, mut running) = out.split_at_mut(4 * c);
             let [eps, keep, mom, mom_unbias] =
                 scalars.map(<T::Acc as candle_core::WithDType>::from_f64);
             let stream = dev.cuda_stream();
             let mut l = stream.launch_builder(&func);
-            l.arg(&x)
+            l.arg(&first)
                 .arg(&g)
                 .arg(&b_)
                 .arg(&rm)
                 .arg(&rv)
                 .arg(&mut table)
                 .arg(&mut running)
-                .arg(&c)
-                .arg(&m)
-                .arg(&eps)
-                .arg(&keep)
-                .arg(&mom)
-                .arg(&mom_unbias);
-            // SAFETY: block c reads row c of x (c·m elements), channel c of γ, β and the
-            // running stats (c each), and writes channel c of table (4·c) and running (2·c),
-            // disjoint parts of out.
-            unsafe { l.launch(reduce_config(op, c)?) }.w()?;
+                .arg(&c);
+            if here {
+                l.arg(&m);
+            }
+            l.arg(&eps).arg(&keep).arg(&mom).arg(&mom_unbias);
+            let config = if here {
+                reduce_config(op, c)?
+            } else {
+                elementwise_config(c)
+            };
+            // SAFETY: the first operand holds 2·c (mv) or c·m (x, row c read by block c)
+            // elements, γ, β and the running stats c each, table 4·c and running 2·c (disjoint
+            // parts of out); channel c's thread writes only channel c of each.
+            unsafe { l.launch(config) }.w()?;
         }
         Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
-    let c = operands[0].1.shape().dims2()?.0;
-    let (xs, _) = operands[0];
-    let res = by_dtype!(op, xs, run(op, operands, scalars))?;
+    let (ms, ml) = operands[0];
+    let (rows, cols) = ml.shape().dims2()?;
+    let res = match input {
+        Measured::Here => by_dtype!(op, ms, run(op, input, operands, scalars))?,
+        Measured::Before => match ms.dtype() {
+            DType::F32 => run::<f32>(op, input, operands, scalars),
+            DType::F64 => run::<f64>(op, input, operands, scalars),
+            other => Err(unsupported(op, other)),
+        }?,
+    };
+    let c = if input == Measured::Here { rows } else { cols };
     Ok((res, Shape::from((6, c))))
 }
 
