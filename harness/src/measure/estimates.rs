@@ -51,8 +51,9 @@ pub fn gpu_kernels_without_device(cfg: &Config) -> Kernels {
 /// - the bc layers' fronts where the model splits them (`Schedule::split_front`: ReLU1's output
 ///   a column chunk at a time, its backward a column group then a channel block at a time, as
 ///   few as the peak allows, `Schedule::front_pieces`; `DENSEBENCH_WHOLE_FRONT=1` keeps them
-///   whole), e.g. `bc layer fronts split (ReLU1's output in 2 chunks of ≤ 32768 columns, its
-///   backward in blocks of ≤ 256 channels)`; `None` where they stay whole.
+///   whole), e.g. `bc layer fronts split (ReLU1's output in 4 chunks of ≤ 16384 columns, its
+///   backward in blocks of ≤ 64 channels)` (BC-100 L=16 on cuDNN's path); `None` where they stay
+///   whole.
 ///
 /// Both `None` for the mlp, `autograd` and an unreadable override (the row's step reports that).
 pub fn schedule_notes(
