@@ -282,7 +282,8 @@ impl CustomOp3 for BnPrepareOp {
         };
         let operands = [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)];
         let scalars = [k.eps, k.keep, k.mom, k.mom_unbias];
-        crate::ops::cuda::bn::bn_prepare(n, self.input, operands, scalars)
+        let here = self.input == Measured::Here;
+        crate::ops::cuda::bn::bn_prepare(n, here, operands, scalars)
     }
 }
 

@@ -14,7 +14,6 @@
 //! Features are f32, f64 or bf16 (`T`); per-channel tables, statistics and scalars are
 //! `T::Acc` (f32 for bf16 features, as on the CPU). Only compiled with the `cuda` feature.
 
-use crate::ops::bn::Measured;
 use crate::ops::cuda::launch::{
     by_dtype, contiguous_range, elementwise_config, expect_len, function, reduce_config,
     rows_config, unsupported, view, view_mut, Float,
@@ -94,23 +93,22 @@ pub(crate) fn bn_stats(
 /// BN forward's per-channel step: operands `mv [2, C]`, γ, β, running mean, running var (`[C]`
 /// each) → a new planar `[6, C]` = (mean; invstd; scale; shift; new running mean; new running
 /// var), see `bn_prepare` in `bn.cu`; tables only, f32 or f64 (bf16 features have f32
-/// statistics). With [`Measured::Here`] the first operand is the features `x [C, M]` (f32, f64
-/// or bf16), whose statistics the same launch measures (`bn_stats_prepare`, one block per
-/// channel). `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded to the table type here
+/// statistics). With `here` (the op's `Measured::Here`) the first operand is the features
+/// `x [C, M]` (f32, f64 or bf16), whose statistics the same launch measures
+/// (`bn_stats_prepare`, one block per channel). `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded to the table type here
 /// (the CPU twin's `PrepareScalars`).
 pub(crate) fn bn_prepare(
     op: &str,
-    input: Measured,
+    here: bool,
     operands: [(&CudaStorage, &Layout); 5],
     scalars: [f64; 4],
 ) -> candle_core::Result<(CudaStorage, Shape)> {
     fn run<T: Float>(
         op: &str,
-        input: Measured,
+        here: bool,
         [(ms, ml), (gs, gl), (bs, bl), (rms, rml), (rvs, rvl)]: [(&CudaStorage, &Layout); 5],
         scalars: [f64; 4],
     ) -> candle_core::Result<CudaStorage> {
-        let here = input == Measured::Here;
         let (rows, cols, r0) = matrix(op, if here { "x" } else { "the statistics" }, ml)?;
         if !here && rows != 2 {
             return Err(crate::ops::cuda::launch::msg(format!(
@@ -166,15 +164,16 @@ pub(crate) fn bn_prepare(
     }
     let (ms, ml) = operands[0];
     let (rows, cols) = ml.shape().dims2()?;
-    let res = match input {
-        Measured::Here => by_dtype!(op, ms, run(op, input, operands, scalars))?,
-        Measured::Before => match ms.dtype() {
-            DType::F32 => run::<f32>(op, input, operands, scalars),
-            DType::F64 => run::<f64>(op, input, operands, scalars),
+    let res = if here {
+        by_dtype!(op, ms, run(op, here, operands, scalars))?
+    } else {
+        match ms.dtype() {
+            DType::F32 => run::<f32>(op, here, operands, scalars),
+            DType::F64 => run::<f64>(op, here, operands, scalars),
             other => Err(unsupported(op, other)),
-        }?,
+        }?
     };
-    let c = if input == Measured::Here { rows } else { cols };
+    let c = if here { rows } else { cols };
     Ok((res, Shape::from((6, c))))
 }
 
