@@ -13,7 +13,8 @@
 #
 # Built with the `cudnn` feature (issue 38: the bc layer's 3×3 convolution in cuDNN), linking
 # libcudnn.so.9 from the nvidia-cudnn-cu13 wheel; on the GPU machine gpu-session.sh finds the
-# libcudnn.so.9 of PyTorch's wheels. DENSEBENCH_CUDNN=0 builds without it (the tap stack only).
+# libcudnn.so.9 of PyTorch's wheels; cuDNN runs with DENSEBENCH_CONV=cudnn (the tap stack is the
+# default until cuDNN has passed on a GPU). DENSEBENCH_CUDNN=0 builds without it (the tap stack only).
 #
 # Environment: DENSEBENCH_CUDA (toolkit version, default 13.0), CARGO_TARGET_DIR (default
 # target/cuda), CUDA_COMPUTE_CAP (default 90: H100/H200), DENSEBENCH_PACK_LIMIT_MIB,

@@ -56,6 +56,9 @@
 # and a stage that finds less than a minute left is not started ("not run: out of time") and
 # fails the call, to be named in the next one. Rows time out after gpu.toml's timeout_secs.
 #
+# Everything written under $OUT is also packed into $OUT/00-all.tgz at the end: a lent
+# machine's reply brings back only the first few files by name.
+#
 # Exit status: that of the first stage that failed (the later ones still run).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
@@ -502,9 +505,14 @@ CONFIGS
         fi
         ;;
     *)
-        echo "gpu-session: unknown stage '$stage' (info, tests, tf32, sweep, report, chunks, flips, sanitize, profile)" >&2
+        echo "gpu-session: unknown stage '$stage' (${known[*]})" >&2
         exit 2
         ;;
     esac
 done
+# A lent machine's reply brings back only a few of $OUT's files (the first by name; on
+# 2026-11-27 tests.log and info.txt were left behind): everything this call wrote, in one
+# archive named to come first.
+tar -C "$OUT" --exclude=./00-all.tgz -czf "$OUT/00-all.tgz" . 2>/dev/null \
+    || echo "gpu-session: could not pack $OUT into 00-all.tgz" >&2
 exit "$status"

@@ -38,6 +38,7 @@ arguments. A benchmark, not a unit test: quote it with its command and machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import os
@@ -218,19 +219,27 @@ def bare_peer_main(argv: list[str]) -> int:
     if dev.type == "cuda":
         torch.cuda.set_device(dev)
         pp.set_math(torch, math)
-    dt = {"f32": torch.float32, "f64": torch.float64}[dtype]
+    # as the peer runs it: bf16 is mixed precision (the block f32, the features bf16, the
+    # forward under torch.autocast, entered inside the timed step)
+    dt = {"f32": torch.float32, "f64": torch.float64, "bf16": torch.float32}[dtype]
+    feature_dt = torch.bfloat16 if dtype == "bf16" else dt
     tensors = pp.read_safetensors(torch, case)
     cfg = pp.read_config(tensors, family, case)
     block = pp.build_block(torch, family, variant, cfg, activation == "on").to(dtype=dt)
     pp.load_state(torch, block, tensors, case)
     block = block.to(device=dev).train()
-    x = tensors["input"].to(device=dev, dtype=dt).requires_grad_(True)
-    g = tensors["grad_output"].to(device=dev, dtype=dt)
+    x = tensors["input"].to(device=dev, dtype=feature_dt).requires_grad_(True)
+    g = tensors["grad_output"].to(device=dev, dtype=feature_dt)
     del tensors
     compiled = variant.startswith(pp.COMPILED_PREFIX)
     fn = pp.compile_block(torch, block, device) if compiled else block
     params = list(block.parameters())
     graphs = compiled and dev.type == "cuda"
+    if dtype == "bf16":
+        def autocast():
+            return torch.autocast(device_type=dev.type, dtype=torch.bfloat16)
+    else:
+        autocast = contextlib.nullcontext
 
     def one() -> int:
         for p in params:
@@ -242,13 +251,15 @@ def bare_peer_main(argv: list[str]) -> int:
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
             start.record()
-            out = fn(x)
+            with autocast():
+                out = fn(x)
             out.backward(g)
             end.record()
             end.synchronize()
             return int(round(start.elapsed_time(end) * 1e6))
         t0 = time.perf_counter_ns()
-        out = fn(x)
+        with autocast():
+            out = fn(x)
         out.backward(g)
         return time.perf_counter_ns() - t0
 

@@ -585,28 +585,22 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
     }
 }
 
-/// cuDNN's 3×3 convolution (the `cudnn` feature: `ops::conv3x3::cudnn`, the layer's default on
-/// a GPU) against the CPU's direct kernel: forward and both gradients, the output gradient
-/// read through a row view with a start offset (as the block reads a gradient buffer's rows),
-/// in f64 (to summation order), f32 in IEEE math (Winograd or FFT allowed) and
-/// bf16 (cuDNN's f32 accumulation rounded once against the CPU's, and its bf16 filter gradient);
-/// two runs bitwise equal (deterministic algorithms), and the layer's dispatch is cuDNN.
+/// cuDNN's 3×3 convolution (the `cudnn` feature: `ops::conv3x3::cudnn`, the layer's path on a
+/// GPU with `DENSEBENCH_CONV=cudnn`) against the CPU's direct kernel: forward and both
+/// gradients (the data gradient a forward convolution with the filter transposed), the output
+/// gradient read through a row view with a start offset (as the block reads a gradient
+/// buffer's rows), in f64 (to summation order), f32 in IEEE math (Winograd or FFT allowed) and
+/// bf16 (cuDNN's f32 accumulation rounded once against the CPU's, and its bf16 filter gradient
+/// widened to f32 as the layer widens it); two runs bitwise equal (deterministic algorithms).
+/// The layer's dispatch by `DENSEBENCH_CONV` is `harness/tests/gpu.rs`'s (one process per row).
 #[cfg(feature = "cudnn")]
 #[test]
 fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
-    use impls::layer;
     use impls::ops::conv3x3;
-    use impls::{Config, Family, Spatial};
     let Some(dev) = gpu("cuda_cudnn_conv_matches_the_cpu_direct_kernel") else {
         return;
     };
-    assert!(layer::conv_in_cudnn(&dev).expect("DENSEBENCH_CONV"));
     let (b, k, m) = (6, 5, GRID.n * GRID.h * GRID.w);
-    let cfg = Config {
-        batch: GRID.n,
-        size: Spatial::new(GRID.h, GRID.w),
-        ..Config::tiny(Family::Bc)
-    };
     // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor); in IEEE f32 cuDNN may pick
     // Winograd or FFT (as for PyTorch), whose errors are some 1e-5 of the largest element
     for (dtype, tol) in [
@@ -632,9 +626,13 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
         let on = |t: &Tensor| t.to_device(&dev).expect("to gpu");
         let (s_g, w_g) = (on(&s), on(&w));
         let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+        let param = impls::config::param_dtype(dtype);
         let run = || {
-            let y = layer::conv3x3_fwd(&cfg, &s_g, &w_g).expect("gpu y");
-            let (ds, dw) = layer::conv3x3_bwd(&cfg, &gy_g, &s_g, &w_g).expect("gpu bwd");
+            let y = conv3x3::cudnn::forward(&s_g, &w_g, GRID).expect("gpu y");
+            let ds = conv3x3::cudnn::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
+            let dw = conv3x3::cudnn::backward_filter(&gy_g, &s_g, GRID)
+                .and_then(|dw| dw.to_dtype(param))
+                .expect("gpu dW");
             [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
         };
         let (first, second) = (run(), run());

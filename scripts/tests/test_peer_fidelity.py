@@ -151,6 +151,25 @@ class EndToEnd(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("0 passed, 2 failed", r.stdout)
 
+    @unittest.skipIf(peer_fidelity.torch_python() is None, "no PyTorch (just peer-setup)")
+    def test_the_bare_peer_runs_a_bf16_job_under_autocast(self):
+        # A bf16 job's bare loop as the peer runs it (f32 block, bf16 features, the forward
+        # under autocast): on an H100 it failed with KeyError: 'bf16' before it knew the dtype.
+        case = os.path.join(self.dir, "bf16.st")
+        made = subprocess.run(
+            [self.bin, "case", "--family", "bc", "--dtype", "bf16"]
+            + [a for k, v in CASE.items() for a in (f"--{k}", str(v))]
+            + ["--out", case], capture_output=True, text=True)
+        self.assertEqual(made.returncode, 0, made.stderr)
+        r = subprocess.run(
+            [peer_fidelity.torch_python(), SCRIPT, "--bare-peer", case, "bc", "pytorch-naive",
+             "cpu", "bf16", "on", "ieee", "1", "2", "1"],
+            capture_output=True, text=True, timeout=300)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        row = json.loads(r.stdout.strip().splitlines()[-1])
+        self.assertEqual(len(row["step_ns"]), 2)
+        self.assertGreater(row["min_ns"], 0)
+
     def test_match_keeps_the_matching_jobs_and_the_csv_names_them(self):
         csv_path = os.path.join(self.dir, "match.csv")
         r = subprocess.run(

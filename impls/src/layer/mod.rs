@@ -923,9 +923,9 @@ fn tap_chunks(g: Grid, columns: usize) -> impl Iterator<Item = (usize, usize)> {
 /// transients `P` (9k·columns of a chunk, one buffer for all chunks) and the tap-stacked
 /// weight — an im2col would hold 9·B·M.
 ///
-/// With the `cudnn` feature on a CUDA device (unless [`CONV_ENV`] says `tap-stack`): cuDNN's
-/// convolution straight on the channel-major maps ([`conv_in_cudnn`]), no tap stack; its only
-/// transient is cuDNN's workspace.
+/// With the `cudnn` feature on a CUDA device and [`CONV_ENV`] `cudnn`: cuDNN's convolution
+/// straight on the channel-major maps ([`conv_in_cudnn`]), no tap stack; its only transient is
+/// cuDNN's workspace.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if cpu_kernels(s.device()) {
         return conv3x3::forward(s, w, grid(cfg));
@@ -937,15 +937,17 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     conv3x3_fwd_tap_stack(cfg, s, w)
 }
 
-/// The environment variable that picks a GPU's 3×3 convolution: `cudnn` (the default in a
-/// binary built with the `cudnn` feature; an error in one without) or `tap-stack` (the
-/// default without it). Read at every convolution and by the memory model, so a step and its
-/// prediction agree.
+/// The environment variable that picks a GPU's 3×3 convolution: `tap-stack` (the default) or
+/// `cudnn` (a binary built with the `cudnn` feature; an error in one without). cuDNN is asked
+/// for, not the default, until its three passes have passed their checks on a GPU (its first
+/// run, on an H100, found cuDNN's backward-data algorithms refusing the channel-major layout;
+/// `ops::cuda::cudnn` now runs that pass as a forward convolution: docs/gpu.md). Read at every
+/// convolution and by the memory model, so a step and its prediction agree.
 pub const CONV_ENV: &str = "DENSEBENCH_CONV";
 
 /// Whether a bc layer's 3×3 convolution runs in cuDNN on `dev`: a CUDA device, a binary built
-/// with the `cudnn` feature, and [`CONV_ENV`] unset or `cudnn`. An error for any other value
-/// of it, or `cudnn` asked of a binary without the feature.
+/// with the `cudnn` feature, and [`CONV_ENV`] `cudnn`. An error for a value of it other than
+/// `cudnn`, `tap-stack` or empty, or `cudnn` asked of a binary without the feature.
 pub fn conv_in_cudnn(dev: &Device) -> Result<bool> {
     Ok(dev.is_cuda() && conv_in_cudnn_on_gpus()?)
 }
@@ -963,7 +965,7 @@ pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
 /// [`CONV_ENV`]'s value read for a binary with (`built`) or without the `cudnn` feature.
 fn conv_choice(value: Option<&str>, built: bool) -> Result<bool> {
     let asked = match value.map(str::trim) {
-        None | Some("") => return Ok(built),
+        None | Some("") => return Ok(false),
         Some("cudnn") => true,
         Some("tap-stack") => false,
         Some(other) => {
@@ -1138,14 +1140,15 @@ mod tests {
     use crate::ops::cpu::shared::{bits, randn};
     use candle_core::DType;
 
-    /// `DENSEBENCH_CONV`: unset or empty is the build's default, `cudnn` only in a `cudnn`
-    /// build (else an error saying how to build one), `tap-stack` anywhere, anything else an
-    /// error naming the variable; and never cuDNN on the CPU.
+    /// `DENSEBENCH_CONV`: unset or empty is the tap stack (cuDNN is asked for until it has
+    /// passed on a GPU), `cudnn` only in a `cudnn` build (else an error saying how to build
+    /// one), `tap-stack` anywhere, anything else an error naming the variable; and never cuDNN
+    /// on the CPU.
     #[test]
     fn the_conv_switch_is_read_strictly() {
         for built in [false, true] {
-            assert_eq!(conv_choice(None, built).unwrap(), built);
-            assert_eq!(conv_choice(Some(" "), built).unwrap(), built);
+            assert!(!conv_choice(None, built).unwrap());
+            assert!(!conv_choice(Some(" "), built).unwrap());
             assert!(!conv_choice(Some("tap-stack"), built).unwrap());
         }
         assert!(conv_choice(Some("cudnn"), true).unwrap());

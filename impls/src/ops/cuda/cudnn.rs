@@ -5,6 +5,14 @@
 //! (descriptors, the algorithm of each pass and its workspace size), made at the first call and
 //! kept, so a step (and a CUDA graph capture) only launches.
 //!
+//! **The data gradient is a forward convolution**: cuDNN's backward-data algorithms write only
+//! packed layouts (on an H100 with cuDNN 9 every one of them answered
+//! `CUDNN_STATUS_NOT_SUPPORTED` for the channel-major `dx`), while its forward convolution
+//! reads and writes these strides. `ds = conv(gy, Wᵀ)` in true-convolution mode (the filter
+//! flipped, `CUDNN_CONVOLUTION`) with `Wᵀ [B, k, 3, 3]` the filter with its two channel axes
+//! swapped, written by `cudnnTransformTensor` into the head of the pass's workspace (so the
+//! memory model's data workspace is `Wᵀ`'s bytes, rounded up to 256, plus the algorithm's).
+//!
 //! **Algorithms**: cuDNN's own heuristics (`cudnnGetConvolution*Algorithm_v7`, what PyTorch asks
 //! with `torch.backends.cudnn.benchmark` off, its default), the first one ranked that succeeds,
 //! is **deterministic** (two runs and a graph replay give the same bits: densebench's GPU tests
@@ -106,8 +114,29 @@ struct Plan {
     y: TensorDesc,
     w: FilterDesc,
     forward: Pass<sys::cudnnConvolutionFwdAlgo_t>,
-    data: Pass<sys::cudnnConvolutionBwdDataAlgo_t>,
+    /// The data gradient as a forward convolution of `gy` with [`Plan::wt`] (module doc).
+    data: Pass<sys::cudnnConvolutionFwdAlgo_t>,
     filter: Pass<sys::cudnnConvolutionBwdFilterAlgo_t>,
+    /// `Wᵀ [B, k, 3, 3]`, the data pass's filter.
+    wt: FilterDesc,
+    /// `W [k, B, 3, 3]` read as `[B, k, 9, 1]` (strides `9, 9·B, 1, 1`) and `Wᵀ` packed
+    /// `[B, k, 9, 1]`: the two sides of the transposing `cudnnTransformTensor`.
+    w_swapped: TensorDesc,
+    wt_packed: TensorDesc,
+    /// `Wᵀ`'s bytes rounded up to 256: where the data pass's algorithm workspace starts.
+    wt_bytes: usize,
+}
+
+impl Plan {
+    /// The bytes a pass's launch takes from the pool: its algorithm's workspace, and for the
+    /// data gradient `Wᵀ` before it.
+    fn workspace(&self, which: Which) -> usize {
+        match which {
+            Which::Forward => self.forward.workspace,
+            Which::Data => self.wt_bytes + self.data.workspace,
+            Which::Filter => self.filter.workspace,
+        }
+    }
 }
 
 type Key = (DeviceId, ConvShape, DType, bool);
@@ -157,6 +186,31 @@ fn int(op: &str, v: usize) -> candle_core::Result<i32> {
     i32::try_from(v).map_err(|_| msg(format!("{op} (cudnn): {v} does not fit cuDNN's int")))
 }
 
+/// A 4-d tensor descriptor of `dims` with `strides` (elements).
+fn tensor4d(
+    op: &str,
+    dt: sys::cudnnDataType_t,
+    dims: [usize; 4],
+    strides: [usize; 4],
+) -> candle_core::Result<TensorDesc> {
+    let d =
+        TensorDesc(dnn::create_tensor_descriptor().map_err(|e| err(op, "tensor descriptor", e))?);
+    let i = |v| int(op, v);
+    let (dims, strides) = (
+        [i(dims[0])?, i(dims[1])?, i(dims[2])?, i(dims[3])?],
+        [
+            i(strides[0])?,
+            i(strides[1])?,
+            i(strides[2])?,
+            i(strides[3])?,
+        ],
+    );
+    // SAFETY: a live descriptor
+    unsafe { dnn::set_tensor4d_descriptor_ex(d.0, dt, dims, strides) }
+        .map_err(|e| err(op, "tensor descriptor", e))?;
+    Ok(d)
+}
+
 /// A channel-major `[c, N·H·W]` tensor as cuDNN's NCHW with strides `(H·W, N·H·W, W, 1)`.
 fn channel_major(
     op: &str,
@@ -164,25 +218,40 @@ fn channel_major(
     s: ConvShape,
     c: usize,
 ) -> candle_core::Result<TensorDesc> {
-    let d =
-        TensorDesc(dnn::create_tensor_descriptor().map_err(|e| err(op, "tensor descriptor", e))?);
-    let i = |v| int(op, v);
-    // SAFETY: a live descriptor
-    unsafe {
-        dnn::set_tensor4d_descriptor_ex(
-            d.0,
-            dt,
-            [i(s.n)?, i(c)?, i(s.h)?, i(s.w)?],
-            [i(s.h * s.w)?, i(s.columns())?, i(s.w)?, 1],
-        )
-    }
-    .map_err(|e| err(op, "tensor descriptor", e))?;
-    Ok(d)
+    tensor4d(op, dt, [s.n, c, s.h, s.w], [s.h * s.w, s.columns(), s.w, 1])
 }
 
-/// The convolution descriptor: padding 1, stride 1, cross-correlation (PyTorch's), compute type
-/// double for f64, float otherwise, with `math`.
-fn conv_desc(op: &str, dtype: DType, math: sys::cudnnMathType_t) -> candle_core::Result<ConvDesc> {
+/// A 3×3 filter descriptor `[out, in, 3, 3]` (NCHW).
+fn filter3x3(
+    op: &str,
+    dt: sys::cudnnDataType_t,
+    out: usize,
+    inp: usize,
+) -> candle_core::Result<FilterDesc> {
+    let w =
+        FilterDesc(dnn::create_filter_descriptor().map_err(|e| err(op, "filter descriptor", e))?);
+    // SAFETY: a live descriptor
+    unsafe {
+        dnn::set_filter4d_descriptor(
+            w.0,
+            dt,
+            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
+            [int(op, out)?, int(op, inp)?, 3, 3],
+        )
+    }
+    .map_err(|e| err(op, "filter descriptor", e))?;
+    Ok(w)
+}
+
+/// The convolution descriptor: padding 1, stride 1, `mode` (cross-correlation, PyTorch's, for
+/// the forward and filter passes; true convolution for the data pass), compute type double for
+/// f64, float otherwise, with `math`.
+fn conv_desc(
+    op: &str,
+    mode: sys::cudnnConvolutionMode_t,
+    dtype: DType,
+    math: sys::cudnnMathType_t,
+) -> candle_core::Result<ConvDesc> {
     let c = ConvDesc(
         dnn::create_convolution_descriptor().map_err(|e| err(op, "convolution descriptor", e))?,
     );
@@ -191,9 +260,8 @@ fn conv_desc(op: &str, dtype: DType, math: sys::cudnnMathType_t) -> candle_core:
     } else {
         sys::cudnnDataType_t::CUDNN_DATA_FLOAT
     };
-    let cross = sys::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION;
     // SAFETY: a live descriptor
-    unsafe { dnn::set_convolution2d_descriptor(c.0, 1, 1, 1, 1, 1, 1, cross, compute) }
+    unsafe { dnn::set_convolution2d_descriptor(c.0, 1, 1, 1, 1, 1, 1, mode, compute) }
         .map_err(|e| err(op, "convolution descriptor", e))?;
     // SAFETY: as above
     unsafe { dnn::set_convolution_math_type(c.0, math) }
@@ -260,7 +328,7 @@ fn choose<A: Copy + std::fmt::Debug>(
     }
     Err(msg(format!(
         "{op} (cudnn): no deterministic {pass} algorithm for {dtype:?}{} among cuDNN's: [{}]; \
-         DENSEBENCH_CONV=tap-stack runs the tap stack instead",
+         DENSEBENCH_CONV unset (or `tap-stack`) runs the tap stack instead",
         if dtype == DType::F32 && !tf32 {
             " in IEEE math"
         } else {
@@ -309,11 +377,6 @@ ranked!(
     sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT
 );
 ranked!(
-    sys::cudnnConvolutionBwdDataAlgoPerf_t,
-    sys::cudnnConvolutionBwdDataAlgo_t,
-    sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT
-);
-ranked!(
     sys::cudnnConvolutionBwdFilterAlgoPerf_t,
     sys::cudnnConvolutionBwdFilterAlgo_t,
     sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT
@@ -324,6 +387,7 @@ ranked!(
 /// (`workspace(descriptor, algorithm)`).
 fn pass<P: Ranked>(
     (op, name): (&str, &str),
+    mode: sys::cudnnConvolutionMode_t,
     (dtype, tf32): (DType, bool),
     heuristics: impl FnOnce(*mut P, i32, &mut i32) -> Result<(), dnn::CudnnError>,
     workspace: impl FnOnce(&ConvDesc, P::Algo) -> Result<usize, dnn::CudnnError>,
@@ -340,7 +404,7 @@ fn pass<P: Ranked>(
         (dtype, tf32),
         out[..returned].iter().map(P::fields),
     )?;
-    let conv = conv_desc(op, dtype, pass_math(dtype, tf32, math))?;
+    let conv = conv_desc(op, mode, dtype, pass_math(dtype, tf32, math))?;
     let workspace =
         workspace(&conv, algo).map_err(|e| err(op, &format!("{name} workspace size"), e))?;
     Ok(Pass {
@@ -360,26 +424,22 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
     let dt = data_type(op, dtype)?;
     let x = channel_major(op, dt, s, s.b)?;
     let y = channel_major(op, dt, s, s.k)?;
-    let w =
-        FilterDesc(dnn::create_filter_descriptor().map_err(|e| err(op, "filter descriptor", e))?);
-    // SAFETY: a live descriptor
-    unsafe {
-        dnn::set_filter4d_descriptor(
-            w.0,
-            dt,
-            sys::cudnnTensorFormat_t::CUDNN_TENSOR_NCHW,
-            [int(op, s.k)?, int(op, s.b)?, 3, 3],
-        )
-    }
-    .map_err(|e| err(op, "filter descriptor", e))?;
+    let w = filter3x3(op, dt, s.k, s.b)?;
+    let wt = filter3x3(op, dt, s.b, s.k)?;
+    let w_swapped = tensor4d(op, dt, [s.b, s.k, 9, 1], [9, 9 * s.b, 1, 1])?;
+    let wt_packed = tensor4d(op, dt, [s.b, s.k, 9, 1], [9 * s.k, 9, 1, 1])?;
+    let wt_bytes = (9 * s.b * s.k * dtype.size_in_bytes()).div_ceil(256) * 256;
     let asked = requested_math(dtype, tf32);
     let h = handle.0;
 
-    let probe = conv_desc(op, dtype, asked)?;
+    use sys::cudnnConvolutionMode_t::{CUDNN_CONVOLUTION, CUDNN_CROSS_CORRELATION};
+    let probe = conv_desc(op, CUDNN_CROSS_CORRELATION, dtype, asked)?;
+    let probe_flipped = conv_desc(op, CUDNN_CONVOLUTION, dtype, asked)?;
     // SAFETY (each call below): a live handle and descriptors, and room for as many results as
     // asked for
     let forward = pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
         (op, "forward"),
+        CUDNN_CROSS_CORRELATION,
         (dtype, tf32),
         |out, n, count| unsafe {
             dnn::get_convolution_forward_algorithm(h, x.0, w.0, probe.0, y.0, n, count, out)
@@ -388,18 +448,33 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
             dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo)
         },
     )?;
-    let data = pass::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(
-        (op, "data-gradient"),
+    // the data gradient: gy [k channels] convolved (flipped) with Wᵀ into ds [B channels]
+    let data = pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
+        (
+            op,
+            "data-gradient (forward convolution with the filter transposed)",
+        ),
+        CUDNN_CONVOLUTION,
         (dtype, tf32),
         |out, n, count| unsafe {
-            dnn::get_convolution_backward_data_algorithm(h, w.0, y.0, probe.0, x.0, n, count, out)
+            dnn::get_convolution_forward_algorithm(
+                h,
+                y.0,
+                wt.0,
+                probe_flipped.0,
+                x.0,
+                n,
+                count,
+                out,
+            )
         },
         |conv, algo| unsafe {
-            dnn::get_convolution_backward_data_workspace_size(h, w.0, y.0, conv.0, x.0, algo)
+            dnn::get_convolution_forward_workspace_size(h, y.0, wt.0, conv.0, x.0, algo)
         },
     )?;
     let filter = pass::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(
         (op, "filter-gradient"),
+        CUDNN_CROSS_CORRELATION,
         (dtype, tf32),
         |out, n, count| unsafe {
             dnn::get_convolution_backward_filter_algorithm(h, x.0, y.0, probe.0, w.0, n, count, out)
@@ -417,6 +492,10 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         forward,
         data,
         filter,
+        wt,
+        w_swapped,
+        wt_packed,
+        wt_bytes,
     });
     PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
     Ok(p)
@@ -431,7 +510,7 @@ fn tf32() -> bool {
 /// `dtype` under the current math mode on `dev` (the plan is made and kept for the step).
 pub fn workspaces(dev: &CudaDevice, s: ConvShape, dtype: DType) -> candle_core::Result<[usize; 3]> {
     let p = plan(dev, s, dtype, tf32())?;
-    Ok([p.forward.workspace, p.data.workspace, p.filter.workspace])
+    Ok([Which::Forward, Which::Data, Which::Filter].map(|w| p.workspace(w)))
 }
 
 /// The algorithms of that plan, by cuDNN's names.
@@ -443,8 +522,8 @@ pub fn algorithms(
     let p = plan(dev, s, dtype, tf32())?;
     let name = |a: String| a.trim_start_matches("CUDNN_CONVOLUTION_").to_string();
     Ok(ConvAlgorithms {
-        forward: name(format!("{:?}", p.forward.algo)),
-        data: name(format!("{:?}", p.data.algo)),
+        forward: name(format!("{:?}", p.forward.algo)).replace("FWD_ALGO_", ""),
+        data: name(format!("{:?}", p.data.algo)).replace("FWD_ALGO_", ""),
         filter: name(format!("{:?}", p.filter.algo)),
     })
 }
@@ -499,11 +578,7 @@ pub fn launch(
     expect_len(op, "the second operand", br, b_len)?;
     let dev = dst.0.device.clone();
     let p = plan(&dev, s, dtype, tf32())?;
-    let workspace = match which {
-        Which::Forward => p.forward.workspace,
-        Which::Data => p.data.workspace,
-        Which::Filter => p.filter.workspace,
-    };
+    let workspace = p.workspace(which);
     let stream = dev.cuda_stream();
     // the workspace from the stream-ordered pool (charged like every tensor), freed on the
     // stream once the call is queued
@@ -583,21 +658,30 @@ fn run<T: CudaDType + candle_core::WithDType>(
                 p.y.0,
                 d,
             ),
-            Which::Data => dnn::convolution_backward_data(
-                h,
-                one,
-                p.w.0,
-                x,
-                p.y.0,
-                y,
-                p.data.conv.0,
-                p.data.algo,
-                wsp,
-                ws_bytes,
-                zero,
-                p.x.0,
-                d,
-            ),
+            Which::Data => {
+                // Wᵀ into the workspace's head, then ds = conv(gy, Wᵀ) (flipped) with the rest
+                let wt = wsp;
+                let algo_ws = (ws + p.wt_bytes as u64) as *mut std::ffi::c_void;
+                sys::cudnnTransformTensor(h, one, p.w_swapped.0, x, zero, p.wt_packed.0, wt)
+                    .result()
+                    .and_then(|()| {
+                        dnn::convolution_forward(
+                            h,
+                            one,
+                            p.y.0,
+                            y,
+                            p.wt.0,
+                            wt,
+                            p.data.conv.0,
+                            p.data.algo,
+                            algo_ws,
+                            ws_bytes - p.wt_bytes,
+                            zero,
+                            p.x.0,
+                            d,
+                        )
+                    })
+            }
             Which::Filter => dnn::convolution_backward_filter(
                 h,
                 one,
