@@ -27,7 +27,9 @@
 #           .gpu/bf16.csv) and the `report` of it, $OUT/bf16.md (not a default stage)
 #   front   issue 38's split front on the GPU against the whole front (DENSEBENCH_WHOLE_FRONT=1),
 #           side by side, for the recomputing variants of BC-100's block at L = 16 and 48:
-#           peaks and times, $OUT/front.csv and $OUT/front.txt (not a default stage)
+#           peaks and times, $OUT/front.csv and $OUT/front.txt; then buffer-recompute-inplace's
+#           cut at the model's slack against coarser ones (DENSEBENCH_FRONT_SLACK 0.05, 0.25):
+#           $OUT/front-slack.csv and .txt (not a default stage)
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
@@ -383,8 +385,16 @@ CONFIGS
         ;;
     front)
         # the model's schedule (split where it pays), then the front whole
+        # (timed as CUDA-graph replays: eager times of these launch-bound steps scatter by ±20 %
+        # from one process to the next, docs/gpu.md "On an H100 again")
         side_by_side front DENSEBENCH_WHOLE_FRONT 0,1 "buffer-recompute-inplace cat-recompute-inplace" \
-            "bc layer fronts split[^;]*" <<'CONFIGS'
+            "bc layer fronts split[^;]*" --execution graph <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
+CONFIGS
+        # the split's cut: the model's slack, then coarser cuts (fewer launches, higher peaks)
+        side_by_side front-slack DENSEBENCH_FRONT_SLACK model,0.05,0.25 "buffer-recompute-inplace" \
+            "bc layer fronts split[^;]*" --execution graph <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS

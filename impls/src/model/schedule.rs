@@ -46,18 +46,55 @@ pub struct Schedule {
 /// 145.6 MiB and L=48 on the tap stack 346.8 MiB, over the CPU's.
 pub const FRONT_PIECES_PEAK_SLACK: f64 = 0.005;
 
+/// The environment variable that replaces [`FRONT_PIECES_PEAK_SLACK`] for a run: a fraction
+/// (`0.05`: a GPU's split front may be cut coarser, into fewer pieces and launches, up to 5 %
+/// above the finest cut's predicted peak). Read by the schedule, so a step and its prediction
+/// agree, and named with its cut in a row's `note`. For measuring what the cut costs in time
+/// against what it saves in memory (issue 38 item 3; `scripts/gpu-session.sh front`). Unset or
+/// empty: the constant.
+pub const FRONT_SLACK_ENV: &str = "DENSEBENCH_FRONT_SLACK";
+
+/// The slack in force: [`FRONT_SLACK_ENV`]'s fraction, else [`FRONT_PIECES_PEAK_SLACK`]. An
+/// `Err` naming the variable for anything but a number from 0 to 10.
+pub fn front_pieces_slack() -> crate::error::Result<f64> {
+    let value = match std::env::var(FRONT_SLACK_ENV) {
+        Err(std::env::VarError::NotPresent) => None,
+        Ok(v) => Some(v),
+        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
+    };
+    parse_front_slack(value.as_deref())
+}
+
+/// [`FRONT_SLACK_ENV`]'s value read.
+fn parse_front_slack(value: Option<&str>) -> crate::error::Result<f64> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(FRONT_PIECES_PEAK_SLACK),
+        Some(v) => match v.parse::<f64>() {
+            Ok(x) if (0.0..=10.0).contains(&x) => Ok(x),
+            _ => Err(crate::error::Error::InvalidConfig {
+                field: FRONT_SLACK_ENV,
+                value: v.to_string(),
+                reason: "expected a fraction from 0 to 10 (0.05: up to 5 % above the finest \
+                         cut's predicted peak), or unset"
+                    .to_string(),
+            }),
+        },
+    }
+}
+
 /// The fewest pieces for a GPU's split front: columns per chunk `FRONT_CHUNK_COLUMNS · 2^j`
 /// (up to one chunk of all `m`), the most whose peak (`peak`, with the CPU's block rows) is
-/// within [`FRONT_PIECES_PEAK_SLACK`] of `finest`'s; then channel rows per block
+/// within `slack` ([`front_pieces_slack`]) of `finest`'s; then channel rows per block
 /// `GRAD_BLOCK_ROWS · 2^j` (up to one block of `c_max`, the widest layer input) the same way
 /// with those columns. A peak that cannot be traced counts as over the limit.
 fn fewest_pieces(
     m: usize,
     c_max: usize,
     finest: i128,
+    slack: f64,
     peak: impl Fn(FrontPieces) -> Option<i128>,
 ) -> FrontPieces {
-    let limit = finest as f64 * (1.0 + FRONT_PIECES_PEAK_SLACK);
+    let limit = finest as f64 * (1.0 + slack);
     let within = |p: FrontPieces| peak(p).is_some_and(|v| v as f64 <= limit);
     let doublings = |first: usize, last: usize| {
         std::iter::successors(Some(first), move |&v| {
@@ -149,10 +186,14 @@ pub fn schedule_for(
         };
         if let Some(finest) = peak(None) {
             // a GPU's path: as few pieces as the peak allows (the CPU keeps its constants)
-            let front_pieces = (!path.is_cpu()).then(|| {
-                let c_max = cfg.c_in(cfg.depth.saturating_sub(1));
-                fewest_pieces(cfg.m(), c_max, finest, |p| peak(Some(p)))
-            });
+            let front_pieces = if path.is_cpu() {
+                None
+            } else {
+                let (c_max, slack) = (cfg.c_in(cfg.depth.saturating_sub(1)), front_pieces_slack()?);
+                Some(fewest_pieces(cfg.m(), c_max, finest, slack, |p| {
+                    peak(Some(p))
+                }))
+            };
             let split = peak(front_pieces).unwrap_or(finest);
             if (split as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
                 best = Some((
@@ -171,7 +212,7 @@ pub fn schedule_for(
 }
 
 /// [`schedule_for`], remembered per thread for the inputs it depends on — the variant, the
-/// config, the kernels, the front and tap-chunk overrides in force and the thread count (the
+/// config, the kernels, the front, tap-chunk and front-slack overrides in force and the thread count (the
 /// CPU's packing allowance is per thread) — so that [`crate::step::step()`] does not trace
 /// the block again at the start of every step: on a GPU's tap-stack path the chunking search
 /// traces it up to N times (0.26 ms of host time before a BC-100 L=16
@@ -182,7 +223,7 @@ pub fn schedule_for_step(
     cfg: &Config,
     path: Kernels,
 ) -> crate::error::Result<Schedule> {
-    type Key = (Variant, Config, Kernels, bool, Option<usize>, usize);
+    type Key = (Variant, Config, Kernels, bool, Option<usize>, u64, usize);
     thread_local! {
         static SEEN: std::cell::RefCell<Vec<(Key, Schedule)>> =
             const { std::cell::RefCell::new(Vec::new()) };
@@ -195,6 +236,7 @@ pub fn schedule_for_step(
         path,
         crate::layer::whole_front_forced(),
         crate::layer::tap_chunk_override()?,
+        front_pieces_slack()?.to_bits(),
         rayon::current_num_threads(),
     );
     if let Some(s) = SEEN.with(|seen| {
@@ -303,5 +345,60 @@ pub(crate) fn trace<'a>(
     match s.front_pieces {
         Some(p) => with_front_pieces(p, trace),
         None => trace(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `DENSEBENCH_FRONT_SLACK`: unset or empty is the constant, a fraction from 0 to 10 is
+    /// taken as it is, anything else (a percent sign, a negative, NaN, a word) an error naming
+    /// the variable and what it expects.
+    #[test]
+    fn the_front_slack_is_read_strictly() {
+        assert_eq!(parse_front_slack(None).unwrap(), FRONT_PIECES_PEAK_SLACK);
+        assert_eq!(
+            parse_front_slack(Some(" ")).unwrap(),
+            FRONT_PIECES_PEAK_SLACK
+        );
+        assert_eq!(parse_front_slack(Some("0")).unwrap(), 0.0);
+        assert_eq!(parse_front_slack(Some(" 0.25 ")).unwrap(), 0.25);
+        for bad in ["5%", "-0.1", "NaN", "inf", "11", "lots"] {
+            let e = parse_front_slack(Some(bad)).unwrap_err().to_string();
+            assert!(
+                e.contains(FRONT_SLACK_ENV) && e.contains("fraction"),
+                "{bad}: {e}"
+            );
+        }
+    }
+
+    /// A larger slack cuts a GPU's split front coarser, never over its limit: on a peak that
+    /// grows with a piece's columns (10 000 B a doubling step) and rows (1 000 B), BC-100's
+    /// L=16 shape (M = 65 536, widest input 216 channels); a cut whose peak cannot be traced
+    /// counts as over.
+    #[test]
+    fn a_larger_slack_cuts_the_front_coarser() {
+        let (m, c_max, finest) = (65_536, 216, 1_000_000i128);
+        let cpu = FrontPieces::CPU;
+        let peak = |p: FrontPieces| {
+            let steps = |v: usize, first: usize| (v / first).trailing_zeros() as i128;
+            Some(finest + steps(p.columns, cpu.columns) * 10_000 + steps(p.rows, cpu.rows) * 1_000)
+        };
+        let cut = |slack| fewest_pieces(m, c_max, finest, slack, peak);
+        assert_eq!(cut(0.0), cpu);
+        let at = |columns, rows| FrontPieces { columns, rows };
+        assert_eq!(cut(FRONT_PIECES_PEAK_SLACK), at(4096, 256));
+        assert_eq!(cut(0.0125), at(8192, 256));
+        // columns first, then the rows the rest of the slack allows
+        assert_eq!(cut(0.0315), at(32_768, 128));
+        assert_eq!(cut(0.035), at(32_768, 256));
+        assert_eq!(cut(1.0), at(65_536, 256));
+        for slack in [0.0, 0.005, 0.0125, 0.0315, 0.035, 1.0] {
+            let p = peak(cut(slack)).unwrap();
+            assert!(p as f64 <= finest as f64 * (1.0 + slack), "{slack}: {p}");
+        }
+        let untraceable = fewest_pieces(m, c_max, finest, 1.0, |p| (p == cpu).then_some(finest));
+        assert_eq!(untraceable, cpu);
     }
 }
