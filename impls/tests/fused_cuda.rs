@@ -631,8 +631,9 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
             let y = conv3x3::cudnn::forward(&s_g, &w_g, GRID).expect("gpu y");
             let ds = conv3x3::cudnn::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
             let dw = conv3x3::cudnn::backward_filter(&gy_g, &s_g, GRID)
-                .and_then(|dw| dw.to_dtype(param))
-                .expect("gpu dW");
+                .expect("gpu dW")
+                .to_dtype(param)
+                .expect("dW in the parameters' dtype");
             [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
         };
         let (first, second) = (run(), run());
