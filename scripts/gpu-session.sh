@@ -30,6 +30,10 @@
 #           peaks and times, $OUT/front.csv and $OUT/front.txt; then buffer-recompute-inplace's
 #           cut at the model's slack against coarser ones (DENSEBENCH_FRONT_SLACK 0.05, 0.25):
 #           $OUT/front-slack.csv and .txt (not a default stage)
+#   placement  whether an eager step's time follows the CPU its process runs on (issue 36: eager
+#           fidelity pairs ±20 % apart, graph pairs exact): scripts/placement.py, BC-100 L=16
+#           buffer-recompute-inplace pinned to every second CPU and unpinned, two rounds:
+#           $OUT/placement.txt and .csv (not a default stage)
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
@@ -65,7 +69,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report fidelity bf16 front chunks conv flips sanitize profile)
+known=(info tests tf32 sweep report fidelity bf16 front chunks conv placement flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -398,6 +402,19 @@ CONFIGS
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
+        ;;
+    placement)
+        work=/tmp/densebench-placement
+        mkdir -p "$work"
+        bounded 120 "$db" case --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16 \
+            --out "$work/case.st" > /dev/null 2> "$OUT/placement.err" \
+            || { fail "placement: the case failed (see placement.err)"; continue; }
+        secs=$(( $(left) - $(reserve_after placement) - 15 ))
+        [ "$secs" -ge 30 ] || { fail "placement: not run: out of time"; continue; }
+        timeout -s TERM -k 15 "$secs" python3 scripts/placement.py --densebench "$db" \
+            --case "$work/case.st" --variant buffer-recompute-inplace --device cuda:0 --cpus half \
+            --repeat 2 --csv "$OUT/placement.csv" 2>&1 | tee "$OUT/placement.txt"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || fail "placement failed or ran out of time (see placement.txt)"
         ;;
     chunks)
         # the model's chunks (the note says how many), then one chunk forced
