@@ -19,16 +19,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "scripts", "placement.py")
 sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
 import placement  # noqa: E402
-
-
-def binary():
-    for path in (os.environ.get("DENSEBENCH_BIN"),
-                 os.path.join(ROOT, "target", "release", "densebench"),
-                 os.path.join(ROOT, "target", "debug", "densebench")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
+from test_peer_fidelity import binary  # noqa: E402  (the same binary the fidelity tests use)
 
 
 class Verdict(unittest.TestCase):
