@@ -602,7 +602,11 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
         };
         for &conv in settings {
             let mut cmd = Command::new(bin());
-            if conv != "default" {
+            // "default": unset even where the session exports it (gpu-session's
+            // `DENSEBENCH_CONV=cudnn … tests`)
+            if conv == "default" {
+                cmd.env_remove("DENSEBENCH_CONV");
+            } else {
                 cmd.env("DENSEBENCH_CONV", conv);
             }
             let r = checked_gpu_row(&args, v, dir.path(), cmd);
