@@ -388,20 +388,16 @@ CONFIGS
             || fail "report failed"
         ;;
     front)
+        configs="bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48"
         # the model's schedule (split where it pays), then the front whole
         # (timed as CUDA-graph replays: eager times of these launch-bound steps scatter by ±20 %
         # from one process to the next, docs/gpu.md "On an H100 again")
         side_by_side front DENSEBENCH_WHOLE_FRONT 0,1 "buffer-recompute-inplace cat-recompute-inplace" \
-            "bc layer fronts split[^;]*" --execution graph <<'CONFIGS'
-bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
-bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
-CONFIGS
+            "bc layer fronts split[^;]*" --execution graph <<< "$configs"
         # the split's cut: the model's slack, then coarser cuts (fewer launches, higher peaks)
         side_by_side front-slack DENSEBENCH_FRONT_SLACK model,0.05,0.25 "buffer-recompute-inplace" \
-            "bc layer fronts split[^;]*" --execution graph <<'CONFIGS'
-bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
-bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
-CONFIGS
+            "bc layer fronts split[^;]*" --execution graph <<< "$configs"
         ;;
     placement)
         work=/tmp/densebench-placement

@@ -68,6 +68,20 @@ fn row_geometries(rows: usize, cols: usize) -> Vec<(Dim, Dim)> {
     vec![(g, b), ((1, 1, 1), b), ((2, 2, 1), b)]
 }
 
+/// BN forward's step scalars `[eps, keep, mom, mom_unbias]` over `m` values per channel:
+/// impls::ops::bn::PrepareScalars, restated — candle rounds each scalar to `T`; the unbiasing
+/// factor is μ·(M/(M−1)), in that order.
+fn prepare_scalars<T: WithDType>(m: usize) -> [T; 4] {
+    let mf = m as f64;
+    [
+        BN_EPS,
+        1.0 - BN_MOMENTUM,
+        BN_MOMENTUM,
+        BN_MOMENTUM * (mf / (mf - 1.0)),
+    ]
+    .map(T::from_f64)
+}
+
 fn flat_geometries(n: usize) -> Vec<(Dim, Dim)> {
     let (g, b) = elementwise_geometry(n);
     vec![(g, b), ((1, 1, 1), b), ((3, 1, 1), b)]
@@ -414,14 +428,7 @@ fn bn_stats_prepare_matches<T: El>(m: &Emulated) {
             }
         }
         rvar[c - 1] = T::Acc::from_f64(f64::NAN);
-        let mf = cols as f64;
-        let scalars = [
-            BN_EPS,
-            1.0 - BN_MOMENTUM,
-            BN_MOMENTUM,
-            BN_MOMENTUM * (mf / (mf - 1.0)),
-        ]
-        .map(T::Acc::from_f64);
+        let scalars = prepare_scalars::<T::Acc>(cols);
         let vectors = [&gamma, &beta, &rmean, &rvar].map(|v| &v[..]);
         // the emulated GPU: one kernel, and the two it replaces
         let xp = x.as_ptr().cast_mut().cast();
@@ -865,16 +872,7 @@ fn bn_prepare_matches<T: El>(m: &Emulated) {
                 "cpu bn_prepare: the {what} has no NaN or no ∞ from the planted inputs"
             );
         }
-        // impls::ops::bn::PrepareScalars, restated: candle rounds each scalar to T; the unbiasing
-        // factor is μ·(M/(M−1)), in that order.
-        let mf = bn_m as f64;
-        let scalars = [
-            BN_EPS,
-            1.0 - BN_MOMENTUM,
-            BN_MOMENTUM,
-            BN_MOMENTUM * (mf / (mf - 1.0)),
-        ]
-        .map(T::from_f64);
+        let scalars = prepare_scalars::<T>(bn_m);
         for geom in flat_geometries(c) {
             let mvp = mv.as_ptr().cast_mut().cast();
             let vectors = [&gamma, &beta, &rmean, &rvar].map(|v| &v[..]);

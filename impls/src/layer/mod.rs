@@ -242,7 +242,8 @@ fn even_split(len: usize, pieces: usize) -> Vec<(usize, usize)> {
 /// constants and every chunk and block costs launches: columns per chunk of ReLU1's output (and
 /// per column group of dW1), rows per channel block of its backward. The memory model picks it
 /// ([`crate::model::schedule::Schedule::front_pieces`]: the fewest pieces within 0.5% of the
-/// least predicted peak); the step runs in [`with_front_pieces`].
+/// least predicted peak, or `DENSEBENCH_FRONT_SLACK`'s fraction); the step runs in
+/// [`with_front_pieces`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct FrontPieces {
     /// Columns per chunk of ReLU1's output and per group of dW1 (at least [`MIN_SPLIT`]).
@@ -645,13 +646,14 @@ fn bwd_accumulate(
     relu: bool,
 ) -> Result<(Tensor, Tensor)> {
     let (coef, dgamma, dbeta) = bn_bwd_coef(gy, x, stats, gamma, relu)?;
-    let affine = stats.affine()?;
     match (from, relu) {
         (None, false) => bn_backward::bn_bwd_dx_accumulate(dst, gy, x, &coef)?,
-        (None, true) => bn_backward::bn_bwd_dx_accumulate_relu(dst, gy, x, &coef, &affine)?,
+        (None, true) => {
+            bn_backward::bn_bwd_dx_accumulate_relu(dst, gy, x, &coef, &stats.affine()?)?
+        }
         (Some(f), false) => bn_backward::bn_bwd_dx_accumulate_from(dst, f, gy, x, &coef)?,
         (Some(f), true) => {
-            bn_backward::bn_bwd_dx_accumulate_from_relu(dst, f, gy, x, &coef, &affine)?
+            bn_backward::bn_bwd_dx_accumulate_from_relu(dst, f, gy, x, &coef, &stats.affine()?)?
         }
     }
     Ok((dgamma, dbeta))

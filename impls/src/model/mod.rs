@@ -485,12 +485,6 @@ mod tests {
         }
     }
 
-    /// cuDNN's path ([`Kernels::Cudnn`]): no tap stack (no tap products or shifted gradients of
-    /// `[9k, M]`, no stacked weight, no chunking) and each pass's workspace charged once, while
-    /// its call runs: a workspace larger than everything else sets the peak at exactly its size
-    /// over what is live at that call; with small workspaces the frugal peak is at most the
-    /// tap stack's and the CPU's (issue 38's target, BC-100 L=48 ≤ 345 MiB), and bf16 halves it
-    /// (issue 39's ≤ 0.55×: cuDNN's bf16 filter gradient, widened, counted).
     /// A GPU's split front is cut into as few pieces as the model allows (issue 38: every chunk
     /// and block is launches): on BC-100's block the recomputing variants run fewer column
     /// chunks than the CPU's 16, each picked cut within `FRONT_PIECES_PEAK_SLACK` of the finest
@@ -549,6 +543,12 @@ mod tests {
         }
     }
 
+    /// cuDNN's path ([`Kernels::Cudnn`]): no tap stack (no tap products or shifted gradients of
+    /// `[9k, M]`, no stacked weight, no chunking) and each pass's workspace charged once, while
+    /// its call runs: a workspace larger than everything else sets the peak at exactly its size
+    /// over what is live at that call; with small workspaces the frugal peak is at most the
+    /// tap stack's and the CPU's (issue 38's target, BC-100 L=48 ≤ 345 MiB), and bf16 halves it
+    /// (issue 39's ≤ 0.55×: cuDNN's bf16 filter gradient, widened, counted).
     #[test]
     fn cudnn_path_has_no_tap_stack_and_charges_each_workspace_once() {
         let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);

@@ -32,7 +32,8 @@ pub struct Schedule {
     /// How a split front is cut on a GPU's path ([`crate::layer::FrontPieces`]; `None`: the
     /// CPU's constants, which its kernels' bitwise equalities rest on): the fewest column
     /// chunks and channel blocks — the fewest launches — whose predicted peak is within
-    /// [`FRONT_PIECES_PEAK_SLACK`] of the peak with the CPU's finest ones (16 chunks of 4096
+    /// [`FRONT_PIECES_PEAK_SLACK`] (or [`FRONT_SLACK_ENV`]'s fraction) of the peak with the
+    /// CPU's finest ones (the tap stack's chunks picked for that finest cut; 16 chunks of 4096
     /// columns and blocks of 64 channels on BC-100's N = 64 block: some 60 launches per layer
     /// more than the whole front's).
     pub front_pieces: Option<FrontPieces>,
@@ -194,7 +195,10 @@ pub fn schedule_for(
                     peak(Some(p))
                 }))
             };
-            let split = peak(front_pieces).unwrap_or(finest);
+            // (the CPU's cut is the finest one, traced already)
+            let split = front_pieces
+                .map_or(Some(finest), |p| peak(Some(p)))
+                .unwrap_or(finest);
             if (split as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
                 best = Some((
                     split,

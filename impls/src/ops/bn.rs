@@ -434,20 +434,29 @@ pub fn bn_prepare(
 ) -> Result<(Tensor, Tensor)> {
     let operands = [mv, gamma, beta, running_mean, running_var];
     if operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
-        let op = BnPrepareOp {
-            running_mean: running_mean.clone(),
-            running_var: running_var.clone(),
-            scalars: PrepareScalars::new(m),
-            input: Measured::Before,
-        };
-        let all = mv.apply_op3_no_bwd(gamma, beta, &op).ctx("bn prepare")?;
-        Ok((
-            all.narrow(0, 0, 4).ctx("bn prepare")?,
-            all.narrow(0, 4, 2).ctx("bn prepare")?,
-        ))
+        prepare_op(Measured::Before, operands, m)
     } else {
         generic_bn_prepare(mv, gamma, beta, running_mean, running_var, m)
     }
+}
+
+/// [`BnPrepareOp`] on `[first, γ, β, running mean, running var]` (`first` as `input` says) over
+/// `m` values per channel: the table `[4, C]` and the running-stat update `[2, C]`, views of
+/// its one `[6, C]` output.
+fn prepare_op(input: Measured, operands: [&Tensor; 5], m: usize) -> Result<(Tensor, Tensor)> {
+    let [first, gamma, beta, running_mean, running_var] = operands;
+    let op = BnPrepareOp {
+        running_mean: running_mean.clone(),
+        running_var: running_var.clone(),
+        scalars: PrepareScalars::new(m),
+        input,
+    };
+    let what = op.name();
+    let all = first.apply_op3_no_bwd(gamma, beta, &op).ctx(what)?;
+    Ok((
+        all.narrow(0, 0, 4).ctx(what)?,
+        all.narrow(0, 4, 2).ctx(what)?,
+    ))
 }
 
 /// [`bn_stats`] then [`bn_prepare`] over the `m` columns of `x [C, M]`, in one op (one launch
@@ -465,19 +474,7 @@ pub fn bn_stats_prepare(
     if !operands.iter().all(|t| has_kernels(t) && t.is_contiguous()) {
         return bn_prepare(&bn_stats(x)?, gamma, beta, running_mean, running_var, m);
     }
-    let op = BnPrepareOp {
-        running_mean: running_mean.clone(),
-        running_var: running_var.clone(),
-        scalars: PrepareScalars::new(m),
-        input: Measured::Here,
-    };
-    let all = x
-        .apply_op3_no_bwd(gamma, beta, &op)
-        .ctx("bn stats prepare")?;
-    Ok((
-        all.narrow(0, 0, 4).ctx("bn stats prepare")?,
-        all.narrow(0, 4, 2).ctx("bn stats prepare")?,
-    ))
+    prepare_op(Measured::Here, operands, m)
 }
 
 /// [`bn_prepare`] from candle ops (any device), op for op what the layer maths computed before

@@ -739,10 +739,17 @@ fn dx(gy: &Tensor, x: &Tensor, coef: &Tensor, affine: Option<&Tensor>) -> Result
             affine: affine.cloned(),
         };
         gy.apply_op3_no_bwd(x, coef, &op).ctx("bn bwd dx")
-    } else if let Some(affine) = affine {
-        generic_bn_bwd_dx(&generic_relu_bwd_affine(gy, x, affine)?, x, coef)
     } else {
-        generic_bn_bwd_dx(gy, x, coef)
+        generic_dx(gy, x, coef, affine)
+    }
+}
+
+/// [`generic_bn_bwd_dx`] of `gy`, first masked by a fused ReLU's `affine` (scale; shift) where
+/// there is one: the oracle of the dx ops.
+fn generic_dx(gy: &Tensor, x: &Tensor, coef: &Tensor, affine: Option<&Tensor>) -> Result<Tensor> {
+    match affine {
+        Some(affine) => generic_bn_bwd_dx(&generic_relu_bwd_affine(gy, x, affine)?, x, coef),
+        None => generic_bn_bwd_dx(gy, x, coef),
     }
 }
 
@@ -793,11 +800,7 @@ fn dx_accumulate(
         };
         dst.inplace_op3(gy, x, &op).ctx("bn bwd dx accumulate")
     } else {
-        let dx = match affine {
-            Some(affine) => generic_bn_bwd_dx(&generic_relu_bwd_affine(gy, x, affine)?, x, coef)?,
-            None => generic_bn_bwd_dx(gy, x, coef)?,
-        };
-        crate::ops::elementwise::add_assign(dst, &dx)
+        crate::ops::elementwise::add_assign(dst, &generic_dx(gy, x, coef, affine)?)
     }
 }
 

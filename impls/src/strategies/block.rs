@@ -151,15 +151,20 @@ fn bn_forward(
     norm: usize,
     mv: &Tensor,
 ) -> Result<(BnStats, (Tensor, Tensor))> {
-    let (stats, mean, var) = layer::bn_forward_stats(
-        cfg,
-        mv,
-        params.get(&bn_name(i, norm, "weight"))?,
-        params.get(&bn_name(i, norm, "bias"))?,
-        params.get(&bn_name(i, norm, "running_mean"))?,
-        params.get(&bn_name(i, norm, "running_var"))?,
-    )?;
+    let [gamma, beta, rmean, rvar] = bn_params(params, i, norm)?;
+    let (stats, mean, var) = layer::bn_forward_stats(cfg, mv, gamma, beta, rmean, rvar)?;
     Ok((stats, (mean, var)))
+}
+
+/// Layer `i`'s BN `norm` (1 or 2): γ, β, running mean, running variance.
+fn bn_params(params: &Params, i: usize, norm: usize) -> Result<[&Tensor; 4]> {
+    let p = |what| params.get(&bn_name(i, norm, what));
+    Ok([
+        p("weight")?,
+        p("bias")?,
+        p("running_mean")?,
+        p("running_var")?,
+    ])
 }
 
 /// BN1 → ReLU → Conv1×1 → BN2 → ReLU up to the Conv3×3 input, with the batch statistics of
@@ -199,14 +204,8 @@ fn bc_front(
         FrontStats::Saved(_, s2) => (s2.clone(), None),
         FrontStats::Forward(_) => {
             // z's statistics and BN2's per-channel step in one op
-            let p = |what| params.get(&bn_name(i, 2, what));
-            let (s, mean, var) = layer::bn_forward_stats_of(
-                &z,
-                p("weight")?,
-                p("bias")?,
-                p("running_mean")?,
-                p("running_var")?,
-            )?;
+            let [gamma, beta, rmean, rvar] = bn_params(params, i, 2)?;
+            let (s, mean, var) = layer::bn_forward_stats_of(&z, gamma, beta, rmean, rvar)?;
             (s, Some((mean, var)))
         }
     };

@@ -95,8 +95,8 @@ pub(crate) fn bn_stats(
 /// var), see `bn_prepare` in `bn.cu`; tables only, f32 or f64 (bf16 features have f32
 /// statistics). With `here` (the op's `Measured::Here`) the first operand is the features
 /// `x [C, M]` (f32, f64 or bf16), whose statistics the same launch measures
-/// (`bn_stats_prepare`, one block per channel). `scalars` = `[eps, keep, mom, mom_unbias]` as f64, rounded to the table type here
-/// (the CPU twin's `PrepareScalars`).
+/// (`bn_stats_prepare`, one block per channel). `scalars` = `[eps, keep, mom, mom_unbias]` as
+/// f64, rounded to the table type here (the CPU twin's `PrepareScalars`).
 pub(crate) fn bn_prepare(
     op: &str,
     here: bool,
@@ -232,6 +232,17 @@ pub(crate) fn affine_rows(
 /// A planar `[2, C]` (scale; shift) a fused ReLU's mask reads, when there is one.
 type Affine<'a> = Option<(&'a CudaStorage, &'a Layout)>;
 
+/// [`Affine`]'s storage and its range, checked as a planar `[2, c]` table.
+fn affine_range<'a>(
+    op: &str,
+    affine: Affine<'a>,
+    c: usize,
+) -> candle_core::Result<Option<(&'a CudaStorage, (usize, usize))>> {
+    affine
+        .map(|(s, l)| Ok((s, coefficients(op, l, c, 2)?)))
+        .transpose()
+}
+
 /// A row kernel of `bn.cu` that reads a gradient `g [C, M]` (`g_name` in errors), BN's input
 /// `x` (as many elements), a planar `[q, C]` table and, where `affine` is given, a planar
 /// `[2, C]` one, and writes every element of a new `[C, M]`: `kernel(g, x, coef[, affine],
@@ -262,9 +273,7 @@ fn gx_table_into_new(
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
         let rc = coefficients(op, cl, c, q)?;
-        let ra = affine
-            .map(|(s, l)| Ok::<_, candle_core::Error>((s, coefficients(op, l, c, 2)?)))
-            .transpose()?;
+        let ra = affine_range(op, affine, c)?;
         let dev = &gs.device;
         // SAFETY: every one of the c·m elements is written by the kernel below.
         let mut out = unsafe { dev.alloc::<T>(c * m) }?;
@@ -458,9 +467,7 @@ pub(crate) fn bn_bwd_dx_accumulate(
         let rx = contiguous_range(xl, op)?;
         expect_len(op, "x", rx, c * m)?;
         let rc = coefficients(op, cl, c, 3)?;
-        let ra = affine
-            .map(|(s, l)| Ok::<_, candle_core::Error>((s, coefficients(op, l, c, 2)?)))
-            .transpose()?;
+        let ra = affine_range(op, affine, c)?;
         if c * m == 0 {
             return Ok(());
         }
