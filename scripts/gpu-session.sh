@@ -28,7 +28,8 @@
 #   front   issue 38's split front on the GPU against the whole front (DENSEBENCH_WHOLE_FRONT=1),
 #           side by side, for the recomputing variants of BC-100's block at L = 16 and 48:
 #           peaks and times, $OUT/front.csv and $OUT/front.txt; then buffer-recompute-inplace's
-#           cut at the model's slack against coarser ones (DENSEBENCH_FRONT_SLACK 0.05, 0.25):
+#           cut at the model's slack against coarser ones (DENSEBENCH_FRONT_SLACK 0.05, 0.25;
+#           on the tap stack the slack also takes fewer tap chunks, picked with the cut):
 #           $OUT/front-slack.csv and .txt (not a default stage)
 #   placement  whether an eager step's time follows the CPU its process runs on (issue 36: eager
 #           fidelity pairs ±20 % apart, graph pairs exact): scripts/placement.py, BC-100 L=16
@@ -394,10 +395,10 @@ bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48"
         # (timed as CUDA-graph replays: eager times of these launch-bound steps scatter by ±20 %
         # from one process to the next, docs/gpu.md "On an H100 again")
         side_by_side front DENSEBENCH_WHOLE_FRONT 0,1 "buffer-recompute-inplace cat-recompute-inplace" \
-            "bc layer fronts split[^;]*" --execution graph <<< "$configs"
+            "(bc layer fronts split|3×3 tap stack in)[^;]*" --execution graph <<< "$configs"
         # the split's cut: the model's slack, then coarser cuts (fewer launches, higher peaks)
         side_by_side front-slack DENSEBENCH_FRONT_SLACK model,0.05,0.25 "buffer-recompute-inplace" \
-            "bc layer fronts split[^;]*" --execution graph <<< "$configs"
+            "(bc layer fronts split|3×3 tap stack in)[^;]*" --execution graph <<< "$configs"
         ;;
     placement)
         work=/tmp/densebench-placement
@@ -421,7 +422,8 @@ bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 CONFIGS
         ;;
     conv)
-        # cuDNN (the default of a `cudnn` build), then the tap stack
+        # cuDNN (each pass on the strides where cuDNN plans it, else on packed copies: the
+        # note says which), then the tap stack
         # shellcheck disable=SC2086  # the extra flags are words
         side_by_side conv DENSEBENCH_CONV cudnn,tap-stack "cat-store-copy buffer-recompute-inplace" \
             "3×3 (convolution in cuDNN|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'

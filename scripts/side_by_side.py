@@ -4,7 +4,7 @@
 The stage ran every job once per setting, in the order the settings were given, and appended
 each run's row to one CSV; rows of one job share a `key`. For each key this prints the rows in
 setting order — median time, peak, predicted peak, status and the part of the row's `note` that
-the pattern finds — and each row's time and peak as a ratio to the first setting's. A key with
+the pattern finds (each match, joined by "; ") — and each row's time and peak as a ratio to the first setting's. A key with
 fewer or more rows than settings (a run failed, or the CSV holds rows of another call) is said,
 never paired with another key's rows.
 
@@ -45,12 +45,14 @@ def summarise(rows, settings, note=None, log="the stage's .err"):
         first = rs[0]
         parts = []
         for setting, r in zip(settings, rs):
-            found = pattern.search(r.get("note", "")) if pattern else None
+            # every part of the note the pattern finds (a front's cut and its tap chunks)
+            found = "; ".join(m.group(0) for m in pattern.finditer(r.get("note", ""))) \
+                if pattern else ""
             parts.append(
                 f"{setting}: median {r['median_ns'] or '?'} ns (x{ratio(r['median_ns'], first['median_ns']):.3f}), "
                 f"peak {mib(r['peak_bytes'])} (x{ratio(r['peak_bytes'], first['peak_bytes']):.3f}; "
                 f"predicted {mib(r['predicted_peak_bytes'])}), {r['status']}"
-                + (f", {found.group(0)}" if found else ""))
+                + (f", {found}" if found else ""))
         lines.append(f"{key}: " + " | ".join(parts))
     return lines
 

@@ -582,8 +582,11 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
 /// row of a small bc block: every one `ok` with
 /// their gradients checked, each row's `note` naming the path it ran (cuDNN's algorithms and
 /// workspaces, or no cuDNN), and each measured peak equal to the model of that path charged with
-/// the pool's rounding (×1.000 ± 0.001). A binary without the feature runs the tap stack for both
-/// and refuses `DENSEBENCH_CONV=cudnn` with one line.
+/// the pool's rounding (×1.000 ± 0.001); in a `cudnn` build also cuDNN with every pass on
+/// packed copies (`DENSEBENCH_CUDNN_STAGING=packed`, the fallback where cuDNN refuses the
+/// channel-major strides: its copies counted in the workspaces the model charges). A binary
+/// without the feature runs the tap stack for both and refuses `DENSEBENCH_CONV=cudnn` with
+/// one line.
 #[test]
 fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
     if gpu_or_skip("gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled").is_none()
@@ -596,7 +599,7 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
     for v in ["cat-store-copy", "buffer-recompute-inplace"] {
         let v = impls::Variant::parse(v).expect("variant");
         let settings: &[&str] = if cudnn_built {
-            &["cudnn", "default", "tap-stack"]
+            &["cudnn", "cudnn-packed", "default", "tap-stack"]
         } else {
             &["default", "tap-stack"]
         };
@@ -604,20 +607,37 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
             let mut cmd = Command::new(bin());
             // "default": unset even where the session exports it (gpu-session's
             // `DENSEBENCH_CONV=cudnn … tests`)
-            if conv == "default" {
-                cmd.env_remove("DENSEBENCH_CONV");
-            } else {
-                cmd.env("DENSEBENCH_CONV", conv);
+            cmd.env_remove("DENSEBENCH_CUDNN_STAGING");
+            match conv {
+                "default" => {
+                    cmd.env_remove("DENSEBENCH_CONV");
+                }
+                "cudnn-packed" => {
+                    cmd.env("DENSEBENCH_CONV", "cudnn")
+                        .env("DENSEBENCH_CUDNN_STAGING", "packed");
+                }
+                _ => {
+                    cmd.env("DENSEBENCH_CONV", conv);
+                }
             }
             let r = checked_gpu_row(&args, v, dir.path(), cmd);
             let in_cudnn = r.note.contains("3×3 convolution in cuDNN");
             assert_eq!(
                 in_cudnn,
-                conv == "cudnn",
+                conv.starts_with("cudnn"),
                 "{} ({conv}): note {}",
                 r.key,
                 r.note
             );
+            if conv == "cudnn-packed" {
+                assert_eq!(
+                    r.note.matches("on packed copies").count(),
+                    3,
+                    "{}: every pass on packed copies: {}",
+                    r.key,
+                    r.note
+                );
+            }
             let (peak, predicted) = (
                 r.peak_bytes.expect("peak"),
                 r.predicted_peak_bytes.expect("prediction"),

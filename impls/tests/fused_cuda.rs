@@ -591,7 +591,9 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
 /// gradient read through a row view with a start offset (as the block reads a gradient
 /// buffer's rows), in f64 (to summation order), f32 in IEEE math (Winograd or FFT allowed) and
 /// bf16 (cuDNN's f32 accumulation rounded once against the CPU's, and its bf16 filter gradient
-/// widened to f32 as the layer widens it); two runs bitwise equal (deterministic algorithms).
+/// widened to f32 as the layer widens it); two runs bitwise equal (deterministic algorithms);
+/// each pass staged as cuDNN plans it (`auto`: on the strides where it can) and on packed
+/// copies (the fallback, every pass).
 /// The layer's dispatch by `DENSEBENCH_CONV` is `harness/tests/gpu.rs`'s (one process per row).
 #[cfg(feature = "cudnn")]
 #[test]
@@ -627,53 +629,67 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
         let (s_g, w_g) = (on(&s), on(&w));
         let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
         let param = impls::config::param_dtype(dtype);
-        let run = || {
-            let y = conv3x3::cudnn::forward(&s_g, &w_g, GRID).expect("gpu y");
-            let ds = conv3x3::cudnn::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
-            let dw = conv3x3::cudnn::backward_filter(&gy_g, &s_g, GRID)
-                .expect("gpu dW")
-                .to_dtype(param)
-                .expect("dW in the parameters' dtype");
-            [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
-        };
-        let (first, second) = (run(), run());
-        for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
-            let (g, c) = (
-                g.to_dtype(DType::F64).expect("f64"),
-                c.to_dtype(DType::F64).expect("f64"),
-            );
-            let max = |t: Tensor| {
-                t.abs()
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.max(0))
-                    .and_then(|t| t.to_scalar::<f64>())
-                    .expect("max")
+        for staging in [None, Some(conv3x3::CudnnStaging::Packed)] {
+            let run = || {
+                conv3x3::with_cudnn_staging(staging, || {
+                    let y = conv3x3::cudnn::forward(&s_g, &w_g, GRID).expect("gpu y");
+                    let ds = conv3x3::cudnn::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
+                    let dw = conv3x3::cudnn::backward_filter(&gy_g, &s_g, GRID)
+                        .expect("gpu dW")
+                        .to_dtype(param)
+                        .expect("dW in the parameters' dtype");
+                    [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
+                })
             };
-            let rel = max((&g - &c).expect("diff")) / max(c.clone());
-            assert!(
+            let (first, second) = (run(), run());
+            for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
+                let (g, c) = (
+                    g.to_dtype(DType::F64).expect("f64"),
+                    c.to_dtype(DType::F64).expect("f64"),
+                );
+                let max = |t: Tensor| {
+                    t.abs()
+                        .and_then(|t| t.flatten_all())
+                        .and_then(|t| t.max(0))
+                        .and_then(|t| t.to_scalar::<f64>())
+                        .expect("max")
+                };
+                let rel = max((&g - &c).expect("diff")) / max(c.clone());
+                assert!(
                 rel <= tol,
-                "{dtype:?}: {name}: max |cuDNN − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
+                "{dtype:?} ({staging:?}): {name}: max |cuDNN − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
             );
+            }
+            for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
+                assert_eq!(a.dtype(), b.dtype());
+                let bits = |t: &Tensor| {
+                    t.to_dtype(DType::F64)
+                        .and_then(|t| t.flatten_all())
+                        .and_then(|t| t.to_vec1::<f64>())
+                        .expect("values")
+                        .into_iter()
+                        .map(f64::to_bits)
+                        .collect::<Vec<_>>()
+                };
+                assert!(
+                    bits(a) == bits(b),
+                    "{dtype:?} ({staging:?}): {name}: two runs differ"
+                );
+            }
+            // parameter gradients are f32 under autocast: cuDNN's bf16 dW widened
+            let want = impls::config::param_dtype(dtype);
+            assert_eq!(first[2].dtype(), want, "{dtype:?}: dW's dtype");
+            let (ws, algos) = conv3x3::with_cudnn_staging(staging, || {
+                (
+                    conv3x3::cudnn::workspaces(&dev, GRID, b, k, dtype).expect("workspaces"),
+                    conv3x3::cudnn::algorithms(&dev, GRID, b, k, dtype).expect("algorithms"),
+                )
+            });
+            if staging.is_some() {
+                assert_eq!(algos.matches("on packed copies").count(), 3, "{algos}");
+            }
+            println!("{dtype:?} ({staging:?}): cuDNN {algos}; workspaces {ws:?}");
         }
-        for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
-            assert_eq!(a.dtype(), b.dtype());
-            let bits = |t: &Tensor| {
-                t.to_dtype(DType::F64)
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.to_vec1::<f64>())
-                    .expect("values")
-                    .into_iter()
-                    .map(f64::to_bits)
-                    .collect::<Vec<_>>()
-            };
-            assert!(bits(a) == bits(b), "{dtype:?}: {name}: two runs differ");
-        }
-        // parameter gradients are f32 under autocast: cuDNN's bf16 dW widened
-        let want = impls::config::param_dtype(dtype);
-        assert_eq!(first[2].dtype(), want, "{dtype:?}: dW's dtype");
-        let ws = conv3x3::cudnn::workspaces(&dev, GRID, b, k, dtype).expect("workspaces");
-        let algos = conv3x3::cudnn::algorithms(&dev, GRID, b, k, dtype).expect("algorithms");
-        println!("{dtype:?}: cuDNN {algos}; workspaces {ws:?}");
     }
 }
 

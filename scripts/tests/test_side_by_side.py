@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Tests of scripts/side_by_side.py, which pairs the rows of gpu-session.sh's side-by-side
 stages: rows in setting order per key, ratios to the first setting, a missing row said and
-never paired across keys, a note's pattern shown, empty columns printed as unknown. Standard
+never paired across keys, every match of a note's pattern shown, empty columns printed as unknown. Standard
 library only:
 
     python3 scripts/tests/test_side_by_side.py
@@ -37,6 +37,16 @@ class Summarise(unittest.TestCase):
         self.assertIn("3×3 convolution in cuDNN (fwd A)", a)
         self.assertIn("3×3 tap stack in 2 chunks of ≤ 4 images", a)
         self.assertIn("tap-stack: median 25 ns (x0.500)", b)
+
+    def test_every_match_of_the_pattern_is_shown(self):
+        note = ("bc layer fronts split (ReLU1's output in 2 chunks); 3×3 tap stack in 4 chunks "
+                "of ≤ 16 images; other")
+        rows = [row("a", "100", "1", note=note), row("a", "90", "1")]
+        (line,) = side_by_side.summarise(rows, ["model", "0.05"],
+                                         note=r"(bc layer fronts split|3×3 tap stack in)[^;]*")
+        self.assertIn("ok, bc layer fronts split (ReLU1's output in 2 chunks); 3×3 tap stack in 4 "
+                      "chunks of ≤ 16 images |", line)
+        self.assertNotIn("other", line)
 
     def test_a_missing_row_is_said_not_paired_across_keys(self):
         rows = [row("a", "100", "1"), row("b", "50", "1"), row("b", "60", "1")]

@@ -50,7 +50,7 @@ pub fn with_tf32_emulation_on_cpu<R>(rounding: Tf32Rounding, f: impl FnOnce() ->
 
 /// Runs `f` with the thread-local `key` set to `value`, restoring the old value afterwards,
 /// also when `f` panics.
-fn scoped<T: Copy + 'static, R>(
+pub(crate) fn scoped<T: Copy + 'static, R>(
     key: &'static std::thread::LocalKey<Cell<T>>,
     value: T,
     f: impl FnOnce() -> R,

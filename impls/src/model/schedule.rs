@@ -33,9 +33,9 @@ pub struct Schedule {
     /// CPU's constants, which its kernels' bitwise equalities rest on): the fewest column
     /// chunks and channel blocks — the fewest launches — whose predicted peak is within
     /// [`FRONT_PIECES_PEAK_SLACK`] (or [`FRONT_SLACK_ENV`]'s fraction) of the peak with the
-    /// CPU's finest ones (the tap stack's chunks picked for that finest cut; 16 chunks of 4096
-    /// columns and blocks of 64 channels on BC-100's N = 64 block: some 60 launches per layer
-    /// more than the whole front's).
+    /// CPU's finest ones (16 chunks of 4096 columns and blocks of 64 channels on BC-100's
+    /// N = 64 block: some 60 launches per layer more than the whole front's); on the tap stack
+    /// picked together with [`Schedule::tap_chunk_columns`] (`split_schedule`).
     pub front_pieces: Option<FrontPieces>,
 }
 
@@ -58,12 +58,26 @@ pub const FRONT_SLACK_ENV: &str = "DENSEBENCH_FRONT_SLACK";
 /// The slack in force: [`FRONT_SLACK_ENV`]'s fraction, else [`FRONT_PIECES_PEAK_SLACK`]. An
 /// `Err` naming the variable for anything but a number from 0 to 10.
 pub fn front_pieces_slack() -> crate::error::Result<f64> {
+    if let Some(slack) = SLACK_HERE.with(std::cell::Cell::get) {
+        return Ok(slack);
+    }
     let value = match std::env::var(FRONT_SLACK_ENV) {
         Err(std::env::VarError::NotPresent) => None,
         Ok(v) => Some(v),
         Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
     };
     parse_front_slack(value.as_deref())
+}
+
+thread_local! {
+    /// Set inside [`with_front_slack`].
+    static SLACK_HERE: std::cell::Cell<Option<f64>> = const { std::cell::Cell::new(None) };
+}
+
+/// Runs `f` with the front's slack `slack` on this thread, whatever [`FRONT_SLACK_ENV`] says
+/// (tests compare slacks in one process without touching the environment).
+pub fn with_front_slack<R>(slack: f64, f: impl FnOnce() -> R) -> R {
+    crate::layer::scoped(&SLACK_HERE, Some(slack), f)
 }
 
 /// [`FRONT_SLACK_ENV`]'s value read.
@@ -177,42 +191,88 @@ pub fn schedule_for(
         }
     }
     if let (true, Some((whole, _))) = (can_split, best) {
-        let tap_chunk_columns = match path {
-            Kernels::TapStack => tap_chunk_columns_given(variant, cfg, false, true)?,
-            Kernels::Cpu | Kernels::Cudnn(_) => 0,
-        };
-        let peak = |pieces: Option<FrontPieces>| {
-            let trace = || trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true);
-            with_front_pieces(pieces.unwrap_or(FrontPieces::CPU), trace).map(|t| t.peak)
-        };
-        if let Some(finest) = peak(None) {
-            // a GPU's path: as few pieces as the peak allows (the CPU keeps its constants)
-            let front_pieces = if path.is_cpu() {
-                None
-            } else {
-                let (c_max, slack) = (cfg.c_in(cfg.depth.saturating_sub(1)), front_pieces_slack()?);
-                Some(fewest_pieces(cfg.m(), c_max, finest, slack, |p| {
-                    peak(Some(p))
-                }))
-            };
-            // (the CPU's cut is the finest one, traced already)
-            let split = front_pieces
-                .map_or(Some(finest), |p| peak(Some(p)))
-                .unwrap_or(finest);
+        if let Some((split, schedule)) = split_schedule(variant, cfg, path)? {
             if (split as f64) <= whole as f64 * (1.0 - SPLIT_FRONT_MIN_GAIN) {
-                best = Some((
-                    split,
-                    Schedule {
-                        tap_chunk_columns,
-                        split_front: true,
-                        front_pieces,
-                        ..Schedule::default()
-                    },
-                ));
+                best = Some((split, schedule));
             }
         }
     }
     Ok(best.map(|(_, s)| s).unwrap_or_default())
+}
+
+/// A bc variant's split front on `path` ([`Schedule::split_front`]) and its predicted peak,
+/// or `None` where the trace has none. The CPU's kernels: the CPU's pieces, no tap stack.
+/// cuDNN's path (or the tap stack with its chunking forced): the fewest front pieces within
+/// the slack ([`front_pieces_slack`]) of the finest cut's peak ([`fewest_pieces`]). The tap
+/// stack: the tap chunking and the cut picked together, within one limit — the least peak
+/// the pair can reach (one image per tap chunk, the finest cut), raised by
+/// [`split_tap_stack_slack`] — the fewest tap chunks first
+/// (three passes of two or three launches each per chunk and layer), then the fewest front
+/// pieces with them. Picked one after the other (the chunks for the finest cut, then the
+/// cut), the chunks were those the finest cut needs whatever slack the cut was given: a
+/// larger `DENSEBENCH_FRONT_SLACK` coarsened the cut but kept the 16 tap chunks of BC-100's
+/// L=16, which cost most of the split front's 1.7× time on an H100.
+fn split_schedule(
+    variant: Variant,
+    cfg: &Config,
+    path: Kernels,
+) -> crate::error::Result<Option<(i128, Schedule)>> {
+    let traced = |tap_chunk_columns: usize, pieces: FrontPieces| {
+        with_front_pieces(pieces, || {
+            trace_with(variant, cfg, path, &exact, tap_chunk_columns, false, true)
+        })
+        .map(|t| t.peak)
+    };
+    let schedule = |tap_chunk_columns, front_pieces| Schedule {
+        tap_chunk_columns,
+        split_front: true,
+        front_pieces,
+        ..Schedule::default()
+    };
+    if path.is_cpu() {
+        return Ok(traced(0, FrontPieces::CPU).map(|peak| (peak, schedule(0, None))));
+    }
+    let (m, c_max) = (cfg.m(), cfg.c_in(cfg.depth.saturating_sub(1)));
+    let slack = front_pieces_slack()?;
+    // the fewest pieces for a tap chunking within `slack` of `base`
+    let cut = |tap: usize, base: i128, slack: f64| {
+        let pieces = fewest_pieces(m, c_max, base, slack, |p| traced(tap, p));
+        traced(tap, pieces).map(|peak| (peak, schedule(tap, Some(pieces))))
+    };
+    let forced = crate::layer::tap_chunk_override()?;
+    if matches!(path, Kernels::Cudnn(_)) || forced.is_some() {
+        let tap = forced.filter(|_| path == Kernels::TapStack).unwrap_or(0);
+        return Ok(traced(tap, FrontPieces::CPU).and_then(|finest| cut(tap, finest, slack)));
+    }
+    let g = crate::layer::grid(cfg);
+    let (plane, n) = (g.h.saturating_mul(g.w).max(1), g.n.max(1));
+    let Some(least) = traced(plane, FrontPieces::CPU) else {
+        return Ok(None);
+    };
+    let slack = split_tap_stack_slack(slack);
+    let limit = least as f64 * (1.0 + slack);
+    let mut last = 0;
+    for chunks in 1..=n {
+        let images = n.div_ceil(chunks);
+        if images == last {
+            continue; // the same split as fewer chunks
+        }
+        last = images;
+        let tap = if images >= n { 0 } else { images * plane };
+        if traced(tap, FrontPieces::CPU).is_some_and(|p| p as f64 <= limit) {
+            return Ok(cut(tap, least, slack));
+        }
+    }
+    Ok(cut(plane, least, slack))
+}
+
+/// How far above the least peak of any tap chunking and cut a split front on the tap stack
+/// may go (`split_schedule`, [`schedule_for`]'s split front): the larger of
+/// [`TAP_CHUNK_PEAK_SLACK`] and the front's slack in force — 1% by default, so BC-100's predicted peaks stay where the two picked one after
+/// the other had them (L = 48 `buffer-recompute-inplace` 343.6 MiB, under issue 38's 345; the
+/// two slacks compounded took 345.7); `DENSEBENCH_FRONT_SLACK=0.05` lets both coarsen to 5%.
+pub fn split_tap_stack_slack(front_slack: f64) -> f64 {
+    TAP_CHUNK_PEAK_SLACK.max(front_slack)
 }
 
 /// [`schedule_for`], remembered per thread for the inputs it depends on — the variant, the

@@ -164,12 +164,14 @@ pub fn workspaces(
 
 /// cuDNN's algorithms for that convolution, for a row's `note`:
 /// `fwd IMPLICIT_PRECOMP_GEMM, data (fwd, Wᵀ) IMPLICIT_GEMM, filter ALGO_1` (the data gradient
-/// is a forward convolution with the filter transposed: see `ops::cuda::cudnn`).
+/// a forward convolution with the filter transposed), or with a pass on packed copies
+/// `filter ALGO_1 on packed copies`, `data (bwd) ALGO_1 on packed copies` (see
+/// `ops::cuda::cudnn`).
 pub fn algorithms(dev: &Device, g: Grid, b: usize, k: usize, dtype: DType) -> Result<String> {
     let d = cuda(dev, "conv2 algorithms")?;
     let a = dnn::algorithms(&d, shape_of(g, b, k), dtype).ctx("conv2 algorithms (cudnn)")?;
     Ok(format!(
-        "fwd {}, data (fwd, Wᵀ) {}, filter {}",
+        "fwd {}, data {}, filter {}",
         a.forward, a.data, a.filter
     ))
 }

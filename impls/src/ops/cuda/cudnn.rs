@@ -13,6 +13,15 @@
 //! swapped, written by `cudnnTransformTensor` into the head of the pass's workspace (so the
 //! memory model's data workspace is `Wᵀ`'s bytes, rounded up to 256, plus the algorithm's).
 //!
+//! **Packed copies where cuDNN refuses the strides** (`DENSEBENCH_CUDNN_STAGING`, default
+//! `auto`): a pass for which cuDNN's heuristics offer no algorithm on the channel-major strides
+//! (the filter gradient's reads were never planned on a GPU) runs on packed NCHW copies instead:
+//! `cudnnTransformTensor` copies its feature operands into its workspace, the pass runs there
+//! (the data gradient as cuDNN's own backward-data pass, on packed `gy` and `ds`), and a result
+//! of features is copied back into the channel-major tensor. The copies are the head of the
+//! pass's one workspace allocation (`B` channels, then `k`, each rounded up to 256 bytes), so
+//! the memory model charges them with the rest. `strided` or `packed` pins every pass one way.
+//!
 //! **Algorithms**: cuDNN's own heuristics (`cudnnGetConvolution*Algorithm_v7`, what PyTorch asks
 //! with `torch.backends.cudnn.benchmark` off, its default), the first one ranked that succeeds,
 //! is **deterministic** (two runs and a graph replay give the same bits: densebench's GPU tests
@@ -26,6 +35,7 @@
 //! Only compiled with the `cudnn` feature. Every failure is an `Err` naming the op and cuDNN's
 //! status, never a panic.
 
+use crate::ops::conv3x3::{packed_copies_bytes, CudnnStaging, CudnnStagingChoice};
 use crate::ops::cuda::launch::{contiguous_range, expect_len, msg, unsupported};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cudnn::{result as dnn, sys};
@@ -54,7 +64,9 @@ impl ConvShape {
     }
 }
 
-/// The algorithms a plan runs, by name, for a row's `note`.
+/// The algorithms a plan runs, by name, each with how the pass meets the features, for a
+/// row's `note`: `IMPLICIT_PRECOMP_GEMM`, `(fwd, Wᵀ) IMPLICIT_GEMM` (the data gradient as a
+/// forward convolution), `ALGO_1 on packed copies`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConvAlgorithms {
     pub forward: String,
@@ -107,39 +119,80 @@ struct Pass<A> {
     conv: ConvDesc,
 }
 
+/// The data gradient's pass: a forward convolution of `gy` with [`Plan::wt`] on the strides
+/// (module doc), or cuDNN's backward-data pass on packed copies.
+enum DataPass {
+    Transposed(Pass<sys::cudnnConvolutionFwdAlgo_t>),
+    Packed(Pass<sys::cudnnConvolutionBwdDataAlgo_t>),
+}
+
 /// Everything one convolution needs at launch.
 struct Plan {
     handle: Rc<Handle>,
+    /// `s`/`ds` (`B` channels) and `y`/`gy` (`k`) with the channel-major strides, and packed.
     x: TensorDesc,
     y: TensorDesc,
+    xp: TensorDesc,
+    yp: TensorDesc,
     w: FilterDesc,
-    forward: Pass<sys::cudnnConvolutionFwdAlgo_t>,
-    /// The data gradient as a forward convolution of `gy` with [`Plan::wt`] (module doc).
-    data: Pass<sys::cudnnConvolutionFwdAlgo_t>,
-    filter: Pass<sys::cudnnConvolutionBwdFilterAlgo_t>,
-    /// `Wᵀ [B, k, 3, 3]`, the data pass's filter.
+    forward: (Pass<sys::cudnnConvolutionFwdAlgo_t>, CudnnStaging),
+    data: DataPass,
+    filter: (Pass<sys::cudnnConvolutionBwdFilterAlgo_t>, CudnnStaging),
+    /// `Wᵀ [B, k, 3, 3]`, the strided data pass's filter.
     wt: FilterDesc,
     /// `W [k, B, 3, 3]` read as `[B, k, 9, 1]` (strides `9, 9·B, 1, 1`) and `Wᵀ` packed
     /// `[B, k, 9, 1]`: the two sides of the transposing `cudnnTransformTensor`.
     w_swapped: TensorDesc,
     wt_packed: TensorDesc,
-    /// `Wᵀ`'s bytes rounded up to 256: where the data pass's algorithm workspace starts.
+    /// `Wᵀ`'s bytes rounded up to 256: where the strided data pass's algorithm workspace starts.
     wt_bytes: usize,
+    /// A packed pass's workspace: the `k`-channel copy from `copies.0` bytes on (the
+    /// `B`-channel one from 0), the algorithm's workspace from `copies.1` on.
+    copies: (usize, usize),
 }
 
 impl Plan {
-    /// The bytes a pass's launch takes from the pool: its algorithm's workspace, and for the
-    /// data gradient `Wᵀ` before it.
+    /// The bytes a pass's launch takes from the pool: its algorithm's workspace, after `Wᵀ`
+    /// for the strided data gradient and after the packed copies for a packed pass.
     fn workspace(&self, which: Which) -> usize {
+        let copies = |staging| match staging {
+            CudnnStaging::Strided => 0,
+            CudnnStaging::Packed => self.copies.1,
+        };
         match which {
-            Which::Forward => self.forward.workspace,
-            Which::Data => self.wt_bytes + self.data.workspace,
-            Which::Filter => self.filter.workspace,
+            Which::Forward => copies(self.forward.1) + self.forward.0.workspace,
+            Which::Data => match &self.data {
+                DataPass::Transposed(p) => self.wt_bytes + p.workspace,
+                DataPass::Packed(p) => self.copies.1 + p.workspace,
+            },
+            Which::Filter => copies(self.filter.1) + self.filter.0.workspace,
         }
     }
 }
 
-type Key = (DeviceId, ConvShape, DType, bool);
+/// A pass planned in the staging `choice` allows: `strided()` or `packed()` where one is
+/// pinned; else `strided()`, and `packed()` where that fails (the error then names both).
+fn staged<R>(
+    choice: CudnnStagingChoice,
+    strided: impl FnOnce() -> candle_core::Result<R>,
+    packed: impl FnOnce() -> candle_core::Result<R>,
+) -> candle_core::Result<(R, CudnnStaging)> {
+    match choice {
+        Some(CudnnStaging::Strided) => strided().map(|r| (r, CudnnStaging::Strided)),
+        Some(CudnnStaging::Packed) => packed().map(|r| (r, CudnnStaging::Packed)),
+        None => match strided() {
+            Ok(r) => Ok((r, CudnnStaging::Strided)),
+            Err(on_strides) => match packed() {
+                Ok(r) => Ok((r, CudnnStaging::Packed)),
+                Err(on_copies) => Err(msg(format!(
+                    "on the channel-major strides: {on_strides}; on packed copies: {on_copies}"
+                ))),
+            },
+        },
+    }
+}
+
+type Key = (DeviceId, ConvShape, DType, bool, CudnnStagingChoice);
 
 thread_local! {
     // Handles and plans are per thread: cuDNN handles are not to be shared between threads
@@ -377,6 +430,11 @@ ranked!(
     sys::cudnnConvolutionFwdAlgo_t::CUDNN_CONVOLUTION_FWD_ALGO_COUNT
 );
 ranked!(
+    sys::cudnnConvolutionBwdDataAlgoPerf_t,
+    sys::cudnnConvolutionBwdDataAlgo_t,
+    sys::cudnnConvolutionBwdDataAlgo_t::CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT
+);
+ranked!(
     sys::cudnnConvolutionBwdFilterAlgoPerf_t,
     sys::cudnnConvolutionBwdFilterAlgo_t,
     sys::cudnnConvolutionBwdFilterAlgo_t::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT
@@ -415,79 +473,130 @@ fn pass<P: Ranked>(
 }
 
 fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core::Result<Rc<Plan>> {
-    let key = (dev.id(), s, dtype, tf32);
+    let op = "conv3x3";
+    let choice = crate::ops::conv3x3::cudnn_staging().map_err(|e| msg(format!("{op}: {e}")))?;
+    let key = (dev.id(), s, dtype, tf32, choice);
     if let Some(p) = PLANS.with(|m| m.borrow().get(&key).cloned()) {
         return Ok(p);
     }
-    let op = "conv3x3";
     let handle = handle(dev)?;
     let dt = data_type(op, dtype)?;
     let x = channel_major(op, dt, s, s.b)?;
     let y = channel_major(op, dt, s, s.k)?;
+    let packed = |c: usize| {
+        let plane = s.h * s.w;
+        tensor4d(op, dt, [s.n, c, s.h, s.w], [c * plane, plane, s.w, 1])
+    };
+    let (xp, yp) = (packed(s.b)?, packed(s.k)?);
     let w = filter3x3(op, dt, s.k, s.b)?;
     let wt = filter3x3(op, dt, s.b, s.k)?;
     let w_swapped = tensor4d(op, dt, [s.b, s.k, 9, 1], [9, 9 * s.b, 1, 1])?;
     let wt_packed = tensor4d(op, dt, [s.b, s.k, 9, 1], [9 * s.k, 9, 1, 1])?;
     let wt_bytes = (9 * s.b * s.k * dtype.size_in_bytes()).div_ceil(256) * 256;
+    let copies = packed_copies_bytes(s.b, s.k, s.columns(), dtype.size_in_bytes());
     let asked = requested_math(dtype, tf32);
     let h = handle.0;
+    let modes = (dtype, tf32);
 
     use sys::cudnnConvolutionMode_t::{CUDNN_CONVOLUTION, CUDNN_CROSS_CORRELATION};
     let probe = conv_desc(op, CUDNN_CROSS_CORRELATION, dtype, asked)?;
     let probe_flipped = conv_desc(op, CUDNN_CONVOLUTION, dtype, asked)?;
-    // SAFETY (each call below): a live handle and descriptors, and room for as many results as
-    // asked for
-    let forward = pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
-        (op, "forward"),
-        CUDNN_CROSS_CORRELATION,
-        (dtype, tf32),
-        |out, n, count| unsafe {
-            dnn::get_convolution_forward_algorithm(h, x.0, w.0, probe.0, y.0, n, count, out)
-        },
-        |conv, algo| unsafe {
-            dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo)
-        },
+    // SAFETY (each cuDNN call below): a live handle and descriptors, and room for as many
+    // results as asked for
+    let forward_on = |x: &TensorDesc, y: &TensorDesc, name: &str| {
+        pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
+            (op, name),
+            CUDNN_CROSS_CORRELATION,
+            modes,
+            |out, n, count| unsafe {
+                dnn::get_convolution_forward_algorithm(h, x.0, w.0, probe.0, y.0, n, count, out)
+            },
+            |conv, algo| unsafe {
+                dnn::get_convolution_forward_workspace_size(h, x.0, w.0, conv.0, y.0, algo)
+            },
+        )
+    };
+    let forward = staged(
+        choice,
+        || forward_on(&x, &y, "forward"),
+        || forward_on(&xp, &yp, "forward (packed)"),
     )?;
-    // the data gradient: gy [k channels] convolved (flipped) with Wᵀ into ds [B channels]
-    let data = pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
-        (
-            op,
-            "data-gradient (forward convolution with the filter transposed)",
-        ),
-        CUDNN_CONVOLUTION,
-        (dtype, tf32),
-        |out, n, count| unsafe {
-            dnn::get_convolution_forward_algorithm(
-                h,
-                y.0,
-                wt.0,
-                probe_flipped.0,
-                x.0,
-                n,
-                count,
-                out,
+    // the data gradient: on the strides, gy [k channels] convolved (flipped) with Wᵀ into
+    // ds [B channels]; on packed copies, cuDNN's backward-data pass
+    let (data, _) = staged(
+        choice,
+        || {
+            pass::<sys::cudnnConvolutionFwdAlgoPerf_t>(
+                (
+                    op,
+                    "data-gradient (forward convolution with the filter transposed)",
+                ),
+                CUDNN_CONVOLUTION,
+                modes,
+                |out, n, count| unsafe {
+                    dnn::get_convolution_forward_algorithm(
+                        h,
+                        y.0,
+                        wt.0,
+                        probe_flipped.0,
+                        x.0,
+                        n,
+                        count,
+                        out,
+                    )
+                },
+                |conv, algo| unsafe {
+                    dnn::get_convolution_forward_workspace_size(h, y.0, wt.0, conv.0, x.0, algo)
+                },
             )
+            .map(DataPass::Transposed)
         },
-        |conv, algo| unsafe {
-            dnn::get_convolution_forward_workspace_size(h, y.0, wt.0, conv.0, x.0, algo)
+        || {
+            pass::<sys::cudnnConvolutionBwdDataAlgoPerf_t>(
+                (op, "data-gradient (packed)"),
+                CUDNN_CROSS_CORRELATION,
+                modes,
+                |out, n, count| unsafe {
+                    dnn::get_convolution_backward_data_algorithm(
+                        h, w.0, yp.0, probe.0, xp.0, n, count, out,
+                    )
+                },
+                |conv, algo| unsafe {
+                    dnn::get_convolution_backward_data_workspace_size(
+                        h, w.0, yp.0, conv.0, xp.0, algo,
+                    )
+                },
+            )
+            .map(DataPass::Packed)
         },
     )?;
-    let filter = pass::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(
-        (op, "filter-gradient"),
-        CUDNN_CROSS_CORRELATION,
-        (dtype, tf32),
-        |out, n, count| unsafe {
-            dnn::get_convolution_backward_filter_algorithm(h, x.0, y.0, probe.0, w.0, n, count, out)
-        },
-        |conv, algo| unsafe {
-            dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
-        },
+    let filter_on = |x: &TensorDesc, y: &TensorDesc, name: &str| {
+        pass::<sys::cudnnConvolutionBwdFilterAlgoPerf_t>(
+            (op, name),
+            CUDNN_CROSS_CORRELATION,
+            modes,
+            |out, n, count| unsafe {
+                dnn::get_convolution_backward_filter_algorithm(
+                    h, x.0, y.0, probe.0, w.0, n, count, out,
+                )
+            },
+            |conv, algo| unsafe {
+                dnn::get_convolution_backward_filter_workspace_size(h, x.0, y.0, conv.0, w.0, algo)
+            },
+        )
+    };
+    let filter = staged(
+        choice,
+        || filter_on(&x, &y, "filter-gradient"),
+        || filter_on(&xp, &yp, "filter-gradient (packed)"),
     )?;
 
     let p = Rc::new(Plan {
         handle,
         x,
         y,
+        xp,
+        yp,
         w,
         forward,
         data,
@@ -496,6 +605,7 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
         w_swapped,
         wt_packed,
         wt_bytes,
+        copies,
     });
     PLANS.with(|m| m.borrow_mut().insert(key, p.clone()));
     Ok(p)
@@ -520,11 +630,26 @@ pub fn algorithms(
     dtype: DType,
 ) -> candle_core::Result<ConvAlgorithms> {
     let p = plan(dev, s, dtype, tf32())?;
-    let name = |a: String| a.trim_start_matches("CUDNN_CONVOLUTION_").to_string();
+    let name = |a: String| {
+        a.trim_start_matches("CUDNN_CONVOLUTION_")
+            .replace("FWD_ALGO_", "")
+            .replace("BWD_DATA_ALGO_", "ALGO_")
+            .replace("BWD_FILTER_ALGO_", "ALGO_")
+    };
+    let staged = |a: String, staging| match staging {
+        CudnnStaging::Strided => a,
+        CudnnStaging::Packed => format!("{a} on packed copies"),
+    };
     Ok(ConvAlgorithms {
-        forward: name(format!("{:?}", p.forward.algo)).replace("FWD_ALGO_", ""),
-        data: name(format!("{:?}", p.data.algo)).replace("FWD_ALGO_", ""),
-        filter: name(format!("{:?}", p.filter.algo)),
+        forward: staged(name(format!("{:?}", p.forward.0.algo)), p.forward.1),
+        data: match &p.data {
+            DataPass::Transposed(d) => format!("(fwd, Wᵀ) {}", name(format!("{:?}", d.algo))),
+            DataPass::Packed(d) => staged(
+                format!("(bwd) {}", name(format!("{:?}", d.algo))),
+                CudnnStaging::Packed,
+            ),
+        },
+        filter: staged(name(format!("{:?}", p.filter.0.algo)), p.filter.1),
     })
 }
 
@@ -637,66 +762,141 @@ fn run<T: CudaDType + candle_core::WithDType>(
     };
     let wsp = ws as *mut std::ffi::c_void;
     let h = p.handle.0;
-    // SAFETY: the descriptors describe the operands (checked lengths, contiguous, one dtype);
-    // the destination does not overlap the operands (another storage: candle's in-place op
-    // refuses shared storages); the workspace has the plan's size; the handle is bound to
-    // candle's stream, which orders the call with every other op.
-    Ok(unsafe {
-        match which {
-            Which::Forward => dnn::convolution_forward(
-                h,
-                one,
-                p.x.0,
-                x,
-                p.w.0,
-                y,
-                p.forward.conv.0,
-                p.forward.algo,
-                wsp,
-                ws_bytes,
-                zero,
-                p.y.0,
-                d,
-            ),
-            Which::Data => {
-                // Wᵀ into the workspace's head, then ds = conv(gy, Wᵀ) (flipped) with the rest
+    // a packed pass's slots in the workspace: the B-channel copy, the k-channel copy, then
+    // the algorithm's workspace (`Plan::copies`)
+    let slot = |offset: usize| (ws + offset as u64) as *mut std::ffi::c_void;
+    let (b_copy, k_copy, after_copies) = (wsp, slot(p.copies.0), slot(p.copies.1));
+    let rest = ws_bytes.saturating_sub(p.copies.1);
+    // SAFETY (every call below): the descriptors describe the operands (checked lengths,
+    // contiguous, one dtype) and the workspace's slots (the plan's sizes, inside the
+    // workspace of `ws_bytes`); the destination does not overlap the operands (another
+    // storage: candle's in-place op refuses shared storages); the handle is bound to candle's
+    // stream, which orders the calls with every other op and with each other.
+    let copy = |from: &TensorDesc, src: *mut std::ffi::c_void, to: &TensorDesc, dst| unsafe {
+        sys::cudnnTransformTensor(h, one, from.0, src, zero, to.0, dst).result()
+    };
+    Ok(match which {
+        Which::Forward => match p.forward.1 {
+            CudnnStaging::Strided => unsafe {
+                dnn::convolution_forward(
+                    h,
+                    one,
+                    p.x.0,
+                    x,
+                    p.w.0,
+                    y,
+                    p.forward.0.conv.0,
+                    p.forward.0.algo,
+                    wsp,
+                    ws_bytes,
+                    zero,
+                    p.y.0,
+                    d,
+                )
+            },
+            // s into its copy, the convolution between the copies, y back
+            CudnnStaging::Packed => copy(&p.x, x, &p.xp, b_copy)
+                .and_then(|()| unsafe {
+                    dnn::convolution_forward(
+                        h,
+                        one,
+                        p.xp.0,
+                        b_copy,
+                        p.w.0,
+                        y,
+                        p.forward.0.conv.0,
+                        p.forward.0.algo,
+                        after_copies,
+                        rest,
+                        zero,
+                        p.yp.0,
+                        k_copy,
+                    )
+                })
+                .and_then(|()| copy(&p.yp, k_copy, &p.y, d)),
+        },
+        Which::Data => match &p.data {
+            // Wᵀ into the workspace's head, then ds = conv(gy, Wᵀ) (flipped) with the rest
+            DataPass::Transposed(data) => {
                 let wt = wsp;
-                let algo_ws = (ws + p.wt_bytes as u64) as *mut std::ffi::c_void;
-                sys::cudnnTransformTensor(h, one, p.w_swapped.0, x, zero, p.wt_packed.0, wt)
-                    .result()
-                    .and_then(|()| {
-                        dnn::convolution_forward(
-                            h,
-                            one,
-                            p.y.0,
-                            y,
-                            p.wt.0,
-                            wt,
-                            p.data.conv.0,
-                            p.data.algo,
-                            algo_ws,
-                            ws_bytes - p.wt_bytes,
-                            zero,
-                            p.x.0,
-                            d,
-                        )
-                    })
+                let algo_ws = slot(p.wt_bytes);
+                copy(&p.w_swapped, x, &p.wt_packed, wt).and_then(|()| unsafe {
+                    dnn::convolution_forward(
+                        h,
+                        one,
+                        p.y.0,
+                        y,
+                        p.wt.0,
+                        wt,
+                        data.conv.0,
+                        data.algo,
+                        algo_ws,
+                        ws_bytes - p.wt_bytes,
+                        zero,
+                        p.x.0,
+                        d,
+                    )
+                })
             }
-            Which::Filter => dnn::convolution_backward_filter(
-                h,
-                one,
-                p.x.0,
-                x,
-                p.y.0,
-                y,
-                p.filter.conv.0,
-                p.filter.algo,
-                wsp,
-                ws_bytes,
-                zero,
-                p.w.0,
-                d,
-            ),
-        }
+            // gy into its copy, cuDNN's backward-data pass into the other, ds back
+            DataPass::Packed(data) => copy(&p.y, y, &p.yp, k_copy)
+                .and_then(|()| unsafe {
+                    dnn::convolution_backward_data(
+                        h,
+                        one,
+                        p.w.0,
+                        x,
+                        p.yp.0,
+                        k_copy,
+                        data.conv.0,
+                        data.algo,
+                        after_copies,
+                        rest,
+                        zero,
+                        p.xp.0,
+                        b_copy,
+                    )
+                })
+                .and_then(|()| copy(&p.xp, b_copy, &p.x, d)),
+        },
+        Which::Filter => match p.filter.1 {
+            CudnnStaging::Strided => unsafe {
+                dnn::convolution_backward_filter(
+                    h,
+                    one,
+                    p.x.0,
+                    x,
+                    p.y.0,
+                    y,
+                    p.filter.0.conv.0,
+                    p.filter.0.algo,
+                    wsp,
+                    ws_bytes,
+                    zero,
+                    p.w.0,
+                    d,
+                )
+            },
+            // s and gy into their copies, the filter gradient from them
+            CudnnStaging::Packed => copy(&p.x, x, &p.xp, b_copy)
+                .and_then(|()| copy(&p.y, y, &p.yp, k_copy))
+                .and_then(|()| unsafe {
+                    dnn::convolution_backward_filter(
+                        h,
+                        one,
+                        p.xp.0,
+                        b_copy,
+                        p.yp.0,
+                        k_copy,
+                        p.filter.0.conv.0,
+                        p.filter.0.algo,
+                        after_copies,
+                        rest,
+                        zero,
+                        p.w.0,
+                        d,
+                    )
+                }),
+        },
     })
 }
