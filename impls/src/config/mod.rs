@@ -3,6 +3,7 @@
 pub mod params;
 pub mod size;
 pub mod spatial;
+pub mod switch;
 pub mod variant;
 
 use crate::config::size::Size;

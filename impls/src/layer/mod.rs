@@ -15,6 +15,7 @@
 //! [`conv1_bwd_weight`], the 3×3 weight gradient; the bias gradient, [`dense_bwd_bias`]; BN's
 //! dγ and dβ).
 
+use crate::config::switch::{env_value, scoped};
 use crate::config::variant::Relu;
 use crate::config::Config;
 use crate::error::{CandleContext, Result};
@@ -46,23 +47,6 @@ pub use crate::ops::elementwise::Tf32Rounding;
 /// f32 operands only (anything else is an error, never a silent no-op).
 pub fn with_tf32_emulation_on_cpu<R>(rounding: Tf32Rounding, f: impl FnOnce() -> R) -> R {
     scoped(&TF32_ON_CPU, Some(rounding), || with_tap_stack_on_cpu(f))
-}
-
-/// Runs `f` with the thread-local `key` set to `value`, restoring the old value afterwards,
-/// also when `f` panics.
-pub(crate) fn scoped<T: Copy + 'static, R>(
-    key: &'static std::thread::LocalKey<Cell<T>>,
-    value: T,
-    f: impl FnOnce() -> R,
-) -> R {
-    struct Restore<T: Copy + 'static>(&'static std::thread::LocalKey<Cell<T>>, T);
-    impl<T: Copy + 'static> Drop for Restore<T> {
-        fn drop(&mut self) {
-            self.0.with(|c| c.set(self.1));
-        }
-    }
-    let _restore = Restore(key, key.with(|c| c.replace(value)));
-    f()
 }
 
 /// `a @ b` through candle's matmul: the product of every path but the CPU's own kernels, with
@@ -144,14 +128,11 @@ pub fn whole_front_forced() -> bool {
 
 /// [`WHOLE_FRONT_ENV`] read: `1` true, `0` or unset false, anything else an error naming it.
 pub fn whole_front_override() -> Result<bool> {
-    match std::env::var(WHOLE_FRONT_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(false),
-        Ok(v) if v.trim() == "1" => Ok(true),
-        Ok(v) if v.trim() == "0" || v.trim().is_empty() => Ok(false),
-        Ok(v) => Err(bad_whole_front(v)),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            Err(bad_whole_front(v.to_string_lossy().into_owned()))
-        }
+    match env_value(WHOLE_FRONT_ENV) {
+        None => Ok(false),
+        Some(v) if v.trim() == "1" => Ok(true),
+        Some(v) if v.trim() == "0" || v.trim().is_empty() => Ok(false),
+        Some(v) => Err(bad_whole_front(v)),
     }
 }
 
@@ -883,10 +864,9 @@ pub fn tap_chunk_override() -> Result<Option<usize>> {
                  chunk), or unset"
             .to_string(),
     };
-    match std::env::var(TAP_CHUNK_ENV) {
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Ok(v) => v.trim().parse().map(Some).map_err(|_| bad(v)),
-        Err(std::env::VarError::NotUnicode(v)) => Err(bad(v.to_string_lossy().into_owned())),
+    match env_value(TAP_CHUNK_ENV) {
+        None => Ok(None),
+        Some(v) => v.trim().parse().map(Some).map_err(|_| bad(v)),
     }
 }
 
@@ -956,12 +936,7 @@ pub fn conv_in_cudnn(dev: &Device) -> Result<bool> {
 
 /// [`conv_in_cudnn`] for any CUDA device, asked without one (the feature and [`CONV_ENV`]).
 pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
-    let value = match std::env::var(CONV_ENV) {
-        Err(std::env::VarError::NotPresent) => None,
-        Ok(v) => Some(v),
-        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
-    };
-    conv_choice(value.as_deref(), cfg!(feature = "cudnn"))
+    conv_choice(env_value(CONV_ENV).as_deref(), cfg!(feature = "cudnn"))
 }
 
 /// [`CONV_ENV`]'s value read for a binary with (`built`) or without the `cudnn` feature.

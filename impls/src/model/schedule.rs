@@ -61,12 +61,7 @@ pub fn front_pieces_slack() -> crate::error::Result<f64> {
     if let Some(slack) = SLACK_HERE.with(std::cell::Cell::get) {
         return Ok(slack);
     }
-    let value = match std::env::var(FRONT_SLACK_ENV) {
-        Err(std::env::VarError::NotPresent) => None,
-        Ok(v) => Some(v),
-        Err(std::env::VarError::NotUnicode(v)) => Some(v.to_string_lossy().into_owned()),
-    };
-    parse_front_slack(value.as_deref())
+    parse_front_slack(crate::config::switch::env_value(FRONT_SLACK_ENV).as_deref())
 }
 
 thread_local! {
@@ -77,7 +72,7 @@ thread_local! {
 /// Runs `f` with the front's slack `slack` on this thread, whatever [`FRONT_SLACK_ENV`] says
 /// (tests compare slacks in one process without touching the environment).
 pub fn with_front_slack<R>(slack: f64, f: impl FnOnce() -> R) -> R {
-    crate::layer::scoped(&SLACK_HERE, Some(slack), f)
+    crate::config::switch::scoped(&SLACK_HERE, Some(slack), f)
 }
 
 /// [`FRONT_SLACK_ENV`]'s value read.
@@ -251,6 +246,18 @@ fn split_schedule(
     };
     let slack = split_tap_stack_slack(slack);
     let limit = least as f64 * (1.0 + slack);
+    let columns = |images: usize| if images >= n { 0 } else { images * plane };
+    let tap = fewest_chunk_images(n, |images| {
+        traced(columns(images), FrontPieces::CPU).is_some_and(|p| p as f64 <= limit)
+    })
+    .map_or(plane, columns);
+    Ok(cut(tap, least, slack))
+}
+
+/// Images per tap chunk for the fewest chunks of whole images (q chunks of `⌈n/q⌉`, the most
+/// even split, each split tried once) that `fits`, or `None` where not even one image a chunk
+/// does.
+fn fewest_chunk_images(n: usize, mut fits: impl FnMut(usize) -> bool) -> Option<usize> {
     let mut last = 0;
     for chunks in 1..=n {
         let images = n.div_ceil(chunks);
@@ -258,12 +265,11 @@ fn split_schedule(
             continue; // the same split as fewer chunks
         }
         last = images;
-        let tap = if images >= n { 0 } else { images * plane };
-        if traced(tap, FrontPieces::CPU).is_some_and(|p| p as f64 <= limit) {
-            return Ok(cut(tap, least, slack));
+        if fits(images) {
+            return Some(images);
         }
     }
-    Ok(cut(plane, least, slack))
+    None
 }
 
 /// How far above the least peak of any tap chunking and cut a split front on the tap stack
@@ -371,18 +377,13 @@ pub(crate) fn tap_chunk_columns_given(
     };
     let limit = floor as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
     let n = g.n.max(1);
-    let mut last = 0;
-    for chunks in 1..=n {
-        let images = n.div_ceil(chunks);
-        if images == last {
-            continue; // the same split as fewer chunks
-        }
-        last = images;
-        if peak(images).is_some_and(|p| p as f64 <= limit) {
-            return Ok(if images >= n { 0 } else { images * plane });
-        }
-    }
-    Ok(plane)
+    Ok(
+        match fewest_chunk_images(n, |images| peak(images).is_some_and(|p| p as f64 <= limit)) {
+            Some(images) if images >= n => 0,
+            Some(images) => images * plane,
+            None => plane,
+        },
+    )
 }
 
 /// The predicted allocation trace of one step (see [`predict_peak_bytes`]), the tap stack

@@ -35,8 +35,10 @@
 //! Only compiled with the `cudnn` feature. Every failure is an `Err` naming the op and cuDNN's
 //! status, never a panic.
 
-use crate::ops::conv3x3::{packed_copies_bytes, CudnnStaging, CudnnStagingChoice};
 use crate::ops::cuda::launch::{contiguous_range, expect_len, msg, unsupported};
+use crate::ops::cuda::staging::{
+    cudnn_staging, packed_copies_bytes, CudnnStaging, CudnnStagingChoice,
+};
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cudnn::{result as dnn, sys};
 use candle_core::cuda_backend::cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
@@ -474,7 +476,7 @@ fn pass<P: Ranked>(
 
 fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core::Result<Rc<Plan>> {
     let op = "conv3x3";
-    let choice = crate::ops::conv3x3::cudnn_staging().map_err(|e| msg(format!("{op}: {e}")))?;
+    let choice = cudnn_staging().map_err(|e| msg(format!("{op}: {e}")))?;
     let key = (dev.id(), s, dtype, tf32, choice);
     if let Some(p) = PLANS.with(|m| m.borrow().get(&key).cloned()) {
         return Ok(p);
@@ -899,4 +901,37 @@ fn run<T: CudaDType + candle_core::WithDType>(
                 }),
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `auto` plans a pass on the strides where cuDNN offers an algorithm there and on packed
+    /// copies only where it does not (an error then names both refusals); a pinned staging
+    /// never falls back, and never asks the other.
+    #[test]
+    fn a_pass_falls_back_to_packed_copies_only_where_the_strides_are_refused() {
+        let ok = |v: u8| move || -> candle_core::Result<u8> { Ok(v) };
+        let refused =
+            |why: &'static str| move || -> candle_core::Result<u8> { Err(msg(why.to_string())) };
+        let never = || -> candle_core::Result<u8> { panic!("asked a staging that is pinned off") };
+        use CudnnStaging::{Packed, Strided};
+        assert_eq!(staged(None, ok(1), never).unwrap(), (1, Strided));
+        assert_eq!(staged(None, refused("no"), ok(2)).unwrap(), (2, Packed));
+        let e = staged(None, refused("strides refused"), refused("copies refused"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("on the channel-major strides: strides refused")
+                && e.contains("on packed copies: copies refused"),
+            "{e}"
+        );
+        assert_eq!(staged(Some(Strided), ok(3), never).unwrap(), (3, Strided));
+        let e = staged(Some(Strided), refused("strides refused"), never)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("strides refused"), "{e}");
+        assert_eq!(staged(Some(Packed), never, ok(4)).unwrap(), (4, Packed));
+    }
 }
