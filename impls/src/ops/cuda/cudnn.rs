@@ -774,47 +774,55 @@ fn run<T: CudaDType + candle_core::WithDType>(
     // workspace of `ws_bytes`); the destination does not overlap the operands (another
     // storage: candle's in-place op refuses shared storages); the handle is bound to candle's
     // stream, which orders the calls with every other op and with each other.
-    let copy = |from: &TensorDesc, src: *mut std::ffi::c_void, to: &TensorDesc, dst| unsafe {
+    type Ptr = *mut std::ffi::c_void;
+    let copy = |from: &TensorDesc, src: Ptr, to: &TensorDesc, dst: Ptr| unsafe {
         sys::cudnnTransformTensor(h, one, from.0, src, zero, to.0, dst).result()
+    };
+    // the forward convolution of `(xd, x)` with the filter into `(yd, out)`, and the filter
+    // gradient from `(xd, x)` and `(yd, gy)`, each with the algorithm workspace `(w, bytes)`:
+    // on the features where they lie, or between their copies
+    let forward = |(xd, x): (&TensorDesc, Ptr), (yd, out): (&TensorDesc, Ptr), (w, bytes)| unsafe {
+        let pass = &p.forward.0;
+        dnn::convolution_forward(
+            h,
+            one,
+            xd.0,
+            x,
+            p.w.0,
+            y,
+            pass.conv.0,
+            pass.algo,
+            w,
+            bytes,
+            zero,
+            yd.0,
+            out,
+        )
+    };
+    let filter = |(xd, x): (&TensorDesc, Ptr), (yd, gy): (&TensorDesc, Ptr), (w, bytes)| unsafe {
+        let pass = &p.filter.0;
+        dnn::convolution_backward_filter(
+            h,
+            one,
+            xd.0,
+            x,
+            yd.0,
+            gy,
+            pass.conv.0,
+            pass.algo,
+            w,
+            bytes,
+            zero,
+            p.w.0,
+            d,
+        )
     };
     Ok(match which {
         Which::Forward => match p.forward.1 {
-            CudnnStaging::Strided => unsafe {
-                dnn::convolution_forward(
-                    h,
-                    one,
-                    p.x.0,
-                    x,
-                    p.w.0,
-                    y,
-                    p.forward.0.conv.0,
-                    p.forward.0.algo,
-                    wsp,
-                    ws_bytes,
-                    zero,
-                    p.y.0,
-                    d,
-                )
-            },
+            CudnnStaging::Strided => forward((&p.x, x), (&p.y, d), (wsp, ws_bytes)),
             // s into its copy, the convolution between the copies, y back
             CudnnStaging::Packed => copy(&p.x, x, &p.xp, b_copy)
-                .and_then(|()| unsafe {
-                    dnn::convolution_forward(
-                        h,
-                        one,
-                        p.xp.0,
-                        b_copy,
-                        p.w.0,
-                        y,
-                        p.forward.0.conv.0,
-                        p.forward.0.algo,
-                        after_copies,
-                        rest,
-                        zero,
-                        p.yp.0,
-                        k_copy,
-                    )
-                })
+                .and_then(|()| forward((&p.xp, b_copy), (&p.yp, k_copy), (after_copies, rest)))
                 .and_then(|()| copy(&p.yp, k_copy, &p.y, d)),
         },
         Which::Data => match &p.data {
@@ -862,43 +870,11 @@ fn run<T: CudaDType + candle_core::WithDType>(
                 .and_then(|()| copy(&p.xp, b_copy, &p.x, d)),
         },
         Which::Filter => match p.filter.1 {
-            CudnnStaging::Strided => unsafe {
-                dnn::convolution_backward_filter(
-                    h,
-                    one,
-                    p.x.0,
-                    x,
-                    p.y.0,
-                    y,
-                    p.filter.0.conv.0,
-                    p.filter.0.algo,
-                    wsp,
-                    ws_bytes,
-                    zero,
-                    p.w.0,
-                    d,
-                )
-            },
+            CudnnStaging::Strided => filter((&p.x, x), (&p.y, y), (wsp, ws_bytes)),
             // s and gy into their copies, the filter gradient from them
             CudnnStaging::Packed => copy(&p.x, x, &p.xp, b_copy)
                 .and_then(|()| copy(&p.y, y, &p.yp, k_copy))
-                .and_then(|()| unsafe {
-                    dnn::convolution_backward_filter(
-                        h,
-                        one,
-                        p.xp.0,
-                        b_copy,
-                        p.yp.0,
-                        k_copy,
-                        p.filter.0.conv.0,
-                        p.filter.0.algo,
-                        after_copies,
-                        rest,
-                        zero,
-                        p.w.0,
-                        d,
-                    )
-                }),
+                .and_then(|()| filter((&p.xp, b_copy), (&p.yp, k_copy), (after_copies, rest))),
         },
     })
 }
