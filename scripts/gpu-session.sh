@@ -42,8 +42,9 @@
 #           the tap stack (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
 #           buffer-recompute-inplace on BC-100's block at L = 16 and 48 and the torchvision-style
 #           block at L = 6, `--math tf32 --execution graph` (DENSEBENCH_CONV_ARGS to change):
-#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt (not a
-#           default stage)
+#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt; then on
+#           BC-100 L=16 cuDNN as planned against every pass on packed copies
+#           (DENSEBENCH_CUDNN_STAGING=packed): $OUT/conv-staging.csv and .txt (not a default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
 #           exact arithmetic counted (scripts/relu_flips.py): $OUT/flips.txt (not a default stage)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck on the kernel
@@ -220,6 +221,8 @@ reserve_after() {
 # turn (`model`: VAR unset, the memory model's choice), rows appended to $OUT/NAME.csv, then
 # paired per key by scripts/side_by_side.py (NOTE: the regex of each row's note to show) into
 # $OUT/NAME.txt. The A/B stages (front, chunks, conv) are this with their own settings.
+# SIDE_ENV (an array of VAR=value) is set for every run of the call, besides VAR.
+SIDE_ENV=()
 side_by_side() {
     local name=$1 var=$2 settings=$3 variants=$4 note=$5 label args v setting row
     shift 5
@@ -232,7 +235,7 @@ side_by_side() {
                 [ "$setting" = model ] || set_var=("$var=$setting")
                 [ "$(left)" -ge 30 ] || { fail "$name run '$label' $v ($setting): not run: out of time"; continue; }
                 # shellcheck disable=SC2086  # the config's flags are words
-                row=$(bounded 180 env "${set_var[@]}" "$db" run $args "$@" --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/$name.err") \
+                row=$(bounded 180 env "${SIDE_ENV[@]}" "${set_var[@]}" "$db" run $args "$@" --variant "$v" --device cuda:0 < /dev/null 2>> "$OUT/$name.err") \
                     || fail "$name run '$label' $v ($var=$setting) exited $? (see $name.err)"
                 [ -n "$row" ] || continue
                 if [ -s "$csv" ]; then echo "$row" | tail -n +2 >> "$csv"; else echo "$row" >> "$csv"; fi
@@ -431,6 +434,15 @@ bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
+        # what the packed fallback costs: cuDNN's passes where cuDNN plans them against every
+        # pass on packed copies (DENSEBENCH_CUDNN_STAGING=packed), BC-100 L=16
+        SIDE_ENV=(DENSEBENCH_CONV=cudnn)
+        # shellcheck disable=SC2086  # the extra flags are words
+        side_by_side conv-staging DENSEBENCH_CUDNN_STAGING model,packed "cat-store-copy buffer-recompute-inplace" \
+            "3×3 convolution in cuDNN[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+CONFIGS
+        SIDE_ENV=()
         ;;
     flips)
         work=/tmp/densebench-flips
