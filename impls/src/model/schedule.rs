@@ -201,9 +201,8 @@ pub fn schedule_for(
 /// the slack ([`front_pieces_slack`]) of the finest cut's peak ([`fewest_pieces`]). The tap
 /// stack: the tap chunking and the cut picked together, within one limit — the least peak
 /// the pair can reach (one image per tap chunk, the finest cut), raised by
-/// [`split_tap_stack_slack`] — the fewest tap chunks first
-/// (three passes of two or three launches each per chunk and layer), then the fewest front
-/// pieces with them. Picked one after the other (the chunks for the finest cut, then the
+/// [`split_tap_stack_slack`] — the fewest tap chunks first (three passes of two or three
+/// launches each per chunk and layer), then the fewest front pieces with them. Picked one after the other (the chunks for the finest cut, then the
 /// cut), the chunks were those the finest cut needs whatever slack the cut was given: a
 /// larger `DENSEBENCH_FRONT_SLACK` coarsened the cut but kept the 16 tap chunks of BC-100's
 /// L=16, which cost most of the split front's 1.7× time on an H100.
@@ -274,9 +273,10 @@ fn fewest_chunk_images(n: usize, mut fits: impl FnMut(usize) -> bool) -> Option<
 
 /// How far above the least peak of any tap chunking and cut a split front on the tap stack
 /// may go (`split_schedule`, [`schedule_for`]'s split front): the larger of
-/// [`TAP_CHUNK_PEAK_SLACK`] and the front's slack in force — 1% by default, so BC-100's predicted peaks stay where the two picked one after
-/// the other had them (L = 48 `buffer-recompute-inplace` 343.6 MiB, under issue 38's 345; the
-/// two slacks compounded took 345.7); `DENSEBENCH_FRONT_SLACK=0.05` lets both coarsen to 5%.
+/// [`TAP_CHUNK_PEAK_SLACK`] and the front's slack in force — 1% by default, so BC-100's
+/// predicted peaks stay where the two picked one after the other had them (L = 48
+/// `buffer-recompute-inplace` 343.6 MiB, under issue 38's 345; the two slacks compounded took
+/// 345.7); `DENSEBENCH_FRONT_SLACK=0.05` lets both coarsen to 5%.
 pub fn split_tap_stack_slack(front_slack: f64) -> f64 {
     TAP_CHUNK_PEAK_SLACK.max(front_slack)
 }
