@@ -656,9 +656,10 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
                 };
                 let rel = max((&g - &c).expect("diff")) / max(c.clone());
                 assert!(
-                rel <= tol,
-                "{dtype:?} ({staging:?}): {name}: max |cuDNN − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
-            );
+                    rel <= tol,
+                    "{dtype:?} ({staging:?}): {name}: max |cuDNN − cpu direct| / max |cpu| \
+                     = {rel:e} > {tol:e}"
+                );
             }
             for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
                 assert_eq!(a.dtype(), b.dtype());
