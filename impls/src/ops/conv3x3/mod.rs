@@ -40,10 +40,7 @@ mod widened;
 use crate::error::{CandleContext, Result};
 use crate::ops::cpu::shared::Elem;
 pub use crate::ops::cpu::shared::Float;
-pub use crate::ops::cuda::staging::{
-    cudnn_staging, packed_copies_bytes, with_cudnn_staging, CudnnStaging, CudnnStagingChoice,
-    CUDNN_STAGING_ENV,
-};
+pub use crate::ops::cuda::staging::{with_cudnn_staging, CudnnStaging, CudnnStagingChoice};
 use crate::ops::layout::grid::Grid;
 use candle_core::backend::BackendStorage;
 use candle_core::{CpuStorage, CustomOp2, Layout, Shape, Tensor};

@@ -37,7 +37,7 @@
 
 use crate::ops::cuda::launch::{contiguous_range, expect_len, msg, unsupported};
 use crate::ops::cuda::staging::{
-    cudnn_staging, packed_copies_bytes, CudnnStaging, CudnnStagingChoice,
+    cudnn_staging, packed_copies_bytes, workspace_aligned, CudnnStaging, CudnnStagingChoice,
 };
 use candle_core::backend::BackendStorage;
 use candle_core::cuda_backend::cudarc::cudnn::{result as dnn, sys};
@@ -494,7 +494,7 @@ fn plan(dev: &CudaDevice, s: ConvShape, dtype: DType, tf32: bool) -> candle_core
     let wt = filter3x3(op, dt, s.b, s.k)?;
     let w_swapped = tensor4d(op, dt, [s.b, s.k, 9, 1], [9, 9 * s.b, 1, 1])?;
     let wt_packed = tensor4d(op, dt, [s.b, s.k, 9, 1], [9 * s.k, 9, 1, 1])?;
-    let wt_bytes = (9 * s.b * s.k * dtype.size_in_bytes()).div_ceil(256) * 256;
+    let wt_bytes = workspace_aligned(9 * s.b * s.k * dtype.size_in_bytes());
     let copies = packed_copies_bytes(s.b, s.k, s.columns(), dtype.size_in_bytes());
     let asked = requested_math(dtype, tf32);
     let h = handle.0;

@@ -58,14 +58,18 @@ pub fn with_cudnn_staging<R>(choice: CudnnStagingChoice, f: impl FnOnce() -> R) 
     crate::config::switch::scoped(&STAGING_OVERRIDE, Some(choice), f)
 }
 
+/// `bytes` rounded up to 256, cuDNN's alignment for the operands a pass keeps in its
+/// workspace (`Wᵀ` of the strided data pass, the packed copies).
+pub fn workspace_aligned(bytes: usize) -> usize {
+    bytes.div_ceil(256) * 256
+}
+
 /// Where a packed cuDNN pass keeps its copies in its workspace, in bytes: the `b`-channel
 /// tensor at 0, the `k`-channel one at the first return value, the algorithm's own workspace
-/// from the second on (each copy of `m` columns of `elem` bytes rounded up to 256, cuDNN's
-/// alignment for its operands).
+/// from the second on (each copy of `m` columns of `elem` bytes [`workspace_aligned`]).
 pub fn packed_copies_bytes(b: usize, k: usize, m: usize, elem: usize) -> (usize, usize) {
-    let round = |v: usize| v.div_ceil(256) * 256;
-    let first = round(b * m * elem);
-    (first, first + round(k * m * elem))
+    let first = workspace_aligned(b * m * elem);
+    (first, first + workspace_aligned(k * m * elem))
 }
 
 #[cfg(test)]
