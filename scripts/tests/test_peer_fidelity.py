@@ -64,10 +64,19 @@ def binary() -> str | None:
     return None
 
 
+# Processes per side. On this project's shared 2-core hosts a whole process runs slow or fast (the
+# steps inside one agree within a few per cent; one process's fastest step was 2.6 ms, the next
+# one's, same binary, same side, 4.4–5.2 ms — other tenants' load on the core it landed on), so
+# the fastest step of either side is only its true speed once some process of that side ran in a
+# quiet spell. With 3 per side CI saw all three harness processes of both jobs slow (×1.42,
+# ×1.68, stop 49); 8 per side cost ~10 s an attempt.
+REPEAT = 8
+
+
 def fidelity(bin_path: str, sweep: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, SCRIPT, "--densebench", bin_path, "--sweep", sweep, "--peer", "none",
-         "--steps", "10", "--warmup", "2", "--repeat", "3", "--statistic", "min"],
+         "--steps", "10", "--warmup", "2", "--repeat", str(REPEAT), "--statistic", "min"],
         capture_output=True, text=True, env=env, timeout=900,
     )
 
@@ -113,16 +122,16 @@ class EndToEnd(unittest.TestCase):
             f.write(SWEEP)
 
     def test_honest_rows_agree_with_a_bare_loop(self):
-        # One more attempt when the first is outside: another tenant's burst can slow every
-        # step of one side of one pair for a second; a real overhead in the timed step fails
-        # both (the planted delay below fails every attempt).
+        # Up to three attempts when the first is outside: another tenant's burst can slow every
+        # process of one side of one pair; a real overhead in the timed step fails every
+        # attempt (the planted delay below fails all of them).
         # Judged one-sided here: what instrumentation in a timed step does is make the
         # harness's row slower than the bare loop. (On a smaller block, 1.2 ms a step, CI
         # measured the harness's buffer-recompute-inplace rows at ×0.88 of `step --bare-loop`'s
         # in one run and ×1.49 in another, every attempt of each: per-process wake-up latency of
         # rayon's hand-offs, see CASE; so the two-sided verdict is the script's, reported by it,
         # and this test asserts the side that matters.)
-        for attempt in range(2):
+        for attempt in range(3):
             r = fidelity(self.bin, self.sweep)
             ratios = [float(line.split(", ×")[1].split(" ")[0])
                       for line in r.stdout.splitlines() if ", ×" in line]
