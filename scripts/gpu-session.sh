@@ -3,7 +3,7 @@
 # the CUDA libraries they link, and runs the GPU checklist of issue 11, writing everything under
 # $OUT (default /tmp/densebench-gpu). Stages, in order (default: all of them):
 #
-#   bash scripts/gpu-session.sh [info] [tests] [sweep] [tf32] [report]
+#   bash scripts/gpu-session.sh [info] [tests] [warm] [sweep] [tf32] [report]
 #
 #   info    nvidia-smi, driver vs the toolkit the binaries were built with, PyTorch's version
 #   tests   the packed GPU test binaries (fused CUDA kernels vs the CPU, pool peaks, GPU CLI
@@ -11,6 +11,11 @@
 #   tf32    `run --math tf32` (cat-store-copy) on the configs of docs/gpu.md's TF32 table: each
 #           row's note has the tf32 step's own error against f64, to compare with the CPU
 #           emulation's numbers there: $OUT/tf32.csv and $OUT/tf32.txt
+#   warm    the compiled PyTorch rows the sweep reaches next (those not in .gpu/reference-gpu.csv,
+#           in the sweep's order), compiled several at a time for DENSEBENCH_WARM_SECS (default
+#           90; no compile started after it) so that the sweep's own compiled peers find
+#           inductor's on-disk caches warm (scripts/warm_compile.py): $OUT/warm.csv (each block's
+#           cold wall time) and $OUT/warm.txt. Nothing is timed while it runs.
 #   sweep   harness/sweeps/gpu.toml with the PyTorch peer rows (when PyTorch is importable),
 #           resumable: $OUT/reference-gpu.csv. A sweep longer than one command's time limit is
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
@@ -71,7 +76,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 sweep report fidelity bf16 front chunks conv placement flips sanitize profile)
+known=(info tests tf32 warm sweep report fidelity bf16 front chunks conv placement flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -79,7 +84,7 @@ case "${1:-}" in
         ;;
 esac
 stages=("$@")
-[ ${#stages[@]} -gt 0 ] || stages=(info tests sweep tf32 report)
+[ ${#stages[@]} -gt 0 ] || stages=(info tests warm sweep tf32 report)
 # Every stage name checked before any work: a typo must not cost a GPU lease's minutes first.
 for stage in "${stages[@]}"; do
     case " ${known[*]} " in
@@ -247,6 +252,33 @@ side_by_side() {
         | tee "$OUT/$name.txt"
 }
 
+# $OUT/reference-gpu.csv, the sweep's file: .gpu/reference-gpu.csv resumed (copied once per
+# call) when its rows are of this GPU and of this result schema, else set aside under another
+# name and none (the sweep starts a new one). Used by `warm` (what is measured already) and `sweep`.
+resume_reference() {
+    local csv="$OUT/reference-gpu.csv" gpu_name
+    [ ! -f "$csv" ] || return 0
+    [ -f .gpu/reference-gpu.csv ] || return 0
+    cp .gpu/reference-gpu.csv "$csv" && chmod u+w "$csv"
+    # Resumed rows must be of this GPU: a call on another kind (an H200 for an H100) would mix
+    # two devices' rows under one key.
+    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
+        # kept (it comes back as reference-gpu-other.csv), and this call's sweep starts a file
+        # of its own GPU instead of running nothing
+        mv "$csv" "$OUT/reference-gpu-other.csv"
+        echo "gpu-session: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (kept as reference-gpu-other.csv); this sweep starts a new reference-gpu.csv" >&2
+        return 0
+    fi
+    # A resumed file of an older result schema (a reference before the timed-step fix of issue
+    # 36: its peer rows were timed with hooks inside the step) is kept aside, not resumed: its
+    # rows are not this binary's to append to.
+    if ! head -n 1 "$csv" | grep -q ',execution,compile_ns$'; then
+        mv "$csv" "$OUT/reference-gpu-old-schema.csv"
+        echo "gpu-session: .gpu/reference-gpu.csv is of an older result schema: kept as reference-gpu-old-schema.csv; this sweep starts a new reference-gpu.csv" >&2
+    fi
+}
+
 for stage in "${stages[@]}"; do
     if [ "$(left)" -lt "$(least "$stage")" ]; then
         fail "$stage: not run: out of time ($(left) s left of DENSEBENCH_SESSION_SECS=$budget); name it in the next call"
@@ -305,27 +337,30 @@ mlp-32 --family mlp --batch 4096 --channels 256 --growth 64 --depth 32
 mlp-64 --family mlp --batch 4096 --channels 256 --growth 64 --depth 64
 CONFIGS
         ;;
+    warm)
+        # The compiled peer rows the sweep reaches next, compiled several at a time so that
+        # its own peers find inductor's caches warm (scripts/warm_compile.py); nothing is timed.
+        if ! peer_on_gpu; then
+            echo "gpu-session: warm: PyTorch is not importable here or has no CUDA: nothing to compile"
+            continue
+        fi
+        resume_reference
+        done_csv=()
+        [ ! -f "$OUT/reference-gpu.csv" ] || done_csv=(--done "$OUT/reference-gpu.csv")
+        wsecs=${DENSEBENCH_WARM_SECS:-90}
+        most=$(( $(left) - $(reserve_after warm) - 90 ))
+        [ "$wsecs" -le "$most" ] || wsecs=$most
+        [ "$wsecs" -ge 10 ] || { fail "warm: not run: out of time"; continue; }
+        # no compile started after $wsecs s; those started get 90 s more to finish
+        timeout -s TERM -k 15 $(( wsecs + 90 )) "${peer_env[@]}" python3 scripts/warm_compile.py \
+            --densebench "$db" --device cuda:0 "${done_csv[@]}" --budget "$wsecs" \
+            --csv "$OUT/warm.csv" 2>&1 | tee "$OUT/warm.txt" | tail -n 40
+        code=${PIPESTATUS[0]}
+        [ "$code" -eq 0 ] || fail "warm exited $code (see warm.txt; a failed compile is an error row in the sweep)"
+        ;;
     sweep)
         csv="$OUT/reference-gpu.csv"
-        if [ -f .gpu/reference-gpu.csv ]; then
-            cp .gpu/reference-gpu.csv "$csv" && chmod u+w "$csv"
-            # Resumed rows must be of this GPU: a call on another kind (an H200 for an H100)
-            # would mix two devices' rows under one key.
-            gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
-            if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
-                # kept (it comes back as reference-gpu-other.csv), and this call's sweep starts
-                # a file of its own GPU instead of running nothing
-                mv "$csv" "$OUT/reference-gpu-other.csv"
-                echo "gpu-session: .gpu/reference-gpu.csv holds rows of another GPU than this $gpu_name: not resumed (kept as reference-gpu-other.csv); this sweep starts a new reference-gpu.csv" >&2
-            fi
-        fi
-        # A resumed file of an older result schema (a reference before the timed-step fix of
-        # issue 36: its peer rows were timed with hooks inside the step) is kept aside, not
-        # resumed: its rows are not this binary's to append to.
-        if [ -f "$csv" ] && ! head -n 1 "$csv" | grep -q ',execution,compile_ns$'; then
-            mv "$csv" "$OUT/reference-gpu-old-schema.csv"
-            echo "gpu-session: .gpu/reference-gpu.csv is of an older result schema: kept as reference-gpu-old-schema.csv; this sweep starts a new reference-gpu.csv" >&2
-        fi
+        resume_reference
         peer=()
         if peer_on_gpu; then
             # PyTorch eager and compiled (reduce-overhead: CUDA graphs), issue 36
