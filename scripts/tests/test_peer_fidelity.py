@@ -32,6 +32,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "scripts", "peer_fidelity.py")
 sys.path.insert(0, os.path.dirname(HERE))
 import peer_fidelity  # noqa: E402
+from densebench_bin import binary  # noqa: E402
 
 # A bc block whose step takes about ten milliseconds at -O1 on one thread: long enough that
 # timer granularity, one allocation's jitter and the per-op hand-offs between the caller and
@@ -53,15 +54,6 @@ size = {CASE["size"]}
 depth = {CASE["depth"]}
 variants = ["cat-store-copy", "buffer-recompute-inplace"]
 """
-
-
-def binary() -> str | None:
-    for path in (os.environ.get("DENSEBENCH_BIN"),
-                 os.path.join(ROOT, "target", "release", "densebench"),
-                 os.path.join(ROOT, "target", "debug", "densebench")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 # Processes per side. On this project's shared 2-core hosts a whole process runs slow or fast (the

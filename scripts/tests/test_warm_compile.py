@@ -22,6 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(HERE))
 SCRIPT = os.path.join(ROOT, "scripts", "warm_compile.py")
 sys.path.insert(0, os.path.dirname(HERE))
 import warm_compile  # noqa: E402
+from densebench_bin import binary  # noqa: E402
 
 SWEEP = """
 name = "warm-test"
@@ -64,15 +65,6 @@ FAKE = textwrap.dedent("""\
         sys.exit(1)
     print(json.dumps({"compile_ns": 1500000000, "variant": variant}))
 """)
-
-
-def binary() -> str | None:
-    for path in (os.environ.get("DENSEBENCH_BIN"),
-                 os.path.join(ROOT, "target", "release", "densebench"),
-                 os.path.join(ROOT, "target", "debug", "densebench")):
-        if path and os.access(path, os.X_OK):
-            return path
-    return None
 
 
 class Selection(unittest.TestCase):
