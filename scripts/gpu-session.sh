@@ -15,7 +15,9 @@
 #           in the sweep's order), compiled several at a time for DENSEBENCH_WARM_SECS (default
 #           90; no compile started after it) so that the sweep's own compiled peers find
 #           inductor's on-disk caches warm (scripts/warm_compile.py): $OUT/warm.csv (each block's
-#           cold wall time) and $OUT/warm.txt. Nothing is timed while it runs.
+#           cold wall time) and $OUT/warm.txt. Nothing is timed while it runs. It yields to the
+#           stages after it (the sweep's four minutes first) and is skipped, not failed, when
+#           they leave it under 10 s.
 #   sweep   harness/sweeps/gpu.toml with the PyTorch peer rows (when PyTorch is importable),
 #           resumable: $OUT/reference-gpu.csv. A sweep longer than one command's time limit is
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
