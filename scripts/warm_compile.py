@@ -30,6 +30,7 @@ import csv
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -177,7 +178,14 @@ def main(argv: list[str]) -> int:
                     r = subprocess.run([a.densebench, "case", *pf.config_flags(j), "--out", path],
                                        capture_output=True, text=True)
                     if r.returncode != 0:
-                        die(f"densebench case for {cid}: {r.stderr.strip()}", 1)
+                        failed += 1
+                        why = f"densebench case: {last_line(r.stderr) or f'exit {r.returncode}'}"
+                        print(f"FAILED {j['key']}: {why}", flush=True)
+                        if writer:
+                            writer.writerow({"key": j["key"], "status": "failed", "jobs": a.jobs,
+                                             "error": why[:300]})
+                            sink.flush()
+                        continue
                     cases[cid] = path
                 out = os.path.join(tmp, f"result{len(running)}-{time.monotonic_ns()}.safetensors")
                 proc = subprocess.Popen(peer_command(a, j, cases[cid], out), env=env,
@@ -222,6 +230,7 @@ def main(argv: list[str]) -> int:
     finally:
         if sink:
             sink.close()
+        shutil.rmtree(tmp, ignore_errors=True)  # the case files: hundreds of MB for big blocks
     left = f", {len(queue)} not started (budget)" if queue else ""
     print(f"warm: {ok} of {len(jobs)} compiled in {time.monotonic() - start:.0f} s, "
           f"{failed} failed{left}", flush=True)

@@ -184,6 +184,28 @@ class Runs(unittest.TestCase):
         self.assertIn("inductor said no", r.stdout)
         self.assertIn("warm: 5 of 6 compiled", r.stdout)
 
+    def test_a_case_that_cannot_be_made_fails_its_rows_not_the_others(self):
+        # A densebench whose `case` fails for the mlp (its `plan` is the real one's).
+        wrapper = os.path.join(self.dir, "densebench-no-mlp-case")
+        with open(wrapper, "w") as f:
+            f.write(f"""#!/bin/sh
+if [ "$1" = case ] && echo "$*" | grep -q -- '--family mlp'; then
+    echo "densebench case: error: no room for the case file" >&2; exit 1
+fi
+exec {self.bin} "$@"
+""")
+        os.chmod(wrapper, 0o755)
+        log = os.path.join(self.dir, "log-case")
+        r = subprocess.run(
+            [sys.executable, SCRIPT, "--densebench", wrapper, "--sweep", self.sweep,
+             "--device", "cpu", "--python", self.fake, "--jobs", "2"],
+            capture_output=True, text=True, env=dict(os.environ, WARM_FAKE_LOG=log,
+                                                     WARM_FAKE_SECS="0.1"), timeout=120)
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("FAILED pytorch-compiled-naive/mlp/", r.stdout)
+        self.assertIn("no room for the case file", r.stdout)
+        self.assertIn("warm: 4 of 6 compiled in", r.stdout)
+
     def test_nothing_is_started_after_the_budget(self):
         # The budget counts from the script's start: a spent one starts nothing.
         r, events = self.warm("--budget", "0")
