@@ -96,16 +96,26 @@ fn parse_front_slack(value: Option<&str>) -> crate::error::Result<f64> {
 /// (up to one chunk of all `m`), the most whose peak (`peak`, with the CPU's block rows) is
 /// within `slack` ([`front_pieces_slack`]) of `finest`'s; then channel rows per block
 /// `GRAD_BLOCK_ROWS · 2^j` (up to one block of `c_max`, the widest layer input) the same way
-/// with those columns. A peak that cannot be traced counts as over the limit.
+/// with those columns. A peak that cannot be traced counts as over the limit. Returns the cut
+/// and its peak (`None` where no cut was within: then the CPU's pieces).
 fn fewest_pieces(
     m: usize,
     c_max: usize,
     finest: i128,
     slack: f64,
     peak: impl Fn(FrontPieces) -> Option<i128>,
-) -> FrontPieces {
+) -> (FrontPieces, Option<i128>) {
     let limit = finest as f64 * (1.0 + slack);
-    let within = |p: FrontPieces| peak(p).is_some_and(|v| v as f64 <= limit);
+    // the peak of the last cut found within the limit: the one returned (each loop ends with
+    // the cut before it, which was within)
+    let found = std::cell::Cell::new(None);
+    let within = |p: FrontPieces| match peak(p) {
+        Some(v) if v as f64 <= limit => {
+            found.set(Some(v));
+            true
+        }
+        _ => false,
+    };
     let doublings = |first: usize, last: usize| {
         std::iter::successors(Some(first), move |&v| {
             (v < last).then(|| v.saturating_mul(2))
@@ -125,7 +135,7 @@ fn fewest_pieces(
             break;
         }
     }
-    pieces
+    (pieces, found.get())
 }
 
 /// How much a split front ([`Schedule::split_front`]) must lower a variant's predicted peak,
@@ -202,8 +212,9 @@ pub fn schedule_for(
 /// stack: the tap chunking and the cut picked together, within one limit — the least peak
 /// the pair can reach (one image per tap chunk, the finest cut), raised by
 /// [`split_tap_stack_slack`] — the fewest tap chunks first (three passes of two or three
-/// launches each per chunk and layer), then the fewest front pieces with them. Picked one after the other (the chunks for the finest cut, then the
-/// cut), the chunks were those the finest cut needs whatever slack the cut was given: a
+/// launches each per chunk and layer), then the fewest front pieces with them. Picked one
+/// after the other (the chunks for the finest cut, then the cut), the chunks were those the
+/// finest cut needs whatever slack the cut was given: a
 /// larger `DENSEBENCH_FRONT_SLACK` coarsened the cut but kept the 16 tap chunks of BC-100's
 /// L=16, which cost most of the split front's 1.7× time on an H100.
 fn split_schedule(
@@ -230,8 +241,8 @@ fn split_schedule(
     let slack = front_pieces_slack()?;
     // the fewest pieces for a tap chunking within `slack` of `base`
     let cut = |tap: usize, base: i128, slack: f64| {
-        let pieces = fewest_pieces(m, c_max, base, slack, |p| traced(tap, p));
-        traced(tap, pieces).map(|peak| (peak, schedule(tap, Some(pieces))))
+        let (pieces, peak) = fewest_pieces(m, c_max, base, slack, |p| traced(tap, p));
+        peak.map(|peak| (peak, schedule(tap, Some(pieces))))
     };
     let forced = crate::layer::tap_chunk_override()?;
     if matches!(path, Kernels::Cudnn(_)) || forced.is_some() {
@@ -245,12 +256,22 @@ fn split_schedule(
     };
     let slack = split_tap_stack_slack(slack);
     let limit = least as f64 * (1.0 + slack);
-    let columns = |images: usize| if images >= n { 0 } else { images * plane };
+    let columns = |images| chunk_columns(images, n, plane);
     let tap = fewest_chunk_images(n, |images| {
         traced(columns(images), FrontPieces::CPU).is_some_and(|p| p as f64 <= limit)
     })
     .map_or(plane, columns);
     Ok(cut(tap, least, slack))
+}
+
+/// [`Schedule::tap_chunk_columns`] for tap chunks of `images` of the `n` images of `plane`
+/// columns each: 0 (one chunk) where they are all of them.
+fn chunk_columns(images: usize, n: usize, plane: usize) -> usize {
+    if images >= n {
+        0
+    } else {
+        images * plane
+    }
 }
 
 /// Images per tap chunk for the fewest chunks of whole images (q chunks of `⌈n/q⌉`, the most
@@ -378,11 +399,8 @@ pub(crate) fn tap_chunk_columns_given(
     let limit = floor as f64 * (1.0 + TAP_CHUNK_PEAK_SLACK);
     let n = g.n.max(1);
     Ok(
-        match fewest_chunk_images(n, |images| peak(images).is_some_and(|p| p as f64 <= limit)) {
-            Some(images) if images >= n => 0,
-            Some(images) => images * plane,
-            None => plane,
-        },
+        fewest_chunk_images(n, |images| peak(images).is_some_and(|p| p as f64 <= limit))
+            .map_or(plane, |images| chunk_columns(images, n, plane)),
     )
 }
 
@@ -450,7 +468,12 @@ mod tests {
             let steps = |v: usize, first: usize| (v / first).trailing_zeros() as i128;
             Some(finest + steps(p.columns, cpu.columns) * 10_000 + steps(p.rows, cpu.rows) * 1_000)
         };
-        let cut = |slack| fewest_pieces(m, c_max, finest, slack, peak);
+        let cut = |slack| {
+            let (pieces, picked) = fewest_pieces(m, c_max, finest, slack, peak);
+            // the peak returned is the picked cut's
+            assert_eq!(picked, peak(pieces), "{slack}");
+            pieces
+        };
         assert_eq!(cut(0.0), cpu);
         let at = |columns, rows| FrontPieces { columns, rows };
         assert_eq!(cut(FRONT_PIECES_PEAK_SLACK), at(4096, 256));
@@ -464,6 +487,8 @@ mod tests {
             assert!(p as f64 <= finest as f64 * (1.0 + slack), "{slack}: {p}");
         }
         let untraceable = fewest_pieces(m, c_max, finest, 1.0, |p| (p == cpu).then_some(finest));
-        assert_eq!(untraceable, cpu);
+        assert_eq!(untraceable, (cpu, Some(finest)));
+        let nothing = fewest_pieces(m, c_max, finest, 1.0, |_| None);
+        assert_eq!(nothing, (cpu, None));
     }
 }
