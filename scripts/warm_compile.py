@@ -156,6 +156,23 @@ def main(argv: list[str]) -> int:
     if writer:
         writer.writeheader()
         sink.flush()
+    ok = failed = 0
+
+    def record(key: str, error: str | None = None, wall: float | None = None,
+               compile_s: float | None = None) -> None:
+        nonlocal ok, failed
+        row = {"key": key, "jobs": a.jobs, "status": "failed" if error else "ok"}
+        if error:
+            failed += 1
+            row["error"] = error[:300]
+            print(f"FAILED {key}: {error[:300]}", flush=True)
+        else:
+            ok += 1
+            row.update(wall_s=f"{wall:.1f}", compile_s=f"{compile_s:.1f}")
+            print(f"ok     {key}: {wall:.1f} s, compile {compile_s:.1f} s", flush=True)
+        if writer:
+            writer.writerow(row)
+            sink.flush()
 
     def stop(signum, _frame):
         raise KeyboardInterrupt(f"signal {signum}")
@@ -164,8 +181,7 @@ def main(argv: list[str]) -> int:
     tmp = tempfile.mkdtemp(prefix="warm-compile-")
     cases: dict[str, str] = {}
     queue = list(jobs)
-    running: dict = {}  # Popen -> (job, started, out path)
-    ok = failed = 0
+    running: dict = {}  # Popen -> (job, started, its files' stem)
     env = peer_env(compile_threads)
     try:
         while queue or running:
@@ -178,46 +194,40 @@ def main(argv: list[str]) -> int:
                     r = subprocess.run([a.densebench, "case", *pf.config_flags(j), "--out", path],
                                        capture_output=True, text=True)
                     if r.returncode != 0:
-                        failed += 1
-                        why = f"densebench case: {last_line(r.stderr) or f'exit {r.returncode}'}"
-                        print(f"FAILED {j['key']}: {why}", flush=True)
-                        if writer:
-                            writer.writerow({"key": j["key"], "status": "failed", "jobs": a.jobs,
-                                             "error": why[:300]})
-                            sink.flush()
+                        record(j["key"], "densebench case: "
+                               + (last_line(r.stderr) or f"exit {r.returncode}"))
                         continue
                     cases[cid] = path
-                out = os.path.join(tmp, f"result{len(running)}-{time.monotonic_ns()}.safetensors")
-                proc = subprocess.Popen(peer_command(a, j, cases[cid], out), env=env,
-                                        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                        text=True, start_new_session=True)
-                running[proc] = (j, time.monotonic(), out)
+                # The peer's output into files, read when it has ended: a pipe nobody reads
+                # while it runs would stall a compile that logs more than the pipe holds.
+                stem = os.path.join(tmp, f"job{time.monotonic_ns()}")
+                with open(stem + ".out", "w") as out, open(stem + ".err", "w") as err:
+                    proc = subprocess.Popen(
+                        peer_command(a, j, cases[cid], stem + ".safetensors"), env=env,
+                        stdout=out, stderr=err, start_new_session=True)
+                running[proc] = (j, time.monotonic(), stem)
             if queue and not running:
                 break  # the budget is spent and nothing is compiling
             time.sleep(0.2)
             for proc in [q for q in running if q.poll() is not None]:
-                j, began, out = running.pop(proc)
-                stdout, stderr = proc.communicate()
+                j, began, stem = running.pop(proc)
                 wall = time.monotonic() - began
-                row = {"key": j["key"], "wall_s": f"{wall:.1f}", "jobs": a.jobs}
+                with open(stem + ".out") as f:
+                    stdout = f.read()
+                with open(stem + ".err") as f:
+                    stderr = f.read()
+                for ext in (".out", ".err", ".safetensors"):
+                    if os.path.exists(stem + ext):
+                        os.remove(stem + ext)
                 try:
                     compile_s = json.loads(last_line(stdout)).get("compile_ns", 0) / 1e9
                 except (ValueError, AttributeError, TypeError):
                     compile_s = None
                 if proc.returncode == 0 and compile_s is not None:
-                    ok += 1
-                    row.update(status="ok", compile_s=f"{compile_s:.1f}")
-                    print(f"ok     {j['key']}: {wall:.1f} s, compile {compile_s:.1f} s", flush=True)
+                    record(j["key"], wall=wall, compile_s=compile_s)
                 else:
-                    failed += 1
-                    why = last_line(stderr) or last_line(stdout) or f"exit {proc.returncode}"
-                    row.update(status="failed", error=why[:300])
-                    print(f"FAILED {j['key']}: exit {proc.returncode}: {why[:300]}", flush=True)
-                if os.path.exists(out):
-                    os.remove(out)
-                if writer:
-                    writer.writerow(row)
-                    sink.flush()
+                    why = last_line(stderr) or last_line(stdout) or "no output"
+                    record(j["key"], f"exit {proc.returncode}: {why}")
     except KeyboardInterrupt:
         for proc in running:
             try:

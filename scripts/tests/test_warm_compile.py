@@ -58,6 +58,7 @@ FAKE = textwrap.dedent("""\
     with open(log, "a") as f:
         f.write(f"start {time.monotonic()} {variant}\\n")
     time.sleep(float(os.environ.get("WARM_FAKE_SECS", "0.5")))
+    sys.stderr.write("inductor says: " + "x" * int(os.environ.get("WARM_FAKE_NOISE", "0")) + "\\n")
     with open(log, "a") as f:
         f.write(f"end {time.monotonic()} {variant}\\n")
     if variant in os.environ.get("WARM_FAKE_FAIL", "").split(","):
@@ -166,6 +167,13 @@ class Runs(unittest.TestCase):
             live += 1 if kind == "start" else -1
             most = max(most, live)
         self.assertEqual(most, 3)
+
+    def test_a_compile_that_logs_a_lot_does_not_stall(self):
+        # 1 MB on stderr: more than a pipe holds, were it read only at the end
+        r, _ = self.warm("--jobs", "2", env={"WARM_FAKE_NOISE": str(1 << 20),
+                                             "WARM_FAKE_SECS": "0.1"})
+        self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-2000:])
+        self.assertIn("warm: 6 of 6 compiled", r.stdout)
 
     def test_measured_rows_are_left_out(self):
         done = os.path.join(self.dir, "done.csv")
