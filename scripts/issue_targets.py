@@ -81,15 +81,11 @@ def num(r: dict, col: str) -> float | None:
 
 
 class Index:
-    """The rows of a GPU device, by (variant, family, N, C0, k, L, size, dtype, math, execution);
-    the last row of a key wins (a resumed file's rerun)."""
+    """One GPU's rows, by (variant, family, N, C0, k, L, size, dtype, math, execution); the last
+    row of a key wins (a resumed file's rerun)."""
 
     def __init__(self, rows: list[dict]):
-        self.rows = {}
-        for r in rows:
-            if not r.get("device", "").startswith("cuda"):
-                continue
-            self.rows[self.key_of(r)] = r
+        self.rows = {self.key_of(r): r for r in rows}
 
     @staticmethod
     def key_of(r: dict) -> tuple:
@@ -122,6 +118,15 @@ class Report:
 
     def add(self, target: str, where: str, value: str, limit: str, verdict: str):
         self.lines.append((target, where, value, limit, verdict))
+
+    def bound(self, target: str, where: str, value: float | None, limit: float, limit_text: str,
+              shown) -> None:
+        """`value` ≤ `limit` (`None`: not measured), shown as `shown(value)`."""
+        if value is None:
+            self.add(target, where, "—", limit_text, "not measured")
+        else:
+            self.add(target, where, shown(value), limit_text,
+                     "met" if value <= limit else "MISSED")
 
     def ratio(self, target: str, where: str, ours: dict | None, peer: dict | None,
               limit: float, info: bool = False):
@@ -181,23 +186,16 @@ def evaluate(rows: list[dict]) -> Report:
     for family, n, c0, k, size, depth in (("bc", 64, 24, 12, 32, 16), ("bc", 32, 64, 32, 56, 6)):
         for v in (OURS_NAIVE, OURS_FRUGAL):
             r = ix.get(v, family, n, c0, k, depth, size, "f32", "tf32", "graph")
-            where = f"{label(family, n, c0, k, depth, size)} tf32 {v}"
-            if not checked(r) or num(r, "median_ns") is None:
-                rep.add("38 graph step ≤ 4 ms", where, "—", "≤ 4 ms", "not measured")
-            else:
-                ms = num(r, "median_ns") / 1e6
-                rep.add("38 graph step ≤ 4 ms", where, f"{ms:.2f} ms", "≤ 4 ms",
-                        "met" if ms <= 4 else "MISSED")
+            ns = num(r, "median_ns") if checked(r) else None
+            rep.bound("38 graph step ≤ 4 ms", f"{label(family, n, c0, k, depth, size)} tf32 {v}",
+                      None if ns is None else ns / 1e6, 4, "≤ 4 ms", lambda ms: f"{ms:.2f} ms")
     for math in maths:
         for ex in ("eager", "graph"):
             r = ix.get(OURS_FRUGAL, "bc", 64, 24, 12, 48, 32, "f32", math, ex)
-            where = f"BC-100 L=48 {OURS_FRUGAL} {math} {ex}"
-            if not checked(r) or num(r, "peak_bytes") is None:
-                rep.add("38 frugal GPU peak ≤ 345 MiB", where, "—", "≤ 345 MiB", "not measured")
-            else:
-                mib = num(r, "peak_bytes") / MIB
-                rep.add("38 frugal GPU peak ≤ 345 MiB", where, f"{mib:.1f} MiB", "≤ 345 MiB",
-                        "met" if mib <= 345 else "MISSED")
+            peak = num(r, "peak_bytes") if checked(r) else None
+            rep.bound("38 frugal GPU peak ≤ 345 MiB", f"BC-100 L=48 {OURS_FRUGAL} {math} {ex}",
+                      None if peak is None else peak / MIB, 345, "≤ 345 MiB",
+                      lambda mib: f"{mib:.1f} MiB")
     # every GPU row: the model and the gradients
     gpu = list(ix.rows.values())
     modelled = [r for r in gpu if not r["variant"].startswith("pytorch")
@@ -216,14 +214,10 @@ def evaluate(rows: list[dict]) -> Report:
         for v in (OURS_NAIVE, OURS_FRUGAL):
             b = ix.get(v, "bc", 64, 24, 12, depth, 32, "bf16", "ieee", "eager")
             f = ix.get(v, "bc", 64, 24, 12, depth, 32, "f32", "ieee", "eager")
-            where = f"BC-100 L={depth} {v} ieee eager"
-            if not (checked(b) and checked(f)):
-                rep.add("39 bf16 peak ≤ 0.55 × f32", where, "—", "≤ 0.55", "not measured")
-            else:
-                r = num(b, "peak_bytes") / num(f, "peak_bytes")
-                rep.add("39 bf16 peak ≤ 0.55 × f32", where,
-                        f"×{r:.3f} ({num(b, 'peak_bytes') / MIB:.1f} / {num(f, 'peak_bytes') / MIB:.1f} MiB)",
-                        "≤ 0.55", "met" if r <= 0.55 else "MISSED")
+            pb, pf = (num(r, "peak_bytes") if checked(r) else None for r in (b, f))
+            rep.bound("39 bf16 peak ≤ 0.55 × f32", f"BC-100 L={depth} {v} ieee eager",
+                      pb / pf if pb is not None and pf else None, 0.55, "≤ 0.55",
+                      lambda r: f"×{r:.3f} ({pb / MIB:.1f} / {pf / MIB:.1f} MiB)")
         for ex in ("eager", "graph"):
             naive, frugal = peer_names("bc", ex)
             g = lambda v: ix.get(v, "bc", 64, 24, 12, depth, 32, "bf16", "ieee", ex)  # noqa: E731
