@@ -591,7 +591,7 @@ done
 # Written outside $OUT and moved in: an archive growing inside the folder it reads makes tar
 # exit 1 ("file changed as we read it") although the archive is whole.
 pack=$(mktemp /tmp/densebench-gpu-pack.XXXXXX)
-if tar -C "$OUT" --exclude=./00-all.tgz -czf "$pack" . 2>/dev/null && mv -f "$pack" "$OUT/00-all.tgz"; then :; else
+if ! { tar -C "$OUT" --exclude=./00-all.tgz -czf "$pack" . 2>/dev/null && mv -f "$pack" "$OUT/00-all.tgz"; }; then
     rm -f "$pack"
     echo "gpu-session: could not pack $OUT into 00-all.tgz" >&2
 fi

@@ -3,9 +3,9 @@
 
 The stage ran every job once per setting, in the order the settings were given, and appended
 each run's row to one CSV; rows of one job share a `key`. For each key this prints the rows in
-setting order — median time, peak, predicted peak, status and the part of the row's `note` that
-the pattern finds (each match, joined by "; ") — and each row's time and peak as a ratio to the first setting's. A key with
-fewer or more rows than settings (a run failed, or the CSV holds rows of another call) is said,
+setting order — median time, peak, predicted peak, status and the parts of the row's `note`
+that the pattern finds (each match, joined by "; ") — and each row's time and peak as a ratio
+to the first setting's. A key with fewer or more rows than settings (a run failed, or the CSV holds rows of another call) is said,
 never paired with another key's rows.
 
     side_by_side.py CSV --settings cudnn,tap-stack [--note 'regex'] [--log conv.err]

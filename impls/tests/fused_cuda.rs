@@ -678,8 +678,7 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
                 );
             }
             // parameter gradients are f32 under autocast: cuDNN's bf16 dW widened
-            let want = impls::config::param_dtype(dtype);
-            assert_eq!(first[2].dtype(), want, "{dtype:?}: dW's dtype");
+            assert_eq!(first[2].dtype(), param, "{dtype:?}: dW's dtype");
             let (ws, algos) = conv3x3::with_cudnn_staging(staging, || {
                 (
                     conv3x3::cudnn::workspaces(&dev, GRID, b, k, dtype).expect("workspaces"),
