@@ -45,8 +45,9 @@
 #   chunks  the 3×3 tap stack in the chunks the memory model picks vs one chunk
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
-#   conv    issue 38's 3×3 convolution in cuDNN (a binary built with the `cudnn` feature) against
-#           the tap stack (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
+#   conv    issue 38's 3×3 convolution in cuDNN (a binary built with the `cudnn` feature) and in
+#           densebench's direct kernels (DENSEBENCH_CONV=direct) against the tap stack
+#           (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
 #           buffer-recompute-inplace on BC-100's block at L = 16 and 48 and the torchvision-style
 #           block at L = 6, `--math tf32 --execution graph` (DENSEBENCH_CONV_ARGS to change):
 #           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt; then on
@@ -464,10 +465,11 @@ CONFIGS
         ;;
     conv)
         # cuDNN (each pass on the strides where cuDNN plans it, else on packed copies: the
-        # note says which), then the tap stack
+        # note says which), densebench's direct kernels (IEEE FP32 whatever the math mode),
+        # then the tap stack
         # shellcheck disable=SC2086  # the extra flags are words
-        side_by_side conv DENSEBENCH_CONV cudnn,tap-stack "cat-store-copy buffer-recompute-inplace" \
-            "3×3 (convolution in cuDNN|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
+        side_by_side conv DENSEBENCH_CONV cudnn,direct,tap-stack "cat-store-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48

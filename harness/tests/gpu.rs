@@ -578,10 +578,11 @@ fn gpu_rows_peak_within_5_percent_of_the_pool_charged_model() {
 }
 
 /// Issue 38 item 1: the bc layer's 3×3 convolution in cuDNN (`DENSEBENCH_CONV=cudnn` in a
-/// `cudnn` build) and on the tap stack (the default, and `DENSEBENCH_CONV=tap-stack`), each as a
-/// row of a small bc block: every one `ok` with
-/// their gradients checked, each row's `note` naming the path it ran (cuDNN's algorithms and
-/// workspaces, or no cuDNN), and each measured peak equal to the model of that path charged with
+/// `cudnn` build), in densebench's direct kernels (`DENSEBENCH_CONV=direct`) and on the tap
+/// stack (the default, and `DENSEBENCH_CONV=tap-stack`), each as a row of a small bc block:
+/// every one `ok` with their gradients checked, each row's `note` naming the path it ran
+/// (cuDNN's algorithms and workspaces, the direct kernels' partials, or neither), and each
+/// measured peak equal to the model of that path charged with
 /// the pool's rounding (×1.000 ± 0.001); in a `cudnn` build also cuDNN with every pass on
 /// packed copies (`DENSEBENCH_CUDNN_STAGING=packed`, the fallback where cuDNN refuses the
 /// channel-major strides: its copies counted in the workspaces the model charges). A binary
@@ -599,9 +600,9 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
     for v in ["cat-store-copy", "buffer-recompute-inplace"] {
         let v = impls::Variant::parse(v).expect("variant");
         let settings: &[&str] = if cudnn_built {
-            &["cudnn", "cudnn-packed", "default", "tap-stack"]
+            &["cudnn", "cudnn-packed", "direct", "default", "tap-stack"]
         } else {
-            &["default", "tap-stack"]
+            &["direct", "default", "tap-stack"]
         };
         for &conv in settings {
             let mut cmd = Command::new(bin());
@@ -625,6 +626,14 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
             assert_eq!(
                 in_cudnn,
                 conv.starts_with("cudnn"),
+                "{} ({conv}): note {}",
+                r.key,
+                r.note
+            );
+            let direct = r.note.contains("densebench's direct kernels");
+            assert_eq!(
+                direct,
+                conv == "direct",
                 "{} ({conv}): note {}",
                 r.key,
                 r.note

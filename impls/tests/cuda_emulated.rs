@@ -18,6 +18,7 @@
 use candle_core::{Device, Tensor, WithDType};
 use half::bf16;
 use impls::config::{BN_EPS, BN_MOMENTUM};
+use impls::ops::conv3x3::{self, gpu};
 use impls::ops::cuda::src::{self, CudaModule};
 use impls::ops::elementwise;
 use impls::ops::layout::grid::{Grid, TAPS};
@@ -1600,4 +1601,321 @@ fn bf16_conversions_match_the_cpu() {
     // NaN patterns of both signs
     assert_eq!((checked, ties), (7 << 16, (1 << 16) - 2 * 128), "patterns");
     assert!(nans > 2 * 7 * 127, "{nans} NaN patterns");
+}
+
+// ---- the direct 3×3 convolution (conv.cu) ------------------------------------------------------
+
+/// Fused multiply-add in the kernels' accumulator type (one rounding, as `__fmaf_rn` /
+/// `__fma_rn` and the shim's `std::fma`).
+trait Fma: El {
+    fn fma(a: Self, b: Self, c: Self) -> Self;
+}
+impl Fma for f32 {
+    fn fma(a: f32, b: f32, c: f32) -> f32 {
+        a.mul_add(b, c)
+    }
+}
+impl Fma for f64 {
+    fn fma(a: f64, b: f64, c: f64) -> f64 {
+        a.mul_add(b, c)
+    }
+}
+
+/// A feature widened to the accumulator type (exact).
+fn widen<T: El>(v: T) -> T::Acc {
+    <T::Acc as WithDType>::from_f64(v.to_f64())
+}
+
+/// `db_conv_weight` of conv.cu.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct WeightLayout {
+    out: i64,
+    inp: i64,
+    step: i64,
+    first: i64,
+}
+
+/// Maps and channel counts of the convolution checks: partial tiles in both directions (H not
+/// a multiple of 8, W of 32), several input-channel chunks of 8 (20 in, or 20 out for the
+/// data gradient), output-channel groups that do not fill a block, several weight-gradient
+/// segments of a row (W > 32) and channel groups in both directions (B > 16, k > 16), and the
+/// degenerate 1×1 image.
+const CONV_CASES: [(Grid, usize, usize); 4] = [
+    (Grid { n: 2, h: 11, w: 37 }, 20, 6),
+    (Grid { n: 1, h: 3, w: 5 }, 3, 18),
+    (Grid { n: 3, h: 1, w: 1 }, 9, 4),
+    (Grid { n: 2, h: 9, w: 8 }, 17, 5),
+];
+
+/// The kernel's sum for output (o, pixel): over c, then dy, then dx, `fma(w(o, c, tap), x, acc)`
+/// from +0 in the accumulator type, a tap outside the image reading 0, rounded once to `T`.
+fn conv_restated<T: El>(
+    x: &[T],
+    cin: usize,
+    cout: usize,
+    w: impl Fn(usize, usize, usize) -> T,
+    g: Grid,
+) -> Vec<T>
+where
+    T::Acc: Fma,
+{
+    let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
+    let mut out = Vec::with_capacity(cout * m);
+    for o in 0..cout {
+        for p in 0..m {
+            let (img, y, xx) = (p / plane, (p % plane) / g.w, p % g.w);
+            let mut acc = <T::Acc as WithDType>::from_f64(0.0);
+            for c in 0..cin {
+                for dy in 0..3 {
+                    for dx in 0..3 {
+                        let (yy, x2) = ((y + dy) as isize - 1, (xx + dx) as isize - 1);
+                        let inside = yy >= 0 && yy < g.h as isize && x2 >= 0 && x2 < g.w as isize;
+                        let v = if inside {
+                            widen(x[c * m + img * plane + yy as usize * g.w + x2 as usize])
+                        } else {
+                            <T::Acc as WithDType>::from_f64(0.0)
+                        };
+                        acc = Fma::fma(widen(w(o, c, 3 * dy + dx)), v, acc);
+                    }
+                }
+            }
+            out.push(T::from_f64(acc.to_f64()));
+        }
+    }
+    out
+}
+
+/// The weight gradient's partials and their sum, restated: slice `s` sums its units (image row,
+/// 32 columns of it) in order, the columns in order, `fma(gy, s_shifted, acc)` from +0; `dW`
+/// adds the slices' partials in order from +0.
+fn wgrad_restated<T: El>(gy: &[T], s: &[T], b: usize, k: usize, g: Grid) -> Vec<T::Acc>
+where
+    T::Acc: Fma,
+{
+    let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
+    let sl = gpu::weight_slices(g, b, k);
+    let segs = g.w.div_ceil(gpu::WGRAD_SEG);
+    let zero = <T::Acc as WithDType>::from_f64(0.0);
+    let mut dw = vec![zero; 9 * k * b];
+    for slice in 0..sl.slices {
+        let units = slice * sl.per_slice..((slice + 1) * sl.per_slice).min(sl.units);
+        for o in 0..k {
+            for c in 0..b {
+                let mut acc = [zero; 9];
+                for u in units.clone() {
+                    let row = u / segs;
+                    let (img, y, x0) = (row / g.h, row % g.h, (u % segs) * gpu::WGRAD_SEG);
+                    for xx in x0..(x0 + gpu::WGRAD_SEG).min(g.w) {
+                        let gv = widen(gy[o * m + row * g.w + xx]);
+                        for dy in 0..3 {
+                            for dx in 0..3 {
+                                let (yy, x2) = ((y + dy) as isize - 1, (xx + dx) as isize - 1);
+                                let inside =
+                                    yy >= 0 && yy < g.h as isize && x2 >= 0 && x2 < g.w as isize;
+                                let sv = if inside {
+                                    widen(s[c * m + img * plane + yy as usize * g.w + x2 as usize])
+                                } else {
+                                    zero
+                                };
+                                let j = 3 * dy + dx;
+                                acc[j] = Fma::fma(gv, sv, acc[j]);
+                            }
+                        }
+                    }
+                }
+                for (j, a) in acc.into_iter().enumerate() {
+                    let i = (o * b + c) * 9 + j;
+                    // dW[i] += partial (the sum kernel's db_add, in the accumulator type)
+                    dw[i] = add_acc::<T>(dw[i], a);
+                }
+            }
+        }
+    }
+    dw
+}
+
+/// `a + b` in the accumulator type (one rounding).
+fn add_acc<T: El>(a: T::Acc, b: T::Acc) -> T::Acc
+where
+    T::Acc: Fma,
+{
+    // a·1 + b with one rounding is the plain sum
+    Fma::fma(a, <T::Acc as WithDType>::from_f64(1.0), b)
+}
+
+/// `got` within `n_terms · ε · Σ|terms|` (plus half an ulp of `T` for a rounded output) of the
+/// f64 convolution `want` whose absolute terms sum to `abs`: the kernel and the CPU twin agree
+/// as two summation orders of the same convolution (orientation, flip and layout included).
+fn conv_close<T: El>(what: &str, got: &[T], want: &[f64], abs: &[f64], n_terms: usize, ulp: f64) {
+    assert_eq!(got.len(), want.len(), "{what}: lengths");
+    for i in 0..got.len() {
+        let tol = n_terms as f64 * ulp * abs[i] + T::ULP * want[i].abs() + 1e-300;
+        let d = (got[i].to_f64() - want[i]).abs();
+        assert!(
+            d <= tol,
+            "{what}: element {i} is {} on the emulated GPU, {} in f64 on the CPU (|Δ| {d:e} > {tol:e})",
+            got[i].to_f64(),
+            want[i]
+        );
+    }
+}
+
+fn to_f64_tensor<T: El>(v: &[T], shape: &[usize], abs: bool) -> Tensor {
+    let v: Vec<f64> = v
+        .iter()
+        .map(|x| if abs { x.to_f64().abs() } else { x.to_f64() })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
+}
+
+/// `conv3x3_{T}` (forward, and the data gradient through the transposed, flipped weight view),
+/// `conv3x3_wgrad_{T}` and `conv3x3_wgrad_sum` on every case of [`CONV_CASES`], under the
+/// launcher's geometry (`impls::ops::conv3x3::gpu`) and under one-block grids (the tile and
+/// group loops then stride): bit for bit the kernel's order restated on the host, and within a
+/// summation-order bound of the CPU's convolution in f64.
+fn conv_kernels_match<T: El>(m: &Emulated)
+where
+    T::Acc: Fma,
+{
+    for (ci, (g, b, k)) in CONV_CASES.into_iter().enumerate() {
+        let cols = g.n * g.h * g.w;
+        let seed = 300 + 10 * ci as u64;
+        let s = values::<T>(b * cols, seed);
+        let w = values::<T>(9 * k * b, seed + 1);
+        let gy = values::<T>(k * cols, seed + 2);
+        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
+        let f64w = |v: &[T], shape: &[usize]| to_f64_tensor(v, shape, false);
+        let absw = |v: &[T], shape: &[usize]| to_f64_tensor(v, shape, true);
+        let flat = |t: Tensor| host::<f64>(&t);
+        // forward: s [B, M] → y [k, M]; data: gy [k, M] → ds [B, M]
+        for data in [false, true] {
+            let (x, cin, cout) = if data { (&gy, k, b) } else { (&s, b, k) };
+            let layout = if data {
+                WeightLayout {
+                    out: 9,
+                    inp: 9 * b as i64,
+                    step: -1,
+                    first: 8,
+                }
+            } else {
+                WeightLayout {
+                    out: 9 * b as i64,
+                    inp: 9,
+                    step: 1,
+                    first: 0,
+                }
+            };
+            let want = if data {
+                conv_restated(x, cin, cout, |o, c, j| w[(c * b + o) * 9 + 8 - j], g)
+            } else {
+                conv_restated(x, cin, cout, |o, c, j| w[(o * b + c) * 9 + j], g)
+            };
+            let (x64, xa) = (f64w(x, &[cin, cols]), absw(x, &[cin, cols]));
+            let (w64, wa) = (f64w(&w, &[k, b, 3, 3]), absw(&w, &[k, b, 3, 3]));
+            let (cpu, abs) = if data {
+                (
+                    conv3x3::backward_data(&x64, &w64, g),
+                    conv3x3::backward_data(&xa, &wa, g),
+                )
+            } else {
+                (
+                    conv3x3::forward(&x64, &w64, g),
+                    conv3x3::forward(&xa, &wa, g),
+                )
+            };
+            let (cpu, abs) = (flat(cpu.expect("cpu conv")), flat(abs.expect("cpu |conv|")));
+            let kernel = format!("conv3x3_{}", T::SUFFIX);
+            let (gd, bd) = gpu::conv_dims(g, cout);
+            let pass = if data { "data" } else { "forward" };
+            for geom in [(gd, bd), ((1, 1, 1), bd)] {
+                let mut out = vec![T::from_f64(7.0); cout * cols];
+                let (mut xp, mut op, mut wp) = (
+                    x.as_ptr().cast_mut(),
+                    out.as_mut_ptr(),
+                    w.as_ptr().cast_mut(),
+                );
+                let (mut ci_, mut co_, mut lay) = (cin as u64, cout as u64, layout);
+                m.launch(
+                    &kernel,
+                    geom,
+                    &mut [
+                        p(&mut xp),
+                        p(&mut ci_),
+                        p(&mut op),
+                        p(&mut co_),
+                        p(&mut wp),
+                        p(&mut lay),
+                        p(&mut nn),
+                        p(&mut hh),
+                        p(&mut ww),
+                    ],
+                    true,
+                );
+                let what = format!("{kernel} {pass} {g:?} B={b} k={k} {geom:?}");
+                assert_bitwise(&what, &out, &want);
+                conv_close(&what, &out, &cpu, &abs, 9 * cin, <T::Acc as El>::ULP);
+            }
+        }
+        // weight gradient: (gy [k, M], s [B, M]) → partials → dW [k, B, 3, 3]
+        let want = wgrad_restated::<T>(&gy, &s, b, k, g);
+        let cpu = conv3x3::backward_weight(&f64w(&gy, &[k, cols]), &f64w(&s, &[b, cols]), g);
+        let abs = conv3x3::backward_weight(&absw(&gy, &[k, cols]), &absw(&s, &[b, cols]), g);
+        let (cpu, abs) = (flat(cpu.expect("cpu dW")), flat(abs.expect("cpu |dW|")));
+        let sl = gpu::weight_slices(g, b, k);
+        let len = 9 * k * b;
+        let (gd, bd) = gpu::wgrad_dims(g, b, k);
+        for geom in [(gd, bd), ((1, 1, 1), bd), ((2, 1, 2), bd)] {
+            let zero = <T::Acc as WithDType>::from_f64(f64::NAN);
+            let mut part = vec![zero; (sl.slices * len).max(1)];
+            let (mut gp, mut sp, mut pp) = (
+                gy.as_ptr().cast_mut(),
+                s.as_ptr().cast_mut(),
+                part.as_mut_ptr(),
+            );
+            let (mut bb, mut kk, mut ps) = (b as u64, k as u64, sl.per_slice as u64);
+            let kernel = format!("conv3x3_wgrad_{}", T::SUFFIX);
+            m.launch(
+                &kernel,
+                geom,
+                &mut [
+                    p(&mut gp),
+                    p(&mut sp),
+                    p(&mut pp),
+                    p(&mut bb),
+                    p(&mut kk),
+                    p(&mut nn),
+                    p(&mut hh),
+                    p(&mut ww),
+                    p(&mut ps),
+                ],
+                true,
+            );
+            let mut dw = vec![<T::Acc as WithDType>::from_f64(7.0); len];
+            let sum = format!("conv3x3_wgrad_sum_{}", <T::Acc as El>::SUFFIX);
+            let (mut pp, mut dp) = (part.as_mut_ptr(), dw.as_mut_ptr());
+            let (mut slices, mut ln) = (sl.slices as u64, len as u64);
+            for sgeom in [gpu::sum_dims(len), ((1, 1, 1), (32, 1, 1))] {
+                m.launch(
+                    &sum,
+                    sgeom,
+                    &mut [p(&mut pp), p(&mut dp), p(&mut slices), p(&mut ln)],
+                    false,
+                );
+                let what = format!("{kernel} + {sum} {g:?} B={b} k={k} {geom:?} {sgeom:?}");
+                assert_bitwise(&what, &dw, &want);
+                conv_close(&what, &dw, &cpu, &abs, cols, <T::Acc as El>::ULP);
+            }
+        }
+    }
+}
+
+/// `conv.cu` (the GPU's direct 3×3 convolution, `DENSEBENCH_CONV=direct`): forward, data
+/// gradient and weight gradient, f32, f64 and bf16 features, on the host.
+#[test]
+fn conv_kernels_match_their_restated_order_and_the_cpu_convolution() {
+    let m = Emulated::build(&src::CONV);
+    conv_kernels_match::<f32>(&m);
+    conv_kernels_match::<f64>(&m);
+    conv_kernels_match::<bf16>(&m);
 }

@@ -693,6 +693,84 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
     }
 }
 
+/// densebench's direct 3×3 kernels (`ops::conv3x3::gpu`, the layer's path on a GPU with
+/// `DENSEBENCH_CONV=direct`) against the CPU's direct kernel: forward and both gradients, the
+/// output gradient read through a row view with a start offset, in f64 and f32 (to summation
+/// order: the GPU's fused multiply-adds in another order than the CPU's products) and bf16
+/// (f32 sums rounded once); `dW` in the parameters' dtype; two runs bitwise equal (no
+/// atomics). The host emulation (`cuda_emulated.rs`) checks the same kernels bit for bit
+/// against their order restated; this is the driver, NVRTC's code and real concurrency.
+#[test]
+fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
+    use impls::ops::conv3x3;
+    let Some(dev) = gpu("cuda_direct_conv_matches_the_cpu_direct_kernel") else {
+        return;
+    };
+    // B > 16 and k > 4: several input chunks, output groups and weight-gradient channel groups
+    let (b, k, m) = (20, 6, GRID.n * GRID.h * GRID.w);
+    for (dtype, tol) in [
+        (DType::F64, 1e-13),
+        (DType::F32, 1e-4),
+        (DType::BF16, 2.0 * 2f64.powi(-8)),
+    ] {
+        let s = rand((b, m), 51, DType::F64).to_dtype(dtype).expect("s");
+        let w = rand((k, b * 9), 52, DType::F64)
+            .reshape((k, b, 3, 3))
+            .and_then(|w| w.to_dtype(dtype))
+            .expect("w");
+        let tall = rand((k + 3, m), 53, DType::F64)
+            .to_dtype(dtype)
+            .expect("gy");
+        let gy = tall.narrow(0, 2, k).expect("gy rows");
+        let cpu = [
+            conv3x3::forward(&s, &w, GRID).expect("cpu y"),
+            conv3x3::backward_data(&gy.contiguous().expect("gy"), &w, GRID).expect("cpu ds"),
+            conv3x3::backward_weight(&gy.contiguous().expect("gy"), &s, GRID).expect("cpu dW"),
+        ];
+        let on = |t: &Tensor| t.to_device(&dev).expect("to gpu");
+        let (s_g, w_g) = (on(&s), on(&w));
+        let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+        let run = || {
+            let y = conv3x3::gpu::forward(&s_g, &w_g, GRID).expect("gpu y");
+            let ds = conv3x3::gpu::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
+            let dw = conv3x3::gpu::backward_weight(&gy_g, &s_g, GRID).expect("gpu dW");
+            [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
+        };
+        let (first, second) = (run(), run());
+        let max = |t: Tensor| {
+            t.abs()
+                .and_then(|t| t.flatten_all())
+                .and_then(|t| t.max(0))
+                .and_then(|t| t.to_scalar::<f64>())
+                .expect("max")
+        };
+        let f64s = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
+        for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
+            let (g, c) = (f64s(g), f64s(c));
+            let rel = max((&g - &c).expect("diff")) / max(c.clone());
+            assert!(
+                rel <= tol,
+                "{dtype:?}: {name}: max |gpu direct − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
+            );
+        }
+        for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
+            let bits = |t: &Tensor| {
+                f64s(t)
+                    .flatten_all()
+                    .and_then(|t| t.to_vec1::<f64>())
+                    .expect("values")
+                    .into_iter()
+                    .map(f64::to_bits)
+                    .collect::<Vec<_>>()
+            };
+            assert!(bits(a) == bits(b), "{dtype:?}: {name}: two runs differ");
+        }
+        assert_eq!(first[0].dtype(), dtype, "{dtype:?}: y's dtype");
+        let param = impls::config::param_dtype(dtype);
+        assert_eq!(first[2].dtype(), param, "{dtype:?}: dW's dtype");
+    }
+}
+
 /// ReLU backward masked from BN's input and `(scale; shift)` (`relu_bwd_affine`, new and in
 /// place through a view with a start offset) equals the CPU bit for bit, and the mask the
 /// ReLU's output gives on the GPU.

@@ -809,7 +809,7 @@ fn graph_timing(
 type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
 /// What a GPU row's `note` says of the kernels its step runs on `path`: cuDNN's convolution
-/// (its algorithms and workspaces), then the tap stack's chunks and the split fronts
+/// (its algorithms and workspaces) or the direct kernels (their partials), then the tap stack's chunks and the split fronts
 /// ([`estimates::schedule_notes`]). None on the CPU.
 fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) -> Vec<String> {
     use crate::measure::estimates;
@@ -835,6 +835,15 @@ fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) 
                 ws.forward, ws.data, ws.filter
             ));
         }
+    }
+    if path == Kernels::Direct && variant != Variant::Autograd {
+        let g = impls::layer::grid(cfg);
+        let (b, k) = (cfg.bottleneck(), cfg.growth);
+        let parts = impls::ops::conv3x3::gpu::partial_elems(g, b, k) * cfg.param_size();
+        notes.push(format!(
+            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA; weight-gradient \
+             partials {parts} B)"
+        ));
     }
     let (chunks, front) = estimates::schedule_notes(variant, cfg, path);
     notes.extend(chunks);

@@ -907,7 +907,8 @@ fn tap_chunks(g: Grid, columns: usize) -> impl Iterator<Item = (usize, usize)> {
 ///
 /// With the `cudnn` feature on a CUDA device and [`CONV_ENV`] `cudnn`: cuDNN's convolution
 /// straight on the channel-major maps ([`conv_in_cudnn`]), no tap stack; its only transient is
-/// cuDNN's workspace.
+/// cuDNN's workspace. With [`CONV_ENV`] `direct`: densebench's own kernels
+/// ([`conv3x3::gpu`]), no transient.
 pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if cpu_kernels(s.device()) {
         return conv3x3::forward(s, w, grid(cfg));
@@ -916,43 +917,72 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
     if conv_in_cudnn(s.device())? {
         return conv3x3::cudnn::forward(s, w, grid(cfg));
     }
+    #[cfg(feature = "cuda")]
+    if conv_direct(s.device())? {
+        return conv3x3::gpu::forward(s, w, grid(cfg));
+    }
     conv3x3_fwd_tap_stack(cfg, s, w)
 }
 
-/// The environment variable that picks a GPU's 3×3 convolution: `tap-stack` (the default) or
-/// `cudnn` (a binary built with the `cudnn` feature; an error in one without). cuDNN is asked
-/// for, not the default, until its three passes have passed their checks on a GPU (its first
-/// run, on an H100, found cuDNN's backward-data algorithms refusing the channel-major layout;
-/// `ops::cuda::cudnn` now runs that pass as a forward convolution: docs/gpu.md). Read at every
-/// convolution and by the memory model, so a step and its prediction agree.
+/// The environment variable that picks a GPU's 3×3 convolution ([`GpuConv`]): `tap-stack` (the
+/// default), `cudnn` (a binary built with the `cudnn` feature; an error in one without) or
+/// `direct` (densebench's own kernels, `ops/cuda/conv.cu`). cuDNN and the direct kernels are
+/// asked for, not the default, until they have passed their checks and been timed on a GPU
+/// (cuDNN's first run, on an H100, found its backward-data algorithms refusing the
+/// channel-major layout; `ops::cuda::cudnn` now runs that pass as a forward convolution:
+/// docs/gpu.md). Read at every convolution and by the memory model, so a step and its
+/// prediction agree.
 pub const CONV_ENV: &str = "DENSEBENCH_CONV";
 
-/// Whether a bc layer's 3×3 convolution runs in cuDNN on `dev`: a CUDA device, a binary built
-/// with the `cudnn` feature, and [`CONV_ENV`] `cudnn`. An error for a value of it other than
-/// `cudnn`, `tap-stack` or empty, or `cudnn` asked of a binary without the feature.
+/// A GPU's 3×3 convolution, picked by [`CONV_ENV`] (the CPU always runs its own direct kernel).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuConv {
+    /// The tap stack and cuBLAS products ([`conv3x3_fwd_tap_stack`]): the default.
+    TapStack,
+    /// cuDNN's convolution (the `cudnn` feature).
+    Cudnn,
+    /// densebench's direct kernels ([`conv3x3::gpu`]): no tap stack, IEEE FP32 fused
+    /// multiply-adds, the weight gradient through per-slice partial sums.
+    Direct,
+}
+
+/// The 3×3 convolution a CUDA device runs ([`CONV_ENV`]); an error for a value other than
+/// `tap-stack`, `cudnn`, `direct` or empty, or `cudnn` asked of a binary without the feature.
+pub fn gpu_conv() -> Result<GpuConv> {
+    conv_choice(env_value(CONV_ENV).as_deref(), cfg!(feature = "cudnn"))
+}
+
+/// Whether a bc layer's 3×3 convolution runs in cuDNN on `dev`: a CUDA device and
+/// [`GpuConv::Cudnn`].
 pub fn conv_in_cudnn(dev: &Device) -> Result<bool> {
     Ok(dev.is_cuda() && conv_in_cudnn_on_gpus()?)
 }
 
 /// [`conv_in_cudnn`] for any CUDA device, asked without one (the feature and [`CONV_ENV`]).
 pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
-    conv_choice(env_value(CONV_ENV).as_deref(), cfg!(feature = "cudnn"))
+    Ok(gpu_conv()? == GpuConv::Cudnn)
+}
+
+/// Whether a bc layer's 3×3 convolution runs in densebench's direct GPU kernels on `dev`: a
+/// CUDA device and [`GpuConv::Direct`].
+pub fn conv_direct(dev: &Device) -> Result<bool> {
+    Ok(dev.is_cuda() && gpu_conv()? == GpuConv::Direct)
 }
 
 /// [`CONV_ENV`]'s value read for a binary with (`built`) or without the `cudnn` feature.
-fn conv_choice(value: Option<&str>, built: bool) -> Result<bool> {
+fn conv_choice(value: Option<&str>, built: bool) -> Result<GpuConv> {
     let asked = match value.map(str::trim) {
-        None | Some("") => return Ok(false),
-        Some("cudnn") => true,
-        Some("tap-stack") => false,
+        None | Some("") | Some("tap-stack") => GpuConv::TapStack,
+        Some("cudnn") => GpuConv::Cudnn,
+        Some("direct") => GpuConv::Direct,
         Some(other) => {
             return Err(bad_conv(
                 other.to_string(),
-                "expected `cudnn` or `tap-stack`, or unset",
+                "expected `tap-stack`, `cudnn` or `direct`, or unset",
             ))
         }
     };
-    if asked && !built {
+    if asked == GpuConv::Cudnn && !built {
         return Err(bad_conv(
             "cudnn".to_string(),
             "this binary was built without the `cudnn` feature (build with `--features cudnn`)",
@@ -1009,7 +1039,8 @@ pub fn conv3x3_fwd_tap_stack(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Ten
 ///
 /// cuDNN (see [`conv3x3_fwd`]): `ds`, then `dW` in the features' dtype (cuDNN's filter
 /// gradient takes its operands' type; under autocast a bf16 `dW`, as PyTorch's, widened to f32
-/// here); transients: cuDNN's workspaces.
+/// here); transients: cuDNN's workspaces. Direct ([`conv3x3::gpu`]): `ds`, then `dW` in the
+/// parameter dtype; transient: the weight gradient's slice partials.
 pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<(Tensor, Tensor)> {
     if cpu_kernels(gy.device()) {
         let ds = conv3x3::backward_data(gy, w, grid(cfg))?;
@@ -1026,6 +1057,12 @@ pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<
         } else {
             dw.to_dtype(param).ctx("conv2 bwd dW")?
         };
+        return Ok((ds, dw));
+    }
+    #[cfg(feature = "cuda")]
+    if conv_direct(gy.device())? {
+        let ds = conv3x3::gpu::backward_data(gy, w, grid(cfg))?;
+        let dw = conv3x3::gpu::backward_weight(gy, s, grid(cfg))?;
         return Ok((ds, dw));
     }
     conv3x3_bwd_tap_stack(cfg, gy, s, w)
@@ -1117,18 +1154,25 @@ mod tests {
     use crate::ops::cpu::shared::{bits, randn};
     use candle_core::DType;
 
-    /// `DENSEBENCH_CONV`: unset or empty is the tap stack (cuDNN is asked for until it has
-    /// passed on a GPU), `cudnn` only in a `cudnn` build (else an error saying how to build
-    /// one), `tap-stack` anywhere, anything else an error naming the variable; and never cuDNN
-    /// on the CPU.
+    /// `DENSEBENCH_CONV`: unset or empty is the tap stack (cuDNN and the direct kernels are
+    /// asked for until they have passed on a GPU), `cudnn` only in a `cudnn` build (else an
+    /// error saying how to build one), `tap-stack` and `direct` anywhere, anything else an error
+    /// naming the variable; and neither cuDNN nor the direct kernels on the CPU.
     #[test]
     fn the_conv_switch_is_read_strictly() {
         for built in [false, true] {
-            assert!(!conv_choice(None, built).unwrap());
-            assert!(!conv_choice(Some(" "), built).unwrap());
-            assert!(!conv_choice(Some("tap-stack"), built).unwrap());
+            assert_eq!(conv_choice(None, built).unwrap(), GpuConv::TapStack);
+            assert_eq!(conv_choice(Some(" "), built).unwrap(), GpuConv::TapStack);
+            assert_eq!(
+                conv_choice(Some("tap-stack"), built).unwrap(),
+                GpuConv::TapStack
+            );
+            assert_eq!(
+                conv_choice(Some(" direct"), built).unwrap(),
+                GpuConv::Direct
+            );
         }
-        assert!(conv_choice(Some("cudnn"), true).unwrap());
+        assert_eq!(conv_choice(Some("cudnn"), true).unwrap(), GpuConv::Cudnn);
         let e = conv_choice(Some("cudnn"), false).unwrap_err().to_string();
         assert!(
             e.contains("DENSEBENCH_CONV") && e.contains("--features cudnn"),
@@ -1136,10 +1180,13 @@ mod tests {
         );
         let e = conv_choice(Some("cuDNN"), true).unwrap_err().to_string();
         assert!(
-            e.contains("DENSEBENCH_CONV = cuDNN") && e.contains("tap-stack"),
+            e.contains("DENSEBENCH_CONV = cuDNN")
+                && e.contains("tap-stack")
+                && e.contains("direct"),
             "{e}"
         );
         assert!(!conv_in_cudnn(&Device::Cpu).unwrap_or(true));
+        assert!(!conv_direct(&Device::Cpu).unwrap_or(true));
     }
 
     /// Conv1×1's weight gradient summed a column chunk at a time is `dz · rᵀ` (f64, within

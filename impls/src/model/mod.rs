@@ -138,7 +138,7 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
 /// predicts with them): [`Kernels::Cpu`] on the CPU's kernels, [`Kernels::Cudnn`] for a bc
 /// block where the 3×3 convolution runs in cuDNN ([`crate::layer::conv_in_cudnn`]; its
 /// workspaces asked of cuDNN on `dev`, for the config's dtype and the current math mode),
-/// else [`Kernels::TapStack`]. An error for an unreadable [`crate::layer::CONV_ENV`] or where
+/// [`Kernels::Direct`] for one in densebench's direct kernels, else [`Kernels::TapStack`]. An error for an unreadable [`crate::layer::CONV_ENV`] or where
 /// cuDNN cannot plan the convolution.
 pub fn kernels_for(dev: &candle_core::Device, cfg: &Config) -> crate::error::Result<Kernels> {
     if crate::layer::cpu_kernels(dev) {
@@ -172,7 +172,8 @@ fn cudnn_workspaces(
 }
 
 /// A GPU's kernels for `cfg`: [`Kernels::Cudnn`] with `workspaces()` for a bc block whose 3×3
-/// convolution runs in cuDNN ([`crate::layer::conv_in_cudnn_on_gpus`]; the mlp has none), else
+/// convolution runs in cuDNN ([`crate::layer::conv_in_cudnn_on_gpus`]; the mlp has none),
+/// [`Kernels::Direct`] for one in densebench's direct kernels ([`crate::layer::gpu_conv`]), else
 /// [`Kernels::TapStack`] — the one rule that a device's step ([`kernels_for`], its
 /// workspaces asked of cuDNN) and a prediction without a device (0-byte workspaces) follow.
 /// An error for an unreadable [`crate::layer::CONV_ENV`], whatever the family.
@@ -180,11 +181,12 @@ pub fn gpu_kernels(
     cfg: &Config,
     workspaces: impl FnOnce() -> crate::error::Result<trace::ConvWorkspaces>,
 ) -> crate::error::Result<Kernels> {
-    let cudnn = crate::layer::conv_in_cudnn_on_gpus()?;
-    if cudnn && cfg.family == Family::Bc {
-        return Ok(Kernels::Cudnn(workspaces()?));
-    }
-    Ok(Kernels::TapStack)
+    let conv = crate::layer::gpu_conv()?;
+    Ok(match (conv, cfg.family) {
+        (crate::layer::GpuConv::Cudnn, Family::Bc) => Kernels::Cudnn(workspaces()?),
+        (crate::layer::GpuConv::Direct, Family::Bc) => Kernels::Direct,
+        _ => Kernels::TapStack,
+    })
 }
 
 /// [`predict_peak_bytes`] for a device's kernels: [`Kernels::Cpu`] on the CPU,
@@ -763,6 +765,69 @@ mod tests {
                     "{v} at L={depth}: bf16 {} MiB, f32 {} MiB",
                     mib(h),
                     mib(f)
+                );
+            }
+        }
+    }
+
+    /// The direct kernels' path ([`Kernels::Direct`]): no tap stack and no chunking, and the
+    /// weight gradient's slice partials (0.63 MiB at BC-100's size) charged beside `dW` while it
+    /// is summed. Compared with cuDNN's path given a workspace of exactly the partials' bytes
+    /// for the filter gradient (the same allocations in f32: cuDNN's `dW`, then its workspace),
+    /// the peaks are equal; every peak is at most the tap stack's, the frugal one at L=48 at
+    /// most the CPU's, issue 38's target (≤ 345 MiB); bf16 at most 0.55× f32.
+    #[test]
+    fn direct_path_has_no_tap_stack_and_charges_the_partials() {
+        let bri = manual(Concat::Buffer, Intermediates::Recompute, Relu::Inplace);
+        let mib = |b: u64| b as f64 / f64::from(1 << 20);
+        for depth in [16, 48] {
+            let cfg = Config {
+                depth,
+                ..Config::bc100_block()
+            };
+            let g = crate::layer::grid(&cfg);
+            let parts = crate::ops::conv3x3::gpu::partial_elems(g, cfg.bottleneck(), cfg.growth);
+            let part_bytes = (parts * cfg.param_size()) as u64;
+            assert_eq!(part_bytes, 32 * 9 * 12 * 48 * 4);
+            let as_cudnn = Kernels::Cudnn(ConvWorkspaces {
+                filter: part_bytes,
+                ..Default::default()
+            });
+            for v in Variant::for_config(&cfg) {
+                if v == Variant::Autograd {
+                    continue;
+                }
+                let what = format!("{v} at L={depth}");
+                let sizes = allocation_sizes(v, &cfg, Kernels::Direct).unwrap();
+                assert!(sizes.contains(&part_bytes), "{what}: no partials");
+                let sc = schedule_for(v, &cfg, Kernels::Direct).unwrap();
+                assert_eq!(sc.tap_chunk_columns, 0, "{what}");
+                let direct = predict_peak_bytes_with(v, &cfg, Kernels::Direct).unwrap();
+                let cudnn = predict_peak_bytes_with(v, &cfg, as_cudnn).unwrap();
+                assert_eq!(direct, cudnn, "{what}");
+                let tap = predict_peak_bytes_with(v, &cfg, Kernels::TapStack).unwrap();
+                assert!(direct <= tap, "{what}: {} > {} MiB", mib(direct), mib(tap));
+            }
+            let gpu = predict_peak_bytes_with(bri, &cfg, Kernels::Direct).unwrap();
+            let cpu = predict_peak_bytes_with(bri, &cfg, Kernels::Cpu).unwrap();
+            if depth == 48 {
+                assert!(gpu <= cpu, "L={depth}: {} > {} MiB", mib(gpu), mib(cpu));
+                assert!(mib(gpu) <= 345.0, "L=48: {} MiB", mib(gpu));
+            }
+            let bf16 = Config {
+                dtype: candle_core::DType::BF16,
+                ..cfg.clone()
+            };
+            for v in Variant::for_config(&cfg) {
+                let (Some(f), Some(h)) = (
+                    predict_peak_bytes_with(v, &cfg, Kernels::Direct),
+                    predict_peak_bytes_with(v, &bf16, Kernels::Direct),
+                ) else {
+                    continue;
+                };
+                assert!(
+                    (h as f64) <= 0.55 * f as f64,
+                    "{v} at L={depth}: bf16 {h}, f32 {f}"
                 );
             }
         }

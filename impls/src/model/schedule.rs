@@ -173,7 +173,7 @@ pub fn schedule_for(
         }
         let tap_chunk_columns = match path {
             Kernels::TapStack => tap_chunk_columns_given(variant, cfg, defer_r, false)?,
-            Kernels::Cpu | Kernels::Cudnn(_) => 0,
+            Kernels::Cpu | Kernels::Cudnn(_) | Kernels::Direct => 0,
         };
         let Some(t) = trace_with(
             variant,
@@ -245,7 +245,7 @@ fn split_schedule(
         peak.map(|peak| (peak, schedule(tap, Some(pieces))))
     };
     let forced = crate::layer::tap_chunk_override()?;
-    if matches!(path, Kernels::Cudnn(_)) || forced.is_some() {
+    if matches!(path, Kernels::Cudnn(_) | Kernels::Direct) || forced.is_some() {
         let tap = forced.filter(|_| path == Kernels::TapStack).unwrap_or(0);
         return Ok(traced(tap, FrontPieces::CPU).and_then(|finest| cut(tap, finest, slack)));
     }

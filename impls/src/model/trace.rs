@@ -290,6 +290,11 @@ pub enum Kernels {
     /// autocast the filter gradient in the features' dtype (cuDNN's rule, PyTorch's too),
     /// widened to f32; the other products as [`Kernels::TapStack`].
     Cudnn(ConvWorkspaces),
+    /// A GPU's with densebench's direct 3×3 kernels ([`crate::layer::GpuConv::Direct`]): no
+    /// tap stack and no stacked weight; the output or input gradient written whole, and the
+    /// weight gradient's slice partials ([`conv3x3::gpu::partial_elems`], parameter dtype)
+    /// beside `dW` while it is summed; the other products as [`Kernels::TapStack`].
+    Direct,
 }
 
 impl Kernels {
@@ -327,7 +332,7 @@ pub(crate) fn trace_with<'a>(
         .saturating_mul(g.w);
     let pack = match path {
         Kernels::Cpu => (packing_allowance(cfg) * rayon::current_num_threads() as u64) as i128,
-        Kernels::TapStack | Kernels::Cudnn(_) => 0,
+        Kernels::TapStack | Kernels::Cudnn(_) | Kernels::Direct => 0,
     };
     let mut t = Trace::new(cfg, pack, charge);
     // a split front (either path): r in column chunks where it is not kept, its backward in
@@ -390,6 +395,7 @@ pub(crate) fn trace_with<'a>(
                         t.alloc(k * m); // y
                         t.workspace(ws.forward);
                     }
+                    Kernels::Direct => t.alloc(k * m), // y
                 }
                 t.uncast(9 * k * b);
                 if i + 1 < l {
@@ -514,6 +520,13 @@ pub(crate) fn trace_with<'a>(
                             t.alloc_p(9 * k * b); // dW2 (kept)
                             t.workspace(ws.filter);
                         }
+                    }
+                    Kernels::Direct => {
+                        t.alloc(b * m); // ds
+                        let parts = conv3x3::gpu::partial_elems(g, b, k).max(1);
+                        t.alloc_p(9 * k * b); // dW2 (kept)
+                        t.alloc_p(parts); // its slices' partial sums, summed into it
+                        t.free_p(parts);
                     }
                 }
                 t.uncast(9 * k * b);

@@ -13,7 +13,8 @@
 // - __shared__ is `static`: one array for the whole launch, which is one block's shared memory
 //   because blocks never overlap;
 // - the explicitly rounded intrinsics are the plain IEEE operations (the test compiles with
-//   -ffp-contract=off, so nothing is fused into an FMA, as on the GPU with the intrinsics).
+//   -ffp-contract=off, so nothing is fused into an FMA, as on the GPU with the intrinsics), and
+//   the fused multiply-add intrinsics std::fma (one rounding, as the GPU's).
 //
 // Not emulated: warps, memory coalescing, real concurrency between blocks, the driver. Those
 // are for a GPU run (tests/fused_cuda.rs with --features cuda).
@@ -67,6 +68,9 @@ inline double __dadd_rn(double a, double b) { return a + b; }
 inline double __dsub_rn(double a, double b) { return a - b; }
 inline double __ddiv_rn(double a, double b) { return a / b; }
 inline float __fsub_rn(float a, float b) { return a - b; }
+// Fused multiply-add, one rounding (conv.cu), as the GPU's FFMA / DFMA.
+inline float __fmaf_rn(float a, float b, float c) { return std::fma(a, b, c); }
+inline double __fma_rn(double a, double b, double c) { return std::fma(a, b, c); }
 inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline double __dsqrt_rn(double a) { return std::sqrt(a); }
 inline float __frcp_rn(float a) { return 1.0f / a; }

@@ -34,6 +34,7 @@
 mod bf16;
 #[cfg(feature = "cudnn")]
 pub mod cudnn;
+pub mod gpu;
 mod tiles;
 mod widened;
 

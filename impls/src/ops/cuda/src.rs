@@ -145,8 +145,20 @@ pub const SHIFT: CudaModule = CudaModule {
     bf16_only: &["shift_sum_wide"],
 };
 
+/// The direct 3×3 convolution ([`crate::ops::conv3x3::gpu`], `DENSEBENCH_CONV=direct`):
+/// forward and data gradient (`conv3x3`), the weight gradient's slice partials and their sum.
+pub const CONV: CudaModule = CudaModule {
+    name: "densebench_conv",
+    file: "conv.cu",
+    body: include_str!("conv.cu"),
+    kernels: &["conv3x3", "conv3x3_wgrad", "conv3x3_wgrad_sum"],
+    // the sum adds f32 partials for bf16 features: its f32 entry point
+    bf16_kernels: &["conv3x3", "conv3x3_wgrad"],
+    bf16_only: &[],
+};
+
 /// Every module, in no particular order.
-pub const MODULES: [CudaModule; 3] = [INPLACE, BN, SHIFT];
+pub const MODULES: [CudaModule; 4] = [INPLACE, BN, SHIFT, CONV];
 
 /// The virtual architecture of a compute capability, as NVRTC's `--gpu-architecture` takes it
 /// (`(9, 0)` → `compute_90`).

@@ -1,0 +1,260 @@
+// The bc layer's 3x3 convolution (padding 1, stride 1, no bias) computed directly on the
+// channel-major maps `[C, M]`, M = N*H*W (image n, row y, column x at n*H*W + y*W + x): no tap
+// stack, no stacked weight (issue 38 item 1, "kernels of your own"; DENSEBENCH_CONV=direct).
+// The CPU's twin is impls/src/ops/conv3x3 (the same sums, in another order); the Rust launcher
+// is impls/src/ops/cuda/conv.rs, its geometry impls/src/ops/conv3x3/gpu.rs.
+//
+// Arithmetic: fused multiply-adds (__fmaf_rn / __fma_rn, one rounding each) in db_acc<T>
+// (f32 for f32 and bf16 features, f64 for f64), each output accumulated by one thread in a
+// fixed order from +0, features written once with db_narrow (bf16: the f32 sum rounded once,
+// as autocast's convolution). IEEE arithmetic throughout (no TF32): the `ieee` math mode's.
+// No atomics: every output has one writer and the order of every sum is fixed by the
+// geometry, so two runs are bitwise equal and the host emulation (tests/cuda_emulated.rs)
+// restates each sum exactly.
+//
+// conv3x3 (forward, and the data gradient as a forward convolution with the weight read
+// transposed and flipped, db_conv_weight): out[o, p] = sum over c = 0..cin-1, dy = 0..2,
+// dx = 0..2 (in that order, c outermost) of w(o, c, 3*dy + dx) * in[c, p + (dy - 1, dx - 1)],
+// a tap outside the image reading 0. A block computes a tile of DB_CONV_TILE_H x DB_CONV_TILE_W
+// pixels of one image for 4*blockDim.y output channels: threadIdx.x (64 of them) is a row of
+// the tile and a run of 4 columns, threadIdx.y a group of 4 output channels; each thread holds
+// its 4 x 4 outputs in registers. Input channels go through shared memory DB_CONV_CHUNK at a
+// time: the tile with a one-pixel halo (zero outside the image) and the chunk's weights.
+// Grid: x the tiles of all images, y the groups of 4*blockDim.y output channels (grid-stride
+// both ways).
+//
+// conv3x3_wgrad: dW[o, c, 3*dy + dx] = sum over p of gy[o, p] * in[c, p + (dy - 1, dx - 1)].
+// The pixels are cut into units (one image row, DB_WGRAD_SEG columns of it; units numbered row
+// by row) and the units into slices of `per_slice` consecutive units; a block sums one slice
+// for blockDim.x input channels x blockDim.y output channels, one (c, o) pair per thread, the
+// units in order, the columns of a unit in order, into the slice's partial
+// part[slice][o][c][tap] (db_acc<T>). conv3x3_wgrad_sum adds the slices' partials in slice
+// order from +0 into dW [k, B, 3, 3]. Grid of the partials: x the slices, y the groups of
+// input channels, z those of output channels.
+
+// (the launcher's constants: impls/src/ops/conv3x3/gpu.rs, checked against these lines)
+#define DB_CONV_TILE_H 8
+#define DB_CONV_TILE_W 32
+#define DB_CONV_QUADS (DB_CONV_TILE_W / 4)
+// threadIdx.x of conv3x3: one per row and run of 4 columns of a tile
+#define DB_CONV_PIXEL_THREADS (DB_CONV_TILE_H * DB_CONV_QUADS)
+// most blockDim.y of conv3x3 (groups of 4 output channels)
+#define DB_CONV_OUT_GROUPS 4
+#define DB_CONV_CHUNK 8
+#define DB_WGRAD_SEG 32
+// most blockDim.x / blockDim.y of conv3x3_wgrad
+#define DB_WGRAD_C 16
+#define DB_WGRAD_O 16
+
+__device__ __forceinline__ float db_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
+__device__ __forceinline__ double db_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
+
+// Where weight element (o, c, tap) of a convolution lies: w[first + o*out + c*in + tap*step].
+// Forward on a PyTorch weight [k, B, 3, 3]: (B*9, 9, 1, 0). The data gradient, a convolution
+// of the k gradient rows into B outputs with the weight transposed and flipped:
+// (9, B*9, -1, 8).
+struct db_conv_weight {
+    long long out, in, step, first;
+};
+
+template <typename T>
+__device__ __forceinline__ void conv3x3(const T *__restrict__ x, const u64 cin,
+                                        T *__restrict__ y, const u64 cout,
+                                        const T *__restrict__ w, const db_conv_weight wl,
+                                        const u64 n, const u64 h, const u64 wd) {
+    using A = db_acc<T>;
+    __shared__ A xs[DB_CONV_CHUNK][DB_CONV_TILE_H + 2][DB_CONV_TILE_W + 2];
+    __shared__ A ws[DB_CONV_CHUNK][9][4 * DB_CONV_OUT_GROUPS];
+    const u64 tiles_x = (wd + DB_CONV_TILE_W - 1) / DB_CONV_TILE_W;
+    const u64 tiles_y = (h + DB_CONV_TILE_H - 1) / DB_CONV_TILE_H;
+    const u64 per_image = tiles_x * tiles_y, tiles = n * per_image;
+    const u64 plane = h * wd, m = n * plane;
+    const unsigned kb = 4 * blockDim.y;  // output channels of a block
+    const u64 groups = (cout + kb - 1) / kb;
+    const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const unsigned nthreads = blockDim.x * blockDim.y;
+    const unsigned ty = threadIdx.x / DB_CONV_QUADS, qx = threadIdx.x % DB_CONV_QUADS;
+    constexpr unsigned HALO_W = DB_CONV_TILE_W + 2, HALO = (DB_CONV_TILE_H + 2) * HALO_W;
+    for (u64 g = blockIdx.y; g < groups; g += gridDim.y) {
+        for (u64 t = blockIdx.x; t < tiles; t += gridDim.x) {
+            const u64 img = t / per_image, r = t % per_image;
+            const long long y0 = (long long)((r / tiles_x) * DB_CONV_TILE_H);
+            const long long x0 = (long long)((r % tiles_x) * DB_CONV_TILE_W);
+            const T *xi = x + img * plane;
+            A acc[4][4];
+#pragma unroll
+            for (unsigned o = 0; o < 4; ++o)
+#pragma unroll
+                for (unsigned q = 0; q < 4; ++q) acc[o][q] = 0;
+            for (u64 c0 = 0; c0 < cin; c0 += DB_CONV_CHUNK) {
+                const unsigned nc = (unsigned)(cin - c0 < DB_CONV_CHUNK ? cin - c0 : DB_CONV_CHUNK);
+                __syncthreads();  // every thread is done with the previous chunk
+                for (unsigned e = tid; e < nc * HALO; e += nthreads) {
+                    const unsigned cc = e / HALO, rem = e % HALO;
+                    const long long yy = y0 + (long long)(rem / HALO_W) - 1;
+                    const long long xx = x0 + (long long)(rem % HALO_W) - 1;
+                    A v = 0;
+                    if (yy >= 0 && yy < (long long)h && xx >= 0 && xx < (long long)wd)
+                        v = db_widen(xi[(c0 + cc) * m + (u64)yy * wd + (u64)xx]);
+                    xs[cc][rem / HALO_W][rem % HALO_W] = v;
+                }
+                for (unsigned e = tid; e < nc * 9 * kb; e += nthreads) {
+                    const unsigned cc = e / (9 * kb), rem = e % (9 * kb);
+                    const unsigned j = rem / kb, ol = rem % kb;
+                    const u64 o = g * kb + ol;
+                    A v = 0;
+                    if (o < cout)
+                        v = db_widen(w[wl.first + (long long)o * wl.out +
+                                       (long long)(c0 + cc) * wl.in + (long long)j * wl.step]);
+                    ws[cc][j][ol] = v;
+                }
+                __syncthreads();
+                for (unsigned cc = 0; cc < nc; ++cc) {
+#pragma unroll
+                    for (unsigned dy = 0; dy < 3; ++dy) {
+                        A v[6];
+#pragma unroll
+                        for (unsigned i = 0; i < 6; ++i) v[i] = xs[cc][ty + dy][4 * qx + i];
+#pragma unroll
+                        for (unsigned dx = 0; dx < 3; ++dx) {
+                            A wv[4];
+#pragma unroll
+                            for (unsigned o = 0; o < 4; ++o)
+                                wv[o] = ws[cc][3 * dy + dx][4 * threadIdx.y + o];
+#pragma unroll
+                            for (unsigned o = 0; o < 4; ++o)
+#pragma unroll
+                                for (unsigned q = 0; q < 4; ++q)
+                                    acc[o][q] = db_fma(wv[o], v[q + dx], acc[o][q]);
+                        }
+                    }
+                }
+            }
+            const long long yy = y0 + ty;
+            if (yy < (long long)h) {
+#pragma unroll
+                for (unsigned o = 0; o < 4; ++o) {
+                    const u64 oc = g * kb + 4 * threadIdx.y + o;
+                    if (oc >= cout) continue;
+#pragma unroll
+                    for (unsigned q = 0; q < 4; ++q) {
+                        const long long xx = x0 + 4 * qx + q;
+                        if (xx < (long long)wd)
+                            y[oc * m + img * plane + (u64)yy * wd + (u64)xx] =
+                                db_narrow<T>(acc[o][q]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T *__restrict__ s,
+                                              db_acc<T> *__restrict__ part, const u64 cin,
+                                              const u64 cout, const u64 n, const u64 h,
+                                              const u64 wd, const u64 per_slice) {
+    using A = db_acc<T>;
+    constexpr unsigned SW = DB_WGRAD_SEG + 2;
+    __shared__ A gs[DB_WGRAD_O][DB_WGRAD_SEG];
+    __shared__ A ss[DB_WGRAD_C][3][SW];
+    const u64 segs = (wd + DB_WGRAD_SEG - 1) / DB_WGRAD_SEG, units = n * h * segs;
+    const u64 slices = (units + per_slice - 1) / per_slice;
+    const u64 plane = h * wd, m = n * plane;
+    const u64 cgroups = (cin + blockDim.x - 1) / blockDim.x;
+    const u64 ogroups = (cout + blockDim.y - 1) / blockDim.y;
+    const unsigned tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const unsigned nthreads = blockDim.x * blockDim.y;
+    for (u64 og = blockIdx.z; og < ogroups; og += gridDim.z) {
+        for (u64 cg = blockIdx.y; cg < cgroups; cg += gridDim.y) {
+            const u64 c_first = cg * blockDim.x, o_first = og * blockDim.y;
+            const unsigned nc = (unsigned)(cin - c_first < blockDim.x ? cin - c_first : blockDim.x);
+            const unsigned no = (unsigned)(cout - o_first < blockDim.y ? cout - o_first : blockDim.y);
+            for (u64 sl = blockIdx.x; sl < slices; sl += gridDim.x) {
+                A acc[9];
+#pragma unroll
+                for (unsigned j = 0; j < 9; ++j) acc[j] = 0;
+                const u64 u_end = (sl + 1) * per_slice < units ? (sl + 1) * per_slice : units;
+                for (u64 u = sl * per_slice; u < u_end; ++u) {
+                    const u64 row = u / segs;  // image row n*H + y
+                    const u64 img = row / h, y = row % h;
+                    const u64 x0 = (u % segs) * DB_WGRAD_SEG;
+                    const unsigned sw = (unsigned)(wd - x0 < DB_WGRAD_SEG ? wd - x0 : DB_WGRAD_SEG);
+                    __syncthreads();  // every thread is done with the previous unit
+                    for (unsigned e = tid; e < no * DB_WGRAD_SEG; e += nthreads) {
+                        const unsigned ol = e / DB_WGRAD_SEG, q = e % DB_WGRAD_SEG;
+                        gs[ol][q] = q < sw ? db_widen(gy[(o_first + ol) * m + row * wd + x0 + q])
+                                           : (A)0;
+                    }
+                    for (unsigned e = tid; e < nc * 3 * SW; e += nthreads) {
+                        const unsigned cl = e / (3 * SW), rem = e % (3 * SW);
+                        const long long yy = (long long)y + (long long)(rem / SW) - 1;
+                        const long long xx = (long long)x0 + (long long)(rem % SW) - 1;
+                        A v = 0;
+                        if (yy >= 0 && yy < (long long)h && xx >= 0 && xx < (long long)wd)
+                            v = db_widen(s[(c_first + cl) * m + img * plane + (u64)yy * wd +
+                                           (u64)xx]);
+                        ss[cl][rem / SW][rem % SW] = v;
+                    }
+                    __syncthreads();
+                    if (threadIdx.x < nc && threadIdx.y < no) {
+                        const A *srow = &ss[threadIdx.x][0][0];
+                        const A *grow = gs[threadIdx.y];
+                        for (unsigned q = 0; q < sw; ++q) {
+                            const A gv = grow[q];
+#pragma unroll
+                            for (unsigned dy = 0; dy < 3; ++dy)
+#pragma unroll
+                                for (unsigned dx = 0; dx < 3; ++dx)
+                                    acc[3 * dy + dx] =
+                                        db_fma(gv, srow[dy * SW + q + dx], acc[3 * dy + dx]);
+                        }
+                    }
+                }
+                if (threadIdx.x < nc && threadIdx.y < no) {
+                    const u64 o = o_first + threadIdx.y, c = c_first + threadIdx.x;
+                    A *dst = part + ((sl * cout + o) * cin + c) * 9;
+#pragma unroll
+                    for (unsigned j = 0; j < 9; ++j) dst[j] = acc[j];
+                }
+            }
+        }
+    }
+}
+
+// dW[i] = sum over the slices, in order from +0, of part[slice][i], i < len = 9*k*B.
+template <typename A>
+__device__ __forceinline__ void conv3x3_wgrad_sum(const A *__restrict__ part, A *__restrict__ dw,
+                                                  const u64 slices, const u64 len) {
+    for (u64 i = db_first(); i < len; i += db_stride()) {
+        A acc = 0;
+        for (u64 sl = 0; sl < slices; ++sl) acc = db_add(acc, part[sl * len + i]);
+        dw[i] = acc;
+    }
+}
+
+#define DB_CONV_KERNELS(T, S)                                                                \
+    extern "C" __global__ void conv3x3_##S(const T *x, const u64 cin, T *y, const u64 cout,   \
+                                           const T *w, const db_conv_weight wl, const u64 n,  \
+                                           const u64 h, const u64 wd) {                       \
+        conv3x3<T>(x, cin, y, cout, w, wl, n, h, wd);                                        \
+    }                                                                                        \
+    extern "C" __global__ void conv3x3_wgrad_##S(const T *gy, const T *s, db_acc<T> *part,    \
+                                                 const u64 cin, const u64 cout, const u64 n,  \
+                                                 const u64 h, const u64 wd,                   \
+                                                 const u64 per_slice) {                       \
+        conv3x3_wgrad<T>(gy, s, part, cin, cout, n, h, wd, per_slice);                       \
+    }
+
+#define DB_CONV_SUM_KERNELS(T, S)                                                            \
+    extern "C" __global__ void conv3x3_wgrad_sum_##S(const T *part, T *dw, const u64 slices, \
+                                                     const u64 len) {                         \
+        conv3x3_wgrad_sum<T>(part, dw, slices, len);                                         \
+    }
+
+DB_CONV_KERNELS(float, f32)
+DB_CONV_KERNELS(double, f64)
+DB_CONV_KERNELS(db_bf16, bf16)
+// the partials are db_acc<T>: f32 for bf16 features, so bf16 takes the f32 sum
+DB_CONV_SUM_KERNELS(float, f32)
+DB_CONV_SUM_KERNELS(double, f64)
