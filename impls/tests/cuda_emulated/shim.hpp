@@ -31,6 +31,17 @@
 #include <utility>
 #include <vector>
 
+// CUDA's vector types, as conv.cu loads shared memory through them (same sizes and alignment).
+struct alignas(8) float2 {
+    float x, y;
+};
+struct alignas(16) float4 {
+    float x, y, z, w;
+};
+struct alignas(16) double2 {
+    double x, y;
+};
+
 struct db_dim3 {
     unsigned x = 1, y = 1, z = 1;
 };
@@ -60,6 +71,7 @@ inline void __syncthreads() {
 #define __restrict__ __restrict
 #define __launch_bounds__(...)
 #define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
 
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }

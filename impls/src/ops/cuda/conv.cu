@@ -49,6 +49,26 @@
 __device__ __forceinline__ float db_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
 __device__ __forceinline__ double db_fma(double a, double b, double c) { return __fma_rn(a, b, c); }
 
+// Vector loads from shared memory (one LDS.128 / LDS.64 instead of four or two): `p` aligned
+// to the vector (the arrays are __align__(16), their rows and the offsets read multiples of it).
+__device__ __forceinline__ void db_load4(const float *p, float v[4]) {
+    const float4 t = *reinterpret_cast<const float4 *>(p);
+    v[0] = t.x, v[1] = t.y, v[2] = t.z, v[3] = t.w;
+}
+__device__ __forceinline__ void db_load4(const double *p, double v[4]) {
+    const double2 a = *reinterpret_cast<const double2 *>(p);
+    const double2 b = *reinterpret_cast<const double2 *>(p + 2);
+    v[0] = a.x, v[1] = a.y, v[2] = b.x, v[3] = b.y;
+}
+__device__ __forceinline__ void db_load2(const float *p, float v[2]) {
+    const float2 t = *reinterpret_cast<const float2 *>(p);
+    v[0] = t.x, v[1] = t.y;
+}
+__device__ __forceinline__ void db_load2(const double *p, double v[2]) {
+    const double2 t = *reinterpret_cast<const double2 *>(p);
+    v[0] = t.x, v[1] = t.y;
+}
+
 // Where weight element (o, c, tap) of a convolution lies: w[first + o*out + c*in + tap*step].
 // Forward on a PyTorch weight [k, B, 3, 3]: (B*9, 9, 1, 0). The data gradient, a convolution
 // of the k gradient rows into B outputs with the weight transposed and flipped:
@@ -63,8 +83,11 @@ __device__ __forceinline__ void conv3x3(const T *__restrict__ x, const u64 cin,
                                         const T *__restrict__ w, const db_conv_weight wl,
                                         const u64 n, const u64 h, const u64 wd) {
     using A = db_acc<T>;
-    __shared__ A xs[DB_CONV_CHUNK][DB_CONV_TILE_H + 2][DB_CONV_TILE_W + 2];
-    __shared__ A ws[DB_CONV_CHUNK][9][4 * DB_CONV_OUT_GROUPS];
+    // rows of the haloed tile padded from TILE_W + 2 to TILE_W + 4 values, so that every row
+    // starts 16-byte aligned and a thread's 6 values load as one 4-vector and one 2-vector
+    constexpr unsigned PITCH = DB_CONV_TILE_W + 4;
+    __shared__ __align__(16) A xs[DB_CONV_CHUNK][DB_CONV_TILE_H + 2][PITCH];
+    __shared__ __align__(16) A ws[DB_CONV_CHUNK][9][4 * DB_CONV_OUT_GROUPS];
     const u64 tiles_x = (wd + DB_CONV_TILE_W - 1) / DB_CONV_TILE_W;
     const u64 tiles_y = (h + DB_CONV_TILE_H - 1) / DB_CONV_TILE_H;
     const u64 per_image = tiles_x * tiles_y, tiles = n * per_image;
@@ -75,6 +98,7 @@ __device__ __forceinline__ void conv3x3(const T *__restrict__ x, const u64 cin,
     const unsigned nthreads = blockDim.x * blockDim.y;
     const unsigned ty = threadIdx.x / DB_CONV_QUADS, qx = threadIdx.x % DB_CONV_QUADS;
     constexpr unsigned HALO_W = DB_CONV_TILE_W + 2, HALO = (DB_CONV_TILE_H + 2) * HALO_W;
+    static_assert(HALO_W <= PITCH, "a haloed row fits its padded row");
     for (u64 g = blockIdx.y; g < groups; g += gridDim.y) {
         for (u64 t = blockIdx.x; t < tiles; t += gridDim.x) {
             const u64 img = t / per_image, r = t % per_image;
@@ -113,14 +137,12 @@ __device__ __forceinline__ void conv3x3(const T *__restrict__ x, const u64 cin,
 #pragma unroll
                     for (unsigned dy = 0; dy < 3; ++dy) {
                         A v[6];
-#pragma unroll
-                        for (unsigned i = 0; i < 6; ++i) v[i] = xs[cc][ty + dy][4 * qx + i];
+                        db_load4(&xs[cc][ty + dy][4 * qx], v);
+                        db_load2(&xs[cc][ty + dy][4 * qx + 4], v + 4);
 #pragma unroll
                         for (unsigned dx = 0; dx < 3; ++dx) {
                             A wv[4];
-#pragma unroll
-                            for (unsigned o = 0; o < 4; ++o)
-                                wv[o] = ws[cc][3 * dy + dx][4 * threadIdx.y + o];
+                            db_load4(&ws[cc][3 * dy + dx][4 * threadIdx.y], wv);
 #pragma unroll
                             for (unsigned o = 0; o < 4; ++o)
 #pragma unroll
@@ -200,14 +222,26 @@ __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T 
                     if (threadIdx.x < nc && threadIdx.y < no) {
                         const A *srow = &ss[threadIdx.x][0][0];
                         const A *grow = gs[threadIdx.y];
+                        // the 3x3 window of s under column q, slid along the row: three new
+                        // values a column instead of nine (ptxas renames the shifts away in
+                        // the unrolled loop); the sums are the plain loop's, in its order
+                        A win[3][3];
+#pragma unroll
+                        for (unsigned dy = 0; dy < 3; ++dy)
+                            win[dy][0] = srow[dy * SW], win[dy][1] = srow[dy * SW + 1];
+#pragma unroll 4
                         for (unsigned q = 0; q < sw; ++q) {
                             const A gv = grow[q];
+#pragma unroll
+                            for (unsigned dy = 0; dy < 3; ++dy) win[dy][2] = srow[dy * SW + q + 2];
 #pragma unroll
                             for (unsigned dy = 0; dy < 3; ++dy)
 #pragma unroll
                                 for (unsigned dx = 0; dx < 3; ++dx)
-                                    acc[3 * dy + dx] =
-                                        db_fma(gv, srow[dy * SW + q + dx], acc[3 * dy + dx]);
+                                    acc[3 * dy + dx] = db_fma(gv, win[dy][dx], acc[3 * dy + dx]);
+#pragma unroll
+                            for (unsigned dy = 0; dy < 3; ++dy)
+                                win[dy][0] = win[dy][1], win[dy][1] = win[dy][2];
                         }
                     }
                 }

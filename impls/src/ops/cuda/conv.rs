@@ -2,12 +2,11 @@
 //! [`crate::ops::conv3x3::gpu`]'s ops. Forward and data gradient are one launch each into the
 //! destination; the weight gradient two (the slices' partial sums into a buffer from candle's
 //! stream-ordered pool, freed once queued, then their sum into `dW`). Geometry:
-//! [`crate::ops::conv3x3::gpu`].
+//! [`crate::ops::cuda::direct`].
 //!
 //! Only compiled with the `cuda` feature.
 
-use crate::ops::conv3x3::gpu;
-pub(crate) use crate::ops::conv3x3::Pass;
+use crate::ops::cuda::direct::{self as gpu, Pass};
 use crate::ops::cuda::launch::{
     contiguous_range, expect_len, function, msg, view, view_mut, Float,
 };
