@@ -50,7 +50,8 @@
 #           (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
 #           buffer-recompute-inplace on BC-100's block at L = 16 and 48 and the torchvision-style
 #           block at L = 6, `--math tf32 --execution graph` (DENSEBENCH_CONV_ARGS to change):
-#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt; then on
+#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt; the same
+#           three in IEEE FP32 on BC-100 L=16 ($OUT/conv-ieee.csv and .txt); then on
 #           BC-100 L=16 cuDNN as planned against every pass on packed copies
 #           (DENSEBENCH_CUDNN_STAGING=packed): $OUT/conv-staging.csv and .txt (not a default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
@@ -473,6 +474,12 @@ CONFIGS
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
+CONFIGS
+        # the same in IEEE FP32 on BC-100 L=16 (the direct kernels compute IEEE FP32 in
+        # either mode; here the tap stack's GEMMs and cuDNN do too)
+        side_by_side conv-ieee DENSEBENCH_CONV cudnn,direct,tap-stack "cat-store-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" --math ieee --execution graph <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 CONFIGS
         # what the packed fallback costs: cuDNN's passes where cuDNN plans them against every
         # pass on packed copies (DENSEBENCH_CUDNN_STAGING=packed), BC-100 L=16

@@ -585,6 +585,88 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
     }
 }
 
+/// Operands of a GPU 3×3 convolution test of `b` channels into `k` on [`GRID`], in `dtype`
+/// (seeds from `seed`): on the GPU `s`, `w` and `gy` read through rows 2..2+k of a taller tensor
+/// (a view past the storage's start, as the block reads a gradient buffer's rows), and the CPU's
+/// direct kernel's `[y, ds, dW]` of the same values.
+struct ConvCase {
+    gpu: [Tensor; 3],
+    cpu: [Tensor; 3],
+}
+
+fn conv_case(dev: &Device, (b, k): (usize, usize), dtype: DType, seed: u64) -> ConvCase {
+    use impls::ops::conv3x3;
+    let m = GRID.n * GRID.h * GRID.w;
+    let s = rand((b, m), seed, DType::F64).to_dtype(dtype).expect("s");
+    let w = rand((k, b * 9), seed + 1, DType::F64)
+        .reshape((k, b, 3, 3))
+        .and_then(|w| w.to_dtype(dtype))
+        .expect("w");
+    let tall = rand((k + 3, m), seed + 2, DType::F64)
+        .to_dtype(dtype)
+        .expect("gy");
+    let gy = tall
+        .narrow(0, 2, k)
+        .and_then(|g| g.contiguous())
+        .expect("gy rows");
+    let cpu = [
+        conv3x3::forward(&s, &w, GRID).expect("cpu y"),
+        conv3x3::backward_data(&gy, &w, GRID).expect("cpu ds"),
+        conv3x3::backward_weight(&gy, &s, GRID).expect("cpu dW"),
+    ];
+    let on = |t: &Tensor| t.to_device(dev).expect("to gpu");
+    let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+    ConvCase {
+        gpu: [on(&s), on(&w), gy_g],
+        cpu,
+    }
+}
+
+/// `[y, ds, dW]` of a GPU convolution against the CPU's (max |gpu − cpu| / max |cpu| ≤ `tol`
+/// each) and against a second run (bit for bit), named by `what`.
+fn check_conv_runs(
+    what: &str,
+    first: &[Tensor; 3],
+    second: &[Tensor; 3],
+    cpu: &[Tensor; 3],
+    tol: f64,
+) {
+    let f64s = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
+    let max = |t: Tensor| {
+        t.abs()
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.max(0))
+            .and_then(|t| t.to_scalar::<f64>())
+            .expect("max")
+    };
+    let bits = |t: &Tensor| {
+        f64s(t)
+            .flatten_all()
+            .and_then(|t| t.to_vec1::<f64>())
+            .expect("values")
+            .into_iter()
+            .map(f64::to_bits)
+            .collect::<Vec<_>>()
+    };
+    for (i, name) in ["y", "ds", "dW"].into_iter().enumerate() {
+        let (g, c) = (f64s(&first[i]), f64s(&cpu[i]));
+        let rel = max((&g - &c).expect("diff")) / max(c.clone());
+        assert!(
+            rel <= tol,
+            "{what}: {name}: max |gpu − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
+        );
+        assert_eq!(
+            first[i].dtype(),
+            second[i].dtype(),
+            "{what}: {name}: dtypes"
+        );
+        assert!(
+            bits(&first[i]) == bits(&second[i]),
+            "{what}: {name}: two runs differ"
+        );
+    }
+}
+
 /// cuDNN's 3×3 convolution (the `cudnn` feature: `ops::conv3x3::cudnn`, the layer's path on a
 /// GPU with `DENSEBENCH_CONV=cudnn`) against the CPU's direct kernel: forward and both
 /// gradients (the data gradient a forward convolution with the filter transposed), the output
@@ -602,7 +684,7 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
     let Some(dev) = gpu("cuda_cudnn_conv_matches_the_cpu_direct_kernel") else {
         return;
     };
-    let (b, k, m) = (6, 5, GRID.n * GRID.h * GRID.w);
+    let (b, k) = (6, 5);
     // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor); in IEEE f32 cuDNN may pick
     // Winograd or FFT (as for PyTorch), whose errors are some 1e-5 of the largest element
     for (dtype, tol) in [
@@ -610,24 +692,10 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
         (DType::F32, 1e-4),
         (DType::BF16, 2.0 * 2f64.powi(-8)),
     ] {
-        let s = rand((b, m), 31, DType::F64).to_dtype(dtype).expect("s");
-        let w = rand((k, b * 9), 32, DType::F64)
-            .reshape((k, b, 3, 3))
-            .and_then(|w| w.to_dtype(dtype))
-            .expect("w");
-        // gy: rows 2..2+k of a taller tensor, so the view starts past the storage's start
-        let tall = rand((k + 3, m), 33, DType::F64)
-            .to_dtype(dtype)
-            .expect("gy");
-        let gy = tall.narrow(0, 2, k).expect("gy rows");
-        let cpu = [
-            conv3x3::forward(&s, &w, GRID).expect("cpu y"),
-            conv3x3::backward_data(&gy.contiguous().expect("gy"), &w, GRID).expect("cpu ds"),
-            conv3x3::backward_weight(&gy.contiguous().expect("gy"), &s, GRID).expect("cpu dW"),
-        ];
-        let on = |t: &Tensor| t.to_device(&dev).expect("to gpu");
-        let (s_g, w_g) = (on(&s), on(&w));
-        let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+        let ConvCase {
+            gpu: [s_g, w_g, gy_g],
+            cpu,
+        } = conv_case(&dev, (b, k), dtype, 31);
         let param = impls::config::param_dtype(dtype);
         for staging in [None, Some(conv3x3::CudnnStaging::Packed)] {
             let run = || {
@@ -642,41 +710,13 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
                 })
             };
             let (first, second) = (run(), run());
-            for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
-                let (g, c) = (
-                    g.to_dtype(DType::F64).expect("f64"),
-                    c.to_dtype(DType::F64).expect("f64"),
-                );
-                let max = |t: Tensor| {
-                    t.abs()
-                        .and_then(|t| t.flatten_all())
-                        .and_then(|t| t.max(0))
-                        .and_then(|t| t.to_scalar::<f64>())
-                        .expect("max")
-                };
-                let rel = max((&g - &c).expect("diff")) / max(c.clone());
-                assert!(
-                    rel <= tol,
-                    "{dtype:?} ({staging:?}): {name}: max |cuDNN − cpu direct| / max |cpu| \
-                     = {rel:e} > {tol:e}"
-                );
-            }
-            for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
-                assert_eq!(a.dtype(), b.dtype());
-                let bits = |t: &Tensor| {
-                    t.to_dtype(DType::F64)
-                        .and_then(|t| t.flatten_all())
-                        .and_then(|t| t.to_vec1::<f64>())
-                        .expect("values")
-                        .into_iter()
-                        .map(f64::to_bits)
-                        .collect::<Vec<_>>()
-                };
-                assert!(
-                    bits(a) == bits(b),
-                    "{dtype:?} ({staging:?}): {name}: two runs differ"
-                );
-            }
+            check_conv_runs(
+                &format!("cuDNN {dtype:?} ({staging:?})"),
+                &first,
+                &second,
+                &cpu,
+                tol,
+            );
             // parameter gradients are f32 under autocast: cuDNN's bf16 dW widened
             assert_eq!(first[2].dtype(), param, "{dtype:?}: dW's dtype");
             let (ws, algos) = conv3x3::with_cudnn_staging(staging, || {
@@ -707,29 +747,15 @@ fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
         return;
     };
     // B > 16 and k > 4: several input chunks, output groups and weight-gradient channel groups
-    let (b, k, m) = (20, 6, GRID.n * GRID.h * GRID.w);
     for (dtype, tol) in [
         (DType::F64, 1e-13),
         (DType::F32, 1e-4),
         (DType::BF16, 2.0 * 2f64.powi(-8)),
     ] {
-        let s = rand((b, m), 51, DType::F64).to_dtype(dtype).expect("s");
-        let w = rand((k, b * 9), 52, DType::F64)
-            .reshape((k, b, 3, 3))
-            .and_then(|w| w.to_dtype(dtype))
-            .expect("w");
-        let tall = rand((k + 3, m), 53, DType::F64)
-            .to_dtype(dtype)
-            .expect("gy");
-        let gy = tall.narrow(0, 2, k).expect("gy rows");
-        let cpu = [
-            conv3x3::forward(&s, &w, GRID).expect("cpu y"),
-            conv3x3::backward_data(&gy.contiguous().expect("gy"), &w, GRID).expect("cpu ds"),
-            conv3x3::backward_weight(&gy.contiguous().expect("gy"), &s, GRID).expect("cpu dW"),
-        ];
-        let on = |t: &Tensor| t.to_device(&dev).expect("to gpu");
-        let (s_g, w_g) = (on(&s), on(&w));
-        let gy_g = on(&tall).narrow(0, 2, k).expect("gy rows");
+        let ConvCase {
+            gpu: [s_g, w_g, gy_g],
+            cpu,
+        } = conv_case(&dev, (20, 6), dtype, 51);
         let run = || {
             let y = conv3x3::gpu::forward(&s_g, &w_g, GRID).expect("gpu y");
             let ds = conv3x3::gpu::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
@@ -737,34 +763,7 @@ fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
             [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
         };
         let (first, second) = (run(), run());
-        let max = |t: Tensor| {
-            t.abs()
-                .and_then(|t| t.flatten_all())
-                .and_then(|t| t.max(0))
-                .and_then(|t| t.to_scalar::<f64>())
-                .expect("max")
-        };
-        let f64s = |t: &Tensor| t.to_dtype(DType::F64).expect("f64");
-        for ((g, c), name) in first.iter().zip(&cpu).zip(["y", "ds", "dW"]) {
-            let (g, c) = (f64s(g), f64s(c));
-            let rel = max((&g - &c).expect("diff")) / max(c.clone());
-            assert!(
-                rel <= tol,
-                "{dtype:?}: {name}: max |gpu direct − cpu direct| / max |cpu| = {rel:e} > {tol:e}"
-            );
-        }
-        for ((a, b), name) in first.iter().zip(&second).zip(["y", "ds", "dW"]) {
-            let bits = |t: &Tensor| {
-                f64s(t)
-                    .flatten_all()
-                    .and_then(|t| t.to_vec1::<f64>())
-                    .expect("values")
-                    .into_iter()
-                    .map(f64::to_bits)
-                    .collect::<Vec<_>>()
-            };
-            assert!(bits(a) == bits(b), "{dtype:?}: {name}: two runs differ");
-        }
+        check_conv_runs(&format!("direct {dtype:?}"), &first, &second, &cpu, tol);
         assert_eq!(first[0].dtype(), dtype, "{dtype:?}: y's dtype");
         let param = impls::config::param_dtype(dtype);
         assert_eq!(first[2].dtype(), param, "{dtype:?}: dW's dtype");
