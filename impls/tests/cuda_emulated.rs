@@ -1638,9 +1638,9 @@ struct WeightLayout {
 
 /// Maps and channel counts of the convolution checks: partial tiles in both directions (H not
 /// a multiple of 8, W of 32), several input-channel chunks of 8 (20 in, or 20 out for the
-/// data gradient), output-channel groups that do not fill a block, several weight-gradient
-/// segments of a row (W > 32) and channel groups in both directions (B > 16, k > 16), and the
-/// degenerate 1×1 image.
+/// data gradient), output-channel groups that do not fill a block, weight-gradient units in
+/// several bands of rows (H > 4, a short last band) and segments of a row (W > 32), channel
+/// groups in both directions (B > 8, k > 16), and the degenerate 1×1 image.
 const CONV_CASES: [(Grid, usize, usize); 4] = [
     (Grid { n: 2, h: 11, w: 37 }, 20, 6),
     (Grid { n: 1, h: 3, w: 5 }, 3, 18),
@@ -1686,16 +1686,16 @@ where
     out
 }
 
-/// The weight gradient's partials and their sum, restated: slice `s` sums its units (image row,
-/// 32 columns of it) in order, the columns in order, `fma(gy, s_shifted, acc)` from +0; `dW`
-/// adds the slices' partials in order from +0.
+/// The weight gradient's partials and their sum, restated: slice `s` sums its units (4 rows of
+/// one image, 32 columns of them) in order, a unit's rows in order and a row's columns in
+/// order, `fma(gy, s_shifted, acc)` from +0; `dW` adds the slices' partials in order from +0.
 fn wgrad_restated<T: El>(gy: &[T], s: &[T], b: usize, k: usize, g: Grid) -> Vec<T::Acc>
 where
     T::Acc: Fma,
 {
     let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
     let sl = gpu::weight_slices(g, b, k);
-    let segs = g.w.div_ceil(gpu::WGRAD_SEG);
+    let (segs, bands) = (g.w.div_ceil(gpu::WGRAD_SEG), g.h.div_ceil(gpu::WGRAD_ROWS));
     let zero = <T::Acc as WithDType>::from_f64(0.0);
     let mut dw = vec![zero; 9 * k * b];
     for slice in 0..sl.slices {
@@ -1704,10 +1704,13 @@ where
             for c in 0..b {
                 let mut acc = [zero; 9];
                 for u in units.clone() {
-                    let row = u / segs;
-                    let (img, y, x0) = (row / g.h, row % g.h, (u % segs) * gpu::WGRAD_SEG);
-                    for xx in x0..(x0 + gpu::WGRAD_SEG).min(g.w) {
-                        let gv = widen(gy[o * m + row * g.w + xx]);
+                    let img = u / (bands * segs);
+                    let y0 = ((u / segs) % bands) * gpu::WGRAD_ROWS;
+                    let x0 = (u % segs) * gpu::WGRAD_SEG;
+                    for (y, xx) in (y0..(y0 + gpu::WGRAD_ROWS).min(g.h))
+                        .flat_map(|y| (x0..(x0 + gpu::WGRAD_SEG).min(g.w)).map(move |xx| (y, xx)))
+                    {
+                        let gv = widen(gy[o * m + img * plane + y * g.w + xx]);
                         for dy in 0..3 {
                             for dx in 0..3 {
                                 let (yy, x2) = ((y + dy) as isize - 1, (xx + dx) as isize - 1);

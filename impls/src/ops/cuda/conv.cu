@@ -24,15 +24,17 @@
 // both ways).
 //
 // conv3x3_wgrad: dW[o, c, 3*dy + dx] = sum over p of gy[o, p] * in[c, p + (dy - 1, dx - 1)].
-// The pixels are cut into units (one image row, DB_WGRAD_SEG columns of it; units numbered row
-// by row) and the units into slices of `per_slice` consecutive units; a block sums one slice
+// The pixels are cut into units (DB_WGRAD_ROWS rows of one image, fewer in its last band, and
+// DB_WGRAD_SEG columns of them; units numbered image by image, band by band, segment by
+// segment) and the units into slices of `per_slice` consecutive units; a block sums one slice
 // for blockDim.x input channels x blockDim.y output channels, one (c, o) pair per thread, the
-// units in order, the columns of a unit in order, into the slice's partial
-// part[slice][o][c][tap] (db_acc<T>). conv3x3_wgrad_sum adds the slices' partials in slice
-// order from +0 into dW [k, B, 3, 3]. Grid of the partials: x the slices, y the groups of
-// input channels, z those of output channels.
+// units in order, a unit's rows in order and a row's columns in order, into the slice's
+// partial part[slice][o][c][tap] (db_acc<T>). Several rows a unit: the staging of a unit (its
+// global loads, two barriers) is paid once per 128 pixels, not 32. conv3x3_wgrad_sum adds the
+// slices' partials in slice order from +0 into dW [k, B, 3, 3]. Grid of the partials: x the
+// slices, y the groups of input channels, z those of output channels.
 
-// (the launcher's constants: impls/src/ops/conv3x3/gpu.rs, checked against these lines)
+// (the launcher's constants: impls/src/ops/cuda/direct.rs, checked against these lines)
 #define DB_CONV_TILE_H 8
 #define DB_CONV_TILE_W 32
 #define DB_CONV_QUADS (DB_CONV_TILE_W / 4)
@@ -42,8 +44,9 @@
 #define DB_CONV_OUT_GROUPS 4
 #define DB_CONV_CHUNK 8
 #define DB_WGRAD_SEG 32
+#define DB_WGRAD_ROWS 4
 // most blockDim.x / blockDim.y of conv3x3_wgrad
-#define DB_WGRAD_C 16
+#define DB_WGRAD_C 8
 #define DB_WGRAD_O 16
 
 __device__ __forceinline__ float db_fma(float a, float b, float c) { return __fmaf_rn(a, b, c); }
@@ -177,10 +180,11 @@ __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T 
                                               const u64 cout, const u64 n, const u64 h,
                                               const u64 wd, const u64 per_slice) {
     using A = db_acc<T>;
-    constexpr unsigned SW = DB_WGRAD_SEG + 2;
-    __shared__ A gs[DB_WGRAD_O][DB_WGRAD_SEG];
-    __shared__ A ss[DB_WGRAD_C][3][SW];
-    const u64 segs = (wd + DB_WGRAD_SEG - 1) / DB_WGRAD_SEG, units = n * h * segs;
+    constexpr unsigned R = DB_WGRAD_ROWS, SW = DB_WGRAD_SEG + 2;
+    __shared__ A gs[DB_WGRAD_O][R][DB_WGRAD_SEG];
+    __shared__ A ss[DB_WGRAD_C][R + 2][SW];
+    const u64 segs = (wd + DB_WGRAD_SEG - 1) / DB_WGRAD_SEG, bands = (h + R - 1) / R;
+    const u64 units = n * bands * segs;
     const u64 slices = (units + per_slice - 1) / per_slice;
     const u64 plane = h * wd, m = n * plane;
     const u64 cgroups = (cin + blockDim.x - 1) / blockDim.x;
@@ -198,19 +202,23 @@ __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T 
                 for (unsigned j = 0; j < 9; ++j) acc[j] = 0;
                 const u64 u_end = (sl + 1) * per_slice < units ? (sl + 1) * per_slice : units;
                 for (u64 u = sl * per_slice; u < u_end; ++u) {
-                    const u64 row = u / segs;  // image row n*H + y
-                    const u64 img = row / h, y = row % h;
-                    const u64 x0 = (u % segs) * DB_WGRAD_SEG;
+                    // unit u: image img, rows y0 .. y0 + nr - 1, columns x0 .. x0 + sw - 1
+                    const u64 img = u / (bands * segs);
+                    const u64 y0 = ((u / segs) % bands) * R, x0 = (u % segs) * DB_WGRAD_SEG;
+                    const unsigned nr = (unsigned)(h - y0 < R ? h - y0 : R);
                     const unsigned sw = (unsigned)(wd - x0 < DB_WGRAD_SEG ? wd - x0 : DB_WGRAD_SEG);
+                    const u64 first = img * plane + y0 * wd + x0;  // the unit's first pixel
                     __syncthreads();  // every thread is done with the previous unit
-                    for (unsigned e = tid; e < no * DB_WGRAD_SEG; e += nthreads) {
-                        const unsigned ol = e / DB_WGRAD_SEG, q = e % DB_WGRAD_SEG;
-                        gs[ol][q] = q < sw ? db_widen(gy[(o_first + ol) * m + row * wd + x0 + q])
+                    for (unsigned e = tid; e < no * R * DB_WGRAD_SEG; e += nthreads) {
+                        const unsigned ol = e / (R * DB_WGRAD_SEG), rem = e % (R * DB_WGRAD_SEG);
+                        const unsigned r = rem / DB_WGRAD_SEG, q = rem % DB_WGRAD_SEG;
+                        gs[ol][r][q] = r < nr && q < sw
+                                           ? db_widen(gy[(o_first + ol) * m + first + r * wd + q])
                                            : (A)0;
                     }
-                    for (unsigned e = tid; e < nc * 3 * SW; e += nthreads) {
-                        const unsigned cl = e / (3 * SW), rem = e % (3 * SW);
-                        const long long yy = (long long)y + (long long)(rem / SW) - 1;
+                    for (unsigned e = tid; e < nc * (R + 2) * SW; e += nthreads) {
+                        const unsigned cl = e / ((R + 2) * SW), rem = e % ((R + 2) * SW);
+                        const long long yy = (long long)y0 + (long long)(rem / SW) - 1;
                         const long long xx = (long long)x0 + (long long)(rem % SW) - 1;
                         A v = 0;
                         if (yy >= 0 && yy < (long long)h && xx >= 0 && xx < (long long)wd)
@@ -220,28 +228,33 @@ __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T 
                     }
                     __syncthreads();
                     if (threadIdx.x < nc && threadIdx.y < no) {
-                        const A *srow = &ss[threadIdx.x][0][0];
-                        const A *grow = gs[threadIdx.y];
-                        // the 3x3 window of s under column q, slid along the row: three new
-                        // values a column instead of nine (ptxas renames the shifts away in
-                        // the unrolled loop); the sums are the plain loop's, in its order
-                        A win[3][3];
+                        for (unsigned r = 0; r < nr; ++r) {
+                            const A *srow = &ss[threadIdx.x][r][0];
+                            const A *grow = gs[threadIdx.y][r];
+                            // the 3x3 window of s under column q, slid along the row: three
+                            // new values a column instead of nine (ptxas renames the shifts
+                            // away in the unrolled loop); the sums are the plain loop's, in
+                            // its order
+                            A win[3][3];
 #pragma unroll
-                        for (unsigned dy = 0; dy < 3; ++dy)
-                            win[dy][0] = srow[dy * SW], win[dy][1] = srow[dy * SW + 1];
+                            for (unsigned dy = 0; dy < 3; ++dy)
+                                win[dy][0] = srow[dy * SW], win[dy][1] = srow[dy * SW + 1];
 #pragma unroll 4
-                        for (unsigned q = 0; q < sw; ++q) {
-                            const A gv = grow[q];
+                            for (unsigned q = 0; q < sw; ++q) {
+                                const A gv = grow[q];
 #pragma unroll
-                            for (unsigned dy = 0; dy < 3; ++dy) win[dy][2] = srow[dy * SW + q + 2];
+                                for (unsigned dy = 0; dy < 3; ++dy)
+                                    win[dy][2] = srow[dy * SW + q + 2];
 #pragma unroll
-                            for (unsigned dy = 0; dy < 3; ++dy)
+                                for (unsigned dy = 0; dy < 3; ++dy)
 #pragma unroll
-                                for (unsigned dx = 0; dx < 3; ++dx)
-                                    acc[3 * dy + dx] = db_fma(gv, win[dy][dx], acc[3 * dy + dx]);
+                                    for (unsigned dx = 0; dx < 3; ++dx)
+                                        acc[3 * dy + dx] =
+                                            db_fma(gv, win[dy][dx], acc[3 * dy + dx]);
 #pragma unroll
-                            for (unsigned dy = 0; dy < 3; ++dy)
-                                win[dy][0] = win[dy][1], win[dy][1] = win[dy][2];
+                                for (unsigned dy = 0; dy < 3; ++dy)
+                                    win[dy][0] = win[dy][1], win[dy][1] = win[dy][2];
+                            }
                         }
                     }
                 }

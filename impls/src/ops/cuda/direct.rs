@@ -14,11 +14,16 @@ pub const TILE_W: usize = 32;
 pub const PIXEL_THREADS: usize = TILE_H * TILE_W / 4;
 /// Most `blockDim.y` of `conv3x3`: groups of 4 output channels per block.
 pub const OUT_GROUPS: usize = 4;
-/// Columns of a weight-gradient unit (`DB_WGRAD_SEG`): one image row is cut into units of this
-/// many columns.
+/// Columns of a weight-gradient unit (`DB_WGRAD_SEG`).
 pub const WGRAD_SEG: usize = 32;
-/// Most input channels (`blockDim.x`) of a weight-gradient block.
-pub const WGRAD_C: usize = 16;
+/// Rows of a weight-gradient unit (`DB_WGRAD_ROWS`; an image's last band may have fewer): a
+/// unit is these rows of one image, [`WGRAD_SEG`] columns of them, so the staging of a unit
+/// (its global loads and two barriers) is paid once per 128 pixels.
+pub const WGRAD_ROWS: usize = 4;
+/// Most input channels (`blockDim.x`) of a weight-gradient block: 8, so that few slices still
+/// make enough blocks (BC-100: 6 channel groups × 32 slices) for the GPU to overlap one
+/// block's staging with another's sums.
+pub const WGRAD_C: usize = 8;
 /// Most output channels (`blockDim.y`) of a weight-gradient block.
 pub const WGRAD_O: usize = 16;
 /// The weight gradient's blocks aim at this many (slices × channel groups): about one wave of
@@ -27,7 +32,7 @@ pub const WGRAD_O: usize = 16;
 pub const WGRAD_TARGET_BLOCKS: usize = 1024;
 /// Most slices of the weight gradient: its partials, `slices · 9·k·B` elements, are the direct
 /// path's only transient and sit beside `dW` at the frugal variants' peak, so they are kept
-/// small: at 32, BC-100's are 0.63 MiB (96 blocks) and `buffer-recompute-inplace` peaks under
+/// small: at 32, BC-100's are 0.63 MiB (192 blocks) and `buffer-recompute-inplace` peaks under
 /// the CPU's peak at L = 16 and 48 (at 342 slices, a wave of blocks, 6.8 MiB: over issue 38's
 /// 345 MiB at L=48).
 pub const WGRAD_MAX_SLICES: usize = 32;
@@ -57,9 +62,10 @@ pub fn conv_dims(g: Grid, cout: usize) -> Dims {
     )
 }
 
-/// How the weight gradient cuts the pixels: `units` (one image row, [`WGRAD_SEG`] columns of
-/// it), `per_slice` consecutive units a slice, `slices` slices (each a block's partial sum for
-/// a group of channels).
+/// How the weight gradient cuts the pixels: `units` ([`WGRAD_ROWS`] rows of one image,
+/// [`WGRAD_SEG`] columns of them; numbered image by image, band by band, segment by segment),
+/// `per_slice` consecutive units a slice, `slices` slices (each a block's partial sum for a
+/// group of channels).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Slices {
     pub units: usize,
@@ -71,7 +77,7 @@ pub struct Slices {
 /// slices as give about [`WGRAD_TARGET_BLOCKS`] blocks with the channel groups, at most
 /// [`WGRAD_MAX_SLICES`], whole units each.
 pub fn weight_slices(g: Grid, b: usize, k: usize) -> Slices {
-    let units = g.n * g.h * g.w.div_ceil(WGRAD_SEG);
+    let units = g.n * g.h.div_ceil(WGRAD_ROWS) * g.w.div_ceil(WGRAD_SEG);
     let groups = b.div_ceil(WGRAD_C).max(1) * k.div_ceil(WGRAD_O).max(1);
     let wanted = WGRAD_TARGET_BLOCKS
         .div_ceil(groups)
@@ -136,6 +142,7 @@ mod tests {
             ("DB_CONV_TILE_W", TILE_W),
             ("DB_CONV_OUT_GROUPS", OUT_GROUPS),
             ("DB_WGRAD_SEG", WGRAD_SEG),
+            ("DB_WGRAD_ROWS", WGRAD_ROWS),
             ("DB_WGRAD_C", WGRAD_C),
             ("DB_WGRAD_O", WGRAD_O),
         ] {
@@ -156,20 +163,21 @@ mod tests {
             w: 32,
         };
         let s = weight_slices(bc, 48, 12);
-        assert_eq!((s.units, s.per_slice, s.slices), (2048, 64, 32));
+        assert_eq!((s.units, s.per_slice, s.slices), (512, 16, 32));
         assert_eq!(partial_elems(bc, 48, 12), 32 * 9 * 12 * 48);
         let ((gx, gy, gz), (bx, by, _)) = wgrad_dims(bc, 48, 12);
-        assert_eq!(((gx, gy, gz), (bx, by)), ((32, 3, 1), (16, 12)));
+        assert_eq!(((gx, gy, gz), (bx, by)), ((32, 6, 1), (8, 12)));
         let tv = Grid {
             n: 32,
             h: 56,
             w: 56,
         };
         let s = weight_slices(tv, 128, 32);
-        assert_eq!((s.units, s.per_slice, s.slices), (3584, 112, 32));
+        assert_eq!((s.units, s.per_slice, s.slices), (896, 28, 32));
         // few units: one slice each, never an empty one
-        let small = Grid { n: 1, h: 3, w: 5 };
-        assert_eq!(weight_slices(small, 3, 18).slices, 3);
+        let small = Grid { n: 2, h: 9, w: 40 };
+        assert_eq!(weight_slices(small, 3, 18).units, 2 * 3 * 2);
+        assert_eq!(weight_slices(small, 3, 18).slices, 12);
         for (g, b, k) in [
             (bc, 48, 12),
             (tv, 128, 32),
