@@ -585,6 +585,16 @@ fn cuda_tap_stack_conv_in_chunks_matches_the_cpu_direct_kernel() {
     }
 }
 
+/// The GPU 3×3 convolution tests' dtypes and bounds on max |gpu − cpu| / max |cpu| per tensor:
+/// two summation orders in f64 and f32 (1e-4 in f32: cuDNN may pick Winograd or FFT in IEEE
+/// math, as for PyTorch, whose errors are some 1e-5 of the largest element), and in bf16 both
+/// sides' f32 sums rounded once (two bf16 ulps).
+const CONV_TOLERANCES: [(DType, f64); 3] = [
+    (DType::F64, 1e-13),
+    (DType::F32, 1e-4),
+    (DType::BF16, 2.0 / 256.0),
+];
+
 /// Operands of a GPU 3×3 convolution test of `b` channels into `k` on [`GRID`], in `dtype`
 /// (seeds from `seed`): on the GPU `s`, `w` and `gy` read through rows 2..2+k of a taller tensor
 /// (a view past the storage's start, as the block reads a gradient buffer's rows), and the CPU's
@@ -685,13 +695,7 @@ fn cuda_cudnn_conv_matches_the_cpu_direct_kernel() {
         return;
     };
     let (b, k) = (6, 5);
-    // (dtype, bound on max |gpu − cpu| / max |cpu| per tensor); in IEEE f32 cuDNN may pick
-    // Winograd or FFT (as for PyTorch), whose errors are some 1e-5 of the largest element
-    for (dtype, tol) in [
-        (DType::F64, 1e-13),
-        (DType::F32, 1e-4),
-        (DType::BF16, 2.0 * 2f64.powi(-8)),
-    ] {
+    for (dtype, tol) in CONV_TOLERANCES {
         let ConvCase {
             gpu: [s_g, w_g, gy_g],
             cpu,
@@ -747,11 +751,7 @@ fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
         return;
     };
     // B > 16 and k > 4: several input chunks, output groups and weight-gradient channel groups
-    for (dtype, tol) in [
-        (DType::F64, 1e-13),
-        (DType::F32, 1e-4),
-        (DType::BF16, 2.0 * 2f64.powi(-8)),
-    ] {
+    for (dtype, tol) in CONV_TOLERANCES {
         let ConvCase {
             gpu: [s_g, w_g, gy_g],
             cpu,
