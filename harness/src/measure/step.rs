@@ -841,7 +841,7 @@ fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) 
         let (b, k) = (cfg.bottleneck(), cfg.growth);
         let parts = impls::ops::conv3x3::gpu::partial_elems(g, b, k) * cfg.param_size();
         notes.push(format!(
-            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA; weight-gradient \
+            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA, weight-gradient \
              partials {parts} B)"
         ));
     }
