@@ -138,8 +138,9 @@ pub fn predict_peak_bytes(variant: Variant, cfg: &Config) -> Option<u64> {
 /// predicts with them): [`Kernels::Cpu`] on the CPU's kernels, [`Kernels::Cudnn`] for a bc
 /// block where the 3×3 convolution runs in cuDNN ([`crate::layer::conv_in_cudnn`]; its
 /// workspaces asked of cuDNN on `dev`, for the config's dtype and the current math mode),
-/// [`Kernels::Direct`] for one in densebench's direct kernels, else [`Kernels::TapStack`]. An error for an unreadable [`crate::layer::CONV_ENV`] or where
-/// cuDNN cannot plan the convolution.
+/// [`Kernels::Direct`] for one in densebench's direct kernels, else [`Kernels::TapStack`]. An
+/// error for an unreadable [`crate::layer::CONV_ENV`] or where cuDNN cannot plan the
+/// convolution.
 pub fn kernels_for(dev: &candle_core::Device, cfg: &Config) -> crate::error::Result<Kernels> {
     if crate::layer::cpu_kernels(dev) {
         return Ok(Kernels::Cpu);

@@ -7,50 +7,9 @@
 
 use super::ConvWorkspaces;
 use crate::error::{CandleContext, Result};
-use crate::ops::cpu::shared::unfilled;
 use crate::ops::cuda::cudnn::{self as dnn, ConvShape, Which};
 use crate::ops::layout::grid::Grid;
-use candle_core::{CpuStorage, DType, Device, InplaceOp3, Layout, Tensor};
-
-struct Cudnn {
-    which: Which,
-    shape: ConvShape,
-}
-
-impl InplaceOp3 for Cudnn {
-    fn name(&self) -> &'static str {
-        match self.which {
-            Which::Forward => "conv3x3-cudnn-forward",
-            Which::Data => "conv3x3-cudnn-data",
-            Which::Filter => "conv3x3-cudnn-filter",
-        }
-    }
-    fn cpu_fwd(
-        &self,
-        _: &mut CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> candle_core::Result<()> {
-        Err(candle_core::Error::Msg(format!(
-            "{}: cuDNN runs on CUDA devices only (the CPU has its own 3×3 kernel)",
-            self.name()
-        )))
-    }
-    fn cuda_fwd(
-        &self,
-        dst: &mut candle_core::CudaStorage,
-        dl: &Layout,
-        a: &candle_core::CudaStorage,
-        al: &Layout,
-        b: &candle_core::CudaStorage,
-        bl: &Layout,
-    ) -> candle_core::Result<()> {
-        dnn::launch(self.which, self.shape, (dst, dl), (a, al), (b, bl))
-    }
-}
+use candle_core::{DType, Device, Tensor};
 
 fn shape_of(g: Grid, b: usize, k: usize) -> ConvShape {
     ConvShape {
@@ -85,14 +44,15 @@ fn pass(
     a: &Tensor,
     b: &Tensor,
 ) -> Result<Tensor> {
-    // SAFETY: cuDNN writes the destination whole (β = 0) before anything reads it
-    let dst = unsafe { unfilled(shape, like.dtype(), like.device(), what)? };
-    let op = Cudnn {
-        which,
-        shape: shape_of(g, b_in, k),
+    let name = match which {
+        Which::Forward => "conv3x3-cudnn-forward",
+        Which::Data => "conv3x3-cudnn-data",
+        Which::Filter => "conv3x3-cudnn-filter",
     };
-    dst.inplace_op3(a, b, &op).ctx(what)?;
-    Ok(dst)
+    let s = shape_of(g, b_in, k);
+    super::cuda_pass((name, what), (shape, like.dtype()), a, b, |d, x, y| {
+        dnn::launch(which, s, d, x, y)
+    })
 }
 
 /// `y [k, M] = conv(s [B, M], w [k, B, 3, 3])`, all in one dtype.

@@ -61,6 +61,85 @@ pub struct ConvWorkspaces {
     pub filter: u64,
 }
 
+/// One pass of a GPU-only 3×3 convolution (cuDNN's, the direct kernels') as a candle in-place
+/// op: `run` writes the destination whole from two operands; the CPU is refused (it runs its
+/// own kernel, this module's).
+#[cfg(feature = "cuda")]
+struct CudaPass<F> {
+    name: &'static str,
+    run: F,
+}
+
+#[cfg(feature = "cuda")]
+impl<F> candle_core::InplaceOp3 for CudaPass<F>
+where
+    F: Fn(
+        (&mut candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+    ) -> candle_core::Result<()>,
+{
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn cpu_fwd(
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> candle_core::Result<()> {
+        Err(candle_core::Error::Msg(format!(
+            "{}: runs on CUDA devices only (the CPU has its own 3×3 kernel)",
+            self.name
+        )))
+    }
+    fn cuda_fwd(
+        &self,
+        dst: &mut candle_core::CudaStorage,
+        dl: &Layout,
+        a: &candle_core::CudaStorage,
+        al: &Layout,
+        b: &candle_core::CudaStorage,
+        bl: &Layout,
+    ) -> candle_core::Result<()> {
+        (self.run)((dst, dl), (a, al), (b, bl))
+    }
+}
+
+/// A new tensor of `shape` and `dtype` on `a`'s device written whole by the GPU pass `run`
+/// (the op `name`; `what` in errors) from `a` and `b`, taken as they are (a launcher refuses a
+/// strided operand: never a silent copy the memory model would not know of). An error off a
+/// CUDA device.
+#[cfg(feature = "cuda")]
+fn cuda_pass<F>(
+    (name, what): (&'static str, &'static str),
+    (shape, dtype): (&[usize], candle_core::DType),
+    a: &Tensor,
+    b: &Tensor,
+    run: F,
+) -> Result<Tensor>
+where
+    F: Fn(
+        (&mut candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+    ) -> candle_core::Result<()>,
+{
+    if !a.device().is_cuda() {
+        return Err(crate::error::Error::Unsupported {
+            device: format!("{:?}", a.device()),
+            what: format!("{what}: runs on CUDA devices only"),
+        });
+    }
+    // SAFETY: every GPU pass writes its destination whole before anything reads it
+    let dst = unsafe { crate::ops::cpu::shared::unfilled(shape, dtype, a.device(), what)? };
+    dst.inplace_op3(a, b, &CudaPass { name, run }).ctx(what)?;
+    Ok(dst)
+}
+
 struct Conv3x3Op {
     grid: Grid,
     pass: Pass,

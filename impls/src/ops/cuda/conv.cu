@@ -2,7 +2,7 @@
 // channel-major maps `[C, M]`, M = N*H*W (image n, row y, column x at n*H*W + y*W + x): no tap
 // stack, no stacked weight (issue 38 item 1, "kernels of your own"; DENSEBENCH_CONV=direct).
 // The CPU's twin is impls/src/ops/conv3x3 (the same sums, in another order); the Rust launcher
-// is impls/src/ops/cuda/conv.rs, its geometry impls/src/ops/conv3x3/gpu.rs.
+// is impls/src/ops/cuda/conv.rs, its geometry impls/src/ops/cuda/direct.rs.
 //
 // Arithmetic: fused multiply-adds (__fmaf_rn / __fma_rn, one rounding each) in db_acc<T>
 // (f32 for f32 and bf16 features, f64 for f64), each output accumulated by one thread in a

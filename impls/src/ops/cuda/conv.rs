@@ -7,9 +7,7 @@
 //! Only compiled with the `cuda` feature.
 
 use crate::ops::cuda::direct::{self as gpu, Pass};
-use crate::ops::cuda::launch::{
-    contiguous_range, expect_len, function, msg, view, view_mut, Float,
-};
+use crate::ops::cuda::launch::{function, msg, pass_ranges, view, view_mut, Float};
 use crate::ops::cuda::src::CONV;
 use crate::ops::layout::grid::Grid;
 use candle_core::backend::BackendStorage;
@@ -71,18 +69,11 @@ pub(crate) fn run(
         Pass::Data => (b * m, k * m, weights),
         Pass::Weight => (weights, k * m, b * m),
     };
-    let (dr, ar, br) = (
-        contiguous_range(dst.1, op)?,
-        contiguous_range(a.1, op)?,
-        contiguous_range(bb.1, op)?,
-    );
-    expect_len(op, "the destination", dr, dst_len)?;
-    expect_len(op, "the first operand", ar, a_len)?;
-    expect_len(op, "the second operand", br, b_len)?;
+    let [dr, ar, br] = pass_ranges(op, [dst.1, a.1, bb.1], [dst_len, a_len, b_len])?;
     if dst_len == 0 {
         return Ok(());
     }
-    let shape = Shape { grid, b, k };
+    let shape = (grid, b, k);
     let (d, a, bb) = ((dst.0, dr), (a.0, ar), (bb.0, br));
     match dtype {
         DType::F32 => go::<f32>(op, pass, shape, d, a, bb),
@@ -92,24 +83,16 @@ pub(crate) fn run(
     }
 }
 
-#[derive(Clone, Copy)]
-struct Shape {
-    grid: Grid,
-    b: usize,
-    k: usize,
-}
-
 type Operand<'a> = (&'a CudaStorage, (usize, usize));
 
 fn go<T: Float>(
     op: &str,
     pass: Pass,
-    sh: Shape,
+    (grid, b, k): (Grid, usize, usize),
     (d, dr): (&mut CudaStorage, (usize, usize)),
     (a, ar): Operand<'_>,
     (bb, br): Operand<'_>,
 ) -> candle_core::Result<()> {
-    let Shape { grid, b, k } = sh;
     let (n, h, w) = (grid.n, grid.h, grid.w);
     let dev = d.device.clone();
     let stream = dev.cuda_stream();

@@ -35,7 +35,7 @@
 //! Only compiled with the `cudnn` feature. Every failure is an `Err` naming the op and cuDNN's
 //! status, never a panic.
 
-use crate::ops::cuda::launch::{contiguous_range, expect_len, msg, unsupported};
+use crate::ops::cuda::launch::{msg, pass_ranges, unsupported};
 use crate::ops::cuda::staging::{
     cudnn_staging, packed_copies_bytes, workspace_aligned, CudnnStaging, CudnnStagingChoice,
 };
@@ -695,14 +695,7 @@ pub fn launch(
         Which::Data => (s.b * m, weights, s.k * m),
         Which::Filter => (weights, s.b * m, s.k * m),
     };
-    let (dr, ar, br) = (
-        contiguous_range(dst.1, op)?,
-        contiguous_range(a.1, op)?,
-        contiguous_range(b.1, op)?,
-    );
-    expect_len(op, "the destination", dr, dst_len)?;
-    expect_len(op, "the first operand", ar, a_len)?;
-    expect_len(op, "the second operand", br, b_len)?;
+    let [dr, ar, br] = pass_ranges(op, [dst.1, a.1, b.1], [dst_len, a_len, b_len])?;
     let dev = dst.0.device.clone();
     let p = plan(&dev, s, dtype, tf32())?;
     let workspace = p.workspace(which);

@@ -204,6 +204,24 @@ pub(crate) fn expect_len(
     Ok(())
 }
 
+/// The element ranges of a pass's destination and two operands ([`contiguous_range`] each),
+/// holding exactly `lens` elements ([`expect_len`]), or an error naming the operand.
+pub(crate) fn pass_ranges(
+    op: &str,
+    layouts: [&Layout; 3],
+    lens: [usize; 3],
+) -> candle_core::Result<[(usize, usize); 3]> {
+    let mut ranges = [(0, 0); 3];
+    for (i, what) in ["the destination", "the first operand", "the second operand"]
+        .into_iter()
+        .enumerate()
+    {
+        ranges[i] = contiguous_range(layouts[i], op)?;
+        expect_len(op, what, ranges[i], lens[i])?;
+    }
+    Ok(ranges)
+}
+
 fn out_of_range(op: &str, r: (usize, usize), len: usize) -> candle_core::Error {
     msg(format!(
         "{op} (cuda): elements {}..{} out of range of a storage of {len}",
