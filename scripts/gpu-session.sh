@@ -46,12 +46,14 @@
 #           (DENSEBENCH_TAP_CHUNK_COLUMNS=0), side by side, on the torchvision-style block at
 #           L = 6 and BC-100's at L = 16: $OUT/chunks.csv and $OUT/chunks.txt (not a default stage)
 #   conv    issue 38's 3×3 convolution in cuDNN (a binary built with the `cudnn` feature) and in
-#           densebench's direct kernels (DENSEBENCH_CONV=direct) against the tap stack
-#           (DENSEBENCH_CONV=tap-stack), side by side, cat-store-copy and
-#           buffer-recompute-inplace on BC-100's block at L = 16 and 48 and the torchvision-style
-#           block at L = 6, `--math tf32 --execution graph` (DENSEBENCH_CONV_ARGS to change):
-#           times, peaks and each row's algorithms, $OUT/conv.csv and $OUT/conv.txt; the same
-#           three in IEEE FP32 on BC-100 L=16 ($OUT/conv-ieee.csv and .txt); then on
+#           densebench's direct kernels, on tensor cores (DENSEBENCH_CONV=direct) and in FMA
+#           only (direct-fma), against the tap stack (DENSEBENCH_CONV=tap-stack), side by side,
+#           cat-store-copy and buffer-recompute-inplace on BC-100's block at L = 16 and 48 and
+#           the torchvision-style block at L = 6, `--math tf32 --execution graph`
+#           (DENSEBENCH_CONV_ARGS to change): times, peaks and each row's kernels,
+#           $OUT/conv.csv and $OUT/conv.txt; the four in bf16 on BC-100 L=16
+#           ($OUT/conv-bf16.csv and .txt); cuDNN, direct and the tap stack in IEEE FP32 on BC-100
+#           L=16 ($OUT/conv-ieee.csv and .txt); then on
 #           BC-100 L=16 cuDNN as planned against every pass on packed copies
 #           (DENSEBENCH_CUDNN_STAGING=packed): $OUT/conv-staging.csv and .txt (not a default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
@@ -466,17 +468,23 @@ CONFIGS
         ;;
     conv)
         # cuDNN (each pass on the strides where cuDNN plans it, else on packed copies: the
-        # note says which), densebench's direct kernels (IEEE FP32 whatever the math mode),
-        # then the tap stack
+        # note says which), densebench's direct kernels with their forward and data passes on
+        # tensor cores (TF32 here) and all in FMA (direct-fma), then the tap stack
         # shellcheck disable=SC2086  # the extra flags are words
-        side_by_side conv DENSEBENCH_CONV cudnn,direct,tap-stack "cat-store-copy buffer-recompute-inplace" \
+        side_by_side conv DENSEBENCH_CONV cudnn,direct,direct-fma,tap-stack "cat-store-copy buffer-recompute-inplace" \
             "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
 bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
-        # the same in IEEE FP32 on BC-100 L=16 (the direct kernels compute IEEE FP32 in
-        # either mode; here the tap stack's GEMMs and cuDNN do too)
+        # bf16 (autocast's semantics) on BC-100 L=16: the direct kernels' bf16 tensor cores
+        # against their FMA, cuDNN and the tap stack (issue 39's bf16 time)
+        side_by_side conv-bf16 DENSEBENCH_CONV cudnn,direct,direct-fma,tap-stack "cat-store-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" --dtype bf16 --execution graph <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+CONFIGS
+        # the same in IEEE FP32 on BC-100 L=16 (the direct kernels run FMA only there; the
+        # tap stack's GEMMs and cuDNN compute IEEE FP32 too)
         side_by_side conv-ieee DENSEBENCH_CONV cudnn,direct,tap-stack "cat-store-copy buffer-recompute-inplace" \
             "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" --math ieee --execution graph <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16

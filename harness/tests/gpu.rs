@@ -600,9 +600,16 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
     for v in ["cat-store-copy", "buffer-recompute-inplace"] {
         let v = impls::Variant::parse(v).expect("variant");
         let settings: &[&str] = if cudnn_built {
-            &["cudnn", "cudnn-packed", "direct", "default", "tap-stack"]
+            &[
+                "cudnn",
+                "cudnn-packed",
+                "direct",
+                "direct-fma",
+                "default",
+                "tap-stack",
+            ]
         } else {
-            &["direct", "default", "tap-stack"]
+            &["direct", "direct-fma", "default", "tap-stack"]
         };
         for &conv in settings {
             let mut cmd = Command::new(bin());
@@ -633,8 +640,15 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
             let direct = r.note.contains("densebench's direct kernels");
             assert_eq!(
                 direct,
-                conv == "direct",
+                conv.starts_with("direct"),
                 "{} ({conv}): note {}",
+                r.key,
+                r.note
+            );
+            // f32 in IEEE math: the direct kernels' fused multiply-adds either way
+            assert!(
+                !r.note.contains("tensor cores"),
+                "{} ({conv}): tensor cores in IEEE math: {}",
                 r.key,
                 r.note
             );
@@ -656,6 +670,43 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
             assert!(
                 (ratio - 1.0).abs() <= 0.001,
                 "{} ({conv}): measured {peak} B, predicted {predicted} B (×{ratio:.6}); {}",
+                r.key,
+                r.note
+            );
+        }
+    }
+    // the direct kernels' tensor cores (sm_80+): f32 under `--math tf32`, bf16 features; checked
+    // and modelled like every row, `direct-fma` the same rows without them
+    for (extra, cores) in [
+        (
+            ["--math", "tf32"],
+            "forward and data gradient on TF32 tensor cores",
+        ),
+        (
+            ["--dtype", "bf16"],
+            "forward and data gradient on bf16 tensor cores",
+        ),
+    ] {
+        let v = impls::Variant::parse("buffer-recompute-inplace").expect("variant");
+        let all: Vec<&str> = args.iter().copied().chain(extra).collect();
+        for conv in ["direct", "direct-fma"] {
+            let mut cmd = Command::new(bin());
+            cmd.env_remove("DENSEBENCH_CUDNN_STAGING")
+                .env("DENSEBENCH_CONV", conv);
+            let r = checked_gpu_row(&all, v, dir.path(), cmd);
+            assert_eq!(
+                r.note.contains(cores),
+                conv == "direct",
+                "{} ({conv}, {extra:?}): note {}",
+                r.key,
+                r.note
+            );
+            let ratio = r.peak_bytes.expect("peak") as f64
+                / r.predicted_peak_bytes.expect("prediction") as f64;
+            println!("{} ({conv}, {extra:?}): ×{ratio:.6}; {}", r.key, r.note);
+            assert!(
+                (ratio - 1.0).abs() <= 0.001,
+                "{} ({conv}, {extra:?}): ×{ratio:.6}; {}",
                 r.key,
                 r.note
             );

@@ -1680,10 +1680,22 @@ where
                     }
                 }
             }
-            out.push(T::from_f64(acc.to_f64()));
+            out.push(narrow::<T>(acc.to_f64()));
         }
     }
     out
+}
+
+/// An accumulator's value (f32 for bf16 features) rounded once to `T` as the kernels'
+/// `db_narrow` does: for bf16 from the f32 to nearest even through `half`'s `from_f32` — its
+/// `from_f64` rounds some values just past a tie the wrong way (half 2.7.1: −17.562504 to
+/// −17.5), which a restated sum must not inherit.
+fn narrow<T: El>(v: f64) -> T {
+    if T::SUFFIX == "bf16" {
+        T::from_f64(bf16::from_f32(v as f32).to_f64())
+    } else {
+        T::from_f64(v)
+    }
 }
 
 /// The weight gradient's partials and their sum, restated: slice `s` sums its units (4 rows of
@@ -1921,4 +1933,210 @@ fn conv_kernels_match_their_restated_order_and_the_cpu_convolution() {
     conv_kernels_match::<f32>(&m);
     conv_kernels_match::<f64>(&m);
     conv_kernels_match::<bf16>(&m);
+}
+
+// ---- the tensor-core 3×3 convolution (conv.cu's conv3x3_mma) -----------------------------------
+
+/// A feature as the tensor core's operand: f32 rounded to TF32 (to nearest, ties away: the
+/// CPU's `round_tf32` with [`elementwise::Tf32Rounding::Nearest`], what `cvt.rna` makes), bf16
+/// widened (exact).
+fn mma_operand<T: El>(v: &[T]) -> Vec<f32> {
+    let wide: Vec<f32> = v.iter().map(|x| x.to_f64() as f32).collect();
+    if T::SUFFIX != "f32" {
+        return wide;
+    }
+    let n = wide.len();
+    let t = Tensor::from_vec(wide, n, &Device::Cpu).expect("f32 tensor");
+    let r = elementwise::round_tf32(&t, elementwise::Tf32Rounding::Nearest).expect("tf32");
+    host::<f32>(&r)
+}
+
+/// `conv3x3_mma`'s sum for output (o, pixel), restated: from +0 in f32, chunk by chunk of 8
+/// (f32) or 16 (bf16) input channels, tap by tap in order (3·dy + dx), an mma adding the
+/// chunk's channels in order as fused multiply-adds (a channel past `cin`, a tap outside the
+/// image reading 0 — the kernel's zero slots, added like any other), rounded once to `T`.
+/// `x` and `w(o, c, tap)` are the operands already as the tensor core reads them.
+fn conv_mma_restated<T: El>(
+    x: &[f32],
+    cin: usize,
+    cout: usize,
+    w: impl Fn(usize, usize, usize) -> f32,
+    g: Grid,
+) -> Vec<T> {
+    let per = if T::SUFFIX == "bf16" { 2 } else { 1 };
+    let chunk = gpu::MMA_SLOTS * per;
+    let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
+    let mut out = Vec::with_capacity(cout * m);
+    for o in 0..cout {
+        for p in 0..m {
+            let (img, y, xx) = (p / plane, (p % plane) / g.w, p % g.w);
+            let mut acc = 0.0f32;
+            for c0 in (0..cin).step_by(chunk) {
+                for j in 0..9 {
+                    let (yy, x2) = ((y + j / 3) as isize - 1, (xx + j % 3) as isize - 1);
+                    let inside = yy >= 0 && yy < g.h as isize && x2 >= 0 && x2 < g.w as isize;
+                    for c in c0..c0 + chunk {
+                        let (xv, wv) = if c < cin && inside {
+                            let at = c * m + img * plane + yy as usize * g.w + x2 as usize;
+                            (x[at], w(o, c, j))
+                        } else if c < cin {
+                            (0.0, w(o, c, j))
+                        } else {
+                            (0.0, 0.0)
+                        };
+                        acc = wv.mul_add(xv, acc);
+                    }
+                }
+            }
+            out.push(narrow::<T>(f64::from(acc)));
+        }
+    }
+    out
+}
+
+/// `conv3x3_mma_{f32,bf16}` (forward, and the data gradient through the transposed, flipped
+/// weight view) on every case of [`CONV_CASES`], under the launcher's geometry
+/// (`gpu::mma_dims`) and a one-block grid: bit for bit the restated order (the shim's warp
+/// exchange of PTX's fragments), and within a summation-order bound of the CPU's
+/// convolution in f64 of the same operands (TF32-rounded for f32).
+fn conv_mma_matches<T: El>(m: &Emulated) {
+    for (ci, (g, b, k)) in CONV_CASES.into_iter().enumerate() {
+        let cols = g.n * g.h * g.w;
+        let seed = 700 + 10 * ci as u64;
+        let s = values::<T>(b * cols, seed);
+        let w = values::<T>(9 * k * b, seed + 1);
+        let gy = values::<T>(k * cols, seed + 2);
+        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
+        let (so, wo, gyo) = (mma_operand(&s), mma_operand(&w), mma_operand(&gy));
+        let t64 = |v: &[f32], shape: &[usize], abs: bool| {
+            let v: Vec<f64> = v
+                .iter()
+                .map(|&x| {
+                    if abs {
+                        f64::from(x).abs()
+                    } else {
+                        f64::from(x)
+                    }
+                })
+                .collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
+        };
+        for data in [false, true] {
+            let (x, xo, cin, cout) = if data {
+                (&gy, &gyo, k, b)
+            } else {
+                (&s, &so, b, k)
+            };
+            let (layout, want) = if data {
+                (
+                    WeightLayout {
+                        out: 9,
+                        inp: 9 * b as i64,
+                        step: -1,
+                        first: 8,
+                    },
+                    conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(c * b + o) * 9 + 8 - j], g),
+                )
+            } else {
+                (
+                    WeightLayout {
+                        out: 9 * b as i64,
+                        inp: 9,
+                        step: 1,
+                        first: 0,
+                    },
+                    conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(o * b + c) * 9 + j], g),
+                )
+            };
+            let pair = |abs: bool| {
+                let (xt, wt) = (t64(xo, &[cin, cols], abs), t64(&wo, &[k, b, 3, 3], abs));
+                let r = if data {
+                    conv3x3::backward_data(&xt, &wt, g)
+                } else {
+                    conv3x3::forward(&xt, &wt, g)
+                };
+                host::<f64>(&r.expect("cpu conv"))
+            };
+            let (cpu, abs) = (pair(false), pair(true));
+            let kernel = format!("conv3x3_mma_{}", T::SUFFIX);
+            let (gd, bd) = gpu::mma_dims(g, cout);
+            let pass = if data { "data" } else { "forward" };
+            for geom in [(gd, bd), ((1, 1, 1), bd)] {
+                let mut out = vec![T::from_f64(7.0); cout * cols];
+                let (mut xp, mut op, mut wp) = (
+                    x.as_ptr().cast_mut(),
+                    out.as_mut_ptr(),
+                    w.as_ptr().cast_mut(),
+                );
+                let (mut ci_, mut co_, mut lay) = (cin as u64, cout as u64, layout);
+                m.launch(
+                    &kernel,
+                    geom,
+                    &mut [
+                        p(&mut xp),
+                        p(&mut ci_),
+                        p(&mut op),
+                        p(&mut co_),
+                        p(&mut wp),
+                        p(&mut lay),
+                        p(&mut nn),
+                        p(&mut hh),
+                        p(&mut ww),
+                    ],
+                    true,
+                );
+                let what = format!("{kernel} {pass} {g:?} B={b} k={k} {geom:?}");
+                conv_close(&what, &out, &cpu, &abs, 9 * cin, f32::EPSILON as f64);
+                assert_bitwise(&what, &out, &want);
+            }
+        }
+    }
+}
+
+/// `conv.cu`'s tensor-core convolution on the host: f32 features as TF32 and bf16 features,
+/// forward and data gradient.
+#[test]
+fn conv_mma_kernels_match_their_restated_order_and_the_cpu_convolution() {
+    let m = Emulated::build(&src::CONV);
+    conv_mma_matches::<f32>(&m);
+    conv_mma_matches::<bf16>(&m);
+}
+
+/// The check above fails a kernel whose A fragment takes its channel slots in the wrong
+/// registers (a0 ↔ a2: channels t and t + 4 of a chunk swapped on the pixels' side only), and
+/// one that adds the taps of a chunk in another order (dx outer): the fragment layout and the
+/// restated order are what the test pins down, not only the sum.
+#[test]
+fn conv_mma_check_fails_a_wrong_fragment_or_order() {
+    let good = src::CONV.body;
+    let fragment = "xs[t][row][col], xs[t][row][col + 8],";
+    assert!(
+        good.contains(fragment),
+        "conv.cu's A fragment moved: update this test"
+    );
+    let swapped = good.replacen(fragment, "xs[t + 4][row][col], xs[t][row][col + 8],", 1);
+    let taps = "for (unsigned dy = 0; dy < 3; ++dy) {\n#pragma unroll\n                    for (unsigned dx = 0; dx < 3; ++dx) {\n                        unsigned b[NT][2]";
+    assert!(
+        good.contains(taps),
+        "conv.cu's tap loops moved: update this test"
+    );
+    let reordered = good.replacen(
+        taps,
+        "for (unsigned dx = 0; dx < 3; ++dx) {\n#pragma unroll\n                    for (unsigned dy = 0; dy < 3; ++dy) {\n                        unsigned b[NT][2]",
+        1,
+    );
+    for (what, body) in [("a0/a2 swapped", swapped), ("taps reordered", reordered)] {
+        let module = CudaModule {
+            body: Box::leak(body.into_boxed_str()),
+            ..src::CONV
+        };
+        let m = Emulated::build(&module);
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            conv_mma_matches::<bf16>(&m)
+        }));
+        assert!(
+            caught.is_err(),
+            "{what}: the tensor-core check passed a broken kernel"
+        );
+    }
 }

@@ -757,8 +757,9 @@ fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
             cpu,
         } = conv_case(&dev, (20, 6), dtype, 51);
         let run = || {
-            let y = conv3x3::gpu::forward(&s_g, &w_g, GRID).expect("gpu y");
-            let ds = conv3x3::gpu::backward_data(&gy_g, &w_g, GRID).expect("gpu ds");
+            let fma = conv3x3::gpu::Mma::Refused;
+            let y = conv3x3::gpu::forward(&s_g, &w_g, GRID, fma).expect("gpu y");
+            let ds = conv3x3::gpu::backward_data(&gy_g, &w_g, GRID, fma).expect("gpu ds");
             let dw = conv3x3::gpu::backward_weight(&gy_g, &s_g, GRID).expect("gpu dW");
             [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
         };
@@ -767,6 +768,76 @@ fn cuda_direct_conv_matches_the_cpu_direct_kernel() {
         assert_eq!(first[0].dtype(), dtype, "{dtype:?}: y's dtype");
         let param = impls::config::param_dtype(dtype);
         assert_eq!(first[2].dtype(), param, "{dtype:?}: dW's dtype");
+    }
+}
+
+/// The direct kernels' forward and data gradient on tensor cores (`conv3x3_mma`, sm_80+):
+/// f32 features as TF32 operands (forced here, as `--math tf32` would pick them: candle's
+/// math switch is global to the process and other tests run beside this one) against the
+/// CPU's direct kernel on the same operands rounded to TF32 (to nearest, ties away: what
+/// `cvt.rna` makes), so what remains is the tensor core's f32 accumulation in its own order
+/// (1e-5 of the largest element; a wrong fragment layout is off by whole terms); and within
+/// TF32's own error (4e-3) of the unrounded convolution; bf16 features as bf16 (exact
+/// products, f32 sums rounded once: two bf16 ulps). Layouts with partial tiles, several
+/// chunks and column tiles (B = 20 into k = 6, and the data gradient's 20 outputs); the
+/// output gradient through a row view; two runs bitwise equal. The host emulation
+/// (`cuda_emulated.rs`) restates the same fragments bit for bit; this is the tensor core.
+#[test]
+fn cuda_direct_conv_on_tensor_cores_matches_the_cpu_direct_kernel() {
+    use impls::ops::conv3x3;
+    use impls::ops::elementwise::{round_tf32, Tf32Rounding};
+    let Some(dev) = gpu("cuda_direct_conv_on_tensor_cores_matches_the_cpu_direct_kernel") else {
+        return;
+    };
+    let forced = conv3x3::gpu::Mma::Forced;
+    for dtype in [DType::F32, DType::BF16] {
+        let kernel = conv3x3::gpu::kernel(&dev, dtype, forced).expect("kernel");
+        if kernel != conv3x3::gpu::ConvKernel::Mma {
+            println!("{dtype:?}: no tensor-core path on this GPU (sm_80+), skipped");
+            continue;
+        }
+        let ConvCase {
+            gpu: [s_g, w_g, gy_g],
+            cpu,
+        } = conv_case(&dev, (20, 6), dtype, 61);
+        let run = || {
+            let y = conv3x3::gpu::forward(&s_g, &w_g, GRID, forced).expect("gpu y");
+            let ds = conv3x3::gpu::backward_data(&gy_g, &w_g, GRID, forced).expect("gpu ds");
+            let dw = conv3x3::gpu::backward_weight(&gy_g, &s_g, GRID).expect("gpu dW");
+            [y, ds, dw].map(|t| t.to_device(&Device::Cpu).expect("to cpu"))
+        };
+        let (first, second) = (run(), run());
+        if dtype == DType::F32 {
+            let host = |t: &Tensor| t.to_device(&Device::Cpu).expect("to cpu");
+            let tf32 = |t: &Tensor| round_tf32(&host(t), Tf32Rounding::Nearest).expect("tf32");
+            let (s, w, gy) = (
+                tf32(&s_g),
+                tf32(&w_g),
+                tf32(&gy_g.contiguous().expect("gy")),
+            );
+            let rounded = [
+                conv3x3::forward(&s, &w, GRID).expect("cpu y"),
+                conv3x3::backward_data(&gy, &w, GRID).expect("cpu ds"),
+                cpu[2].clone(),
+            ];
+            check_conv_runs("direct F32 in TF32", &first, &second, &rounded, 1e-5);
+            check_conv_runs(
+                "direct F32 in TF32 (unrounded)",
+                &first,
+                &second,
+                &cpu,
+                4e-3,
+            );
+        } else {
+            check_conv_runs(
+                "direct BF16 on tensor cores",
+                &first,
+                &second,
+                &cpu,
+                2.0 / 256.0,
+            );
+        }
+        assert_eq!(first[0].dtype(), dtype, "{dtype:?}: y's dtype");
     }
 }
 

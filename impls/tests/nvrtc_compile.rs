@@ -285,6 +285,7 @@ fn a_syntax_error_is_reported_with_nvrtc_log() {
         kernels: &["k"],
         bf16_kernels: &[],
         bf16_only: &[],
+        f32_only: &[],
     };
     let e = compile_module(&nvrtc, &broken, ARCHS[0]).expect_err("a syntax error compiled");
     println!("expected failure:\n{e}");

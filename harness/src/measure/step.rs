@@ -805,6 +805,43 @@ fn graph_timing(
     }
 }
 
+/// What the direct kernels run a step's passes on (the `note` of a GPU row on their path):
+/// forward and data gradient on tensor cores or in fused multiply-adds, the weight gradient in
+/// fused multiply-adds.
+fn direct_kernels(cfg: &Config, device: &Device) -> String {
+    use impls::ops::conv3x3::gpu::ConvKernel;
+    let fma = if cfg.dtype == candle_core::DType::F64 {
+        "f64 FMA"
+    } else {
+        "IEEE FP32 FMA"
+    };
+    let mma = if matches!(
+        impls::layer::gpu_conv(),
+        Ok(impls::layer::GpuConv::Direct { mma: true })
+    ) {
+        impls::ops::conv3x3::gpu::Mma::Allowed
+    } else {
+        impls::ops::conv3x3::gpu::Mma::Refused
+    };
+    #[cfg(feature = "cuda")]
+    let kernel = impls::ops::conv3x3::gpu::kernel(device, cfg.dtype, mma);
+    #[cfg(not(feature = "cuda"))]
+    let kernel: impls::Result<ConvKernel> = {
+        let _ = (device, mma);
+        Ok(ConvKernel::Fma)
+    };
+    match kernel {
+        Ok(ConvKernel::Mma) if cfg.dtype == candle_core::DType::BF16 => {
+            format!("forward and data gradient on bf16 tensor cores, weight gradient in {fma}")
+        }
+        Ok(ConvKernel::Mma) => {
+            format!("forward and data gradient on TF32 tensor cores, weight gradient in {fma}")
+        }
+        Ok(ConvKernel::Fma) => fma.to_string(),
+        Err(e) => format!("kernel unknown: {e}"),
+    }
+}
+
 /// A step's results as SHA-256 digests of each tensor's bits, by name.
 type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
@@ -841,8 +878,9 @@ fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) 
         let (b, k) = (cfg.bottleneck(), cfg.growth);
         let parts = impls::ops::conv3x3::gpu::partial_elems(g, b, k) * cfg.param_size();
         notes.push(format!(
-            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA, weight-gradient \
-             partials {parts} B)"
+            "3×3 convolution in densebench's direct kernels ({}, weight-gradient partials \
+             {parts} B)",
+            direct_kernels(cfg, device)
         ));
     }
     let (chunks, front) = estimates::schedule_notes(variant, cfg, path);

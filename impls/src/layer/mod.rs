@@ -918,15 +918,17 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
         return conv3x3::cudnn::forward(s, w, grid(cfg));
     }
     #[cfg(feature = "cuda")]
-    if conv_direct(s.device())? {
-        return conv3x3::gpu::forward(s, w, grid(cfg));
+    if let Some(mma) = conv_direct(s.device())? {
+        return conv3x3::gpu::forward(s, w, grid(cfg), direct_mma(mma));
     }
     conv3x3_fwd_tap_stack(cfg, s, w)
 }
 
 /// The environment variable that picks a GPU's 3×3 convolution ([`GpuConv`]): `tap-stack` (the
-/// default), `cudnn` (a binary built with the `cudnn` feature; an error in one without) or
-/// `direct` (densebench's own kernels, `ops/cuda/conv.cu`). cuDNN and the direct kernels are
+/// default), `cudnn` (a binary built with the `cudnn` feature; an error in one without),
+/// `direct` (densebench's own kernels, `ops/cuda/conv.cu`, forward and data gradient on tensor
+/// cores where the dtype and math mode allow) or `direct-fma` (the same kernels with fused
+/// multiply-adds only). cuDNN and the direct kernels are
 /// asked for, not the default, until they have passed their checks and been timed on a GPU
 /// (cuDNN's first run, on an H100, found its backward-data algorithms refusing the
 /// channel-major layout; `ops::cuda::cudnn` now runs that pass as a forward convolution:
@@ -941,13 +943,17 @@ pub enum GpuConv {
     TapStack,
     /// cuDNN's convolution (the `cudnn` feature).
     Cudnn,
-    /// densebench's direct kernels ([`conv3x3::gpu`]): no tap stack, IEEE FP32 fused
-    /// multiply-adds, the weight gradient through per-slice partial sums.
-    Direct,
+    /// densebench's direct kernels ([`conv3x3::gpu`]): no tap stack, the weight gradient
+    /// through per-slice partial sums in fused multiply-adds; forward and data gradient on
+    /// tensor cores where `mma` and the dtype and math mode allow
+    /// ([`conv3x3::gpu::conv_kernel`]: bf16, and f32 under `--math tf32`), else fused
+    /// multiply-adds too (`direct-fma`: `mma` false).
+    Direct { mma: bool },
 }
 
 /// The 3×3 convolution a CUDA device runs ([`CONV_ENV`]); an error for a value other than
-/// `tap-stack`, `cudnn`, `direct` or empty, or `cudnn` asked of a binary without the feature.
+/// `tap-stack`, `cudnn`, `direct`, `direct-fma` or empty, or `cudnn` asked of a binary without
+/// the feature.
 pub fn gpu_conv() -> Result<GpuConv> {
     conv_choice(env_value(CONV_ENV).as_deref(), cfg!(feature = "cudnn"))
 }
@@ -963,10 +969,24 @@ pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
     Ok(gpu_conv()? == GpuConv::Cudnn)
 }
 
-/// Whether a bc layer's 3×3 convolution runs in densebench's direct GPU kernels on `dev`: a
-/// CUDA device and [`GpuConv::Direct`].
-pub fn conv_direct(dev: &Device) -> Result<bool> {
-    Ok(dev.is_cuda() && gpu_conv()? == GpuConv::Direct)
+/// Whether a bc layer's 3×3 convolution runs in densebench's direct GPU kernels on `dev` (a
+/// CUDA device and [`GpuConv::Direct`]), and if so whether tensor cores may run its forward
+/// and data passes: `Some(mma)`.
+pub fn conv_direct(dev: &Device) -> Result<Option<bool>> {
+    Ok(match gpu_conv()? {
+        GpuConv::Direct { mma } if dev.is_cuda() => Some(mma),
+        _ => None,
+    })
+}
+
+/// The tensor-core policy of [`GpuConv::Direct`]'s `mma`.
+#[cfg(feature = "cuda")]
+fn direct_mma(mma: bool) -> conv3x3::gpu::Mma {
+    if mma {
+        conv3x3::gpu::Mma::Allowed
+    } else {
+        conv3x3::gpu::Mma::Refused
+    }
 }
 
 /// [`CONV_ENV`]'s value read for a binary with (`built`) or without the `cudnn` feature.
@@ -974,11 +994,12 @@ fn conv_choice(value: Option<&str>, built: bool) -> Result<GpuConv> {
     let asked = match value.map(str::trim) {
         None | Some("") | Some("tap-stack") => GpuConv::TapStack,
         Some("cudnn") => GpuConv::Cudnn,
-        Some("direct") => GpuConv::Direct,
+        Some("direct") => GpuConv::Direct { mma: true },
+        Some("direct-fma") => GpuConv::Direct { mma: false },
         Some(other) => {
             return Err(bad_conv(
                 other.to_string(),
-                "expected `tap-stack`, `cudnn` or `direct`, or unset",
+                "expected `tap-stack`, `cudnn`, `direct` or `direct-fma`, or unset",
             ))
         }
     };
@@ -1060,8 +1081,8 @@ pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<
         return Ok((ds, dw));
     }
     #[cfg(feature = "cuda")]
-    if conv_direct(gy.device())? {
-        let ds = conv3x3::gpu::backward_data(gy, w, grid(cfg))?;
+    if let Some(mma) = conv_direct(gy.device())? {
+        let ds = conv3x3::gpu::backward_data(gy, w, grid(cfg), direct_mma(mma))?;
         let dw = conv3x3::gpu::backward_weight(gy, s, grid(cfg))?;
         return Ok((ds, dw));
     }
@@ -1169,7 +1190,11 @@ mod tests {
             );
             assert_eq!(
                 conv_choice(Some(" direct"), built).unwrap(),
-                GpuConv::Direct
+                GpuConv::Direct { mma: true }
+            );
+            assert_eq!(
+                conv_choice(Some("direct-fma"), built).unwrap(),
+                GpuConv::Direct { mma: false }
             );
         }
         assert_eq!(conv_choice(Some("cudnn"), true).unwrap(), GpuConv::Cudnn);
@@ -1182,11 +1207,12 @@ mod tests {
         assert!(
             e.contains("DENSEBENCH_CONV = cuDNN")
                 && e.contains("tap-stack")
-                && e.contains("direct"),
+                && e.contains("direct")
+                && e.contains("direct-fma"),
             "{e}"
         );
         assert!(!conv_in_cudnn(&Device::Cpu).unwrap_or(true));
-        assert!(!conv_direct(&Device::Cpu).unwrap_or(true));
+        assert_eq!(conv_direct(&Device::Cpu).ok(), Some(None));
     }
 
     /// Conv1×1's weight gradient summed a column chunk at a time is `dz · rᵀ` (f64, within

@@ -185,7 +185,7 @@ pub fn gpu_kernels(
     let conv = crate::layer::gpu_conv()?;
     Ok(match (conv, cfg.family) {
         (crate::layer::GpuConv::Cudnn, Family::Bc) => Kernels::Cudnn(workspaces()?),
-        (crate::layer::GpuConv::Direct, Family::Bc) => Kernels::Direct,
+        (crate::layer::GpuConv::Direct { .. }, Family::Bc) => Kernels::Direct,
         _ => Kernels::TapStack,
     })
 }

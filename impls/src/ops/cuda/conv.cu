@@ -174,6 +174,211 @@ __device__ __forceinline__ void conv3x3(const T *__restrict__ x, const u64 cin,
     }
 }
 
+// ---- the same convolution on tensor cores (f32 features in TF32, bf16 features) -------------
+//
+// conv3x3_mma: out[o, p] as conv3x3 computes it, with the products on tensor cores
+// (mma.sync, sm_80 and later; the launcher takes it there only): f32 features under the
+// `tf32` math mode (m16n8k8, operands rounded to TF32 to nearest, ties away, as cvt.rna; the
+// f32 product of two TF32 values is exact), bf16 features always (m16n8k16, exact products:
+// autocast's convolution), accumulated in f32 by the tensor core. The convolution is an
+// implicit GEMM per tap: rows = 16 pixels of a tile row, columns = 8 output channels, the
+// reduction = the input channels of a chunk. A "slot" is one 32-bit operand register: one
+// TF32 channel, or a pair of bf16 channels (the lower channel in the low half), so a chunk of
+// DB_MMA_SLOTS slots is 8 channels (f32) or 16 (bf16), one mma per tap. Order: for each chunk,
+// for tap 3*dy + dx in order, acc = mma(acc, the chunk's channels at that tap); inside an mma
+// the tensor core's own order (the host emulation restates it as fused multiply-adds over the
+// chunk's channels in order; the GPU test bounds it against the CPU).
+//
+// A block: DB_MMA_WARPS warps on a DB_CONV_TILE_H x DB_CONV_TILE_W tile of one image for
+// DB_MMA_OUT output channels; warp w owns tile rows 2w and 2w + 1, each two 16-pixel halves
+// (4 row tiles), and all the block's column tiles of 8 channels that exist (a uniform count per
+// block, no divergence). Shared memory: the haloed chunk as 32-bit slots (rows padded to 36:
+// the 32 lanes of a fragment load hit 32 banks) and the chunk's weights [tap][slot][out]
+// (padded to DB_MMA_WPITCH outputs: again 32 banks). Channels past cin, outputs past cout and
+// pixels outside the image are zero slots, so a partial chunk adds only zeros.
+//
+// Fragments (PTX ISA, mma.m16n8k8 .tf32 and mma.m16n8k16 .bf16; g = lane / 4, t = lane % 4):
+// A (16 x 8 slots) a0 = (row g, slot t), a1 = (g + 8, t), a2 = (g, t + 4), a3 = (g + 8, t + 4);
+// B (8 slots x 8) b0 = (slot t, col g), b1 = (t + 4, g); C (16 x 8) c0, c1 = (row g, cols 2t,
+// 2t + 1), c2, c3 = (row g + 8, cols 2t, 2t + 1).
+
+// (the launcher's constants: impls/src/ops/cuda/direct.rs, checked against these lines)
+#define DB_MMA_WARPS 4
+#define DB_MMA_OUT 32
+#define DB_MMA_SLOTS 8
+#define DB_MMA_WPITCH 40
+
+#if defined(__CUDA_ARCH__)
+// f32 -> TF32, to nearest, ties away from zero (the low 13 bits zero).
+__device__ __forceinline__ unsigned db_tf32(const float v) {
+#if __CUDA_ARCH__ >= 800
+    unsigned r;
+    asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(v));
+    return r;
+#else
+    return __float_as_uint(v);
+#endif
+}
+// d += A x B on one warp's fragments (every lane of the warp calls it with its own).
+__device__ __forceinline__ void db_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+__device__ __forceinline__ void db_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
+#if __CUDA_ARCH__ >= 800
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+        "{%8,%9}, {%0,%1,%2,%3};"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#else
+    __trap();
+#endif
+}
+#endif
+
+// Channels per slot and the tensor-core step of features T.
+template <typename T> struct db_mma_of;
+template <> struct db_mma_of<float> {
+    static constexpr unsigned PER = 1;
+    static __device__ __forceinline__ void mma(float d[4], const unsigned a[4],
+                                               const unsigned b[2]) {
+        db_mma_tf32(d, a, b);
+    }
+};
+template <> struct db_mma_of<db_bf16> {
+    static constexpr unsigned PER = 2;
+    static __device__ __forceinline__ void mma(float d[4], const unsigned a[4],
+                                               const unsigned b[2]) {
+        db_mma_bf16(d, a, b);
+    }
+};
+
+// The slot of channels c, c + 1, ... (PER of them) whose first element is at p, consecutive
+// channels `step` elements apart; `valid` of them exist (the rest read as zero).
+__device__ __forceinline__ unsigned db_slot(const float *p, const long long, const unsigned valid) {
+    return valid > 0 ? db_tf32(*p) : 0u;
+}
+__device__ __forceinline__ unsigned db_slot(const db_bf16 *p, const long long step,
+                                            const unsigned valid) {
+    const unsigned lo = valid > 0 ? p[0].bits : 0u;
+    const unsigned hi = valid > 1 ? p[step].bits : 0u;
+    return lo | (hi << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void conv3x3_mma(const T *__restrict__ x, const u64 cin,
+                                            T *__restrict__ y, const u64 cout,
+                                            const T *__restrict__ w, const db_conv_weight wl,
+                                            const u64 n, const u64 h, const u64 wd) {
+    constexpr unsigned PER = db_mma_of<T>::PER, SLOTS = DB_MMA_SLOTS;
+    constexpr unsigned CHUNK = SLOTS * PER;  // channels of a chunk
+    constexpr unsigned PITCH = DB_CONV_TILE_W + 4, NT = DB_MMA_OUT / 8;
+    static_assert(DB_CONV_TILE_H == 2 * DB_MMA_WARPS && DB_CONV_TILE_W == 32,
+                  "a warp owns two rows of two 16-pixel halves");
+    __shared__ __align__(16) unsigned xs[SLOTS][DB_CONV_TILE_H + 2][PITCH];
+    __shared__ __align__(16) unsigned ws[9][SLOTS][DB_MMA_WPITCH];
+    const u64 tiles_x = (wd + DB_CONV_TILE_W - 1) / DB_CONV_TILE_W;
+    const u64 tiles_y = (h + DB_CONV_TILE_H - 1) / DB_CONV_TILE_H;
+    const u64 per_image = tiles_x * tiles_y, tiles = n * per_image;
+    const u64 plane = h * wd, m = n * plane;
+    const u64 groups = (cout + DB_MMA_OUT - 1) / DB_MMA_OUT;
+    const unsigned tid = threadIdx.x, nthreads = blockDim.x;
+    const unsigned warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    constexpr unsigned HALO_W = DB_CONV_TILE_W + 2, HALO = (DB_CONV_TILE_H + 2) * HALO_W;
+    for (u64 gr = blockIdx.y; gr < groups; gr += gridDim.y) {
+        const u64 o_first = gr * DB_MMA_OUT;
+        // column tiles of 8 outputs this block computes (the same in every warp)
+        const unsigned ntc = (unsigned)((cout - o_first + 7) / 8 < NT ? (cout - o_first + 7) / 8 : NT);
+        for (u64 tl = blockIdx.x; tl < tiles; tl += gridDim.x) {
+            const u64 img = tl / per_image, r = tl % per_image;
+            const long long y0 = (long long)((r / tiles_x) * DB_CONV_TILE_H);
+            const long long x0 = (long long)((r % tiles_x) * DB_CONV_TILE_W);
+            const T *xi = x + img * plane;
+            float acc[4][NT][4];
+#pragma unroll
+            for (unsigned i = 0; i < 4; ++i)
+#pragma unroll
+                for (unsigned j = 0; j < NT; ++j)
+#pragma unroll
+                    for (unsigned q = 0; q < 4; ++q) acc[i][j][q] = 0.0f;
+            for (u64 c0 = 0; c0 < cin; c0 += CHUNK) {
+                const u64 left = cin - c0;
+                __syncthreads();  // every warp is done with the previous chunk
+                for (unsigned e = tid; e < SLOTS * HALO; e += nthreads) {
+                    const unsigned s = e / HALO, rem = e % HALO;
+                    const long long yy = y0 + (long long)(rem / HALO_W) - 1;
+                    const long long xx = x0 + (long long)(rem % HALO_W) - 1;
+                    const u64 first = (u64)s * PER;  // the slot's first channel in the chunk
+                    const unsigned valid = first < left ? (unsigned)(left - first) : 0u;
+                    unsigned v = 0;
+                    if (valid > 0 && yy >= 0 && yy < (long long)h && xx >= 0 && xx < (long long)wd)
+                        v = db_slot(xi + (c0 + first) * m + (u64)yy * wd + (u64)xx, (long long)m,
+                                    valid);
+                    xs[s][rem / HALO_W][rem % HALO_W] = v;
+                }
+                for (unsigned e = tid; e < 9 * SLOTS * DB_MMA_OUT; e += nthreads) {
+                    const unsigned j = e / (SLOTS * DB_MMA_OUT), rem = e % (SLOTS * DB_MMA_OUT);
+                    const unsigned s = rem / DB_MMA_OUT, ol = rem % DB_MMA_OUT;
+                    const u64 o = o_first + ol, first = (u64)s * PER;
+                    const unsigned valid = o < cout && first < left ? (unsigned)(left - first) : 0u;
+                    unsigned v = 0;
+                    if (valid > 0)
+                        v = db_slot(w + wl.first + (long long)o * wl.out +
+                                        (long long)(c0 + first) * wl.in + (long long)j * wl.step,
+                                    wl.in, valid);
+                    ws[j][s][ol] = v;
+                }
+                __syncthreads();
+#pragma unroll
+                for (unsigned dy = 0; dy < 3; ++dy) {
+#pragma unroll
+                    for (unsigned dx = 0; dx < 3; ++dx) {
+                        unsigned b[NT][2] = {};
+#pragma unroll
+                        for (unsigned j = 0; j < NT; ++j)
+                            if (j < ntc) {
+                                b[j][0] = ws[3 * dy + dx][t][8 * j + g];
+                                b[j][1] = ws[3 * dy + dx][t + 4][8 * j + g];
+                            }
+#pragma unroll
+                        for (unsigned i = 0; i < 4; ++i) {
+                            const unsigned row = 2 * warp + i / 2 + dy, col = 16 * (i % 2) + g + dx;
+                            const unsigned a[4] = {xs[t][row][col], xs[t][row][col + 8],
+                                                   xs[t + 4][row][col], xs[t + 4][row][col + 8]};
+#pragma unroll
+                            for (unsigned j = 0; j < NT; ++j)
+                                if (j < ntc) db_mma_of<T>::mma(acc[i][j], a, b[j]);
+                        }
+                    }
+                }
+            }
+#pragma unroll
+            for (unsigned i = 0; i < 4; ++i) {
+                const long long yy = y0 + 2 * warp + i / 2;
+                if (yy >= (long long)h) continue;
+#pragma unroll
+                for (unsigned j = 0; j < NT; ++j) {
+                    if (j >= ntc) continue;
+#pragma unroll
+                    for (unsigned q = 0; q < 4; ++q) {
+                        const u64 oc = o_first + 8 * j + 2 * t + q % 2;
+                        const long long xx = x0 + 16 * (i % 2) + g + 8 * (q / 2);
+                        if (oc < cout && xx < (long long)wd)
+                            y[oc * m + img * plane + (u64)yy * wd + (u64)xx] =
+                                db_narrow<T>(acc[i][j][q]);
+                    }
+                }
+            }
+        }
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T *__restrict__ s,
                                               db_acc<T> *__restrict__ part, const u64 cin,
@@ -305,3 +510,15 @@ DB_CONV_KERNELS(db_bf16, bf16)
 // the partials are db_acc<T>: f32 for bf16 features, so bf16 takes the f32 sum
 DB_CONV_SUM_KERNELS(float, f32)
 DB_CONV_SUM_KERNELS(double, f64)
+// the tensor-core convolution, for the feature types that have one (f32 as TF32, bf16)
+extern "C" __global__ void __launch_bounds__(32 * DB_MMA_WARPS)
+    conv3x3_mma_f32(const float *x, const u64 cin, float *y, const u64 cout, const float *w,
+                    const db_conv_weight wl, const u64 n, const u64 h, const u64 wd) {
+    conv3x3_mma<float>(x, cin, y, cout, w, wl, n, h, wd);
+}
+extern "C" __global__ void __launch_bounds__(32 * DB_MMA_WARPS)
+    conv3x3_mma_bf16(const db_bf16 *x, const u64 cin, db_bf16 *y, const u64 cout,
+                     const db_bf16 *w, const db_conv_weight wl, const u64 n, const u64 h,
+                     const u64 wd) {
+    conv3x3_mma<db_bf16>(x, cin, y, cout, w, wl, n, h, wd);
+}

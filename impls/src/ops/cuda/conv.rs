@@ -1,13 +1,13 @@
 //! CUDA launcher of the direct 3×3 convolution (`ops/cuda/conv.cu`): the `cuda_fwd` of
 //! [`crate::ops::conv3x3::gpu`]'s ops. Forward and data gradient are one launch each into the
-//! destination; the weight gradient two (the slices' partial sums into a buffer from candle's
+//! destination (on tensor cores where [`kernel`] says so); the weight gradient two (the slices' partial sums into a buffer from candle's
 //! stream-ordered pool, freed once queued, then their sum into `dW`). Geometry:
 //! [`crate::ops::cuda::direct`].
 //!
 //! Only compiled with the `cuda` feature.
 
-use crate::ops::cuda::direct::{self as gpu, Pass};
-use crate::ops::cuda::launch::{function, msg, pass_ranges, view, view_mut, Float};
+use crate::ops::cuda::direct::{self as gpu, ConvKernel, Mma, Pass};
+use crate::ops::cuda::launch::{capability, function, msg, pass_ranges, view, view_mut, Float};
 use crate::ops::cuda::src::CONV;
 use crate::ops::layout::grid::Grid;
 use candle_core::backend::BackendStorage;
@@ -43,14 +43,29 @@ fn signed(op: &str, v: usize) -> candle_core::Result<i64> {
     i64::try_from(v).map_err(|_| msg(format!("{op} (cuda): {v} out of range")))
 }
 
+/// The kernel a forward or data pass on `dtype` features runs on `dev` ([`gpu::conv_kernel`]):
+/// `mma` whether tensor cores may be used, the math mode candle's (`--math tf32`), the compute
+/// capability the driver's.
+pub(crate) fn kernel(
+    dev: &candle_core::cuda_backend::CudaDevice,
+    dtype: DType,
+    mma: Mma,
+) -> candle_core::Result<ConvKernel> {
+    let tf32 = candle_core::cuda::gemm_reduced_precision_f32();
+    Ok(gpu::conv_kernel(dtype, tf32, capability(dev)?.0, mma))
+}
+
 /// Runs `pass` of a convolution of `b` channels into `k` on `grid`: `dst` ← (`a`, `bb`) with
 /// the operands of [`crate::ops::conv3x3::gpu`]'s ops (forward `(s, w) → y`, data
-/// `(gy, w) → ds`, weight `(gy, s) → dW`), all contiguous, their lengths checked.
+/// `(gy, w) → ds`, weight `(gy, s) → dW`), all contiguous, their lengths checked; `mma`: a
+/// forward or data pass may run on tensor cores ([`kernel`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     op: &str,
     pass: Pass,
     grid: Grid,
     (b, k): (usize, usize),
+    mma: Mma,
     dst: (&mut CudaStorage, &Layout),
     a: (&CudaStorage, &Layout),
     bb: (&CudaStorage, &Layout),
@@ -74,11 +89,12 @@ pub(crate) fn run(
         return Ok(());
     }
     let shape = (grid, b, k);
+    let choice = kernel(&dst.0.device, dtype, mma)?;
     let (d, a, bb) = ((dst.0, dr), (a.0, ar), (bb.0, br));
     match dtype {
-        DType::F32 => go::<f32>(op, pass, shape, d, a, bb),
-        DType::F64 => go::<f64>(op, pass, shape, d, a, bb),
-        DType::BF16 => go::<half::bf16>(op, pass, shape, d, a, bb),
+        DType::F32 => go::<f32>(op, pass, choice, shape, d, a, bb),
+        DType::F64 => go::<f64>(op, pass, choice, shape, d, a, bb),
+        DType::BF16 => go::<half::bf16>(op, pass, choice, shape, d, a, bb),
         other => Err(crate::ops::cuda::launch::unsupported(op, other)),
     }
 }
@@ -88,6 +104,7 @@ type Operand<'a> = (&'a CudaStorage, (usize, usize));
 fn go<T: Float>(
     op: &str,
     pass: Pass,
+    choice: ConvKernel,
     (grid, b, k): (Grid, usize, usize),
     (d, dr): (&mut CudaStorage, (usize, usize)),
     (a, ar): Operand<'_>,
@@ -122,7 +139,11 @@ fn go<T: Float>(
                     },
                 ),
             };
-            let func = function::<T>(&dev, &CONV, "conv3x3")?;
+            let (name, dims) = match choice {
+                ConvKernel::Fma => ("conv3x3", gpu::conv_dims(grid, cout)),
+                ConvKernel::Mma => ("conv3x3_mma", gpu::mma_dims(grid, cout)),
+            };
+            let func = function::<T>(&dev, &CONV, name)?;
             let mut y = view_mut(op, d.as_cuda_slice_mut::<T>()?, dr)?;
             let mut l = stream.launch_builder(&func);
             l.arg(&a)
@@ -135,9 +156,10 @@ fn go<T: Float>(
                 .arg(&h)
                 .arg(&w);
             // SAFETY: the lengths are checked (input cin·M, output cout·M, weight 9·k·B, M =
-            // N·H·W); the kernel reads pixels of its own image only, weight elements (o, c, tap)
-            // with o < cout, c < cin, and writes each output once.
-            unsafe { l.launch(config(gpu::conv_dims(grid, cout))) }.w()?;
+            // N·H·W); either kernel reads pixels of its own image only, weight elements
+            // (o, c, tap) with o < cout, c < cin, and writes each output once; `conv3x3_mma`
+            // exists for f32 and bf16 only and `kernel` picks it for those on sm_80+ only.
+            unsafe { l.launch(config(dims)) }.w()?;
         }
         Pass::Weight => {
             let s = gpu::weight_slices(grid, b, k);

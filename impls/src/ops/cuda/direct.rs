@@ -1,6 +1,7 @@
 //! The geometry of the GPU's direct 3×3 convolution (`conv.cu`, `DENSEBENCH_CONV=direct`; the
-//! candle ops are [`crate::ops::conv3x3::gpu`], the launcher `conv`): tile and block sizes, the
-//! weight gradient's slices and the size of its one transient (the per-slice partial sums).
+//! candle ops are [`crate::ops::conv3x3::gpu`], the launcher `conv`): tile and block sizes, which
+//! kernel a pass runs (tensor cores or fused multiply-adds), the weight gradient's slices and
+//! the size of its one transient (the per-slice partial sums).
 //! Text and arithmetic, no CUDA: the launcher, the memory model and the host emulation of the
 //! kernels (`tests/cuda_emulated.rs`) use it in every build.
 
@@ -40,6 +41,59 @@ pub const WGRAD_MAX_SLICES: usize = 32;
 pub const SUM_THREADS: usize = 256;
 /// Most blocks in any dimension of these launches (the kernels stride over the rest).
 pub const MAX_GRID: usize = 65_535;
+/// Warps of a block of the tensor-core convolution (`conv3x3_mma`, `DB_MMA_WARPS`): each owns
+/// two rows of a [`TILE_H`] × [`TILE_W`] tile.
+pub const MMA_WARPS: usize = 4;
+/// Output channels of a tensor-core block (`DB_MMA_OUT`): four column tiles of 8.
+pub const MMA_OUT: usize = 32;
+/// 32-bit operand slots of a tensor-core chunk (`DB_MMA_SLOTS`): one mma's reduction, 8
+/// channels in TF32 or 16 in bf16.
+pub const MMA_SLOTS: usize = 8;
+/// Outputs a row of the tensor-core block's staged weights holds (`DB_MMA_WPITCH`): [`MMA_OUT`]
+/// padded so that a fragment's 32 lanes read 32 banks.
+pub const MMA_WPITCH: usize = 40;
+/// The first compute capability with the `mma.sync` shapes `conv3x3_mma` uses (sm_80).
+pub const MMA_MAJOR: i32 = 8;
+
+/// Which kernel computes a forward or data-gradient pass of the direct convolution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ConvKernel {
+    /// `conv3x3`: fused multiply-adds, IEEE (f32 and bf16 features in f32, f64 in f64).
+    Fma,
+    /// `conv3x3_mma`: tensor cores, f32 features as TF32 operands, bf16 as bf16, f32 sums.
+    Mma,
+}
+
+/// Whether a forward or data pass may run on tensor cores.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mma {
+    /// Never (`DENSEBENCH_CONV=direct-fma`).
+    Refused,
+    /// Where the math allows it (`DENSEBENCH_CONV=direct`): bf16 features, f32 under `tf32`.
+    Allowed,
+    /// f32 features in TF32 whatever the math mode (the GPU tests of the kernel; never the
+    /// layer's choice).
+    Forced,
+}
+
+/// The kernel of a forward or data pass on features of `dtype`: the tensor cores where they
+/// are not refused (`mma`), the GPU has them (compute capability `major` ≥ [`MMA_MAJOR`]) and
+/// the math allows them — bf16 features always (autocast's convolution), f32 only under the
+/// `tf32` math mode (`tf32`) or [`Mma::Forced`]; the fused multiply-adds otherwise (f32 in
+/// `ieee`, f64). The weight gradient always runs the FMA kernel.
+pub fn conv_kernel(dtype: candle_core::DType, tf32: bool, major: i32, mma: Mma) -> ConvKernel {
+    use candle_core::DType;
+    let math = match dtype {
+        DType::BF16 => true,
+        DType::F32 => tf32 || mma == Mma::Forced,
+        _ => false,
+    };
+    if mma != Mma::Refused && math && major >= MMA_MAJOR {
+        ConvKernel::Mma
+    } else {
+        ConvKernel::Fma
+    }
+}
 
 /// A launch's `(grid, block)` dimensions.
 pub type Dims = ((u32, u32, u32), (u32, u32, u32));
@@ -97,6 +151,17 @@ pub fn partial_elems(g: Grid, b: usize, k: usize) -> usize {
     weight_slices(g, b, k).slices * 9 * k * b
 }
 
+/// `conv3x3_mma` (forward, or the data gradient) of `cin` channels into `cout` on `g`: blocks
+/// of [`MMA_WARPS`] warps, the grid's x over the tiles of all images, y over the groups of
+/// [`MMA_OUT`] output channels.
+pub fn mma_dims(g: Grid, cout: usize) -> Dims {
+    let tiles = g.n * g.h.div_ceil(TILE_H) * g.w.div_ceil(TILE_W);
+    (
+        (dim(tiles), dim(cout.div_ceil(MMA_OUT)), 1),
+        ((32 * MMA_WARPS) as u32, 1, 1),
+    )
+}
+
 /// `conv3x3_wgrad`: blocks of (input channels, output channels) = (min(B, [`WGRAD_C`]),
 /// min(k, [`WGRAD_O`])), the grid's x over the slices, y and z over the channel groups.
 pub fn wgrad_dims(g: Grid, b: usize, k: usize) -> Dims {
@@ -145,6 +210,10 @@ mod tests {
             ("DB_WGRAD_ROWS", WGRAD_ROWS),
             ("DB_WGRAD_C", WGRAD_C),
             ("DB_WGRAD_O", WGRAD_O),
+            ("DB_MMA_WARPS", MMA_WARPS),
+            ("DB_MMA_OUT", MMA_OUT),
+            ("DB_MMA_SLOTS", MMA_SLOTS),
+            ("DB_MMA_WPITCH", MMA_WPITCH),
         ] {
             let line = format!("#define {name} {value}\n");
             assert!(body.contains(&line), "conv.cu has no `{}`", line.trim());
@@ -217,5 +286,31 @@ mod tests {
             ((1, 1, 1), (64, 1, 1))
         );
         assert_eq!(sum_dims(5184), ((21, 1, 1), (256, 1, 1)));
+        // tensor cores: 128 threads, up to 32 outputs a block (k = 12: one block of two
+        // column tiles; the data gradient's 48: two blocks)
+        assert_eq!(mma_dims(bc, 12), ((256, 1, 1), (128, 1, 1)));
+        assert_eq!(mma_dims(bc, 48), ((256, 2, 1), (128, 1, 1)));
+        assert_eq!(mma_dims(tv, 128), ((448, 4, 1), (128, 1, 1)));
+    }
+
+    /// Tensor cores for bf16 features, and for f32 ones only in TF32, on sm_80 and later, unless
+    /// refused; f64 never.
+    #[test]
+    fn tensor_cores_only_where_the_math_allows_them() {
+        use candle_core::DType::{BF16, F32, F64};
+        use ConvKernel::Fma;
+        use Mma::{Allowed, Forced, Refused};
+        let tc = ConvKernel::Mma;
+        assert_eq!(conv_kernel(BF16, false, 9, Allowed), tc);
+        assert_eq!(conv_kernel(F32, true, 9, Allowed), tc);
+        assert_eq!(conv_kernel(F32, true, 8, Allowed), tc);
+        assert_eq!(conv_kernel(F32, false, 9, Allowed), Fma);
+        assert_eq!(conv_kernel(F32, false, 9, Forced), tc);
+        assert_eq!(conv_kernel(F64, true, 9, Allowed), Fma);
+        assert_eq!(conv_kernel(F64, true, 9, Forced), Fma);
+        assert_eq!(conv_kernel(BF16, true, 7, Allowed), Fma);
+        assert_eq!(conv_kernel(F32, true, 7, Forced), Fma);
+        assert_eq!(conv_kernel(BF16, true, 9, Refused), Fma);
+        assert_eq!(conv_kernel(F32, true, 9, Refused), Fma);
     }
 }

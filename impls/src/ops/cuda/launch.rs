@@ -98,21 +98,26 @@ fn ptx(module: &CudaModule, arch: &str) -> candle_core::Result<&'static str> {
         .map_err(msg)
 }
 
-/// The virtual architecture of `dev` (`compute_90` on an H100), asked from the driver once per
-/// device.
-fn device_arch(dev: &CudaDevice) -> candle_core::Result<String> {
-    static ARCH: OnceLock<Mutex<HashMap<DeviceId, String>>> = OnceLock::new();
-    let mut archs = ARCH
+/// The compute capability `(major, minor)` of `dev` (`(9, 0)` on an H100), asked from the
+/// driver once per device.
+pub(crate) fn capability(dev: &CudaDevice) -> candle_core::Result<(i32, i32)> {
+    static CAPABILITY: OnceLock<Mutex<HashMap<DeviceId, (i32, i32)>>> = OnceLock::new();
+    let mut known = CAPABILITY
         .get_or_init(Mutex::default)
         .lock()
         .map_err(|_| msg("densebench's architecture cache is poisoned".into()))?;
-    if let Some(a) = archs.get(&dev.id()) {
-        return Ok(a.clone());
+    if let Some(&c) = known.get(&dev.id()) {
+        return Ok(c);
     }
-    let (major, minor) = dev.cuda_stream().context().compute_capability().w()?;
-    let arch = src::virtual_arch(major, minor);
-    archs.insert(dev.id(), arch.clone());
-    Ok(arch)
+    let c = dev.cuda_stream().context().compute_capability().w()?;
+    known.insert(dev.id(), c);
+    Ok(c)
+}
+
+/// The virtual architecture of `dev` (`compute_90` on an H100).
+fn device_arch(dev: &CudaDevice) -> candle_core::Result<String> {
+    let (major, minor) = capability(dev)?;
+    Ok(src::virtual_arch(major, minor))
 }
 
 /// Kernel `{kernel}_{T::SUFFIX}` of `module`, compiled for `dev`'s architecture and loaded into

@@ -55,6 +55,9 @@ pub struct CudaModule {
     /// Kernels that exist only as `{kernel}_bf16`, written out in the file (not by its macro):
     /// mixed-type steps of bf16 features, e.g. f32 tap products summed into bf16.
     pub bf16_only: &'static [&'static str],
+    /// Kernels that exist only as `{kernel}_f32`, written out in the file: f32 features on a
+    /// path of their own (the TF32 tensor-core convolution).
+    pub f32_only: &'static [&'static str],
 }
 
 impl CudaModule {
@@ -65,7 +68,8 @@ impl CudaModule {
     }
 
     /// The entry-point names of every kernel in both float dtypes (`relu_inplace_f32`, …),
-    /// then of the bf16 ones (`relu_inplace_bf16`, …, [`Self::bf16_only`]'s last).
+    /// then of the bf16 ones (`relu_inplace_bf16`, …, [`Self::bf16_only`]'s last), then
+    /// [`Self::f32_only`]'s.
     pub fn entry_points(&self) -> Vec<String> {
         let floats = self
             .kernels
@@ -76,7 +80,8 @@ impl CudaModule {
             .iter()
             .chain(self.bf16_only)
             .map(|k| format!("{k}_{BF16_SUFFIX}"));
-        floats.chain(bf16).collect()
+        let f32 = self.f32_only.iter().map(|k| format!("{k}_f32"));
+        floats.chain(bf16).chain(f32).collect()
     }
 }
 
@@ -94,6 +99,7 @@ pub const INPLACE: CudaModule = CudaModule {
     kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
     bf16_kernels: &["relu_inplace", "relu_bwd", "relu_bwd_inplace", "add_assign"],
     bf16_only: &[],
+    f32_only: &[],
 };
 
 /// BatchNorm statistics, the per-channel forward step, apply (with and without ReLU), backward
@@ -132,6 +138,7 @@ pub const BN: CudaModule = CudaModule {
         "bn_bwd_dx_accumulate_relu",
     ],
     bf16_only: &[],
+    f32_only: &[],
 };
 
 /// The 3×3 convolution's shift stack and shift sum ([`crate::ops::bn`], [`crate::ops::bn_backward`], [`crate::ops::shift`]).
@@ -143,10 +150,12 @@ pub const SHIFT: CudaModule = CudaModule {
     bf16_kernels: &["shift_stack", "shift_sum"],
     // f32 tap products of a bf16 convolution summed into bf16 features (`shift::shift_sum_into`)
     bf16_only: &["shift_sum_wide"],
+    f32_only: &[],
 };
 
 /// The direct 3×3 convolution ([`crate::ops::conv3x3::gpu`], `DENSEBENCH_CONV=direct`):
-/// forward and data gradient (`conv3x3`), the weight gradient's slice partials and their sum.
+/// forward and data gradient (`conv3x3`, and `conv3x3_mma` on tensor cores for bf16 and for
+/// f32 in TF32), the weight gradient's slice partials and their sum.
 pub const CONV: CudaModule = CudaModule {
     name: "densebench_conv",
     file: "conv.cu",
@@ -154,7 +163,8 @@ pub const CONV: CudaModule = CudaModule {
     kernels: &["conv3x3", "conv3x3_wgrad", "conv3x3_wgrad_sum"],
     // the sum adds f32 partials for bf16 features: its f32 entry point
     bf16_kernels: &["conv3x3", "conv3x3_wgrad"],
-    bf16_only: &[],
+    bf16_only: &["conv3x3_mma"],
+    f32_only: &["conv3x3_mma"],
 };
 
 /// Every module, in no particular order.
@@ -202,8 +212,13 @@ mod tests {
             for k in m.bf16_kernels {
                 assert!(m.kernels.contains(k), "{}: bf16 `{k}` is no kernel", m.file);
             }
-            for k in m.bf16_only {
-                let def = format!(" {k}_{BF16_SUFFIX}(");
+            for (k, suffix) in m
+                .bf16_only
+                .iter()
+                .map(|k| (k, BF16_SUFFIX))
+                .chain(m.f32_only.iter().map(|k| (k, "f32")))
+            {
+                let def = format!("{k}_{suffix}(");
                 assert!(m.body.contains(&def), "{}: no `{def}` in the file", m.file);
                 assert!(!m.kernels.contains(k), "{}: `{k}` is listed twice", m.file);
             }
