@@ -678,14 +678,8 @@ fn gpu_conv_in_cudnn_and_on_the_tap_stack_are_both_checked_and_modelled() {
     // the direct kernels' tensor cores (sm_80+): f32 under `--math tf32`, bf16 features; checked
     // and modelled like every row, `direct-fma` the same rows without them
     for (extra, cores) in [
-        (
-            ["--math", "tf32"],
-            "forward and data gradient on TF32 tensor cores",
-        ),
-        (
-            ["--dtype", "bf16"],
-            "forward and data gradient on bf16 tensor cores",
-        ),
+        (["--math", "tf32"], "direct kernels (TF32 tensor cores"),
+        (["--dtype", "bf16"], "direct kernels (bf16 tensor cores"),
     ] {
         let v = impls::Variant::parse("buffer-recompute-inplace").expect("variant");
         let all: Vec<&str> = args.iter().copied().chain(extra).collect();

@@ -2093,19 +2093,167 @@ fn conv_mma_matches<T: El>(m: &Emulated) {
     }
 }
 
+/// `conv3x3_wgrad_mma`'s partials and their sum, restated: per slice, output and input
+/// channel, warp w sums row w of each unit of the slice (rows past the image skipped), the
+/// row's columns in steps of 8 (TF32) or 16 (bf16) pixels (a step starting past the unit's
+/// columns skipped; a column of a step past them adds +0 times the input there), nine tap sums
+/// as fused multiply-adds in f32 from +0; the slice's partial is warp 0's sum plus warps 1, 2,
+/// 3's in order; `dW` the slices' partials added in order from +0. `gy` and `s` are the
+/// operands as the tensor core reads them.
+fn wgrad_mma_restated(gy: &[f32], s: &[f32], b: usize, k: usize, g: Grid, per: usize) -> Vec<f32> {
+    let (plane, m) = (g.h * g.w, g.n * g.h * g.w);
+    let sl = gpu::weight_slices(g, b, k);
+    let (segs, bands) = (g.w.div_ceil(gpu::WGRAD_SEG), g.h.div_ceil(gpu::WGRAD_ROWS));
+    let step = gpu::MMA_SLOTS * per;
+    let mut dw = vec![0.0f32; 9 * k * b];
+    for slice in 0..sl.slices {
+        let units = slice * sl.per_slice..((slice + 1) * sl.per_slice).min(sl.units);
+        for o in 0..k {
+            for c in 0..b {
+                let mut acc = [[0.0f32; 9]; gpu::MMA_WARPS];
+                for u in units.clone() {
+                    let img = u / (bands * segs);
+                    let y0 = ((u / segs) % bands) * gpu::WGRAD_ROWS;
+                    let x0 = (u % segs) * gpu::WGRAD_SEG;
+                    let nr = gpu::WGRAD_ROWS.min(g.h - y0);
+                    let sw = gpu::WGRAD_SEG.min(g.w - x0);
+                    for (w, acc) in acc.iter_mut().enumerate().take(nr) {
+                        let y = y0 + w;
+                        for k0 in (0..sw).step_by(step) {
+                            for (j, a) in acc.iter_mut().enumerate() {
+                                for q in k0..k0 + step {
+                                    let gv = if q < sw {
+                                        gy[o * m + img * plane + y * g.w + x0 + q]
+                                    } else {
+                                        0.0
+                                    };
+                                    let yy = (y + j / 3) as isize - 1;
+                                    let xx = (x0 + q + j % 3) as isize - 1;
+                                    let inside = yy >= 0
+                                        && yy < g.h as isize
+                                        && xx >= 0
+                                        && xx < g.w as isize;
+                                    let sv = if inside {
+                                        s[c * m + img * plane + yy as usize * g.w + xx as usize]
+                                    } else {
+                                        0.0
+                                    };
+                                    *a = gv.mul_add(sv, *a);
+                                }
+                            }
+                        }
+                    }
+                }
+                for j in 0..9 {
+                    let mut total = acc[0][j];
+                    for a in &acc[1..] {
+                        total += a[j];
+                    }
+                    let i = (o * b + c) * 9 + j;
+                    dw[i] += total;
+                }
+            }
+        }
+    }
+    dw
+}
+
+/// `conv3x3_wgrad_mma_{f32,bf16}` and the sum on every case of [`CONV_CASES`], under the
+/// launcher's geometry (`gpu::wgrad_mma_dims`) and smaller grids (the slice and channel-group
+/// loops then stride): bit for bit [`wgrad_mma_restated`], and within a summation-order bound
+/// of the CPU's weight gradient in f64 of the same operands.
+fn wgrad_mma_matches<T: El>(m: &Emulated) {
+    let per = if T::SUFFIX == "bf16" { 2 } else { 1 };
+    for (ci, (g, b, k)) in CONV_CASES.into_iter().enumerate() {
+        let cols = g.n * g.h * g.w;
+        let seed = 900 + 10 * ci as u64;
+        let s = values::<T>(b * cols, seed);
+        let gy = values::<T>(k * cols, seed + 2);
+        let (so, gyo) = (mma_operand(&s), mma_operand(&gy));
+        let want = wgrad_mma_restated(&gyo, &so, b, k, g, per);
+        let t64 = |v: &[f32], shape: &[usize], abs: bool| {
+            let v: Vec<f64> = v
+                .iter()
+                .map(|&x| {
+                    if abs {
+                        f64::from(x).abs()
+                    } else {
+                        f64::from(x)
+                    }
+                })
+                .collect();
+            Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
+        };
+        let pair = |abs: bool| {
+            let r = conv3x3::backward_weight(
+                &t64(&gyo, &[k, cols], abs),
+                &t64(&so, &[b, cols], abs),
+                g,
+            );
+            host::<f64>(&r.expect("cpu dW"))
+        };
+        let (cpu, abs) = (pair(false), pair(true));
+        let sl = gpu::weight_slices(g, b, k);
+        let len = 9 * k * b;
+        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
+        let (gd, bd) = gpu::wgrad_mma_dims(g, b, k);
+        for geom in [(gd, bd), ((1, 1, 1), bd), ((2, 1, 2), bd)] {
+            let mut part = vec![f32::NAN; (sl.slices * len).max(1)];
+            let (mut gp, mut sp, mut pp) = (
+                gy.as_ptr().cast_mut(),
+                s.as_ptr().cast_mut(),
+                part.as_mut_ptr(),
+            );
+            let (mut bb, mut kk, mut ps) = (b as u64, k as u64, sl.per_slice as u64);
+            let kernel = format!("conv3x3_wgrad_mma_{}", T::SUFFIX);
+            m.launch(
+                &kernel,
+                geom,
+                &mut [
+                    p(&mut gp),
+                    p(&mut sp),
+                    p(&mut pp),
+                    p(&mut bb),
+                    p(&mut kk),
+                    p(&mut nn),
+                    p(&mut hh),
+                    p(&mut ww),
+                    p(&mut ps),
+                ],
+                true,
+            );
+            let mut dw = vec![7.0f32; len];
+            let (mut pp, mut dp) = (part.as_mut_ptr(), dw.as_mut_ptr());
+            let (mut slices, mut ln) = (sl.slices as u64, len as u64);
+            m.launch(
+                "conv3x3_wgrad_sum_f32",
+                gpu::sum_dims(len),
+                &mut [p(&mut pp), p(&mut dp), p(&mut slices), p(&mut ln)],
+                false,
+            );
+            let what = format!("{kernel} {g:?} B={b} k={k} {geom:?}");
+            assert_bitwise(&what, &dw, &want);
+            conv_close(&what, &dw, &cpu, &abs, cols, f32::EPSILON as f64);
+        }
+    }
+}
+
 /// `conv.cu`'s tensor-core convolution on the host: f32 features as TF32 and bf16 features,
-/// forward and data gradient.
+/// forward, data gradient and weight gradient.
 #[test]
 fn conv_mma_kernels_match_their_restated_order_and_the_cpu_convolution() {
     let m = Emulated::build(&src::CONV);
     conv_mma_matches::<f32>(&m);
     conv_mma_matches::<bf16>(&m);
+    wgrad_mma_matches::<f32>(&m);
+    wgrad_mma_matches::<bf16>(&m);
 }
 
-/// The check above fails a kernel whose A fragment takes its channel slots in the wrong
-/// registers (a0 ↔ a2: channels t and t + 4 of a chunk swapped on the pixels' side only), and
-/// one that adds the taps of a chunk in another order (dx outer): the fragment layout and the
-/// restated order are what the test pins down, not only the sum.
+/// The checks above fail a kernel whose A fragment takes its channel slots in the wrong
+/// registers (a0 ↔ a2: channels t and t + 4 of a chunk swapped on the pixels' side only), one
+/// that adds the taps of a chunk in another order (dx outer), a weight gradient whose b1 reads
+/// one column off, and one whose slice sum drops warp 0's rows: the fragment layouts and the
+/// restated order are what the tests pin down, not only the sum.
 #[test]
 fn conv_mma_check_fails_a_wrong_fragment_or_order() {
     let good = src::CONV.body;
@@ -2125,15 +2273,34 @@ fn conv_mma_check_fails_a_wrong_fragment_or_order() {
         "for (unsigned dx = 0; dx < 3; ++dx) {\n#pragma unroll\n                    for (unsigned dy = 0; dy < 3; ++dy) {\n                        unsigned b[NT][2]",
         1,
     );
-    for (what, body) in [("a0/a2 swapped", swapped), ("taps reordered", reordered)] {
+    let b1 = "db_pair(row, k0 + PER * (t + 4) + dx)";
+    assert!(
+        good.contains(b1),
+        "conv.cu's weight-gradient B fragment moved: update this test"
+    );
+    let b1_off = good.replacen(b1, "db_pair(row, k0 + PER * (t + 4) + dx + 1)", 1);
+    let warps = "float v = red[0][j][ol][cl];";
+    assert!(
+        good.contains(warps),
+        "conv.cu's warp sum moved: update this test"
+    );
+    let warps_off = good.replacen(warps, "float v = -0.0f * red[0][j][ol][cl];", 1);
+    let conv = |m: &Emulated| conv_mma_matches::<bf16>(m);
+    let wgrad = |m: &Emulated| wgrad_mma_matches::<f32>(m);
+    type Check<'a> = &'a dyn Fn(&Emulated);
+    let breaks: [(&str, String, Check); 4] = [
+        ("a0/a2 swapped", swapped, &conv),
+        ("taps reordered", reordered, &conv),
+        ("weight gradient's b1 one column off", b1_off, &wgrad),
+        ("weight gradient's warp 0 dropped", warps_off, &wgrad),
+    ];
+    for (what, body, check) in breaks {
         let module = CudaModule {
             body: Box::leak(body.into_boxed_str()),
             ..src::CONV
         };
         let m = Emulated::build(&module);
-        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            conv_mma_matches::<bf16>(&m)
-        }));
+        let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| check(&m)));
         assert!(
             caught.is_err(),
             "{what}: the tensor-core check passed a broken kernel"

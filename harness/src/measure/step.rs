@@ -805,9 +805,8 @@ fn graph_timing(
     }
 }
 
-/// What the direct kernels run a step's passes on (the `note` of a GPU row on their path):
-/// forward and data gradient on tensor cores or in fused multiply-adds, the weight gradient in
-/// fused multiply-adds.
+/// What the direct kernels run a step's three passes on (the `note` of a GPU row on their
+/// path): tensor cores (TF32 or bf16) or fused multiply-adds.
 fn direct_kernels(cfg: &Config, device: &Device) -> String {
     use impls::ops::conv3x3::gpu::ConvKernel;
     let fma = if cfg.dtype == candle_core::DType::F64 {
@@ -832,11 +831,9 @@ fn direct_kernels(cfg: &Config, device: &Device) -> String {
     };
     match kernel {
         Ok(ConvKernel::Mma) if cfg.dtype == candle_core::DType::BF16 => {
-            format!("forward and data gradient on bf16 tensor cores, weight gradient in {fma}")
+            "bf16 tensor cores".to_string()
         }
-        Ok(ConvKernel::Mma) => {
-            format!("forward and data gradient on TF32 tensor cores, weight gradient in {fma}")
-        }
+        Ok(ConvKernel::Mma) => "TF32 tensor cores".to_string(),
         Ok(ConvKernel::Fma) => fma.to_string(),
         Err(e) => format!("kernel unknown: {e}"),
     }

@@ -926,9 +926,8 @@ pub fn conv3x3_fwd(cfg: &Config, s: &Tensor, w: &Tensor) -> Result<Tensor> {
 
 /// The environment variable that picks a GPU's 3×3 convolution ([`GpuConv`]): `tap-stack` (the
 /// default), `cudnn` (a binary built with the `cudnn` feature; an error in one without),
-/// `direct` (densebench's own kernels, `ops/cuda/conv.cu`, forward and data gradient on tensor
-/// cores where the dtype and math mode allow) or `direct-fma` (the same kernels with fused
-/// multiply-adds only). cuDNN and the direct kernels are
+/// `direct` (densebench's own kernels, `ops/cuda/conv.cu`, on tensor cores where the dtype and
+/// math mode allow) or `direct-fma` (the same kernels with fused multiply-adds only). cuDNN and the direct kernels are
 /// asked for, not the default, until they have passed their checks and been timed on a GPU
 /// (cuDNN's first run, on an H100, found its backward-data algorithms refusing the
 /// channel-major layout; `ops::cuda::cudnn` now runs that pass as a forward convolution:
@@ -944,10 +943,9 @@ pub enum GpuConv {
     /// cuDNN's convolution (the `cudnn` feature).
     Cudnn,
     /// densebench's direct kernels ([`conv3x3::gpu`]): no tap stack, the weight gradient
-    /// through per-slice partial sums in fused multiply-adds; forward and data gradient on
-    /// tensor cores where `mma` and the dtype and math mode allow
-    /// ([`conv3x3::gpu::conv_kernel`]: bf16, and f32 under `--math tf32`), else fused
-    /// multiply-adds too (`direct-fma`: `mma` false).
+    /// through per-slice partial sums; every pass on tensor cores where `mma` and the dtype and
+    /// math mode allow ([`conv3x3::gpu::conv_kernel`]: bf16, and f32 under `--math tf32`),
+    /// else in fused multiply-adds (`direct-fma`: `mma` false).
     Direct { mma: bool },
 }
 
@@ -970,8 +968,8 @@ pub fn conv_in_cudnn_on_gpus() -> Result<bool> {
 }
 
 /// Whether a bc layer's 3×3 convolution runs in densebench's direct GPU kernels on `dev` (a
-/// CUDA device and [`GpuConv::Direct`]), and if so whether tensor cores may run its forward
-/// and data passes: `Some(mma)`.
+/// CUDA device and [`GpuConv::Direct`]), and if so whether tensor cores may run its passes:
+/// `Some(mma)`.
 pub fn conv_direct(dev: &Device) -> Result<Option<bool>> {
     Ok(match gpu_conv()? {
         GpuConv::Direct { mma } if dev.is_cuda() => Some(mma),
@@ -1083,7 +1081,7 @@ pub fn conv3x3_bwd(cfg: &Config, gy: &Tensor, s: &Tensor, w: &Tensor) -> Result<
     #[cfg(feature = "cuda")]
     if let Some(mma) = conv_direct(gy.device())? {
         let ds = conv3x3::gpu::backward_data(gy, w, grid(cfg), direct_mma(mma))?;
-        let dw = conv3x3::gpu::backward_weight(gy, s, grid(cfg))?;
+        let dw = conv3x3::gpu::backward_weight(gy, s, grid(cfg), direct_mma(mma))?;
         return Ok((ds, dw));
     }
     conv3x3_bwd_tap_stack(cfg, gy, s, w)

@@ -8,10 +8,9 @@
 //! with the weight read transposed and flipped) and write their output once; the weight
 //! gradient sums slices of the pixels into `[slices, k, B, 3, 3]` partials (f32 for f32 and
 //! bf16 features, f64 for f64), then adds them in slice order into `dW` — deterministic, two
-//! runs bitwise equal. Forward and data gradient on tensor cores (`conv3x3_mma`: bf16 features,
-//! and f32 ones under `--math tf32` as TF32 operands; sm_80 and later) unless refused
-//! (`DENSEBENCH_CONV=direct-fma`), else, and the weight gradient always, in fused multiply-adds
-//! (IEEE FP32, f64 for f64).
+//! runs bitwise equal. Every pass on tensor cores (`conv3x3_mma`, `conv3x3_wgrad_mma`: bf16
+//! features, and f32 ones under `--math tf32` as TF32 operands; sm_80 and later) unless refused
+//! (`DENSEBENCH_CONV=direct-fma`), else in fused multiply-adds (IEEE FP32, f64 for f64).
 
 pub use crate::ops::cuda::direct::*;
 
@@ -27,7 +26,7 @@ mod ops {
     use crate::ops::layout::grid::Grid;
     use candle_core::{DType, Device, Tensor};
 
-    /// The kernel a forward or data pass on `dtype` features runs on `device`
+    /// The kernel a pass on `dtype` features runs on `device`
     /// ([`super::conv_kernel`]); [`ConvKernel::Fma`] off CUDA.
     pub fn kernel(device: &Device, dtype: DType, mma: Mma) -> Result<ConvKernel> {
         match device {
@@ -91,15 +90,15 @@ mod ops {
 
     /// `dW [k, B, 3, 3]` in the parameter dtype (f32 for bf16 features, not rounded) from
     /// `gy [k, M]` and `s [B, M]`; the partial sums ([`super::partial_elems`]) are allocated
-    /// and freed inside.
-    pub fn backward_weight(gy: &Tensor, s: &Tensor, g: Grid) -> Result<Tensor> {
+    /// and freed inside; `mma` as for [`forward`].
+    pub fn backward_weight(gy: &Tensor, s: &Tensor, g: Grid, mma: Mma) -> Result<Tensor> {
         let (k, b) = (gy.dims()[0], s.dims()[0]);
         let what = "conv2 bwd dW (direct)";
         let param = crate::config::param_dtype(gy.dtype());
         pass(
             Pass::Weight,
             what,
-            (g, b, k, Mma::Refused),
+            (g, b, k, mma),
             (&[k, b, 3, 3], param),
             gy,
             s,

@@ -474,6 +474,134 @@ __device__ __forceinline__ void conv3x3_wgrad(const T *__restrict__ gy, const T 
     }
 }
 
+// conv3x3_wgrad_mma: conv3x3_wgrad's partials on tensor cores (the same units, slices and
+// partial layout, so the same sum kernel and the same memory): for each tap an implicit GEMM,
+// rows = 16 output channels, columns = 8 input channels, the reduction = pixels, 8 (TF32) or
+// 16 (bf16, two to a register) a step. A block of DB_MMA_WARPS warps takes a slice for 16
+// outputs x 8 inputs; warp w sums row w of every unit (DB_WGRAD_ROWS = 4 rows) into its nine
+// tap accumulators: for each unit of the slice in order, each step of DB_MMA_SLOTS slots of the
+// row's columns in order (a step wholly past the unit's columns skipped; a row past the image's
+// last band skipped), acc[tap] = mma(acc[tap], the step's pixels). At the slice's end the four
+// warps' sums are added in warp order from warp 0's, in f32, into part[slice][o][c][tap].
+// Shared memory: the unit's output gradient as operand slots (16 outputs x 4 rows, a row of
+// 32 / PER slots padded by one: the A fragment's lanes hit 32 banks), its inputs with the halo
+// as raw operands (TF32 bits or bf16 bits; a bf16 B register is two neighbouring pixels, which
+// a tap dx may put across a 32-bit boundary, so it is put together from two 16-bit reads),
+// and the warps' sums.
+template <typename T> struct db_raw_of {
+    using type = unsigned;  // TF32 bits
+};
+template <> struct db_raw_of<db_bf16> {
+    using type = unsigned short;  // bf16 bits
+};
+__device__ __forceinline__ unsigned db_raw(const float v) { return db_tf32(v); }
+__device__ __forceinline__ unsigned short db_raw(const db_bf16 v) { return v.bits; }
+// The B register of slot u at column q of a raw row: one operand, or two neighbouring ones.
+__device__ __forceinline__ unsigned db_pair(const unsigned *row, const unsigned q) { return row[q]; }
+__device__ __forceinline__ unsigned db_pair(const unsigned short *row, const unsigned q) {
+    return (unsigned)row[q] | ((unsigned)row[q + 1] << 16);
+}
+
+template <typename T>
+__device__ __forceinline__ void conv3x3_wgrad_mma(const T *__restrict__ gy,
+                                                  const T *__restrict__ s,
+                                                  float *__restrict__ part, const u64 cin,
+                                                  const u64 cout, const u64 n, const u64 h,
+                                                  const u64 wd, const u64 per_slice) {
+    using Raw = typename db_raw_of<T>::type;
+    constexpr unsigned PER = db_mma_of<T>::PER, R = DB_WGRAD_ROWS, SEG = DB_WGRAD_SEG;
+    constexpr unsigned SLOTS = SEG / PER, GP = SLOTS + 1, SW = SEG + 2;
+    constexpr unsigned STEP = DB_MMA_SLOTS * PER;  // pixels of one mma
+    static_assert(R == DB_MMA_WARPS, "a warp a row of the unit");
+    __shared__ unsigned gs[16][R][GP];
+    __shared__ Raw ss[8][R + 2][SW + 2];
+    __shared__ float red[DB_MMA_WARPS][9][16][8];
+    const u64 segs = (wd + SEG - 1) / SEG, bands = (h + R - 1) / R;
+    const u64 units = n * bands * segs;
+    const u64 slices = (units + per_slice - 1) / per_slice;
+    const u64 plane = h * wd, m = n * plane;
+    const u64 cgroups = (cin + 7) / 8, ogroups = (cout + 15) / 16;
+    const unsigned tid = threadIdx.x, nthreads = blockDim.x;
+    const unsigned warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+    for (u64 og = blockIdx.z; og < ogroups; og += gridDim.z) {
+        for (u64 cg = blockIdx.y; cg < cgroups; cg += gridDim.y) {
+            const u64 c_first = cg * 8, o_first = og * 16;
+            const unsigned nc = (unsigned)(cin - c_first < 8 ? cin - c_first : 8);
+            const unsigned no = (unsigned)(cout - o_first < 16 ? cout - o_first : 16);
+            for (u64 sl = blockIdx.x; sl < slices; sl += gridDim.x) {
+                float acc[9][4];
+#pragma unroll
+                for (unsigned j = 0; j < 9; ++j)
+#pragma unroll
+                    for (unsigned q = 0; q < 4; ++q) acc[j][q] = 0.0f;
+                const u64 u_end = (sl + 1) * per_slice < units ? (sl + 1) * per_slice : units;
+                for (u64 u = sl * per_slice; u < u_end; ++u) {
+                    const u64 img = u / (bands * segs);
+                    const u64 y0 = ((u / segs) % bands) * R, x0 = (u % segs) * SEG;
+                    const unsigned nr = (unsigned)(h - y0 < R ? h - y0 : R);
+                    const unsigned sw = (unsigned)(wd - x0 < SEG ? wd - x0 : SEG);
+                    const u64 first = img * plane + y0 * wd + x0;
+                    __syncthreads();  // every warp is done with the previous unit
+                    for (unsigned e = tid; e < 16 * R * SLOTS; e += nthreads) {
+                        const unsigned ol = e / (R * SLOTS), rem = e % (R * SLOTS);
+                        const unsigned r = rem / SLOTS, slot = rem % SLOTS, q = slot * PER;
+                        unsigned v = 0;
+                        if (ol < no && r < nr && q < sw)
+                            v = db_slot(gy + (o_first + ol) * m + first + r * wd + q, 1,
+                                        sw - q);
+                        gs[ol][r][slot] = v;
+                    }
+                    for (unsigned e = tid; e < 8 * (R + 2) * (SW + 2); e += nthreads) {
+                        const unsigned cl = e / ((R + 2) * (SW + 2)), rem = e % ((R + 2) * (SW + 2));
+                        const long long yy = (long long)y0 + (long long)(rem / (SW + 2)) - 1;
+                        const long long xx = (long long)x0 + (long long)(rem % (SW + 2)) - 1;
+                        Raw v = 0;
+                        if (cl < nc && yy >= 0 && yy < (long long)h && xx >= 0 &&
+                            xx < (long long)wd)
+                            v = db_raw(s[(c_first + cl) * m + img * plane + (u64)yy * wd +
+                                         (u64)xx]);
+                        ss[cl][rem / (SW + 2)][rem % (SW + 2)] = v;
+                    }
+                    __syncthreads();
+                    if (warp < nr) {
+                        for (unsigned k0 = 0; k0 < sw; k0 += STEP) {
+                            const unsigned sl0 = k0 / PER;  // the step's first slot
+                            const unsigned a[4] = {gs[g][warp][sl0 + t], gs[g + 8][warp][sl0 + t],
+                                                   gs[g][warp][sl0 + t + 4],
+                                                   gs[g + 8][warp][sl0 + t + 4]};
+#pragma unroll
+                            for (unsigned dy = 0; dy < 3; ++dy) {
+                                const Raw *row = ss[g][warp + dy];
+#pragma unroll
+                                for (unsigned dx = 0; dx < 3; ++dx) {
+                                    const unsigned b[2] = {db_pair(row, k0 + PER * t + dx),
+                                                           db_pair(row, k0 + PER * (t + 4) + dx)};
+                                    db_mma_of<T>::mma(acc[3 * dy + dx], a, b);
+                                }
+                            }
+                        }
+                    }
+                }
+                // the warps' sums, added in warp order
+#pragma unroll
+                for (unsigned j = 0; j < 9; ++j)
+#pragma unroll
+                    for (unsigned q = 0; q < 4; ++q)
+                        red[warp][j][g + 8 * (q / 2)][2 * t + q % 2] = acc[j][q];
+                __syncthreads();
+                for (unsigned e = tid; e < 16 * 8 * 9; e += nthreads) {
+                    const unsigned ol = e / (8 * 9), cl = (e / 9) % 8, j = e % 9;
+                    if (ol >= no || cl >= nc) continue;
+                    float v = red[0][j][ol][cl];
+#pragma unroll
+                    for (unsigned w = 1; w < DB_MMA_WARPS; ++w) v = db_add(v, red[w][j][ol][cl]);
+                    part[((sl * cout + o_first + ol) * cin + c_first + cl) * 9 + j] = v;
+                }
+            }
+        }
+    }
+}
+
 // dW[i] = sum over the slices, in order from +0, of part[slice][i], i < len = 9*k*B.
 template <typename A>
 __device__ __forceinline__ void conv3x3_wgrad_sum(const A *__restrict__ part, A *__restrict__ dw,
@@ -521,4 +649,16 @@ extern "C" __global__ void __launch_bounds__(32 * DB_MMA_WARPS)
                      const db_bf16 *w, const db_conv_weight wl, const u64 n, const u64 h,
                      const u64 wd) {
     conv3x3_mma<db_bf16>(x, cin, y, cout, w, wl, n, h, wd);
+}
+extern "C" __global__ void __launch_bounds__(32 * DB_MMA_WARPS)
+    conv3x3_wgrad_mma_f32(const float *gy, const float *s, float *part, const u64 cin,
+                          const u64 cout, const u64 n, const u64 h, const u64 wd,
+                          const u64 per_slice) {
+    conv3x3_wgrad_mma<float>(gy, s, part, cin, cout, n, h, wd, per_slice);
+}
+extern "C" __global__ void __launch_bounds__(32 * DB_MMA_WARPS)
+    conv3x3_wgrad_mma_bf16(const db_bf16 *gy, const db_bf16 *s, float *part, const u64 cin,
+                           const u64 cout, const u64 n, const u64 h, const u64 wd,
+                           const u64 per_slice) {
+    conv3x3_wgrad_mma<db_bf16>(gy, s, part, cin, cout, n, h, wd, per_slice);
 }

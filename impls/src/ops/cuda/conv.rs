@@ -1,7 +1,8 @@
 //! CUDA launcher of the direct 3×3 convolution (`ops/cuda/conv.cu`): the `cuda_fwd` of
 //! [`crate::ops::conv3x3::gpu`]'s ops. Forward and data gradient are one launch each into the
-//! destination (on tensor cores where [`kernel`] says so); the weight gradient two (the slices' partial sums into a buffer from candle's
-//! stream-ordered pool, freed once queued, then their sum into `dW`). Geometry:
+//! destination; the weight gradient two (the slices' partial sums into a buffer from candle's
+//! stream-ordered pool, freed once queued, then their sum into `dW`); each pass on tensor cores
+//! where [`kernel`] says so. Geometry:
 //! [`crate::ops::cuda::direct`].
 //!
 //! Only compiled with the `cuda` feature.
@@ -43,7 +44,7 @@ fn signed(op: &str, v: usize) -> candle_core::Result<i64> {
     i64::try_from(v).map_err(|_| msg(format!("{op} (cuda): {v} out of range")))
 }
 
-/// The kernel a forward or data pass on `dtype` features runs on `dev` ([`gpu::conv_kernel`]):
+/// The kernel a pass on `dtype` features runs on `dev` ([`gpu::conv_kernel`]):
 /// `mma` whether tensor cores may be used, the math mode candle's (`--math tf32`), the compute
 /// capability the driver's.
 pub(crate) fn kernel(
@@ -58,7 +59,7 @@ pub(crate) fn kernel(
 /// Runs `pass` of a convolution of `b` channels into `k` on `grid`: `dst` ← (`a`, `bb`) with
 /// the operands of [`crate::ops::conv3x3::gpu`]'s ops (forward `(s, w) → y`, data
 /// `(gy, w) → ds`, weight `(gy, s) → dW`), all contiguous, their lengths checked; `mma`: a
-/// forward or data pass may run on tensor cores ([`kernel`]).
+/// pass may run on tensor cores ([`kernel`]).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn run(
     op: &str,
@@ -175,7 +176,11 @@ fn go<T: Float>(
                 ))
             })?;
             if s.slices > 0 {
-                let func = function::<T>(&dev, &CONV, "conv3x3_wgrad")?;
+                let (name, dims) = match choice {
+                    ConvKernel::Fma => ("conv3x3_wgrad", gpu::wgrad_dims(grid, b, k)),
+                    ConvKernel::Mma => ("conv3x3_wgrad_mma", gpu::wgrad_mma_dims(grid, b, k)),
+                };
+                let func = function::<T>(&dev, &CONV, name)?;
                 let mut l = stream.launch_builder(&func);
                 l.arg(&a)
                     .arg(&bb)
@@ -186,9 +191,11 @@ fn go<T: Float>(
                     .arg(&h)
                     .arg(&w)
                     .arg(&s.per_slice);
-                // SAFETY: gy is k·M, s is B·M (checked); part holds slices·9·k·B elements, the
-                // kernel writes element ((slice·k + o)·B + c)·9 + tap for slice < slices.
-                unsafe { l.launch(config(gpu::wgrad_dims(grid, b, k))) }.w()?;
+                // SAFETY: gy is k·M, s is B·M (checked); part holds slices·9·k·B elements,
+                // either kernel writes element ((slice·k + o)·B + c)·9 + tap for slice < slices
+                // (the same slices); the tensor-core one exists for f32 and bf16 features only,
+                // whose partials are f32, and `kernel` picks it for those on sm_80+ only.
+                unsafe { l.launch(config(dims)) }.w()?;
             }
             let func = function::<T::Acc>(&dev, &CONV, "conv3x3_wgrad_sum")?;
             let mut dw = view_mut(op, d.as_cuda_slice_mut::<T::Acc>()?, dr)?;

@@ -55,16 +55,18 @@ pub const MMA_WPITCH: usize = 40;
 /// The first compute capability with the `mma.sync` shapes `conv3x3_mma` uses (sm_80).
 pub const MMA_MAJOR: i32 = 8;
 
-/// Which kernel computes a forward or data-gradient pass of the direct convolution.
+/// Which kernel computes a pass of the direct convolution.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ConvKernel {
-    /// `conv3x3`: fused multiply-adds, IEEE (f32 and bf16 features in f32, f64 in f64).
+    /// `conv3x3` / `conv3x3_wgrad`: fused multiply-adds, IEEE (f32 and bf16 features in f32,
+    /// f64 in f64).
     Fma,
-    /// `conv3x3_mma`: tensor cores, f32 features as TF32 operands, bf16 as bf16, f32 sums.
+    /// `conv3x3_mma` / `conv3x3_wgrad_mma`: tensor cores, f32 features as TF32 operands, bf16
+    /// as bf16, f32 sums.
     Mma,
 }
 
-/// Whether a forward or data pass may run on tensor cores.
+/// Whether a pass may run on tensor cores.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Mma {
     /// Never (`DENSEBENCH_CONV=direct-fma`).
@@ -76,11 +78,11 @@ pub enum Mma {
     Forced,
 }
 
-/// The kernel of a forward or data pass on features of `dtype`: the tensor cores where they
+/// The kernel of a pass on features of `dtype`: the tensor cores where they
 /// are not refused (`mma`), the GPU has them (compute capability `major` ≥ [`MMA_MAJOR`]) and
 /// the math allows them — bf16 features always (autocast's convolution), f32 only under the
 /// `tf32` math mode (`tf32`) or [`Mma::Forced`]; the fused multiply-adds otherwise (f32 in
-/// `ieee`, f64). The weight gradient always runs the FMA kernel.
+/// `ieee`, f64). The same for each of the three passes.
 pub fn conv_kernel(dtype: candle_core::DType, tf32: bool, major: i32, mma: Mma) -> ConvKernel {
     use candle_core::DType;
     let math = match dtype {
@@ -162,6 +164,17 @@ pub fn mma_dims(g: Grid, cout: usize) -> Dims {
     )
 }
 
+/// `conv3x3_wgrad_mma`: the slices of [`weight_slices`] (the same partials as the FMA kernel's),
+/// blocks of [`MMA_WARPS`] warps (a warp a row of a unit) for 8 input × 16 output channels, the
+/// grid's x over the slices, y and z over the channel groups.
+pub fn wgrad_mma_dims(g: Grid, b: usize, k: usize) -> Dims {
+    let s = weight_slices(g, b, k);
+    (
+        (dim(s.slices), dim(b.div_ceil(8)), dim(k.div_ceil(16))),
+        ((32 * MMA_WARPS) as u32, 1, 1),
+    )
+}
+
 /// `conv3x3_wgrad`: blocks of (input channels, output channels) = (min(B, [`WGRAD_C`]),
 /// min(k, [`WGRAD_O`])), the grid's x over the slices, y and z over the channel groups.
 pub fn wgrad_dims(g: Grid, b: usize, k: usize) -> Dims {
@@ -219,6 +232,8 @@ mod tests {
             assert!(body.contains(&line), "conv.cu has no `{}`", line.trim());
         }
         assert_eq!(PIXEL_THREADS, 64);
+        // a tensor-core weight-gradient warp sums one row of a unit
+        assert_eq!(MMA_WARPS, WGRAD_ROWS);
     }
 
     /// BC-100's layer (B = 48 into k = 12 on 64 images of 32×32) and the torchvision-style one
@@ -291,6 +306,9 @@ mod tests {
         assert_eq!(mma_dims(bc, 12), ((256, 1, 1), (128, 1, 1)));
         assert_eq!(mma_dims(bc, 48), ((256, 2, 1), (128, 1, 1)));
         assert_eq!(mma_dims(tv, 128), ((448, 4, 1), (128, 1, 1)));
+        // the weight gradient: BC-100's 32 slices × 6 groups of 8 inputs × one of 16 outputs
+        assert_eq!(wgrad_mma_dims(bc, 48, 12), ((32, 6, 1), (128, 1, 1)));
+        assert_eq!(wgrad_mma_dims(tv, 128, 32), ((32, 16, 2), (128, 1, 1)));
     }
 
     /// Tensor cores for bf16 features, and for f32 ones only in TF32, on sm_80 and later, unless

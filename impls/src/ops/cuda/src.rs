@@ -154,8 +154,9 @@ pub const SHIFT: CudaModule = CudaModule {
 };
 
 /// The direct 3×3 convolution ([`crate::ops::conv3x3::gpu`], `DENSEBENCH_CONV=direct`):
-/// forward and data gradient (`conv3x3`, and `conv3x3_mma` on tensor cores for bf16 and for
-/// f32 in TF32), the weight gradient's slice partials and their sum.
+/// forward and data gradient (`conv3x3`), the weight gradient's slice partials
+/// (`conv3x3_wgrad`) and their sum; the first two also on tensor cores for bf16 and for f32 in
+/// TF32 (`conv3x3_mma`, `conv3x3_wgrad_mma`).
 pub const CONV: CudaModule = CudaModule {
     name: "densebench_conv",
     file: "conv.cu",
@@ -163,8 +164,8 @@ pub const CONV: CudaModule = CudaModule {
     kernels: &["conv3x3", "conv3x3_wgrad", "conv3x3_wgrad_sum"],
     // the sum adds f32 partials for bf16 features: its f32 entry point
     bf16_kernels: &["conv3x3", "conv3x3_wgrad"],
-    bf16_only: &["conv3x3_mma"],
-    f32_only: &["conv3x3_mma"],
+    bf16_only: &["conv3x3_mma", "conv3x3_wgrad_mma"],
+    f32_only: &["conv3x3_mma", "conv3x3_wgrad_mma"],
 };
 
 /// Every module, in no particular order.
