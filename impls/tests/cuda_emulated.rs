@@ -1640,12 +1640,15 @@ struct WeightLayout {
 /// a multiple of 8, W of 32), several input-channel chunks of 8 (20 in, or 20 out for the
 /// data gradient), output-channel groups that do not fill a block, weight-gradient units in
 /// several bands of rows (H > 4, a short last band) and segments of a row (W > 32), channel
-/// groups in both directions (B > 8, k > 16), and the degenerate 1×1 image.
-const CONV_CASES: [(Grid, usize, usize); 4] = [
+/// groups in both directions (B > 8, k > 16), the degenerate 1×1 image, and more outputs than a
+/// tensor-core block takes (k = 40 > 32: two forward groups, three weight-gradient output
+/// groups of 16; the data gradient then has 40 inputs, three chunks of 16 bf16 channels).
+const CONV_CASES: [(Grid, usize, usize); 5] = [
     (Grid { n: 2, h: 11, w: 37 }, 20, 6),
     (Grid { n: 1, h: 3, w: 5 }, 3, 18),
     (Grid { n: 3, h: 1, w: 1 }, 9, 4),
     (Grid { n: 2, h: 9, w: 8 }, 17, 5),
+    (Grid { n: 1, h: 5, w: 6 }, 3, 40),
 ];
 
 /// The kernel's sum for output (o, pixel): over c, then dy, then dx, `fma(w(o, c, tap), x, acc)`
