@@ -1651,6 +1651,117 @@ const CONV_CASES: [(Grid, usize, usize); 5] = [
     (Grid { n: 1, h: 5, w: 6 }, 3, 40),
 ];
 
+/// `db_conv_weight` of a forward (`data` false: `(9B, 9, 1, 0)`) or data-gradient pass (the
+/// weight read transposed and flipped: `(9, 9B, −1, 8)`) of a convolution from `b` channels.
+fn conv_layout(data: bool, b: usize) -> WeightLayout {
+    if data {
+        WeightLayout {
+            out: 9,
+            inp: 9 * b as i64,
+            step: -1,
+            first: 8,
+        }
+    } else {
+        WeightLayout {
+            out: 9 * b as i64,
+            inp: 9,
+            step: 1,
+            first: 0,
+        }
+    }
+}
+
+/// Runs `kernel` (`conv3x3_*` or `conv3x3_mma_*`: the same parameters) of `x` [cin, M] into a
+/// new `[cout, M]` (filled with 7 first) with weight `w` read through `layout`, under `geom`.
+#[allow(clippy::too_many_arguments)]
+fn launch_conv<T: El>(
+    m: &Emulated,
+    kernel: &str,
+    geom: (Dim, Dim),
+    x: &[T],
+    (cin, cout): (usize, usize),
+    w: &[T],
+    layout: WeightLayout,
+    g: Grid,
+) -> Vec<T> {
+    let mut out = vec![T::from_f64(7.0); cout * g.n * g.h * g.w];
+    let (mut xp, mut op, mut wp) = (
+        x.as_ptr().cast_mut(),
+        out.as_mut_ptr(),
+        w.as_ptr().cast_mut(),
+    );
+    let (mut ci, mut co, mut lay) = (cin as u64, cout as u64, layout);
+    let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
+    m.launch(
+        kernel,
+        geom,
+        &mut [
+            p(&mut xp),
+            p(&mut ci),
+            p(&mut op),
+            p(&mut co),
+            p(&mut wp),
+            p(&mut lay),
+            p(&mut nn),
+            p(&mut hh),
+            p(&mut ww),
+        ],
+        true,
+    );
+    out
+}
+
+/// Runs `kernel` (`conv3x3_wgrad_*` or `conv3x3_wgrad_mma_*`) of `gy` [k, M] and `s` [B, M]
+/// into new partials (filled with NaN first; the slices of `gpu::weight_slices`), then
+/// `sum` of them into a new `dW` (filled with 7 first) under `sum_geom`.
+#[allow(clippy::too_many_arguments)]
+fn launch_wgrad<T: El, A: El>(
+    m: &Emulated,
+    (kernel, geom): (&str, (Dim, Dim)),
+    (sum, sum_geom): (&str, (Dim, Dim)),
+    gy: &[T],
+    s: &[T],
+    (b, k): (usize, usize),
+    g: Grid,
+) -> Vec<A> {
+    let sl = gpu::weight_slices(g, b, k);
+    let len = 9 * k * b;
+    let mut part = vec![A::from_f64(f64::NAN); (sl.slices * len).max(1)];
+    let (mut gp, mut sp, mut pp) = (
+        gy.as_ptr().cast_mut(),
+        s.as_ptr().cast_mut(),
+        part.as_mut_ptr(),
+    );
+    let (mut bb, mut kk, mut ps) = (b as u64, k as u64, sl.per_slice as u64);
+    let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
+    m.launch(
+        kernel,
+        geom,
+        &mut [
+            p(&mut gp),
+            p(&mut sp),
+            p(&mut pp),
+            p(&mut bb),
+            p(&mut kk),
+            p(&mut nn),
+            p(&mut hh),
+            p(&mut ww),
+            p(&mut ps),
+        ],
+        true,
+    );
+    let mut dw = vec![A::from_f64(7.0); len];
+    let (mut pp, mut dp) = (part.as_mut_ptr(), dw.as_mut_ptr());
+    let (mut slices, mut ln) = (sl.slices as u64, len as u64);
+    m.launch(
+        sum,
+        sum_geom,
+        &mut [p(&mut pp), p(&mut dp), p(&mut slices), p(&mut ln)],
+        false,
+    );
+    dw
+}
+
 /// The kernel's sum for output (o, pixel): over c, then dy, then dx, `fma(w(o, c, tap), x, acc)`
 /// from +0 in the accumulator type, a tap outside the image reading 0, rounded once to `T`.
 fn conv_restated<T: El>(
@@ -1802,28 +1913,12 @@ where
         let s = values::<T>(b * cols, seed);
         let w = values::<T>(9 * k * b, seed + 1);
         let gy = values::<T>(k * cols, seed + 2);
-        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
         let f64w = |v: &[T], shape: &[usize]| to_f64_tensor(v, shape, false);
         let absw = |v: &[T], shape: &[usize]| to_f64_tensor(v, shape, true);
         let flat = |t: Tensor| host::<f64>(&t);
         // forward: s [B, M] → y [k, M]; data: gy [k, M] → ds [B, M]
         for data in [false, true] {
             let (x, cin, cout) = if data { (&gy, k, b) } else { (&s, b, k) };
-            let layout = if data {
-                WeightLayout {
-                    out: 9,
-                    inp: 9 * b as i64,
-                    step: -1,
-                    first: 8,
-                }
-            } else {
-                WeightLayout {
-                    out: 9 * b as i64,
-                    inp: 9,
-                    step: 1,
-                    first: 0,
-                }
-            };
             let want = if data {
                 conv_restated(x, cin, cout, |o, c, j| w[(c * b + o) * 9 + 8 - j], g)
             } else {
@@ -1847,29 +1942,8 @@ where
             let (gd, bd) = gpu::conv_dims(g, cout);
             let pass = if data { "data" } else { "forward" };
             for geom in [(gd, bd), ((1, 1, 1), bd)] {
-                let mut out = vec![T::from_f64(7.0); cout * cols];
-                let (mut xp, mut op, mut wp) = (
-                    x.as_ptr().cast_mut(),
-                    out.as_mut_ptr(),
-                    w.as_ptr().cast_mut(),
-                );
-                let (mut ci_, mut co_, mut lay) = (cin as u64, cout as u64, layout);
-                m.launch(
-                    &kernel,
-                    geom,
-                    &mut [
-                        p(&mut xp),
-                        p(&mut ci_),
-                        p(&mut op),
-                        p(&mut co_),
-                        p(&mut wp),
-                        p(&mut lay),
-                        p(&mut nn),
-                        p(&mut hh),
-                        p(&mut ww),
-                    ],
-                    true,
-                );
+                let layout = conv_layout(data, b);
+                let out = launch_conv(m, &kernel, geom, x, (cin, cout), &w, layout, g);
                 let what = format!("{kernel} {pass} {g:?} B={b} k={k} {geom:?}");
                 assert_bitwise(&what, &out, &want);
                 conv_close(&what, &out, &cpu, &abs, 9 * cin, <T::Acc as El>::ULP);
@@ -1880,46 +1954,14 @@ where
         let cpu = conv3x3::backward_weight(&f64w(&gy, &[k, cols]), &f64w(&s, &[b, cols]), g);
         let abs = conv3x3::backward_weight(&absw(&gy, &[k, cols]), &absw(&s, &[b, cols]), g);
         let (cpu, abs) = (flat(cpu.expect("cpu dW")), flat(abs.expect("cpu |dW|")));
-        let sl = gpu::weight_slices(g, b, k);
         let len = 9 * k * b;
         let (gd, bd) = gpu::wgrad_dims(g, b, k);
+        let kernel = format!("conv3x3_wgrad_{}", T::SUFFIX);
+        let sum = format!("conv3x3_wgrad_sum_{}", <T::Acc as El>::SUFFIX);
         for geom in [(gd, bd), ((1, 1, 1), bd), ((2, 1, 2), bd)] {
-            let zero = <T::Acc as WithDType>::from_f64(f64::NAN);
-            let mut part = vec![zero; (sl.slices * len).max(1)];
-            let (mut gp, mut sp, mut pp) = (
-                gy.as_ptr().cast_mut(),
-                s.as_ptr().cast_mut(),
-                part.as_mut_ptr(),
-            );
-            let (mut bb, mut kk, mut ps) = (b as u64, k as u64, sl.per_slice as u64);
-            let kernel = format!("conv3x3_wgrad_{}", T::SUFFIX);
-            m.launch(
-                &kernel,
-                geom,
-                &mut [
-                    p(&mut gp),
-                    p(&mut sp),
-                    p(&mut pp),
-                    p(&mut bb),
-                    p(&mut kk),
-                    p(&mut nn),
-                    p(&mut hh),
-                    p(&mut ww),
-                    p(&mut ps),
-                ],
-                true,
-            );
-            let mut dw = vec![<T::Acc as WithDType>::from_f64(7.0); len];
-            let sum = format!("conv3x3_wgrad_sum_{}", <T::Acc as El>::SUFFIX);
-            let (mut pp, mut dp) = (part.as_mut_ptr(), dw.as_mut_ptr());
-            let (mut slices, mut ln) = (sl.slices as u64, len as u64);
             for sgeom in [gpu::sum_dims(len), ((1, 1, 1), (32, 1, 1))] {
-                m.launch(
-                    &sum,
-                    sgeom,
-                    &mut [p(&mut pp), p(&mut dp), p(&mut slices), p(&mut ln)],
-                    false,
-                );
+                let dw: Vec<T::Acc> =
+                    launch_wgrad(m, (&kernel, geom), (&sum, sgeom), &gy, &s, (b, k), g);
                 let what = format!("{kernel} + {sum} {g:?} B={b} k={k} {geom:?} {sgeom:?}");
                 assert_bitwise(&what, &dw, &want);
                 conv_close(&what, &dw, &cpu, &abs, cols, <T::Acc as El>::ULP);
@@ -2009,50 +2051,23 @@ fn conv_mma_matches<T: El>(m: &Emulated) {
         let s = values::<T>(b * cols, seed);
         let w = values::<T>(9 * k * b, seed + 1);
         let gy = values::<T>(k * cols, seed + 2);
-        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
         let (so, wo, gyo) = (mma_operand(&s), mma_operand(&w), mma_operand(&gy));
-        let t64 = |v: &[f32], shape: &[usize], abs: bool| {
-            let v: Vec<f64> = v
-                .iter()
-                .map(|&x| {
-                    if abs {
-                        f64::from(x).abs()
-                    } else {
-                        f64::from(x)
-                    }
-                })
-                .collect();
-            Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
-        };
         for data in [false, true] {
             let (x, xo, cin, cout) = if data {
                 (&gy, &gyo, k, b)
             } else {
                 (&s, &so, b, k)
             };
-            let (layout, want) = if data {
-                (
-                    WeightLayout {
-                        out: 9,
-                        inp: 9 * b as i64,
-                        step: -1,
-                        first: 8,
-                    },
-                    conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(c * b + o) * 9 + 8 - j], g),
-                )
+            let want = if data {
+                conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(c * b + o) * 9 + 8 - j], g)
             } else {
-                (
-                    WeightLayout {
-                        out: 9 * b as i64,
-                        inp: 9,
-                        step: 1,
-                        first: 0,
-                    },
-                    conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(o * b + c) * 9 + j], g),
-                )
+                conv_mma_restated::<T>(xo, cin, cout, |o, c, j| wo[(o * b + c) * 9 + j], g)
             };
             let pair = |abs: bool| {
-                let (xt, wt) = (t64(xo, &[cin, cols], abs), t64(&wo, &[k, b, 3, 3], abs));
+                let (xt, wt) = (
+                    f32_tensor(xo, &[cin, cols], abs),
+                    f32_tensor(&wo, &[k, b, 3, 3], abs),
+                );
                 let r = if data {
                     conv3x3::backward_data(&xt, &wt, g)
                 } else {
@@ -2065,35 +2080,29 @@ fn conv_mma_matches<T: El>(m: &Emulated) {
             let (gd, bd) = gpu::mma_dims(g, cout);
             let pass = if data { "data" } else { "forward" };
             for geom in [(gd, bd), ((1, 1, 1), bd)] {
-                let mut out = vec![T::from_f64(7.0); cout * cols];
-                let (mut xp, mut op, mut wp) = (
-                    x.as_ptr().cast_mut(),
-                    out.as_mut_ptr(),
-                    w.as_ptr().cast_mut(),
-                );
-                let (mut ci_, mut co_, mut lay) = (cin as u64, cout as u64, layout);
-                m.launch(
-                    &kernel,
-                    geom,
-                    &mut [
-                        p(&mut xp),
-                        p(&mut ci_),
-                        p(&mut op),
-                        p(&mut co_),
-                        p(&mut wp),
-                        p(&mut lay),
-                        p(&mut nn),
-                        p(&mut hh),
-                        p(&mut ww),
-                    ],
-                    true,
-                );
+                let layout = conv_layout(data, b);
+                let out = launch_conv(m, &kernel, geom, x, (cin, cout), &w, layout, g);
                 let what = format!("{kernel} {pass} {g:?} B={b} k={k} {geom:?}");
                 conv_close(&what, &out, &cpu, &abs, 9 * cin, f32::EPSILON as f64);
                 assert_bitwise(&what, &out, &want);
             }
         }
     }
+}
+
+/// `v` (operands as f32) as an f64 tensor of `shape`, or of their absolute values.
+fn f32_tensor(v: &[f32], shape: &[usize], abs: bool) -> Tensor {
+    let v: Vec<f64> = v
+        .iter()
+        .map(|&x| {
+            if abs {
+                f64::from(x).abs()
+            } else {
+                f64::from(x)
+            }
+        })
+        .collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
 }
 
 /// `conv3x3_wgrad_mma`'s partials and their sum, restated: per slice, output and input
@@ -2174,66 +2183,20 @@ fn wgrad_mma_matches<T: El>(m: &Emulated) {
         let gy = values::<T>(k * cols, seed + 2);
         let (so, gyo) = (mma_operand(&s), mma_operand(&gy));
         let want = wgrad_mma_restated(&gyo, &so, b, k, g, per);
-        let t64 = |v: &[f32], shape: &[usize], abs: bool| {
-            let v: Vec<f64> = v
-                .iter()
-                .map(|&x| {
-                    if abs {
-                        f64::from(x).abs()
-                    } else {
-                        f64::from(x)
-                    }
-                })
-                .collect();
-            Tensor::from_vec(v, shape, &Device::Cpu).expect("f64 tensor")
-        };
         let pair = |abs: bool| {
             let r = conv3x3::backward_weight(
-                &t64(&gyo, &[k, cols], abs),
-                &t64(&so, &[b, cols], abs),
+                &f32_tensor(&gyo, &[k, cols], abs),
+                &f32_tensor(&so, &[b, cols], abs),
                 g,
             );
             host::<f64>(&r.expect("cpu dW"))
         };
         let (cpu, abs) = (pair(false), pair(true));
-        let sl = gpu::weight_slices(g, b, k);
-        let len = 9 * k * b;
-        let (mut nn, mut hh, mut ww) = (g.n as u64, g.h as u64, g.w as u64);
         let (gd, bd) = gpu::wgrad_mma_dims(g, b, k);
+        let kernel = format!("conv3x3_wgrad_mma_{}", T::SUFFIX);
+        let sum = ("conv3x3_wgrad_sum_f32", gpu::sum_dims(9 * k * b));
         for geom in [(gd, bd), ((1, 1, 1), bd), ((2, 1, 2), bd)] {
-            let mut part = vec![f32::NAN; (sl.slices * len).max(1)];
-            let (mut gp, mut sp, mut pp) = (
-                gy.as_ptr().cast_mut(),
-                s.as_ptr().cast_mut(),
-                part.as_mut_ptr(),
-            );
-            let (mut bb, mut kk, mut ps) = (b as u64, k as u64, sl.per_slice as u64);
-            let kernel = format!("conv3x3_wgrad_mma_{}", T::SUFFIX);
-            m.launch(
-                &kernel,
-                geom,
-                &mut [
-                    p(&mut gp),
-                    p(&mut sp),
-                    p(&mut pp),
-                    p(&mut bb),
-                    p(&mut kk),
-                    p(&mut nn),
-                    p(&mut hh),
-                    p(&mut ww),
-                    p(&mut ps),
-                ],
-                true,
-            );
-            let mut dw = vec![7.0f32; len];
-            let (mut pp, mut dp) = (part.as_mut_ptr(), dw.as_mut_ptr());
-            let (mut slices, mut ln) = (sl.slices as u64, len as u64);
-            m.launch(
-                "conv3x3_wgrad_sum_f32",
-                gpu::sum_dims(len),
-                &mut [p(&mut pp), p(&mut dp), p(&mut slices), p(&mut ln)],
-                false,
-            );
+            let dw: Vec<f32> = launch_wgrad(m, (&kernel, geom), sum, &gy, &s, (b, k), g);
             let what = format!("{kernel} {g:?} B={b} k={k} {geom:?}");
             assert_bitwise(&what, &dw, &want);
             conv_close(&what, &dw, &cpu, &abs, cols, f32::EPSILON as f64);

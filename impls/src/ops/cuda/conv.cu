@@ -219,27 +219,24 @@ __device__ __forceinline__ unsigned db_tf32(const float v) {
     return __float_as_uint(v);
 #endif
 }
-// d += A x B on one warp's fragments (every lane of the warp calls it with its own).
-__device__ __forceinline__ void db_mma_tf32(float d[4], const unsigned a[4], const unsigned b[2]) {
+// d += A x B on one warp's fragments (every lane of the warp calls it with its own): NAME for
+// the mma.sync of SHAPE_TYPES ("m16n8k8.row.col.f32.tf32.tf32.f32", ...).
 #if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#define DB_MMA_SYNC(NAME, SHAPE_TYPES)                                                           \
+    __device__ __forceinline__ void NAME(float d[4], const unsigned a[4], const unsigned b[2]) {  \
+        asm("mma.sync.aligned." SHAPE_TYPES " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "          \
+            "{%0,%1,%2,%3};"                                                                     \
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])                                     \
+            : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));                 \
+    }
 #else
-    __trap();
+#define DB_MMA_SYNC(NAME, SHAPE_TYPES)                                                           \
+    __device__ __forceinline__ void NAME(float *, const unsigned *, const unsigned *) {          \
+        __trap();                                                                                \
+    }
 #endif
-}
-__device__ __forceinline__ void db_mma_bf16(float d[4], const unsigned a[4], const unsigned b[2]) {
-#if __CUDA_ARCH__ >= 800
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-        "{%8,%9}, {%0,%1,%2,%3};"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-#else
-    __trap();
-#endif
-}
+DB_MMA_SYNC(db_mma_tf32, "m16n8k8.row.col.f32.tf32.tf32.f32")
+DB_MMA_SYNC(db_mma_bf16, "m16n8k16.row.col.f32.bf16.bf16.f32")
 #endif
 
 // Channels per slot and the tensor-core step of features T.
