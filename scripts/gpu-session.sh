@@ -48,12 +48,13 @@
 #   conv    issue 38's 3×3 convolution in cuDNN (a binary built with the `cudnn` feature) and in
 #           densebench's direct kernels, on tensor cores (DENSEBENCH_CONV=direct) and in FMA
 #           only (direct-fma), against the tap stack (DENSEBENCH_CONV=tap-stack), side by side,
-#           cat-store-copy and buffer-recompute-inplace on BC-100's block at L = 16 and 48 and
-#           the torchvision-style block at L = 6, `--math tf32 --execution graph`
+#           cat-store-copy and buffer-recompute-inplace on BC-100's block at L = 16 and the
+#           torchvision-style block at L = 6, `--math tf32 --execution graph`
 #           (DENSEBENCH_CONV_ARGS to change): times, peaks and each row's kernels,
 #           $OUT/conv.csv and $OUT/conv.txt; the four in bf16 on BC-100 L=16
 #           ($OUT/conv-bf16.csv and .txt); cuDNN, direct and the tap stack in IEEE FP32 on BC-100
-#           L=16 ($OUT/conv-ieee.csv and .txt); then on
+#           L=16 ($OUT/conv-ieee.csv and .txt); the four on BC-100 L=48 as conv.txt
+#           ($OUT/conv-deep.csv and .txt); then on
 #           BC-100 L=16 cuDNN as planned against every pass on packed copies
 #           (DENSEBENCH_CUDNN_STAGING=packed): $OUT/conv-staging.csv and .txt (not a default stage)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
@@ -475,7 +476,6 @@ CONFIGS
             "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
-bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
         # bf16 (autocast's semantics) on BC-100 L=16: the direct kernels' bf16 tensor cores
         # against their FMA, cuDNN and the tap stack (issue 39's bf16 time)
@@ -488,6 +488,13 @@ CONFIGS
         side_by_side conv-ieee DENSEBENCH_CONV cudnn,direct,tap-stack "cat-store-copy buffer-recompute-inplace" \
             "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" --math ieee --execution graph <<'CONFIGS'
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+CONFIGS
+        # BC-100 at L=48 (issue 38's frugal peak target, 345 MiB), last: the tables above come
+        # first when the call runs short
+        # shellcheck disable=SC2086  # the extra flags are words
+        side_by_side conv-deep DENSEBENCH_CONV cudnn,direct,direct-fma,tap-stack "cat-store-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
+bc100-48 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 48
 CONFIGS
         # what the packed fallback costs: cuDNN's passes where cuDNN plans them against every
         # pass on packed copies (DENSEBENCH_CUDNN_STAGING=packed), BC-100 L=16
