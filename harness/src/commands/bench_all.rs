@@ -27,15 +27,15 @@
 
 use crate::measure::device::check_devices;
 use crate::measure::{child, interrupt, peer, reference};
-use crate::plan::bounds::{self, ResultExt};
+use crate::plan::bounds::{self, bad_input, ResultExt};
 use crate::plan::device::DeviceSpec;
 use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::row::{join_counts, Row};
-use crate::results::runner;
 use crate::results::store::{Output, RowFilter};
-use anyhow::Result;
+use crate::results::{conv_path, runner};
+use anyhow::{anyhow, Result};
 use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -184,6 +184,35 @@ fn resume_command(argv: Vec<String>, out: &Path) -> String {
         .join(" ")
 }
 
+/// Refuses to resume `out` when rows of this run's jobs in it (`held`) were measured with
+/// another 3×3 convolution than `DENSEBENCH_CONV` now picks: a row's key does not carry the
+/// path, so the file would mix two convolutions under one key (`results::conv_path`). The file
+/// is left as it is.
+fn refuse_other_convolution<'a>(out: &Path, held: impl IntoIterator<Item = &'a Row>) -> Result<()> {
+    let gpu_rows: Vec<&Row> = held
+        .into_iter()
+        .filter(|r| conv_path::measured_with(r).is_some())
+        .collect();
+    if gpu_rows.is_empty() {
+        return Ok(());
+    }
+    let conv = impls::layer::gpu_conv().bad_input()?;
+    let bad = conv_path::mismatched(gpu_rows, conv);
+    if let Some((key, measured)) = bad.first() {
+        return Err(bad_input(anyhow!(
+            "{}: {} of the rows this run would resume were measured with {measured} (the \
+             first: {key}), and this run would measure with DENSEBENCH_CONV={}: a row's key \
+             does not name the 3×3 convolution, so the file would mix two under one key. Set \
+             DENSEBENCH_CONV to the path the file was measured with, remove those rows, or \
+             write to another --out; the file was not changed",
+            out.display(),
+            bad.len(),
+            conv_path::setting(conv)
+        )));
+    }
+    Ok(())
+}
+
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row of
 /// this run's jobs in the output (written now, or kept by `--resume`) has gradients out of
 /// tolerance or failed (`error`, `killed`, `crashed`); rows that ran out of memory or time are
@@ -212,6 +241,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         |key: &str, status: &str| mine.contains(key) && child::FAILED_STATUSES.contains(&status);
     let rerun: Option<&RowFilter> = a.rerun_failed.then_some(&failed_here);
     let (out, held) = Output::open(&out_path, a.resume, a.force, rerun, &note)?;
+    refuse_other_convolution(
+        &out_path,
+        held.iter().filter(|r| mine.contains(r.key.as_str())),
+    )?;
     let done: HashSet<String> = held.iter().map(|r| r.key.clone()).collect();
     // The rows of this run's jobs that `--resume` keeps: part of this run's result, so the
     // verdict (exit status, summary) counts them as it counts the rows written now.
@@ -363,6 +396,49 @@ pub fn run(a: Args) -> Result<ExitCode> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Resuming a file whose GPU bc rows were measured with densebench's direct kernels is
+    /// refused under the default tap stack, naming the file, the count, the first key and the
+    /// setting; rows of the tap stack, CPU rows and another job's rows pass.
+    #[test]
+    fn a_resume_never_mixes_two_convolutions() {
+        if std::env::var_os(impls::layer::CONV_ENV).is_some() {
+            println!("skipped: {} is set in this process", impls::layer::CONV_ENV);
+            return;
+        }
+        let row = |variant: &str, device: &str, note: &str| Row {
+            key: format!("{variant}/bc/64/24/12/16/4/32/on/f32/0/{device}"),
+            variant: variant.to_string(),
+            family: "bc".to_string(),
+            device: device.to_string(),
+            status: "ok".to_string(),
+            framework: "densebench".to_string(),
+            note: note.to_string(),
+            ..Row::default()
+        };
+        let out = Path::new("results/reference-gpu.csv");
+        let tap = row("cat-store-copy", "cuda:0", "3×3 tap stack in 1 chunk");
+        let cpu = row("cat-store-copy", "cpu", "");
+        let direct = row(
+            "buffer-recompute-inplace",
+            "cuda:0",
+            "3×3 convolution in densebench's direct kernels (TF32 tensor cores, weight-gradient \
+             partials 663552 B)",
+        );
+        assert!(refuse_other_convolution(out, [&tap, &cpu]).is_ok());
+        let e = refuse_other_convolution(out, [&tap, &direct, &cpu])
+            .expect_err("a direct row resumed under the tap stack")
+            .to_string();
+        for part in [
+            "results/reference-gpu.csv: 1 of the rows",
+            "densebench's direct kernels on tensor cores",
+            direct.key.as_str(),
+            "DENSEBENCH_CONV=tap-stack",
+            "the file was not changed",
+        ] {
+            assert!(e.contains(part), "{part:?} missing from: {e}");
+        }
+    }
 
     /// The continue command an interrupted run prints: the main job (no subcommand, no --out)
     /// gets `bench-all`, the file it wrote and `--resume`; a run that named its file keeps it;

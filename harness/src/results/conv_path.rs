@@ -1,0 +1,168 @@
+//! Which 3×3 convolution a GPU row of densebench's bc block was measured with (the tap stack,
+//! cuDNN, densebench's direct kernels on tensor cores or in fused multiply-adds), read back
+//! from the row's `note`, so that a resumed sweep never puts rows of two convolutions under
+//! one key: `DENSEBENCH_CONV` picks the path, and a row's key does not carry it.
+
+use crate::results::row::Row;
+use impls::layer::GpuConv;
+
+/// The convolution a row's `note` names, for an `ok` densebench row of the bc family on a GPU
+/// whose step has hand-written layer maths (not `autograd`, which always runs candle's own
+/// convolution); `None` for every other row.
+pub fn measured_with(row: &Row) -> Option<&'static str> {
+    if row.is_peer()
+        || !row.is_ok()
+        || row.family != "bc"
+        || !row.device.starts_with("cuda")
+        || row.variant == "autograd"
+    {
+        return None;
+    }
+    Some(if row.note.contains("3×3 convolution in cuDNN") {
+        "cuDNN"
+    } else if row.note.contains("densebench's direct kernels (") {
+        if row.note.contains("tensor cores") {
+            "densebench's direct kernels on tensor cores"
+        } else {
+            "densebench's direct kernels in fused multiply-adds"
+        }
+    } else {
+        "the tap stack"
+    })
+}
+
+/// Whether a row measured with `measured` (see [`measured_with`]) could have come from a run
+/// with `conv`: the same path, and no tensor cores under `direct-fma`. A `direct` run whose
+/// row says fused multiply-adds is not refused: on a GPU before sm_80, or in IEEE math, that
+/// is what `direct` computes.
+pub fn compatible(measured: &str, conv: GpuConv) -> bool {
+    match conv {
+        GpuConv::TapStack => measured == "the tap stack",
+        GpuConv::Cudnn => measured == "cuDNN",
+        GpuConv::Direct { mma: true } => measured.starts_with("densebench's direct kernels"),
+        GpuConv::Direct { mma: false } => {
+            measured == "densebench's direct kernels in fused multiply-adds"
+        }
+    }
+}
+
+/// The `DENSEBENCH_CONV` value of `conv`.
+pub fn setting(conv: GpuConv) -> &'static str {
+    match conv {
+        GpuConv::TapStack => "tap-stack",
+        GpuConv::Cudnn => "cudnn",
+        GpuConv::Direct { mma: true } => "direct",
+        GpuConv::Direct { mma: false } => "direct-fma",
+    }
+}
+
+/// The rows of `held` (a file being resumed) that this run, with `conv`, would not measure
+/// the same way: `(key, what they were measured with)`, in file order.
+pub fn mismatched<'a>(
+    held: impl IntoIterator<Item = &'a Row>,
+    conv: GpuConv,
+) -> Vec<(&'a str, &'static str)> {
+    held.into_iter()
+        .filter_map(|r| measured_with(r).map(|m| (r.key.as_str(), m)))
+        .filter(|&(_, m)| !compatible(m, conv))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(variant: &str, device: &str, note: &str) -> Row {
+        Row {
+            key: format!("{variant}/bc/64/24/12/16/4/32/on/f32/0/{device}"),
+            variant: variant.to_string(),
+            family: "bc".to_string(),
+            device: device.to_string(),
+            status: "ok".to_string(),
+            framework: "densebench".to_string(),
+            note: note.to_string(),
+            ..Row::default()
+        }
+    }
+
+    /// Each path's note, as `measure::step` writes it, is read back as that path; CPU, peer,
+    /// `autograd`, mlp and failed rows carry none.
+    #[test]
+    fn a_rows_convolution_is_read_from_its_note() {
+        let tap = row(
+            "cat-store-copy",
+            "cuda:0",
+            "CUDA graph replay; 3×3 tap stack in 1 chunk",
+        );
+        let cudnn = row(
+            "cat-store-copy",
+            "cuda:0",
+            "3×3 convolution in cuDNN (IMPLICIT_GEMM / ALGO_1 / ALGO_1; workspaces 0 / 0 / 0 B)",
+        );
+        let tc = row(
+            "buffer-recompute-inplace",
+            "cuda:0",
+            "3×3 convolution in densebench's direct kernels (TF32 tensor cores, weight-gradient \
+             partials 663552 B)",
+        );
+        let fma = row(
+            "buffer-recompute-inplace",
+            "cuda:0",
+            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA, weight-gradient \
+             partials 663552 B)",
+        );
+        assert_eq!(measured_with(&tap), Some("the tap stack"));
+        assert_eq!(measured_with(&cudnn), Some("cuDNN"));
+        assert_eq!(
+            measured_with(&tc),
+            Some("densebench's direct kernels on tensor cores")
+        );
+        assert_eq!(
+            measured_with(&fma),
+            Some("densebench's direct kernels in fused multiply-adds")
+        );
+        let mut none = vec![
+            row("cat-store-copy", "cpu", ""),
+            row("autograd", "cuda:0", ""),
+            row("pytorch-naive", "cuda:0", ""),
+        ];
+        none[2].framework = "pytorch".to_string();
+        let mut mlp = row("cat-store-copy", "cuda:0", "");
+        mlp.family = "mlp".to_string();
+        let mut failed = row("cat-store-copy", "cuda:0", "");
+        failed.status = "error".to_string();
+        none.extend([mlp, failed]);
+        for r in &none {
+            assert_eq!(measured_with(r), None, "{} {}", r.variant, r.device);
+        }
+    }
+
+    /// A resumed file is refused rows of another path, and `direct-fma` rows of tensor cores;
+    /// `direct` takes FMA rows (IEEE math, or a GPU without `mma.sync`).
+    #[test]
+    fn only_rows_of_the_runs_own_convolution_are_compatible() {
+        use GpuConv::{Cudnn, Direct, TapStack};
+        let all = [
+            "the tap stack",
+            "cuDNN",
+            "densebench's direct kernels on tensor cores",
+            "densebench's direct kernels in fused multiply-adds",
+        ];
+        let ok = |conv| all.iter().filter(|m| compatible(m, conv)).count();
+        assert_eq!(ok(TapStack), 1);
+        assert!(compatible(all[0], TapStack));
+        assert_eq!(ok(Cudnn), 1);
+        assert!(compatible(all[1], Cudnn));
+        assert_eq!(ok(Direct { mma: true }), 2);
+        assert_eq!(ok(Direct { mma: false }), 1);
+        assert!(compatible(all[3], Direct { mma: false }));
+        let held = [
+            row("cat-store-copy", "cuda:0", "3×3 tap stack in 1 chunk"),
+            row("cat-store-copy", "cpu", ""),
+        ];
+        assert!(mismatched(&held, TapStack).is_empty());
+        let m = mismatched(&held, Direct { mma: true });
+        assert_eq!(m, vec![(held[0].key.as_str(), "the tap stack")]);
+        assert_eq!(setting(Direct { mma: false }), "direct-fma");
+    }
+}
