@@ -4,13 +4,16 @@
 // The CPU's twin is impls/src/ops/conv3x3 (the same sums, in another order); the Rust launcher
 // is impls/src/ops/cuda/conv.rs, its geometry impls/src/ops/cuda/direct.rs.
 //
-// Arithmetic: fused multiply-adds (__fmaf_rn / __fma_rn, one rounding each) in db_acc<T>
-// (f32 for f32 and bf16 features, f64 for f64), each output accumulated by one thread in a
-// fixed order from +0, features written once with db_narrow (bf16: the f32 sum rounded once,
-// as autocast's convolution). IEEE arithmetic throughout (no TF32): the `ieee` math mode's.
-// No atomics: every output has one writer and the order of every sum is fixed by the
-// geometry, so two runs are bitwise equal and the host emulation (tests/cuda_emulated.rs)
-// restates each sum exactly.
+// Two sets of kernels. conv3x3 / conv3x3_wgrad (below first): fused multiply-adds
+// (__fmaf_rn / __fma_rn, one rounding each) in db_acc<T> (f32 for f32 and bf16 features, f64
+// for f64), each output accumulated by one thread in a fixed order from +0, features written
+// once with db_narrow (bf16: the f32 sum rounded once, as autocast's convolution): IEEE
+// arithmetic, the `ieee` math mode's and DENSEBENCH_CONV=direct-fma's. conv3x3_mma /
+// conv3x3_wgrad_mma (further down): the same passes on tensor cores (mma.sync, sm_80+) for
+// bf16 features and for f32 ones in TF32, f32 accumulation. No atomics in either: every
+// output has one writer and the order of every sum is fixed by the geometry (inside one mma,
+// by the tensor core), so two runs are bitwise equal and the host emulation
+// (tests/cuda_emulated.rs) restates each sum exactly.
 //
 // conv3x3 (forward, and the data gradient as a forward convolution with the weight read
 // transposed and flipped, db_conv_weight): out[o, p] = sum over c = 0..cin-1, dy = 0..2,
