@@ -68,7 +68,8 @@
 #           blocks when PyTorch is importable, under `ncu --metrics gpu__time_duration.sum`:
 #           kernel launches, kernel time and the heaviest kernels of each, side by side
 #           (scripts/ncu_summary.py): $OUT/profile.txt, the CSV exports and ncu reports beside
-#           it (not a default stage)
+#           it (not a default stage); DENSEBENCH_PROFILE_ARGS adds `step` flags to densebench's
+#           two (e.g. '--math tf32'), DENSEBENCH_CONV picks their convolution as everywhere
 #
 # Time: one call of a lent GPU machine may run 10 minutes. The stages share a budget of
 # DENSEBENCH_SESSION_SECS (default 540) from the script's start: every command is bounded by
@@ -579,7 +580,8 @@ CONFIGS
         }
         inputs=()
         for v in cat-store-copy buffer-recompute-inplace; do
-            if profile "$v" "$db" step --case "$work/case.st" --variant "$v" --device cuda:0 --out "$work/$v.st"; then
+            # shellcheck disable=SC2086  # the extra flags are words
+            if profile "$v" "$db" step --case "$work/case.st" --variant "$v" --device cuda:0 ${DENSEBENCH_PROFILE_ARGS:-} --out "$work/$v.st"; then
                 inputs+=("$v=$OUT/ncu-$v.csv")
             else
                 fail "profile of $v failed (see profile-$v.log)"
