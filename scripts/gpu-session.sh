@@ -69,7 +69,8 @@
 #           kernel launches, kernel time and the heaviest kernels of each, side by side
 #           (scripts/ncu_summary.py): $OUT/profile.txt, the CSV exports and ncu reports beside
 #           it (not a default stage); DENSEBENCH_PROFILE_ARGS adds `step` flags to densebench's
-#           two (e.g. '--math tf32'), DENSEBENCH_CONV picks their convolution as everywhere
+#           two (e.g. '--math tf32'), DENSEBENCH_PROFILE_CASE_ARGS to the case (e.g. '--dtype
+#           bf16'), DENSEBENCH_CONV picks their convolution as everywhere
 #
 # Time: one call of a lent GPU machine may run 10 minutes. The stages share a budget of
 # DENSEBENCH_SESSION_SECS (default 540) from the script's start: every command is bounded by
@@ -565,8 +566,9 @@ CONFIGS
         work=/tmp/densebench-profile
         mkdir -p "$work"
         depth=${DENSEBENCH_PROFILE_DEPTH:-16}
+        # shellcheck disable=SC2086  # the extra flags are words
         "$db" case --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth "$depth" \
-            --out "$work/case.st" > /dev/null 2> "$OUT/profile-case.log" \
+            ${DENSEBENCH_PROFILE_CASE_ARGS:-} --out "$work/case.st" > /dev/null 2> "$OUT/profile-case.log" \
             || { fail "case for the profile failed (see profile-case.log)"; continue; }
         # profile LABEL COMMAND...: every kernel's GPU time, the report exported as CSV
         profile() {
@@ -600,7 +602,7 @@ CONFIGS
             echo "gpu-session: PyTorch is not importable here or has no CUDA: no peer profiles" >&2
         fi
         if [ ${#inputs[@]} -gt 0 ]; then
-            { echo "BC-100 block L = $depth (N=64, C0=24, k=12, 32x32, f32), one step each"; echo; \
+            { echo "BC-100 block L = $depth (N=64, C0=24, k=12, 32x32${DENSEBENCH_PROFILE_CASE_ARGS:+, $DENSEBENCH_PROFILE_CASE_ARGS}${DENSEBENCH_PROFILE_ARGS:+, $DENSEBENCH_PROFILE_ARGS}${DENSEBENCH_CONV:+, DENSEBENCH_CONV=$DENSEBENCH_CONV}), one step each"; echo; \
               python3 scripts/ncu_summary.py "${inputs[@]}"; } | tee "$OUT/profile.txt"
             [ "${PIPESTATUS[0]}" -eq 0 ] || fail "ncu_summary failed (see profile.txt)"
         fi

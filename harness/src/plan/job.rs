@@ -85,7 +85,7 @@ pub struct ConfigArgs {
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
     /// Element type: f32, f64, or bf16 (mixed precision as PyTorch autocast: bf16 features, f32
-    /// parameters, parameter gradients and BN statistics; CPU only).
+    /// parameters, parameter gradients and BN statistics; on the CPU and on CUDA).
     #[arg(long, default_value = "f32")]
     pub dtype: String,
     /// Seed of the parameters, input and upstream gradient.
