@@ -803,3 +803,55 @@ fn an_unusable_reference_cache_is_refused_before_any_work() {
     );
     assert!(!out.exists(), "{} was written", out.display());
 }
+
+/// `merge` refuses inputs whose GPU bc rows were measured with two 3×3 convolutions (a key does
+/// not name `DENSEBENCH_CONV`'s choice; the rows' notes do): one line naming both with counts and
+/// first keys, nothing written. Rows of one convolution merge as before.
+#[test]
+fn merge_never_mixes_two_convolutions() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let gpu_row = |variant: &str, depth: usize, note: &str| {
+        let mut r = good_row(variant, depth);
+        r.family = "bc".to_string();
+        r.bn_size = 4;
+        r.device = "cuda:0".to_string();
+        r.device_desc = "test GPU".to_string();
+        r.note = note.to_string();
+        r.key = key_of_fields(&r);
+        r
+    };
+    let tap = dir.path().join("tap.csv");
+    let tap_rows = [
+        gpu_row("cat-store-copy", 4, "3×3 tap stack in 1 chunk"),
+        gpu_row("cat-store-copy", 8, "3×3 tap stack in 1 chunk"),
+    ];
+    write_rows(&tap, &tap_rows).expect("csv");
+    let direct = dir.path().join("direct.csv");
+    let direct_row = gpu_row(
+        "buffer-recompute-inplace",
+        4,
+        "3×3 convolution in densebench's direct kernels (TF32 tensor cores, weight-gradient \
+         partials 1 B)",
+    );
+    write_rows(&direct, std::slice::from_ref(&direct_row)).expect("csv");
+    let out = dir.path().join("merged.csv");
+    let o = densebench(&["merge", path_str(&out), path_str(&tap), path_str(&direct)]);
+    let e = stderr(&o);
+    assert!(!o.status.success(), "mixed convolutions merged: {e}");
+    for part in [
+        "2 3×3 convolutions",
+        "the tap stack: 2 rows",
+        tap_rows[0].key.as_str(),
+        "densebench's direct kernels: 1 rows",
+        direct_row.key.as_str(),
+        "nothing was written",
+    ] {
+        assert!(e.contains(part), "{part:?} missing: {e}");
+    }
+    assert!(!out.exists(), "a refused merge wrote {}", out.display());
+    // one convolution (and CPU rows beside it) merges
+    let cpu = dir.path().join("cpu.csv");
+    write_rows(&cpu, &[good_row("cat-store-copy", 3)]).expect("csv");
+    let o = densebench(&["merge", path_str(&out), path_str(&tap), path_str(&cpu)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}

@@ -23,6 +23,7 @@
 use crate::measure::child;
 use crate::plan::device::DeviceSpec;
 use crate::plan::sweep::sweep_keys;
+use crate::results::conv_path;
 use crate::results::merge::{merge_rows, Input, Prefer};
 use crate::results::row;
 use crate::results::store::{csv_bytes, same_file, Reserved};
@@ -184,6 +185,20 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let read: usize = inputs.iter().map(|i| i.rows.len()).sum();
     let mut merged = merge_rows(&inputs, a.prefer)?;
+    let mix = conv_path::mixed(&merged.rows);
+    if !mix.is_empty() {
+        bail!(
+            "the merged rows would hold GPU rows of {} 3×3 convolutions ({}): a row's key does \
+             not name its convolution (DENSEBENCH_CONV), so compare, report and plots could not \
+             tell them apart. Merge each convolution's rows into a file of its own; nothing was \
+             written",
+            mix.len(),
+            mix.iter()
+                .map(|(which, n, key)| format!("{which}: {n} rows, the first {key}"))
+                .collect::<Vec<_>>()
+                .join("; ")
+        );
+    }
     let mut missing: Vec<(String, Option<usize>)> = Vec::new();
     let mut outside = 0;
     if let Some((_, keys)) = &expected {

@@ -1,7 +1,8 @@
 //! Which 3×3 convolution a GPU row of densebench's bc block was measured with (the tap stack,
 //! cuDNN, densebench's direct kernels on tensor cores or in fused multiply-adds), read back
-//! from the row's `note`, so that a resumed sweep never puts rows of two convolutions under
-//! one key: `DENSEBENCH_CONV` picks the path, and a row's key does not carry it.
+//! from the row's `note`, so that a resumed sweep or a merge never puts rows of two
+//! convolutions in one file: `DENSEBENCH_CONV` picks the path, and a row's key does not carry
+//! it.
 
 use crate::results::row::Row;
 use impls::layer::GpuConv;
@@ -66,6 +67,36 @@ pub fn mismatched<'a>(
         .filter_map(|r| measured_with(r).map(|m| (r.key.as_str(), m)))
         .filter(|&(_, m)| !compatible(m, conv))
         .collect()
+}
+
+/// The convolutions a file must not mix: the tap stack, cuDNN, densebench's direct kernels
+/// (their tensor cores and fused multiply-adds together: `direct` computes IEEE rows with the
+/// latter).
+fn family(measured: &'static str) -> &'static str {
+    if measured.starts_with("densebench's direct kernels") {
+        "densebench's direct kernels"
+    } else {
+        measured
+    }
+}
+
+/// The convolutions the GPU bc rows of `rows` were measured with, when more than one: `(which,
+/// rows, first key)` each, in order of first appearance; empty for rows of one (or none).
+pub fn mixed<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Vec<(&'static str, usize, &'a str)> {
+    let mut seen: Vec<(&'static str, usize, &'a str)> = Vec::new();
+    for r in rows {
+        let Some(m) = measured_with(r) else { continue };
+        let f = family(m);
+        match seen.iter_mut().find(|(g, _, _)| *g == f) {
+            Some((_, n, _)) => *n += 1,
+            None => seen.push((f, 1, r.key.as_str())),
+        }
+    }
+    if seen.len() > 1 {
+        seen
+    } else {
+        Vec::new()
+    }
 }
 
 #[cfg(test)]
@@ -164,5 +195,35 @@ mod tests {
         let m = mismatched(&held, Direct { mma: true });
         assert_eq!(m, vec![(held[0].key.as_str(), "the tap stack")]);
         assert_eq!(setting(Direct { mma: false }), "direct-fma");
+    }
+
+    /// A file of one convolution is not mixed (direct's tensor-core and FMA rows are one), a
+    /// file of two is, each with its count and first key.
+    #[test]
+    fn mixed_files_are_found_with_counts_and_first_keys() {
+        let tap = row("cat-store-copy", "cuda:0", "3×3 tap stack in 1 chunk");
+        let tc = row(
+            "buffer-recompute-inplace",
+            "cuda:0",
+            "3×3 convolution in densebench's direct kernels (TF32 tensor cores, weight-gradient \
+             partials 1 B)",
+        );
+        let mut fma = row(
+            "cat-store-copy",
+            "cuda:0",
+            "3×3 convolution in densebench's direct kernels (IEEE FP32 FMA, weight-gradient \
+             partials 1 B)",
+        );
+        fma.key.push_str("/x");
+        let cpu = row("cat-store-copy", "cpu", "");
+        assert!(mixed([&tc, &fma, &cpu]).is_empty());
+        assert!(mixed([&tap, &cpu]).is_empty());
+        assert_eq!(
+            mixed([&cpu, &tc, &tap, &fma]),
+            vec![
+                ("densebench's direct kernels", 2, tc.key.as_str()),
+                ("the tap stack", 1, tap.key.as_str()),
+            ]
+        );
     }
 }
