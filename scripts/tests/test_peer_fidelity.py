@@ -114,16 +114,18 @@ class EndToEnd(unittest.TestCase):
             f.write(SWEEP)
 
     def test_honest_rows_agree_with_a_bare_loop(self):
-        # Up to three attempts when the first is outside: another tenant's burst can slow every
-        # process of one side of one pair; a real overhead in the timed step fails every
-        # attempt (the planted delay below fails all of them).
+        # Up to five attempts when the first is outside: another tenant's burst can slow every
+        # process of one side of one pair, and for longer than one attempt (a fresh clone's run
+        # on 2026-11-28: the harness side ×1.46–×1.53 in attempts 1 and 2, both pairs inside
+        # in attempt 3; with three attempts a burst of three would have failed CI); a real
+        # overhead in the timed step fails every attempt (the planted delay below fails all).
         # Judged one-sided here: what instrumentation in a timed step does is make the
         # harness's row slower than the bare loop. (On a smaller block, 1.2 ms a step, CI
         # measured the harness's buffer-recompute-inplace rows at ×0.88 of `step --bare-loop`'s
         # in one run and ×1.49 in another, every attempt of each: per-process wake-up latency of
         # rayon's hand-offs, see CASE; so the two-sided verdict is the script's, reported by it,
         # and this test asserts the side that matters.)
-        for attempt in range(3):
+        for attempt in range(5):
             r = fidelity(self.bin, self.sweep)
             ratios = [float(line.split(", ×")[1].split(" ")[0])
                       for line in r.stdout.splitlines() if ", ×" in line]
