@@ -406,16 +406,7 @@ mod tests {
             println!("skipped: {} is set in this process", impls::layer::CONV_ENV);
             return;
         }
-        let row = |variant: &str, device: &str, note: &str| Row {
-            key: format!("{variant}/bc/64/24/12/16/4/32/on/f32/0/{device}"),
-            variant: variant.to_string(),
-            family: "bc".to_string(),
-            device: device.to_string(),
-            status: "ok".to_string(),
-            framework: "densebench".to_string(),
-            note: note.to_string(),
-            ..Row::default()
-        };
+        let row = conv_path::test_row;
         let out = Path::new("results/reference-gpu.csv");
         let tap = row("cat-store-copy", "cuda:0", "3×3 tap stack in 1 chunk");
         let cpu = row("cat-store-copy", "cpu", "");

@@ -814,14 +814,7 @@ fn direct_kernels(cfg: &Config, device: &Device) -> String {
     } else {
         "IEEE FP32 FMA"
     };
-    let mma = if matches!(
-        impls::layer::gpu_conv(),
-        Ok(impls::layer::GpuConv::Direct { mma: true })
-    ) {
-        impls::ops::conv3x3::gpu::Mma::Allowed
-    } else {
-        impls::ops::conv3x3::gpu::Mma::Refused
-    };
+    let mma = impls::layer::direct_mma(matches!(impls::layer::conv_direct(device), Ok(Some(true))));
     #[cfg(feature = "cuda")]
     let kernel = impls::ops::conv3x3::gpu::kernel(device, cfg.dtype, mma);
     #[cfg(not(feature = "cuda"))]

@@ -99,22 +99,26 @@ pub fn mixed<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Vec<(&'static str, 
     }
 }
 
+/// An `ok` densebench bc row of `variant` on `device` with `note` (the tests' row, here and in
+/// `commands::bench_all`).
+#[cfg(test)]
+pub(crate) fn test_row(variant: &str, device: &str, note: &str) -> Row {
+    Row {
+        key: format!("{variant}/bc/64/24/12/16/4/32/on/f32/0/{device}"),
+        variant: variant.to_string(),
+        family: "bc".to_string(),
+        device: device.to_string(),
+        status: "ok".to_string(),
+        framework: "densebench".to_string(),
+        note: note.to_string(),
+        ..Row::default()
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::test_row as row;
     use super::*;
-
-    fn row(variant: &str, device: &str, note: &str) -> Row {
-        Row {
-            key: format!("{variant}/bc/64/24/12/16/4/32/on/f32/0/{device}"),
-            variant: variant.to_string(),
-            family: "bc".to_string(),
-            device: device.to_string(),
-            status: "ok".to_string(),
-            framework: "densebench".to_string(),
-            note: note.to_string(),
-            ..Row::default()
-        }
-    }
 
     /// Each path's note, as `measure::step` writes it, is read back as that path; CPU, peer,
     /// `autograd`, mlp and failed rows carry none.

@@ -977,9 +977,8 @@ pub fn conv_direct(dev: &Device) -> Result<Option<bool>> {
     })
 }
 
-/// The tensor-core policy of [`GpuConv::Direct`]'s `mma`.
-#[cfg(feature = "cuda")]
-fn direct_mma(mma: bool) -> conv3x3::gpu::Mma {
+/// The tensor-core policy of [`GpuConv::Direct`]'s `mma` (what [`conv_direct`] returns).
+pub fn direct_mma(mma: bool) -> conv3x3::gpu::Mma {
     if mma {
         conv3x3::gpu::Mma::Allowed
     } else {

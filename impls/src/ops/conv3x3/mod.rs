@@ -61,6 +61,26 @@ pub struct ConvWorkspaces {
     pub filter: u64,
 }
 
+/// What runs a GPU pass: the destination written whole from two operands, each with its layout.
+#[cfg(feature = "cuda")]
+trait PassFn:
+    Fn(
+    (&mut candle_core::CudaStorage, &Layout),
+    (&candle_core::CudaStorage, &Layout),
+    (&candle_core::CudaStorage, &Layout),
+) -> candle_core::Result<()>
+{
+}
+#[cfg(feature = "cuda")]
+impl<F> PassFn for F where
+    F: Fn(
+        (&mut candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+        (&candle_core::CudaStorage, &Layout),
+    ) -> candle_core::Result<()>
+{
+}
+
 /// One pass of a GPU-only 3×3 convolution (cuDNN's, the direct kernels') as a candle in-place
 /// op: `run` writes the destination whole from two operands; the CPU is refused (it runs its
 /// own kernel, this module's).
@@ -73,11 +93,7 @@ struct CudaPass<F> {
 #[cfg(feature = "cuda")]
 impl<F> candle_core::InplaceOp3 for CudaPass<F>
 where
-    F: Fn(
-        (&mut candle_core::CudaStorage, &Layout),
-        (&candle_core::CudaStorage, &Layout),
-        (&candle_core::CudaStorage, &Layout),
-    ) -> candle_core::Result<()>,
+    F: PassFn,
 {
     fn name(&self) -> &'static str {
         self.name
@@ -122,11 +138,7 @@ fn cuda_pass<F>(
     run: F,
 ) -> Result<Tensor>
 where
-    F: Fn(
-        (&mut candle_core::CudaStorage, &Layout),
-        (&candle_core::CudaStorage, &Layout),
-        (&candle_core::CudaStorage, &Layout),
-    ) -> candle_core::Result<()>,
+    F: PassFn,
 {
     if !a.device().is_cuda() {
         return Err(crate::error::Error::Unsupported {
