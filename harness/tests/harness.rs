@@ -49,6 +49,22 @@ fn quick_sweep_end_to_end() {
     let dir = tempfile::tempdir().expect("temp dir");
     let (out, o) = bench_all(dir.path(), "quick.csv", &["--quick"]);
     assert!(o.status.success(), "quick sweep failed: {}", stderr(&o));
+    // The wait for each configuration's f64 reference is said once, before its first row, on a
+    // line of its own (not a `[n/N]` row line); a run with the references cached says none.
+    let configs = expected_keys(sweep::QUICK_SWEEP)
+        .iter()
+        .filter_map(|k| k.split_once('/').map(|(_, c)| c.to_string()))
+        .collect::<BTreeSet<_>>();
+    let waits = |o: &std::process::Output| {
+        stderr(o)
+            .lines()
+            .filter(|l| l.starts_with("  computing the f64 reference of "))
+            .count()
+    };
+    assert_eq!(waits(&o), configs.len(), "{}", stderr(&o));
+    let (_, again) = bench_all(dir.path(), "quick-again.csv", &["--quick"]);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(waits(&again), 0, "{}", stderr(&again));
     let rows = read_rows(&out).expect("the sweep wrote a valid result CSV");
     let keys: Vec<&str> = rows.iter().map(|r| r.key.as_str()).collect();
     let unique: BTreeSet<String> = keys.iter().map(|k| k.to_string()).collect();

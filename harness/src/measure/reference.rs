@@ -239,6 +239,28 @@ impl Cache {
         Ok(Err(why))
     }
 
+    /// The reference [`get`](Self::get) would compute for `cfg` now: `None` when one is cached
+    /// or none could be (nothing to compute), else the first candidate the memory model does
+    /// not skip. What the sweep's progress counts a configuration's first row for and says it
+    /// waits for ([`crate::results::runner`]); the candidate that really serves may come later
+    /// in the list, if this one fails.
+    pub fn to_compute(&self, cfg: &Config, s: &Settings) -> Option<Variant> {
+        let candidates = candidates(cfg);
+        if self.failures.contains_key(&config_key(cfg, s.device))
+            || candidates.iter().any(|&v| self.path(cfg, s, v).is_file())
+        {
+            return None;
+        }
+        let budget = reference_budget(s);
+        candidates
+            .iter()
+            .copied()
+            .find(|&v| match (predicted_reference_bytes(v, cfg), &budget) {
+                (Some(need), Some((limit, _))) => need <= *limit,
+                _ => true,
+            })
+    }
+
     /// The case file of `cfg` (written now if it is not cached): exactly the parameters, BN
     /// state, input and upstream gradient densebench's child builds from the seed.
     pub fn case(&self, cfg: &Config, s: &Settings) -> Result<PathBuf> {
@@ -667,6 +689,36 @@ mod tests {
             // not the host's limit, which is not where a GPU reference lives
             Err(_) => assert_eq!(reference_budget(&s), None),
         }
+    }
+
+    /// What a sweep's progress counts for a configuration's reference: the first candidate the
+    /// model lets fit, nothing once any candidate is cached.
+    #[test]
+    fn the_reference_to_compute_is_the_first_that_fits_and_none_once_cached() {
+        let root = tempfile::tempdir().expect("temp dir");
+        let cache = Cache::new(root.path()).expect("cache");
+        let cfg = Config::tiny(impls::Family::Bc);
+        let mut s = Settings {
+            device: DeviceSpec::Cpu,
+            math: crate::plan::job::Math::Ieee,
+            execution: crate::plan::job::Execution::Eager,
+            threads: 1,
+            steps: 1,
+            warmup: 0,
+            mem_limit: None,
+            timeout: std::time::Duration::from_secs(5),
+        };
+        assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::Autograd));
+        // a limit between naive's f64 footprint and autograd's: naive is what will run
+        let naive = predicted_reference_bytes(Variant::NAIVE, &cfg).expect("naive model");
+        let autograd = predicted_reference_bytes(Variant::Autograd, &cfg).expect("autograd");
+        assert!(naive < autograd, "{naive} {autograd}");
+        s.mem_limit = Some(naive);
+        assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
+        // any candidate cached (here the last one): nothing to compute
+        let [.., frugal] = candidates(&cfg);
+        std::fs::write(cache.path(&cfg, &s, frugal), b"x").expect("write");
+        assert_eq!(cache.to_compute(&cfg, &s), None);
     }
 
     #[test]

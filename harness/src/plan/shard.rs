@@ -26,7 +26,7 @@ use crate::plan::bounds::MAX_SHARDS;
 use crate::plan::job::{self, Job, Settings, Target};
 use anyhow::{bail, Context, Result};
 use impls::config::variant::Intermediates;
-use impls::{Config, Variant};
+use impls::{Config, Family, Variant};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt;
 use std::str::FromStr;
@@ -82,14 +82,26 @@ impl fmt::Display for ShardSpec {
 /// 1.4 s on 2 cores), which at the tens of GFLOP/s a CPU reaches is about 1e9 FLOP. It makes
 /// tiny configs balance by count and large ones by FLOPs.
 pub const CHILD_OVERHEAD_FLOP: f64 = 1e9;
-/// candle's autograd runs every op through its graph with NCHW convolutions: about 3× the
-/// hand-written variants' time on the same FLOPs (the factor the sweep's ETA always used).
-pub const AUTOGRAD_FACTOR: f64 = 3.0;
+/// candle's autograd on the same FLOPs as the hand-written store variants, per family. Measured
+/// by the default sweep (2 cores of an AMD EPYC, AVX2, 2026-11-28): on BC-100's block (L=16) one
+/// autograd step took 32.6 s against 2.0 s for `cat-store-copy` (candle's CPU convolution
+/// backward); on the forum mlp 0.64 s against 0.34 s at L=16 (its Linear layers are the same
+/// GEMMs).
+pub fn autograd_factor(family: Family) -> f64 {
+    match family {
+        Family::Bc => 16.0,
+        Family::Mlp => 2.0,
+    }
+}
 /// Recompute variants redo BN → ReLU → Conv1×1 (mlp: the Linear) in backward: about a third
 /// of the forward work again, a step of 3 forward-equivalents becomes about 4.
 pub const RECOMPUTE_FACTOR: f64 = 4.0 / 3.0;
 /// f64 matmuls run at about half the f32 rate (half the SIMD lanes).
 pub const F64_FACTOR: f64 = 2.0;
+/// A bc FLOP (convolutions, BatchNorm, the tap and copy traffic between them) over an mlp FLOP
+/// (one GEMM per layer): the default sweep's hand-written rows took 35 ms per GFLOP on bc and
+/// 24 on the mlp (2 cores, AMD EPYC, AVX2, 2026-11-28).
+pub const BC_FACTOR: f64 = 1.5;
 
 fn dtype_factor(cfg: &Config) -> f64 {
     if cfg.dtype == candle_core::DType::F64 {
@@ -99,51 +111,79 @@ fn dtype_factor(cfg: &Config) -> f64 {
     }
 }
 
+fn family_factor(family: Family) -> f64 {
+    match family {
+        Family::Bc => BC_FACTOR,
+        Family::Mlp => 1.0,
+    }
+}
+
 /// Extra fixed cost of a peer child: starting Python and importing torch + torchvision
 /// (measured: `pytorch_peer.py --check` took 12.7 s wall, 7.2 s CPU, on 2 cores shared with
 /// builds), about 500 × densebench's 20 ms child start.
 pub const PEER_START_FLOP: f64 = 500.0 * CHILD_OVERHEAD_FLOP;
 
-/// Relative speed of a variant on the same FLOPs (1 for the hand-written store variants; a
+/// Relative speed of a target on `family`'s FLOPs (1 for the hand-written store variants; a
 /// peer's naive variant is taken as 1 too: PyTorch naive took 0.8× densebench's naive time on
 /// BC-100 L=16, issue 12).
-pub fn target_factor(target: Target) -> f64 {
+pub fn target_factor(target: Target, family: Family) -> f64 {
     match target {
-        Target::Densebench(v) => variant_factor(v),
+        Target::Densebench(v) => variant_factor(v, family),
         Target::Peer(p) if p.recomputes() => RECOMPUTE_FACTOR,
         Target::Peer(_) => 1.0,
     }
 }
 
-/// Relative speed of a densebench variant on the same FLOPs (1 for the hand-written store
+/// Relative speed of a densebench variant on `family`'s FLOPs (1 for the hand-written store
 /// variants).
-pub fn variant_factor(variant: Variant) -> f64 {
+pub fn variant_factor(variant: Variant, family: Family) -> f64 {
     match variant {
-        Variant::Autograd => AUTOGRAD_FACTOR,
+        Variant::Autograd => autograd_factor(family),
         Variant::Manual(st) if st.intermediates == Intermediates::Recompute => RECOMPUTE_FACTOR,
         Variant::Manual(_) => 1.0,
     }
 }
 
+/// The steps a measured row runs: warm-up, the untimed probe step (the memory timeline, on
+/// densebench's side and the peer's alike) and the timed steps.
+pub fn steps_run(s: &Settings) -> usize {
+    s.warmup + 1 + s.steps
+}
+
 /// Predicted cost of one job in FLOP-equivalents: the FLOP model (`impls::model::flops`) of
-/// one step × (measured + warm-up steps) × [`variant_factor`] × the dtype's factor, plus
-/// [`CHILD_OVERHEAD_FLOP`]. A relative estimate for balancing and the ETA, not a prediction
-/// of seconds. A peer's job adds [`PEER_START_FLOP`].
+/// one step × the steps it runs ([`steps_run`]) × [`target_factor`] × the family's and the
+/// dtype's factors, plus [`CHILD_OVERHEAD_FLOP`]. A relative estimate for balancing and the
+/// ETA, not a prediction of seconds. A peer's job adds [`PEER_START_FLOP`].
 pub fn job_cost(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> f64 {
     let target = variant.into();
-    let steps = (s.steps + s.warmup) as f64;
+    let steps = steps_run(s) as f64;
     let start = if target.is_peer() {
         CHILD_OVERHEAD_FLOP + PEER_START_FLOP
     } else {
         CHILD_OVERHEAD_FLOP
     };
-    impls::model::flops(cfg) as f64 * steps * target_factor(target) * dtype_factor(cfg) + start
+    step_cost(cfg) * steps * target_factor(target, cfg.family) + start
+}
+
+/// One step of a hand-written store variant on `cfg`, in FLOP-equivalents.
+fn step_cost(cfg: &Config) -> f64 {
+    impls::model::flops(cfg) as f64 * family_factor(cfg.family) * dtype_factor(cfg)
 }
 
 /// Predicted cost of a config's reference (computed once per shard that holds the config, if
-/// not cached): one autograd step in f64, in one child process.
+/// not cached): one step of `variant` in f64, in one child process.
+pub fn reference_cost_of(cfg: &Config, variant: Variant) -> f64 {
+    impls::model::flops(cfg) as f64
+        * family_factor(cfg.family)
+        * F64_FACTOR
+        * variant_factor(variant, cfg.family)
+        + CHILD_OVERHEAD_FLOP
+}
+
+/// [`reference_cost_of`] the preferred reference, `autograd`: what a shard plans for, the same
+/// on every machine (where `autograd` does not fit, a cheaper hand-written reference is used).
 pub fn reference_cost(cfg: &Config) -> f64 {
-    impls::model::flops(cfg) as f64 * AUTOGRAD_FACTOR * F64_FACTOR + CHILD_OVERHEAD_FLOP
+    reference_cost_of(cfg, Variant::Autograd)
 }
 
 /// The configuration part of a job's key (`family/N/…/device`): what a shard is made of.
@@ -619,11 +659,39 @@ mod tests {
         assert!(e.is_some_and(|e| e.contains("count from 1")));
     }
 
+    /// A row runs its warm-up, the untimed probe step and its timed steps: one timed step
+    /// without warm-up is two steps of work, not one (bc100-deep's rows took twice what the
+    /// ETA had counted).
+    #[test]
+    fn a_row_costs_every_step_it_runs() {
+        let cfg = Config::tiny(Family::Bc);
+        let settings = |steps, warmup| Settings {
+            device: crate::plan::device::DeviceSpec::Cpu,
+            math: crate::plan::job::Math::Ieee,
+            execution: crate::plan::job::Execution::Eager,
+            threads: 1,
+            steps,
+            warmup,
+            mem_limit: None,
+            timeout: std::time::Duration::from_secs(5),
+        };
+        let cost = |steps, warmup| job_cost(Variant::NAIVE, &cfg, &settings(steps, warmup));
+        let step = cost(2, 0) - cost(1, 0);
+        assert!(step > 0.0);
+        assert!((cost(1, 0) - CHILD_OVERHEAD_FLOP - 2.0 * step).abs() < 1e-6 * step);
+        assert!((cost(2, 1) - CHILD_OVERHEAD_FLOP - 4.0 * step).abs() < 1e-6 * step);
+        // a reference is one step, in f64, of the variant that computes it
+        let reference = reference_cost_of(&cfg, Variant::NAIVE) - CHILD_OVERHEAD_FLOP;
+        assert!((reference - step * F64_FACTOR / dtype_factor(&cfg)).abs() < 1e-6 * step);
+    }
+
     #[test]
     fn variant_factors_order_the_costs() {
         // autograd is the slowest path, recomputation costs more than storing.
         let recompute = Variant::parse("buffer-recompute-copy").unwrap();
-        assert!(variant_factor(Variant::Autograd) > variant_factor(recompute));
-        assert!(variant_factor(recompute) > variant_factor(Variant::NAIVE));
+        for family in [Family::Bc, Family::Mlp] {
+            assert!(variant_factor(Variant::Autograd, family) > variant_factor(recompute, family));
+            assert!(variant_factor(recompute, family) > variant_factor(Variant::NAIVE, family));
+        }
     }
 }

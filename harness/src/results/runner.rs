@@ -25,6 +25,9 @@ struct Shared {
     finished: usize,
     counts: std::collections::BTreeMap<String, usize>,
     out_of_tolerance: Vec<String>,
+    /// Job key → the predicted cost of the reference its row computes first (the first row of
+    /// a configuration whose reference is not cached): counted in the progress with the row.
+    reference_costs: std::collections::HashMap<String, f64>,
 }
 
 /// The work items of a sweep run: with one worker, every job in sweep order (one item); with
@@ -41,6 +44,27 @@ fn work_items<'a>(todo: &[&'a Job], workers: usize) -> Vec<Vec<&'a Job>> {
         .into_iter()
         .map(|g| g.jobs.into_iter().map(|i| todo[i]).collect())
         .collect()
+}
+
+/// The references `todo` will compute, as predicted costs ([`shard::reference_cost_of`]) keyed
+/// by the first job of each configuration (which computes it), so that the ETA counts them:
+/// on BC-100's block an f64 reference is some 50 s, a row 8. A configuration whose reference is
+/// cached costs nothing; an unreadable cache, nothing either (the run itself will say why).
+fn reference_costs(todo: &[&Job], cache_dir: &Path) -> std::collections::HashMap<String, f64> {
+    let mut out = std::collections::HashMap::new();
+    let Ok(cache) = Cache::new(cache_dir) else {
+        return out;
+    };
+    let mut seen = std::collections::HashSet::new();
+    for j in todo {
+        if !seen.insert(shard::group_key(j)) {
+            continue;
+        }
+        if let Some(v) = cache.to_compute(&j.cfg, &j.settings) {
+            out.insert(j.key.clone(), shard::reference_cost_of(&j.cfg, v));
+        }
+    }
+    out
 }
 
 /// One worker: takes items off the queue and measures their jobs on `device` (the job's own
@@ -85,6 +109,15 @@ fn worker(
                 let n = sh.started;
                 sh.progress
                     .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
+                // the wait before this row's child (some 50 s on BC-100's block), said up front;
+                // not a `[n/N]` line, which scripts read as a row's start or end
+                if let Some(v) = refs.to_compute(&j.cfg, &settings) {
+                    sh.progress.note(&format!(
+                        "  computing the f64 reference of {}{on} first ({v}; cached for the \
+                         configuration's other rows)",
+                        j.cfg.describe()
+                    ));
+                }
                 n
             };
             let mut on_retry = |failed: &crate::results::row::Row, n: usize| {
@@ -125,7 +158,8 @@ fn worker(
             let mut sh = shared.lock().map_err(|_| lock_err())?;
             sh.out.append(&row)?;
             sh.finished += 1;
-            sh.progress.finish(number, &summary, j.cost);
+            let cost = j.cost + sh.reference_costs.get(&j.key).copied().unwrap_or(0.0);
+            sh.progress.finish(number, &summary, cost);
             *sh.counts.entry(row.status.clone()).or_default() += 1;
             if row.grad_ok == Some(false) {
                 sh.out_of_tolerance.push(row.key.clone());
@@ -160,9 +194,12 @@ pub fn run(
         devices.iter().copied().map(Some).collect()
     };
     let queue = std::sync::Mutex::new(work_items(todo, workers.len()).into());
+    let reference_costs = reference_costs(todo, cache_dir);
+    let total = todo.iter().map(|j| j.cost).sum::<f64>() + reference_costs.values().sum::<f64>();
     let shared = std::sync::Mutex::new(Shared {
         out,
-        progress: Progress::new(todo.len(), todo.iter().map(|j| j.cost).sum()),
+        progress: Progress::new(todo.len(), total),
+        reference_costs,
         started: 0,
         finished: 0,
         counts: Default::default(),
