@@ -83,7 +83,7 @@ fn shards_are_balanced_by_predicted_cost() {
             let refs: f64 = parts
                 .iter()
                 .flat_map(|p| p.configs.iter())
-                .map(|&g| shard::reference_cost(&all[groups[g].jobs[0]].cfg))
+                .map(|&g| shard::reference_cost(&all, &groups[g].jobs))
                 .sum();
             let total: f64 = costs.iter().sum();
             assert!(
@@ -764,8 +764,12 @@ variants = ["cat-store-copy", "autograd"]
 
 /// The costliest job of a sweep with its reference: no shard can be shorter than it.
 fn floor(all: &[Job]) -> f64 {
-    all.iter()
-        .map(|j| j.cost + shard::reference_cost(&j.cfg))
+    shard::groups(all)
+        .iter()
+        .flat_map(|g| {
+            let reference = shard::reference_cost(all, &g.jobs);
+            g.jobs.iter().map(move |&i| all[i].cost + reference)
+        })
         .fold(0.0, f64::max)
 }
 

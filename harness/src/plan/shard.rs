@@ -180,10 +180,25 @@ pub fn reference_cost_of(cfg: &Config, variant: Variant) -> f64 {
         + CHILD_OVERHEAD_FLOP
 }
 
-/// [`reference_cost_of`] the preferred reference, `autograd`: what a shard plans for, the same
-/// on every machine (where `autograd` does not fit, a cheaper hand-written reference is used).
-pub fn reference_cost(cfg: &Config) -> f64 {
-    reference_cost_of(cfg, Variant::Autograd)
+/// The predicted cost of the reference of a configuration of `jobs` (`members`, indices into
+/// it): `autograd`'s when the sweep measures `autograd` on it (its author expects it to fit,
+/// and its f64 step is what the reference cache computes first), else naive's in f64 (a sweep
+/// leaves `autograd` out where it cannot fit, as the default one does at BC-100 L=32/48, and a
+/// hand-written reference serves: 16× cheaper on bc). Depends on the sweep's jobs only, so every
+/// shard of a sweep computes the same plan.
+pub fn reference_cost(jobs: &[Job], members: &[usize]) -> f64 {
+    let Some(&first) = members.first() else {
+        return 0.0;
+    };
+    let autograd = members
+        .iter()
+        .any(|&i| jobs[i].variant == Target::Densebench(Variant::Autograd));
+    let variant = if autograd {
+        Variant::Autograd
+    } else {
+        Variant::NAIVE
+    };
+    reference_cost_of(&jobs[first].cfg, variant)
 }
 
 /// The configuration part of a job's key (`family/N/…/device`): what a shard is made of.
@@ -213,13 +228,16 @@ pub fn groups(jobs: &[Job]) -> Vec<Group> {
                 out.push(Group {
                     config_key: key,
                     jobs: Vec::new(),
-                    cost: reference_cost(&j.cfg),
+                    cost: 0.0,
                 });
                 out.len() - 1
             }
         };
         out[g].jobs.push(i);
         out[g].cost += j.cost;
+    }
+    for g in &mut out {
+        g.cost += reference_cost(jobs, &g.jobs);
     }
     out
 }
@@ -448,7 +466,7 @@ impl<'a> Planner<'a> {
         let groups = groups(jobs);
         let refs: Vec<f64> = groups
             .iter()
-            .map(|g| reference_cost(&jobs[g.jobs[0]].cfg))
+            .map(|g| reference_cost(jobs, &g.jobs))
             .collect();
         let jobs_cost = groups
             .iter()
@@ -683,6 +701,63 @@ mod tests {
         // a reference is one step, in f64, of the variant that computes it
         let reference = reference_cost_of(&cfg, Variant::NAIVE) - CHILD_OVERHEAD_FLOP;
         assert!((reference - step * F64_FACTOR / dtype_factor(&cfg)).abs() < 1e-6 * step);
+    }
+
+    /// A shard plans a configuration's reference as `autograd`'s f64 step where the sweep
+    /// measures `autograd` on it, else as naive's (where a sweep leaves autograd out, it does
+    /// not fit, and neither would its reference): the same plan on every machine.
+    #[test]
+    fn a_configuration_without_autograd_plans_a_hand_written_reference() {
+        let jobs = crate::plan::sweep::parse(
+            r#"
+[[group]]
+family = "bc"
+batch = 2
+channels = 3
+growth = 2
+depth = [2, 3]
+size = 4
+variants = ["autograd", "cat-store-copy"]
+
+[[group]]
+family = "bc"
+batch = 2
+channels = 3
+growth = 2
+depth = 4
+size = 4
+variants = ["cat-store-copy", "buffer-recompute-inplace"]
+"#,
+            "test",
+            None,
+        )
+        .expect("the sweep parses");
+        let groups = groups(&jobs);
+        assert_eq!(groups.len(), 3);
+        for g in &groups {
+            let cfg = &jobs[g.jobs[0]].cfg;
+            let planned = if cfg.depth == 4 {
+                Variant::NAIVE
+            } else {
+                Variant::Autograd
+            };
+            let own: f64 = g.jobs.iter().map(|&i| jobs[i].cost).sum();
+            let reference = reference_cost_of(cfg, planned);
+            assert!(
+                (g.cost - own - reference).abs() < 1e-9 * g.cost,
+                "{}",
+                g.config_key
+            );
+            assert_eq!(reference_cost(&jobs, &g.jobs), reference);
+        }
+        // on bc, autograd's reference is dearer than naive's by autograd's factor
+        let cfg = &jobs[groups[2].jobs[0]].cfg;
+        let step = |v| reference_cost_of(cfg, v) - CHILD_OVERHEAD_FLOP;
+        let ratio = step(Variant::Autograd) / step(Variant::NAIVE);
+        assert!(
+            (ratio - autograd_factor(Family::Bc)).abs() < 1e-9,
+            "{ratio}"
+        );
     }
 
     #[test]
