@@ -107,6 +107,16 @@ pub struct Reference {
     pub variant: Variant,
 }
 
+/// What [`Cache::get`] does with one candidate ([`Cache::candidate`]).
+enum Candidate {
+    /// Its result file is cached: used.
+    Cached(PathBuf),
+    /// The memory model says it cannot fit: skipped, for this reason.
+    TooBig(String),
+    /// Computed into this file.
+    Compute(PathBuf),
+}
+
 /// Computes and caches references.
 pub struct Cache {
     dir: PathBuf,
@@ -211,27 +221,16 @@ impl Cache {
         }
         let mut why = Vec::new();
         // once per configuration (on a GPU a query of the device), not per candidate
-        let budget = reference_budget(s);
+        let mut budget = None;
         for variant in candidates(cfg) {
-            let path = self.path(cfg, s, variant);
-            if path.is_file() {
-                return Ok(Ok(Reference { path, variant }));
-            }
-            if let (Some(need), Some((limit, what))) =
-                (predicted_reference_bytes(variant, cfg), &budget)
-            {
-                if need > *limit {
-                    why.push(format!(
-                        "{variant}: skipped, needs about {} MiB in f64, over {what}",
-                        need >> 20
-                    ));
-                    continue;
-                }
-            }
-            match self.compute(cfg, s, variant, &path) {
-                Ok(()) => return Ok(Ok(Reference { path, variant })),
-                Err(e) if interrupt::interrupted(&e).is_some() => return Err(e),
-                Err(e) => why.push(format!("{variant}: {e}")),
+            match self.candidate(cfg, s, variant, &mut budget) {
+                Candidate::Cached(path) => return Ok(Ok(Reference { path, variant })),
+                Candidate::TooBig(skipped) => why.push(skipped),
+                Candidate::Compute(path) => match self.compute(cfg, s, variant, &path) {
+                    Ok(()) => return Ok(Ok(Reference { path, variant })),
+                    Err(e) if interrupt::interrupted(&e).is_some() => return Err(e),
+                    Err(e) => why.push(format!("{variant}: {e}")),
+                },
             }
         }
         let why = format!("no reference could be computed ({})", why.join("; "));
@@ -239,26 +238,51 @@ impl Cache {
         Ok(Err(why))
     }
 
-    /// The reference [`get`](Self::get) would compute for `cfg` now: `None` when one is cached
-    /// or none could be (nothing to compute), else the first candidate the memory model does
-    /// not skip. What the sweep's progress counts a configuration's first row for and says it
-    /// waits for ([`crate::results::runner`]); the candidate that really serves may come later
-    /// in the list, if this one fails.
-    pub fn to_compute(&self, cfg: &Config, s: &Settings) -> Option<Variant> {
-        let candidates = candidates(cfg);
-        if self.failures.contains_key(&config_key(cfg, s.device))
-            || candidates.iter().any(|&v| self.path(cfg, s, v).is_file())
+    /// What [`get`](Self::get) does with `variant`, the next candidate for `cfg`: use its cached
+    /// file, skip it (the model says it cannot fit `budget`, asked of [`reference_budget`] the
+    /// first time it is needed), or compute it.
+    fn candidate(
+        &self,
+        cfg: &Config,
+        s: &Settings,
+        variant: Variant,
+        budget: &mut Option<Option<(u64, String)>>,
+    ) -> Candidate {
+        let path = self.path(cfg, s, variant);
+        if path.is_file() {
+            return Candidate::Cached(path);
+        }
+        let budget = budget.get_or_insert_with(|| reference_budget(s));
+        if let (Some(need), Some((limit, what))) = (predicted_reference_bytes(variant, cfg), budget)
         {
+            if need > *limit {
+                return Candidate::TooBig(format!(
+                    "{variant}: skipped, needs about {} MiB in f64, over {what}",
+                    need >> 20
+                ));
+            }
+        }
+        Candidate::Compute(path)
+    }
+
+    /// The reference [`get`](Self::get) would compute for `cfg` now, by the same steps: `None`
+    /// when it would use a cached one, or knows none can be computed; else the first candidate
+    /// it would compute. What the sweep's progress counts a configuration's first row for and
+    /// says it waits for ([`crate::results::runner`]); should that candidate fail, `get` goes
+    /// on to the next.
+    pub fn to_compute(&self, cfg: &Config, s: &Settings) -> Option<Variant> {
+        if self.failures.contains_key(&config_key(cfg, s.device)) {
             return None;
         }
-        let budget = reference_budget(s);
-        candidates
-            .iter()
-            .copied()
-            .find(|&v| match (predicted_reference_bytes(v, cfg), &budget) {
-                (Some(need), Some((limit, _))) => need <= *limit,
-                _ => true,
-            })
+        let mut budget = None;
+        for variant in candidates(cfg) {
+            match self.candidate(cfg, s, variant, &mut budget) {
+                Candidate::Cached(_) => return None,
+                Candidate::TooBig(_) => {}
+                Candidate::Compute(_) => return Some(variant),
+            }
+        }
+        None
     }
 
     /// The case file of `cfg` (written now if it is not cached): exactly the parameters, BN
@@ -696,8 +720,8 @@ mod tests {
         }
     }
 
-    /// What a sweep's progress counts for a configuration's reference: the first candidate the
-    /// model lets fit, nothing once any candidate is cached.
+    /// What a sweep's progress counts for a configuration's reference: what `get` would compute,
+    /// the first candidate the model lets fit, nothing once `get` would find one cached.
     #[test]
     fn the_reference_to_compute_is_the_first_that_fits_and_none_once_cached() {
         let root = tempfile::tempdir().expect("temp dir");
@@ -711,9 +735,12 @@ mod tests {
         assert!(naive < autograd, "{naive} {autograd}");
         s.mem_limit = Some(naive);
         assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
-        // any candidate cached (here the last one): nothing to compute
+        // a later candidate cached does not stop `get` computing an earlier one that fits…
         let [.., frugal] = candidates(&cfg);
         std::fs::write(cache.path(&cfg, &s, frugal), b"x").expect("write");
+        assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
+        // …the first one that fits, cached: nothing to compute
+        std::fs::write(cache.path(&cfg, &s, Variant::NAIVE), b"x").expect("write");
         assert_eq!(cache.to_compute(&cfg, &s), None);
     }
 

@@ -103,15 +103,17 @@ fn worker(
             // The job's number: its start line and its finish line both carry it, so that with
             // several devices (jobs finishing in another order than they started) each finish
             // line is matched to its start.
+            // the wait before this row's child (some 50 s on BC-100's block), said up front;
+            // asked before the lock (file checks, on a GPU a query of the device)
+            let reference = refs.to_compute(&j.cfg, &settings);
             let number = {
                 let mut sh = shared.lock().map_err(|_| lock_err())?;
                 sh.started += 1;
                 let n = sh.started;
                 sh.progress
                     .start(n, &format!("{} {}{on}", j.cfg.describe(), j.variant));
-                // the wait before this row's child (some 50 s on BC-100's block), said up front;
                 // not a `[n/N]` line, which scripts read as a row's start or end
-                if let Some(v) = refs.to_compute(&j.cfg, &settings) {
+                if let Some(v) = reference {
                     sh.progress.note(&format!(
                         "  computing the f64 reference of {}{on} first ({v}; cached for the \
                          configuration's other rows)",
