@@ -519,16 +519,7 @@ mod tests {
     }
 
     fn settings() -> Settings {
-        Settings {
-            device: DeviceSpec::Cpu,
-            math: Math::Ieee,
-            execution: crate::plan::job::Execution::Eager,
-            threads: 1,
-            steps: 1,
-            warmup: 0,
-            mem_limit: Some(1 << 20),
-            timeout: Duration::from_secs(5),
-        }
+        Settings::cpu_test(Some(1 << 20))
     }
 
     /// A wait status: killed by `sig` (the low 7 bits), or exited with `code` (the next byte).

@@ -680,25 +680,11 @@ mod tests {
         });
     }
 
-    /// One step on the CPU, one thread, under `mem_limit`.
-    fn cpu_settings(mem_limit: Option<u64>) -> Settings {
-        Settings {
-            device: DeviceSpec::Cpu,
-            math: crate::plan::job::Math::Ieee,
-            execution: crate::plan::job::Execution::Eager,
-            threads: 1,
-            steps: 1,
-            warmup: 0,
-            mem_limit,
-            timeout: std::time::Duration::from_secs(5),
-        }
-    }
-
     /// A CPU reference must fit the child's limit; a GPU one the device's memory (none known
     /// where no GPU is usable: no pre-check then, the child's own error decides).
     #[test]
     fn a_reference_fits_the_host_limit_on_the_cpu_and_the_device_on_a_gpu() {
-        let mut s = cpu_settings(Some(2 << 30));
+        let mut s = Settings::cpu_test(Some(2 << 30));
         assert_eq!(
             reference_budget(&s),
             Some((2 << 30, "the 2048 MiB limit".to_string()))
@@ -727,7 +713,7 @@ mod tests {
         let root = tempfile::tempdir().expect("temp dir");
         let cache = Cache::new(root.path()).expect("cache");
         let cfg = Config::tiny(impls::Family::Bc);
-        let mut s = cpu_settings(None);
+        let mut s = Settings::cpu_test(None);
         assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::Autograd));
         // a limit between naive's f64 footprint and autograd's: naive is what will run
         let naive = predicted_reference_bytes(Variant::NAIVE, &cfg).expect("naive model");

@@ -310,6 +310,24 @@ pub struct Settings {
     pub timeout: Duration,
 }
 
+#[cfg(test)]
+impl Settings {
+    /// The unit tests' settings: one eager IEEE step on the CPU, one thread, no warm-up, 5 s,
+    /// under `mem_limit`.
+    pub(crate) fn cpu_test(mem_limit: Option<u64>) -> Settings {
+        Settings {
+            device: DeviceSpec::Cpu,
+            math: Math::Ieee,
+            execution: Execution::Eager,
+            threads: 1,
+            steps: 1,
+            warmup: 0,
+            mem_limit,
+            timeout: Duration::from_secs(5),
+        }
+    }
+}
+
 /// Default memory limit of a child: this fraction of physical memory (the sweep runs one
 /// child at a time, and the parent and the OS need the rest).
 pub const DEFAULT_MEM_FRACTION: f64 = 0.75;

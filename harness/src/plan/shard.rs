@@ -162,22 +162,18 @@ pub fn job_cost(variant: impl Into<Target>, cfg: &Config, s: &Settings) -> f64 {
     } else {
         CHILD_OVERHEAD_FLOP
     };
-    step_cost(cfg) * steps * target_factor(target, cfg.family) + start
+    step_cost(cfg, dtype_factor(cfg)) * steps * target_factor(target, cfg.family) + start
 }
 
-/// One step of a hand-written store variant on `cfg`, in FLOP-equivalents.
-fn step_cost(cfg: &Config) -> f64 {
-    impls::model::flops(cfg) as f64 * family_factor(cfg.family) * dtype_factor(cfg)
+/// One step of a hand-written store variant on `cfg` at a dtype's factor, in FLOP-equivalents.
+fn step_cost(cfg: &Config, dtype: f64) -> f64 {
+    impls::model::flops(cfg) as f64 * family_factor(cfg.family) * dtype
 }
 
 /// Predicted cost of a config's reference (computed once per shard that holds the config, if
 /// not cached): one step of `variant` in f64, in one child process.
 pub fn reference_cost_of(cfg: &Config, variant: Variant) -> f64 {
-    impls::model::flops(cfg) as f64
-        * family_factor(cfg.family)
-        * F64_FACTOR
-        * variant_factor(variant, cfg.family)
-        + CHILD_OVERHEAD_FLOP
+    step_cost(cfg, F64_FACTOR) * variant_factor(variant, cfg.family) + CHILD_OVERHEAD_FLOP
 }
 
 /// The predicted cost of the reference of a configuration of `jobs` (`members`, indices into
@@ -684,14 +680,9 @@ mod tests {
     fn a_row_costs_every_step_it_runs() {
         let cfg = Config::tiny(Family::Bc);
         let settings = |steps, warmup| Settings {
-            device: crate::plan::device::DeviceSpec::Cpu,
-            math: crate::plan::job::Math::Ieee,
-            execution: crate::plan::job::Execution::Eager,
-            threads: 1,
             steps,
             warmup,
-            mem_limit: None,
-            timeout: std::time::Duration::from_secs(5),
+            ..Settings::cpu_test(None)
         };
         let cost = |steps, warmup| job_cost(Variant::NAIVE, &cfg, &settings(steps, warmup));
         let step = cost(2, 0) - cost(1, 0);
