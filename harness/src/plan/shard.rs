@@ -83,13 +83,14 @@ impl fmt::Display for ShardSpec {
 /// tiny configs balance by count and large ones by FLOPs.
 pub const CHILD_OVERHEAD_FLOP: f64 = 1e9;
 /// candle's autograd on the same FLOPs as the hand-written store variants, per family. Measured
-/// by the default sweep (2 cores of an AMD EPYC, AVX2, 2026-11-28): on BC-100's block (L=16) one
-/// autograd step took 32.6 s against 2.0 s for `cat-store-copy` (candle's CPU convolution
-/// backward); on the forum mlp 0.64 s against 0.34 s at L=16 (its Linear layers are the same
-/// GEMMs).
+/// on 2 cores of an AMD EPYC (AVX2, 2026-11-28): on BC-100's block (L=16) one autograd step
+/// took 20.4 s against 2.0 s for `cat-store-copy` (candle's CPU convolution backward, its
+/// `conv_transpose2d` above all; 32.6 s before its BatchNorm took its sums one dimension at a
+/// time), on bc-depth's block (N=16, 8×8) 8.2× at L=16 and 9.0× at L=48; on the forum mlp 0.64 s
+/// against 0.34 s at L=16 (its Linear layers are the same GEMMs).
 pub fn autograd_factor(family: Family) -> f64 {
     match family {
-        Family::Bc => 16.0,
+        Family::Bc => 10.0,
         Family::Mlp => 2.0,
     }
 }
@@ -180,7 +181,7 @@ pub fn reference_cost_of(cfg: &Config, variant: Variant) -> f64 {
 /// it): `autograd`'s when the sweep measures `autograd` on it (its author expects it to fit,
 /// and its f64 step is what the reference cache computes first), else naive's in f64 (a sweep
 /// leaves `autograd` out where it cannot fit, as the default one does at BC-100 L=32/48, and a
-/// hand-written reference serves: 16× cheaper on bc). Depends on the sweep's jobs only, so every
+/// hand-written reference serves: 10× cheaper on bc). Depends on the sweep's jobs only, so every
 /// shard of a sweep computes the same plan.
 pub fn reference_cost(jobs: &[Job], members: &[usize]) -> f64 {
     let Some(&first) = members.first() else {

@@ -15,26 +15,43 @@ use std::collections::BTreeMap;
 
 /// Training-mode BatchNorm over (N, H, W) of an NCHW tensor, from candle ops so autograd
 /// differentiates it. Returns the output, the batch mean and the biased variance (detached).
+///
+/// Written on the `[N, C, H·W]` view of `x` (a reshape of a contiguous tensor: no copy), with
+/// every reduction one dimension at a time, innermost first, and every per-channel vector
+/// broadcast one dimension at a time, so that candle's autograd reduces one dimension at a time
+/// in backward too (a broadcast's gradient is a sum over the broadcast dimensions). candle's
+/// CPU sum over the non-adjacent dimensions (0, 2, 3) in one call takes the generic strided
+/// path: 115 ms for BC-100's `[64, 120, 32, 32]` in f32 against 4 ms for `H·W` then `N`, and
+/// this variant made a dozen of them per layer (the forward's four, the backward's eight), about
+/// half of its step. Same tensors saved, same values up to summation order.
 fn batch_norm(x: &Tensor, gamma: &Tensor, beta: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-    let c = x.dims()[1];
-    let count = (x.elem_count() / c) as f64;
-    let mean = (x.sum_keepdim((0, 2, 3)).ctx("bn mean")? / count).ctx("bn mean")?;
-    let xc = x.broadcast_sub(&mean).ctx("bn centre")?;
-    let var = (xc
-        .sqr()
-        .ctx("bn var")?
-        .sum_keepdim((0, 2, 3))
-        .ctx("bn var")?
-        / count)
-        .ctx("bn var")?;
+    let (n, c, h, w) = x.dims4().ctx("bn input")?;
+    let count = (n * h * w) as f64;
+    let xf = x.reshape((n, c, h * w)).ctx("bn input")?;
+    // Σ over H·W (contiguous), then over N: [1, C, 1]
+    let per_channel_sum = |t: &Tensor| -> Result<Tensor> {
+        t.sum_keepdim(2).ctx("bn sum")?.sum_keepdim(0).ctx("bn sum")
+    };
+    // [1, C, 1] to [N, C, H·W], N first: backward sums over H·W first, then over N
+    let spread = |v: &Tensor| -> Result<Tensor> {
+        v.broadcast_as((n, c, 1))
+            .ctx("bn broadcast")?
+            .broadcast_as((n, c, h * w))
+            .ctx("bn broadcast")
+    };
+    let mean = (per_channel_sum(&xf)? / count).ctx("bn mean")?;
+    let xc = xf.sub(&spread(&mean)?).ctx("bn centre")?;
+    let var = (per_channel_sum(&xc.sqr().ctx("bn var")?)? / count).ctx("bn var")?;
     let denom = (&var + BN_EPS).ctx("bn")?.sqrt().ctx("bn")?;
     let y = xc
-        .broadcast_div(&denom)
+        .div(&spread(&denom)?)
         .ctx("bn normalise")?
-        .broadcast_mul(&gamma.reshape((1, c, 1, 1)).ctx("bn γ")?)
+        .mul(&spread(&gamma.reshape((1, c, 1)).ctx("bn γ")?)?)
         .ctx("bn γ")?
-        .broadcast_add(&beta.reshape((1, c, 1, 1)).ctx("bn β")?)
-        .ctx("bn β")?;
+        .add(&spread(&beta.reshape((1, c, 1)).ctx("bn β")?)?)
+        .ctx("bn β")?
+        .reshape((n, c, h, w))
+        .ctx("bn output")?;
     Ok((
         y,
         mean.detach().flatten_all().ctx("bn")?,
