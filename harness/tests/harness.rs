@@ -506,36 +506,55 @@ fn bad_input_gives_one_clear_error_before_any_work() {
 fn run_prints_one_checked_row() {
     let dir = tempfile::tempdir().expect("temp dir");
     let cache = dir.path().join("cache");
-    let o = densebench(&[
-        "run",
-        "--family",
-        "bc",
-        "--variant",
-        "buffer-recompute-inplace",
-        "--depth",
-        "3",
-        "--batch",
-        "2",
-        "--growth",
-        "2",
-        "--channels",
-        "3",
-        "--bn-size",
-        "2",
-        "--size",
-        "3",
-        "--dtype",
-        "f64",
-        "--seed",
-        "7",
-        "--steps",
-        "2",
-        "--format",
-        "json",
-        "--cache-dir",
-        path_str(&cache),
-    ]);
+    let run = || {
+        densebench(&[
+            "run",
+            "--family",
+            "bc",
+            "--variant",
+            "buffer-recompute-inplace",
+            "--depth",
+            "3",
+            "--batch",
+            "2",
+            "--growth",
+            "2",
+            "--channels",
+            "3",
+            "--bn-size",
+            "2",
+            "--size",
+            "3",
+            "--dtype",
+            "f64",
+            "--seed",
+            "7",
+            "--steps",
+            "2",
+            "--format",
+            "json",
+            "--cache-dir",
+            path_str(&cache),
+        ])
+    };
+    // The wait for the reference is said on stderr before the row, once: a second run finds
+    // it cached and says nothing; stdout is the row alone either way.
+    let waits = |o: &Output| {
+        stderr(o)
+            .lines()
+            .filter(|l| {
+                l.starts_with("densebench run: computing the f64 reference of ")
+                    && l.contains("(autograd; cached in ")
+            })
+            .count()
+    };
+    let o = run();
     assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(waits(&o), 1, "{}", stderr(&o));
+    let again = run();
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert_eq!(waits(&again), 0, "{}", stderr(&again));
+    assert_eq!(again.stdout.iter().filter(|&&b| b == b'\n').count(), 1);
     let text = String::from_utf8_lossy(&o.stdout);
     let row: Row = serde_json::from_str(text.trim()).expect("one JSON row");
     assert_eq!(

@@ -139,6 +139,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     // A cache that cannot be made or written is bad input (exit 2), as for bench-all.
     let mut refs = Cache::new(&reference::default_dir(a.cache_dir.as_deref())?).bad_input()?;
+    // The wait before the row's child, said up front as bench-all says it: a reference not yet
+    // cached is a child of its own first (on BC-100's block an f64 `autograd` step, ~40 s on 2
+    // cores), and the row is printed only at the end.
+    if let Some(v) = refs.to_compute(&cfg, &s) {
+        crate::say!(
+            "densebench run: computing the f64 reference of {} first ({v}; cached in {} for \
+             later runs)",
+            cfg.describe(),
+            refs.dir().display()
+        );
+    }
     let mut on_retry = |failed: &Row, n: usize| {
         crate::say!(
             "densebench run: {}: {}; retrying ({n} of {})",
