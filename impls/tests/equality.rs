@@ -108,10 +108,6 @@ fn every_variant_matches_autograd_and_naive() -> impls::Result<()> {
         let naive = run(Variant::NAIVE)?;
         for v in Variant::for_config(&cfg) {
             let r = run(v)?;
-            if v == Variant::Autograd && cfg.dtype == DType::F32 {
-                // candle's autograd in f32 is checked separately (it is the least accurate).
-                continue;
-            }
             // running statistics judged by their update (a stale one is a tenth off by value)
             let vs_auto =
                 compare_updates(&r.to_dtype(DType::F64)?, &reference, &case.params.tensors)?;
