@@ -125,7 +125,7 @@ pub fn render(a: &Args) -> Result<String> {
                         "  {}  ({:.3} GFLOP-eq with its reference {:.3}{})\n",
                         g.config_key,
                         g.cost / UNIT,
-                        shard::reference_cost(&jobs, &g.jobs) / UNIT,
+                        g.reference / UNIT,
                         if mine.len() < g.jobs.len() {
                             format!("; split: {} of its {} jobs here", mine.len(), g.jobs.len())
                         } else {

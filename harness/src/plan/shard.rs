@@ -210,6 +210,8 @@ pub struct Group {
     pub config_key: String,
     pub jobs: Vec<usize>,
     pub cost: f64,
+    /// The part of `cost` that is the configuration's reference ([`reference_cost`]).
+    pub reference: f64,
 }
 
 /// The jobs grouped by configuration, in order of first appearance.
@@ -226,6 +228,7 @@ pub fn groups(jobs: &[Job]) -> Vec<Group> {
                     config_key: key,
                     jobs: Vec::new(),
                     cost: 0.0,
+                    reference: 0.0,
                 });
                 out.len() - 1
             }
@@ -234,7 +237,8 @@ pub fn groups(jobs: &[Job]) -> Vec<Group> {
         out[g].cost += j.cost;
     }
     for g in &mut out {
-        g.cost += reference_cost(jobs, &g.jobs);
+        g.reference = reference_cost(jobs, &g.jobs);
+        g.cost += g.reference;
     }
     out
 }
@@ -461,10 +465,7 @@ struct Planner<'a> {
 impl<'a> Planner<'a> {
     fn new(jobs: &'a [Job], count: usize) -> Self {
         let groups = groups(jobs);
-        let refs: Vec<f64> = groups
-            .iter()
-            .map(|g| reference_cost(jobs, &g.jobs))
-            .collect();
+        let refs: Vec<f64> = groups.iter().map(|g| g.reference).collect();
         let jobs_cost = groups
             .iter()
             .map(|g| g.jobs.iter().map(|&j| jobs[j].cost).sum())
