@@ -210,6 +210,77 @@ fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
     assert!(!said.contains("seed="), "{said}");
 }
 
+/// `--bn-size` and `--size` on an mlp block are refused (exit 2) by `run`, `case` and
+/// `max-depth`: an mlp layer has neither, and the flags were silently dropped (a row keyed
+/// `size 1` for `--size 8`). The values the key records (1, which `run` passes its child) are
+/// accepted, and the row says them.
+#[test]
+fn bc_only_flags_are_refused_for_mlp_blocks() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mlp = [
+        "--family",
+        "mlp",
+        "--depth",
+        "1",
+        "--batch",
+        "2",
+        "--growth",
+        "2",
+        "--channels",
+        "2",
+    ];
+    let with = |cmd: &str, extra: &[&str]| {
+        let mut a = vec![cmd.to_string()];
+        a.extend(mlp.iter().chain(extra).map(|s| s.to_string()));
+        a
+    };
+    let case = dir.path().join("mlp.safetensors");
+    for (flag, value, says) in [
+        ("--size", "8", "--size 8 applies to bc blocks only"),
+        ("--size", "2x3", "--size 2x3 applies to bc blocks only"),
+        ("--bn-size", "4", "--bn-size 4 applies to bc blocks only"),
+    ] {
+        let run = with("run", &["--variant", "cat-store-copy", flag, value]);
+        let make = with("case", &["--out", path_str(&case), flag, value]);
+        let fits: Vec<String> = [
+            "max-depth",
+            "--family",
+            "mlp",
+            "--budget",
+            "1GiB",
+            "--no-confirm",
+            flag,
+            value,
+        ]
+        .into_iter()
+        .map(str::to_string)
+        .collect();
+        for args in [run, make, fits] {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            refused(&args, &[says, "leave the flag out for mlp"]);
+        }
+        assert!(!case.exists());
+    }
+    let canonical = with(
+        "run",
+        &[
+            "--variant",
+            "cat-store-copy",
+            "--bn-size",
+            "1",
+            "--size",
+            "1",
+        ],
+    );
+    let o = densebench(&canonical.iter().map(String::as_str).collect::<Vec<_>>());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(",cat-store-copy/mlp/2/2/2/1/1/1/on/f32/0/cpu,"),
+        "{out}"
+    );
+}
+
 /// `--activation off` on a bc block is refused (exit 2) by `run`, `case` and `step`: a bc layer
 /// always has its ReLUs, and the flag was silently dropped (a `relu=on` row for it).
 #[test]

@@ -101,6 +101,7 @@ fn block(a: &Args, dtype: &str) -> Result<Config> {
         },
     };
     crate::plan::job::check_activation(family, a.activation)?;
+    crate::plan::job::check_bc_only(family, a.bn_size, a.size)?;
     let cfg = normalize(Config {
         batch: a.batch.unwrap_or(base.batch),
         channels: a.channels.unwrap_or(base.channels),

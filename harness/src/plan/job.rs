@@ -74,13 +74,13 @@ pub struct ConfigArgs {
     /// Input channels C0.
     #[arg(long)]
     pub channels: usize,
-    /// Bottleneck factor (bc only): Conv1×1 outputs bn_size·k channels.
-    #[arg(long, default_value_t = 4)]
-    pub bn_size: usize,
+    /// Bottleneck factor (bc only): Conv1×1 outputs bn_size·k channels [default: 4].
+    #[arg(long)]
+    pub bn_size: Option<usize>,
     /// Spatial size of the feature maps (bc only): `32` for 32×32, or `HxW`, height first
-    /// (`360x480`).
-    #[arg(long, default_value_t = Spatial::square(32), value_parser = parse_size)]
-    pub size: Spatial,
+    /// (`360x480`) [default: 32].
+    #[arg(long, value_parser = parse_size)]
+    pub size: Option<Spatial>,
     /// ReLU after each Linear (mlp only; bc always has its ReLUs).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
@@ -91,6 +91,34 @@ pub struct ConfigArgs {
     /// Seed of the parameters, input and upstream gradient.
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+}
+
+/// Bottleneck factor of a bc block when `--bn-size` is left out.
+pub const DEFAULT_BN_SIZE: usize = 4;
+/// Spatial size of a bc block when `--size` is left out: 32×32.
+pub const DEFAULT_SIZE: Spatial = Spatial::square(32);
+
+/// Refuses `--bn-size` and `--size` for an mlp block unless they give the values its key
+/// records anyway (1, as `run`'s child is passed them): an mlp layer has no bottleneck and no
+/// feature map, and a row keyed `size 1` for an explicit `--size 8` would measure what was not
+/// asked for, silently. `None` is a flag left out.
+pub fn check_bc_only(family: Family, bn_size: Option<usize>, size: Option<Spatial>) -> Result<()> {
+    if family != Family::Mlp {
+        return Ok(());
+    }
+    if let Some(b) = bn_size.filter(|&b| b != 1) {
+        bail!(
+            "--bn-size {b} applies to bc blocks only: an mlp layer (Linear → ReLU) has no \
+             bottleneck; leave the flag out for mlp"
+        );
+    }
+    if let Some(s) = size.filter(|&s| s != Spatial::square(1)) {
+        bail!(
+            "--size {s} applies to bc blocks only: an mlp layer's features are vectors, not \
+             feature maps; leave the flag out for mlp"
+        );
+    }
+    Ok(())
 }
 
 /// Refuses `--activation off` for a bc block. Not normalised away: a bc block always has its
@@ -112,6 +140,7 @@ impl ConfigArgs {
     pub fn to_config(&self) -> Result<Config> {
         let family = Family::parse(&self.family).map_err(|e| anyhow!("--family: {e}"))?;
         check_activation(family, self.activation)?;
+        check_bc_only(family, self.bn_size, self.size)?;
         let dtype = impls::config::parse_dtype(&self.dtype).map_err(|e| anyhow!("--dtype: {e}"))?;
         let cfg = normalize(Config {
             family,
@@ -119,8 +148,8 @@ impl ConfigArgs {
             channels: self.channels,
             growth: self.growth,
             depth: self.depth,
-            bn_size: self.bn_size,
-            size: self.size,
+            bn_size: self.bn_size.unwrap_or(DEFAULT_BN_SIZE),
+            size: self.size.unwrap_or(DEFAULT_SIZE),
             activation: self.activation.is_on(),
             dtype,
             seed: self.seed,
@@ -136,30 +165,31 @@ impl ConfigArgs {
             batch: cfg.batch,
             growth: cfg.growth,
             channels: cfg.channels,
-            bn_size: cfg.bn_size,
-            size: cfg.size,
+            bn_size: Some(cfg.bn_size),
+            size: Some(cfg.size),
             activation: OnOff::from_bool(cfg.activation),
             dtype: cfg.dtype.as_str().to_string(),
             seed: cfg.seed,
         }
     }
 
-    /// The flags that reproduce these arguments.
+    /// The flags that reproduce these arguments (a flag left out stays out).
     pub fn to_flags(&self) -> Vec<String> {
         [
-            ("--family", self.family.clone()),
-            ("--depth", self.depth.to_string()),
-            ("--batch", self.batch.to_string()),
-            ("--growth", self.growth.to_string()),
-            ("--channels", self.channels.to_string()),
-            ("--bn-size", self.bn_size.to_string()),
-            ("--size", self.size.to_string()),
-            ("--activation", self.activation.name().to_string()),
-            ("--dtype", self.dtype.clone()),
-            ("--seed", self.seed.to_string()),
+            ("--family", Some(self.family.clone())),
+            ("--depth", Some(self.depth.to_string())),
+            ("--batch", Some(self.batch.to_string())),
+            ("--growth", Some(self.growth.to_string())),
+            ("--channels", Some(self.channels.to_string())),
+            ("--bn-size", self.bn_size.map(|b| b.to_string())),
+            ("--size", self.size.map(|s| s.to_string())),
+            ("--activation", Some(self.activation.name().to_string())),
+            ("--dtype", Some(self.dtype.clone())),
+            ("--seed", Some(self.seed.to_string())),
         ]
         .into_iter()
-        .flat_map(|(k, v)| [k.to_string(), v])
+        .filter_map(|(k, v)| v.map(|v| [k.to_string(), v]))
+        .flatten()
         .collect()
     }
 }

@@ -349,9 +349,9 @@ pub fn read(text: &str, source: &str) -> Result<SweepFile> {
     Ok(SweepFile { defaults, groups })
 }
 
-/// Built-in defaults for fields neither a group nor `[defaults]` sets.
-const DEFAULT_BN_SIZE: usize = 4;
-const DEFAULT_SIZE: Spatial = Spatial::square(32);
+// Built-in defaults for fields neither a group nor `[defaults]` sets (bn_size and size are
+// `run`'s: `job::DEFAULT_BN_SIZE`, `job::DEFAULT_SIZE`).
+use super::job::{DEFAULT_BN_SIZE, DEFAULT_SIZE};
 const DEFAULT_STEPS: usize = 3;
 const DEFAULT_WARMUP: usize = 1;
 
@@ -540,6 +540,51 @@ fn bounded<T: Copy>(v: Option<Set<T>>, default: T, check: fn(&str, T) -> Result<
     }
 }
 
+/// Refuses what a group sets itself that its family does not have: `bn_size` or `size` other
+/// than 1 in an mlp group, `activation = false` in a bc group (as `run` refuses the flags).
+/// Without this they were normalised away in silence — `size = [8, 16]` in an mlp group made one
+/// configuration keyed `size 1`. `[defaults]` may set them for every group: they apply to the
+/// groups of the family that has them.
+fn check_family_fields(family: Family, g: &Entry) -> Result<()> {
+    match family {
+        Family::Mlp => {
+            if let Some(s) = g
+                .bn_size
+                .as_ref()
+                .filter(|s| s.value.iter().any(|&b| b != 1))
+            {
+                bail!(
+                    "{}: `bn_size` applies to bc groups only: an mlp layer (Linear → ReLU) has \
+                     no bottleneck; leave it out of this group",
+                    s.at
+                );
+            }
+            let flat = Spatial::square(1);
+            if let Some(s) = g
+                .size
+                .as_ref()
+                .filter(|s| s.value.iter().any(|&z| z != flat))
+            {
+                bail!(
+                    "{}: `size` applies to bc groups only: an mlp layer's features are vectors, \
+                     not feature maps; leave it out of this group",
+                    s.at
+                );
+            }
+        }
+        Family::Bc => {
+            if let Some(s) = g.activation.as_ref().filter(|s| s.value.contains(&false)) {
+                bail!(
+                    "{}: `activation = false` applies to mlp groups only: a bc (DenseNet-BC) \
+                     layer always has its BN → ReLU; leave it out of this group",
+                    s.at
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
 fn expand(
     g: &Entry,
     d: &Entry,
@@ -554,6 +599,7 @@ fn expand(
     let channels = required(merged!(g, d, channels), "channels")?;
     let growths = required(merged!(g, d, growth), "growth")?;
     let depths = required(merged!(g, d, depth), "depth")?;
+    check_family_fields(family, g)?;
     let bn_sizes = optional(merged!(g, d, bn_size), DEFAULT_BN_SIZE);
     let sizes = optional(merged!(g, d, size), DEFAULT_SIZE);
     let activations = optional(merged!(g, d, activation), true);
@@ -990,6 +1036,61 @@ mod tests {
         assert!(
             err("[[group]]\nfamily = 'mlp'\nbatch = 1\nchannels = 1\ngrowth = 1\ndepth = 0")
                 .contains("depth")
+        );
+    }
+
+    #[test]
+    fn a_group_setting_what_its_family_has_not_is_refused() {
+        const MLP: &str = "[[group]]\nfamily = 'mlp'\nbatch = 2\nchannels = 3\ngrowth = 2\n\
+                           depth = 1\nvariants = ['cat-store-copy']\n";
+        for (extra, says) in [
+            (
+                "size = [8, 16]",
+                "line 8: `size`: `size` applies to bc groups only",
+            ),
+            ("size = '1x2'", "`size` applies to bc groups only"),
+            (
+                "bn_size = 4",
+                "line 8: `bn_size`: `bn_size` applies to bc groups only",
+            ),
+        ] {
+            let e = err(&format!("{MLP}{extra}\n"));
+            assert!(
+                e.contains(says) && e.contains("leave it out"),
+                "{extra}: {e}"
+            );
+        }
+        let e = err(&format!("{BC}activation = [true, false]\n"));
+        assert!(
+            e.contains("`activation = false` applies to mlp groups only"),
+            "{e}"
+        );
+        // What the key records anyway is accepted, and `[defaults]` applies to the family that
+        // has the field: one mlp configuration, two bc sizes.
+        let ok = |text: &str| {
+            parse(text, "t.toml", Some(1 << 30))
+                .map(|jobs| jobs.into_iter().map(|j| j.key).collect::<Vec<_>>())
+                .map_err(|e| format!("{e:#}"))
+        };
+        assert_eq!(
+            ok(&format!("{MLP}size = 1\nbn_size = 1\n")),
+            Ok(vec![
+                "cat-store-copy/mlp/2/3/2/1/1/1/on/f32/0/cpu".to_string()
+            ])
+        );
+        let keys = ok(&format!(
+            "[defaults]\nsize = [4, 5]\nbn_size = 2\nactivation = [true, false]\n{MLP}{BC}"
+        ))
+        .expect("defaults apply where they can");
+        assert_eq!(
+            keys.iter().filter(|k| k.contains("/mlp/")).count(),
+            2,
+            "{keys:?}"
+        );
+        assert_eq!(
+            keys.iter().filter(|k| k.contains("/bc/")).count(),
+            2,
+            "{keys:?}"
         );
     }
 
