@@ -4,6 +4,7 @@
 //! checks without the harness's child process and reference; or (`conv3x3 REPS`) the bc layer's
 //! 3×3 convolution alone, direct kernel against the tap stack. A benchmark, not a test:
 //! `RAYON_NUM_THREADS=1 cargo run --release -p densebench-impls --example step_timing -- bc cat-store-copy 3`
+//! (a fourth argument is the dtype, `f32` by default: `-- mlp cat-store-copy 3 bf16`)
 //! (or `-- conv3x3 5`, or `-- passes 5` for each pass of the direct 3×3 kernel alone, or
 //! `-- cat-parts 3` for the mlp forward's products and concatenations timed apart, or
 //! `-- front VARIANT REPS [L]` for a variant's step with the bc layer's front split, as the
@@ -75,6 +76,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let variant = Variant::parse(args.get(2).map(String::as_str).unwrap_or("cat-store-copy"))?;
     let steps: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(3);
+    let dtype = impls::config::parse_dtype(args.get(4).map(String::as_str).unwrap_or("f32"))?;
     let cfg = match family {
         "mlp" => Config {
             family: Family::Mlp,
@@ -85,11 +87,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             bn_size: 1,
             size: 1.into(),
             activation: true,
+            dtype,
             ..Config::bc100_block()
         },
         _ => Config {
             batch: 64,
             size: 32.into(),
+            dtype,
             ..Config::bc100_block()
         },
     };

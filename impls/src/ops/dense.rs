@@ -12,9 +12,10 @@
 //! order for that inner length, so results do not depend on the number of threads or panels.
 //!
 //! bf16 operands (PyTorch autocast's products): `gemm` 0.19 has no bf16, so `multiply_widened`
-//! runs tiles of the product on the CPU's bf16 dot-product instruction where it has one
-//! ([`crate::ops::cpu::bf16_dot`], AVX-512 BF16: operand blocks packed in bf16 pairs) and
-//! otherwise widens blocks of the operands to f32 (exact) for the f32 `gemm`; either way it
+//! runs tiles of the product on the CPU's bf16 dot-product kernel where it can
+//! ([`crate::ops::cpu::bf16_dot`]: operand blocks packed in bf16 pairs, on AVX-512 BF16's
+//! `vdpbf16ps` or on AVX2 + FMA) and otherwise widens blocks of the operands to f32 (exact) for
+//! the f32 `gemm`; either way it
 //! accumulates in f32 and writes each output element once: rounded to bf16 for
 //! a bf16 destination ([`product`], [`accumulate`] into bf16), unrounded into an f32 one
 //! ([`product_f32`], [`accumulate`] of bf16 operands into f32: parameter gradients). The

@@ -1,16 +1,25 @@
 //! The CPU's bf16 dot-product kernel for bf16-operand products (PyTorch autocast's matmuls):
-//! one tile `acc [mr, nc] += a [mr, kc] · b [kc, nc]` of bf16 operands into f32 accumulators
-//! with AVX-512 BF16's `vdpbf16ps` (each f32 lane adds two bf16 products), the operands packed
-//! in pairs along the inner dimension. [`crate::ops::dense`]'s bf16 products take it where the
-//! CPU has the instruction ([`enabled`]) and otherwise widen their operands to f32 for `gemm`.
+//! one tile `acc [mr, nc] += a [mr, kc] · b [kc, nc]` of bf16 operands into f32 accumulators,
+//! the operands packed in pairs along the inner dimension, on one of two instruction sets
+//! ([`Isa`], picked once per process):
 //!
-//! Numerics: the two products of a pair are exact in f32 and are added into the lane with
-//! round-to-nearest-even, inputs and outputs that are subnormal taken as zero (the
-//! instruction's fixed DAZ/FTZ, as oneDNN's bf16 convolutions that PyTorch autocast runs on
-//! such a CPU). Every output element is summed pair by pair in inner-dimension order whatever
-//! the tile's position, so results do not depend on how a product is cut into tiles or threads;
-//! they differ from the widened path's `gemm` order by rounding only (bounded like any f32 sum
-//! of the same terms).
+//! - **AVX-512 BF16**: `vdpbf16ps` (each f32 lane adds two bf16 products), 8 × 32 outputs per
+//!   micro-kernel call;
+//! - **AVX2 + FMA** (every x86-64 CPU of the last decade without AVX-512 BF16): the same packed
+//!   pairs, each pair's halves widened in registers (a shift and a mask) and added by two
+//!   `vfmadd231ps`, the pair's odd element first, as the SDM's pseudo-code of `vdpbf16ps` adds
+//!   them; the 8 × 32 block as four 4 × 16 blocks (16 ymm registers).
+//!
+//! [`crate::ops::dense`]'s bf16 products take it where the CPU has either ([`enabled`]) and
+//! otherwise widen their operands to f32 for `gemm`.
+//!
+//! Numerics: the two products of a pair are exact in f32 and are added into the lane one after
+//! the other with round-to-nearest-even. `vdpbf16ps` takes subnormal inputs and outputs as zero
+//! (the instruction's fixed DAZ/FTZ, as oneDNN's bf16 convolutions that PyTorch autocast runs
+//! on such a CPU); the AVX2 kernel keeps IEEE subnormals. Every output element is summed pair by
+//! pair in inner-dimension order whatever the tile's position, so results do not depend on how
+//! a product is cut into tiles or threads; they differ from the widened path's `gemm` order by
+//! rounding only (bounded like any f32 sum of the same terms).
 
 use half::bf16;
 use std::sync::atomic::{AtomicU8, Ordering};
@@ -20,58 +29,100 @@ pub(crate) const MR: usize = 8;
 /// Columns of the micro-kernel's output block (two 16-lane vectors).
 pub(crate) const NR: usize = 32;
 
-/// 0: not yet decided, 1: the dot kernel, 2: widened (no instruction, or forced).
+/// 0: not yet decided, 1: the dot kernel on AVX-512 BF16, 3: on AVX2 + FMA, 2: widened (no
+/// instruction set for it, or forced).
 static MODE: AtomicU8 = AtomicU8::new(0);
 
 /// The environment variable that makes bf16 products widen their operands to f32 for `gemm`
-/// on a CPU that has the dot-product instruction (`0`; `1` or unset: the instruction where the
-/// CPU has it): the widened path's bits, e.g. to compare a row with one from a CPU without it.
+/// on a CPU that can run the dot-product kernel (`0`; `1` or unset: the kernel where the CPU
+/// can run it): the widened path's bits, e.g. to time the two side by side.
 pub const BF16_DOT_ENV: &str = "DENSEBENCH_BF16_DOT";
 
-/// Whether bf16 products use this kernel: the CPU has AVX-512 BF16 ([`detected`]), and neither
-/// [`BF16_DOT_ENV`] `= 0` nor [`force_widened`] turned it off. Decided once per process.
-pub fn enabled() -> bool {
+/// The instruction set the dot-product kernel runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isa {
+    /// `vdpbf16ps` (AVX-512 BF16, with the AVX-512F and BW the packing uses).
+    Avx512Bf16,
+    /// Pairs widened in registers, two FMAs each (AVX2 + FMA).
+    Avx2Fma,
+}
+
+fn mode_of(isa: Option<Isa>) -> u8 {
+    match isa {
+        Some(Isa::Avx512Bf16) => 1,
+        Some(Isa::Avx2Fma) => 3,
+        None => 2,
+    }
+}
+
+/// The instruction set bf16 products run the kernel on in this process, `None` where they are
+/// widened for `gemm`: the best this CPU has ([`detected`]) unless [`BF16_DOT_ENV`] `= 0` or
+/// [`force_widened`] turned the kernel off. Decided once per process.
+pub fn isa() -> Option<Isa> {
     match MODE.load(Ordering::Relaxed) {
-        1 => true,
-        2 => false,
+        1 => Some(Isa::Avx512Bf16),
+        3 => Some(Isa::Avx2Fma),
+        2 => None,
         _ => {
             let off = std::env::var(BF16_DOT_ENV).is_ok_and(|v| v.trim() == "0");
-            let on = detected() && !off;
-            MODE.store(if on { 1 } else { 2 }, Ordering::Relaxed);
-            on
+            let isa = detected().filter(|_| !off);
+            MODE.store(mode_of(isa), Ordering::Relaxed);
+            isa
         }
     }
 }
 
-/// Whether this CPU has the instruction (AVX-512 BF16, with the AVX-512F and BW the packing
-/// uses: every CPU with AVX-512 BF16 has both).
-pub fn detected() -> bool {
+/// Whether bf16 products use this kernel ([`isa`] is not `None`).
+pub fn enabled() -> bool {
+    isa().is_some()
+}
+
+/// The best instruction set this CPU has for the kernel: AVX-512 BF16 (with AVX-512F and BW:
+/// every CPU with AVX-512 BF16 has both), else AVX2 with FMA, else `None`.
+pub fn detected() -> Option<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
-        std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-            && std::arch::is_x86_feature_detected!("avx512bf16")
+        if avx512_packing() && std::arch::is_x86_feature_detected!("avx512bf16") {
+            return Some(Isa::Avx512Bf16);
+        }
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(Isa::Avx2Fma);
+        }
+        None
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        false
+        None
     }
+}
+
+/// Whether the packers may take their AVX-512 register transposes (AVX-512F and BW).
+#[cfg(target_arch = "x86_64")]
+fn avx512_packing() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+        && std::arch::is_x86_feature_detected!("avx512bw")
 }
 
 /// Makes every later bf16 product of this process widen its operands to f32 for `gemm`
 /// (`true`), or use this kernel where [`detected`] (`false`): for timing the two side by side
-/// and for testing the widened path on a CPU that has the instruction. Process-wide; a product
+/// and for testing the widened path on a CPU that can run the kernel. Process-wide; a product
 /// already running keeps its choice.
 pub fn force_widened(on: bool) {
-    MODE.store(if on || !detected() { 2 } else { 1 }, Ordering::Relaxed);
+    let isa = if on { None } else { detected() };
+    MODE.store(mode_of(isa), Ordering::Relaxed);
 }
 
 /// Which kernel bf16 products use in this process, in words (for a row's notes).
 pub fn describe() -> &'static str {
-    if enabled() {
-        "bf16 products: AVX-512 BF16 dot products (vdpbf16ps), f32 accumulation"
-    } else {
-        "bf16 products: operands widened to f32, f32 gemm"
+    match isa() {
+        Some(Isa::Avx512Bf16) => {
+            "bf16 products: AVX-512 BF16 dot products (vdpbf16ps), f32 accumulation"
+        }
+        Some(Isa::Avx2Fma) => {
+            "bf16 products: bf16 pairs widened in registers, AVX2 FMA, f32 accumulation"
+        }
+        None => "bf16 products: operands widened to f32, f32 gemm",
     }
 }
 
@@ -97,7 +148,8 @@ fn pair(lo: bf16, hi: bf16) -> u32 {
 ///
 /// # Safety
 /// Every element of the block must be readable; `out` holds [`packed_a_len`]`(mr, kc)`; the
-/// CPU has AVX-512F ([`detected`]).
+/// CPU can run the kernel ([`detected`]; the AVX-512 register transposes only where it has
+/// AVX-512F and BW).
 pub(crate) unsafe fn pack_a(
     a: *const bf16,
     rs: usize,
@@ -115,7 +167,7 @@ pub(crate) unsafe fn pack_a(
 ///
 /// # Safety
 /// For every row `i < mr`, `row(i) + p·cs` must be readable for every `p < kc`; `out` holds
-/// [`packed_a_len`]`(mr, kc)`; the CPU has AVX-512F ([`detected`]).
+/// [`packed_a_len`]`(mr, kc)`; the CPU can run the kernel ([`detected`]).
 pub(crate) unsafe fn pack_a_rows(
     row: impl Fn(usize) -> *const bf16,
     cs: usize,
@@ -131,12 +183,12 @@ pub(crate) unsafe fn pack_a_rows(
         // registers into the panel's 16 × 8 layout (`transpose_8x16`); the rest pair by pair.
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if cs == 1 && (panel + 1) * MR <= mr {
+        if cs == 1 && (panel + 1) * MR <= mr && avx512_packing() {
             let rows: [*const u32; MR] = std::array::from_fn(|i| row(panel * MR + i) as *const u32);
             while done + 16 <= full {
                 // SAFETY: pairs done .. done + 16 < full of every row: inside the rows (the
                 // caller's contract); the block holds kp·MR ≥ (done + 16)·MR u32; AVX-512F
-                // present (the caller's contract)
+                // present (avx512_packing)
                 unsafe {
                     transpose_8x16(
                         rows.map(|r| r.add(done)),
@@ -145,6 +197,22 @@ pub(crate) unsafe fn pack_a_rows(
                     )
                 };
                 done += 16;
+            }
+        }
+        #[cfg(target_arch = "x86_64")]
+        if cs == 1 && (panel + 1) * MR <= mr && !avx512_packing() {
+            let rows: [*const u32; MR] = std::array::from_fn(|i| row(panel * MR + i) as *const u32);
+            while done + 8 <= full {
+                // SAFETY: as above, 8 pairs at a time; AVX2 present (the kernel's ISA: the
+                // caller's contract)
+                unsafe {
+                    transpose_8x8_avx2(
+                        rows.map(|r| r.add(done)),
+                        block[done * MR..(done + 8) * MR].as_mut_ptr(),
+                        MR,
+                    )
+                };
+                done += 8;
             }
         }
         for i in 0..MR {
@@ -242,6 +310,49 @@ unsafe fn transpose_8x16(rows: [*const u32; MR], dst: *mut u32, ld: usize) {
     }
 }
 
+/// `dst[t·ld + i] = rows[i][t]` for t, i < 8: 8 pairs of 8 rows, each row's 8 u32 read in one
+/// load, transposed with 32-bit and 64-bit interleaves and 128-bit lane permutes (AVX2's
+/// [`transpose_8x16`]).
+///
+/// # Safety
+/// Each `rows[i]` addresses 8 readable u32 (unaligned is fine), `dst + t·ld` 8 writable ones
+/// for every t < 8; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose_8x8_avx2(rows: [*const u32; MR], dst: *mut u32, ld: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract
+    unsafe {
+        let r: [__m256i; MR] =
+            std::array::from_fn(|i| _mm256_loadu_si256(rows[i] as *const __m256i));
+        // t in (0, 1, 4, 5) / (2, 3, 6, 7) of rows (2i, 2i + 1), interleaved
+        let lo: [__m256i; 4] =
+            std::array::from_fn(|i| _mm256_unpacklo_epi32(r[2 * i], r[2 * i + 1]));
+        let hi: [__m256i; 4] =
+            std::array::from_fn(|i| _mm256_unpackhi_epi32(r[2 * i], r[2 * i + 1]));
+        // rows 0-3 / 4-7 of one t per 128-bit lane: t = 0, 4 (q[0]), 1, 5, 2, 6, 3, 7
+        let q = [
+            _mm256_unpacklo_epi64(lo[0], lo[1]),
+            _mm256_unpackhi_epi64(lo[0], lo[1]),
+            _mm256_unpacklo_epi64(hi[0], hi[1]),
+            _mm256_unpackhi_epi64(hi[0], hi[1]),
+        ];
+        let w = [
+            _mm256_unpacklo_epi64(lo[2], lo[3]),
+            _mm256_unpackhi_epi64(lo[2], lo[3]),
+            _mm256_unpacklo_epi64(hi[2], hi[3]),
+            _mm256_unpackhi_epi64(hi[2], hi[3]),
+        ];
+        for t in 0..4 {
+            // q[t]: rows 0-3 at t (low lane) and t + 4 (high lane); w[t] the same of rows 4-7
+            let first = _mm256_permute2x128_si256::<0x20>(q[t], w[t]);
+            let second = _mm256_permute2x128_si256::<0x31>(q[t], w[t]);
+            _mm256_storeu_si256(dst.add(t * ld) as *mut __m256i, first);
+            _mm256_storeu_si256(dst.add((t + 4) * ld) as *mut __m256i, second);
+        }
+    }
+}
+
 /// [`pack_a`] of a block given element by element, `get(i, p)` for `i < mr`, `p < kc` (a
 /// weight rearranged as it is packed; scalar, for blocks packed once per pass).
 pub(crate) fn pack_a_with(
@@ -276,7 +387,7 @@ pub(crate) fn pack_a_with(
 ///
 /// # Safety
 /// Every element of the block must be readable; `out` holds [`packed_b_len`]`(nc, kc)`; the
-/// CPU has AVX-512F and BW ([`detected`]).
+/// CPU can run the kernel ([`detected`]).
 pub(crate) unsafe fn pack_b(
     b: *const bf16,
     rs: usize,
@@ -296,7 +407,7 @@ pub(crate) unsafe fn pack_b(
             // transposed in registers (`transpose_8x16`) into the panel's rows of NR.
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
-            if cols == NR {
+            if cols == NR && avx512_packing() {
                 let full = kc / 2;
                 while done + 16 <= full {
                     for g in 0..NR / MR {
@@ -305,12 +416,29 @@ pub(crate) unsafe fn pack_b(
                         });
                         // SAFETY: pairs done .. done + 16 ≤ full of the panel's columns: inside
                         // the block (the caller's contract); the block holds kp·NR ≥ (done +
-                        // 16)·NR u32; AVX-512F present (the caller's contract)
+                        // 16)·NR u32; AVX-512F present (avx512_packing)
                         unsafe {
                             transpose_8x16(starts, block[done * NR + g * MR..].as_mut_ptr(), NR)
                         };
                     }
                     done += 16;
+                }
+            }
+            #[cfg(target_arch = "x86_64")]
+            if cols == NR && !avx512_packing() {
+                let full = kc / 2;
+                while done + 8 <= full {
+                    for g in 0..NR / MR {
+                        let starts: [*const u32; MR] = std::array::from_fn(|i| {
+                            b.wrapping_add(2 * done + (j0 + g * MR + i) * cs) as *const u32
+                        });
+                        // SAFETY: as above, 8 pairs at a time; AVX2 present (the kernel's
+                        // ISA: the caller's contract)
+                        unsafe {
+                            transpose_8x8_avx2(starts, block[done * NR + g * MR..].as_mut_ptr(), NR)
+                        };
+                    }
+                    done += 8;
                 }
             }
             for p in done..kp {
@@ -339,7 +467,7 @@ pub(crate) unsafe fn pack_b(
 ///
 /// # Safety
 /// For every row `p < kc`, `row(p) + j·cs` must be readable for every `j < nc`; `out` holds
-/// [`packed_b_len`]`(nc, kc)`; the CPU has AVX-512F and BW ([`detected`]).
+/// [`packed_b_len`]`(nc, kc)`; the CPU can run the kernel ([`detected`]).
 pub(crate) unsafe fn pack_b_rows(
     row: impl Fn(usize) -> *const bf16,
     cs: usize,
@@ -357,14 +485,14 @@ pub(crate) unsafe fn pack_b_rows(
             let (k0, k1) = (2 * p, 2 * p + 1);
             // SAFETY (every read below): rows k0 (and k1 where < kc), columns j0 .. j0 + cols:
             // inside the rows (the caller's contract)
+            #[cfg(target_arch = "x86_64")]
             if cs == 1 && cols == NR && k1 < kc {
                 // two contiguous row segments interleaved, 32 columns at a time
-                #[cfg(target_arch = "x86_64")]
-                unsafe {
-                    interleave_32(row(k0).add(j0), row(k1).add(j0), dst)
-                };
-                #[cfg(not(target_arch = "x86_64"))]
-                unreachable!("the dot kernel is x86-64 only");
+                if avx512_packing() {
+                    unsafe { interleave_32(row(k0).add(j0), row(k1).add(j0), dst) };
+                } else {
+                    unsafe { interleave_32_avx2(row(k0).add(j0), row(k1).add(j0), dst) };
+                }
                 continue;
             }
             for (j, d) in dst[..cols].iter_mut().enumerate() {
@@ -380,7 +508,7 @@ pub(crate) unsafe fn pack_b_rows(
 /// `dst[j] = pair(r0[j], r1[j])` for 32 columns: two 64-byte loads, two permutes, two stores.
 ///
 /// # Safety
-/// `r0` and `r1` address 32 readable elements each; the CPU has AVX-512F and BW ([`detected`]).
+/// `r0` and `r1` address 32 readable elements each; the CPU has AVX-512F and BW.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn interleave_32(r0: *const bf16, r1: *const bf16, dst: &mut [u32]) {
@@ -412,6 +540,31 @@ unsafe fn interleave_32(r0: *const bf16, r1: *const bf16, dst: &mut [u32]) {
     }
 }
 
+/// [`interleave_32`] on AVX2: per 16 columns, two 32-byte loads, the 16-bit interleaves (which
+/// stay within 128-bit lanes) and two lane permutes that put the columns back in order.
+///
+/// # Safety
+/// `r0` and `r1` address 32 readable elements each; the CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn interleave_32_avx2(r0: *const bf16, r1: *const bf16, dst: &mut [u32]) {
+    use std::arch::x86_64::*;
+    assert!(dst.len() >= 32);
+    // SAFETY: the caller's contract; dst holds 32 u32, checked above
+    unsafe {
+        for h in 0..2 {
+            let v0 = _mm256_loadu_si256(r0.add(16 * h) as *const __m256i);
+            let v1 = _mm256_loadu_si256(r1.add(16 * h) as *const __m256i);
+            // columns 0-3 and 8-11 / 4-7 and 12-15 of this half, as pairs
+            let lo = _mm256_unpacklo_epi16(v0, v1);
+            let hi = _mm256_unpackhi_epi16(v0, v1);
+            let out = dst.as_mut_ptr().add(16 * h) as *mut __m256i;
+            _mm256_storeu_si256(out, _mm256_permute2x128_si256::<0x20>(lo, hi));
+            _mm256_storeu_si256(out.add(1), _mm256_permute2x128_si256::<0x31>(lo, hi));
+        }
+    }
+}
+
 /// `acc += A · B` for packed blocks ([`pack_a`] of `mr` rows, [`pack_b`] of `nc` columns, inner
 /// length `kc`), `acc` row-major with row stride `ldc ≥ nc.next_multiple_of(NR)` and at least
 /// `mr.next_multiple_of(MR)` rows: the padding rows and columns are written too (with sums of
@@ -429,27 +582,81 @@ pub(crate) unsafe fn multiply_packed(
     acc: &mut [f32],
     ldc: usize,
 ) {
+    let isa = isa().expect("multiply_packed runs where the dot kernel is enabled");
     let kp = kc.div_ceil(2);
     let (mp, np) = (mr.next_multiple_of(MR), nc.next_multiple_of(NR));
     assert!(pa.len() >= mp * kp && pb.len() >= np * kp && ldc >= np);
     assert!(acc.len() >= (mp - MR) * ldc + np);
     for pi in 0..mp / MR {
-        for pj in 0..np / NR {
-            let c = acc[pi * MR * ldc + pj * NR..].as_mut_ptr();
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: the blocks' sizes checked above; the instructions present (the caller's
-            // contract)
-            unsafe {
-                kernel(
-                    kp,
-                    pa[pi * MR * kp..].as_ptr(),
-                    pb[pj * NR * kp..].as_ptr(),
-                    c,
+        let a = pa[pi * MR * kp..].as_ptr();
+        let row = acc[pi * MR * ldc..].as_mut_ptr();
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the blocks' sizes checked above; the instructions present (the caller's
+        // contract)
+        unsafe {
+            match isa {
+                Isa::Avx512Bf16 => {
+                    for pj in 0..np / NR {
+                        kernel(kp, a, pb[pj * NR * kp..].as_ptr(), row.add(pj * NR), ldc);
+                    }
+                }
+                // the left panel widened once for every right panel
+                Isa::Avx2Fma => multiply_panel_avx2(kp, a, pb.as_ptr(), np / NR, row, ldc),
+            }
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (a, row, isa);
+    }
+}
+
+/// Pairs of a left panel that [`multiply_panel_avx2`] widens at a time: its f32 halves take
+/// `2·MR·WIDE_PAIRS` floats (8 KiB) on the stack.
+#[cfg(target_arch = "x86_64")]
+const WIDE_PAIRS: usize = 128;
+
+/// One left panel (`MR` rows, `kp` pairs at `a`) times every right panel (`panels` of them,
+/// `NR` columns each, at `b`), into `c`'s `MR` rows from column 0 on (stride `ldc`): the left
+/// panel's pairs widened to f32 halves once per [`WIDE_PAIRS`] (on the stack, so the kernel
+/// broadcasts them from memory instead of widening them per right panel), then
+/// [`kernel_avx2`] per right panel on those pairs. Each output is still summed pair by pair in
+/// inner-dimension order.
+///
+/// # Safety
+/// `a` holds `kp·MR` pairs, `b` `panels·kp·NR`, `c` `MR` rows of `panels·NR` at stride `ldc`;
+/// the CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn multiply_panel_avx2(
+    kp: usize,
+    a: *const u32,
+    b: *const u32,
+    panels: usize,
+    c: *mut f32,
+    ldc: usize,
+) {
+    use std::arch::x86_64::*;
+    let mut wide = [0f32; 2 * MR * WIDE_PAIRS];
+    let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+    for p0 in (0..kp).step_by(WIDE_PAIRS) {
+        let n = WIDE_PAIRS.min(kp - p0);
+        // SAFETY: pairs p0 .. p0 + n of the panel: inside a (the caller's contract); `wide`
+        // holds 2·MR·n floats; MR = 8 u32 is one 32-byte vector
+        unsafe {
+            for p in 0..n {
+                let v = _mm256_loadu_si256(a.add((p0 + p) * MR) as *const __m256i);
+                let out = wide.as_mut_ptr().add(2 * MR * p);
+                _mm256_storeu_ps(out, _mm256_castsi256_ps(_mm256_and_si256(v, high)));
+                _mm256_storeu_ps(out.add(MR), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
+            }
+            for pj in 0..panels {
+                kernel_avx2(
+                    n,
+                    wide.as_ptr(),
+                    b.add(pj * NR * kp + p0 * NR),
+                    c.add(pj * NR),
                     ldc,
-                )
-            };
-            #[cfg(not(target_arch = "x86_64"))]
-            let _ = c;
+                );
+            }
         }
     }
 }
@@ -487,6 +694,70 @@ unsafe fn kernel(kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usiz
     }
 }
 
+/// [`kernel`] on AVX2 + FMA, over `kp` pairs of a left panel already widened
+/// ([`multiply_panel_avx2`]: per pair, the `MR` rows' high halves then their low halves, as
+/// f32): the `MR × NR` block as four blocks of 4 rows × 16 columns (8 accumulators and the 4
+/// widened halves of the right pair vectors in registers, the left halves broadcast from
+/// memory), each right pair `(lo, hi)` widened exactly (`lo` shifted up 16 bits, `hi` masked)
+/// and added as `acc + a_hi·b_hi`, then `+ a_lo·b_lo`, each a fused multiply-add (the products
+/// are exact in f32, so each addition rounds once, as `vdpbf16ps` adds them in the SDM).
+///
+/// # Safety
+/// `a` holds `kp·2·MR` floats, `b` `kp·NR` pairs, `c` `MR` rows of `NR` at stride `ldc`; the
+/// CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn kernel_avx2(kp: usize, a: *const f32, b: *const u32, c: *mut f32, ldc: usize) {
+    use std::arch::x86_64::*;
+    const ROWS: usize = 4;
+    const COLS: usize = 16;
+    // SAFETY (the whole body): the caller's contract; each block reads rows r0 .. r0 + 4 ≤ MR
+    // of a's pairs and columns c0 .. c0 + 16 ≤ NR of b's
+    unsafe {
+        let high = _mm256_set1_epi32(0xFFFF_0000u32 as i32);
+        for r0 in (0..MR).step_by(ROWS) {
+            for c0 in (0..NR).step_by(COLS) {
+                let mut acc = [[_mm256_setzero_ps(); 2]; ROWS];
+                for (i, row) in acc.iter_mut().enumerate() {
+                    let at = c.add((r0 + i) * ldc + c0);
+                    row[0] = _mm256_loadu_ps(at);
+                    row[1] = _mm256_loadu_ps(at.add(8));
+                }
+                for p in 0..kp {
+                    let bp = b.add(p * NR + c0);
+                    let b0 = _mm256_loadu_si256(bp as *const __m256i);
+                    let b1 = _mm256_loadu_si256(bp.add(8) as *const __m256i);
+                    let (b0_lo, b0_hi) = (
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b0)),
+                        _mm256_castsi256_ps(_mm256_and_si256(b0, high)),
+                    );
+                    let (b1_lo, b1_hi) = (
+                        _mm256_castsi256_ps(_mm256_slli_epi32::<16>(b1)),
+                        _mm256_castsi256_ps(_mm256_and_si256(b1, high)),
+                    );
+                    let hi = a.add(p * 2 * MR + r0);
+                    let lo = hi.add(MR);
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        let a_hi = _mm256_broadcast_ss(&*hi.add(i));
+                        row[0] = _mm256_fmadd_ps(a_hi, b0_hi, row[0]);
+                        row[1] = _mm256_fmadd_ps(a_hi, b1_hi, row[1]);
+                    }
+                    for (i, row) in acc.iter_mut().enumerate() {
+                        let a_lo = _mm256_broadcast_ss(&*lo.add(i));
+                        row[0] = _mm256_fmadd_ps(a_lo, b0_lo, row[0]);
+                        row[1] = _mm256_fmadd_ps(a_lo, b1_lo, row[1]);
+                    }
+                }
+                for (i, row) in acc.iter().enumerate() {
+                    let at = c.add((r0 + i) * ldc + c0);
+                    _mm256_storeu_ps(at, row[0]);
+                    _mm256_storeu_ps(at.add(8), row[1]);
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -497,8 +768,8 @@ mod tests {
     /// any order gives the same bits and a misplaced element shows.
     #[test]
     fn the_packed_product_is_the_plain_sum() {
-        if !detected() {
-            eprintln!("skipped: this CPU has no AVX-512 BF16");
+        if !enabled() {
+            eprintln!("skipped: this CPU has neither AVX-512 BF16 nor AVX2 + FMA");
             return;
         }
         let val = |s: usize| bf16::from_f32(((s * 7919 % 17) as f32 - 8.0) / 8.0);
@@ -564,5 +835,71 @@ mod tests {
                 }
             }
         }
+    }
+    /// The AVX2 kernel against its stated arithmetic, bit for bit, on values whose sums round:
+    /// per output, pair by pair in inner-dimension order, `acc = fma(a_hi, b_hi, acc)` then
+    /// `fma(a_lo, b_lo, acc)` in f32 (`f32::mul_add`), from the accumulator's initial value. A
+    /// kernel that added a pair's halves the other way round, or summed in another order,
+    /// differs in the last bits. Includes a subnormal operand (kept, not flushed). Where the
+    /// CPU has no AVX2 + FMA, skipped.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_avx2_kernel_adds_each_pair_high_half_first_with_one_rounding_each() {
+        if !(std::arch::is_x86_feature_detected!("avx2")
+            && std::arch::is_x86_feature_detected!("fma"))
+        {
+            eprintln!("skipped: this CPU has no AVX2 + FMA");
+            return;
+        }
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut draw = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            // wide magnitudes so that sums round: 2^-12 .. 2^12, both signs
+            let m = (state >> 40) as f32 / (1u64 << 24) as f32 + 0.5;
+            let e = ((state >> 8) % 25) as i32 - 12;
+            let v = m * 2f32.powi(e) * if state & 1 == 1 { -1.0 } else { 1.0 };
+            bf16::from_f32(v)
+        };
+        let kp = 37 + super::WIDE_PAIRS; // two widened pieces
+        let a: Vec<u32> = (0..kp * MR).map(|_| pair(draw(), draw())).collect();
+        let mut b: Vec<u32> = (0..kp * NR).map(|_| pair(draw(), draw())).collect();
+        b[5] = pair(bf16::from_bits(0x0001), bf16::from_f32(3.0)); // a subnormal lo half
+        let ldc = NR + 5;
+        let init: Vec<f32> = (0..MR * ldc).map(|i| (i as f32 - 100.0) / 7.0).collect();
+        let mut c = init.clone();
+        unsafe { multiply_panel_avx2(kp, a.as_ptr(), b.as_ptr(), 1, c.as_mut_ptr(), ldc) };
+        let half = |x: u32, hi: bool| f32::from_bits(if hi { x & 0xFFFF_0000 } else { x << 16 });
+        for i in 0..MR {
+            for j in 0..NR {
+                let mut want = init[i * ldc + j];
+                for p in 0..kp {
+                    let (x, y) = (a[p * MR + i], b[p * NR + j]);
+                    want = half(x, true).mul_add(half(y, true), want);
+                    want = half(x, false).mul_add(half(y, false), want);
+                }
+                assert_eq!(c[i * ldc + j].to_bits(), want.to_bits(), "({i}, {j})");
+            }
+            for j in NR..ldc {
+                assert_eq!(
+                    c[i * ldc + j],
+                    init[i * ldc + j],
+                    "outside the block ({i}, {j})"
+                );
+            }
+        }
+        // the other order differs somewhere (the test can tell)
+        let mut swapped_differs = false;
+        for j in 0..NR {
+            let mut other = init[j];
+            for p in 0..kp {
+                let (x, y) = (a[p * MR], b[p * NR + j]);
+                other = half(x, false).mul_add(half(y, false), other);
+                other = half(x, true).mul_add(half(y, true), other);
+            }
+            swapped_differs |= other.to_bits() != c[j].to_bits();
+        }
+        assert!(swapped_differs, "the draws never round: make them wider");
     }
 }
