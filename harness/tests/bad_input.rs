@@ -217,21 +217,14 @@ fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
 #[test]
 fn bc_only_flags_are_refused_for_mlp_blocks() {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mlp = [
-        "--family",
-        "mlp",
-        "--depth",
-        "1",
-        "--batch",
-        "2",
-        "--growth",
-        "2",
-        "--channels",
-        "2",
-    ];
+    let mlp = "--family mlp --depth 1 --batch 2 --growth 2 --channels 2";
     let with = |cmd: &str, extra: &[&str]| {
         let mut a = vec![cmd.to_string()];
-        a.extend(mlp.iter().chain(extra).map(|s| s.to_string()));
+        a.extend(
+            mlp.split(' ')
+                .chain(extra.iter().copied())
+                .map(str::to_string),
+        );
         a
     };
     let case = dir.path().join("mlp.safetensors");
@@ -242,19 +235,11 @@ fn bc_only_flags_are_refused_for_mlp_blocks() {
     ] {
         let run = with("run", &["--variant", "cat-store-copy", flag, value]);
         let make = with("case", &["--out", path_str(&case), flag, value]);
-        let fits: Vec<String> = [
-            "max-depth",
-            "--family",
-            "mlp",
-            "--budget",
-            "1GiB",
-            "--no-confirm",
-            flag,
-            value,
-        ]
-        .into_iter()
-        .map(str::to_string)
-        .collect();
+        let fits: Vec<String> = "max-depth --family mlp --budget 1GiB --no-confirm"
+            .split(' ')
+            .chain([flag, value])
+            .map(str::to_string)
+            .collect();
         for args in [run, make, fits] {
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             refused(&args, &[says, "leave the flag out for mlp"]);

@@ -179,40 +179,26 @@ pub(crate) unsafe fn pack_a_rows(
     let full = kc / 2; // pairs with both elements inside the block
     let out = &mut out[..packed_a_len(mr, kc)];
     for (panel, block) in out.chunks_exact_mut(MR * kp).enumerate() {
-        // A whole panel of contiguous rows: 16 pairs of its 8 rows at a time, transposed in
-        // registers into the panel's 16 × 8 layout (`transpose_8x16`); the rest pair by pair.
+        // A whole panel of contiguous rows: 16 (AVX-512) or 8 (AVX2) pairs of its 8 rows at a
+        // time, transposed in registers into the panel's layout ([`transposer`]); the rest pair
+        // by pair.
         let mut done = 0;
         #[cfg(target_arch = "x86_64")]
-        if cs == 1 && (panel + 1) * MR <= mr && avx512_packing() {
+        if cs == 1 && (panel + 1) * MR <= mr {
+            let (step, transpose) = transposer();
             let rows: [*const u32; MR] = std::array::from_fn(|i| row(panel * MR + i) as *const u32);
-            while done + 16 <= full {
-                // SAFETY: pairs done .. done + 16 < full of every row: inside the rows (the
-                // caller's contract); the block holds kp·MR ≥ (done + 16)·MR u32; AVX-512F
-                // present (avx512_packing)
+            while done + step <= full {
+                // SAFETY: pairs done .. done + step ≤ full of every row: inside the rows (the
+                // caller's contract); the block holds kp·MR ≥ (done + step)·MR u32; the
+                // transposer's instructions present (`transposer`, the caller's contract)
                 unsafe {
-                    transpose_8x16(
+                    transpose(
                         rows.map(|r| r.add(done)),
-                        block[done * MR..(done + 16) * MR].as_mut_ptr(),
+                        block[done * MR..(done + step) * MR].as_mut_ptr(),
                         MR,
                     )
                 };
-                done += 16;
-            }
-        }
-        #[cfg(target_arch = "x86_64")]
-        if cs == 1 && (panel + 1) * MR <= mr && !avx512_packing() {
-            let rows: [*const u32; MR] = std::array::from_fn(|i| row(panel * MR + i) as *const u32);
-            while done + 8 <= full {
-                // SAFETY: as above, 8 pairs at a time; AVX2 present (the kernel's ISA: the
-                // caller's contract)
-                unsafe {
-                    transpose_8x8_avx2(
-                        rows.map(|r| r.add(done)),
-                        block[done * MR..(done + 8) * MR].as_mut_ptr(),
-                        MR,
-                    )
-                };
-                done += 8;
+                done += step;
             }
         }
         for i in 0..MR {
@@ -242,6 +228,22 @@ pub(crate) unsafe fn pack_a_rows(
                 block[full * MR + i] = pair(unsafe { *base.add(2 * full * cs) }, bf16::ZERO);
             }
         }
+    }
+}
+
+/// `transpose(rows, dst, ld)`: see [`transposer`].
+#[cfg(target_arch = "x86_64")]
+type Transpose = unsafe fn([*const u32; MR], *mut u32, usize);
+
+/// A register transpose of `MR` rows' pairs, `dst[t·ld + i] = rows[i][t]` for t < the step:
+/// [`transpose_8x16`] (16 pairs) where the CPU has AVX-512F and BW, else [`transpose_8x8_avx2`]
+/// (8 pairs; every CPU the kernel runs on has AVX2).
+#[cfg(target_arch = "x86_64")]
+fn transposer() -> (usize, Transpose) {
+    if avx512_packing() {
+        (16, transpose_8x16)
+    } else {
+        (8, transpose_8x8_avx2)
     }
 }
 
@@ -403,42 +405,25 @@ pub(crate) unsafe fn pack_b(
         for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
             let j0 = panel * NR;
             let cols = NR.min(nc - j0);
-            // A whole panel: 16 pairs of 8 columns at a time, each column's pairs one load,
-            // transposed in registers (`transpose_8x16`) into the panel's rows of NR.
+            // A whole panel: 16 (AVX-512) or 8 (AVX2) pairs of 8 columns at a time, each
+            // column's pairs one load, transposed in registers ([`transposer`]) into the
+            // panel's rows of NR.
             let mut done = 0;
             #[cfg(target_arch = "x86_64")]
-            if cols == NR && avx512_packing() {
+            if cols == NR {
+                let (step, transpose) = transposer();
                 let full = kc / 2;
-                while done + 16 <= full {
+                while done + step <= full {
                     for g in 0..NR / MR {
                         let starts: [*const u32; MR] = std::array::from_fn(|i| {
                             b.wrapping_add(2 * done + (j0 + g * MR + i) * cs) as *const u32
                         });
-                        // SAFETY: pairs done .. done + 16 ≤ full of the panel's columns: inside
-                        // the block (the caller's contract); the block holds kp·NR ≥ (done +
-                        // 16)·NR u32; AVX-512F present (avx512_packing)
-                        unsafe {
-                            transpose_8x16(starts, block[done * NR + g * MR..].as_mut_ptr(), NR)
-                        };
+                        // SAFETY: pairs done .. done + step ≤ full of the panel's columns:
+                        // inside the block (the caller's contract); the block holds kp·NR ≥
+                        // (done + step)·NR u32; the instructions present (as in pack_a_rows)
+                        unsafe { transpose(starts, block[done * NR + g * MR..].as_mut_ptr(), NR) };
                     }
-                    done += 16;
-                }
-            }
-            #[cfg(target_arch = "x86_64")]
-            if cols == NR && !avx512_packing() {
-                let full = kc / 2;
-                while done + 8 <= full {
-                    for g in 0..NR / MR {
-                        let starts: [*const u32; MR] = std::array::from_fn(|i| {
-                            b.wrapping_add(2 * done + (j0 + g * MR + i) * cs) as *const u32
-                        });
-                        // SAFETY: as above, 8 pairs at a time; AVX2 present (the kernel's
-                        // ISA: the caller's contract)
-                        unsafe {
-                            transpose_8x8_avx2(starts, block[done * NR + g * MR..].as_mut_ptr(), NR)
-                        };
-                    }
-                    done += 8;
+                    done += step;
                 }
             }
             for p in done..kp {
