@@ -507,35 +507,12 @@ fn run_prints_one_checked_row() {
     let dir = tempfile::tempdir().expect("temp dir");
     let cache = dir.path().join("cache");
     let run = || {
-        densebench(&[
-            "run",
-            "--family",
-            "bc",
-            "--variant",
-            "buffer-recompute-inplace",
-            "--depth",
-            "3",
-            "--batch",
-            "2",
-            "--growth",
-            "2",
-            "--channels",
-            "3",
-            "--bn-size",
-            "2",
-            "--size",
-            "3",
-            "--dtype",
-            "f64",
-            "--seed",
-            "7",
-            "--steps",
-            "2",
-            "--format",
-            "json",
-            "--cache-dir",
-            path_str(&cache),
-        ])
+        let flags = "run --family bc --variant buffer-recompute-inplace --depth 3 --batch 2 \
+                     --growth 2 --channels 3 --bn-size 2 --size 3 --dtype f64 --seed 7 \
+                     --steps 2 --format json --cache-dir";
+        let mut args: Vec<&str> = flags.split_whitespace().collect();
+        args.push(path_str(&cache));
+        densebench(&args)
     };
     // The wait for the reference is said on stderr before the row, once: a second run finds
     // it cached and says nothing; stdout is the row alone either way.

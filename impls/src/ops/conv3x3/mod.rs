@@ -245,7 +245,8 @@ impl CustomOp2 for Conv3x3Op {
                 let (x, y) = (&x[a1..b1], &y[a2..b2]);
                 // the dot-product kernel where the CPU has AVX-512 BF16 and the pass's blocks
                 // fit; on AVX2 the widened direct kernel is the faster (BC-100 L=16 bf16 steps
-                // ×0.87–0.93 of those with this pass on the AVX2 dot kernel, Zen 3)
+                // ×0.88–0.99 of those with this pass on the AVX2 dot kernel, Zen 3, three
+                // alternations of `cat-store-copy` and `buffer-recompute-inplace`)
                 use crate::ops::cpu::bf16_dot::{isa, Isa};
                 let dot = (isa() == Some(Isa::Avx512Bf16))
                     .then(|| bf16::run(p, x, y, (k, b), g))
