@@ -462,6 +462,8 @@ pub(crate) unsafe fn pack_b_rows(
 ) {
     let kp = kc.div_ceil(2);
     let out = &mut out[..packed_b_len(nc, kc)];
+    #[cfg(target_arch = "x86_64")]
+    let interleave = interleaver();
     for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
         let j0 = panel * NR;
         let cols = NR.min(nc - j0);
@@ -472,12 +474,9 @@ pub(crate) unsafe fn pack_b_rows(
             // inside the rows (the caller's contract)
             #[cfg(target_arch = "x86_64")]
             if cs == 1 && cols == NR && k1 < kc {
-                // two contiguous row segments interleaved, 32 columns at a time
-                if avx512_packing() {
-                    unsafe { interleave_32(row(k0).add(j0), row(k1).add(j0), dst) };
-                } else {
-                    unsafe { interleave_32_avx2(row(k0).add(j0), row(k1).add(j0), dst) };
-                }
+                // two contiguous row segments interleaved, 32 columns at a time (the
+                // instructions present: `interleaver`, the caller's contract)
+                unsafe { interleave(row(k0).add(j0), row(k1).add(j0), dst) };
                 continue;
             }
             for (j, d) in dst[..cols].iter_mut().enumerate() {
@@ -487,6 +486,22 @@ pub(crate) unsafe fn pack_b_rows(
             }
             dst[cols..].fill(0);
         }
+    }
+}
+
+/// `interleave(r0, r1, dst)`: see [`interleaver`].
+#[cfg(target_arch = "x86_64")]
+type Interleave = unsafe fn(*const bf16, *const bf16, &mut [u32]);
+
+/// The register interleave of two rows' 32 columns into pairs, picked once per packed block as
+/// [`transposer`] is: [`interleave_32`] where the CPU has AVX-512F and BW, else
+/// [`interleave_32_avx2`].
+#[cfg(target_arch = "x86_64")]
+fn interleaver() -> Interleave {
+    if avx512_packing() {
+        interleave_32
+    } else {
+        interleave_32_avx2
     }
 }
 
