@@ -4,7 +4,8 @@
 //! `impls::ops::dense` (column panels, one single-threaded `gemm` each, accumulating in place), best
 //! of REPS, at the rayon pool's thread count. A benchmark for choosing the mlp kernels, not a
 //! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`
-//! (`-- 204 5 48 65536` for a bc Conv1×1).
+//! (`-- 204 5 48 65536` for a bc Conv1×1; a fifth argument `bf16` takes bf16 operands, the
+//! weight gradient into f32 as the layers do: `-- 2304 5 64 4096 bf16`).
 
 use candle_core::{Device, Tensor};
 use impls::ops::dense;
@@ -17,11 +18,15 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // optional: the layer's outputs k and M (bc's Conv1×1: 48 65536)
     let k: usize = args.get(3).and_then(|a| a.parse().ok()).unwrap_or(64);
     let m: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(4096);
+    let dtype = match args.get(5).map(String::as_str) {
+        Some("bf16") => candle_core::DType::BF16,
+        _ => candle_core::DType::F32,
+    };
     let dev = Device::Cpu;
-    let w = Tensor::randn(0f32, 1.0, (k, c), &dev)?;
-    let x = Tensor::randn(0f32, 1.0, (c, m), &dev)?;
-    let g = Tensor::randn(0f32, 1.0, (k, m), &dev)?;
-    let dx = Tensor::zeros((c, m), candle_core::DType::F32, &dev)?;
+    let w = Tensor::randn(0f32, 1.0, (k, c), &dev)?.to_dtype(dtype)?;
+    let x = Tensor::randn(0f32, 1.0, (c, m), &dev)?.to_dtype(dtype)?;
+    let g = Tensor::randn(0f32, 1.0, (k, m), &dev)?.to_dtype(dtype)?;
+    let dx = Tensor::zeros((c, m), dtype, &dev)?;
     let flop = 2.0 * (k * c * m) as f64;
     let threads = rayon::current_num_threads();
     let time = |name: &str, f: &mut dyn FnMut() -> candle_core::Result<()>| {
@@ -47,7 +52,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         d(dense::product(&w, &x))
     });
     // what the layer runs: the product added into the bias, broadcast beforehand
-    let y = Tensor::zeros((k, m), candle_core::DType::F32, &dev)?;
+    let y = Tensor::zeros((k, m), dtype, &dev)?;
     time("fwd +W·X     dense::accumulate", &mut || {
         dense::accumulate(&y, &w, &x).map_err(candle_core::Error::wrap)
     });
@@ -57,7 +62,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
     let gt = g.t()?;
     time("dW  (X·Gᵀ)ᵀ  dense::product_transposed", &mut || {
-        d(dense::product_transposed(&x, &gt))
+        d(if dtype == candle_core::DType::BF16 {
+            dense::product_transposed_f32(&x, &gt)
+        } else {
+            dense::product_transposed(&x, &gt)
+        })
     });
     time("dX  +Wᵀ·G    matmul, add", &mut || {
         let p = wt.matmul(&g)?;

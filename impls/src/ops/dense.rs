@@ -22,7 +22,11 @@
 //! scratch (packed or widened blocks and the tile's accumulator) is [`WIDEN_SCRATCH_BYTES`]
 //! per thread, made on a thread's first bf16 product and
 //! kept for the thread's life, like `gemm`'s own packing slab: [`settle_widen_scratch`] makes it
-//! on every compute thread before a measured step, so no step allocates it.
+//! on every compute thread before a measured step, so no step allocates it. On the dot kernel an
+//! operand that several tiles multiply (a Linear's weight `[64, C]`, which every one of the
+//! forward's `M / 256` column tiles reads) is packed once per product, not once per tile, into
+//! one process-wide buffer of 1 MiB made with the scratch (`WHOLE_PACKED`); the same packed
+//! pairs, so the same bits.
 
 use crate::error::{CandleContext, Result};
 use crate::ops::cpu::bf16_dot;
@@ -78,6 +82,9 @@ fn on_every_thread(touch: impl Fn() + Sync) {
 /// it, so its baseline is unchanged).
 pub fn settle_widen_scratch() {
     on_every_thread(|| WIDEN_SCRATCH.with(|s| drop(s.borrow_mut())));
+    if let Ok(mut whole) = WHOLE_PACKED.lock() {
+        whole.resize(WHOLE_PACKED_ELEMS, 0);
+    }
 }
 
 /// `dst [= or +=] a · b`, `dst` m×n, `a` m×k, `b` k×n.
@@ -206,6 +213,18 @@ pub const WIDEN_SCRATCH_BYTES: usize = 4 * WIDEN_SCRATCH_ELEMS;
 /// [`WIDEN_SCRATCH_BYTES`] in f32 elements.
 const WIDEN_SCRATCH_ELEMS: usize = WIDE_MB * WIDE_KB + WIDE_KB * WIDE_NB + WIDE_MB * WIDE_NB;
 
+/// u32 pairs of [`WHOLE_PACKED`]: 1 MiB, a `[64, 4096]` operand (the mlp's weight gradient's
+/// `Gᵀ`; its weight at 64 layers, `[64, 4288]`).
+const WHOLE_PACKED_ELEMS: usize = 1 << 18;
+
+/// The operands a bf16 product packs once for all its tiles ([`multiply_widened`]): its left
+/// operand where it has several column tiles, its right one where it has several row tiles
+/// (e.g. the weight `[64, C]` of a Linear forward, which every one of the `M / 256` column
+/// tiles multiplies), if they fit its [`WHOLE_PACKED_ELEMS`] together. One buffer for the
+/// process, held by one product at a time (a product that finds it held packs per tile, with
+/// the same bits); made by [`settle_widen_scratch`] (part of the baseline) or on first use.
+static WHOLE_PACKED: std::sync::Mutex<Vec<u32>> = std::sync::Mutex::new(Vec::new());
+
 /// Numbers the bf16 products (see [`PACKED`]).
 static NEXT_PRODUCT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
@@ -253,6 +272,90 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
     // only (`PACKED`)
     let product = NEXT_PRODUCT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let (m, n, k) = (d.rows, d.cols, am.cols);
+    // Operands several tiles multiply, packed once for the product (`WHOLE_PACKED`): block
+    // (tile t, inner block q) of the left operand at `t·WIDE_MB·kp + rows(t)·q·WIDE_KB/2`, with
+    // kp the pairs of the whole inner dimension (every tile and block but the last is whole, and
+    // WIDE_MB, WIDE_NB and WIDE_KB are multiples of MR, NR and 2), the right one's likewise
+    let kp = (k / WIDE_KB) * (WIDE_KB / 2) + (k % WIDE_KB).div_ceil(2);
+    let (a_len, b_len) = (
+        m.next_multiple_of(bf16_dot::MR) * kp,
+        n.next_multiple_of(bf16_dot::NR) * kp,
+    );
+    let mut whole_a = dot && n > WIDE_NB && a_len <= WHOLE_PACKED_ELEMS;
+    let mut whole_b =
+        dot && m > WIDE_MB && b_len + if whole_a { a_len } else { 0 } <= WHOLE_PACKED_ELEMS;
+    #[cfg(test)]
+    if tests::PER_TILE_ONLY.with(std::cell::Cell::get) {
+        (whole_a, whole_b) = (false, false);
+    }
+    let mut held_whole = if whole_a || whole_b {
+        WHOLE_PACKED.try_lock().ok()
+    } else {
+        None
+    };
+    if let Some(buf) = held_whole.as_mut() {
+        if buf.len() < WHOLE_PACKED_ELEMS {
+            buf.resize(WHOLE_PACKED_ELEMS, 0);
+        }
+    } else {
+        (whole_a, whole_b) = (false, false);
+    }
+    let whole = held_whole
+        .as_mut()
+        .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
+    let whole = SharedPtr(whole);
+    #[cfg(test)]
+    tests::PACKED_WHOLE.with(|w| w.set((whole_a, whole_b)));
+    let b_at = if whole_a { a_len } else { 0 };
+    let blocks = |tiles: usize, step: usize, len: usize| {
+        (0..tiles).flat_map(move |t| {
+            (0..k.div_ceil(WIDE_KB)).map(move |q| {
+                let rows = step.min(len - t * step);
+                (t, q, rows)
+            })
+        })
+    };
+    // where block (t, q) of a whole operand begins, `pad` its rows (columns) rounded up
+    let offset =
+        |t: usize, q: usize, step: usize, pad: usize| t * step * kp + pad * q * (WIDE_KB / 2);
+    {
+        let a_blocks = blocks(m.div_ceil(WIDE_MB), WIDE_MB, m)
+            .filter(|_| whole_a)
+            .map(|(t, q, rows)| (true, t, q, rows));
+        let b_blocks = blocks(n.div_ceil(WIDE_NB), WIDE_NB, n)
+            .filter(|_| whole_b)
+            .map(|(t, q, cols)| (false, t, q, cols));
+        let jobs: Vec<(bool, usize, usize, usize)> = a_blocks.chain(b_blocks).collect();
+        let (ap, bp) = (SharedPtr(a as *mut bf16), SharedPtr(b as *mut bf16));
+        jobs.into_par_iter().for_each(|(left, t, q, len)| {
+            let k0 = q * WIDE_KB;
+            let kc = WIDE_KB.min(k - k0);
+            // SAFETY: the block lies inside a (b) (the caller's contract); its packed pairs,
+            // at its own offset below a_len (b_at + b_len), inside the held buffer and
+            // written by this job alone
+            unsafe {
+                if left {
+                    let at = offset(t, q, WIDE_MB, len.next_multiple_of(bf16_dot::MR));
+                    let out = std::slice::from_raw_parts_mut(
+                        whole.get().add(at),
+                        bf16_dot::packed_a_len(len, kc),
+                    );
+                    let a0 =
+                        (ap.get() as *const bf16).add(am.off + t * WIDE_MB * am.rs + k0 * am.cs);
+                    bf16_dot::pack_a(a0, am.rs, am.cs, len, kc, out);
+                } else {
+                    let at = b_at + offset(t, q, WIDE_NB, len.next_multiple_of(bf16_dot::NR));
+                    let out = std::slice::from_raw_parts_mut(
+                        whole.get().add(at),
+                        bf16_dot::packed_b_len(len, kc),
+                    );
+                    let b0 =
+                        (bp.get() as *const bf16).add(bm.off + k0 * bm.rs + t * WIDE_NB * bm.cs);
+                    bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, len, out);
+                }
+            }
+        });
+    }
     // Column by column: consecutive tiles (which rayon mostly gives one thread) share their
     // columns, so a tall product packs each right block once per thread rather than once per
     // row tile; a product of one row tile shares its rows instead.
@@ -289,7 +392,10 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                 (mr, nc)
             };
             let acc = &mut acc[..rows * ldc];
-            acc.fill(0.0);
+            if !accumulate || rows > mr || ldc > nc {
+                // (an accumulating tile without padding is all overwritten below)
+                acc.fill(0.0);
+            }
             if accumulate {
                 for i in 0..mr {
                     // SAFETY: row r0 + i, columns c0 .. c0 + nc of dst (the caller's contract);
@@ -320,6 +426,26 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                         bytemuck::cast_slice_mut::<f32, u32>(sa),
                         bytemuck::cast_slice_mut::<f32, u32>(sb),
                     );
+                    let q = k0 / WIDE_KB;
+                    // SAFETY: the whole operands' blocks, packed above and only read now
+                    let (wa, wb) = unsafe {
+                        (
+                            whole_a.then(|| {
+                                let at = offset(r0 / WIDE_MB, q, WIDE_MB, rows);
+                                std::slice::from_raw_parts(
+                                    whole.get().add(at) as *const u32,
+                                    bf16_dot::packed_a_len(mr, kc),
+                                )
+                            }),
+                            whole_b.then(|| {
+                                let at = b_at + offset(c0 / WIDE_NB, q, WIDE_NB, ldc);
+                                std::slice::from_raw_parts(
+                                    whole.get().add(at) as *const u32,
+                                    bf16_dot::packed_b_len(nc, kc),
+                                )
+                            }),
+                        )
+                    };
                     // SAFETY: the blocks inside a and b as above; the kernel's instructions are
                     // present (bf16_dot::enabled)
                     unsafe {
@@ -332,15 +458,22 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                         } else {
                             [None; 2]
                         };
-                        if held[0] != keys[0] {
+                        // (a whole operand's block is not in the scratch, whose slot keeps
+                        // what it held)
+                        let keys = [
+                            if whole_a { held[0] } else { keys[0] },
+                            if whole_b { held[1] } else { keys[1] },
+                        ];
+                        if wa.is_none() && held[0] != keys[0] {
                             bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
                         }
-                        if held[1] != keys[1] {
+                        if wb.is_none() && held[1] != keys[1] {
                             bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
                         }
                         if mine {
                             PACKED.with(|p| p.set(keys));
                         }
+                        let (pa, pb) = (wa.unwrap_or(pa), wb.unwrap_or(pb));
                         bf16_dot::multiply_packed(pa, pb, mr, nc, kc, acc, ldc);
                     }
                     continue;
@@ -881,6 +1014,96 @@ mod tests {
     use super::*;
     use crate::ops::cpu::shared::{bits, randn};
     use candle_core::DType;
+
+    thread_local! {
+        /// Products on this thread pack every block per tile (never into `WHOLE_PACKED`).
+        pub(super) static PER_TILE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// Which operands (left, right) this thread's last bf16 product packed whole.
+        pub(super) static PACKED_WHOLE: std::cell::Cell<(bool, bool)> =
+            const { std::cell::Cell::new((false, false)) };
+    }
+
+    /// A bf16 product that packs an operand once for all its tiles (`WHOLE_PACKED`) is bitwise
+    /// the product that packs it per tile: left operand whole (a Linear forward `W·X`, one row
+    /// tile), right operand whole (the mlp's weight gradient `(X·Gᵀ)ᵀ`, one column tile), both,
+    /// with inner lengths over one block and odd, rows and columns off the kernel's 8 × 32,
+    /// transposed operands, into bf16 and f32, accumulating or not, at 1 and 3 threads.
+    #[test]
+    fn packing_an_operand_once_is_bitwise_packing_it_per_tile() -> Result<()> {
+        if !bf16_dot::enabled() {
+            eprintln!("no bf16 dot kernel on this CPU: nothing is packed");
+            return Ok(());
+        }
+        let cases = [
+            // (m, n, k, left whole, right whole)
+            (64, 4096, 600, true, false),
+            (45, 700, 257, true, false),
+            (300, 64, 1023, false, true),
+            (200, 50, 3, false, true),
+            (300, 600, 65, true, true),
+        ];
+        for (m, n, k, left, right) in cases {
+            for (a_t, b_t) in [(false, false), (true, true)] {
+                // an operand stored transposed, read through its transposed view
+                let operand = |rows, cols, t, seed| -> Result<Tensor> {
+                    let x = randn(if t { (cols, rows) } else { (rows, cols) }, DType::F32);
+                    let x = (x + seed as f64)?.to_dtype(DType::BF16)?;
+                    Ok(if t { x.t()? } else { x })
+                };
+                let (a, b) = (operand(m, k, a_t, 1)?, operand(k, n, b_t, 2)?);
+                let start = randn((m, n), DType::F32);
+                for threads in [1, 3] {
+                    let run = |per_tile: bool| -> Result<(Vec<u64>, (bool, bool))> {
+                        crate::ops::cpu::shared::in_pool(threads, || {
+                            PER_TILE_ONLY.with(|p| p.set(per_tile));
+                            let mut out = Vec::new();
+                            let mut whole = (true, true);
+                            let mut note = || {
+                                let w = PACKED_WHOLE.with(std::cell::Cell::get);
+                                whole = (whole.0 && w.0, whole.1 && w.1);
+                            };
+                            let y = product(&a, &b)?;
+                            note();
+                            out.extend(bits(&y.to_dtype(DType::F32)?));
+                            let y = product_f32(&a, &b)?;
+                            note();
+                            out.extend(bits(&y));
+                            for dtype in [DType::BF16, DType::F32] {
+                                // a copy: `to_dtype` to the same dtype shares the storage
+                                let dst = start.to_dtype(dtype)?.copy()?;
+                                accumulate(&dst, &a, &b)?;
+                                note();
+                                out.extend(bits(&dst.to_dtype(DType::F32)?));
+                            }
+                            PER_TILE_ONLY.with(|p| p.set(false));
+                            Ok((out, whole))
+                        })
+                    };
+                    let (per_tile, none) = run(true)?;
+                    assert_eq!(
+                        none,
+                        (false, false),
+                        "{m}×{n}×{k}: packed whole when told not to"
+                    );
+                    // another test's product may hold the buffer for a moment: try again
+                    let mut tries = 0;
+                    let once = loop {
+                        let (once, whole) = run(false)?;
+                        if whole == (left, right) || tries == 50 {
+                            assert_eq!(whole, (left, right), "{m}×{n}×{k}: operands packed whole");
+                            break once;
+                        }
+                        tries += 1;
+                    };
+                    assert!(
+                        once == per_tile,
+                        "{m}×{n}×{k} (transposed {a_t}/{b_t}, {threads} threads): packed once ≠ per tile"
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
 
     fn max_diff(a: &Tensor, b: &Tensor) -> f64 {
         (a - b)
