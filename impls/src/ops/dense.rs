@@ -285,7 +285,7 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
     let mut whole_b =
         dot && m > WIDE_MB && b_len + if whole_a { a_len } else { 0 } <= WHOLE_PACKED_ELEMS;
     #[cfg(test)]
-    if tests::PER_TILE_ONLY.with(std::cell::Cell::get) {
+    if tests::PLAIN_PATH.with(std::cell::Cell::get) {
         (whole_a, whole_b) = (false, false);
     }
     let mut held_whole = if whole_a || whole_b {
@@ -304,8 +304,6 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         .as_mut()
         .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
     let whole = SharedPtr(whole);
-    #[cfg(test)]
-    tests::PACKED_WHOLE.with(|w| w.set((whole_a, whole_b)));
     let b_at = if whole_a { a_len } else { 0 };
     let blocks = |tiles: usize, step: usize, len: usize| {
         (0..tiles).flat_map(move |t| {
@@ -363,6 +361,18 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         .step_by(WIDE_NB)
         .flat_map(|c0| (0..m).step_by(WIDE_MB).map(move |r0| (r0, c0)))
         .collect();
+    // A tile of a bf16 destination that one inner block sums, in whole kernel blocks: the dot
+    // kernel widens and rounds the destination in registers (`multiply_packed_into_bf16`), no
+    // f32 accumulator in memory (the input gradients' products, inner length 64 or 48)
+    let into_bf16 = dot
+        && bf16_dot::fused_output()
+        && (1..=WIDE_KB).contains(&k)
+        && d.cs == 1
+        && std::any::TypeId::of::<D>() == std::any::TypeId::of::<bf16>();
+    #[cfg(test)]
+    let into_bf16 = into_bf16 && !tests::PLAIN_PATH.with(std::cell::Cell::get);
+    #[cfg(test)]
+    tests::SHORTCUTS.with(|w| w.set((whole_a, whole_b, into_bf16)));
     let (dp, ap, bp) = (
         SharedPtr(dst),
         SharedPtr(a as *mut bf16),
@@ -392,11 +402,14 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                 (mr, nc)
             };
             let acc = &mut acc[..rows * ldc];
-            if !accumulate || rows > mr || ldc > nc {
+            let into_bf16 = into_bf16 && rows == mr && ldc == nc;
+            if into_bf16 {
+                // filled, summed and rounded in the kernel's registers (below)
+            } else if !accumulate || rows > mr || ldc > nc {
                 // (an accumulating tile without padding is all overwritten below)
                 acc.fill(0.0);
             }
-            if accumulate {
+            if accumulate && !into_bf16 {
                 for i in 0..mr {
                     // SAFETY: row r0 + i, columns c0 .. c0 + nc of dst (the caller's contract);
                     // this task alone writes this tile.
@@ -474,6 +487,21 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                             PACKED.with(|p| p.set(keys));
                         }
                         let (pa, pb) = (wa.unwrap_or(pa), wb.unwrap_or(pb));
+                        if into_bf16 {
+                            // the tile's only inner block (k ≤ WIDE_KB), D is bf16, rows of
+                            // dst contiguous (checked above); this task alone writes the tile
+                            let out = dp.get().add(at(d, r0, c0)) as *mut bf16;
+                            bf16_dot::multiply_packed_into_bf16(
+                                pa,
+                                pb,
+                                mr,
+                                nc,
+                                kc,
+                                (out, d.rs),
+                                accumulate,
+                            );
+                            continue;
+                        }
                         bf16_dot::multiply_packed(pa, pb, mr, nc, kc, acc, ldc);
                     }
                     continue;
@@ -511,7 +539,7 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                     )
                 };
             }
-            for i in 0..mr {
+            for i in (0..mr).filter(|_| !into_bf16) {
                 let row = &acc[i * ldc..i * ldc + nc];
                 // SAFETY: as above: row r0 + i of dst's tile, written by this task alone.
                 let out = unsafe { dp.get().add(at(d, r0 + i, c0)) };
@@ -1016,33 +1044,54 @@ mod tests {
     use candle_core::DType;
 
     thread_local! {
-        /// Products on this thread pack every block per tile (never into `WHOLE_PACKED`).
-        pub(super) static PER_TILE_ONLY: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
-        /// Which operands (left, right) this thread's last bf16 product packed whole.
-        pub(super) static PACKED_WHOLE: std::cell::Cell<(bool, bool)> =
-            const { std::cell::Cell::new((false, false)) };
+        /// bf16 products on this thread take the plain path: every block packed per tile
+        /// (never into `WHOLE_PACKED`), every tile summed in an f32 accumulator in memory.
+        pub(super) static PLAIN_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+        /// What this thread's last bf16 product did: (left operand packed whole, right operand
+        /// packed whole, tiles summed in the kernel's registers into bf16).
+        pub(super) static SHORTCUTS: std::cell::Cell<(bool, bool, bool)> =
+            const { std::cell::Cell::new((false, false, false)) };
     }
 
-    /// A bf16 product that packs an operand once for all its tiles (`WHOLE_PACKED`) is bitwise
-    /// the product that packs it per tile: left operand whole (a Linear forward `W·X`, one row
-    /// tile), right operand whole (the mlp's weight gradient `(X·Gᵀ)ᵀ`, one column tile), both,
-    /// with inner lengths over one block and odd, rows and columns off the kernel's 8 × 32,
-    /// transposed operands, into bf16 and f32, accumulating or not, at 1 and 3 threads.
+    /// A bf16 product on its shortcuts is bitwise the plain path (every block packed per tile,
+    /// every tile summed in an f32 accumulator in memory): an operand packed once for all its
+    /// tiles (`WHOLE_PACKED`) — the left one (a Linear forward `W·X`, one row tile), the right
+    /// one (the mlp's weight gradient `(X·Gᵀ)ᵀ`, one column tile), both — and a tile of one
+    /// inner block summed and rounded in the kernel's registers into bf16 (an input gradient
+    /// `Wᵀ·G`, inner length 64 or 48; whole tiles only, the padded ones take the plain path).
+    /// Inner lengths over one block and odd, rows and columns off the kernel's 8 × 32,
+    /// transposed operands, into bf16 and f32, accumulating or not, destinations holding ±0,
+    /// ±∞, NaN, subnormals and the largest bf16, at 1 and 3 threads.
     #[test]
-    fn packing_an_operand_once_is_bitwise_packing_it_per_tile() -> Result<()> {
+    fn the_shortcuts_are_bitwise_the_plain_path() -> Result<()> {
         if !bf16_dot::enabled() {
-            eprintln!("no bf16 dot kernel on this CPU: nothing is packed");
+            eprintln!("no bf16 dot kernel on this CPU: the widened path runs (no shortcuts)");
             return Ok(());
         }
+        let fused = bf16_dot::fused_output();
         let cases = [
-            // (m, n, k, left whole, right whole)
-            (64, 4096, 600, true, false),
-            (45, 700, 257, true, false),
-            (300, 64, 1023, false, true),
-            (200, 50, 3, false, true),
-            (300, 600, 65, true, true),
+            // (m, n, k, left whole, right whole, fused into bf16)
+            (64, 4096, 600, true, false, false),
+            (45, 700, 257, true, false, false),
+            (300, 64, 1023, false, true, false),
+            (200, 50, 3, false, true, fused),
+            (300, 600, 65, true, true, fused),
+            (256, 512, 64, true, true, fused),
+            (208, 1000, 48, true, true, fused),
+            (8, 32, 1, false, false, fused),
         ];
-        for (m, n, k, left, right) in cases {
+        let specials = [
+            0.0f32,
+            -0.0,
+            f32::INFINITY,
+            f32::NEG_INFINITY,
+            f32::NAN,
+            1e-40,
+            -3e-39,
+            3.38e38,
+            -3.38e38,
+        ];
+        for (m, n, k, left, right, into_bf16) in cases {
             for (a_t, b_t) in [(false, false), (true, true)] {
                 // an operand stored transposed, read through its transposed view
                 let operand = |rows, cols, t, seed| -> Result<Tensor> {
@@ -1051,16 +1100,20 @@ mod tests {
                     Ok(if t { x.t()? } else { x })
                 };
                 let (a, b) = (operand(m, k, a_t, 1)?, operand(k, n, b_t, 2)?);
-                let start = randn((m, n), DType::F32);
+                let mut start: Vec<f32> = randn((m * n,), DType::F32).to_vec1()?;
+                for (i, v) in specials.iter().enumerate() {
+                    start[i * 7 % (m * n)] = *v;
+                }
+                let start = Tensor::from_vec(start, (m, n), &candle_core::Device::Cpu)?;
                 for threads in [1, 3] {
-                    let run = |per_tile: bool| -> Result<(Vec<u64>, (bool, bool))> {
+                    let run = |plain: bool| -> Result<(Vec<u64>, (bool, bool, bool))> {
                         crate::ops::cpu::shared::in_pool(threads, || {
-                            PER_TILE_ONLY.with(|p| p.set(per_tile));
+                            PLAIN_PATH.with(|p| p.set(plain));
                             let mut out = Vec::new();
-                            let mut whole = (true, true);
+                            let mut took = (false, false, false);
                             let mut note = || {
-                                let w = PACKED_WHOLE.with(std::cell::Cell::get);
-                                whole = (whole.0 && w.0, whole.1 && w.1);
+                                let w = SHORTCUTS.with(std::cell::Cell::get);
+                                took = (took.0 || w.0, took.1 || w.1, took.2 || w.2);
                             };
                             let y = product(&a, &b)?;
                             note();
@@ -1075,29 +1128,30 @@ mod tests {
                                 note();
                                 out.extend(bits(&dst.to_dtype(DType::F32)?));
                             }
-                            PER_TILE_ONLY.with(|p| p.set(false));
-                            Ok((out, whole))
+                            PLAIN_PATH.with(|p| p.set(false));
+                            Ok((out, took))
                         })
                     };
-                    let (per_tile, none) = run(true)?;
+                    let (plain, none) = run(true)?;
                     assert_eq!(
                         none,
-                        (false, false),
-                        "{m}×{n}×{k}: packed whole when told not to"
+                        (false, false, false),
+                        "{m}×{n}×{k}: a shortcut on the plain path"
                     );
                     // another test's product may hold the buffer for a moment: try again
                     let mut tries = 0;
-                    let once = loop {
-                        let (once, whole) = run(false)?;
-                        if whole == (left, right) || tries == 50 {
-                            assert_eq!(whole, (left, right), "{m}×{n}×{k}: operands packed whole");
-                            break once;
+                    let fast = loop {
+                        let (fast, took) = run(false)?;
+                        let want = (left, right, into_bf16);
+                        if took == want || tries == 50 {
+                            assert_eq!(took, want, "{m}×{n}×{k}: shortcuts taken");
+                            break fast;
                         }
                         tries += 1;
                     };
                     assert!(
-                        once == per_tile,
-                        "{m}×{n}×{k} (transposed {a_t}/{b_t}, {threads} threads): packed once ≠ per tile"
+                        fast == plain,
+                        "{m}×{n}×{k} (transposed {a_t}/{b_t}, {threads} threads): shortcuts ≠ plain path"
                     );
                 }
             }

@@ -609,6 +609,143 @@ pub(crate) unsafe fn multiply_packed(
     }
 }
 
+/// `dst [= or +=] A · B` for packed blocks of one inner block (as [`multiply_packed`]), `dst` a
+/// bf16 block of `mr × nc` (multiples of [`MR`] and [`NR`]) at row stride `ldd`, without an f32
+/// accumulator in memory: each `MR × NR` block of `dst` is widened into registers (`accumulate`)
+/// or starts at +0, takes its pairs in order, and is rounded to bf16 as it is stored
+/// (`f32_to_bf16`'s rounding, bit for bit). The same sums, in the same order, rounded once, as
+/// [`multiply_packed`] into an accumulator that was widened from `dst` and narrowed back; where
+/// it runs: [`fused_output`].
+///
+/// # Safety
+/// [`fused_output`] must be true; `pa`, `pb` packed as for [`multiply_packed`]; `dst` addresses
+/// `mr` rows of `nc` writable elements at stride `ldd`, not overlapping the packed blocks.
+pub(crate) unsafe fn multiply_packed_into_bf16(
+    pa: &[u32],
+    pb: &[u32],
+    mr: usize,
+    nc: usize,
+    kc: usize,
+    (dst, ldd): (*mut bf16, usize),
+    accumulate: bool,
+) {
+    let kp = kc.div_ceil(2);
+    assert!(mr.is_multiple_of(MR) && nc.is_multiple_of(NR) && fused_output());
+    assert!(pa.len() >= mr * kp && pb.len() >= nc * kp);
+    for pi in 0..mr / MR {
+        for pj in 0..nc / NR {
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: the blocks' sizes checked above, dst's rows the caller's contract; the
+            // instructions present (fused_output)
+            unsafe {
+                kernel_into_bf16(
+                    kp,
+                    pa[pi * MR * kp..].as_ptr(),
+                    pb[pj * NR * kp..].as_ptr(),
+                    dst.add(pi * MR * ldd + pj * NR),
+                    ldd,
+                    accumulate,
+                )
+            };
+            #[cfg(not(target_arch = "x86_64"))]
+            let _ = (pi, pj, dst, ldd, accumulate);
+        }
+    }
+}
+
+/// Whether [`multiply_packed_into_bf16`] runs here: the kernel on AVX-512 BF16 ([`isa`]).
+pub(crate) fn fused_output() -> bool {
+    isa() == Some(Isa::Avx512Bf16)
+}
+
+/// [`kernel`] into a bf16 block: `c [MR, NR] (+)= a_panel · b_panel`, `c` widened into the
+/// registers (or +0) first and rounded to nearest even as it is stored (NaN kept quiet, as
+/// `f32_to_bf16`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel_into_bf16(
+    kp: usize,
+    a: *const u32,
+    b: *const u32,
+    c: *mut half::bf16,
+    ldc: usize,
+    accumulate: bool,
+) {
+    use std::arch::x86_64::*;
+    let c = c as *mut u16;
+    // SAFETY (the whole body): a holds kp·MR pairs, b kp·NR, c MR rows of NR bf16 at stride
+    // ldc (multiply_packed_into_bf16's checks); __m512bh and __m512i are the same 512 bits.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        if accumulate {
+            for (i, row) in acc.iter_mut().enumerate() {
+                row[0] = widen_16(c.add(i * ldc));
+                row[1] = widen_16(c.add(i * ldc + 16));
+            }
+        }
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
+            let b1: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
+                row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            narrow_16(row[0], c.add(i * ldc));
+            narrow_16(row[1], c.add(i * ldc + 16));
+        }
+    }
+}
+
+/// 16 bf16 at `p` widened exactly to f32 (the bits shifted up: `bf16_to_f32`).
+///
+/// # Safety
+/// `p` addresses 16 readable bf16 bit patterns; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn widen_16(p: *const u16) -> std::arch::x86_64::__m512 {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract
+    unsafe {
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+}
+
+/// 16 f32 rounded to bf16 and stored at `p`, bit for bit `f32_to_bf16` (`half`'s `from_f32`):
+/// up when the dropped half is above one half, or exactly one half and the kept part odd; a NaN
+/// keeps its high mantissa bits and is made quiet. (Not `vcvtneps2bf16`, which flushes
+/// subnormals.)
+///
+/// # Safety
+/// `p` addresses 16 writable bf16; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+unsafe fn narrow_16(v: std::arch::x86_64::__m512, p: *mut u16) {
+    use std::arch::x86_64::*;
+    // SAFETY: the caller's contract
+    unsafe {
+        let x = _mm512_castps_si512(v);
+        let up = _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x8000))
+            & _mm512_test_epi32_mask(x, _mm512_set1_epi32(0x1_7fff));
+        let high = _mm512_srli_epi32::<16>(x);
+        let rounded = _mm512_mask_add_epi32(high, up, high, _mm512_set1_epi32(1));
+        let nan = _mm512_cmpgt_epu32_mask(
+            _mm512_and_si512(x, _mm512_set1_epi32(0x7fff_ffff)),
+            _mm512_set1_epi32(0x7f80_0000),
+        );
+        let out = _mm512_mask_or_epi32(rounded, nan, high, _mm512_set1_epi32(0x40));
+        _mm256_storeu_si256(p as *mut __m256i, _mm512_cvtepi32_epi16(out));
+    }
+}
+
 /// Pairs of a left panel that [`multiply_panel_avx2`] widens at a time: its f32 halves take
 /// `2·MR·WIDE_PAIRS` floats (8 KiB) on the stack.
 #[cfg(target_arch = "x86_64")]
@@ -836,6 +973,65 @@ mod tests {
             }
         }
     }
+    /// The registers' rounding to bf16 (`narrow_16`, the fused output's) is `f32_to_bf16` bit
+    /// for bit, and its widening (`widen_16`) exact, on every special pattern (±0, subnormals
+    /// of both halves, ties to even both ways, the largest finite values that round to ∞, ±∞,
+    /// signalling and quiet NaNs with payloads) and on a stride through all 2³² patterns.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn rounding_in_registers_is_f32_to_bf16_bit_for_bit() {
+        if !fused_output() {
+            eprintln!("skipped: this CPU has no AVX-512 BF16 (the fused output does not run)");
+            return;
+        }
+        let mut patterns: Vec<u32> = vec![
+            0,
+            0x8000_0000,
+            1,
+            0x8000,
+            0x8001,
+            0x1_8000,
+            0x1_7fff,
+            0x7f7f_7fff,
+            0x7f7f_8000,
+            0x7f7f_ffff,
+            0xff7f_8000,
+            0x7f80_0000,
+            0xff80_0000,
+            0x7f80_0001,
+            0x7fc0_0000,
+            0xffbf_ffff,
+            0x7fff_ffff,
+            0x0080_0000,
+            0x007f_ffff,
+            0x3f80_8000,
+            0x3f81_8000,
+            0x3f80_8001,
+            0xbf81_7fff,
+        ];
+        patterns.extend((0..1u64 << 32).step_by(65_537 * 3 + 2).map(|x| x as u32));
+        patterns.extend((0..1u32 << 17).map(|x| 0x3f80_0000 | x));
+        while !patterns.len().is_multiple_of(16) {
+            patterns.push(0x7fc0_0001);
+        }
+        for chunk in patterns.chunks(16) {
+            let v: Vec<f32> = chunk.iter().map(|&x| f32::from_bits(x)).collect();
+            let mut out = [0u16; 16];
+            let mut back = [0u32; 16];
+            // SAFETY: 16 values in and out; AVX-512F present (fused_output)
+            unsafe {
+                use std::arch::x86_64::*;
+                narrow_16(_mm512_loadu_ps(v.as_ptr()), out.as_mut_ptr());
+                _mm512_storeu_ps(back.as_mut_ptr() as *mut f32, widen_16(out.as_ptr()));
+            }
+            for (i, &x) in chunk.iter().enumerate() {
+                let want = crate::ops::cpu::shared::f32_to_bf16(f32::from_bits(x)).to_bits();
+                assert_eq!(out[i], want, "{x:#010x} rounded");
+                assert_eq!(back[i], (want as u32) << 16, "{:#06x} widened", out[i]);
+            }
+        }
+    }
+
     /// The AVX2 kernel against its stated arithmetic, bit for bit, on values whose sums round:
     /// per output, pair by pair in inner-dimension order, `acc = fma(a_hi, b_hi, acc)` then
     /// `fma(a_lo, b_lo, acc)` in f32 (`f32::mul_add`), from the accumulator's initial value. A
