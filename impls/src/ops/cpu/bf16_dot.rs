@@ -609,6 +609,29 @@ pub(crate) unsafe fn multiply_packed(
     }
 }
 
+/// The micro-kernel's loop, shared by [`kernel`] and [`kernel_into_bf16`] (a macro, so that the
+/// 16 accumulators stay in registers in both): `acc [MR][2]` += the `kp` pairs of the left panel
+/// `a` (broadcast) times the right panel `b`, two `vdpbf16ps` per row and pair, in pair order.
+/// Expands inside an `unsafe` block of a function with AVX-512F and AVX-512 BF16 enabled and
+/// `std::arch::x86_64::*` in scope.
+#[cfg(target_arch = "x86_64")]
+macro_rules! dot_pairs {
+    ($acc:ident, $kp:expr, $a:expr, $b:expr) => {
+        for p in 0..$kp {
+            let bp = $b.add(p * NR);
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
+            let b1: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
+            let ap = $a.add(p * MR);
+            for (i, row) in $acc.iter_mut().enumerate() {
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
+                row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
+            }
+        }
+    };
+}
+
 /// `dst [= or +=] A · B` for packed blocks of one inner block (as [`multiply_packed`]), `dst` a
 /// bf16 block of `mr × nc` (multiples of [`MR`] and [`NR`]) at row stride `ldd`, without an f32
 /// accumulator in memory: each `MR × NR` block of `dst` is widened into registers (`accumulate`)
@@ -683,18 +706,7 @@ unsafe fn kernel_into_bf16(
                 row[1] = widen_16(c.add(i * ldc + 16));
             }
         }
-        for p in 0..kp {
-            let bp = b.add(p * NR);
-            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
-            let b1: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
-            let ap = a.add(p * MR);
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
-                row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
-                row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
-            }
-        }
+        dot_pairs!(acc, kp, a, b);
         for (i, row) in acc.iter().enumerate() {
             narrow_16(row[0], c.add(i * ldc));
             narrow_16(row[1], c.add(i * ldc + 16));
@@ -812,18 +824,7 @@ unsafe fn kernel(kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usiz
             row[0] = _mm512_loadu_ps(c.add(i * ldc));
             row[1] = _mm512_loadu_ps(c.add(i * ldc + 16));
         }
-        for p in 0..kp {
-            let bp = b.add(p * NR);
-            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
-            let b1: __m512bh =
-                std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
-            let ap = a.add(p * MR);
-            for (i, row) in acc.iter_mut().enumerate() {
-                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
-                row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
-                row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
-            }
-        }
+        dot_pairs!(acc, kp, a, b);
         for (i, row) in acc.iter().enumerate() {
             _mm512_storeu_ps(c.add(i * ldc), row[0]);
             _mm512_storeu_ps(c.add(i * ldc + 16), row[1]);
