@@ -20,7 +20,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let m: usize = args.get(4).and_then(|a| a.parse().ok()).unwrap_or(4096);
     let dtype = match args.get(5).map(String::as_str) {
         Some("bf16") => candle_core::DType::BF16,
-        _ => candle_core::DType::F32,
+        None | Some("f32") => candle_core::DType::F32,
+        Some(other) => return Err(format!("dtype `{other}`: f32 or bf16").into()),
     };
     let dev = Device::Cpu;
     let w = Tensor::randn(0f32, 1.0, (k, c), &dev)?.to_dtype(dtype)?;

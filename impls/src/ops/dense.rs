@@ -305,51 +305,54 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         .map_or(std::ptr::null_mut(), |b| b.as_mut_ptr());
     let whole = SharedPtr(whole);
     let b_at = if whole_a { a_len } else { 0 };
-    let blocks = |tiles: usize, step: usize, len: usize| {
-        (0..tiles).flat_map(move |t| {
-            (0..k.div_ceil(WIDE_KB)).map(move |q| {
-                let rows = step.min(len - t * step);
-                (t, q, rows)
-            })
-        })
+    // where block (tile t, inner block q) of a whole operand begins: the left one's tiles are
+    // WIDE_MB rows, the right one's WIDE_NB columns, each block's rows (columns) padded to the
+    // kernel's MR (NR)
+    let block_at = |left: bool, t: usize, q: usize| {
+        let (step, len, unit, base) = if left {
+            (WIDE_MB, m, bf16_dot::MR, 0)
+        } else {
+            (WIDE_NB, n, bf16_dot::NR, b_at)
+        };
+        let pad = step.min(len - t * step).next_multiple_of(unit);
+        base + t * step * kp + pad * q * (WIDE_KB / 2)
     };
-    // where block (t, q) of a whole operand begins, `pad` its rows (columns) rounded up
-    let offset =
-        |t: usize, q: usize, step: usize, pad: usize| t * step * kp + pad * q * (WIDE_KB / 2);
-    {
-        let a_blocks = blocks(m.div_ceil(WIDE_MB), WIDE_MB, m)
+    if whole_a || whole_b {
+        let k_blocks = k.div_ceil(WIDE_KB);
+        let blocks = |left: bool, tiles: usize| {
+            (0..tiles).flat_map(move |t| (0..k_blocks).map(move |q| (left, t, q)))
+        };
+        let jobs: Vec<(bool, usize, usize)> = blocks(true, m.div_ceil(WIDE_MB))
             .filter(|_| whole_a)
-            .map(|(t, q, rows)| (true, t, q, rows));
-        let b_blocks = blocks(n.div_ceil(WIDE_NB), WIDE_NB, n)
-            .filter(|_| whole_b)
-            .map(|(t, q, cols)| (false, t, q, cols));
-        let jobs: Vec<(bool, usize, usize, usize)> = a_blocks.chain(b_blocks).collect();
+            .chain(blocks(false, n.div_ceil(WIDE_NB)).filter(|_| whole_b))
+            .collect();
         let (ap, bp) = (SharedPtr(a as *mut bf16), SharedPtr(b as *mut bf16));
-        jobs.into_par_iter().for_each(|(left, t, q, len)| {
+        jobs.into_par_iter().for_each(|(left, t, q)| {
             let k0 = q * WIDE_KB;
             let kc = WIDE_KB.min(k - k0);
+            let at = block_at(left, t, q);
             // SAFETY: the block lies inside a (b) (the caller's contract); its packed pairs,
             // at its own offset below a_len (b_at + b_len), inside the held buffer and
             // written by this job alone
             unsafe {
                 if left {
-                    let at = offset(t, q, WIDE_MB, len.next_multiple_of(bf16_dot::MR));
+                    let rows = WIDE_MB.min(m - t * WIDE_MB);
                     let out = std::slice::from_raw_parts_mut(
                         whole.get().add(at),
-                        bf16_dot::packed_a_len(len, kc),
+                        bf16_dot::packed_a_len(rows, kc),
                     );
                     let a0 =
                         (ap.get() as *const bf16).add(am.off + t * WIDE_MB * am.rs + k0 * am.cs);
-                    bf16_dot::pack_a(a0, am.rs, am.cs, len, kc, out);
+                    bf16_dot::pack_a(a0, am.rs, am.cs, rows, kc, out);
                 } else {
-                    let at = b_at + offset(t, q, WIDE_NB, len.next_multiple_of(bf16_dot::NR));
+                    let cols = WIDE_NB.min(n - t * WIDE_NB);
                     let out = std::slice::from_raw_parts_mut(
                         whole.get().add(at),
-                        bf16_dot::packed_b_len(len, kc),
+                        bf16_dot::packed_b_len(cols, kc),
                     );
                     let b0 =
                         (bp.get() as *const bf16).add(bm.off + k0 * bm.rs + t * WIDE_NB * bm.cs);
-                    bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, len, out);
+                    bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, cols, out);
                 }
             }
         });
@@ -444,14 +447,14 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                     let (wa, wb) = unsafe {
                         (
                             whole_a.then(|| {
-                                let at = offset(r0 / WIDE_MB, q, WIDE_MB, rows);
+                                let at = block_at(true, r0 / WIDE_MB, q);
                                 std::slice::from_raw_parts(
                                     whole.get().add(at) as *const u32,
                                     bf16_dot::packed_a_len(mr, kc),
                                 )
                             }),
                             whole_b.then(|| {
-                                let at = b_at + offset(c0 / WIDE_NB, q, WIDE_NB, ldc);
+                                let at = block_at(false, c0 / WIDE_NB, q);
                                 std::slice::from_raw_parts(
                                     whole.get().add(at) as *const u32,
                                     bf16_dot::packed_b_len(nc, kc),
@@ -471,16 +474,16 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                         } else {
                             [None; 2]
                         };
-                        // (a whole operand's block is not in the scratch, whose slot keeps
-                        // what it held)
+                        // (a whole operand's block is not in the scratch: its slot keeps what
+                        // it held, so nothing is packed into it)
                         let keys = [
                             if whole_a { held[0] } else { keys[0] },
                             if whole_b { held[1] } else { keys[1] },
                         ];
-                        if wa.is_none() && held[0] != keys[0] {
+                        if held[0] != keys[0] {
                             bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
                         }
-                        if wb.is_none() && held[1] != keys[1] {
+                        if held[1] != keys[1] {
                             bf16_dot::pack_b(b0, bm.rs, bm.cs, kc, nc, pb);
                         }
                         if mine {
