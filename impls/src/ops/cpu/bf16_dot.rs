@@ -464,10 +464,14 @@ pub(crate) unsafe fn pack_b_rows(
     let out = &mut out[..packed_b_len(nc, kc)];
     #[cfg(target_arch = "x86_64")]
     let interleave = interleaver();
-    for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
-        let j0 = panel * NR;
-        let cols = NR.min(nc - j0);
-        for p in 0..kp {
+    // Pair by pair, every panel of the pair's two rows in turn: each row is read front to back
+    // (the panels' segments adjacent), not a segment of every row per panel — rows a power of
+    // two apart (a bc feature map's M = 65536 columns) share cache sets, so a panel's 2·kp
+    // segments evicted each other before the next panel could use their lines' neighbours.
+    for p in 0..kp {
+        for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
+            let j0 = panel * NR;
+            let cols = NR.min(nc - j0);
             let dst = &mut block[p * NR..(p + 1) * NR];
             let (k0, k1) = (2 * p, 2 * p + 1);
             // SAFETY (every read below): rows k0 (and k1 where < kc), columns j0 .. j0 + cols:
