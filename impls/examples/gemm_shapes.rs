@@ -61,13 +61,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     time("dW  G·Xᵀ     dense::product", &mut || {
         d(dense::product(&g, &xt))
     });
-    let gt = g.t()?;
-    time("dW  (X·Gᵀ)ᵀ  dense::product_transposed", &mut || {
-        d(if dtype == candle_core::DType::BF16 {
-            dense::product_transposed_f32(&x, &gt)
-        } else {
-            dense::product_transposed(&x, &gt)
-        })
+    // what the layer runs: (X·Gᵀ)ᵀ (`dense::product_transposed`, into f32 for bf16 features)
+    time("dW  (X·Gᵀ)ᵀ  layer::dense_bwd_weight", &mut || {
+        d(impls::layer::dense_bwd_weight(&g, &x))
     });
     time("dX  +Wᵀ·G    matmul, add", &mut || {
         let p = wt.matmul(&g)?;

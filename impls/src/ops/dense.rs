@@ -294,9 +294,8 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         None
     };
     if let Some(buf) = held_whole.as_mut() {
-        if buf.len() < WHOLE_PACKED_ELEMS {
-            buf.resize(WHOLE_PACKED_ELEMS, 0);
-        }
+        // (made already where `settle_widen_scratch` ran: then a no-op)
+        buf.resize(WHOLE_PACKED_ELEMS, 0);
     } else {
         (whole_a, whole_b) = (false, false);
     }
