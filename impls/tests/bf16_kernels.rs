@@ -7,8 +7,11 @@
 //! - [`bitwise`]: data movement and selection (ReLU, its backward, shift stack, cat, copy,
 //!   repeat, channel-major) moves stored bits, and the element-wise ops whose bf16 kernel
 //!   computes in f32 exactly the f32 twin's value and rounds it once (BN apply, the ReLU mask
-//!   from BN's input, BN's dx and its accumulation, `add_assign`, the shift sum, whose nine taps
-//!   are added in the same order) equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp.
+//!   from BN's input, `add_assign`, the shift sum, whose nine taps are added in the same order)
+//!   equal `bf16(f32 twin)` bit for bit — stronger than 1 ulp. BN's dx and its accumulation
+//!   evaluate `((A·gy) + (B·x)) + C` in f32 arithmetic (autocast's) where the f32 twin takes
+//!   f64: bit for bit this test's own f32 evaluation rounded to bf16, and [`within_one_ulp`] of
+//!   the twin with the f32 evaluation's error as slack.
 //! - [`within_one_ulp`]: the products (dense, 3×3 convolution) accumulate in f32 in another
 //!   blocking than the f32 twin's (dense products on both of their kernels: AVX-512 BF16 dot
 //!   products, whose pairs are exact like any bf16 product, and the widened f32 `gemm`), so `|bf16 result − bf16(f32 twin)| ≤ 1 bf16 ulp`; where the
@@ -254,15 +257,75 @@ fn bn_backward_takes_bf16_features_and_f32_tables() {
         &one_rounding(&sums),
     )
     .unwrap();
-    // dx and its accumulation into a bf16 gradient buffer: bf16(f32 twin)
+    // dx and its accumulation into a bf16 gradient buffer: `((A·gy) + (B·x)) + C` in f32
+    // arithmetic (autocast's; the f32 twin evaluates it in f64), rounded once to bf16
     let coef3 = red.narrow(0, 2, 3).unwrap().contiguous().unwrap();
+    let k = f32s(&coef3);
+    let (g, x) = (f32s(&gf), f32s(&xf));
+    // this test's own f32 evaluation of element i (row i / m), and the scale of its rounding
+    let f32_dx = |i: usize| {
+        let r = i / m;
+        let (a, b, cc) = (k[r], k[c + r], k[2 * c + r]);
+        let scale = (a * g[i]).abs() + (b * x[i]).abs() + cc.abs();
+        (a * g[i] + b * x[i] + cc, f64::from(scale))
+    };
+    let (want, scale): (Vec<f32>, Vec<f64>) = (0..c * m).map(f32_dx).unzip();
     let dx = bn_backward::bn_bwd_dx(&gb, &xb, &coef3).unwrap();
+    let own: Vec<bf16> = want.iter().map(|&v| bf16::from_f32(v)).collect();
+    bitwise("bn bwd dx = bf16(f32 arithmetic)", &bf16s(&dx), &own).unwrap();
+    // and the f32 twin within one bf16 ulp, or that plus the f32 evaluation's error (three
+    // roundings of terms up to `scale`: 3·2⁻²⁴·scale, doubled) where it straddles a rounding
     let twin = bn_backward::bn_bwd_dx(&gf, &xf, &coef3).unwrap();
-    bitwise("bn bwd dx", &bf16s(&dx), &rounded(&twin)).unwrap();
+    let slack: Vec<f64> = scale.iter().map(|s| 6.0 * U * s).collect();
+    within_one_ulp("bn bwd dx ~ f32 twin", &bf16s(&dx), &f32s(&twin), &slack).unwrap();
     let (db, df, _) = draw(&[c, m], 17);
+    let before = f32s(&df);
     bn_backward::bn_bwd_dx_accumulate(&db, &gb, &xb, &coef3).unwrap();
+    let own: Vec<bf16> = (before.iter().zip(&want))
+        .map(|(&d, &v)| bf16::from_f32(d + v))
+        .collect();
+    bitwise(
+        "bn bwd dx accumulate = bf16(dst + f32 dx)",
+        &bf16s(&db),
+        &own,
+    )
+    .unwrap();
     bn_backward::bn_bwd_dx_accumulate(&df, &gf, &xf, &coef3).unwrap();
-    bitwise("bn bwd dx accumulate", &bf16s(&db), &rounded(&df)).unwrap();
+    let slack: Vec<f64> = (scale.iter().zip(&before))
+        .map(|(s, d)| 8.0 * U * (s + f64::from(d.abs())))
+        .collect();
+    within_one_ulp(
+        "bn bwd dx accumulate ~ f32 twin",
+        &bf16s(&db),
+        &f32s(&df),
+        &slack,
+    )
+    .unwrap();
+
+    // One element where f32 arithmetic and an f64 evaluation round apart (random draws rarely
+    // meet one): A = 1, B = 2⁻⁸ + 2⁻¹⁶ + 2⁻³⁰, C = −1, gy = x = 1. In f32, 1 + B rounds to
+    // 1 + 2⁻⁸ + 2⁻¹⁶, so the result is 2⁻⁸·(1 + 2⁻⁸), a bf16 tie, which goes to even: 2⁻⁸. In
+    // f64 it stays above the tie (2⁻³⁰ more) and rounds up to 2⁻⁸ + 2⁻¹⁵.
+    let b = 2f32.powi(-8) + 2f32.powi(-16) + 2f32.powi(-30);
+    assert_eq!(
+        f64::from(b),
+        2f64.powi(-8) + 2f64.powi(-16) + 2f64.powi(-30)
+    );
+    let coef = Tensor::new(&[[1f32], [b], [-1f32]], &Device::Cpu).unwrap();
+    let one = Tensor::new(&[[bf16::ONE]], &Device::Cpu).unwrap();
+    let dx = bn_backward::bn_bwd_dx(&one, &one, &coef).unwrap();
+    assert_eq!(
+        bf16s(&dx),
+        [bf16::from_f32(2f32.powi(-8))],
+        "bn bwd dx in f32"
+    );
+    let dst = Tensor::new(&[[bf16::ZERO]], &Device::Cpu).unwrap();
+    bn_backward::bn_bwd_dx_accumulate(&dst, &one, &one, &coef).unwrap();
+    assert_eq!(
+        bf16s(&dst),
+        [bf16::from_f32(2f32.powi(-8))],
+        "bn bwd dx accumulate in f32"
+    );
 }
 
 #[test]

@@ -1075,8 +1075,8 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
         T::SUFFIX
     );
     let (c, cols) = (4, 333);
-    let gy = values::<T>(c * cols, 70);
-    let x = values::<T>(c * cols, 71);
+    let mut gy = values::<T>(c * cols, 70);
+    let mut x = values::<T>(c * cols, 71);
     let (mut a, mut b, mut cc) = (
         values::<T::Acc>(c, 72),
         values::<T::Acc>(c, 73),
@@ -1088,7 +1088,17 @@ fn bn_bwd_dx_matches<T: El>(m: &Emulated, accumulate: bool) {
         T::Acc::from_f64(0.0),
         T::Acc::from_f64(TIE_SHIFT),
     );
-    let dst0 = values::<T>(c * cols, 75);
+    // row 2, element 0 (dst 0): A = 1, B = 2⁻⁸ + 2⁻¹⁶ + 2⁻³⁰, C = −1, gy = x = 1, where bf16
+    // features' f32 arithmetic (2⁻⁸, a tie to even) and an f64 evaluation (2⁻⁸ + 2⁻¹⁵) round
+    // apart (`bn_backward_takes_bf16_features_and_f32_tables` in bf16_kernels.rs)
+    (a[2], b[2], cc[2]) = (
+        T::Acc::from_f64(1.0),
+        T::Acc::from_f64(2f64.powi(-8) + 2f64.powi(-16) + 2f64.powi(-30)),
+        T::Acc::from_f64(-1.0),
+    );
+    (gy[2 * cols], x[2 * cols]) = (T::from_f64(1.0), T::from_f64(1.0));
+    let mut dst0 = values::<T>(c * cols, 75);
+    dst0[2 * cols] = T::from_f64(0.0);
     let coef: Vec<T::Acc> = a.iter().chain(&b).chain(&cc).copied().collect();
     let coef_t = tensor(&coef, (3, c));
     let want = if accumulate {

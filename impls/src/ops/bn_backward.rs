@@ -8,7 +8,9 @@
 //!
 //! Dtypes on the CPU: all f32, all f64, or bf16 features (`gy`, `x`, the ReLU gradient, `dx` and
 //! its destination) with f32 tables (`coef`, `st`, γ, and [`bn_bwd_reduce`]'s output): computed
-//! in f32 (sums in f64) from the widened features, each feature written rounded once ([`Elem`]).
+//! in f32 (sums in f64) from the widened features, each feature written rounded once ([`Elem`];
+//! the data gradient's `A·gy + B·x + C` in f32 arithmetic, where f32 and f64 features take f64:
+//! `dx_value`).
 //! Any other combination is an error naming the op.
 
 use crate::error::{CandleContext, Result};
@@ -354,11 +356,20 @@ fn affine_table<'a, T: Float>(
     }
 }
 
-/// `A·gy + B·x + C` of one element, in f64 from the widened features, rounded once to the
-/// compute type `E::Acc` (a bf16 feature is then rounded again when written: f64 → f32 → bf16).
+/// `A·gy + B·x + C` of one element as `((A·gy) + (B·x)) + C` from the widened features: for
+/// f32 and f64 features in f64, rounded once to the compute type `E::Acc`; for bf16 features
+/// ([`Elem::NARROW`]) in f32, each operation rounded, as PyTorch autocast's BN backward computes
+/// it (the result is then rounded to bf16 when written). f64 arithmetic there ran at half the
+/// rate for no visible gain: `bn_shapes` (BC-100's widest BN1, `[204, 65536]`, 1 thread, AMD
+/// EPYC Zen 4) 6.6 → 3.4 ms for dx, 7.6 → 4.2 ms for dx-accumulate. CPU twin of
+/// `bn_dx_value` in `bn.cu`.
 #[inline(always)]
-pub(crate) fn dx_value<E: Elem>(a: f64, b: f64, cc: f64, g: E, x: E) -> E::Acc {
-    <E::Acc>::of(a * g.widen().f64() + b * x.widen().f64() + cc)
+pub(crate) fn dx_value<E: Elem>([a, b, cc]: [E::Acc; 3], g: E, x: E) -> E::Acc {
+    if E::NARROW {
+        a * g.widen() + b * x.widen() + cc
+    } else {
+        <E::Acc>::of(a.f64() * g.widen().f64() + b.f64() * x.widen().f64() + cc.f64())
+    }
 }
 
 /// `f` of a fused ReLU's carried (scale; shift) on CUDA, `None` without one; an error if it is
@@ -379,7 +390,8 @@ fn on_cuda_affine<R>(
     }
 }
 
-/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64; with
+/// `dx = A·gy + B·x + C` per row with planar `coef [3, C] = (A; B; C)`, evaluated in f64 (in f32
+/// for bf16 features: [`dx_value`]); with
 /// `affine`, BN's `[2, C]` (scale; shift), `gy` is [`masked`] by the ReLU after BN.
 pub(crate) struct BnBwdDxOp {
     /// A fused ReLU's (scale; shift), carried (a custom op takes at most three operands).
@@ -410,12 +422,12 @@ impl CustomOp3 for BnBwdDxOp {
             let coef = table::<T>(coef.0, coef.1, 3, c, n)?;
             let affine = affine_table::<T>(affine, c, n)?;
             Ok(E::storage(crate::ops::elementwise::new_rows(c, m, |r| {
-                let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let abc = [coef[r], coef[c + r], coef[2 * c + r]];
                 let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
                 let (g, x) = (&g[r * m..][..m], &x[r * m..][..m]);
                 g.iter().zip(x).map(move |(&g, &x)| {
                     let g = masked::<RELU, E, T>(g, x, scale, shift);
-                    E::narrow(dx_value(a, b, cc, g, x))
+                    E::narrow(dx_value(abc, g, x))
                 })
             })))
         }
@@ -508,9 +520,9 @@ impl InplaceOp3 for BnBwdDxAccumulateOp {
                 }
             }
             let row = |r: usize, d: &mut [E], g: &[E], x: &[E]| {
-                let (a, b, cc) = (coef[r].f64(), coef[c + r].f64(), coef[2 * c + r].f64());
+                let abc = [coef[r], coef[c + r], coef[2 * c + r]];
                 let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
-                let dx = |g, x| dx_value(a, b, cc, masked::<RELU, E, T>(g, x, scale, shift), x);
+                let dx = |g, x| dx_value(abc, masked::<RELU, E, T>(g, x, scale, shift), x);
                 match from {
                     // dst = from + dx: the same roundings as copying `from` into dst first
                     Some(f) => {

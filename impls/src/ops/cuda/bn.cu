@@ -256,15 +256,21 @@ __device__ __forceinline__ void relu_bwd_affine(const T *g, const T *__restrict_
     }
 }
 
-// A * gy + B * x + C per row, evaluated in f64 as ((A*gy) + (B*x)) + C from the widened
-// features and rounded once to the compute type A, like the CPU twin (`dx_value`); a bf16
-// feature is then rounded again when written (f64 -> f32 -> bf16, as on the CPU).
+// A * gy + B * x + C per row as ((A*gy) + (B*x)) + C from the widened features, like the CPU
+// twin (`dx_value`): for f32 and f64 features evaluated in f64 and rounded once to the compute
+// type A; for bf16 features (the specialisation below) in f32, each operation rounded, as
+// PyTorch autocast computes it (then rounded to bf16 when written).
 template <typename T, typename A = db_acc<T>>
-__device__ __forceinline__ A bn_dx_value(const double a, const double b, const double cc,
-                                         const T g, const T x) {
-    return db_from_f64<A>(db_add(db_add(db_mul(a, (double)db_widen(g)),
-                                        db_mul(b, (double)db_widen(x))),
-                                 cc));
+__device__ __forceinline__ A bn_dx_value(const A a, const A b, const A cc, const T g, const T x) {
+    return db_from_f64<A>(db_add(db_add(db_mul((double)a, (double)db_widen(g)),
+                                        db_mul((double)b, (double)db_widen(x))),
+                                 (double)cc));
+}
+template <>
+__device__ __forceinline__ float bn_dx_value<db_bf16, float>(const float a, const float b,
+                                                             const float cc, const db_bf16 g,
+                                                             const db_bf16 x) {
+    return db_add(db_add(db_mul(a, db_widen(g)), db_mul(b, db_widen(x))), cc);
 }
 
 // dx [C, m] = A * gy + B * x + C (a fresh tensor); coef [3, rows] = (A; B; C) in A. With
@@ -275,8 +281,7 @@ __device__ __forceinline__ void bn_bwd_dx(const T *__restrict__ gy, const T *__r
                                           const A *__restrict__ coef, const A *__restrict__ aff,
                                           T *__restrict__ dx, const u64 rows, const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
-        const double a = (double)coef[r], b = (double)coef[rows + r],
-                     cc = (double)coef[2 * rows + r];
+        const A a = coef[r], b = coef[rows + r], cc = coef[2 * rows + r];
         const A scale = RELU ? aff[r] : (A)0, shift = RELU ? aff[rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
@@ -301,8 +306,7 @@ __device__ __forceinline__ void bn_bwd_dx_accumulate(T *__restrict__ dst, const 
                                                      const A *__restrict__ aff, const u64 rows,
                                                      const u64 m) {
     for (u64 r = blockIdx.y; r < rows; r += gridDim.y) {
-        const double a = (double)coef[r], b = (double)coef[rows + r],
-                     cc = (double)coef[2 * rows + r];
+        const A a = coef[r], b = coef[rows + r], cc = coef[2 * rows + r];
         const A scale = RELU ? aff[r] : (A)0, shift = RELU ? aff[rows + r] : (A)0;
         const T *g = gy + r * m;
         const T *xr = x + r * m;
