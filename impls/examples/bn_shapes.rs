@@ -6,7 +6,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use impls::ops::{bn, bn_backward};
-use std::time::Instant;
+mod common;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -34,22 +34,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let affine = table.narrow(0, 2, 2)?.contiguous()?;
     let bytes = (c * m * dtype.size_in_bytes()) as f64;
     let threads = rayon::current_num_threads();
-    let time = |name: &str, streams: f64, f: &mut dyn FnMut() -> impls::Result<()>| {
-        let mut best = f64::INFINITY;
-        for _ in 0..=reps {
-            let t = Instant::now();
-            if let Err(e) = f() {
-                println!("{name}: {e}");
-                return;
-            }
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        println!(
-            "{name:<22} {:8.2} ms {:6.1} GB/s  ({threads} thr, [{c}, {m}] {dtype:?})",
-            best * 1e3,
-            streams * bytes / best / 1e9
-        );
-    };
+    let time =
+        |name: &str, streams: f64, f: &mut dyn FnMut() -> impls::Result<()>| match common::best_of(
+            reps, f,
+        ) {
+            Err(e) => println!("{name}: {e}"),
+            Ok(best) => println!(
+                "{name:<22} {:8.2} ms {:6.1} GB/s  ({threads} thr, [{c}, {m}] {dtype:?})",
+                best * 1e3,
+                streams * bytes / best / 1e9
+            ),
+        };
     time("stats+prepare", 2.0, &mut || {
         bn::bn_stats_prepare(&x, &gamma, &beta, &rm, &rv).map(drop)
     });

@@ -9,7 +9,7 @@
 
 use candle_core::{Device, Tensor};
 use impls::ops::dense;
-use std::time::Instant;
+mod common;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
@@ -30,22 +30,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dx = Tensor::zeros((c, m), dtype, &dev)?;
     let flop = 2.0 * (k * c * m) as f64;
     let threads = rayon::current_num_threads();
-    let time = |name: &str, f: &mut dyn FnMut() -> candle_core::Result<()>| {
-        let mut best = f64::INFINITY;
-        for _ in 0..=reps {
-            let t = Instant::now();
-            if let Err(e) = f() {
-                println!("{name}: {e}");
-                return;
-            }
-            best = best.min(t.elapsed().as_secs_f64());
-        }
-        println!(
-            "{threads} threads C={c:5} {name:36} {:7.2} ms {:6.1} GFLOP/s",
-            best * 1e3,
-            flop / best / 1e9
-        );
-    };
+    let time =
+        |name: &str, f: &mut dyn FnMut() -> candle_core::Result<()>| match common::best_of(reps, f)
+        {
+            Err(e) => println!("{name}: {e}"),
+            Ok(best) => println!(
+                "{threads} threads C={c:5} {name:36} {:7.2} ms {:6.1} GFLOP/s",
+                best * 1e3,
+                flop / best / 1e9
+            ),
+        };
     let (xt, wt) = (x.t()?, w.t()?);
     let d = |r: impls::Result<Tensor>| r.map(drop).map_err(candle_core::Error::wrap);
     time("fwd W·X      matmul", &mut || w.matmul(&x).map(drop));
