@@ -19,9 +19,11 @@
 //!   cancellation) the bound is `|result − twin| ≤ ulp_bf16(twin) + 2·γ_K·Σ|a·b|` (each f32 sum
 //!   of K terms is within `γ_K·Σ|a·b|` of the exact one, `γ_K = K·u/(1 − K·u)`, `u = 2⁻²⁴`;
 //!   products of two bf16 values are exact in f32).
-//! - [`within_relative`]: f32 outputs of bf16 operands. Statistics and BN sums accumulate in
-//!   f64 and round once to f32: `|f32 − f64 ref| ≤ 2⁻²⁴·|ref|` (+ `M·2⁻⁵³` of the f64 sum,
-//!   negligible at these shapes, taken as another `2⁻²⁴·|ref|`). Weight gradients accumulate
+//! - [`within_relative`]: f32 outputs of bf16 operands. Statistics accumulate in f64 and round
+//!   once to f32: `|f32 − f64 ref| ≤ 2⁻²⁴·|ref|` (+ `M·2⁻⁵³` of the f64 sum, negligible at these
+//!   shapes, taken as another `2⁻²⁴·|ref|`). BN backward's sums take f32 terms (three roundings
+//!   each) folded in f32 blocks (four additions) before f64 (autocast's arithmetic): that plus
+//!   `2·7·2⁻²⁴·Σ|terms|`, and bit for bit the blocked order restated ([`block_order_sum`]). Weight gradients accumulate
 //!   K terms in f32: `|f32 − f64 ref| ≤ γ_K·Σ|a·b|` (the f64 reference's own error, `K·2⁻⁵³·Σ`,
 //!   is below one more f32 ulp, added).
 
@@ -158,6 +160,36 @@ fn one_rounding(reference: &[f64]) -> Vec<f64> {
     reference.iter().map(|r| 2.0 * U * r.abs()).collect()
 }
 
+/// The blocked order of bf16 features' BN sums (`block_sums` in `impls::ops::cpu::shared`),
+/// restated: blocks of 256 f32 terms (the last padded with +0), each folded in f32 by halves
+/// (`t[i] += t[i + 128]`, then 64, 32, 16), the 16 values added in f64 to 16 lane sums, the
+/// lanes added pairwise (8 + 8, 4 + 4, …).
+fn block_order_sum(terms: &[f32]) -> f64 {
+    let mut lanes = [0f64; 16];
+    for block in terms.chunks(256) {
+        let mut t = [0f32; 256];
+        t[..block.len()].copy_from_slice(block);
+        let mut w = 256;
+        while w > 16 {
+            w /= 2;
+            for i in 0..w {
+                t[i] += t[i + w];
+            }
+        }
+        for (l, v) in lanes.iter_mut().zip(&t) {
+            *l += f64::from(*v);
+        }
+    }
+    let mut w = 16;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+    }
+    lanes[0]
+}
+
 fn expect_err<T: std::fmt::Debug>(r: impls::Result<T>, op: &str) {
     let e = r
         .expect_err("an unsupported dtype mix must be an error")
@@ -238,23 +270,64 @@ fn bn_backward_takes_bf16_features_and_f32_tables() {
     .unwrap();
     let inplace = bn_backward::relu_bwd_affine_inplace(gb.copy().unwrap(), &xb, &coef2).unwrap();
     bitwise("relu bwd affine inplace", &bf16s(&inplace), &bf16s(&r)).unwrap();
-    // the reduction: an f32 table, the twin's bits; its sums one rounding from f64's
+    // the reduction: an f32 table; its sums Σgy and Σgy·x̂ from f32 terms (autocast's) in the
+    // documented blocked order (`block_sums`, restated below: bit for bit), within the f32
+    // evaluation's bound of the f64 reference; A, B, C bit for bit the coefficient maths of
+    // those sums
     let (_, mean, _) = draw(&[c], 14);
     let invstd = (draw(&[c], 15).1.abs().unwrap() + 0.5).unwrap();
     let st = Tensor::stack(&[&mean, &invstd], 0).unwrap();
     let (_, gamma, _) = draw(&[c], 16);
     let red = bn_backward::bn_bwd_reduce(&gb, &xb, &st, &gamma).unwrap();
     assert_eq!(red.dtype(), DType::F32);
-    let twin = bn_backward::bn_bwd_reduce(&gf, &xf, &st, &gamma).unwrap();
-    assert_eq!(f32s(&red), f32s(&twin), "bn bwd reduce twin");
+    let (mu, is) = (f32s(&mean), f32s(&invstd));
+    let (gv, xv) = (f32s(&gf), f32s(&xf));
+    let mut own = vec![0f32; 2 * c];
+    let mut scale = vec![0f64; 2 * c];
+    for r in 0..c {
+        let row = r * m..(r + 1) * m;
+        let sgx_terms: Vec<f32> = row
+            .clone()
+            .map(|i| gv[i] * (xv[i] - mu[r]) * is[r])
+            .collect();
+        own[r] = block_order_sum(&gv[row.clone()]) as f32;
+        own[c + r] = block_order_sum(&sgx_terms) as f32;
+        scale[r] = gv[row.clone()].iter().map(|v| f64::from(v.abs())).sum();
+        scale[c + r] = row
+            .map(|i| {
+                (f64::from(gv[i]) * (f64::from(xv[i]) - f64::from(mu[r])) * f64::from(is[r])).abs()
+            })
+            .sum();
+    }
+    assert_eq!(
+        f32s(&red.narrow(0, 0, 2).unwrap()),
+        own,
+        "bn bwd reduce sums in the blocked f32 order"
+    );
+    let coef = bn_backward::generic_bn_bwd_coef(
+        &red.narrow(0, 0, 1).unwrap().reshape((c, 1)).unwrap(),
+        &red.narrow(0, 1, 1).unwrap().reshape((c, 1)).unwrap(),
+        &st,
+        &gamma,
+        m,
+    )
+    .unwrap();
+    for (q, want) in coef.iter().enumerate() {
+        let got = f32s(&red.narrow(0, 2 + q, 1).unwrap());
+        assert_eq!(got, f32s(want), "bn bwd reduce coefficient {q} of its sums");
+    }
     let f64_of = |t: &Tensor| t.to_dtype(DType::F64).unwrap();
     let reference = bn_backward::bn_bwd_reduce(&gd, &xd, &f64_of(&st), &f64_of(&gamma)).unwrap();
     let sums = f64s(&reference.narrow(0, 0, 2).unwrap());
+    // one rounding to f32, the terms' three f32 roundings and the blocks' four f32 additions
+    let bound: Vec<f64> = (one_rounding(&sums).iter().zip(&scale))
+        .map(|(b, s)| b + 2.0 * 7.0 * U * s)
+        .collect();
     within_relative(
         "bn bwd sums",
         &f32s(&red.narrow(0, 0, 2).unwrap()),
         &sums,
-        &one_rounding(&sums),
+        &bound,
     )
     .unwrap();
     // dx and its accumulation into a bf16 gradient buffer: `((A·gy) + (B·x)) + C` in f32

@@ -8,14 +8,15 @@
 //!
 //! Dtypes on the CPU: all f32, all f64, or bf16 features (`gy`, `x`, the ReLU gradient, `dx` and
 //! its destination) with f32 tables (`coef`, `st`, γ, and [`bn_bwd_reduce`]'s output): computed
-//! in f32 (sums in f64) from the widened features, each feature written rounded once ([`Elem`];
-//! the data gradient's `A·gy + B·x + C` in f32 arithmetic, where f32 and f64 features take f64:
-//! `dx_value`).
+//! in f32 from the widened features, each feature written rounded once ([`Elem`]): the data
+//! gradient's `A·gy + B·x + C` in f32 arithmetic and the sums' terms in f32, folded in f32
+//! blocks before f64 (`dx_value`, [`block_sums`]), where f32 and f64 features take f64
+//! throughout — as PyTorch autocast's kernels compute bf16 features.
 //! Any other combination is an error naming the op.
 
 use crate::error::{CandleContext, Result};
 use crate::ops::bn::{coef_rows, column, generic_affine_rows_relu, planar};
-use crate::ops::cpu::shared::{lane_sums, zip1, zip2, zip3, Elem, Float};
+use crate::ops::cpu::shared::{block_sums, lane_sums, zip1, zip2, zip3, Elem, Float};
 #[cfg(feature = "cuda")]
 use crate::ops::cpu::storage::not_on_cuda;
 use crate::ops::cpu::storage::{bad_dtype, carried, cpu_of, features, has_kernels, Operand};
@@ -236,7 +237,8 @@ pub(crate) fn bwd_coef<T: Float>(
 
 /// BN backward's reduction and coefficients: operands `gy`, `x` (`[C, M]`) and
 /// `st [2, C]` = (mean; invstd); the op carries γ (`[C]`). Output planar `[5, C]` =
-/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64. With
+/// (Σ gy = dβ; Σ gy·x̂ = dγ; A; B; C) with `x̂ = (x − mean)·invstd`, the sums in f64 (for bf16
+/// features the terms in f32, folded in f32 blocks first: [`block_sums`]). With
 /// `relu`, `gy` is the gradient of ReLU(BN(x)) ([`masked`]) and `st` BN's saved table
 /// `[4, C]` = (mean; invstd; scale; shift).
 pub(crate) struct BnBwdReduceOp {
@@ -291,11 +293,20 @@ impl CustomOp3 for BnBwdReduceOp {
                 .zip(outs.into_par_iter())
                 .for_each(|((((g, x), ((&mean, &invstd), &gamma)), r), row)| {
                     let (scale, shift) = affine_row::<RELU, T>(affine, c, r);
-                    let (mean64, invstd64) = (mean.f64(), invstd.f64());
-                    let [sg, sgx] = lane_sums(g, x, |g, x| {
-                        let g = masked::<RELU, E, T>(g, x, scale, shift).widen().f64();
-                        [g, g * (x.widen().f64() - mean64) * invstd64]
-                    });
+                    let [sg, sgx] = if E::NARROW {
+                        // bf16: the terms in f32 (autocast's), blocks folded in f32
+                        let (mean, invstd) = (mean.f32(), invstd.f32());
+                        block_sums(g, x, |g, x| {
+                            let g = masked::<RELU, E, T>(g, x, scale, shift).widen().f32();
+                            [g, g * (x.widen().f32() - mean) * invstd]
+                        })
+                    } else {
+                        let (mean64, invstd64) = (mean.f64(), invstd.f64());
+                        lane_sums(g, x, |g, x| {
+                            let g = masked::<RELU, E, T>(g, x, scale, shift).widen().f64();
+                            [g, g * (x.widen().f64() - mean64) * invstd64]
+                        })
+                    };
                     let (sg, sgx) = (T::of(sg), T::of(sgx));
                     let [a, b, cc] = bwd_coef([sg, sgx], [mean, invstd, gamma], per_m);
                     (*row.0, *row.1, *row.2, *row.3, *row.4) = (sg, sgx, a, b, cc);

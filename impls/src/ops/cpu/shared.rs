@@ -82,6 +82,8 @@ pub trait Float:
     const ONE: Self;
     /// The value as f64 (exact).
     fn f64(self) -> f64;
+    /// The nearest f32 (exact for f32).
+    fn f32(self) -> f32;
     /// The nearest value to `v`.
     fn of(v: f64) -> Self;
     /// The correctly rounded square root.
@@ -92,6 +94,9 @@ impl Float for f32 {
     const ONE: Self = 1.0;
     fn f64(self) -> f64 {
         f64::from(self)
+    }
+    fn f32(self) -> f32 {
+        self
     }
     fn of(v: f64) -> Self {
         v as f32
@@ -105,6 +110,9 @@ impl Float for f64 {
     const ONE: Self = 1.0;
     fn f64(self) -> f64 {
         self
+    }
+    fn f32(self) -> f32 {
+        self as f32
     }
     fn of(v: f64) -> Self {
         v
@@ -187,6 +195,73 @@ pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
         for k in 0..K {
             out[k] += v[k];
         }
+    }
+    out
+}
+
+/// Terms [`block_sums`] folds in f32 before widening them: one block's.
+const F32_BLOCK: usize = 256;
+
+/// The f32 lanes [`block_sums`] folds a block to (one AVX-512 register), each then added in f64.
+const F32_LANES: usize = 16;
+
+/// `K` sums of f32 terms `f(a[j], b[j])` over the paired elements of `a` and `b` (the shorter's
+/// length), the way PyTorch autocast's kernels sum bf16 features' terms (in f32), blocked so that
+/// no f32 sum runs long: each block of [`F32_BLOCK`] terms (the last padded with +0) is folded
+/// pairwise in f32 — `t[i] + t[i + 128]`, then `+ t[i + 64]`, 32, 16 — to [`F32_LANES`] values,
+/// each widened and added in f64 to its lane's running sum; the lanes are added pairwise at the
+/// end, as in [`lane_sums`]. Each term passes through four f32 additions (at most
+/// `4·2⁻²⁴·Σ|terms|` over a row, beside the terms' own roundings), and the order is fixed by the
+/// row's length alone, so a row's sums are the same bits on every call and thread count.
+/// [`lane_sums`]' f64 arithmetic ran at half this rate on bf16 features, whose terms are
+/// computed in f32 anyway.
+#[multiversion::multiversion(targets(
+    "x86_64+avx512f+avx512bw+avx512vl+avx2+fma",
+    "x86_64+avx2+fma"
+))]
+pub(crate) fn block_sums<A: Copy, B: Copy, const K: usize>(
+    a: &[A],
+    b: &[B],
+    f: impl Fn(A, B) -> [f32; K],
+) -> [f64; K] {
+    let n = a.len().min(b.len());
+    let mut acc = [[0f64; F32_LANES]; K];
+    let mut buf = [[0f32; F32_BLOCK]; K];
+    for (ca, cb) in a[..n].chunks(F32_BLOCK).zip(b[..n].chunks(F32_BLOCK)) {
+        let len = ca.len().min(cb.len()).min(F32_BLOCK);
+        let (ca, cb) = (&ca[..len], &cb[..len]);
+        for i in 0..len {
+            let v = f(ca[i], cb[i]);
+            for k in 0..K {
+                buf[k][i] = v[k];
+            }
+        }
+        for (acc, buf) in acc.iter_mut().zip(&mut buf) {
+            buf[len..].fill(0.0);
+            let mut w = F32_BLOCK;
+            while w > F32_LANES {
+                w /= 2;
+                let (lo, hi) = buf.split_at_mut(w);
+                for (l, h) in lo.iter_mut().zip(&hi[..w]) {
+                    *l += *h;
+                }
+            }
+            for (s, &v) in acc.iter_mut().zip(&buf[..F32_LANES]) {
+                *s += f64::from(v);
+            }
+        }
+    }
+    let mut out = [0f64; K];
+    for (k, o) in out.iter_mut().enumerate() {
+        let s = &mut acc[k];
+        let mut w = F32_LANES;
+        while w > 1 {
+            w /= 2;
+            for l in 0..w {
+                s[l] += s[l + w];
+            }
+        }
+        *o = s[0];
     }
     out
 }
@@ -274,10 +349,11 @@ pub trait Elem: Copy + Send + Sync + PartialOrd + 'static {
     type Acc: Float;
     /// +0 (named apart from [`Float::ZERO`], which every `Float` also has).
     const POS_ZERO: Self;
-    /// Stored narrower than computed (bf16): the element-wise passes that f32 and f64 features
-    /// evaluate in f64 and round once (BN backward's `A·gy + B·x + C`) evaluate in the compute
-    /// type instead, f32, as PyTorch autocast's kernels do — the result is rounded to bf16
-    /// anyway, and f64 arithmetic took twice as long there (see `bn_backward::dx_value`).
+    /// Stored narrower than computed (bf16): the passes that f32 and f64 features evaluate in
+    /// f64 (BN backward's `A·gy + B·x + C`, rounded once; its sums Σgy and Σgy·x̂) evaluate in
+    /// the compute type instead, f32, as PyTorch autocast's kernels do — the result is rounded
+    /// to bf16 anyway, and f64 arithmetic took twice as long there (`bn_backward::dx_value`,
+    /// [`block_sums`]).
     const NARROW: bool;
     /// The value in the compute type (exact).
     fn widen(self) -> Self::Acc;
@@ -644,5 +720,54 @@ mod tests {
             differs,
             "the terms must tell one summation order from another"
         );
+    }
+
+    /// [`block_sums`]' order restated plainly (blocks of 256 f32 terms padded with +0, folded
+    /// by halves to 16 in f32, widened into 16 f64 lanes, the lanes added pairwise), bit for
+    /// bit on lengths around and past a block, two sums at once; the shorter slice's length.
+    #[test]
+    fn block_sums_fold_each_block_in_f32_then_add_in_f64() {
+        for n in [0usize, 1, 15, 16, 255, 256, 257, 700, 4099] {
+            let a: Vec<f32> = (0..n)
+                .map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 10f32.powi((i % 7) as i32 - 3))
+                .collect();
+            let b: Vec<f32> = (0..n).map(|i| 1.0 + (i % 13) as f32 / 7.0).collect();
+            let [s, t] = block_sums(&a, &b, |x, y| [x, x * y]);
+            let plain = |f: &dyn Fn(usize) -> f32| {
+                let mut lanes = [0f64; F32_LANES];
+                for start in (0..n).step_by(F32_BLOCK) {
+                    let mut blk = [0f32; F32_BLOCK];
+                    for (j, v) in blk.iter_mut().enumerate().take((n - start).min(F32_BLOCK)) {
+                        *v = f(start + j);
+                    }
+                    let mut w = F32_BLOCK;
+                    while w > F32_LANES {
+                        w /= 2;
+                        for i in 0..w {
+                            blk[i] += blk[i + w];
+                        }
+                    }
+                    for (l, v) in lanes.iter_mut().zip(&blk) {
+                        *l += f64::from(*v);
+                    }
+                }
+                let mut w = F32_LANES;
+                while w > 1 {
+                    w /= 2;
+                    for l in 0..w {
+                        lanes[l] += lanes[l + w];
+                    }
+                }
+                lanes[0]
+            };
+            assert_eq!(s.to_bits(), plain(&|i| a[i]).to_bits(), "n = {n}: Σa");
+            assert_eq!(
+                t.to_bits(),
+                plain(&|i| a[i] * b[i]).to_bits(),
+                "n = {n}: Σab"
+            );
+        }
+        let [s] = block_sums(&[1f32; 300], &[0f32; 257], |x, _| [x]);
+        assert_eq!(s, 257.0);
     }
 }
