@@ -7,7 +7,7 @@
 //! The element loops of the kernels (BN statistics, apply and backward, ReLU, the 3×3
 //! convolution's tile copies, the bf16 products' widening and rounding) are compiled three
 //! times — for AVX-512 (F, BW, VL), for AVX2 with FMA, and for the x86-64 baseline (SSE2) — one
-//! picked at run time by the `multiversion` attribute: on `lane_sums` and the loop helpers
+//! picked at run time by the `multiversion` attribute: on `lane_sums`, `block_sums` and the loop helpers
 //! `fill_from`, `map_each`, `zip1`, `zip2`, `zip3`, which take the per-element work
 //! as a small closure that inlines into each version (a closure holding a whole loop, such as
 //! rayon's per-row one, is not inlined and would keep the baseline's code). Built for the
