@@ -157,15 +157,8 @@ pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
     let mut acc = [[0f64; SUM_LANES]; K];
     let mut buf = [[0f64; SUM_BLOCK]; K];
     for (ca, cb) in a[..full].chunks(SUM_BLOCK).zip(b[..full].chunks(SUM_BLOCK)) {
-        // a whole number of lanes (`full` is, and so is SUM_BLOCK), at most the buffer's
-        let len = ca.len().min(cb.len()).min(SUM_BLOCK);
-        let (ca, cb) = (&ca[..len], &cb[..len]);
-        for i in 0..len {
-            let v = f(ca[i], cb[i]);
-            for k in 0..K {
-                buf[k][i] = v[k];
-            }
-        }
+        // a whole number of lanes (`full` is, and so is SUM_BLOCK)
+        let len = eval_block(ca, cb, &mut buf, &f);
         for (acc, buf) in acc.iter_mut().zip(&buf) {
             // the lanes in a local (registers) and the block as whole arrays (no bounds
             // checks between the lanes' loads)
@@ -178,18 +171,7 @@ pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
             *acc = lanes;
         }
     }
-    let mut out = [0f64; K];
-    for (k, o) in out.iter_mut().enumerate() {
-        let s = &mut acc[k];
-        let mut w = SUM_LANES;
-        while w > 1 {
-            w /= 2;
-            for l in 0..w {
-                s[l] += s[l + w];
-            }
-        }
-        *o = s[0];
-    }
+    let mut out = acc.map(pairwise);
     for (x, y) in a[full..n].iter().zip(&b[full..n]) {
         let v = f(*x, *y);
         for k in 0..K {
@@ -202,8 +184,9 @@ pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
 /// Terms [`block_sums`] folds in f32 before widening them: one block's.
 const F32_BLOCK: usize = 256;
 
-/// The f32 lanes [`block_sums`] folds a block to (one AVX-512 register), each then added in f64.
-const F32_LANES: usize = 16;
+/// The f32 lanes [`block_sums`] folds a block to (one AVX-512 register), each then added in f64
+/// to one of [`SUM_LANES`] lane sums.
+const F32_LANES: usize = SUM_LANES;
 
 /// `K` sums of f32 terms `f(a[j], b[j])` over the paired elements of `a` and `b` (the shorter's
 /// length), the way PyTorch autocast's kernels sum bf16 features' terms (in f32), blocked so that
@@ -228,14 +211,7 @@ pub(crate) fn block_sums<A: Copy, B: Copy, const K: usize>(
     let mut acc = [[0f64; F32_LANES]; K];
     let mut buf = [[0f32; F32_BLOCK]; K];
     for (ca, cb) in a[..n].chunks(F32_BLOCK).zip(b[..n].chunks(F32_BLOCK)) {
-        let len = ca.len().min(cb.len()).min(F32_BLOCK);
-        let (ca, cb) = (&ca[..len], &cb[..len]);
-        for i in 0..len {
-            let v = f(ca[i], cb[i]);
-            for k in 0..K {
-                buf[k][i] = v[k];
-            }
-        }
+        let len = eval_block(ca, cb, &mut buf, &f);
         for (acc, buf) in acc.iter_mut().zip(&mut buf) {
             buf[len..].fill(0.0);
             let mut w = F32_BLOCK;
@@ -251,19 +227,40 @@ pub(crate) fn block_sums<A: Copy, B: Copy, const K: usize>(
             }
         }
     }
-    let mut out = [0f64; K];
-    for (k, o) in out.iter_mut().enumerate() {
-        let s = &mut acc[k];
-        let mut w = F32_LANES;
-        while w > 1 {
-            w /= 2;
-            for l in 0..w {
-                s[l] += s[l + w];
-            }
+    acc.map(pairwise)
+}
+
+/// `f` of the paired elements of one block (at most `N`) into one buffer per sum; returns how
+/// many: the map that [`lane_sums`] and [`block_sums`] leave to the loop vectorizer.
+#[inline(always)]
+fn eval_block<A: Copy, B: Copy, V: Copy, const K: usize, const N: usize>(
+    a: &[A],
+    b: &[B],
+    buf: &mut [[V; N]; K],
+    f: &impl Fn(A, B) -> [V; K],
+) -> usize {
+    let len = a.len().min(b.len()).min(N);
+    let (a, b) = (&a[..len], &b[..len]);
+    for i in 0..len {
+        let v = f(a[i], b[i]);
+        for k in 0..K {
+            buf[k][i] = v[k];
         }
-        *o = s[0];
     }
-    out
+    len
+}
+
+/// Sixteen lane sums added pairwise (lane l += lane l + 8, then + 4, + 2, + 1).
+#[inline(always)]
+fn pairwise(mut s: [f64; SUM_LANES]) -> f64 {
+    let mut w = SUM_LANES;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            s[l] += s[l + w];
+        }
+    }
+    s[0]
 }
 
 /// Writes `it`'s values into `out` in order until either ends; returns how many were written.
