@@ -10,7 +10,7 @@
 //! its destination) with f32 tables (`coef`, `st`, γ, and [`bn_bwd_reduce`]'s output): computed
 //! in f32 from the widened features, each feature written rounded once ([`Elem`]): the data
 //! gradient's `A·gy + B·x + C` in f32 arithmetic and the sums' terms in f32, folded in f32
-//! blocks before f64 (`dx_value`, [`block_sums`]), where f32 and f64 features take f64
+//! blocks before f64 (`dx_value`, `shared::block_sums`), where f32 and f64 features take f64
 //! throughout — as PyTorch autocast's kernels compute bf16 features.
 //! Any other combination is an error naming the op.
 

@@ -350,7 +350,7 @@ pub trait Elem: Copy + Send + Sync + PartialOrd + 'static {
     /// f64 (BN backward's `A·gy + B·x + C`, rounded once; its sums Σgy and Σgy·x̂) evaluate in
     /// the compute type instead, f32, as PyTorch autocast's kernels do — the result is rounded
     /// to bf16 anyway, and f64 arithmetic took twice as long there (`bn_backward::dx_value`,
-    /// [`block_sums`]).
+    /// `block_sums`).
     const NARROW: bool;
     /// The value in the compute type (exact).
     fn widen(self) -> Self::Acc;
