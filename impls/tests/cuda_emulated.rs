@@ -513,7 +513,7 @@ fn close<T: El>(
 /// kernels keep f64 terms and sums for every dtype.
 fn cpu_f32_sums<T: El>(scale: f64) -> f64 {
     if T::SUFFIX == "bf16" {
-        2.0 * 7.0 * f64::from(f32::EPSILON) / 2.0 * scale
+        14.0 * 2f64.powi(-24) * scale
     } else {
         0.0
     }

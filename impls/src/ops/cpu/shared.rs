@@ -126,7 +126,8 @@ impl Float for f64 {
 /// over, so that consecutive additions do not wait on each other.
 const SUM_LANES: usize = 16;
 
-/// Elements [`lane_sums`] evaluates into a buffer before adding them into its lanes.
+/// Elements [`lane_sums`] evaluates into a buffer before adding them into its lanes, and
+/// [`block_sums`] folds in f32 before widening them.
 const SUM_BLOCK: usize = 256;
 
 /// `K` sums over the paired elements of `a` and `b` (the shorter's length) of `f(a[j], b[j])`,
@@ -181,17 +182,10 @@ pub(crate) fn lane_sums<A: Copy, B: Copy, const K: usize>(
     out
 }
 
-/// Terms [`block_sums`] folds in f32 before widening them: one block's.
-const F32_BLOCK: usize = 256;
-
-/// The f32 lanes [`block_sums`] folds a block to (one AVX-512 register), each then added in f64
-/// to one of [`SUM_LANES`] lane sums.
-const F32_LANES: usize = SUM_LANES;
-
 /// `K` sums of f32 terms `f(a[j], b[j])` over the paired elements of `a` and `b` (the shorter's
 /// length), the way PyTorch autocast's kernels sum bf16 features' terms (in f32), blocked so that
-/// no f32 sum runs long: each block of [`F32_BLOCK`] terms (the last padded with +0) is folded
-/// pairwise in f32 — `t[i] + t[i + 128]`, then `+ t[i + 64]`, 32, 16 — to [`F32_LANES`] values,
+/// no f32 sum runs long: each block of [`SUM_BLOCK`] terms (the last padded with +0) is folded
+/// pairwise in f32 — `t[i] + t[i + 128]`, then `+ t[i + 64]`, 32, 16 — to [`SUM_LANES`] values,
 /// each widened and added in f64 to its lane's running sum; the lanes are added pairwise at the
 /// end, as in [`lane_sums`]. Each term passes through four f32 additions (at most
 /// `4·2⁻²⁴·Σ|terms|` over a row, beside the terms' own roundings), and the order is fixed by the
@@ -208,21 +202,21 @@ pub(crate) fn block_sums<A: Copy, B: Copy, const K: usize>(
     f: impl Fn(A, B) -> [f32; K],
 ) -> [f64; K] {
     let n = a.len().min(b.len());
-    let mut acc = [[0f64; F32_LANES]; K];
-    let mut buf = [[0f32; F32_BLOCK]; K];
-    for (ca, cb) in a[..n].chunks(F32_BLOCK).zip(b[..n].chunks(F32_BLOCK)) {
+    let mut acc = [[0f64; SUM_LANES]; K];
+    let mut buf = [[0f32; SUM_BLOCK]; K];
+    for (ca, cb) in a[..n].chunks(SUM_BLOCK).zip(b[..n].chunks(SUM_BLOCK)) {
         let len = eval_block(ca, cb, &mut buf, &f);
         for (acc, buf) in acc.iter_mut().zip(&mut buf) {
             buf[len..].fill(0.0);
-            let mut w = F32_BLOCK;
-            while w > F32_LANES {
+            let mut w = SUM_BLOCK;
+            while w > SUM_LANES {
                 w /= 2;
                 let (lo, hi) = buf.split_at_mut(w);
                 for (l, h) in lo.iter_mut().zip(&hi[..w]) {
                     *l += *h;
                 }
             }
-            for (s, &v) in acc.iter_mut().zip(&buf[..F32_LANES]) {
+            for (s, &v) in acc.iter_mut().zip(&buf[..SUM_LANES]) {
                 *s += f64::from(v);
             }
         }
@@ -731,14 +725,14 @@ mod tests {
             let b: Vec<f32> = (0..n).map(|i| 1.0 + (i % 13) as f32 / 7.0).collect();
             let [s, t] = block_sums(&a, &b, |x, y| [x, x * y]);
             let plain = |f: &dyn Fn(usize) -> f32| {
-                let mut lanes = [0f64; F32_LANES];
-                for start in (0..n).step_by(F32_BLOCK) {
-                    let mut blk = [0f32; F32_BLOCK];
-                    for (j, v) in blk.iter_mut().enumerate().take((n - start).min(F32_BLOCK)) {
+                let mut lanes = [0f64; SUM_LANES];
+                for start in (0..n).step_by(SUM_BLOCK) {
+                    let mut blk = [0f32; SUM_BLOCK];
+                    for (j, v) in blk.iter_mut().enumerate().take((n - start).min(SUM_BLOCK)) {
                         *v = f(start + j);
                     }
-                    let mut w = F32_BLOCK;
-                    while w > F32_LANES {
+                    let mut w = SUM_BLOCK;
+                    while w > SUM_LANES {
                         w /= 2;
                         for i in 0..w {
                             blk[i] += blk[i + w];
@@ -748,7 +742,7 @@ mod tests {
                         *l += f64::from(*v);
                     }
                 }
-                let mut w = F32_LANES;
+                let mut w = SUM_LANES;
                 while w > 1 {
                     w /= 2;
                     for l in 0..w {
