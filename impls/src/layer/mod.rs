@@ -394,10 +394,8 @@ fn dw_row_blocks(c: usize, threads: usize) -> Vec<(usize, usize)> {
     even_split(c, threads.min(c / DW_MIN_BLOCK_ROWS).max(1))
 }
 
-/// The fewest rows of dW1ᵀ a thread of [`conv1_bwd_weight`] takes: below about a hundred rows
-/// a second thread's share did not pay for its hand-over (C = 24 and 60 at 2 threads: slower
-/// than one; C = 204 and 216: ×0.78 and ×0.70 of the one-destination time).
-const DW_MIN_BLOCK_ROWS: usize = 96;
+/// The fewest rows of dW1ᵀ a thread of [`conv1_bwd_weight`] takes. PLACEHOLDER
+const DW_MIN_BLOCK_ROWS: usize = 16;
 
 /// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).
 pub const GRAD_BLOCK_ROWS: usize = 64;
@@ -1214,40 +1212,50 @@ mod tests {
 
     /// Conv1×1's weight gradient summed a column chunk at a time is `dz · rᵀ` (f64, within
     /// rounding of another order), and a block of rows of r gives bitwise those rows of it,
-    /// whatever the rows in the call (6 to all: at most 5 × 48 = 240 outputs `gemm` sums along
-    /// another path, and 2 rows differ) and the threads (1–3): the chunk's sum does not depend
-    /// on the call's shape. Two column groups and a ragged last chunk.
+    /// whatever the rows in the call (6 to all, [`DW_MIN_BLOCK_ROWS`] and a ragged 17 among
+    /// them) and the threads (1–3): the chunk's sum does not depend on the call's shape. In f64,
+    /// f32 and bf16 features (an f32 gradient, the dot kernel's tiles). Two column groups and a
+    /// ragged last chunk.
     #[test]
     fn conv1_weight_gradient_in_chunks() -> Result<()> {
         let (c, b, m) = (200, 48, 2 * FRONT_CHUNK_COLUMNS + 300);
         assert_eq!(dw_groups(m).len(), 3);
-        // one row block on one thread, two on two or three: the blocks keep the bits too
+        // one row block on one thread, one per thread on two or three (each at least
+        // DW_MIN_BLOCK_ROWS rows): the blocks keep the bits too
         assert_eq!(dw_row_blocks(c, 1).len(), 1);
         assert_eq!(dw_row_blocks(c, 2), vec![(0, 100), (100, 100)]);
-        assert_eq!(dw_row_blocks(c, 3).len(), 2);
-        assert_eq!(dw_row_blocks(150, 2).len(), 1);
-        let (r, dz) = (randn((c, m), DType::F64), randn((b, m), DType::F64));
-        let whole = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
-        assert_eq!(whole.dims(), &[b, c]);
-        let want = dz.matmul(&r.t()?)?;
-        let diff = (&whole - &want)?.abs()?.flatten_all()?.to_vec1::<f64>()?;
-        let err = diff.into_iter().fold(0.0, f64::max);
-        assert!(err < 1e-10, "max |chunked − matmul| = {err}");
-        for threads in [1, 2, 3] {
-            crate::ops::cpu::shared::in_pool(threads, || -> Result<()> {
-                let again = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
-                assert!(bits(&again) == bits(&whole), "{threads} threads");
-                for (r0, n) in [(0, 6), (0, 70), (70, 80)] {
-                    let rows = r.narrow(0, r0, n)?;
-                    let part = conv1_bwd_weight(&dz, n, |g0, k| rows.narrow(1, g0, k).ctx("test"))?;
-                    let expect = whole.narrow(1, r0, n)?;
-                    assert!(
-                        bits(&part) == bits(&expect),
-                        "rows {r0}+{n}, {threads} threads"
-                    );
-                }
-                Ok(())
+        assert_eq!(dw_row_blocks(c, 3).len(), 3);
+        assert_eq!(dw_row_blocks(31, 2).len(), 1);
+        assert_eq!(dw_row_blocks(32, 2), vec![(0, 16), (16, 16)]);
+        for dtype in [DType::F64, DType::F32, DType::BF16] {
+            let (r, dz) = (randn((c, m), dtype), randn((b, m), dtype));
+            let whole = crate::ops::cpu::shared::in_pool(1, || {
+                conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))
             })?;
+            assert_eq!(whole.dims(), &[b, c]);
+            if dtype == DType::F64 {
+                let want = dz.matmul(&r.t()?)?;
+                let diff = (&whole - &want)?.abs()?.flatten_all()?.to_vec1::<f64>()?;
+                let err = diff.into_iter().fold(0.0, f64::max);
+                assert!(err < 1e-10, "max |chunked − matmul| = {err}");
+            }
+            for threads in [1, 2, 3] {
+                crate::ops::cpu::shared::in_pool(threads, || -> Result<()> {
+                    let again = conv1_bwd_weight(&dz, c, |g0, n| r.narrow(1, g0, n).ctx("test"))?;
+                    assert!(bits(&again) == bits(&whole), "{dtype:?}, {threads} threads");
+                    for (r0, n) in [(0, 6), (0, DW_MIN_BLOCK_ROWS), (16, 17), (0, 70), (70, 80)] {
+                        let rows = r.narrow(0, r0, n)?;
+                        let part =
+                            conv1_bwd_weight(&dz, n, |g0, k| rows.narrow(1, g0, k).ctx("test"))?;
+                        let expect = whole.narrow(1, r0, n)?;
+                        assert!(
+                            bits(&part) == bits(&expect),
+                            "{dtype:?}, rows {r0}+{n}, {threads} threads"
+                        );
+                    }
+                    Ok(())
+                })?;
+            }
         }
         Ok(())
     }

@@ -40,8 +40,9 @@ use candle_core::{CpuStorage, CustomOp2, InplaceOp2, InplaceOp3, Layout, Shape, 
 use half::bf16;
 use rayon::prelude::*;
 
-/// Panels per thread: a few per thread balance the load when one thread is slowed (measured
-/// best at 4 on 2 cores, `examples/gemm_shapes.rs split`).
+/// Column panels per thread: a few per thread balance the load when one thread is slowed
+/// (measured best at 4 on 2 cores, `examples/gemm_shapes.rs split`). Row panels are one per
+/// thread: each packs all of the right operand (see [`multiply`]).
 const PANELS_PER_THREAD: usize = 4;
 /// Narrowest panel; a product with fewer than two panels' columns (or rows) is one `gemm` call
 /// with `gemm`'s own threading. Above 64 on purpose: `gemm` blocks the inner dimension by a
@@ -64,7 +65,23 @@ const MIN_ROW_PANEL: usize = 128;
 /// baseline, like the rest of the runtime; the products' own packing buffers stay in the
 /// steps (the memory model's [`crate::model::trace::GEMM_PACKING_ALLOWANCE_BYTES`]).
 pub fn settle_thread_scratch() {
-    on_every_thread(|| gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow())));
+    on_every_thread(|| {
+        gemm_common::gemm::L2_SLAB.with(|slab| drop(slab.borrow()));
+        RHS_SCRATCH.with(|s| drop(s.borrow()));
+    });
+}
+
+/// Bytes of a thread's copy of a small right operand that sums along its contiguous axis
+/// ([`multiply`]): a bc layer's Conv1×1 weight-gradient chunk `dzᵀ [512, 4k]` (96 KiB in f32,
+/// 192 KiB in f64 at k = 12) fits.
+const RHS_SCRATCH_BYTES: usize = 256 * 1024;
+
+thread_local! {
+    /// This thread's [`RHS_SCRATCH_BYTES`] (as f64s, aligned for f32 and f64 alike), made
+    /// whole on first use or by [`settle_thread_scratch`] (part of the baseline, like `gemm`'s
+    /// slab).
+    static RHS_SCRATCH: std::cell::RefCell<Vec<f64>> =
+        std::cell::RefCell::new(vec![0.0; RHS_SCRATCH_BYTES / 8]);
 }
 
 /// Runs `touch` on every thread of the current rayon pool and on the calling thread: what makes
@@ -107,8 +124,8 @@ unsafe fn multiply<T: Float>(
         SharedPtr(a as *mut T),
         SharedPtr(b as *mut T),
     );
-    // One gemm call on these blocks of dst, a and b.
-    let call = move |dc: Mat, ac: Mat, bc: Mat, par: gemm::Parallelism| {
+    // One gemm call on these blocks of dst, a and b (b at `bptr`).
+    let gemm_call = move |dc: Mat, ac: Mat, bptr: *const T, bc: Mat, par: gemm::Parallelism| {
         // SAFETY: the caller's contract; a panel writes only its own rows or columns of dst.
         unsafe {
             gemm::gemm(
@@ -122,7 +139,7 @@ unsafe fn multiply<T: Float>(
                 (ap.get() as *const T).add(ac.off),
                 ac.cs as isize,
                 ac.rs as isize,
-                (bp.get() as *const T).add(bc.off),
+                bptr.add(bc.off),
                 bc.cs as isize,
                 bc.rs as isize,
                 T::ONE,
@@ -133,6 +150,50 @@ unsafe fn multiply<T: Float>(
                 par,
             )
         }
+    };
+    let call = move |dc: Mat, ac: Mat, bc: Mat, par: gemm::Parallelism| {
+        let b = bp.get() as *const T;
+        // A small right operand whose columns are contiguous (`dzᵀ` of a Conv1×1 weight
+        // gradient chunk: 48 columns 65 536 elements apart, each 512 long) is read by `gemm` a
+        // row at a time across the columns, one cache line of each, all in one cache set when
+        // the columns are a power of two apart: the chunk products ran at 8–16 GFLOP/s. Copied
+        // row by row into this thread's scratch first, the same values in the same order of the
+        // inner dimension: the same bits, and a BC-100 layer's 128 chunk products (f32, 1
+        // thread) in 4.1–4.4 ms instead of 9.4 at C = 24, 10.0 instead of 15.1 at C = 120, 16.1
+        // instead of 21.0 at C = 204 (a copy 16 rows at a time measured slower).
+        // Only where `gemm` takes its general path (register tiles summing the inner dimension
+        // in order) either way, whose results do not depend on the operands' strides: not for
+        // a destination of at most 16 × 16 (`gemm`'s horizontal kernels, for both operands
+        // contiguous along the inner dimension: another order), one row or column (matrix ×
+        // vector) or an inner dimension of at most 2.
+        let small = bc.rows * bc.cols * std::mem::size_of::<T>() <= RHS_SCRATCH_BYTES;
+        let general = dc.rows * dc.cols > 16 * 16 && dc.rows > 1 && dc.cols > 1 && bc.rows > 2;
+        if !matches!(par, gemm::Parallelism::None) || bc.rs != 1 || bc.cs == 1 || !general || !small
+        {
+            return gemm_call(dc, ac, b, bc, par);
+        }
+        RHS_SCRATCH.with(|cell| {
+            let mut scratch = cell.borrow_mut();
+            let rows = scratch.as_mut_ptr() as *mut T;
+            for j in 0..bc.cols {
+                // SAFETY: column j of b lies in its allocation (the caller's contract); row kk
+                // of the copy, bc.cols elements from kk·bc.cols, lies in the scratch (`small`).
+                unsafe {
+                    let col = b.add(bc.off + j * bc.cs);
+                    for kk in 0..bc.rows {
+                        *rows.add(kk * bc.cols + j) = *col.add(kk);
+                    }
+                }
+            }
+            let copy = Mat {
+                rows: bc.rows,
+                cols: bc.cols,
+                off: 0,
+                rs: bc.cols,
+                cs: 1,
+            };
+            gemm_call(dc, ac, rows as *const T, copy, par)
+        })
     };
     let threads = rayon::current_num_threads();
     if threads <= 1 {
@@ -156,17 +217,20 @@ unsafe fn multiply<T: Float>(
         };
         return call(d, am, bm, par);
     }
-    // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so they
-    // are at least MIN_ROW_PANEL rows unless that leaves a thread without one; column panels
-    // pack only their columns of b. The last panel takes the remainder, so every panel is at
-    // least MIN_PANEL wide (see MIN_PANEL for why that keeps the sums).
-    let least = if by_rows {
-        MIN_ROW_PANEL.min(long.div_ceil(threads))
+    // Row panels each pack all of b (a weight gradient's G, up to [48, 65536] in bc), so there
+    // is one per thread, at least MIN_ROW_PANEL rows unless that leaves a thread without one:
+    // four per thread packed b four times over (the mlp's weight gradient `(X·Gᵀ)ᵀ` on 2
+    // threads, `examples/gemm_shapes.rs`: 8.7 → 6.7 ms at C = 2304, 4.5 → 2.8 ms at 768, 1.9 →
+    // 1.5 ms at 320). Column panels pack only their columns of b. The last panel takes the
+    // remainder, so every panel is at least MIN_PANEL wide (see MIN_PANEL for why that keeps
+    // the sums).
+    let (least, per_thread) = if by_rows {
+        (MIN_ROW_PANEL.min(long.div_ceil(threads)), 1)
     } else {
-        MIN_PANEL
+        (MIN_PANEL, PANELS_PER_THREAD)
     };
     let mut width = long
-        .div_ceil(threads * PANELS_PER_THREAD)
+        .div_ceil(threads * per_thread)
         .max(least)
         .next_multiple_of(16)
         .max(MIN_PANEL);
@@ -1283,6 +1347,48 @@ mod tests {
         assert!(e.contains("not the left operand's type"), "{e}");
         let ok = product_of_column_chunks(&a, 10, &[(0, 3), (3, 7)], cols).unwrap();
         assert_eq!(ok.dims(), &[4, 10]);
+    }
+
+    /// A small right operand whose columns are contiguous (a Conv1×1 weight-gradient chunk's
+    /// `dzᵀ`) is copied row by row into the thread's scratch before `gemm` reads it: bitwise the
+    /// product of the same values stored row by row, for the chunk's shapes (blocks of 16 and
+    /// 204 rows, 512 inner, 48 columns), ragged ones, and one just over the scratch (f64 512 ×
+    /// 65, read in place by `gemm`'s general path, which the copy relies on: its results do not
+    /// depend on the strides), accumulating or not, at 1 and 3 threads. (At most 16 × 16
+    /// outputs `gemm` sums an operand pair contiguous along the inner dimension in another
+    /// order — 3 × 65 outputs over 512 differ in the last bits — so those are read in place.)
+    #[test]
+    fn a_right_operand_copied_row_by_row_keeps_the_bits() {
+        for dtype in [DType::F32, DType::F64] {
+            for (m, k, n) in [
+                (16, 512, 48),
+                (204, 512, 48),
+                (7, 37, 40),
+                (20, 512, 65),
+                (90, 3, 5),
+            ] {
+                let a = randn((m, k), dtype);
+                let b_cols = randn((n, k), dtype);
+                let b_view = b_cols.t().unwrap();
+                let b_rows = b_view.contiguous().unwrap();
+                let start = randn((m, n), dtype);
+                for threads in [1, 3] {
+                    crate::ops::cpu::shared::in_pool(threads, || {
+                        let at = format!("{m}×{k}×{n} {dtype:?}, {threads} threads");
+                        let (p1, p2) =
+                            (product(&a, &b_view).unwrap(), product(&a, &b_rows).unwrap());
+                        assert_eq!(bits(&p1), bits(&p2), "product {at}");
+                        let (d1, d2) = (start.copy().unwrap(), start.copy().unwrap());
+                        accumulate(&d1, &a, &b_view).unwrap();
+                        accumulate(&d2, &a, &b_rows).unwrap();
+                        assert_eq!(bits(&d1), bits(&d2), "accumulate {at}");
+                        let want = (&start + a.matmul(&b_rows).unwrap()).unwrap();
+                        let tol = if dtype == DType::F32 { 1e-3 } else { 1e-10 };
+                        assert!(max_diff(&d1, &want) < tol, "accumulate vs matmul {at}");
+                    });
+                }
+            }
+        }
     }
 
     /// The three products of a dense layer, as the maths passes them (views, transposes),
