@@ -394,7 +394,15 @@ fn dw_row_blocks(c: usize, threads: usize) -> Vec<(usize, usize)> {
     even_split(c, threads.min(c / DW_MIN_BLOCK_ROWS).max(1))
 }
 
-/// The fewest rows of dW1ᵀ a thread of [`conv1_bwd_weight`] takes. PLACEHOLDER
+/// The fewest rows of dW1ᵀ a thread of [`conv1_bwd_weight`] takes. It was 96 (C = 24 and 60
+/// had measured slower on two threads than on one, before the step's threads joined one pool
+/// and before `dense` copied the chunks' `dzᵀ` row by row), which left 14 of BC-100 L=16's 16
+/// layers to one thread: their 128 chunk products a step were 10% of the 2-thread f32 step's
+/// work, and one of its two threads idled through them (`perf`, 21% of the step's wall time
+/// with one thread working, 2% after). At 16 (every layer of C0 = 24 on both threads) that
+/// step took ×0.92 of the time (`examples/step_timing.rs bc cat-store-copy`, 2 threads,
+/// alternated); 8 and 12 rows measured the same as 16. Row blocks keep every bit
+/// (`conv1_weight_gradient_in_chunks`).
 const DW_MIN_BLOCK_ROWS: usize = 16;
 
 /// Rows per block of a bc layer's ReLU1 and BN1 backward on the CPU ([`grad_blocks`]).

@@ -163,7 +163,7 @@ unsafe fn multiply<T: Float>(
         // instead of 21.0 at C = 204 (a copy 16 rows at a time measured slower).
         // Only where `gemm` takes its general path (register tiles summing the inner dimension
         // in order) either way, whose results do not depend on the operands' strides: not for
-        // a destination of at most 16 × 16 (`gemm`'s horizontal kernels, for both operands
+        // a destination of at most 16 · 16 outputs (`gemm`'s horizontal kernels, for both operands
         // contiguous along the inner dimension: another order), one row or column (matrix ×
         // vector) or an inner dimension of at most 2.
         let small = bc.rows * bc.cols * std::mem::size_of::<T>() <= RHS_SCRATCH_BYTES;
