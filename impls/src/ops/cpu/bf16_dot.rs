@@ -405,26 +405,45 @@ pub(crate) unsafe fn pack_b(
         for (panel, block) in out.chunks_exact_mut(NR * kp).enumerate() {
             let j0 = panel * NR;
             let cols = NR.min(nc - j0);
-            // A whole panel: 16 (AVX-512) or 8 (AVX2) pairs of 8 columns at a time, each
-            // column's pairs one load, transposed in registers ([`transposer`]) into the
-            // panel's rows of NR.
+            // The panel's whole groups of MR columns: 16 (AVX-512) or 8 (AVX2) pairs of MR
+            // columns at a time, each column's pairs one load, transposed in registers
+            // ([`transposer`]) into the panel's rows of NR. A last panel of fewer than NR
+            // columns takes it too (a bc layer's `dzᵀ` of 48 columns: its second panel of 16
+            // had been read pair by pair, 16 columns 2¹⁷ bytes apart, one cache set).
             let mut done = 0;
+            let grouped = if cfg!(target_arch = "x86_64") {
+                cols / MR * MR
+            } else {
+                0
+            };
             #[cfg(target_arch = "x86_64")]
-            if cols == NR {
+            if grouped > 0 {
                 let (step, transpose) = transposer();
                 let full = kc / 2;
                 while done + step <= full {
-                    for g in 0..NR / MR {
+                    for g in 0..grouped / MR {
                         let starts: [*const u32; MR] = std::array::from_fn(|i| {
                             b.wrapping_add(2 * done + (j0 + g * MR + i) * cs) as *const u32
                         });
-                        // SAFETY: pairs done .. done + step ≤ full of the panel's columns:
-                        // inside the block (the caller's contract); the block holds kp·NR ≥
-                        // (done + step)·NR u32; the instructions present (as in pack_a_rows)
+                        // SAFETY: pairs done .. done + step ≤ full of the group's columns
+                        // (< cols): inside the block (the caller's contract); the block holds
+                        // kp·NR ≥ (done + step)·NR u32; the instructions present (as in
+                        // pack_a_rows)
                         unsafe { transpose(starts, block[done * NR + g * MR..].as_mut_ptr(), NR) };
                     }
                     done += step;
                 }
+            }
+            // the rows the groups filled: their other columns (a pair each), then the padding
+            for p in 0..done {
+                let dst = &mut block[p * NR..(p + 1) * NR];
+                for (j, d) in dst[..cols].iter_mut().enumerate().skip(grouped) {
+                    // SAFETY: pair p (< kc / 2: both rows) of column j0 + j: inside the block
+                    *d = u32::from_le(unsafe {
+                        (b.add(2 * p + (j0 + j) * cs) as *const u32).read_unaligned()
+                    });
+                }
+                dst[cols..].fill(0);
             }
             for p in done..kp {
                 let dst = &mut block[p * NR..(p + 1) * NR];
@@ -925,6 +944,10 @@ mod tests {
             (16, 71, 33),
             // two whole panels of B, whose transposed layout takes it too
             (16, 71, 64),
+            // a last panel of 16 columns (two groups of MR, a bc layer's `dzᵀ` of 48) and one
+            // of 27 (three groups, then three columns pair by pair)
+            (9, 71, 48),
+            (9, 40, 59),
         ] {
             let a_at = |i: usize, p: usize| val(i * 131 + p);
             let b_at = |p: usize, j: usize| val(p * 71 + j + 5);
