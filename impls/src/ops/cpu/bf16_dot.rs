@@ -434,21 +434,13 @@ pub(crate) unsafe fn pack_b(
                     done += step;
                 }
             }
-            // the rows the groups filled: their other columns (a pair each), then the padding
-            for p in 0..done {
-                let dst = &mut block[p * NR..(p + 1) * NR];
-                for (j, d) in dst[..cols].iter_mut().enumerate().skip(grouped) {
-                    // SAFETY: pair p (< kc / 2: both rows) of column j0 + j: inside the block
-                    *d = u32::from_le(unsafe {
-                        (b.add(2 * p + (j0 + j) * cs) as *const u32).read_unaligned()
-                    });
-                }
-                dst[cols..].fill(0);
-            }
-            for p in done..kp {
+            // pair by pair: the columns past the groups in the rows they filled, every column
+            // in the rows after; then the padding
+            for p in 0..kp {
                 let dst = &mut block[p * NR..(p + 1) * NR];
                 let (k0, k1) = (2 * p, 2 * p + 1);
-                for (j, d) in dst[..cols].iter_mut().enumerate() {
+                let first = if p < done { grouped } else { 0 };
+                for (j, d) in dst[..cols].iter_mut().enumerate().skip(first) {
                     // SAFETY: rows k0 (and k1 where < kc), column j0 + j: inside the block
                     let at = unsafe { b.add(k0 + (j0 + j) * cs) };
                     *d = if k1 < kc {
