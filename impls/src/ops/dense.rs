@@ -198,10 +198,11 @@ unsafe fn multiply<T: Float>(
         // gradient chunk: 48 columns 65 536 elements apart, each 512 long) is read by `gemm` a
         // row at a time across the columns, one cache line of each, all in one cache set when
         // the columns are a power of two apart: the chunk products ran at 8–16 GFLOP/s. Copied
-        // row by row into this thread's scratch first, the same values in the same order of the
-        // inner dimension: the same bits, and a BC-100 layer's 128 chunk products (f32, 1
-        // thread) in 4.1–4.4 ms instead of 9.4 at C = 24, 10.0 instead of 15.1 at C = 120, 16.1
-        // instead of 21.0 at C = 204 (a copy 16 rows at a time measured slower).
+        // into the rows of this thread's scratch first ([`columns_to_rows`]), the same values in
+        // the same order of the inner dimension: the same bits, and a BC-100 layer's 128 chunk
+        // products (f32, 1 thread) in 4.1–4.4 ms instead of 9.4 at C = 24, 10.0 instead of 15.1
+        // at C = 120, 16.1 instead of 21.0 at C = 204 (measured with a column-at-a-time copy,
+        // since replaced by the tiled one; a copy 16 rows at a time had measured slower).
         // Only where `gemm` takes its general path (register tiles summing the inner dimension
         // in order) either way, whose results do not depend on the operands' strides: not for
         // a destination of at most 16 · 16 outputs (`gemm`'s horizontal kernels, for both operands
@@ -1383,14 +1384,6 @@ mod tests {
         assert_eq!(ok.dims(), &[4, 10]);
     }
 
-    /// A small right operand whose columns are contiguous (a Conv1×1 weight-gradient chunk's
-    /// `dzᵀ`) is copied row by row into the thread's scratch before `gemm` reads it: bitwise the
-    /// product of the same values stored row by row, for the chunk's shapes (blocks of 16 and
-    /// 204 rows, 512 inner, 48 columns), ragged ones, and one just over the scratch (f64 512 ×
-    /// 65, read in place by `gemm`'s general path, which the copy relies on: its results do not
-    /// depend on the strides), accumulating or not, at 1 and 3 threads. (At most 16 × 16
-    /// outputs `gemm` sums an operand pair contiguous along the inner dimension in another
-    /// order — 3 × 65 outputs over 512 differ in the last bits — so those are read in place.)
     /// The tiled copy of columns into rows puts every element where the plain loop does, at
     /// sizes on and off the tile's multiples (a single row or column, a stride past the rows).
     #[test]
@@ -1418,6 +1411,14 @@ mod tests {
         }
     }
 
+    /// A small right operand whose columns are contiguous (a Conv1×1 weight-gradient chunk's
+    /// `dzᵀ`) is copied row by row into the thread's scratch before `gemm` reads it: bitwise the
+    /// product of the same values stored row by row, for the chunk's shapes (blocks of 16 and
+    /// 204 rows, 512 inner, 48 columns), ragged ones, and one just over the scratch (f64 512 ×
+    /// 65, read in place by `gemm`'s general path, which the copy relies on: its results do not
+    /// depend on the strides), accumulating or not, at 1 and 3 threads. (At most 16 × 16
+    /// outputs `gemm` sums an operand pair contiguous along the inner dimension in another
+    /// order — 3 × 65 outputs over 512 differ in the last bits — so those are read in place.)
     #[test]
     fn a_right_operand_copied_row_by_row_keeps_the_bits() {
         for dtype in [DType::F32, DType::F64] {
