@@ -5,7 +5,9 @@
 //! of REPS, at the rayon pool's thread count. A benchmark for choosing the mlp kernels, not a
 //! test: `RAYON_NUM_THREADS=2 cargo run --release -p densebench-impls --example gemm_shapes -- 2304 5`
 //! (`-- 204 5 48 65536` for a bc Conv1×1; a fifth argument `bf16` takes bf16 operands, the
-//! weight gradient into f32 as the layers do: `-- 2304 5 64 4096 bf16`).
+//! weight gradient into f32 as the layers do: `-- 2304 5 64 4096 bf16`). The weight gradient
+//! is timed as the mlp's Linear takes it (`dense_bwd_weight`) and as a bc Conv1×1 does
+//! (`conv1_bwd_weight`: the columns in chunks of 512).
 
 use candle_core::{Device, Tensor};
 use impls::ops::dense;
@@ -58,6 +60,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // what the layer runs: (X·Gᵀ)ᵀ (`dense::product_transposed`, into f32 for bf16 features)
     time("dW  (X·Gᵀ)ᵀ  layer::dense_bwd_weight", &mut || {
         d(impls::layer::dense_bwd_weight(&g, &x))
+    });
+    // a bc Conv1×1's: X's columns in chunks of 512, each chunk's rows times Gᵀ's
+    time("dW  chunked  layer::conv1_bwd_weight", &mut || {
+        d(impls::layer::conv1_bwd_weight(&g, c, |s, n| {
+            Ok(x.narrow(1, s, n)?)
+        }))
     });
     time("dX  +Wᵀ·G    matmul, add", &mut || {
         let p = wt.matmul(&g)?;

@@ -344,7 +344,9 @@ thread_local! {
 /// summed in an f32 accumulator (from `dst` widened, or +0) over blocks of [`WIDE_KB`] of the
 /// inner dimension, then written to `dst` once, `D::narrow` (round to nearest even for bf16,
 /// exact for f32). A block's products run on the CPU's bf16 dot-product kernel where it has one
-/// ([`bf16_dot::enabled`]: operand blocks packed in bf16 pairs), else on the operand blocks
+/// ([`bf16_dot::enabled`]: operand blocks packed in bf16 pairs; a left block of contiguous rows
+/// that at most two right panels multiply read in place on AVX-512 BF16,
+/// [`bf16_dot::multiply_rows_a`]), else on the operand blocks
 /// widened to f32 (exact) and multiplied by `gemm`. The tiling does not depend on the number of
 /// threads, so neither do the results. Scratch: the running thread's [`WIDEN_SCRATCH`] (a
 /// tile's work never yields to rayon, so no other tile of this thread holds it meanwhile;
@@ -472,8 +474,22 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
         && std::any::TypeId::of::<D>() == std::any::TypeId::of::<bf16>();
     #[cfg(test)]
     let into_bf16 = into_bf16 && !tests::PLAIN_PATH.with(std::cell::Cell::get);
+    // A left operand of contiguous rows that at most two right panels multiply (a weight
+    // gradient's `X`: `[C, M]` times `[M, 64]`) read in place by the kernel rather than packed
+    // per tile: its packing (a register transpose of every element) was 7.5 % of a 2-thread
+    // mlp bf16 step, and the packed panel's reuse by one or two right panels does not pay for it
+    let rows_a = dot
+        && bf16_dot::fused_output()
+        && !whole_a
+        && !into_bf16
+        && am.cs == 1
+        && am.rs.is_multiple_of(2)
+        && k.is_multiple_of(2)
+        && n <= 2 * bf16_dot::NR;
     #[cfg(test)]
-    tests::SHORTCUTS.with(|w| w.set((whole_a, whole_b, into_bf16)));
+    let rows_a = rows_a && !tests::PLAIN_PATH.with(std::cell::Cell::get);
+    #[cfg(test)]
+    tests::SHORTCUTS.with(|w| w.set((whole_a, whole_b, into_bf16, rows_a)));
     let (dp, ap, bp) = (
         SharedPtr(dst),
         SharedPtr(a as *mut bf16),
@@ -575,7 +591,7 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                         // (a whole operand's block is not in the scratch: its slot keeps what
                         // it held, so nothing is packed into it)
                         let keys = [
-                            if whole_a { held[0] } else { keys[0] },
+                            if whole_a || rows_a { held[0] } else { keys[0] },
                             if whole_b { held[1] } else { keys[1] },
                         ];
                         if held[0] != keys[0] {
@@ -588,6 +604,12 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                             PACKED.with(|p| p.set(keys));
                         }
                         let (pa, pb) = (wa.unwrap_or(pa), wb.unwrap_or(pb));
+                        if rows_a {
+                            // the left block's rows read in place (even am.rs and kc, checked
+                            // above; fused_output)
+                            bf16_dot::multiply_rows_a(a0, am.rs, mr, pb, nc, kc, acc, ldc);
+                            continue;
+                        }
                         if into_bf16 {
                             // the tile's only inner block (k ≤ WIDE_KB), D is bf16, rows of
                             // dst contiguous (checked above); this task alone writes the tile
@@ -1149,9 +1171,10 @@ mod tests {
         /// (never into `WHOLE_PACKED`), every tile summed in an f32 accumulator in memory.
         pub(super) static PLAIN_PATH: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         /// What this thread's last bf16 product did: (left operand packed whole, right operand
-        /// packed whole, tiles summed in the kernel's registers into bf16).
-        pub(super) static SHORTCUTS: std::cell::Cell<(bool, bool, bool)> =
-            const { std::cell::Cell::new((false, false, false)) };
+        /// packed whole, tiles summed in the kernel's registers into bf16, left rows read in
+        /// place).
+        pub(super) static SHORTCUTS: std::cell::Cell<(bool, bool, bool, bool)> =
+            const { std::cell::Cell::new((false, false, false, false)) };
     }
 
     /// A bf16 product on its shortcuts is bitwise the plain path (every block packed per tile,
@@ -1159,7 +1182,10 @@ mod tests {
     /// tiles (`WHOLE_PACKED`) — the left one (a Linear forward `W·X`, one row tile), the right
     /// one (the mlp's weight gradient `(X·Gᵀ)ᵀ`, one column tile), both — and a tile of one
     /// inner block summed and rounded in the kernel's registers into bf16 (an input gradient
-    /// `Wᵀ·G`, inner length 64 or 48; whole tiles only, the padded ones take the plain path).
+    /// `Wᵀ·G`, inner length 64 or 48; whole tiles only, the padded ones take the plain path),
+    /// and a left operand's contiguous rows read in place by the kernel (the weight gradient's
+    /// `X`, even inner length, at most 64 columns; not through a transposed view; a last panel
+    /// of fewer than 8 rows packed).
     /// Inner lengths over one block and odd, rows and columns off the kernel's 8 × 32,
     /// transposed operands, into bf16 and f32, accumulating or not, destinations holding ±0,
     /// ±∞, NaN, subnormals and the largest bf16, at 1 and 3 threads.
@@ -1171,15 +1197,20 @@ mod tests {
         }
         let fused = bf16_dot::fused_output();
         let cases = [
-            // (m, n, k, left whole, right whole, fused into bf16)
-            (64, 4096, 600, true, false, false),
-            (45, 700, 257, true, false, false),
-            (300, 64, 1023, false, true, false),
-            (200, 50, 3, false, true, fused),
-            (300, 600, 65, true, true, fused),
-            (256, 512, 64, true, true, fused),
-            (208, 1000, 48, true, true, fused),
-            (8, 32, 1, false, false, fused),
+            // (m, n, k, left whole, right whole, fused into bf16, left rows in place unless
+            // transposed)
+            (64, 4096, 600, true, false, false, false),
+            (45, 700, 257, true, false, false, false),
+            (300, 64, 1023, false, true, false, false),
+            (300, 64, 1024, false, true, false, fused),
+            (203, 48, 514, false, true, false, fused),
+            (100, 40, 130, false, false, fused, fused),
+            (200, 50, 3, false, true, fused, false),
+            (300, 600, 65, true, true, fused, false),
+            (256, 512, 64, true, true, fused, false),
+            (208, 1000, 48, true, true, fused, false),
+            (8, 32, 1, false, false, fused, false),
+            (7, 20, 2, false, false, fused, fused),
         ];
         let specials = [
             0.0f32,
@@ -1192,7 +1223,7 @@ mod tests {
             3.38e38,
             -3.38e38,
         ];
-        for (m, n, k, left, right, into_bf16) in cases {
+        for (m, n, k, left, right, into_bf16, rows_a) in cases {
             for (a_t, b_t) in [(false, false), (true, true)] {
                 // an operand stored transposed, read through its transposed view
                 let operand = |rows, cols, t, seed| -> Result<Tensor> {
@@ -1207,14 +1238,15 @@ mod tests {
                 }
                 let start = Tensor::from_vec(start, (m, n), &candle_core::Device::Cpu)?;
                 for threads in [1, 3] {
-                    let run = |plain: bool| -> Result<(Vec<u64>, (bool, bool, bool))> {
+                    type Took = (bool, bool, bool, bool);
+                    let run = |plain: bool| -> Result<(Vec<u64>, Took)> {
                         crate::ops::cpu::shared::in_pool(threads, || {
                             PLAIN_PATH.with(|p| p.set(plain));
                             let mut out = Vec::new();
-                            let mut took = (false, false, false);
+                            let mut took = (false, false, false, false);
                             let mut note = || {
                                 let w = SHORTCUTS.with(std::cell::Cell::get);
-                                took = (took.0 || w.0, took.1 || w.1, took.2 || w.2);
+                                took = (took.0 || w.0, took.1 || w.1, took.2 || w.2, took.3 || w.3);
                             };
                             let y = product(&a, &b)?;
                             note();
@@ -1236,14 +1268,14 @@ mod tests {
                     let (plain, none) = run(true)?;
                     assert_eq!(
                         none,
-                        (false, false, false),
+                        (false, false, false, false),
                         "{m}×{n}×{k}: a shortcut on the plain path"
                     );
                     // another test's product may hold the buffer for a moment: try again
                     let mut tries = 0;
                     let fast = loop {
                         let (fast, took) = run(false)?;
-                        let want = (left, right, into_bf16);
+                        let want = (left, right, into_bf16, rows_a && !a_t);
                         if took == want || tries == 50 {
                             assert_eq!(took, want, "{m}×{n}×{k}: shortcuts taken");
                             break fast;

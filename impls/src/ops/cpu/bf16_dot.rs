@@ -624,22 +624,101 @@ pub(crate) unsafe fn multiply_packed(
     }
 }
 
-/// The micro-kernel's loop, shared by [`kernel`] and [`kernel_into_bf16`] (a macro, so that the
-/// 16 accumulators stay in registers in both): `acc [MR][2]` += the `kp` pairs of the left panel
-/// `a` (broadcast) times the right panel `b`, two `vdpbf16ps` per row and pair, in pair order.
+/// [`multiply_packed`] with the left block read where it lies instead of packed: `mr` rows of
+/// an even `kc` contiguous elements, row `i` at `a + i·rs` (a row's pairs are adjacent elements
+/// already, so the kernel broadcasts them from the rows in place; [`kernel_rows`]). The same
+/// sums in the same order as [`multiply_packed`] of [`pack_a`]`(a, rs, 1, mr, kc)`, bit for
+/// bit; the last panel of fewer than [`MR`] rows is packed (its padding rows +0). For a block
+/// that one or two right panels multiply (a weight gradient's `X`, read from memory once per
+/// product instead of packed and read again): where the packed panel's reuse by many right
+/// panels does not pay for its copy, and on AVX-512 BF16 only ([`fused_output`]).
+///
+/// # Safety
+/// [`fused_output`] must be true, `kc` and `rs` even; rows `i < mr` of `kc` elements at
+/// `a + i·rs` readable; `pb`
+/// packed by [`pack_b`] for `nc` columns and `kc`; `acc` as for [`multiply_packed`].
+#[allow(clippy::too_many_arguments)]
+pub(crate) unsafe fn multiply_rows_a(
+    a: *const bf16,
+    rs: usize,
+    mr: usize,
+    pb: &[u32],
+    nc: usize,
+    kc: usize,
+    acc: &mut [f32],
+    ldc: usize,
+) {
+    assert!(fused_output() && kc.is_multiple_of(2) && rs.is_multiple_of(2));
+    let kp = kc / 2;
+    let (mp, np) = (mr.next_multiple_of(MR), nc.next_multiple_of(NR));
+    assert!(pb.len() >= np * kp && ldc >= np);
+    assert!(acc.len() >= (mp - MR) * ldc + np);
+    for pi in 0..mp / MR {
+        let rows = a.wrapping_add(pi * MR * rs);
+        if (pi + 1) * MR > mr {
+            let mut panel = [0u32; MR * WIDE_PAIRS_MAX];
+            let mut packed = Vec::new();
+            let pa: &mut [u32] = if kp <= WIDE_PAIRS_MAX {
+                &mut panel[..MR * kp]
+            } else {
+                packed.resize(MR * kp, 0);
+                &mut packed
+            };
+            // SAFETY: the panel's mr - pi·MR rows readable (the caller's contract)
+            unsafe { pack_a(rows, rs, 1, mr - pi * MR, kc, pa) };
+            // SAFETY: a packed panel of MR rows, the right block and acc as checked above
+            unsafe { multiply_packed(pa, pb, MR, nc, kc, &mut acc[pi * MR * ldc..], ldc) };
+            continue;
+        }
+        let row = acc[pi * MR * ldc..].as_mut_ptr();
+        #[cfg(target_arch = "x86_64")]
+        for pj in 0..np / NR {
+            // SAFETY: MR whole rows of kc elements (kp pairs) at stride rs, the right panel and
+            // acc's block as checked above; the instructions present (fused_output)
+            unsafe {
+                kernel_rows(
+                    kp,
+                    rows as *const u32,
+                    rs / 2,
+                    pb[pj * NR * kp..].as_ptr(),
+                    row.add(pj * NR),
+                    ldc,
+                )
+            };
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (rows, row);
+    }
+}
+
+/// Pairs of a partial left panel that [`multiply_rows_a`] packs on the stack (a
+/// [`crate::ops::dense`] inner block's 128); longer ones go to the heap.
+const WIDE_PAIRS_MAX: usize = 128;
+
+/// The micro-kernel's loop, shared by [`kernel`], [`kernel_into_bf16`] and [`kernel_rows`] (a
+/// macro, so that the 16 accumulators stay in registers in each): `acc [MR][2]` += the `kp`
+/// pairs of the left panel `a` (broadcast) times the right panel `b`, two `vdpbf16ps` per row
+/// and pair, in pair order. Row `i`'s pair `p` is the u32 at `a + p·pair_step + i·row_step`
+/// (read unaligned): a packed panel's `MR` and 1 (the default), rows in place `1` and the row
+/// stride in pairs ([`kernel_rows`]).
 /// Expands inside an `unsafe` block of a function with AVX-512F and AVX-512 BF16 enabled and
 /// `std::arch::x86_64::*` in scope.
 #[cfg(target_arch = "x86_64")]
 macro_rules! dot_pairs {
     ($acc:ident, $kp:expr, $a:expr, $b:expr) => {
+        dot_pairs!($acc, $kp, $a, $b, MR, 1)
+    };
+    ($acc:ident, $kp:expr, $a:expr, $b:expr, $pair_step:expr, $row_step:expr) => {
         for p in 0..$kp {
             let bp = $b.add(p * NR);
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(bp as *const __m512i));
             let b1: __m512bh =
                 std::mem::transmute(_mm512_loadu_si512(bp.add(16) as *const __m512i));
-            let ap = $a.add(p * MR);
+            let ap = $a.add(p * $pair_step);
             for (i, row) in $acc.iter_mut().enumerate() {
-                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                let ai: __m512bh = std::mem::transmute(_mm512_set1_epi32(
+                    ap.add(i * $row_step).read_unaligned() as i32,
+                ));
                 row[0] = _mm512_dpbf16_ps(row[0], ai, b0);
                 row[1] = _mm512_dpbf16_ps(row[1], ai, b1);
             }
@@ -840,6 +919,28 @@ unsafe fn kernel(kp: usize, a: *const u32, b: *const u32, c: *mut f32, ldc: usiz
             row[1] = _mm512_loadu_ps(c.add(i * ldc + 16));
         }
         dot_pairs!(acc, kp, a, b);
+        for (i, row) in acc.iter().enumerate() {
+            _mm512_storeu_ps(c.add(i * ldc), row[0]);
+            _mm512_storeu_ps(c.add(i * ldc + 16), row[1]);
+        }
+    }
+}
+
+/// [`kernel`] with the left panel's rows in place ([`multiply_rows_a`]): row `i`'s pair `p`
+/// at `a + i·rs + p` (u32 units, read unaligned).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bf16")]
+unsafe fn kernel_rows(kp: usize, a: *const u32, rs: usize, b: *const u32, c: *mut f32, ldc: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (the whole body): MR rows of kp pairs at a (stride rs), b kp·NR, c MR rows of NR
+    // at stride ldc (multiply_rows_a's checks); __m512bh and __m512i are the same 512 bits.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for (i, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm512_loadu_ps(c.add(i * ldc));
+            row[1] = _mm512_loadu_ps(c.add(i * ldc + 16));
+        }
+        dot_pairs!(acc, kp, a, b, 1, rs);
         for (i, row) in acc.iter().enumerate() {
             _mm512_storeu_ps(c.add(i * ldc), row[0]);
             _mm512_storeu_ps(c.add(i * ldc + 16), row[1]);
