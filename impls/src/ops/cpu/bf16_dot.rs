@@ -33,9 +33,10 @@ pub(crate) const NR: usize = 32;
 /// instruction set for it, or forced).
 static MODE: AtomicU8 = AtomicU8::new(0);
 
-/// The environment variable that makes bf16 products widen their operands to f32 for `gemm`
-/// on a CPU that can run the dot-product kernel (`0`; `1` or unset: the kernel where the CPU
-/// can run it): the widened path's bits, e.g. to time the two side by side.
+/// The environment variable that picks the bf16 products' kernel: unset or `1`, the best this
+/// CPU has ([`detected`]); `0`, none (the operands widened to f32 for `gemm`: the widened
+/// path's bits); `avx2` or `avx512f`, that widening kernel where the CPU can run it (else the
+/// best it has) — to time the kernels side by side on one machine. Read once per process.
 pub const BF16_DOT_ENV: &str = "DENSEBENCH_BF16_DOT";
 
 /// The instruction set the dot-product kernel runs on.
@@ -45,12 +46,16 @@ pub enum Isa {
     Avx512Bf16,
     /// Pairs widened in registers, two FMAs each (AVX2 + FMA).
     Avx2Fma,
+    /// [`Isa::Avx2Fma`]'s arithmetic on 512-bit vectors (AVX-512F and BW with FMA, without
+    /// AVX-512 BF16: Intel's Xeons from Skylake-SP to Ice Lake), bit for bit the same sums.
+    Avx512F,
 }
 
 fn mode_of(isa: Option<Isa>) -> u8 {
     match isa {
         Some(Isa::Avx512Bf16) => 1,
         Some(Isa::Avx2Fma) => 3,
+        Some(Isa::Avx512F) => 4,
         None => 2,
     }
 }
@@ -62,10 +67,10 @@ pub fn isa() -> Option<Isa> {
     match MODE.load(Ordering::Relaxed) {
         1 => Some(Isa::Avx512Bf16),
         3 => Some(Isa::Avx2Fma),
+        4 => Some(Isa::Avx512F),
         2 => None,
         _ => {
-            let off = std::env::var(BF16_DOT_ENV).is_ok_and(|v| v.trim() == "0");
-            let isa = detected().filter(|_| !off);
+            let isa = chosen(std::env::var(BF16_DOT_ENV).ok().as_deref(), &available());
             MODE.store(mode_of(isa), Ordering::Relaxed);
             isa
         }
@@ -78,22 +83,60 @@ pub fn enabled() -> bool {
 }
 
 /// The best instruction set this CPU has for the kernel: AVX-512 BF16 (with AVX-512F and BW:
-/// every CPU with AVX-512 BF16 has both), else AVX2 with FMA, else `None`.
+/// every CPU with AVX-512 BF16 has both), else AVX-512F and BW with FMA, else AVX2 with FMA,
+/// else `None`.
 pub fn detected() -> Option<Isa> {
+    available().first().copied()
+}
+
+/// Every instruction set this CPU can run the kernel on, the best first.
+pub fn available() -> Vec<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
-        if avx512_packing() && std::arch::is_x86_feature_detected!("avx512bf16") {
-            return Some(Isa::Avx512Bf16);
+        let fma = std::arch::is_x86_feature_detected!("fma");
+        let avx2 = std::arch::is_x86_feature_detected!("avx2") && fma;
+        let mut isas = Vec::new();
+        if avx2 && avx512_packing() {
+            if std::arch::is_x86_feature_detected!("avx512bf16") {
+                isas.push(Isa::Avx512Bf16);
+            }
+            isas.push(Isa::Avx512F);
         }
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
-            return Some(Isa::Avx2Fma);
+        if avx2 {
+            isas.push(Isa::Avx2Fma);
         }
-        None
+        isas
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
-        None
+        Vec::new()
+    }
+}
+
+/// The kernel [`BF16_DOT_ENV`]'s value picks among `available` (the CPU's, best first): see
+/// there; a value naming a kernel the CPU cannot run, or none at all, gets the best (and says
+/// so on stderr).
+fn chosen(env: Option<&str>, available: &[Isa]) -> Option<Isa> {
+    let best = available.first().copied();
+    let want = match env.map(str::trim) {
+        None | Some("1") | Some("") => return best,
+        Some("0") => return None,
+        Some("avx2") => Isa::Avx2Fma,
+        Some("avx512f") => Isa::Avx512F,
+        Some(other) => {
+            eprintln!(
+                "densebench: {BF16_DOT_ENV}={other:?} is none of 0, 1, avx2, avx512f: the best kernel this CPU has runs"
+            );
+            return best;
+        }
+    };
+    if available.contains(&want) {
+        Some(want)
+    } else {
+        eprintln!(
+            "densebench: {BF16_DOT_ENV} asks for the {want:?} kernel, which this CPU cannot run: the best it has runs"
+        );
+        best
     }
 }
 
@@ -121,6 +164,9 @@ pub fn describe() -> &'static str {
         }
         Some(Isa::Avx2Fma) => {
             "bf16 products: bf16 pairs widened in registers, AVX2 FMA, f32 accumulation"
+        }
+        Some(Isa::Avx512F) => {
+            "bf16 products: bf16 pairs widened in registers, AVX-512F FMA, f32 accumulation"
         }
         None => "bf16 products: operands widened to f32, f32 gemm",
     }
@@ -616,7 +662,12 @@ pub(crate) unsafe fn multiply_packed(
                     }
                 }
                 // the left panel widened once for every right panel
-                Isa::Avx2Fma => multiply_panel_avx2(kp, a, pb.as_ptr(), np / NR, row, ldc),
+                Isa::Avx2Fma => {
+                    multiply_panel_wide(kp, a, pb.as_ptr(), np / NR, row, ldc, kernel_avx2)
+                }
+                Isa::Avx512F => {
+                    multiply_panel_wide(kp, a, pb.as_ptr(), np / NR, row, ldc, kernel_avx512f)
+                }
             }
         };
         #[cfg(not(target_arch = "x86_64"))]
@@ -860,22 +911,23 @@ const WIDE_PAIRS: usize = 128;
 /// One left panel (`MR` rows, `kp` pairs at `a`) times every right panel (`panels` of them,
 /// `NR` columns each, at `b`), into `c`'s `MR` rows from column 0 on (stride `ldc`): the left
 /// panel's pairs widened to f32 halves once per [`WIDE_PAIRS`] (on the stack, so the kernel
-/// broadcasts them from memory instead of widening them per right panel), then
-/// [`kernel_avx2`] per right panel on those pairs. Each output is still summed pair by pair in
-/// inner-dimension order.
+/// broadcasts them from memory instead of widening them per right panel), then `kernel`
+/// ([`kernel_avx2`] or [`kernel_avx512f`]) per right panel on those pairs. Each output is still
+/// summed pair by pair in inner-dimension order.
 ///
 /// # Safety
 /// `a` holds `kp·MR` pairs, `b` `panels·kp·NR`, `c` `MR` rows of `panels·NR` at stride `ldc`;
-/// the CPU has AVX2 and FMA.
+/// the CPU has AVX2 and FMA, and what `kernel` needs.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn multiply_panel_avx2(
+unsafe fn multiply_panel_wide(
     kp: usize,
     a: *const u32,
     b: *const u32,
     panels: usize,
     c: *mut f32,
     ldc: usize,
+    kernel: WideKernel,
 ) {
     use std::arch::x86_64::*;
     let mut wide = [0f32; 2 * MR * WIDE_PAIRS];
@@ -892,7 +944,7 @@ unsafe fn multiply_panel_avx2(
                 _mm256_storeu_ps(out.add(MR), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)));
             }
             for pj in 0..panels {
-                kernel_avx2(
+                kernel(
                     n,
                     wide.as_ptr(),
                     b.add(pj * NR * kp + p0 * NR),
@@ -1008,6 +1060,63 @@ unsafe fn kernel_avx2(kp: usize, a: *const f32, b: *const u32, c: *mut f32, ldc:
                     _mm256_storeu_ps(at.add(8), row[1]);
                 }
             }
+        }
+    }
+}
+
+/// A kernel of [`multiply_panel_wide`]: `(kp, widened left pairs, right pairs, c, ldc)`.
+#[cfg(target_arch = "x86_64")]
+type WideKernel = unsafe fn(usize, *const f32, *const u32, *mut f32, usize);
+
+/// [`kernel_avx2`] on 512-bit vectors: the whole `MR × NR` block at once (16 accumulators, the
+/// 4 widened halves of the right pair vectors in registers, the left halves broadcast from
+/// memory), each output `acc + a_hi·b_hi`, then `+ a_lo·b_lo`, pair by pair, one fused
+/// multiply-add each: the same operations on each output in the same order, so bit for bit
+/// [`kernel_avx2`]'s sums.
+///
+/// # Safety
+/// As [`kernel_avx2`]; the CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512f(kp: usize, a: *const f32, b: *const u32, c: *mut f32, ldc: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY (the whole body): the caller's contract: a holds kp·2·MR floats, b kp·NR pairs,
+    // c MR rows of NR at stride ldc
+    unsafe {
+        let high = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for (i, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm512_loadu_ps(c.add(i * ldc));
+            row[1] = _mm512_loadu_ps(c.add(i * ldc + 16));
+        }
+        for p in 0..kp {
+            let bp = b.add(p * NR);
+            let b0 = _mm512_loadu_si512(bp as *const __m512i);
+            let b1 = _mm512_loadu_si512(bp.add(16) as *const __m512i);
+            let (b0_lo, b0_hi) = (
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b0)),
+                _mm512_castsi512_ps(_mm512_and_si512(b0, high)),
+            );
+            let (b1_lo, b1_hi) = (
+                _mm512_castsi512_ps(_mm512_slli_epi32::<16>(b1)),
+                _mm512_castsi512_ps(_mm512_and_si512(b1, high)),
+            );
+            let hi = a.add(p * 2 * MR);
+            let lo = hi.add(MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let a_hi = _mm512_set1_ps(*hi.add(i));
+                row[0] = _mm512_fmadd_ps(a_hi, b0_hi, row[0]);
+                row[1] = _mm512_fmadd_ps(a_hi, b1_hi, row[1]);
+            }
+            for (i, row) in acc.iter_mut().enumerate() {
+                let a_lo = _mm512_set1_ps(*lo.add(i));
+                row[0] = _mm512_fmadd_ps(a_lo, b0_lo, row[0]);
+                row[1] = _mm512_fmadd_ps(a_lo, b1_lo, row[1]);
+            }
+        }
+        for (i, row) in acc.iter().enumerate() {
+            _mm512_storeu_ps(c.add(i * ldc), row[0]);
+            _mm512_storeu_ps(c.add(i * ldc + 16), row[1]);
         }
     }
 }
@@ -1153,21 +1262,52 @@ mod tests {
         }
     }
 
-    /// The AVX2 kernel against its stated arithmetic, bit for bit, on values whose sums round:
-    /// per output, pair by pair in inner-dimension order, `acc = fma(a_hi, b_hi, acc)` then
-    /// `fma(a_lo, b_lo, acc)` in f32 (`f32::mul_add`), from the accumulator's initial value. A
-    /// kernel that added a pair's halves the other way round, or summed in another order,
-    /// differs in the last bits. Includes a subnormal operand (kept, not flushed). Where the
-    /// CPU has no AVX2 + FMA, skipped.
+    /// `DENSEBENCH_BF16_DOT`'s values: unset, `1` or blank the best; `0` none; `avx2` and
+    /// `avx512f` that kernel where available, else the best; anything else the best.
+    #[test]
+    fn the_environment_picks_a_kernel_the_cpu_has() {
+        use Isa::*;
+        let all = [Avx512Bf16, Avx512F, Avx2Fma];
+        assert_eq!(chosen(None, &all), Some(Avx512Bf16));
+        assert_eq!(chosen(Some("1"), &all), Some(Avx512Bf16));
+        assert_eq!(chosen(Some(" "), &all), Some(Avx512Bf16));
+        assert_eq!(chosen(Some("0"), &all), None);
+        assert_eq!(chosen(Some(" avx2\n"), &all), Some(Avx2Fma));
+        assert_eq!(chosen(Some("avx512f"), &all), Some(Avx512F));
+        assert_eq!(chosen(Some("avx512f"), &[Avx2Fma]), Some(Avx2Fma));
+        assert_eq!(chosen(Some("avx2"), &[]), None);
+        assert_eq!(chosen(Some("fast"), &[Avx512F, Avx2Fma]), Some(Avx512F));
+        assert_eq!(chosen(None, &[]), None);
+    }
+
+    /// The widening kernels (AVX2, and AVX-512F where the CPU has it) against their stated
+    /// arithmetic, bit for bit, on values whose sums round: per output, pair by pair in
+    /// inner-dimension order, `acc = fma(a_hi, b_hi, acc)` then `fma(a_lo, b_lo, acc)` in f32
+    /// (`f32::mul_add`), from the accumulator's initial value. A kernel that added a pair's
+    /// halves the other way round, or summed in another order, differs in the last bits.
+    /// Includes a subnormal operand (kept, not flushed). Where the CPU has no AVX2 + FMA,
+    /// skipped.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_avx2_kernel_adds_each_pair_high_half_first_with_one_rounding_each() {
-        if !(std::arch::is_x86_feature_detected!("avx2")
-            && std::arch::is_x86_feature_detected!("fma"))
-        {
+        let isas = available();
+        if !isas.contains(&Isa::Avx2Fma) {
             eprintln!("skipped: this CPU has no AVX2 + FMA");
             return;
         }
+        let mut kernels: Vec<(&str, WideKernel)> = vec![("avx2", kernel_avx2)];
+        if isas.contains(&Isa::Avx512F) {
+            kernels.push(("avx512f", kernel_avx512f));
+        } else {
+            eprintln!("this CPU has no AVX-512F: the AVX2 kernel alone");
+        }
+        for (name, kernel) in kernels {
+            check_wide_kernel(name, kernel);
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    fn check_wide_kernel(name: &str, kernel: WideKernel) {
         let mut state = 0x9E37_79B9_7F4A_7C15u64;
         let mut draw = || {
             state ^= state << 13;
@@ -1186,7 +1326,7 @@ mod tests {
         let ldc = NR + 5;
         let init: Vec<f32> = (0..MR * ldc).map(|i| (i as f32 - 100.0) / 7.0).collect();
         let mut c = init.clone();
-        unsafe { multiply_panel_avx2(kp, a.as_ptr(), b.as_ptr(), 1, c.as_mut_ptr(), ldc) };
+        unsafe { multiply_panel_wide(kp, a.as_ptr(), b.as_ptr(), 1, c.as_mut_ptr(), ldc, kernel) };
         let half = |x: u32, hi: bool| f32::from_bits(if hi { x & 0xFFFF_0000 } else { x << 16 });
         for i in 0..MR {
             for j in 0..NR {
@@ -1196,13 +1336,17 @@ mod tests {
                     want = half(x, true).mul_add(half(y, true), want);
                     want = half(x, false).mul_add(half(y, false), want);
                 }
-                assert_eq!(c[i * ldc + j].to_bits(), want.to_bits(), "({i}, {j})");
+                assert_eq!(
+                    c[i * ldc + j].to_bits(),
+                    want.to_bits(),
+                    "{name}: ({i}, {j})"
+                );
             }
             for j in NR..ldc {
                 assert_eq!(
                     c[i * ldc + j],
                     init[i * ldc + j],
-                    "outside the block ({i}, {j})"
+                    "{name}: outside the block ({i}, {j})"
                 );
             }
         }
