@@ -289,6 +289,9 @@ const PACK_AHEAD: usize = 4;
 #[inline(always)]
 fn prefetch_rows(row: &impl Fn(usize) -> *const bf16, k: usize, kc: usize, nc: usize) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T1};
+    if nc == 0 {
+        return;
+    }
     for r in (k..kc).take(2) {
         let at = row(r);
         for j in (0..nc).step_by(32).chain([nc - 1]) {
@@ -729,8 +732,8 @@ pub(crate) unsafe fn multiply_packed(
 ///
 /// # Safety
 /// [`fused_output`] must be true, `kc` and `rs` even; rows `i < mr` of `kc` elements at
-/// `a + i·rs` readable; `pb`
-/// packed by [`pack_b`] for `nc` columns and `kc`; `acc` as for [`multiply_packed`].
+/// `a + i·rs` readable; `pb` packed by [`pack_b`] for `nc` columns and `kc`; `acc` as for
+/// [`multiply_packed`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn multiply_rows_a(
     a: *const bf16,
