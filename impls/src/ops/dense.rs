@@ -589,12 +589,19 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                             [None; 2]
                         };
                         // (a whole operand's block is not in the scratch: its slot keeps what
-                        // it held, so nothing is packed into it)
+                        // it held, so nothing is packed into it; rows read in place leave the
+                        // left slot to a partial panel's packing, so it holds no known block)
                         let keys = [
-                            if whole_a || rows_a { held[0] } else { keys[0] },
+                            if rows_a {
+                                None
+                            } else if whole_a {
+                                held[0]
+                            } else {
+                                keys[0]
+                            },
                             if whole_b { held[1] } else { keys[1] },
                         ];
-                        if held[0] != keys[0] {
+                        if held[0] != keys[0] && !rows_a {
                             bf16_dot::pack_a(a0, am.rs, am.cs, mr, kc, pa);
                         }
                         if held[1] != keys[1] {
@@ -603,13 +610,15 @@ unsafe fn multiply_widened<D: Elem<Acc = f32>>(
                         if mine {
                             PACKED.with(|p| p.set(keys));
                         }
-                        let (pa, pb) = (wa.unwrap_or(pa), wb.unwrap_or(pb));
                         if rows_a {
                             // the left block's rows read in place (even am.rs and kc, checked
-                            // above; fused_output)
-                            bf16_dot::multiply_rows_a(a0, am.rs, mr, pb, nc, kc, acc, ldc);
+                            // above; fused_output), the left slot the scratch of a last
+                            // partial panel
+                            let pb = wb.unwrap_or(pb);
+                            bf16_dot::multiply_rows_a((a0, am.rs), mr, pb, nc, kc, acc, ldc, pa);
                             continue;
                         }
+                        let (pa, pb) = (wa.unwrap_or(pa), wb.unwrap_or(pb));
                         if into_bf16 {
                             // the tile's only inner block (k ≤ WIDE_KB), D is bf16, rows of
                             // dst contiguous (checked above); this task alone writes the tile

@@ -733,34 +733,29 @@ pub(crate) unsafe fn multiply_packed(
 /// # Safety
 /// [`fused_output`] must be true, `kc` and `rs` even; rows `i < mr` of `kc` elements at
 /// `a + i·rs` readable; `pb` packed by [`pack_b`] for `nc` columns and `kc`; `acc` as for
-/// [`multiply_packed`].
+/// [`multiply_packed`]; `scratch` (where a last partial panel is packed) holds
+/// [`packed_a_len`]`(MR, kc)` where `mr` is not a multiple of [`MR`].
 #[allow(clippy::too_many_arguments)]
 pub(crate) unsafe fn multiply_rows_a(
-    a: *const bf16,
-    rs: usize,
+    (a, rs): (*const bf16, usize),
     mr: usize,
     pb: &[u32],
     nc: usize,
     kc: usize,
     acc: &mut [f32],
     ldc: usize,
+    scratch: &mut [u32],
 ) {
     assert!(fused_output() && kc.is_multiple_of(2) && rs.is_multiple_of(2));
     let kp = kc / 2;
     let (mp, np) = (mr.next_multiple_of(MR), nc.next_multiple_of(NR));
     assert!(pb.len() >= np * kp && ldc >= np);
     assert!(acc.len() >= (mp - MR) * ldc + np);
+    assert!(mr.is_multiple_of(MR) || scratch.len() >= packed_a_len(MR, kc));
     for pi in 0..mp / MR {
         let rows = a.wrapping_add(pi * MR * rs);
         if (pi + 1) * MR > mr {
-            let mut panel = [0u32; MR * WIDE_PAIRS_MAX];
-            let mut packed = Vec::new();
-            let pa: &mut [u32] = if kp <= WIDE_PAIRS_MAX {
-                &mut panel[..MR * kp]
-            } else {
-                packed.resize(MR * kp, 0);
-                &mut packed
-            };
+            let pa = &mut scratch[..packed_a_len(MR, kc)];
             // SAFETY: the panel's mr - pi·MR rows readable (the caller's contract)
             unsafe { pack_a(rows, rs, 1, mr - pi * MR, kc, pa) };
             // SAFETY: a packed panel of MR rows, the right block and acc as checked above
@@ -787,10 +782,6 @@ pub(crate) unsafe fn multiply_rows_a(
         let _ = (rows, row);
     }
 }
-
-/// Pairs of a partial left panel that [`multiply_rows_a`] packs on the stack (a
-/// [`crate::ops::dense`] inner block's 128); longer ones go to the heap.
-const WIDE_PAIRS_MAX: usize = 128;
 
 /// The micro-kernel's loop, shared by [`kernel`], [`kernel_into_bf16`] and [`kernel_rows`] (a
 /// macro, so that the 16 accumulators stay in registers in each): `acc [MR][2]` += the `kp`
