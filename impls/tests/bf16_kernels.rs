@@ -29,7 +29,7 @@
 
 use candle_core::{DType, Device, Tensor};
 use half::bf16;
-use impls::ops::cpu::bf16_dot;
+use impls::ops::cpu::bf16_dot::{self, Isa};
 use impls::ops::layout::grid::{Grid, TAPS};
 use impls::ops::{bn, bn_backward, conv3x3, dense, elementwise, shift};
 
@@ -529,16 +529,25 @@ fn abs_product(a: &Tensor, b: &Tensor) -> Vec<f64> {
     f64s(&a.matmul(&b).unwrap())
 }
 
-/// Held by every test that runs bf16 products: the choice between the dot-product kernel and
-/// the widened path is process-wide ([`bf16_dot::force_widened`]), so a test that changes it
-/// must not run beside one that compares two products bit for bit.
+/// Held by every test that runs bf16 products: the choice of the products' kernel is
+/// process-wide ([`bf16_dot::force_isa`]), so a test that changes it must not run beside one
+/// that compares two products bit for bit.
 static PRODUCT_KERNEL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Runs `check` with bf16 products on the dot-product kernel (`dot`, where this CPU has it)
-/// or widened to f32, other product tests held off meanwhile; the default restored after.
-fn with_kernel(dot: bool, check: impl FnOnce()) {
+/// Runs `check` with bf16 products on the dot-product kernel's instruction set `isa` (one this
+/// CPU has) or, with `None`, widened to f32, other product tests held off meanwhile; the
+/// default restored after.
+fn with_kernel(isa: Option<Isa>, check: impl FnOnce()) {
     let _held = PRODUCT_KERNEL.lock().unwrap_or_else(|e| e.into_inner());
-    bf16_dot::force_widened(!dot);
+    assert!(
+        bf16_dot::force_isa(isa),
+        "{isa:?}: not an instruction set of this CPU"
+    );
+    assert_eq!(
+        bf16_dot::isa(),
+        isa,
+        "the products' kernel is the one asked for"
+    );
     let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(check));
     bf16_dot::force_widened(false);
     if let Err(e) = r {
@@ -548,15 +557,21 @@ fn with_kernel(dot: bool, check: impl FnOnce()) {
 
 #[test]
 fn dense_products_take_bf16_operands_with_f32_accumulation_on_the_dot_kernel() {
-    if bf16_dot::detected().is_none() {
+    // on every instruction set this CPU has (a CI machine with AVX-512 BF16 runs the AVX2 and
+    // AVX-512F kernels too, as a Xeon without it would)
+    let isas = bf16_dot::available();
+    if isas.is_empty() {
         eprintln!("this CPU has neither AVX-512 BF16 nor AVX2 + FMA: the widened path runs (its own test)");
     }
-    with_kernel(true, check_dense_products);
+    for isa in isas {
+        eprintln!("on {isa:?}:");
+        with_kernel(Some(isa), check_dense_products);
+    }
 }
 
 #[test]
 fn dense_products_take_bf16_operands_with_f32_accumulation_widened() {
-    with_kernel(false, check_dense_products);
+    with_kernel(None, check_dense_products);
 }
 
 /// The dense products' bounds (module doc) on whichever kernel is in force.
@@ -650,11 +665,12 @@ fn bf16_products_do_not_depend_on_the_thread_count() {
             .unwrap()
             .install(|| bf16s(&dense::product(&wb, &xb).unwrap()))
     };
-    for dot in [true, false] {
-        with_kernel(dot, || {
+    let kernels = bf16_dot::available().into_iter().map(Some).chain([None]);
+    for isa in kernels {
+        with_kernel(isa, || {
             let one = run(1);
             bitwise(
-                &format!("1 vs 3 threads (dot kernel: {dot})"),
+                &format!("1 vs 3 threads (dot kernel: {isa:?})"),
                 &run(3),
                 &one,
             )
@@ -665,7 +681,7 @@ fn bf16_products_do_not_depend_on_the_thread_count() {
 
 #[test]
 fn conv3x3_takes_bf16_operands_with_f32_accumulation_widened() {
-    with_kernel(false, || {
+    with_kernel(None, || {
         for (b, k, grid) in conv_blocks() {
             check_conv3x3(b, k, grid, false);
         }
@@ -676,11 +692,11 @@ fn conv3x3_takes_bf16_operands_with_f32_accumulation_widened() {
 fn conv3x3_takes_bf16_operands_with_f32_accumulation_on_the_dot_kernel() {
     // the 3×3 convolution takes the dot kernel on AVX-512 BF16 only (on AVX2 its widened
     // direct kernel is the faster: `conv3x3`'s op)
-    let avx512 = bf16_dot::detected() == Some(bf16_dot::Isa::Avx512Bf16);
+    let avx512 = bf16_dot::detected() == Some(Isa::Avx512Bf16);
     if !avx512 {
         eprintln!("this CPU has no AVX-512 BF16: the widened path runs (its own test)");
     }
-    with_kernel(true, || {
+    with_kernel(bf16_dot::detected(), || {
         for (b, k, grid) in conv_blocks() {
             check_conv3x3(b, k, grid, avx512);
         }
@@ -786,12 +802,12 @@ fn bf16_convolutions_do_not_depend_on_the_thread_count() {
                 (y, ds, f32s(&dw))
             })
     };
-    for dot in [true, false] {
-        with_kernel(dot, || {
+    for isa in [bf16_dot::detected(), None] {
+        with_kernel(isa, || {
             let (one, three) = (run(1), run(3));
-            bitwise(&format!("forward, dot {dot}"), &three.0, &one.0).unwrap();
-            bitwise(&format!("data, dot {dot}"), &three.1, &one.1).unwrap();
-            assert_eq!(three.2, one.2, "weight, dot {dot}");
+            bitwise(&format!("forward, kernel {isa:?}"), &three.0, &one.0).unwrap();
+            bitwise(&format!("data, kernel {isa:?}"), &three.1, &one.1).unwrap();
+            assert_eq!(three.2, one.2, "weight, kernel {isa:?}");
         });
     }
 }

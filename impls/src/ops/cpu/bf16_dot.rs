@@ -1,6 +1,6 @@
 //! The CPU's bf16 dot-product kernel for bf16-operand products (PyTorch autocast's matmuls):
 //! one tile `acc [mr, nc] += a [mr, kc] · b [kc, nc]` of bf16 operands into f32 accumulators,
-//! the operands packed in pairs along the inner dimension, on one of two instruction sets
+//! the operands packed in pairs along the inner dimension, on one of three instruction sets
 //! ([`Isa`], picked once per process):
 //!
 //! - **AVX-512 BF16**: `vdpbf16ps` (each f32 lane adds two bf16 products), 8 × 32 outputs per
@@ -8,7 +8,9 @@
 //! - **AVX2 + FMA** (every x86-64 CPU of the last decade without AVX-512 BF16): the same packed
 //!   pairs, each pair's halves widened in registers (a shift and a mask) and added by two
 //!   `vfmadd231ps`, the pair's odd element first, as the SDM's pseudo-code of `vdpbf16ps` adds
-//!   them; the 8 × 32 block as four 4 × 16 blocks (16 ymm registers).
+//!   them; the 8 × 32 block as four 4 × 16 blocks (16 ymm registers);
+//! - **AVX-512F** (Intel's Xeons from Skylake-SP to Ice Lake): the AVX2 kernel's arithmetic on
+//!   512-bit vectors, the whole 8 × 32 block in registers, bit for bit its sums.
 //!
 //! [`crate::ops::dense`]'s bf16 products take it where the CPU has either ([`enabled`]) and
 //! otherwise widen their operands to f32 for `gemm`.
@@ -154,6 +156,19 @@ fn avx512_packing() -> bool {
 pub fn force_widened(on: bool) {
     let isa = if on { None } else { detected() };
     MODE.store(mode_of(isa), Ordering::Relaxed);
+}
+
+/// Makes every later bf16 product of this process run on `isa` (`None`: widened to f32 for
+/// `gemm`), as [`force_widened`] does, for running one product on every kernel this CPU has
+/// (tests, side-by-side timings); an instruction set this CPU cannot run ([`available`]) is
+/// refused (`false`, nothing changed). Process-wide; a product already running keeps its
+/// choice.
+pub fn force_isa(isa: Option<Isa>) -> bool {
+    if isa.is_some_and(|i| !available().contains(&i)) {
+        return false;
+    }
+    MODE.store(mode_of(isa), Ordering::Relaxed);
+    true
 }
 
 /// Which kernel bf16 products use in this process, in words (for a row's notes).
@@ -690,6 +705,26 @@ pub(crate) unsafe fn multiply_packed(
     ldc: usize,
 ) {
     let isa = isa().expect("multiply_packed runs where the dot kernel is enabled");
+    // SAFETY: the caller's contract, on the process's instruction set
+    unsafe { multiply_packed_on(isa, pa, pb, mr, nc, kc, acc, ldc) }
+}
+
+/// [`multiply_packed`] on a given instruction set (its tests run every one this CPU has
+/// without touching the process's choice).
+///
+/// # Safety
+/// As [`multiply_packed`], with `isa` one of [`available`] instead of [`enabled`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn multiply_packed_on(
+    isa: Isa,
+    pa: &[u32],
+    pb: &[u32],
+    mr: usize,
+    nc: usize,
+    kc: usize,
+    acc: &mut [f32],
+    ldc: usize,
+) {
     let kp = kc.div_ceil(2);
     let (mp, np) = (mr.next_multiple_of(MR), nc.next_multiple_of(NR));
     assert!(pa.len() >= mp * kp && pb.len() >= np * kp && ldc >= np);
@@ -1168,7 +1203,8 @@ mod tests {
     /// any order gives the same bits and a misplaced element shows.
     #[test]
     fn the_packed_product_is_the_plain_sum() {
-        if !enabled() {
+        let isas = available();
+        if isas.is_empty() {
             eprintln!("skipped: this CPU has neither AVX-512 BF16 nor AVX2 + FMA");
             return;
         }
@@ -1187,6 +1223,9 @@ mod tests {
             // of 27 (three groups, then three columns pair by pair)
             (9, 71, 48),
             (9, 40, 59),
+            // the widening kernels' left panel in two pieces (150 pairs: WIDE_PAIRS, then
+            // 22) across three right panels
+            (9, 300, 70),
         ] {
             let a_at = |i: usize, p: usize| val(i * 131 + p);
             let b_at = |p: usize, j: usize| val(p * 71 + j + 5);
@@ -1229,13 +1268,34 @@ mod tests {
                 "B packed alike in every layout"
             );
             let ldc = nc.next_multiple_of(NR) + 3;
-            let mut acc = vec![0.5f32; mr.next_multiple_of(MR) * ldc];
-            unsafe { multiply_packed(&packed_a[0], &packed_b[0], mr, nc, kc, &mut acc, ldc) };
-            for i in 0..mr {
-                for j in 0..nc {
-                    let want =
-                        (0..kc).fold(0.5f32, |s, p| s + a_at(i, p).to_f32() * b_at(p, j).to_f32());
-                    assert_eq!(acc[i * ldc + j], want, "{mr}×{kc}×{nc} ({i}, {j})");
+            // on every instruction set this CPU has, not only the process's
+            for &isa in &isas {
+                let mut acc = vec![0.5f32; mr.next_multiple_of(MR) * ldc];
+                unsafe {
+                    multiply_packed_on(isa, &packed_a[0], &packed_b[0], mr, nc, kc, &mut acc, ldc)
+                };
+                for i in 0..mr {
+                    for j in 0..nc {
+                        let want = (0..kc)
+                            .fold(0.5f32, |s, p| s + a_at(i, p).to_f32() * b_at(p, j).to_f32());
+                        assert_eq!(acc[i * ldc + j], want, "{isa:?} {mr}×{kc}×{nc} ({i}, {j})");
+                    }
+                    // the padding columns' sums are of +0 pads: 0.5 still
+                    for j in nc..nc.next_multiple_of(NR) {
+                        assert_eq!(
+                            acc[i * ldc + j],
+                            0.5,
+                            "{isa:?} {mr}×{kc}×{nc} pad ({i}, {j})"
+                        );
+                    }
+                    // the stride's slack past the padded block is not written
+                    for j in nc.next_multiple_of(NR)..ldc {
+                        assert_eq!(
+                            acc[i * ldc + j],
+                            0.5,
+                            "{isa:?} {mr}×{kc}×{nc} past ({i}, {j})"
+                        );
+                    }
                 }
             }
         }
