@@ -4,7 +4,7 @@
 //! `case --dtype bf16` writes a mixed-dtype case file that `step` runs, a sweep's bf16 rows
 //! beside (fake) peer rows take the peer-derived bf16 tolerance, under which a ×1.5 tensor fails
 //! either side's row, `max-depth` answers in bf16 (the CPU's kernels and a GPU's path), and a
-//! GPU run is not refused for bf16.
+//! GPU run is not refused for bf16, and every bf16 kernel this CPU has gives a checked row.
 
 mod common;
 #[path = "common/peer.rs"]
@@ -91,6 +91,37 @@ fn run_bf16_gives_an_ok_row_within_the_bf16_tolerance() {
             "{}",
             r.key
         );
+    }
+}
+
+/// Every kernel `DENSEBENCH_BF16_DOT` can pick on this CPU (the widened path, and each
+/// instruction set `bf16_dot::available` lists) gives an ok row within the bf16 tolerance, and
+/// the row's `note` names the kernel that ran: a machine with AVX-512 BF16 checks whole steps
+/// on the AVX2 and AVX-512F kernels too, as a CPU without it would run them.
+#[test]
+fn every_bf16_kernel_of_this_cpu_gives_a_checked_row_that_names_it() {
+    use impls::ops::cpu::bf16_dot::{available, Isa};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let cache = dir.path().join("cache");
+    let mut kernels = vec![("0", "operands widened to f32")];
+    for isa in available() {
+        kernels.push(match isa {
+            Isa::Avx512Bf16 => ("1", "AVX-512 BF16 dot products"),
+            Isa::Avx2Fma => ("avx2", "AVX2 FMA"),
+            Isa::Avx512F => ("avx512f", "AVX-512F FMA"),
+        });
+    }
+    for (value, named) in kernels {
+        for (family, variant) in [("bc", "cat-store-copy"), ("mlp", "buffer-store-inplace")] {
+            let env = [("DENSEBENCH_BF16_DOT", value)];
+            let o = run(variant, family, path_str(&cache), &env);
+            let at = format!("DENSEBENCH_BF16_DOT={value} {variant} {family}");
+            assert!(o.status.success(), "{at}: {}", stderr(&o));
+            let r = row(&o);
+            assert_eq!(r.status, "ok", "{at}");
+            assert_eq!(r.grad_ok, Some(true), "{at}: {}", r.error);
+            assert!(r.note.contains(named), "{at}: note {:?}", r.note);
+        }
     }
 }
 
