@@ -697,8 +697,9 @@ def stats(xs: list[int]) -> dict:
 
 def cpu_model() -> str:
     """`model name` of /proc/cpuinfo and its widest x86 vector ISA (`, AVX-512` or `, AVX2`),
-    exactly as densebench's `cpu_model_from` writes it, so both sides' rows carry one
-    description; the architecture when unreadable."""
+    then `, AMX` where it has AMX's bf16 tiles (flag `amx_bf16`: oneDNN's bf16 kernels run
+    there, densebench's do not), exactly as densebench's `cpu_model_from` writes it, so both
+    sides' rows carry one description; the architecture when unreadable."""
     try:
         with open("/proc/cpuinfo") as f:
             found = cpu_model_from(f.read())
@@ -723,7 +724,8 @@ def cpu_model_from(cpuinfo: str):
         return None
     flags = (field("flags") or "").split()
     isa = ", AVX-512" if "avx512f" in flags else ", AVX2" if "avx2" in flags else ""
-    return model + isa
+    amx = ", AMX" if "amx_bf16" in flags else ""
+    return model + isa + amx
 
 
 def peak_rss_bytes() -> int | None:

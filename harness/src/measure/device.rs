@@ -87,9 +87,11 @@ pub fn cpu_model() -> String {
 }
 
 /// `model name` of a /proc/cpuinfo text, followed by `, AVX-512` (flag `avx512f`) or `, AVX2`
-/// where the first processor has it: virtual machines often report a bare family name
-/// (`AMD EPYC`), and the vector ISA is what decides which kernels a CPU row ran (the PyTorch
-/// peer's `cpu_model()` says the same, so both sides' rows carry one description).
+/// where the first processor has it, and by `, AMX` where it has AMX's bf16 tile multiplies
+/// (flag `amx_bf16`): virtual machines often report a bare family name (`AMD EPYC`), and the
+/// vector ISA is what decides which kernels a CPU row ran — AMX is where PyTorch autocast's
+/// oneDNN multiplies bf16 and densebench does not ([`cpu_has_amx`]). The PyTorch peer's
+/// `cpu_model()` says the same, so both sides' rows carry one description.
 pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
     let field = |key: &str| {
         cpuinfo
@@ -107,8 +109,32 @@ pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
     } else {
         ""
     };
-    Some(format!("{model}{isa}"))
+    let amx = if flags.contains(&"amx_bf16") {
+        ", AMX"
+    } else {
+        ""
+    };
+    Some(format!("{model}{isa}{amx}"))
 }
+
+/// Whether this CPU has AMX's bf16 tile multiplies (/proc/cpuinfo flag `amx_bf16`: Intel Xeons
+/// from Sapphire Rapids on). PyTorch autocast's oneDNN runs its bf16 products on them there;
+/// densebench has no AMX kernel, so a bf16 row beside PyTorch's says so in its `note`.
+pub fn cpu_has_amx() -> bool {
+    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| cpu_has_amx_from(&text))
+}
+
+/// [`cpu_has_amx`] of a /proc/cpuinfo text (the first processor's `flags`).
+pub fn cpu_has_amx_from(cpuinfo: &str) -> bool {
+    cpuinfo
+        .lines()
+        .find(|l| l.split(':').next().is_some_and(|k| k.trim() == "flags"))
+        .and_then(|l| l.split_once(':'))
+        .is_some_and(|(_, v)| v.split_whitespace().any(|f| f == "amx_bf16"))
+}
+
+/// The `note` of a bf16 CPU row on a CPU with AMX ([`cpu_has_amx`]).
+pub const AMX_NOTE: &str = "this CPU has AMX (amx_bf16): PyTorch autocast's oneDNN multiplies bf16 on it, densebench's kernels do not";
 
 /// Threads the compute libraries use when none are asked for: candle's default (which also
 /// reads `RAYON_NUM_THREADS`).

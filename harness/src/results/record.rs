@@ -153,6 +153,9 @@ fn measure_densebench_row(
         // which kernel the child's bf16 products take: its bits depend on it (the child runs
         // on this CPU with this environment, so it decides as this process does)
         add_note(&mut row, impls::ops::cpu::bf16_dot::describe().to_string());
+        if crate::measure::device::cpu_has_amx() {
+            add_note(&mut row, crate::measure::device::AMX_NOTE.to_string());
+        }
     }
     let outcome = child::spawn(&args, s)?;
     row.status = outcome.status().to_string();
