@@ -12,7 +12,7 @@
 //! - **AVX-512F** (Intel's Xeons from Skylake-SP to Ice Lake): the AVX2 kernel's arithmetic on
 //!   512-bit vectors, the whole 8 × 32 block in registers, bit for bit its sums.
 //!
-//! [`crate::ops::dense`]'s bf16 products take it where the CPU has either ([`enabled`]) and
+//! [`crate::ops::dense`]'s bf16 products take it where the CPU has any of them ([`enabled`]) and
 //! otherwise widen their operands to f32 for `gemm`.
 //!
 //! Numerics: the two products of a pair are exact in f32 and are added into the lane one after
