@@ -93,15 +93,11 @@ pub fn cpu_model() -> String {
 /// oneDNN multiplies bf16 and densebench does not ([`cpu_has_amx`]). The PyTorch peer's
 /// `cpu_model()` says the same, so both sides' rows carry one description.
 pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
-    let field = |key: &str| {
-        cpuinfo
-            .lines()
-            .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
-            .and_then(|l| l.split_once(':'))
-            .map(|(_, v)| v.trim())
-    };
-    let model = field("model name")?;
-    let flags: Vec<&str> = field("flags").unwrap_or("").split_whitespace().collect();
+    let model = cpuinfo_field(cpuinfo, "model name")?;
+    let flags: Vec<&str> = cpuinfo_field(cpuinfo, "flags")
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
     let isa = if flags.contains(&"avx512f") {
         ", AVX-512"
     } else if flags.contains(&"avx2") {
@@ -126,11 +122,16 @@ pub fn cpu_has_amx() -> bool {
 
 /// [`cpu_has_amx`] of a /proc/cpuinfo text (the first processor's `flags`).
 pub fn cpu_has_amx_from(cpuinfo: &str) -> bool {
+    cpuinfo_field(cpuinfo, "flags").is_some_and(|v| v.split_whitespace().any(|f| f == "amx_bf16"))
+}
+
+/// The value of the first `key : value` line of a /proc/cpuinfo text (the first processor's).
+fn cpuinfo_field<'a>(cpuinfo: &'a str, key: &str) -> Option<&'a str> {
     cpuinfo
         .lines()
-        .find(|l| l.split(':').next().is_some_and(|k| k.trim() == "flags"))
+        .find(|l| l.split(':').next().is_some_and(|k| k.trim() == key))
         .and_then(|l| l.split_once(':'))
-        .is_some_and(|(_, v)| v.split_whitespace().any(|f| f == "amx_bf16"))
+        .map(|(_, v)| v.trim())
 }
 
 /// The `note` of a bf16 CPU row on a CPU with AMX ([`cpu_has_amx`]).

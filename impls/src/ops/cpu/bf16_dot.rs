@@ -31,8 +31,8 @@ pub(crate) const MR: usize = 8;
 /// Columns of the micro-kernel's output block (two 16-lane vectors).
 pub(crate) const NR: usize = 32;
 
-/// 0: not yet decided, 1: the dot kernel on AVX-512 BF16, 3: on AVX2 + FMA, 2: widened (no
-/// instruction set for it, or forced).
+/// 0: not yet decided, 1: the dot kernel on AVX-512 BF16, 3: on AVX2 + FMA, 4: on AVX-512F,
+/// 2: widened (no instruction set for it, or forced) — [`mode_of`].
 static MODE: AtomicU8 = AtomicU8::new(0);
 
 /// The environment variable that picks the bf16 products' kernel: unset or `1`, the best this
@@ -154,8 +154,8 @@ fn avx512_packing() -> bool {
 /// and for testing the widened path on a CPU that can run the kernel. Process-wide; a product
 /// already running keeps its choice.
 pub fn force_widened(on: bool) {
-    let isa = if on { None } else { detected() };
-    MODE.store(mode_of(isa), Ordering::Relaxed);
+    // the CPU's own best, or none: always one it can run
+    force_isa(if on { None } else { detected() });
 }
 
 /// Makes every later bf16 product of this process run on `isa` (`None`: widened to f32 for
@@ -975,7 +975,7 @@ unsafe fn narrow_16(v: std::arch::x86_64::__m512, p: *mut u16) {
     }
 }
 
-/// Pairs of a left panel that [`multiply_panel_avx2`] widens at a time: its f32 halves take
+/// Pairs of a left panel that [`multiply_panel_wide`] widens at a time: its f32 halves take
 /// `2·MR·WIDE_PAIRS` floats (8 KiB) on the stack.
 #[cfg(target_arch = "x86_64")]
 const WIDE_PAIRS: usize = 128;
@@ -1073,7 +1073,7 @@ unsafe fn kernel_rows(kp: usize, a: *const u32, rs: usize, b: *const u32, c: *mu
 }
 
 /// [`kernel`] on AVX2 + FMA, over `kp` pairs of a left panel already widened
-/// ([`multiply_panel_avx2`]: per pair, the `MR` rows' high halves then their low halves, as
+/// ([`multiply_panel_wide`]: per pair, the `MR` rows' high halves then their low halves, as
 /// f32): the `MR × NR` block as four blocks of 4 rows × 16 columns (8 accumulators and the 4
 /// widened halves of the right pair vectors in registers, the left halves broadcast from
 /// memory), each right pair `(lo, hi)` widened exactly (`lo` shifted up 16 bits, `hi` masked)
