@@ -837,7 +837,7 @@ type Digests = std::collections::BTreeMap<String, [u8; 32]>;
 
 /// What a GPU row's `note` says of the kernels its step runs on `path`: cuDNN's convolution
 /// (its algorithms and workspaces) or the direct kernels (their partials), then the tap
-/// stack's chunks and the split fronts ([`estimates::schedule_notes`]). None on the CPU.
+/// stack's chunks and the split fronts ([`estimates::schedule_notes`](crate::measure::estimates::schedule_notes)). None on the CPU.
 fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) -> Vec<String> {
     use crate::measure::estimates;
     if device.is_cpu() {

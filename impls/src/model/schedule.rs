@@ -404,7 +404,7 @@ pub(crate) fn tap_chunk_columns_given(
     )
 }
 
-/// The predicted allocation trace of one step (see [`predict_peak_bytes`]), the tap stack
+/// The predicted allocation trace of one step (see [`predict_peak_bytes`](super::predict_peak_bytes)), the tap stack
 /// chunked as [`tap_chunk_columns_for`] says (an unreadable override fails the step before it
 /// measures anything; the trace then assumes one chunk).
 pub(crate) fn trace<'a>(

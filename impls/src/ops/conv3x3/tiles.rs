@@ -118,7 +118,7 @@ impl<T: Float> Scratches<T> {
     }
 }
 
-/// [`fill_tile`] with each element taken by `conv` (exact) and `zero` outside the image: the
+/// `fill_tile` (`super::widened`) with each element taken by `conv` (exact) and `zero` outside the image: the
 /// bf16 dot path keeps its tiles in bf16.
 pub(super) fn fill_tile_as<E: Copy, T: Copy>(
     tile: &mut [T],
