@@ -15,13 +15,13 @@ bench-quick *ARGS:
 compare A B *ARGS:
     cargo run --release -- compare {{A}} {{B}} {{ if ARGS =~ '--max-regression' { '' } else { '--max-regression 10' } }} {{ARGS}}
 
-# Every figure of result CSVs (default: the CPU, H100 and H200 references) as SVG and PNG into plots/
-plots *CSVS="results/reference-cpu.csv results/reference-h100.csv results/reference-h200.csv":
+# Every figure of result CSVs (default: the CPU reference and its deep bf16 rows, the H100 and H200 references) as SVG and PNG into plots/
+plots *CSVS="results/reference-cpu.csv results/bf16-deep-cpu.csv results/reference-h100.csv results/reference-h200.csv":
     cargo run --release -- plots {{CSVS}} --out plots
 
-# Markdown report of result CSVs (default: the CPU, H100 and H200 references) into results/REPORT.md,
+# Markdown report of result CSVs (default: the CPU reference and its deep bf16 rows, the H100 and H200 references) into results/REPORT.md,
 # linking plots/
-report *CSVS="results/reference-cpu.csv results/reference-h100.csv results/reference-h200.csv":
+report *CSVS="results/reference-cpu.csv results/bf16-deep-cpu.csv results/reference-h100.csv results/reference-h200.csv":
     cargo run --release -- report {{CSVS}} --out results/REPORT.md --plots plots
 
 # PyTorch for the peer rows: uses an importable torch+torchvision, else makes harness/peer/.venv-peer
