@@ -14,13 +14,11 @@ result with and without those flips.
     python3 scripts/relu_flips.py case.st result.st
 
 Needs numpy (the PyTorch peer's venv has it: harness/peer/.venv-peer/bin/python); reads the
-files with the safetensors package when it is importable, else with the few lines below (a GPU
-machine may have numpy and PyTorch but not safetensors). Measured here (CPU, f32, seed 0, mlp N=4096 C0=256 k=64
+files with the safetensors package when it is importable, else with
+scripts/safetensors_read.py (a GPU machine may have numpy and PyTorch but not safetensors). Measured here (CPU, f32, seed 0, mlp N=4096 C0=256 k=64
 L=32): 1 flip of 8,388,608 pre-activations (layer 26, z = -1.6e-8 exact, +2.8e-9 in f32), which
 alone makes the input gradient's error 2.9e-3.
 """
-import json
-import struct
 import sys
 
 try:
@@ -34,27 +32,10 @@ except ImportError:
 try:
     from safetensors.numpy import load_file
 except ImportError:
-    _DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16, "I64": np.int64,
-               "I32": np.int32, "U32": np.uint32, "U8": np.uint8}
+    from safetensors_read import read  # this folder's reader (scripts/safetensors_read.py)
 
     def load_file(path):
-        """The safetensors format: an 8-byte little-endian header length, a JSON header of
-        name -> {dtype, shape, data_offsets}, then the raw little-endian data."""
-        with open(path, "rb") as f:
-            blob = f.read()
-        (n,) = struct.unpack("<Q", blob[:8])
-        header = json.loads(blob[8 : 8 + n])
-        data = memoryview(blob)[8 + n :]
-        out = {}
-        for name, t in header.items():
-            if name == "__metadata__":
-                continue
-            if t["dtype"] not in _DTYPES:
-                raise SystemExit(f"relu_flips: {path}: tensor {name} has dtype {t['dtype']}")
-            lo, hi = t["data_offsets"]
-            dt = np.dtype(_DTYPES[t["dtype"]]).newbyteorder("<")
-            out[name] = np.frombuffer(data[lo:hi], dtype=dt).reshape(t["shape"])
-        return out
+        return {name: values.reshape(shape) for name, (shape, values) in read(path, True).items()}
 
 
 def main() -> int:
