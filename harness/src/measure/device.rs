@@ -105,7 +105,7 @@ pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
     } else {
         ""
     };
-    let amx = if flags.contains(&"amx_bf16") {
+    let amx = if cpu_has_amx_from(cpuinfo) {
         ", AMX"
     } else {
         ""
@@ -117,7 +117,11 @@ pub fn cpu_model_from(cpuinfo: &str) -> Option<String> {
 /// from Sapphire Rapids on). PyTorch autocast's oneDNN runs its bf16 products on them there;
 /// densebench has no AMX kernel, so a bf16 row beside PyTorch's says so in its `note`.
 pub fn cpu_has_amx() -> bool {
-    std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| cpu_has_amx_from(&text))
+    // read once per process: every bf16 CPU row asks
+    static HAS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HAS.get_or_init(|| {
+        std::fs::read_to_string("/proc/cpuinfo").is_ok_and(|text| cpu_has_amx_from(&text))
+    })
 }
 
 /// [`cpu_has_amx`] of a /proc/cpuinfo text (the first processor's `flags`).
