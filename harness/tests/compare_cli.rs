@@ -2,7 +2,8 @@
 //! committed `results/reference-cpu.csv`: a comparison that matched nothing is refused (exit 2),
 //! the verdict never says `ok` when the run fails, every CSV line names its family, config,
 //! depth and variant, a bad `--max-regression` is a usage error (exit 2) that says what a valid
-//! one is, and the justfile's `compare` recipe takes the README's `--max-regression`.
+//! one is, the justfile's `compare` recipe takes the README's `--max-regression`, and a time
+//! regression on rows of few timed steps is called what it likely is: noise.
 
 mod common;
 
@@ -412,4 +413,58 @@ fn compare_refuses_a_grad_ok_that_contradicts_its_error_and_tolerance() {
         log.contains("line 2, column `grad_ok`") && log.contains("tolerance"),
         "{log}"
     );
+}
+
+/// A time regression on rows timed over few steps carries a warning that single steps are
+/// noise (with the step count), in every format; rows of enough steps, a memory regression and
+/// a run without a threshold carry none.
+#[test]
+fn compare_warns_that_time_regressions_on_few_steps_are_noise() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows: Vec<Row> = reference("mlp")[..3].to_vec();
+    let with = |steps: usize, slower: f64, bigger: f64| -> Vec<Row> {
+        rows.iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.steps = steps;
+                for t in [&mut r.median_ns, &mut r.min_ns, &mut r.max_ns] {
+                    *t = t.map(|t| (t as f64 * slower) as u64);
+                }
+                r.peak_bytes = r.peak_bytes.map(|b| (b as f64 * bigger) as u64);
+                r
+            })
+            .collect()
+    };
+    let warning = "time regression(s) are on rows timed over fewer than 5 steps";
+    for (steps, slower, bigger, threshold, warned) in [
+        (2, 1.5, 1.0, Some("10"), true),
+        (4, 1.5, 1.0, Some("10"), true),
+        (5, 1.5, 1.0, Some("10"), false),
+        (2, 1.0, 1.5, Some("10"), false),
+        (2, 1.5, 1.0, None, false),
+    ] {
+        let base = write(dir.path(), "base.csv", &with(steps, 1.0, 1.0));
+        let new = write(dir.path(), "new.csv", &with(steps, slower, bigger));
+        for format in ["text", "markdown", "csv"] {
+            let mut extra = vec!["--format", format];
+            if let Some(t) = threshold {
+                extra.extend_from_slice(&["--max-regression", t]);
+            }
+            let o = compare(&base, &new, &extra);
+            let log = text(&o);
+            let what = format!("steps {steps}, time ×{slower}, peak ×{bigger}, {extra:?}");
+            assert_eq!(
+                o.status.code(),
+                Some(if threshold.is_some() { 1 } else { 0 }),
+                "{what}:\n{log}"
+            );
+            assert_eq!(log.contains(warning), warned, "{what}:\n{log}");
+            if warned {
+                assert!(
+                    log.contains(&format!("3 of the 3 {warning} ({steps} on the fewer side")),
+                    "{what}:\n{log}"
+                );
+            }
+        }
+    }
 }

@@ -12,6 +12,13 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::io::Write;
 use std::path::Path;
 
+/// Timed steps below which a row's time is too noisy to gate on alone: a time regression on a
+/// row timed over fewer steps (on either side) is flagged with a warning. Two runs of one
+/// binary on this project's shared 2-core machine (`results/reference-cpu.csv` and
+/// `reference-cpu-rerun.csv`, rows of 1–3 steps) differ by more than 10 % in 48 of 182 median
+/// times at a geometric mean of ×1.00.
+pub const STEADY_STEPS: usize = 5;
+
 /// Exit status when a regression beyond the threshold was found.
 pub const EXIT_REGRESSION: u8 = 1;
 
@@ -449,6 +456,8 @@ pub fn compare_rows(
         ));
     }
     let limit = threshold_pct.map(|p| p / 100.0);
+    // Time regressions, and the fewer side's step count of those on rows of few timed steps.
+    let (mut time_regressions, mut few_steps) = (0usize, Vec::<usize>::new());
     let new_has_peers = new.iter().any(Row::is_peer);
     for (k, b) in &bi {
         let Some(n) = ni.get(k) else {
@@ -520,6 +529,16 @@ pub fn compare_rows(
                 (Some(_), Some(_), _) => Verdict::Same,
                 _ => Verdict::Missing,
             };
+            if verdict == Verdict::Regression
+                && m.zero_is_unmeasured()
+                && not_finite(bv).is_none()
+                && not_finite(nv).is_none()
+            {
+                time_regressions += 1;
+                if b.steps.min(n.steps) < STEADY_STEPS {
+                    few_steps.push(b.steps.min(n.steps));
+                }
+            }
             c.lines.push(Line {
                 key: k.clone(),
                 config: k.label(b),
@@ -529,6 +548,25 @@ pub fn compare_rows(
                 verdict,
             });
         }
+    }
+    if !few_steps.is_empty() {
+        let (lo, hi) = (
+            few_steps.iter().min().copied().unwrap_or(0),
+            few_steps.iter().max().copied().unwrap_or(0),
+        );
+        let steps = if lo == hi {
+            format!("{lo}")
+        } else {
+            format!("{lo}–{hi}")
+        };
+        c.warnings.push(format!(
+            "{} of the {time_regressions} time regression(s) are on rows timed over fewer than \
+             {STEADY_STEPS} steps ({steps} on the fewer side: the `steps` column): one binary's \
+             step times differ by tens of percent between back-to-back runs on a shared machine \
+             (docs/measuring.md, \"Comparing runs\"); gate on peak_bytes, or measure with \
+             --steps {STEADY_STEPS} or more before gating on time",
+            few_steps.len()
+        ));
     }
     for (k, n) in &ni {
         if !bi.contains_key(k) {
