@@ -38,8 +38,9 @@ SWEEP = os.path.join(ROOT, "harness", "sweeps", "versus-pytorch.toml")
 
 # (family, densebench variant, PyTorch variant): the pairs of the CPU speed issue, each against
 # PyTorch eager, against the same block under torch.compile (the sweep's `peer =
-# "pytorch-compiled"`; on the CPU its default mode), and against the faster of the two per
-# repeat ("best of": the strongest PyTorch a user reaches for).
+# "pytorch-compiled"`; on the CPU its default mode), for bc also against both in channels_last
+# memory format (PyTorch's performance guide's advice for convolutional networks), and against
+# the fastest of them per repeat ("best of": the strongest PyTorch a user reaches for).
 EAGER_PAIRS = [
     ("bc", "cat-store-copy", "pytorch-naive"),
     ("bc", "buffer-recompute-inplace", "pytorch-memory-efficient"),
@@ -54,11 +55,23 @@ def compiled_twin(variant):
     return "pytorch-compiled-" + variant[len("pytorch-"):]
 
 
-PAIRS = EAGER_PAIRS + [(f, ours, compiled_twin(theirs)) for f, ours, theirs in EAGER_PAIRS]
+def channels_last_twin(variant):
+    """`pytorch-naive` → `pytorch-channels-last-naive`."""
+    return "pytorch-channels-last-" + variant[len("pytorch-"):]
 
 
-def best_label(theirs):
-    return f"best of {theirs}, {compiled_twin(theirs)}"
+def twins(family, theirs):
+    """The PyTorch rows a pair is measured against: the eager block, compiled, and for bc (a
+    Linear block has no memory format) both in channels_last."""
+    layouts = [theirs] + ([channels_last_twin(theirs)] if family == "bc" else [])
+    return [v for eager in layouts for v in (eager, compiled_twin(eager))]
+
+
+PAIRS = [(f, ours, t) for f, ours, theirs in EAGER_PAIRS for t in twins(f, theirs)]
+
+
+def best_label(family, theirs):
+    return f"best of {', '.join(twins(family, theirs))}"
 
 
 def csv_name(threads):
@@ -150,16 +163,17 @@ def measure(a, t, rep, samples, versions):
                              f"grad_ok={r['grad_ok']} {r['error']} — not a result")
             samples.setdefault((f"{family} L={d['depth']}", t, ours, theirs), []).append(
                 sample(d, pt))
-    # The strongest PyTorch per pair and repeat: the faster of eager and compiled (by median).
+    # The strongest PyTorch per pair and repeat: the fastest of eager and compiled, in either
+    # memory format for bc (by median).
     for family, ours, theirs in EAGER_PAIRS:
         for (v, cfg), d in sorted(by.items()):
             if v != ours or d["family"] != family:
                 continue
-            both = [by.get((theirs, cfg)), by.get((compiled_twin(theirs), cfg))]
-            if any(r is None for r in both):
+            all_of = [by.get((w, cfg)) for w in twins(family, theirs)]
+            if any(r is None for r in all_of):
                 continue
-            pt = min(both, key=lambda r: int(r["median_ns"]))
-            samples.setdefault((f"{family} L={d['depth']}", t, ours, best_label(theirs)),
+            pt = min(all_of, key=lambda r: int(r["median_ns"]))
+            samples.setdefault((f"{family} L={d['depth']}", t, ours, best_label(family, theirs)),
                                []).append(sample(d, pt))
 
 

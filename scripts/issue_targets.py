@@ -104,6 +104,30 @@ def peer_names(family: str, execution: str) -> tuple[str, str]:
     return pre + "naive", pre + frugal
 
 
+def channels_last_twin(variant: str) -> str:
+    """`pytorch-compiled-naive` → `pytorch-compiled-channels-last-naive` (the same block, its
+    module and input in channels_last memory format)."""
+    for pre in ("pytorch-compiled-", "pytorch-"):
+        if variant.startswith(pre):
+            return pre + "channels-last-" + variant[len(pre):]
+    return variant
+
+
+def strongest(get, family: str, variant: str) -> tuple[dict | None, str]:
+    """The PyTorch row a target is judged against: for bc the faster (by median) of the
+    contiguous block and its channels_last twin among the checked rows, with a caveat when the
+    twin was not measured (the verdict is then against contiguous PyTorch only); mlp blocks have
+    no memory format."""
+    plain = get(variant)
+    if family != "bc":
+        return plain, ""
+    twin = get(channels_last_twin(variant))
+    rows = [r for r in (plain, twin) if checked(r) and num(r, "median_ns")]
+    if not checked(twin):
+        return plain, "channels_last PyTorch not measured"
+    return (min(rows, key=lambda r: num(r, "median_ns")) if rows else plain), ""
+
+
 def label(family, n, c0, k, depth, size) -> str:
     if family == "mlp":
         return f"mlp N={n} C0={c0} k={k} L={depth}"
@@ -129,7 +153,9 @@ class Report:
                      "met" if value <= limit else "MISSED")
 
     def ratio(self, target: str, where: str, ours: dict | None, peer: dict | None,
-              limit: float, info: bool = False):
+              limit: float, info: bool = False, caveat: str = ""):
+        """densebench's median over PyTorch's ≤ `limit`. With a `caveat` (PyTorch's strongest
+        configuration not measured) a met target reads `met (caveat)`, never plain `met`."""
         why = [f"{who} row {'missing' if r is None else 'not ok'}"
                for who, r in (("densebench", ours), ("PyTorch", peer)) if not checked(r)]
         a = num(ours, "median_ns") if ours else None
@@ -144,7 +170,11 @@ class Report:
         when = "" if apart is not None and apart <= 10 else (
             ", measured in different files" if apart is None else f", {apart:.0f} min apart")
         verdict = "info" if info else ("met" if r <= limit else "MISSED")
-        self.add(target, where, f"×{r:.2f} ({a / 1e6:.2f} / {b / 1e6:.2f} ms{when})",
+        if caveat and verdict == "met":
+            verdict = f"met ({caveat})"
+        which = (f"; PyTorch {peer['variant'][len('pytorch-'):]}"
+                 if "channels-last" in peer.get("variant", "") else "")
+        self.add(target, where, f"×{r:.2f} ({a / 1e6:.2f} / {b / 1e6:.2f} ms{when}{which})",
                  f"≤ {limit:g}", verdict)
 
 
@@ -172,17 +202,21 @@ def evaluate(rows: list[dict]) -> Report:
                 where = f"{where0} {math}"
                 g = lambda v, ex, dt="f32": ix.get(v, family, n, c0, k, depth, size, dt, math, ex)  # noqa: E731
                 naive, frugal = peer_names(family, "graph")
+                pn, cn = strongest(lambda v: g(v, "graph"), family, naive)
+                pf, cf = strongest(lambda v: g(v, "graph"), family, frugal)
                 rep.ratio("38 cat-store-copy / compiled naive (graph)", where,
-                          g(OURS_NAIVE, "graph"), g(naive, "graph"), 0.8)
+                          g(OURS_NAIVE, "graph"), pn, 0.8, caveat=cn)
                 rep.ratio("38 buffer-recompute-inplace / compiled frugal (graph)", where,
-                          g(OURS_FRUGAL, "graph"), g(frugal, "graph"), 0.8)
+                          g(OURS_FRUGAL, "graph"), pf, 0.8, caveat=cf)
                 rep.ratio("38 buffer-recompute-inplace / compiled naive (graph)", where,
-                          g(OURS_FRUGAL, "graph"), g(naive, "graph"), 1.0)
+                          g(OURS_FRUGAL, "graph"), pn, 1.0, caveat=cn)
                 enaive, efrugal = peer_names(family, "eager")
+                pn, cn = strongest(lambda v: g(v, "eager"), family, enaive)
+                pf, cf = strongest(lambda v: g(v, "eager"), family, efrugal)
                 rep.ratio("(info) cat-store-copy / PyTorch naive (eager)", where,
-                          g(OURS_NAIVE, "eager"), g(enaive, "eager"), 1.0, info=True)
+                          g(OURS_NAIVE, "eager"), pn, 1.0, info=True, caveat=cn)
                 rep.ratio("(info) buffer-recompute-inplace / PyTorch frugal (eager)", where,
-                          g(OURS_FRUGAL, "eager"), g(efrugal, "eager"), 1.0, info=True)
+                          g(OURS_FRUGAL, "eager"), pf, 1.0, info=True, caveat=cf)
     for family, n, c0, k, size, depth in (("bc", 64, 24, 12, 32, 16), ("bc", 32, 64, 32, 56, 6)):
         for v in (OURS_NAIVE, OURS_FRUGAL):
             r = ix.get(v, family, n, c0, k, depth, size, "f32", "tf32", "graph")
@@ -221,10 +255,12 @@ def evaluate(rows: list[dict]) -> Report:
         for ex in ("eager", "graph"):
             naive, frugal = peer_names("bc", ex)
             g = lambda v: ix.get(v, "bc", 64, 24, 12, depth, 32, "bf16", "ieee", ex)  # noqa: E731
+            pn, cn = strongest(g, "bc", naive)
+            pf, cf = strongest(g, "bc", frugal)
             rep.ratio(f"39 bf16 cat-store-copy / PyTorch autocast naive ({ex})",
-                      f"BC-100 L={depth}", g(OURS_NAIVE), g(naive), 0.8)
+                      f"BC-100 L={depth}", g(OURS_NAIVE), pn, 0.8, caveat=cn)
             rep.ratio(f"39 bf16 buffer-recompute-inplace / PyTorch autocast frugal ({ex})",
-                      f"BC-100 L={depth}", g(OURS_FRUGAL), g(frugal), 0.8)
+                      f"BC-100 L={depth}", g(OURS_FRUGAL), pf, 0.8, caveat=cf)
     return rep
 
 
@@ -234,7 +270,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--only", choices=("missed",),
                    help="print only the targets missed or not measured")
     p.add_argument("--strict", action="store_true",
-                   help="exit 1 when a target is missed or not measured")
+                   help="exit 1 when a target is missed or not measured, or met only against "
+                   "contiguous PyTorch (its channels_last rows missing)")
     a = p.parse_args(argv)
     rows = load(a.csv)
     # One GPU at a time: an H200's row is never set beside an H100's.
@@ -254,12 +291,16 @@ def main(argv: list[str]) -> int:
         for target, where, value, limit, verdict in rep.lines:
             kind = verdict.split(" ")[0]
             counts[kind] += 1
+            if verdict.startswith("met ("):
+                counts["caveat"] += 1
             if a.only == "missed" and kind in ("met", "info"):
                 continue
             print(f"{target:<{width}}  {where:<44} {value:<40} {limit:<10} {verdict}")
-        print(f"targets on {gpu}: {counts['met']} met, {counts['MISSED']} missed, "
+        caveat = (f" ({counts['caveat']} of them against contiguous PyTorch only: its "
+                  f"channels_last rows not measured)" if counts["caveat"] else "")
+        print(f"targets on {gpu}: {counts['met']} met{caveat}, {counts['MISSED']} missed, "
               f"{counts['not']} not measured ({counts['info']} lines for information)")
-        short = short or bool(counts["MISSED"] or counts["not"])
+        short = short or bool(counts["MISSED"] or counts["not"] or counts["caveat"])
     return 1 if a.strict and short else 0
 
 

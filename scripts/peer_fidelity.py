@@ -228,9 +228,11 @@ def bare_peer_main(argv: list[str]) -> int:
     block = pp.build_block(torch, family, variant, cfg, activation == "on").to(dtype=dt)
     pp.load_state(torch, block, tensors, case)
     block = block.to(device=dev).train()
-    x = tensors["input"].to(device=dev, dtype=feature_dt).requires_grad_(True)
+    x = tensors["input"].to(device=dev, dtype=feature_dt)
     g = tensors["grad_output"].to(device=dev, dtype=feature_dt)
     del tensors
+    block, x, g = pp.in_memory_format(torch, variant, block, x, g)  # channels_last variants
+    x.requires_grad_(True)
     compiled = variant.startswith(pp.COMPILED_PREFIX)
     fn = pp.compile_block(torch, block, device) if compiled else block
     params = list(block.parameters())

@@ -65,8 +65,12 @@ VARIANTS = {
     "bc": (
         "pytorch-naive",
         "pytorch-memory-efficient",
+        "pytorch-channels-last-naive",
+        "pytorch-channels-last-memory-efficient",
         "pytorch-compiled-naive",
         "pytorch-compiled-memory-efficient",
+        "pytorch-compiled-channels-last-naive",
+        "pytorch-compiled-channels-last-memory-efficient",
     ),
     "mlp": (
         "pytorch-naive",
@@ -90,6 +94,24 @@ def eager_twin(variant: str) -> str:
     if variant.startswith(COMPILED_PREFIX):
         return "pytorch-" + variant[len(COMPILED_PREFIX):]
     return variant
+
+
+# A channels-last variant is its contiguous (NCHW) twin with the module and its input (and the
+# upstream gradient) in `torch.channels_last` memory format (NHWC strides), as PyTorch's
+# performance tuning guide advises for convolutional networks: bc blocks only.
+CHANNELS_LAST = "channels-last-"
+
+
+def is_channels_last(variant: str) -> bool:
+    """Whether `variant` runs in channels_last memory format (`pytorch-[compiled-]channels-last-*`)."""
+    return eager_twin(variant).startswith("pytorch-" + CHANNELS_LAST)
+
+
+def block_of(variant: str) -> str:
+    """The block a variant runs, as its eager contiguous name: `pytorch-compiled-channels-last-naive`
+    → `pytorch-naive`."""
+    v = eager_twin(variant)
+    return "pytorch-" + v[len("pytorch-" + CHANNELS_LAST):] if is_channels_last(v) else v
 
 
 def compile_mode(device: str) -> str | None:
@@ -171,7 +193,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--variant",
         required=True,
         choices=sorted({v for vs in VARIANTS.values() for v in vs}),
-        help="bc: pytorch-naive | pytorch-memory-efficient; mlp: pytorch-naive | pytorch-checkpoint; "
+        help="bc: pytorch-naive | pytorch-memory-efficient, and each in channels_last memory "
+        "format: pytorch-channels-last-<the same>; mlp: pytorch-naive | pytorch-checkpoint; "
         "and each under torch.compile: pytorch-compiled-<the same>",
     )
     p.add_argument("--device", default="cpu", type=device_arg, help="cpu or cuda:N")
@@ -622,8 +645,9 @@ def forum_block_class(torch):
 
 
 def build_block(torch, family: str, variant: str, cfg: dict, activation: bool):
-    """The eager module of `variant` (a compiled variant's eager twin; `compile_block` wraps it)."""
-    variant = eager_twin(variant)
+    """The eager module of `variant` (a compiled variant's eager twin; `compile_block` wraps it;
+    a channels-last variant's contiguous twin: `run` converts it after loading the case)."""
+    variant = block_of(variant)
     if family == "bc":
         from torchvision.models.densenet import _DenseBlock
 
@@ -643,6 +667,17 @@ def build_block(torch, family: str, variant: str, cfg: dict, activation: bool):
         activation,
         checkpoint=(variant == "pytorch-checkpoint"),
     )
+
+
+def in_memory_format(torch, variant: str, block, x, g):
+    """(block, input, upstream gradient) in `variant`'s memory format. A channels-last variant's
+    are converted as a user converts them: the module once (its 4-d weights get NHWC strides),
+    the input as it arrives from the layer before and so the gradient from the layer after; all
+    before the baseline, outside every timed step. The results are written contiguous (NCHW)."""
+    if not is_channels_last(variant):
+        return block, x, g
+    cl = torch.channels_last
+    return block.to(memory_format=cl), x.contiguous(memory_format=cl), g.contiguous(memory_format=cl)
 
 
 def load_state(torch, block, tensors: dict, path: str) -> None:
@@ -982,9 +1017,11 @@ def run(a: argparse.Namespace) -> dict:
     load_state(torch, block, tensors, a.case)
     block = block.to(device=device)
     block.train()
-    x = tensors["input"].to(device=device, dtype=feature_dtype).requires_grad_(True)
+    x = tensors["input"].to(device=device, dtype=feature_dtype)
     g = tensors["grad_output"].to(device=device, dtype=feature_dtype)
     del tensors
+    block, x, g = in_memory_format(torch, a.variant, block, x, g)
+    x.requires_grad_(True)
 
     compiled = a.variant.startswith(COMPILED_PREFIX)
     fn = compile_block(torch, block, a.device) if compiled else block
@@ -1085,6 +1122,11 @@ def run(a: argparse.Namespace) -> dict:
         "threads": a.threads if device.type == "cpu" else torch.get_num_threads(),
         "math": math,
         "execution": execution_of(a.variant, a.device),
+        # what the step's input really was in (a channels-last variant whose conversion did not
+        # take would say `contiguous` here)
+        "memory_format": "channels_last" if (
+            x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last)
+            and (is_channels_last(a.variant) or not x.is_contiguous())) else "contiguous",
         "compile_mode": (compile_mode(a.device) or "default") if compiled else None,
         "compile_ns": compile_ns,
         "graph_pool_bytes": graph_pool,

@@ -20,13 +20,15 @@ fn peer_rows_are_converted_and_checked_like_densebench_rows() {
     let (o, rows) = bench(BC_SWEEP, &["--peer", "pytorch"], &[]);
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = rows.expect("rows written");
-    // Peer first (naive, memory-efficient), then densebench's: 4 rows.
+    // Peer first (naive, memory-efficient, then both in channels_last), then densebench's.
     let order: Vec<&str> = rows.iter().map(|r| r.variant.as_str()).collect();
     assert_eq!(
         order,
         [
             "pytorch-naive",
             "pytorch-memory-efficient",
+            "pytorch-channels-last-naive",
+            "pytorch-channels-last-memory-efficient",
             "autograd",
             "buffer-recompute-inplace"
         ]
@@ -60,8 +62,20 @@ fn peer_rows_are_converted_and_checked_like_densebench_rows() {
     assert_eq!(naive.reference, "autograd/f64");
     assert!(naive.max_rel_err.is_some_and(|e| e < 1e-4), "{naive:?}");
     assert!(naive.note.is_empty(), "{}", naive.note);
-    let eff = row(&rows, "pytorch-memory-efficient");
-    assert!(eff.note.contains("96136"), "{}", eff.note);
+    for v in [
+        "pytorch-memory-efficient",
+        "pytorch-channels-last-memory-efficient",
+    ] {
+        let eff = row(&rows, v);
+        assert!(eff.note.contains("96136"), "{v}: {}", eff.note);
+    }
+    let cl = row(&rows, "pytorch-channels-last-naive");
+    assert_eq!(
+        cl.key,
+        "pytorch-channels-last-naive/bc/2/3/2/2/2/3/on/f32/0/cpu"
+    );
+    assert_eq!((cl.status.as_str(), cl.grad_ok), ("ok", Some(true)));
+    assert_eq!(cl.tolerance, naive.tolerance);
     // densebench's f32 rows: NOISE_FACTOR × the naive peer's error on the same case, clamped.
     let want = peer_derived_tolerance(&impls::Config::bc100_block(), naive.max_rel_err.unwrap());
     for v in ["autograd", "buffer-recompute-inplace"] {
@@ -82,7 +96,12 @@ fn a_perturbed_peer_gradient_fails_its_row() {
     // Exit 1: gradients out of tolerance.
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     let rows = rows.expect("rows written");
-    for v in ["pytorch-naive", "pytorch-memory-efficient"] {
+    for v in [
+        "pytorch-naive",
+        "pytorch-memory-efficient",
+        "pytorch-channels-last-naive",
+        "pytorch-channels-last-memory-efficient",
+    ] {
         let r = row(&rows, v);
         assert_eq!((r.status.as_str(), r.grad_ok), ("ok", Some(false)), "{v}");
         // Scaled by 1.5: a relative error of 0.5 in that tensor.
@@ -145,12 +164,18 @@ fn a_peer_out_of_memory_is_an_oom_row() {
     let b = row(&rows, "buffer-recompute-inplace");
     assert_eq!(b.tolerance, Some(F32_REL_BOUND));
     assert!(b.note.contains("documented f32 bound"), "{}", b.note);
-    // The peer's two rows, then one attempt at its error for the tolerance: the failure is
+    // The peer's four rows, then one attempt at its error for the tolerance: the failure is
     // remembered for the config's other rows (each attempt is a PyTorch start on a GPU).
     let runs = std::fs::read_to_string(&log).expect("the fake peer's log");
     assert_eq!(
         runs.lines().collect::<Vec<_>>(),
-        ["pytorch-naive", "pytorch-memory-efficient", "pytorch-naive"],
+        [
+            "pytorch-naive",
+            "pytorch-memory-efficient",
+            "pytorch-channels-last-naive",
+            "pytorch-channels-last-memory-efficient",
+            "pytorch-naive"
+        ],
         "{runs}"
     );
 }
@@ -207,11 +232,15 @@ fn plan_lists_the_peer_keys() {
     for v in [
         "pytorch-naive/bc/",
         "pytorch-memory-efficient/bc/",
+        "pytorch-channels-last-naive/bc/",
+        "pytorch-channels-last-memory-efficient/bc/",
         "pytorch-checkpoint/mlp/",
     ] {
         assert!(text.contains(v), "no {v} key in the plan:\n{text}");
     }
     assert!(!text.contains("pytorch-checkpoint/bc/"));
+    // a Linear block has no memory format
+    assert!(!text.contains("pytorch-channels-last-naive/mlp/"));
 }
 
 #[test]
@@ -249,13 +278,15 @@ fn real_pytorch_peer_on_tiny_configs() {
     );
     assert!(o.status.success(), "{}", stderr(&o));
     let rows = rows.expect("rows written");
-    assert_eq!(rows.len(), 6);
+    // bc: four peer rows (naive, memory-efficient, each in channels_last) and densebench's;
+    // mlp: two and densebench's
+    assert_eq!(rows.len(), 8);
     for r in &rows {
         assert_eq!(r.status, "ok", "{}: {}", r.key, r.error);
         assert_eq!(r.grad_ok, Some(true), "{}: {}", r.key, r.error);
     }
     let peers: Vec<&Row> = rows.iter().filter(|r| r.is_peer()).collect();
-    assert_eq!(peers.len(), 4);
+    assert_eq!(peers.len(), 6);
     for r in peers {
         assert!(
             r.framework_version.starts_with("torch "),

@@ -24,7 +24,12 @@ const BC_MLP_SWEEP: &str = "[defaults]\nsteps = 1\nwarmup = 0\ntimeout_secs = 12
     [[group]]\nfamily = 'mlp'\nbatch = 8\nchannels = 4\ngrowth = 3\ndepth = 3\n\
     variants = ['cat-store-copy']\n";
 
-const PEER_VARIANTS: [&str; 2] = ["pytorch-naive", "pytorch-memory-efficient"];
+const PEER_VARIANTS: [&str; 4] = [
+    "pytorch-naive",
+    "pytorch-memory-efficient",
+    "pytorch-channels-last-naive",
+    "pytorch-channels-last-memory-efficient",
+];
 
 #[test]
 fn an_interpreter_that_cannot_run_the_peer_is_one_line_naming_it_and_the_script() {
@@ -73,7 +78,7 @@ fn peer_fails_as_a_row(env: &[(&str, &str)], what: &str, no_result: bool) {
     let err = stderr(&o);
     assert_eq!(o.status.code(), Some(1), "{env:?}: {err}");
     let rows = rows.unwrap_or_else(|| panic!("{env:?}: no rows written: {err}"));
-    assert_eq!(rows.len(), 4, "{env:?}: {rows:?}");
+    assert_eq!(rows.len(), PEER_VARIANTS.len() + 2, "{env:?}: {rows:?}");
     let script = fake_peer();
     for v in PEER_VARIANTS {
         let r = row(&rows, v);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """scripts/bench_vs_pytorch.py without running anything: a compiled PyTorch row pairs with the
 densebench row of its configuration (its key ends in `/compiled`), and the "best of" pair takes
-the faster of eager and compiled PyTorch. Before this test, the compiled pairs were silently
-missing from the ratio table (their keys never matched)."""
+the fastest of eager and compiled PyTorch, contiguous and channels_last (bc). Before this test,
+the compiled pairs were silently missing from the ratio table (their keys never matched)."""
 
 import os
 import sys
@@ -27,6 +27,8 @@ def main():
         row("cat-store-copy", 80),
         row("pytorch-naive", 100),
         row("pytorch-compiled-naive", 90, "/compiled", "compiled"),
+        row("pytorch-channels-last-naive", 70),
+        row("pytorch-compiled-channels-last-naive", 75, "/compiled", "compiled"),
     ]
     assert b.key_config(rows[2]) == CFG, b.key_config(rows[2])
     assert b.key_config(rows[0]) == CFG
@@ -42,9 +44,17 @@ def main():
     got = {k[3]: v[0]["time_ratio"] for k, v in samples.items()}
     assert got.get("pytorch-naive") == 0.8, got
     assert got.get("pytorch-compiled-naive") == 80 / 90, got
-    best = b.best_label("pytorch-naive")
-    assert got.get(best) == 80 / 90, got  # the faster PyTorch: compiled here
-    print("ok: compiled rows pair with densebench's, best-of takes the faster PyTorch")
+    assert got.get("pytorch-channels-last-naive") == 80 / 70, got
+    assert got.get("pytorch-compiled-channels-last-naive") == 80 / 75, got
+    best = b.best_label("bc", "pytorch-naive")
+    assert got.get(best) == 80 / 70, got  # the fastest PyTorch: channels_last eager here
+    best_run = samples[("bc L=16", 1, "cat-store-copy", best)][0]
+    assert best_run["pytorch_variant"] == "pytorch-channels-last-naive", best_run
+    # A Linear block has no memory format: mlp pairs take eager and compiled only.
+    assert b.twins("mlp", "pytorch-checkpoint") == [
+        "pytorch-checkpoint", "pytorch-compiled-checkpoint"]
+    print("ok: compiled and channels_last rows pair with densebench's, best-of takes the "
+          "fastest PyTorch")
     return 0
 
 

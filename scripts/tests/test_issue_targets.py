@@ -54,6 +54,9 @@ class Targets(unittest.TestCase):
             row("buffer-recompute-inplace", 16, "tf32", "graph", 9.0),
             row("pytorch-compiled-naive", 16, "tf32", "graph", 10.0),
             row("pytorch-compiled-memory-efficient", 16, "tf32", "graph", 11.0),
+            # slower than the contiguous blocks here: the contiguous ones are the opponent
+            row("pytorch-compiled-channels-last-naive", 16, "tf32", "graph", 12.0),
+            row("pytorch-compiled-channels-last-memory-efficient", 16, "tf32", "graph", 13.0),
             # an eager row of densebench must not pair with the compiled peer
             row("cat-store-copy", 16, "tf32", "eager", 1.0),
         ]
@@ -70,6 +73,26 @@ class Targets(unittest.TestCase):
         # the eager densebench row has no eager PyTorch row beside it
         self.assertIn("not measured (PyTorch row missing)",
                       line(out, "(info) cat-store-copy / PyTorch naive (eager)", "BC-100 L=16 tf32"))
+
+    def test_the_faster_memory_format_is_the_opponent_and_a_missing_one_is_said(self):
+        rows = [
+            row("cat-store-copy", 16, "tf32", "graph", 3.9),
+            row("buffer-recompute-inplace", 16, "tf32", "graph", 4.0),
+            row("pytorch-compiled-naive", 16, "tf32", "graph", 10.0),
+            row("pytorch-compiled-channels-last-naive", 16, "tf32", "graph", 4.5),
+            # the frugal pair without its channels_last twin
+            row("pytorch-compiled-memory-efficient", 16, "tf32", "graph", 11.0),
+        ]
+        r = run(rows, "--strict")
+        got = line(r.stdout, "38 cat-store-copy / compiled naive", "BC-100 L=16 tf32")
+        self.assertIn("×0.87 (3.90 / 4.50 ms; PyTorch compiled-channels-last-naive)", got)
+        self.assertTrue(got.endswith("MISSED"), got)
+        got = line(r.stdout, "38 buffer-recompute-inplace / compiled frugal", "BC-100 L=16 tf32")
+        self.assertIn("×0.36 (4.00 / 11.00 ms)", got)
+        self.assertTrue(got.endswith("met (channels_last PyTorch not measured)"), got)
+        self.assertIn("(1 of them against contiguous PyTorch only", r.stdout)
+        # met only against contiguous PyTorch is not a clean pass
+        self.assertEqual(r.returncode, 1)
 
     def test_a_row_out_of_tolerance_or_failed_is_not_a_result(self):
         rows = [
@@ -108,7 +131,7 @@ class Targets(unittest.TestCase):
         self.assertTrue(line(out, "39 bf16 peak", "BC-100 L=48 buffer-recompute-inplace").endswith("MISSED"))
         got = line(out, "39 bf16 buffer-recompute-inplace / PyTorch autocast frugal (eager)", "BC-100 L=48")
         self.assertIn("×0.70 (7.00 / 10.00 ms, 60 min apart)", got)
-        self.assertTrue(got.endswith("met"))
+        self.assertTrue(got.endswith("met (channels_last PyTorch not measured)"), got)
 
     def test_rows_of_two_gpus_are_never_set_side_by_side(self):
         h200 = "NVIDIA H200 (sm_90, 139.8 GiB; driver 580.159.04, CUDA 13.0; toolkit 13.0)"

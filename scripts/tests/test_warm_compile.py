@@ -154,11 +154,12 @@ class Runs(unittest.TestCase):
         out = os.path.join(self.dir, "warm.csv")
         r, events = self.warm("--jobs", "3", "--csv", out, env={"WARM_FAKE_SECS": "1.5"})
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        # bc L=2, bc L=3, mlp: naive and memory-efficient / checkpoint each
-        self.assertIn("warm: 6 of 6 compiled", r.stdout)
+        # bc L=2, bc L=3: naive and memory-efficient, each contiguous and channels_last;
+        # mlp: naive and checkpoint
+        self.assertIn("warm: 10 of 10 compiled", r.stdout)
         with open(out) as f:
             rows = list(csv.DictReader(f))
-        self.assertEqual(len(rows), 6)
+        self.assertEqual(len(rows), 10)
         self.assertEqual({row["status"] for row in rows}, {"ok"})
         self.assertEqual({row["compile_s"] for row in rows}, {"1.5"})
         # at some moment three ran at once, never four
@@ -173,7 +174,7 @@ class Runs(unittest.TestCase):
         r, _ = self.warm("--jobs", "2", env={"WARM_FAKE_NOISE": str(1 << 20),
                                              "WARM_FAKE_SECS": "0.1"})
         self.assertEqual(r.returncode, 0, r.stdout[-2000:] + r.stderr[-2000:])
-        self.assertIn("warm: 6 of 6 compiled", r.stdout)
+        self.assertIn("warm: 10 of 10 compiled", r.stdout)
 
     def test_measured_rows_are_left_out(self):
         done = os.path.join(self.dir, "done.csv")
@@ -181,7 +182,7 @@ class Runs(unittest.TestCase):
             f.write("key\npytorch-compiled-naive/bc/2/4/2/2/2/6/on/f32/0/cpu/compiled\n")
         r, events = self.warm("--done", done, "--jobs", "8")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
-        self.assertIn("warm: 5 of 5 compiled", r.stdout)
+        self.assertIn("warm: 9 of 9 compiled", r.stdout)
         self.assertNotIn("pytorch-compiled-naive/bc/2/4/2/2/2/6/", r.stdout)
 
     def test_a_failed_compile_is_named_and_exits_1(self):
@@ -190,7 +191,7 @@ class Runs(unittest.TestCase):
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("FAILED pytorch-compiled-checkpoint/mlp/", r.stdout)
         self.assertIn("inductor said no", r.stdout)
-        self.assertIn("warm: 5 of 6 compiled", r.stdout)
+        self.assertIn("warm: 9 of 10 compiled", r.stdout)
 
     def test_a_case_that_cannot_be_made_fails_its_rows_not_the_others(self):
         # A densebench whose `case` fails for the mlp (its `plan` is the real one's).
@@ -212,15 +213,15 @@ exec {self.bin} "$@"
         self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
         self.assertIn("FAILED pytorch-compiled-naive/mlp/", r.stdout)
         self.assertIn("no room for the case file", r.stdout)
-        self.assertIn("warm: 4 of 6 compiled in", r.stdout)
+        self.assertIn("warm: 8 of 10 compiled in", r.stdout)
 
     def test_nothing_is_started_after_the_budget(self):
         # The budget counts from the script's start: a spent one starts nothing.
         r, events = self.warm("--budget", "0")
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertEqual(events, [])
-        self.assertIn("warm: 0 of 6 compiled", r.stdout)
-        self.assertIn("6 not started (budget)", r.stdout)
+        self.assertIn("warm: 0 of 10 compiled", r.stdout)
+        self.assertIn("10 not started (budget)", r.stdout)
 
     def test_nothing_to_compile_says_so(self):
         r, events = self.warm("--match", "^no-such-variant")

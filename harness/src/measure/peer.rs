@@ -398,7 +398,7 @@ mod tests {
             timeout: std::time::Duration::from_secs(1),
         };
         let a = args(
-            PeerVariant::Checkpoint,
+            PeerVariant::CHECKPOINT,
             &cfg,
             &s,
             Path::new("c.st"),

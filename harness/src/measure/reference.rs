@@ -499,7 +499,7 @@ impl Cache {
             return Ok((documented, String::new()));
         }
         let label = measure::reference_label(reference.variant);
-        let naive = PeerVariant::Naive;
+        let naive = PeerVariant::NAIVE;
         let known = self
             .peer_error(cfg, s, naive)
             .filter(|e| e.reference == label)

@@ -387,10 +387,18 @@ fn axes(g: &Entry, d: &Entry) -> Vec<(&'static str, usize)> {
             None => Variant::all().len(),
         }
     };
-    let peers = match merged!(g, d, peer) {
-        Some(p) if p.value == "pytorch-compiled" => 4,
-        Some(p) if p.value != "none" => 2,
-        _ => 0,
+    // The peer's variants for the family (bc has channels_last twins); an unknown family the most.
+    let peers = match merged!(g, d, peer).and_then(|p| p.value.parse::<Peer>().ok()) {
+        Some(peer) => {
+            let family = merged!(g, d, family).and_then(|f| Family::parse(&f.value).ok());
+            Family::ALL
+                .into_iter()
+                .filter(|f| family.is_none_or(|family| family == *f))
+                .map(|f| peer.variants(&Config::tiny(f)).len())
+                .max()
+                .unwrap_or(0)
+        }
+        None => 0,
     };
     let variants = peers
         + match merged!(g, d, variants) {

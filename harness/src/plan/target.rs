@@ -96,13 +96,20 @@ impl Peer {
     }
 
     /// The peer's variants for a config, in the order they run (naive first: its error on the
-    /// case is the f32 tolerance of the config's densebench rows; the compiled twins last).
+    /// case is the f32 tolerance of the config's densebench rows): the eager blocks, for `bc`
+    /// the same blocks in `channels_last` memory format, then (`pytorch-compiled`) each one's
+    /// compiled twin in the same order.
     pub fn variants(self, cfg: &Config) -> Vec<PeerVariant> {
         let eager = match cfg.family {
-            Family::Bc => [PeerVariant::Naive, PeerVariant::MemoryEfficient],
-            Family::Mlp => [PeerVariant::Naive, PeerVariant::Checkpoint],
+            Family::Bc => vec![
+                PeerVariant::NAIVE,
+                PeerVariant::MEMORY_EFFICIENT,
+                PeerVariant::CHANNELS_LAST_NAIVE,
+                PeerVariant::CHANNELS_LAST_MEMORY_EFFICIENT,
+            ],
+            Family::Mlp => vec![PeerVariant::NAIVE, PeerVariant::CHECKPOINT],
         };
-        let mut vs = eager.to_vec();
+        let mut vs = eager.clone();
         if self == Peer::PytorchCompiled {
             vs.extend(eager.iter().map(|v| v.compiled()));
         }
@@ -131,31 +138,63 @@ impl fmt::Display for Peer {
     }
 }
 
-/// A variant of the PyTorch peer (harness/peer/README.md has what each runs).
+/// The block a PyTorch peer variant runs (harness/peer/README.md has what each runs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum PeerVariant {
+pub enum PeerBlock {
     /// bc: `_DenseBlock(memory_efficient=False)`; mlp: the forum's block.
     Naive,
     /// bc only: `_DenseBlock(memory_efficient=True)` (norm1 → relu1 → conv1 checkpointed).
     MemoryEfficient,
     /// mlp only: each Linear + ReLU in `torch.utils.checkpoint`.
     Checkpoint,
-    /// [`PeerVariant::Naive`] under `torch.compile`.
-    CompiledNaive,
-    /// [`PeerVariant::MemoryEfficient`] under `torch.compile` (bc only).
-    CompiledMemoryEfficient,
-    /// [`PeerVariant::Checkpoint`] under `torch.compile` (mlp only).
-    CompiledCheckpoint,
+}
+
+/// A variant of the PyTorch peer: a block on three axes — which block, eager or under
+/// `torch.compile`, and (bc only: a Linear block has no memory format) in PyTorch's default
+/// contiguous (NCHW) layout or `channels_last` (NHWC: the module and its input converted with
+/// `.to(memory_format=torch.channels_last)`, PyTorch's performance guide's advice for
+/// convolutional networks). Built only through the constants and [`PeerVariant::compiled`],
+/// [`PeerVariant::eager`], so no checkpointed mlp block is ever `channels_last`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct PeerVariant {
+    block: PeerBlock,
+    compiled: bool,
+    channels_last: bool,
 }
 
 impl PeerVariant {
-    pub const ALL: [PeerVariant; 6] = [
-        PeerVariant::Naive,
-        PeerVariant::MemoryEfficient,
-        PeerVariant::Checkpoint,
-        PeerVariant::CompiledNaive,
-        PeerVariant::CompiledMemoryEfficient,
-        PeerVariant::CompiledCheckpoint,
+    const fn of(block: PeerBlock, compiled: bool, channels_last: bool) -> Self {
+        PeerVariant {
+            block,
+            compiled,
+            channels_last,
+        }
+    }
+
+    /// bc: `_DenseBlock(memory_efficient=False)`; mlp: the forum's block.
+    pub const NAIVE: PeerVariant = Self::of(PeerBlock::Naive, false, false);
+    /// bc only: `_DenseBlock(memory_efficient=True)`.
+    pub const MEMORY_EFFICIENT: PeerVariant = Self::of(PeerBlock::MemoryEfficient, false, false);
+    /// mlp only: each Linear + ReLU in `torch.utils.checkpoint`.
+    pub const CHECKPOINT: PeerVariant = Self::of(PeerBlock::Checkpoint, false, false);
+    /// bc only: [`PeerVariant::NAIVE`] in `channels_last` memory format.
+    pub const CHANNELS_LAST_NAIVE: PeerVariant = Self::of(PeerBlock::Naive, false, true);
+    /// bc only: [`PeerVariant::MEMORY_EFFICIENT`] in `channels_last` memory format.
+    pub const CHANNELS_LAST_MEMORY_EFFICIENT: PeerVariant =
+        Self::of(PeerBlock::MemoryEfficient, false, true);
+
+    /// Every peer variant, eager ones first.
+    pub const ALL: [PeerVariant; 10] = [
+        Self::NAIVE,
+        Self::MEMORY_EFFICIENT,
+        Self::CHECKPOINT,
+        Self::CHANNELS_LAST_NAIVE,
+        Self::CHANNELS_LAST_MEMORY_EFFICIENT,
+        Self::NAIVE.compiled(),
+        Self::MEMORY_EFFICIENT.compiled(),
+        Self::CHECKPOINT.compiled(),
+        Self::CHANNELS_LAST_NAIVE.compiled(),
+        Self::CHANNELS_LAST_MEMORY_EFFICIENT.compiled(),
     ];
 
     pub fn peer(self) -> Peer {
@@ -166,43 +205,47 @@ impl PeerVariant {
         }
     }
 
+    /// The block it runs.
+    pub fn block(self) -> PeerBlock {
+        self.block
+    }
+
+    /// The stable name: `pytorch-`, then `compiled-` under `torch.compile`, then
+    /// `channels-last-` in that memory format, then the block.
     pub fn name(self) -> &'static str {
-        match self {
-            PeerVariant::Naive => "pytorch-naive",
-            PeerVariant::MemoryEfficient => "pytorch-memory-efficient",
-            PeerVariant::Checkpoint => "pytorch-checkpoint",
-            PeerVariant::CompiledNaive => "pytorch-compiled-naive",
-            PeerVariant::CompiledMemoryEfficient => "pytorch-compiled-memory-efficient",
-            PeerVariant::CompiledCheckpoint => "pytorch-compiled-checkpoint",
+        use PeerBlock::*;
+        match (self.compiled, self.channels_last, self.block) {
+            (false, false, Naive) => "pytorch-naive",
+            (false, false, MemoryEfficient) => "pytorch-memory-efficient",
+            (false, true, Naive) => "pytorch-channels-last-naive",
+            (false, true, MemoryEfficient) => "pytorch-channels-last-memory-efficient",
+            (true, false, Naive) => "pytorch-compiled-naive",
+            (true, false, MemoryEfficient) => "pytorch-compiled-memory-efficient",
+            (true, true, Naive) => "pytorch-compiled-channels-last-naive",
+            (true, true, MemoryEfficient) => "pytorch-compiled-channels-last-memory-efficient",
+            // never channels_last (see the type's doc)
+            (false, _, Checkpoint) => "pytorch-checkpoint",
+            (true, _, Checkpoint) => "pytorch-compiled-checkpoint",
         }
     }
 
     /// The variant under `torch.compile` (a compiled one is its own).
-    pub fn compiled(self) -> PeerVariant {
-        match self {
-            PeerVariant::Naive | PeerVariant::CompiledNaive => PeerVariant::CompiledNaive,
-            PeerVariant::MemoryEfficient | PeerVariant::CompiledMemoryEfficient => {
-                PeerVariant::CompiledMemoryEfficient
-            }
-            PeerVariant::Checkpoint | PeerVariant::CompiledCheckpoint => {
-                PeerVariant::CompiledCheckpoint
-            }
-        }
+    pub const fn compiled(self) -> PeerVariant {
+        Self::of(self.block, true, self.channels_last)
     }
 
     /// The eager variant it compiles (an eager one is its own).
-    pub fn eager(self) -> PeerVariant {
-        match self {
-            PeerVariant::Naive | PeerVariant::CompiledNaive => PeerVariant::Naive,
-            PeerVariant::MemoryEfficient | PeerVariant::CompiledMemoryEfficient => {
-                PeerVariant::MemoryEfficient
-            }
-            PeerVariant::Checkpoint | PeerVariant::CompiledCheckpoint => PeerVariant::Checkpoint,
-        }
+    pub const fn eager(self) -> PeerVariant {
+        Self::of(self.block, false, self.channels_last)
     }
 
     pub fn is_compiled(self) -> bool {
-        self.compiled() == self
+        self.compiled
+    }
+
+    /// Whether the module and its input are in `channels_last` memory format.
+    pub fn is_channels_last(self) -> bool {
+        self.channels_last
     }
 
     /// How its timed step runs on `device`: `reduce-overhead` (CUDA graphs) on a GPU, the
@@ -217,7 +260,7 @@ impl PeerVariant {
 
     /// Whether it recomputes part of forward in backward (for the cost model).
     pub fn recomputes(self) -> bool {
-        self.eager() != PeerVariant::Naive
+        self.block != PeerBlock::Naive
     }
 }
 
@@ -293,17 +336,53 @@ mod tests {
     #[test]
     fn naive_runs_first_for_both_families() {
         // The naive peer's error is the config's f32 tolerance: it must be known first.
-        for f in Family::ALL {
+        for (f, eager) in [(Family::Bc, 4), (Family::Mlp, 2)] {
             let vs = Peer::Pytorch.variants(&Config::tiny(f));
-            assert_eq!(vs.first(), Some(&PeerVariant::Naive));
-            assert_eq!(vs.len(), 2);
+            assert_eq!(vs.first(), Some(&PeerVariant::NAIVE));
+            assert_eq!(vs.len(), eager, "{f:?}");
+            assert!(vs.iter().all(|v| !v.is_compiled()));
+            // channels_last only where there are convolutions
+            assert_eq!(
+                vs.iter().any(|v| v.is_channels_last()),
+                f == Family::Bc,
+                "{f:?}"
+            );
             let all = Peer::PytorchCompiled.variants(&Config::tiny(f));
-            assert_eq!(all.first(), Some(&PeerVariant::Naive));
-            // The eager pair, then each one's compiled twin, in the same order.
-            assert_eq!(all[..2], vs[..]);
+            assert_eq!(all.first(), Some(&PeerVariant::NAIVE));
+            // The eager ones, then each one's compiled twin, in the same order.
+            assert_eq!(all[..eager], vs[..]);
             let twins: Vec<_> = vs.iter().map(|v| v.compiled()).collect();
-            assert_eq!(all[2..], twins[..]);
+            assert_eq!(all[eager..], twins[..]);
         }
+    }
+
+    #[test]
+    fn peer_variant_names_are_distinct_and_say_their_axes() {
+        let names: std::collections::BTreeSet<_> =
+            PeerVariant::ALL.iter().map(|p| p.name()).collect();
+        assert_eq!(names.len(), PeerVariant::ALL.len(), "{names:?}");
+        for p in PeerVariant::ALL {
+            assert!(p.name().starts_with("pytorch-"), "{}", p.name());
+            assert_eq!(
+                p.is_channels_last(),
+                p.name().contains("-channels-last-"),
+                "{}",
+                p.name()
+            );
+            assert_eq!(
+                p.recomputes(),
+                !p.name().ends_with("-naive"),
+                "{}",
+                p.name()
+            );
+            assert!(!(p.is_channels_last() && p.block() == PeerBlock::Checkpoint));
+        }
+        assert_eq!(
+            PeerVariant::CHANNELS_LAST_MEMORY_EFFICIENT
+                .compiled()
+                .name(),
+            "pytorch-compiled-channels-last-memory-efficient"
+        );
     }
 
     #[test]

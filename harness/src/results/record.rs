@@ -344,7 +344,7 @@ fn judge_peer(
     let label = measure::reference_label(reference.variant);
     let (tolerance, note) = refs.peer_row_tolerance(cfg, s, reference)?;
     let e = measure::Errors::from_comparison(&c, label.clone(), tolerance);
-    if variant == PeerVariant::Naive && e.max_rel.is_finite() {
+    if variant == PeerVariant::NAIVE && e.max_rel.is_finite() {
         refs.record_peer_error(cfg, s, variant, &label, e.max_rel)?;
     }
     fill_errors(row, e);

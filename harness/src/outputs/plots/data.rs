@@ -3,6 +3,7 @@
 //! the comparability of two rows, human units, the growth-exponent fit, the Pareto front and
 //! the choice of one headline configuration per family.
 
+use crate::plan::target::PeerVariant;
 use crate::results::row::Row;
 use std::collections::BTreeMap;
 
@@ -12,17 +13,13 @@ pub const MIB: f64 = 1024.0 * 1024.0;
 pub const NS_PER_MS: f64 = 1e6;
 /// The variant every ratio is taken against.
 pub const NAIVE: &str = "cat-store-copy";
-/// The PyTorch peer's variants in legend and table order: its naive block first, then its
-/// memory-saving one (`memory_efficient=True` for bc, `torch.utils.checkpoint` for mlp).
-/// Then the same blocks under `torch.compile`.
-pub const PEER_ORDER: [&str; 6] = [
-    "pytorch-naive",
-    "pytorch-memory-efficient",
-    "pytorch-checkpoint",
-    "pytorch-compiled-naive",
-    "pytorch-compiled-memory-efficient",
-    "pytorch-compiled-checkpoint",
-];
+/// The PyTorch peer's variants in legend and table order ([`PeerVariant::ALL`]): its naive
+/// block first, then its memory-saving one (`memory_efficient=True` for bc,
+/// `torch.utils.checkpoint` for mlp), the bc blocks in `channels_last`; then the same blocks
+/// under `torch.compile`.
+pub fn peer_order() -> impl Iterator<Item = &'static str> {
+    PeerVariant::ALL.into_iter().map(PeerVariant::name)
+}
 
 /// A peer variant as readers name it: `pytorch-memory-efficient` → `PyTorch memory-efficient`.
 pub fn peer_label(variant: &str) -> String {
@@ -337,7 +334,7 @@ impl Group {
         self.skipped.iter().map(skipped_note).collect()
     }
 
-    /// The peer variants with ok rows, in [`PEER_ORDER`].
+    /// The peer variants with ok rows, in [`peer_order`].
     pub fn peer_variants(&self) -> Vec<String> {
         variant_order(self.peers.iter().map(|r| r.variant.as_str()))
     }
@@ -578,12 +575,12 @@ pub fn device_label(r: &Row) -> String {
 }
 
 /// The stable variant order (that of `impls::Variant::all()`, i.e. legends and tables), then
-/// the peer's in [`PEER_ORDER`], then any unknown names alphabetically. Deduplicated.
+/// the peer's in [`peer_order`], then any unknown names alphabetically. Deduplicated.
 pub fn variant_order<'a>(names: impl IntoIterator<Item = &'a str>) -> Vec<String> {
     let known: Vec<String> = impls::Variant::all()
         .iter()
         .map(|v| v.name())
-        .chain(PEER_ORDER.iter().map(|p| p.to_string()))
+        .chain(peer_order().map(str::to_string))
         .collect();
     let mut present: Vec<String> = names.into_iter().map(str::to_string).collect();
     present.sort_by(|a, b| {
@@ -606,7 +603,8 @@ pub fn is_linear_memory(variant: &str, family: &str) -> bool {
 
 /// A colour per variant, the same in every figure: reds for `cat-store`, purples for
 /// `cat-recompute`, blues for `buffer-store`, greens for `buffer-recompute`, grey for `autograd`;
-/// the PyTorch peer near-black (naive) and brown (its memory-saving block), no densebench
+/// the PyTorch peer near-black (naive) and brown (its memory-saving block), dark teal and dark
+/// orange in `channels_last`, lighter under `torch.compile`; no densebench
 /// variant's colour.
 pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
     match variant {
@@ -614,6 +612,10 @@ pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
         "pytorch-memory-efficient" | "pytorch-checkpoint" => (140, 86, 75),
         "pytorch-compiled-naive" => (90, 90, 130),
         "pytorch-compiled-memory-efficient" | "pytorch-compiled-checkpoint" => (196, 156, 148),
+        "pytorch-channels-last-naive" => (0, 90, 90),
+        "pytorch-channels-last-memory-efficient" => (120, 70, 10),
+        "pytorch-compiled-channels-last-naive" => (90, 150, 150),
+        "pytorch-compiled-channels-last-memory-efficient" => (205, 150, 90),
         "autograd" => (100, 100, 100),
         "cat-store-copy" => (214, 39, 40),
         "cat-store-inplace" => (255, 127, 14),
