@@ -78,16 +78,19 @@ pub const F32_RELU_FLIP_FLOOR: f64 = 2e-2;
 pub const NOISE_FACTOR: f64 = 4.0;
 
 /// Floor of a peer row's f32 tolerance on `bc` blocks ([`peer_row_tolerance`]): PyTorch's own
-/// f32 step is up to 2.5e-2 from the f64 reference on cases where densebench's hand-written f32
+/// f32 step is up to 7.6e-2 from the f64 reference on cases where densebench's hand-written f32
 /// step is within 1.5e-6 of it (`reference-cpu.csv`: `bc` N=16, C0=24, k=12, 8×8, L=8, 16, 32 on
-/// the CPU: PyTorch 2.0e-2, 2.5e-2, 2.3e-2 against densebench's `cat-store-copy` 9.9e-7,
-/// 1.2e-6, 1.5e-6; PyTorch's f64 step matches densebench's to 2e-14 on BC-100's block,
-/// harness/peer/README.md, so this is f32 rounding taking another path through BN → ReLU, not
-/// a wrong gradient; on the GPU both are 2.9e-2…8.4e-2 alike). densebench's error
-/// says nothing about that luck, so a peer `bc` row is never judged tighter than 2 × the
-/// largest measured (as [`F32_REL_BOUND`] is derived), 5e-2: a wrong gradient's O(1) error
-/// (the tests' ×1.15 tensor: 1.5e-1) still fails.
-pub const F32_PEER_BC_FLOOR: f64 = 5e-2;
+/// the CPU: contiguous PyTorch 2.0e-2, 2.5e-2, 2.3e-2, and in `channels_last` up to 7.6e-2 at
+/// L=32 (2 threads; 3.1e-2 at 1 thread, 5.0e-2 for the contiguous block with oneDNN switched
+/// off), against densebench's `cat-store-copy` 9.9e-7, 1.2e-6, 1.5e-6; PyTorch's f64 step,
+/// `channels_last` included, matches densebench's to 2e-15, harness/peer/README.md, so this is
+/// f32 rounding taking another path through BN → ReLU layer after layer, its worst tensor a
+/// different one each time, not a wrong gradient; on the GPU both are 2.9e-2…8.4e-2 alike).
+/// densebench's error says nothing about that luck, so a peer `bc` row is never judged tighter
+/// than 2 × the largest measured (as [`F32_REL_BOUND`] is derived), 1.5e-1 (5e-2 before the
+/// `channels_last` rows, from the contiguous block's three): a wrong gradient's O(1) error still
+/// fails, and a tensor ×1.18 off (relative error 1.8e-1, under the flat bound) too.
+pub const F32_PEER_BC_FLOOR: f64 = 1.5e-1;
 
 /// The tolerance of a peer row of `cfg` (issue 37): [`NOISE_FACTOR`] × densebench's own f32
 /// error on the same case (`dense_err`: its naive hand-written variant `cat-store-copy`, one
@@ -96,7 +99,7 @@ pub const F32_PEER_BC_FLOOR: f64 = 5e-2;
 /// floor: [`F32_REL_TOLERANCE`] on `mlp` blocks without ReLU, [`F32_RELU_FLIP_FLOOR`] on `mlp`
 /// blocks with ReLU, [`F32_PEER_BC_FLOOR`] on `bc` blocks. f64 rows keep
 /// [`F64_REL_TOLERANCE`]; a non-finite `dense_err` gives the documented bound. On a tiny case
-/// (honest errors ~1e-7) a tensor 1.15× off (relative error 0.15) now fails, where the flat
+/// (honest errors ~1e-7) a tensor 1.18× off (relative error 0.18) now fails, where the flat
 /// [`F32_REL_BOUND`] passed it.
 pub fn peer_row_tolerance(cfg: &Config, dense_err: f64) -> f64 {
     let floor = match (cfg.family, cfg.activation) {
@@ -1067,8 +1070,9 @@ mod tolerance_tests {
             ..bc.clone()
         };
         assert_eq!(peer_row_tolerance(&f64_cfg, 1e-3), F64_REL_TOLERANCE);
-        // A tensor 1.15× off (relative error 0.15, under the flat 0.2) fails every floor.
-        const { assert!(0.15 > F32_PEER_BC_FLOOR && 0.15 > F32_RELU_FLIP_FLOOR) };
+        // A tensor 1.18× off (relative error 0.18, under the flat 0.2) fails every floor.
+        const { assert!(0.18 > F32_PEER_BC_FLOOR && 0.18 > F32_RELU_FLIP_FLOOR) };
+        const { assert!(0.18 < F32_REL_BOUND) };
     }
 
     #[test]
