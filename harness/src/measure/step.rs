@@ -1061,7 +1061,7 @@ mod tolerance_tests {
         assert_eq!(peer_row_tolerance(&mlp, 1e-7), F32_RELU_FLIP_FLOOR);
         assert_eq!(peer_row_tolerance(&linear, 1e-7), F32_REL_TOLERANCE);
         // In between: NOISE_FACTOR × densebench's error; never beyond the documented bound.
-        assert_eq!(peer_row_tolerance(&bc, 2.5e-2), NOISE_FACTOR * 2.5e-2);
+        assert_eq!(peer_row_tolerance(&bc, 4.5e-2), NOISE_FACTOR * 4.5e-2);
         assert_eq!(peer_row_tolerance(&bc, 0.5), F32_REL_BOUND);
         assert_eq!(peer_row_tolerance(&bc, f64::NAN), F32_REL_BOUND);
         assert_eq!(peer_row_tolerance(&bc, f64::INFINITY), F32_REL_BOUND);

@@ -297,7 +297,7 @@ pub fn section(groups: &[Group], out: &mut String) {
         "PyTorch peer: {versions}. The peer ran torchvision's `_DenseBlock` (bc: naive and \
          `memory_efficient=True`) and the forum's Linear block (mlp: naive and \
          `torch.utils.checkpoint`), the bc blocks also in `channels_last` memory format (module \
-         and input converted once, outside the step) where the variant says `channels-last`, \
+         and input converted once, outside the step) where the label ends in `CL`, \
          and the same blocks under `torch.compile` where the rows say `compiled` (default mode, the CPU) or `graph` (`reduce-overhead`: CUDA graphs), on \
          the same case files densebench measures, measured the same way (allocator peak above \
          the baseline, median step, nothing in a timed step but the step) and checked against \

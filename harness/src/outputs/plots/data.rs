@@ -21,13 +21,21 @@ pub fn peer_order() -> impl Iterator<Item = &'static str> {
     PeerVariant::ALL.into_iter().map(PeerVariant::name)
 }
 
-/// A peer variant as readers name it: `pytorch-memory-efficient` → `PyTorch memory-efficient`.
+/// A peer variant as readers name it: `pytorch-memory-efficient` → `PyTorch memory-efficient`;
+/// a `channels_last` one with ` CL` after it (`pytorch-channels-last-naive` → `PyTorch naive
+/// CL`: short enough for a legend row; [`CHANNELS_LAST_NOTE`] says what it means).
 pub fn peer_label(variant: &str) -> String {
     match variant.strip_prefix("pytorch-") {
-        Some(rest) => format!("PyTorch {rest}"),
+        Some(rest) => match rest.split_once("channels-last-") {
+            Some((before, block)) => format!("PyTorch {before}{block} CL"),
+            None => format!("PyTorch {rest}"),
+        },
         None => variant.to_string(),
     }
 }
+
+/// What ` CL` in a [`peer_label`] means, for a figure's or table's notes.
+pub const CHANNELS_LAST_NOTE: &str = "CL: PyTorch in channels_last memory format";
 
 /// Whether a row's numbers are a result: its gradients were checked and are within tolerance.
 /// A row out of tolerance or unchecked is drawn and tabled, marked [`UNTRUSTED`], but never on a
@@ -775,6 +783,22 @@ pub fn fmt_err(v: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peer_labels_are_short_and_distinct() {
+        let labels: Vec<String> = peer_order().map(peer_label).collect();
+        assert_eq!(labels[0], "PyTorch naive");
+        assert!(labels.contains(&"PyTorch memory-efficient CL".to_string()));
+        assert!(labels.contains(&"PyTorch compiled-naive CL".to_string()));
+        let distinct: std::collections::BTreeSet<&String> = labels.iter().collect();
+        assert_eq!(distinct.len(), labels.len(), "{labels:?}");
+        // a legend row holds about 46 characters at its full size (longer ones are drawn
+        // smaller): the label, ` bf16`, `  p = 1.66`
+        for l in labels.iter().filter(|l| !l.contains("compiled")) {
+            assert!(l.len() + " bf16  p = 1.66".len() <= 46, "{l}");
+        }
+        assert_eq!(peer_label("cat-store-copy"), "cat-store-copy");
+    }
 
     #[test]
     fn exponent_of_exact_powers() {

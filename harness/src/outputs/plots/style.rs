@@ -147,6 +147,9 @@ pub(super) fn peer_notes(rows: &[&Row], style: &str) -> Vec<String> {
         return Vec::new();
     }
     let mut notes = vec![format!("{style}: PyTorch peer")];
+    if rows.iter().any(|r| r.variant.contains("channels-last")) {
+        notes.push(super::data::CHANNELS_LAST_NOTE.to_string());
+    }
     if rows.iter().any(|r| r.grad_ok != Some(true)) {
         notes.push("†: gradients out of tolerance or".to_string());
         notes.push("  unchecked (see the report)".to_string());
@@ -274,6 +277,27 @@ where
     Ok(Frame { plot, legend })
 }
 
+/// The font size of a legend label: [`LEGEND_PT`], or smaller (down to [`LEGEND_MIN_PT`]) where
+/// the label would run past the panel's right edge (a long peer name such as `PyTorch
+/// compiled-memory-efficient CL bf16  p = 1.02`).
+fn legend_pt<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, label: &str) -> Result<f64>
+where
+    DB::ErrorType: 'static,
+{
+    let room = area.dim_in_pixel().0.saturating_sub(50 + 6).max(1);
+    let (w, _) = area
+        .estimate_text_size(label, &font(LEGEND_PT))
+        .map_err(|e| anyhow::anyhow!("measuring a legend label: {e:?}"))?;
+    Ok(if w <= room {
+        LEGEND_PT
+    } else {
+        (LEGEND_PT * room as f64 / w as f64).max(LEGEND_MIN_PT)
+    })
+}
+
+/// The smallest font a legend label is shrunk to ([`legend_pt`]).
+const LEGEND_MIN_PT: f64 = 11.0;
+
 /// Draws the legend entries from the top of the panel, then the notes below them.
 pub(super) fn legend<DB: DrawingBackend>(
     area: &DrawingArea<DB, Shift>,
@@ -316,7 +340,8 @@ where
                 pixel_marker(area, (24, y), shape, WHITE, hollow_inner(shape, 5))?;
             }
         }
-        area.draw_text(&e.label, &font(LEGEND_PT).pos(mid), (50, y))?;
+        let pt = legend_pt(area, &e.label)?;
+        area.draw_text(&e.label, &font(pt).pos(mid), (50, y))?;
         y += row_h;
     }
     y += 8;
