@@ -34,6 +34,8 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "harness", "peer"))
+import pytorch_peer  # noqa: E402  (the peer variants' names; standard library only)
 SWEEP = os.path.join(ROOT, "harness", "sweeps", "versus-pytorch.toml")
 
 # (family, densebench variant, PyTorch variant): the pairs of the CPU speed issue, each against
@@ -52,12 +54,12 @@ EAGER_PAIRS = [
 
 def compiled_twin(variant):
     """`pytorch-naive` → `pytorch-compiled-naive`."""
-    return "pytorch-compiled-" + variant[len("pytorch-"):]
+    return pytorch_peer.variant_name(variant, compiled=True)
 
 
 def channels_last_twin(variant):
     """`pytorch-naive` → `pytorch-channels-last-naive`."""
-    return "pytorch-channels-last-" + variant[len("pytorch-"):]
+    return pytorch_peer.variant_name(variant, channels_last=True)
 
 
 def twins(family, theirs):

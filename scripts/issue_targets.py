@@ -36,6 +36,11 @@ import csv
 import sys
 from collections import defaultdict
 from datetime import datetime
+import os
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "harness", "peer"))
+import pytorch_peer  # noqa: E402  (the peer variants' names; standard library only)
 
 MIB = 1 << 20
 # (family, batch, channels, growth, size, depths) of harness/sweeps/gpu.toml's f32 groups
@@ -107,10 +112,7 @@ def peer_names(family: str, execution: str) -> tuple[str, str]:
 def channels_last_twin(variant: str) -> str:
     """`pytorch-compiled-naive` → `pytorch-compiled-channels-last-naive` (the same block, its
     module and input in channels_last memory format)."""
-    for pre in ("pytorch-compiled-", "pytorch-"):
-        if variant.startswith(pre):
-            return pre + "channels-last-" + variant[len(pre):]
-    return variant
+    return pytorch_peer.variant_name(variant, channels_last=True)
 
 
 def strongest(get, family: str, variant: str) -> tuple[dict | None, str]:

@@ -114,6 +114,18 @@ def block_of(variant: str) -> str:
     return "pytorch-" + v[len("pytorch-" + CHANNELS_LAST):] if is_channels_last(v) else v
 
 
+def variant_name(variant: str, *, compiled: bool | None = None,
+                 channels_last: bool | None = None) -> str:
+    """`variant` with its axes changed where asked (the harness's naming, `PeerVariant::name`):
+    `variant_name("pytorch-naive", compiled=True)` → `pytorch-compiled-naive`,
+    `variant_name("pytorch-compiled-naive", channels_last=True)` →
+    `pytorch-compiled-channels-last-naive`."""
+    c = variant.startswith(COMPILED_PREFIX) if compiled is None else compiled
+    cl = is_channels_last(variant) if channels_last is None else channels_last
+    return ("pytorch-" + ("compiled-" if c else "") + (CHANNELS_LAST if cl else "")
+            + block_of(variant)[len("pytorch-"):])
+
+
 def compile_mode(device: str) -> str | None:
     """torch.compile's mode for a compiled variant on `device` (None: the default mode)."""
     return "reduce-overhead" if device.startswith("cuda") else None
