@@ -598,3 +598,110 @@ fn rows_out_of_tolerance_are_marked_and_never_best() {
     assert_eq!(marked("buffer-store-inplace"), 2, "{text}");
     assert_eq!(marked("buffer-store-copy"), 0, "{text}");
 }
+
+/// The labels of one memory-vs-time figure's plot area (texts left of the legend, which starts
+/// at x ≈ 928 of 1280): `(text, left, top, right, bottom)` in pixels, the width estimated at
+/// 0.62 em per character (sans-serif at the figure's label size; an over-estimate, so a miss
+/// here is a real overlap).
+fn plot_labels(path: &Path, wanted: &[&str]) -> Vec<(String, f64, f64, f64, f64)> {
+    let svg = std::fs::read_to_string(path).unwrap();
+    let attr = |tag: &str, name: &str| -> Option<String> {
+        let at = tag.find(&format!(" {name}=\""))? + name.len() + 3;
+        Some(tag[at..].split_once('"')?.0.to_string())
+    };
+    svg.split("<text")
+        .skip(1)
+        .filter_map(|t| {
+            let (tag, body) = t.split_once('>')?;
+            let text = body.split_once("</text>")?.0.trim().to_string();
+            if !wanted.contains(&text.as_str()) {
+                return None;
+            }
+            let x: f64 = attr(tag, "x")?.parse().ok()?;
+            let y: f64 = attr(tag, "y")?.parse().ok()?;
+            let pt: f64 = attr(tag, "font-size")?.parse().ok()?;
+            let w = 0.62 * pt * text.chars().count() as f64;
+            let (l, r) = match attr(tag, "text-anchor").as_deref() {
+                Some("end") => (x - w, x),
+                Some("middle") => (x - w / 2.0, x + w / 2.0),
+                _ => (x, x + w),
+            };
+            (x < 900.0).then(|| (text, l, y - pt / 2.0, r, y + pt / 2.0))
+        })
+        .collect()
+}
+
+/// Defect (session 25): the PyTorch peer's point labels were written beside their points
+/// unplaced, so with the `channels_last` twins at nearly the same time and peak as the
+/// contiguous blocks, "PyTorch naive CL" ran over "PyTorch naive"'s diamond and the two
+/// memory-efficient labels over each other; and one dashed line zigzagged through all four
+/// points (contiguous memory-efficient to channels_last naive). Now the peer's labels are placed
+/// like the front's, clear of each other and of every marker (and each configuration has its
+/// own line: `data::peer_lines`, tested there).
+#[test]
+fn peer_labels_in_memory_vs_time_never_overlap() {
+    let bc = |r: &mut Row| {
+        r.family = "bc".to_string();
+        r.bn_size = 4;
+        r.size = 8.into();
+    };
+    let naive = with(row("cat-store-copy", 4), bc);
+    let (np, nt) = (naive.peak_bytes.unwrap(), naive.median_ns.unwrap());
+    let mut rows = vec![naive, with(row("buffer-recompute-inplace", 4), bc)];
+    // the four eager PyTorch blocks: the channels_last twins 3% faster, 0.5% smaller
+    for (v, peak, t) in [
+        ("pytorch-naive", np, nt * 3 / 2),
+        ("pytorch-memory-efficient", np / 2, nt * 8 / 5),
+        (
+            "pytorch-channels-last-naive",
+            np * 199 / 200,
+            nt * 3 / 2 * 97 / 100,
+        ),
+        (
+            "pytorch-channels-last-memory-efficient",
+            np / 2 * 199 / 200,
+            nt * 8 / 5 * 97 / 100,
+        ),
+    ] {
+        rows.push(with(row("cat-store-copy", 4), |r| {
+            bc(r);
+            r.variant = v.to_string();
+            r.framework = "pytorch".to_string();
+            r.framework_version = "torch 2.15.0".to_string();
+            r.predicted_peak_bytes = None;
+            r.peak_bytes = Some(peak);
+            r.median_ns = Some(t);
+            r.min_ns = Some(t);
+            r.max_ns = Some(t);
+        }));
+    }
+    let (_dir, out, _) = plots(&rows);
+    let fig = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("memory-vs-time-bc") && n.ends_with("-L4.svg")
+        })
+        .expect("the bc memory-vs-time figure at L=4");
+    let wanted = [
+        "PyTorch naive",
+        "PyTorch memory-efficient",
+        "PyTorch naive CL",
+        "PyTorch memory-efficient CL",
+    ];
+    let labels = plot_labels(&fig, &wanted);
+    let names: Vec<&str> = labels.iter().map(|l| l.0.as_str()).collect();
+    for w in wanted {
+        assert!(
+            names.contains(&w),
+            "{w} not drawn in the plot area: {labels:?}"
+        );
+    }
+    for (i, a) in labels.iter().enumerate() {
+        for b in &labels[i + 1..] {
+            let meets = a.1 < b.3 && b.1 < a.3 && a.2 < b.4 && b.2 < a.4;
+            assert!(!meets, "labels overlap: {a:?} and {b:?}");
+        }
+    }
+}

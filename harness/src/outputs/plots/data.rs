@@ -34,6 +34,27 @@ pub fn peer_label(variant: &str) -> String {
     }
 }
 
+/// The PyTorch trade-off lines of a figure among peer rows `variants` (in the peer order): for
+/// each configuration (eager or compiled, contiguous or `channels_last`) the indices of its
+/// rows, its naive block first, in the order the configurations first appear. A name that is
+/// no [`PeerVariant`] is a line of its own.
+pub fn peer_lines<'a>(variants: impl Iterator<Item = &'a str>) -> Vec<Vec<usize>> {
+    // (compiled, channels_last) of the line's rows (None: a line of its own), and the rows
+    type Line = (Option<(bool, bool)>, Vec<usize>);
+    let mut lines: Vec<Line> = Vec::new();
+    for (i, v) in variants.enumerate() {
+        let key = PeerVariant::ALL
+            .iter()
+            .find(|p| p.name() == v)
+            .map(|p| (p.is_compiled(), p.is_channels_last()));
+        match lines.iter_mut().find(|(k, _)| key.is_some() && *k == key) {
+            Some((_, line)) => line.push(i),
+            None => lines.push((key, vec![i])),
+        }
+    }
+    lines.into_iter().map(|(_, line)| line).collect()
+}
+
 /// What ` CL` in a [`peer_label`] means, for a figure's or table's notes.
 pub const CHANNELS_LAST_NOTE: &str = "CL: PyTorch in channels_last memory format";
 
@@ -798,6 +819,27 @@ mod tests {
             assert!(l.len() + " bf16  p = 1.66".len() <= 46, "{l}");
         }
         assert_eq!(peer_label("cat-store-copy"), "cat-store-copy");
+    }
+
+    /// One dashed line per PyTorch configuration: the channels_last and compiled twins are
+    /// never joined to the contiguous eager block (the figure drew one zigzag through all four).
+    #[test]
+    fn peer_lines_join_only_one_configuration() {
+        let v = [
+            "pytorch-naive",
+            "pytorch-memory-efficient",
+            "pytorch-channels-last-naive",
+            "pytorch-channels-last-memory-efficient",
+            "pytorch-compiled-naive",
+            "pytorch-something-new",
+            "pytorch-compiled-memory-efficient",
+            "pytorch-other-new",
+        ];
+        assert_eq!(
+            peer_lines(v.into_iter()),
+            vec![vec![0, 1], vec![2, 3], vec![4, 6], vec![5], vec![7]]
+        );
+        assert!(peer_lines(std::iter::empty()).is_empty());
     }
 
     #[test]

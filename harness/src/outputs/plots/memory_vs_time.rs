@@ -1,6 +1,8 @@
 //! Figure 3, `memory-vs-time-<config>-L<depth>`: each variant a point (time, peak memory), the
 //! Pareto front of densebench's variants marked; the PyTorch peer's comparable rows as diamonds
-//! joined by a dashed line (its naive block to its memory-saving one), outside the front.
+//! joined by dashed lines (in each configuration, eager or compiled, contiguous or `channels_last`,
+//! its naive block to its memory-saving one), outside the front; labels kept off each other and
+//! off the markers.
 //! Ratios and the front are taken only among rows at one thread count (naive's, else the
 //! commonest): a row at another is drawn, named in the footer, and set against none. A row
 //! whose gradients are out of tolerance or unchecked is drawn, marked `†`, and never on the
@@ -322,18 +324,22 @@ impl Scatter<'_> {
         for (i, r) in self.rows.iter().enumerate() {
             markers(chart, &pts[i..=i], shape_of(&r.variant), rgb(&r.variant), 7)?;
         }
-        if self.peer_pts.len() > 1 {
-            // PyTorch's own trade-off: its naive block to its memory-saving one.
-            chart.draw_series(DashedLineSeries::new(
-                self.peer_pts.to_vec(),
-                PEER_DASH.0,
-                PEER_DASH.1,
-                rgb(&self.peers[0].variant).stroke_width(2),
-            ))?;
+        // PyTorch's own trade-offs: in each of its configurations (eager or compiled,
+        // contiguous or channels_last), its naive block to its memory-saving one; never a line
+        // from one configuration to another.
+        for line in data::peer_lines(self.peers.iter().map(|r| r.variant.as_str())) {
+            if line.len() > 1 {
+                chart.draw_series(DashedLineSeries::new(
+                    line.iter().map(|&i| self.peer_pts[i]).collect::<Vec<_>>(),
+                    PEER_DASH.0,
+                    PEER_DASH.1,
+                    rgb(&self.peers[line[0]].variant).stroke_width(2),
+                ))?;
+            }
         }
         // Labels right of their point, or left of it in the right third of the axis, placed
-        // so that none overlaps another (style::place_labels): the peer's first, then the
-        // front's.
+        // so that none overlaps another or a marker (style::place_labels): the peer's first,
+        // then the front's.
         let area = chart.plotting_area().strip_coord_spec();
         let size_of = |text: &str, style: &TextStyle| -> (i32, i32) {
             area.estimate_text_size(text, style)
@@ -341,26 +347,40 @@ impl Scatter<'_> {
                 .unwrap_or((8 * text.len() as i32, 14))
         };
         let label_style = |hpos: HPos| font(LABEL_PT).pos(Pos::new(hpos, VPos::Center));
-        let mut taken = Vec::new();
-        for (p, &pt) in self.peers.iter().zip(self.peer_pts) {
+        let mut taken: Vec<LabelBox> = pts
+            .iter()
+            .chain(self.peer_pts)
+            .map(|p| marker_box(chart.backend_coord(p)))
+            .collect();
+        let peer_anchors: Vec<(i32, i32)> = self
+            .peer_pts
+            .iter()
+            .map(|p| chart.backend_coord(p))
+            .collect();
+        let peer_texts: Vec<String> = self.peers.iter().map(|p| peer_label(&p.variant)).collect();
+        let peer_sizes: Vec<(i32, i32)> = peer_texts
+            .iter()
+            .map(|t| size_of(t, &label_style(HPos::Left)))
+            .collect();
+        let peer_left: Vec<bool> = self
+            .peer_pts
+            .iter()
+            .map(|p| (self.xfrac)(p.0) > 0.66)
+            .collect();
+        let peer_places = place_labels(&peer_anchors, &peer_sizes, &peer_left, &taken);
+        for (k, (p, &pt)) in self.peers.iter().zip(self.peer_pts).enumerate() {
             markers(chart, &[pt], shape_of(&p.variant), rgb(&p.variant), 8)?;
-            let to_left = (self.xfrac)(pt.0) > 0.66;
-            let (dx, hpos) = if to_left {
-                (-16, HPos::Right)
-            } else {
-                (16, HPos::Left)
-            };
-            let text = peer_label(&p.variant);
+            let (offset, to_left) = peer_places[k];
+            let hpos = if to_left { HPos::Right } else { HPos::Left };
             let color = rgb(&p.variant);
-            let style = label_style(hpos).color(&color);
-            taken.push(label_box(
-                chart.backend_coord(&pt),
-                (dx, 0),
-                to_left,
-                size_of(&text, &style),
-            ));
+            taken.push(label_box(peer_anchors[k], offset, to_left, peer_sizes[k]));
             chart.draw_series(std::iter::once(
-                EmptyElement::at(pt) + Text::new(text, (dx, 0), style),
+                EmptyElement::at(pt)
+                    + Text::new(
+                        peer_texts[k].clone(),
+                        offset,
+                        label_style(hpos).color(&color),
+                    ),
             ))?;
         }
         let anchors: Vec<(i32, i32)> = front

@@ -600,7 +600,7 @@ pub(super) fn devices_of(rows: &[&Row]) -> String {
 }
 
 /// A label's box in pixels: left, top, right, bottom.
-type LabelBox = (i32, i32, i32, i32);
+pub(super) type LabelBox = (i32, i32, i32, i32);
 
 /// Where to write a label beside each point so that no two labels overlap: for each point
 /// (pixels) and its label's size (width, height), an offset from the point and whether the
@@ -648,6 +648,13 @@ pub(super) fn place_labels(
         out.push(((if to_left { -GAP } else { GAP }, dy), to_left));
     }
     out
+}
+
+/// The box a marker drawn at `point` (pixels) covers, ring included (markers are 7–8 px, a
+/// front's ring 12 px in radius), for [`place_labels`] to keep labels off it.
+pub(super) fn marker_box((x, y): (i32, i32)) -> LabelBox {
+    const R: i32 = 10;
+    (x - R, y - R, x + R, y + R)
 }
 
 /// The box of a label written at `point` + `offset`, extending to the left (`to_left`) or the
