@@ -705,3 +705,56 @@ fn peer_labels_in_memory_vs_time_never_overlap() {
         }
     }
 }
+
+/// The timeline figure drew densebench's variants only, though every peer row carries its probe
+/// step's forward timeline: a reader could not see where PyTorch's memory goes beside
+/// densebench's. Now the peer's rows comparable with densebench's (same threads and math) are
+/// drawn too, dashed with diamonds and named in the legend; one at another thread count is not.
+#[test]
+fn timeline_draws_the_comparable_peer_rows() {
+    let bc = |r: &mut Row| {
+        r.family = "bc".to_string();
+        r.bn_size = 4;
+        r.size = 8.into();
+        r.timeline = "f0=1000;f1=2000;b1=1500;b0=500".to_string();
+    };
+    let peer = |v: &str, threads: usize| {
+        with(at_threads(row("cat-store-copy", 2), threads), |r| {
+            bc(r);
+            r.variant = v.to_string();
+            r.framework = "pytorch".to_string();
+            r.framework_version = "torch 2.15.0".to_string();
+            r.predicted_peak_bytes = None;
+            r.peak_bytes = Some(3 << 20);
+            r.timeline = "f0=1500;f1=3145728".to_string();
+        })
+    };
+    let rows = vec![
+        with(row("cat-store-copy", 2), bc),
+        peer("pytorch-naive", 1),
+        peer("pytorch-memory-efficient", 2),
+    ];
+    let (_dir, out, _) = plots(&rows);
+    let fig = std::fs::read_dir(&out)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| {
+            let n = p.file_name().unwrap().to_string_lossy().into_owned();
+            n.starts_with("timeline-bc") && n.ends_with("-L2.svg")
+        })
+        .expect("the bc timeline figure at L=2");
+    let t = texts(&fig);
+    assert!(
+        t.iter().any(|t| t == "PyTorch naive  peak 3.00 MiB"),
+        "{t:?}"
+    );
+    assert!(
+        t.iter().any(|t| t == "dashed with diamonds: PyTorch peer"),
+        "{t:?}"
+    );
+    // at 2 threads beside a 1-thread densebench row: not drawn
+    assert!(
+        !t.iter().any(|t| t.starts_with("PyTorch memory-efficient")),
+        "{t:?}"
+    );
+}

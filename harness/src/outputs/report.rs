@@ -722,7 +722,8 @@ fn figures_section(
         out,
         "The key figures (PNG; each links its SVG), then every figure. Memory-vs-time figures \
          mark the Pareto front (no other variant both faster and smaller); timelines show live \
-         bytes at each layer boundary of forward and backward.\n"
+         bytes at each layer boundary of forward and backward (the PyTorch peer's, dashed: \
+         forward only).\n"
     );
     for f in figs.iter().filter(|f| f.key) {
         let _ = writeln!(

@@ -10,7 +10,8 @@
 //! 2. `time-vs-depth-<config>`: median step time against depth with min–max whiskers;
 //! 3. `memory-vs-time-<config>-L<depth>`: each variant a point, the Pareto front marked, at
 //!    every depth of one headline configuration per family and device;
-//! 4. `timeline-<config>-L<depth>`: live bytes through forward and backward, layer by layer;
+//! 4. `timeline-<config>-L<depth>`: live bytes through forward and backward, layer by layer
+//!    (the PyTorch peer's comparable rows beside them, forward only);
 //! 5. `measured-vs-predicted-<family>`: measured against predicted peak (when predicted);
 //! 6. `grad-error-<family>`: the worst relative gradient error of each row, log scale.
 //!

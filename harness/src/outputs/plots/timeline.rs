@@ -1,8 +1,9 @@
 //! Figure 4, `timeline-<config>-L<depth>`: live bytes through forward and backward, layer by
-//! layer.
+//! layer; the PyTorch peer's comparable rows beside them (dashed, diamonds), forward only.
 
 use super::data::{self, fmt_num, mib, Group};
 use super::style::*;
+use crate::results::row::Row;
 use anyhow::{Context, Result};
 use plotters::coord::Shift;
 use plotters::prelude::*;
@@ -26,6 +27,23 @@ where
             series.push((r, pts));
         }
     }
+    // The peer's rows measured like some densebench row of the group (threads, math), in the
+    // peer order: their probe step's forward boundaries (its hooks sit on PyTorch's layers;
+    // backward has none).
+    let (drawable, _) = g.drawable_peers();
+    let order = g.peer_variants();
+    let mut peers = Vec::new();
+    for r in drawable.into_iter().filter(|r| r.depth == depth) {
+        let pts = r
+            .timeline_points()
+            .with_context(|| format!("timeline of {} {} L={depth}", r.variant, g.label))?;
+        if !pts.is_empty() {
+            peers.push((r, pts));
+        }
+    }
+    peers.sort_by_key(|(r, _)| order.iter().position(|v| *v == r.variant));
+    let n_own = series.len();
+    series.extend(peers);
     let labels: Vec<String> = series
         .iter()
         .max_by_key(|(_, p)| p.len())
@@ -105,7 +123,7 @@ where
         ])?;
     }
     let mut entries = Vec::new();
-    for (r, p) in &series {
+    for (k, (r, p)) in series.iter().enumerate() {
         let c = rgb(&r.variant);
         // Place each point at its label's position, so a timeline with fewer boundaries (e.g.
         // autograd's, forward only) still lines up with the others.
@@ -116,21 +134,34 @@ where
                 Some((x as f64, *b as f64 / data::MIB))
             })
             .collect();
-        chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
-        markers(&mut chart, &pts, shape_of(&r.variant), c, 3)?;
-        let label = match r.peak_bytes {
-            Some(pk) => format!("{}  peak {} MiB", r.variant, fmt_num(mib(pk))),
-            None => r.variant.clone(),
-        };
-        entries.push(Entry::variant(&r.variant, label, true));
+        let peak = r
+            .peak_bytes
+            .map(|pk| format!("  peak {} MiB", fmt_num(mib(pk))))
+            .unwrap_or_default();
+        if k < n_own {
+            chart.draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))?;
+            markers(&mut chart, &pts, shape_of(&r.variant), c, 3)?;
+            entries.push(Entry::variant(
+                &r.variant,
+                format!("{}{peak}", r.variant),
+                true,
+            ));
+        } else {
+            peer_series(&mut chart, &r.variant, &pts, 4)?;
+            let drawn: Vec<&Row> = series[n_own..].iter().map(|(r, _)| *r).collect();
+            entries.push(Entry::peer(&r.variant, &peak, &drawn));
+        }
     }
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            "peak: the step's allocator peak, which".to_string(),
-            "falls inside a layer, above the".to_string(),
-            "boundary values drawn here".to_string(),
-        ],
-    )
+    let peer_rows: Vec<&Row> = series[n_own..].iter().map(|(r, _)| *r).collect();
+    let mut notes = vec![
+        "peak: the step's allocator peak, which".to_string(),
+        "falls inside a layer, above the".to_string(),
+        "boundary values drawn here".to_string(),
+    ];
+    notes.extend(peer_notes(&peer_rows, "dashed with diamonds"));
+    if !peer_rows.is_empty() {
+        notes.push("(forward only: its hooks are on".to_string());
+        notes.push(" PyTorch's layers, backward has none)".to_string());
+    }
+    legend(&f.legend, &entries, &notes)
 }
