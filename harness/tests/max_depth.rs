@@ -243,3 +243,162 @@ fn a_depth_past_the_search_bound_is_not_reported_as_oom() {
     assert!(l.contains("≥40") && l.contains("not run"), "{table}");
     assert!(!l.contains("oom"), "{table}");
 }
+
+/// `max-depth --no-confirm --family mlp` on a small block (`--batch`) in f32 and bf16, its CSV
+/// written to `out`.
+fn model_answers(batch: &str, out: &std::path::Path) {
+    let o = densebench(&[
+        "max-depth",
+        "--family",
+        "mlp",
+        "--batch",
+        batch,
+        "--channels",
+        "16",
+        "--growth",
+        "8",
+        "--budget",
+        "8MiB",
+        "--variants",
+        "cat-store-copy",
+        "--dtype",
+        "f32,bf16",
+        "--no-confirm",
+        "--max-depth",
+        "300",
+        "--out",
+        path_str(out),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+/// The answers of CSV `from` in `dtype` alone, written to `to`.
+fn only(from: &std::path::Path, dtype: &str, to: &std::path::Path) {
+    let text = std::fs::read_to_string(from).unwrap();
+    let mut lines = text.lines();
+    let mut kept = vec![lines.next().unwrap().to_string()];
+    kept.extend(
+        lines
+            .filter(|l| l.split(',').nth(10) == Some(dtype))
+            .map(str::to_string),
+    );
+    std::fs::write(to, kept.join("\n") + "\n").unwrap();
+}
+
+/// Defect (session 25): `report --max-depth` paired an f32 answer with a bf16 one by variant,
+/// family and budget alone, so a BC-100 f32 answer and a tiny block's bf16 answer read as
+/// "bf16 goes 79.83× deeper". max-depth CSVs now record the block (`block`), the report pairs
+/// only answers of one block, and says when a file adds nothing or two answers disagree; a
+/// result CSV given as a max-depth CSV is refused (status 2) as what it is, and a bad cell is
+/// named by its line and column, not "field 3".
+#[test]
+fn report_pairs_max_depth_answers_only_of_one_block() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = |n: &str| dir.path().join(n);
+    model_answers("128", &p("big.csv"));
+    model_answers("16", &p("small.csv"));
+    let header = std::fs::read_to_string(p("big.csv")).unwrap();
+    assert!(
+        header.starts_with(
+            "variant,family,budget_bytes,max_depth,predicted_total_bytes,measured_total_bytes,\
+             measured_next_total_bytes,depth_ratio_to_naive,method,note,dtype,block\n"
+        ),
+        "{header}"
+    );
+    assert!(
+        header.contains(",f32,mlp N=128 C0=16 k=8 relu=on on cpu ("),
+        "{header}"
+    );
+    only(&p("big.csv"), "f32", &p("big-f32.csv"));
+    only(&p("small.csv"), "bf16", &p("small-bf16.csv"));
+    // a result CSV for the report itself
+    let results = p("results.csv");
+    let o = densebench(&[
+        "run",
+        "--family",
+        "mlp",
+        "--depth",
+        "1",
+        "--batch",
+        "4",
+        "--growth",
+        "2",
+        "--channels",
+        "4",
+        "--variant",
+        "cat-store-copy",
+        "--steps",
+        "1",
+        "--warmup",
+        "0",
+        "--format",
+        "csv",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    std::fs::write(&results, &o.stdout).unwrap();
+    let report = |max_depth: &[&std::path::Path]| {
+        let md = p("REPORT.md");
+        let mut args = vec![
+            "report".to_string(),
+            path_str(&results).to_string(),
+            "--out".to_string(),
+            path_str(&md).to_string(),
+        ];
+        for f in max_depth {
+            args.push("--max-depth".to_string());
+            args.push(path_str(f).to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let o = densebench(&args);
+        let text = std::fs::read_to_string(&md).unwrap_or_default();
+        (o, text)
+    };
+    // two blocks: nothing paired, each file said to add nothing
+    let (o, md) = report(&[&p("big-f32.csv"), &p("small-bf16.csv")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(!md.contains("Max depth within a budget"), "{md}");
+    assert_eq!(
+        stderr(&o)
+            .matches("none of its answers has a partner")
+            .count(),
+        2,
+        "{}",
+        stderr(&o)
+    );
+    // one block: paired, the table named by it
+    let (o, md) = report(&[&p("big-f32.csv"), &p("big.csv")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(md.contains("`mlp N=128 C0=16 k=8 relu=on on cpu ("), "{md}");
+    assert!(!stderr(&o).contains("disagree"), "{}", stderr(&o));
+    // the same block answered twice with another depth: warned, the last one used
+    let edited = std::fs::read_to_string(p("big-f32.csv")).unwrap();
+    let mut rows: Vec<String> = edited.lines().map(str::to_string).collect();
+    let mut cells: Vec<String> = rows[1].split(',').map(str::to_string).collect();
+    cells[3] = (cells[3].parse::<usize>().unwrap() + 5).to_string();
+    rows[1] = cells.join(",");
+    std::fs::write(p("other-f32.csv"), rows.join("\n") + "\n").unwrap();
+    let (o, _) = report(&[&p("big.csv"), &p("other-f32.csv")]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("disagree") && stderr(&o).contains("the last one given is used"),
+        "{}",
+        stderr(&o)
+    );
+    // a result CSV given as a max-depth CSV
+    let (o, _) = report(&[&results]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("is a result CSV"), "{}", stderr(&o));
+    // a bad cell: its line and column by name
+    let bad =
+        std::fs::read_to_string(p("big.csv"))
+            .unwrap()
+            .replacen(",mlp,8388608,", ",mlp,NaN,", 1);
+    std::fs::write(p("bad.csv"), bad).unwrap();
+    let (o, _) = report(&[&p("bad.csv")]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("line 2, column `budget_bytes`") && !stderr(&o).contains("field "),
+        "{}",
+        stderr(&o)
+    );
+}

@@ -9,7 +9,6 @@ use crate::measure::interrupt;
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::replace::{csv_header, refuse_foreign, Kind};
-use crate::results::row::csv_columns;
 use crate::results::store::write_bytes_atomic;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
@@ -117,16 +116,10 @@ fn block(a: &Args, dtype: &str) -> Result<Config> {
     Ok(cfg)
 }
 
-/// The column [`Answer`] gained with bf16 (issue 39), its last: a CSV written before it has
-/// every other column and is still a max-depth CSV `--out` may replace.
-const ADDED_COLUMN: &str = "dtype";
-
 /// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer`]'s columns (or
-/// those of an earlier one, without [`ADDED_COLUMN`]).
+/// those of an earlier one, [`capacity::is_max_depth_header`]).
 fn is_max_depth_csv(start: &[u8], _len: u64) -> bool {
-    let now = csv_columns::<Answer>();
-    let before: Vec<String> = now.iter().filter(|c| *c != ADDED_COLUMN).cloned().collect();
-    csv_header(start).is_some_and(|h| h == now || h == before)
+    csv_header(start).is_some_and(|h| capacity::is_max_depth_header(&h))
 }
 
 /// A variant's depth over naive's, and how far it can be trusted: the search stops at
@@ -441,9 +434,14 @@ mod tests {
         let before = "variant,family,budget_bytes,max_depth,predicted_total_bytes,\
                       measured_total_bytes,measured_next_total_bytes,depth_ratio_to_naive,method,\
                       note\ncat-store-copy,bc,1073741824,12,,,,1.0,model,\n";
-        let now = before.replacen("method,note\n", "method,note,dtype\n", 1);
+        let with_dtype = before.replacen("method,note\n", "method,note,dtype\n", 1);
+        let now = before.replacen("method,note\n", "method,note,dtype,block\n", 1);
         assert!(is_max_depth_csv(before.as_bytes(), 0));
+        assert!(is_max_depth_csv(with_dtype.as_bytes(), 0));
         assert!(is_max_depth_csv(now.as_bytes(), 0));
+        // block without dtype never was a header
+        let skipped = before.replacen("method,note\n", "method,note,block\n", 1);
+        assert!(!is_max_depth_csv(skipped.as_bytes(), 0));
         let result_csv = "schema,key,variant,family\n3,k,cat-store-copy,bc\n";
         assert!(!is_max_depth_csv(result_csv.as_bytes(), 0));
         // the dtype anywhere but last is not a header max-depth ever wrote

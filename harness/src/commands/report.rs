@@ -2,7 +2,7 @@
 //! read as one set ([`crate::outputs::report::render`]).
 
 use crate::outputs::plots::shown;
-use crate::outputs::report::{is_report, read_max_depth, render};
+use crate::outputs::report::{is_report, max_depth_paired, read_max_depth, render};
 use crate::plan::bounds::bad_input;
 use crate::results::replace::{refuse_foreign, Kind};
 use crate::results::store::{read_rows_all, refuse_input_as_output, Reserved};
@@ -88,8 +88,48 @@ pub fn run(a: Args) -> Result<ExitCode> {
         );
     }
     let mut answers = Vec::new();
+    let mut files = Vec::new();
     for p in &a.max_depth {
-        answers.extend(read_max_depth(p)?);
+        let read = read_max_depth(p)?;
+        files.push((p, answers.len()..answers.len() + read.len()));
+        answers.extend(read);
+    }
+    for (p, at) in &files {
+        let own = &answers[at.clone()];
+        if own.is_empty() {
+            crate::say!(
+                "densebench report: --max-depth {} holds no answers: nothing from it in the report",
+                p.display()
+            );
+        } else if !own.iter().any(|x| max_depth_paired(&answers, x)) {
+            crate::say!(
+                "densebench report: --max-depth {}: none of its answers has a partner in the other \
+                 dtype (f32 and bf16, same variant, budget and block: `max-depth --dtype f32,bf16` \
+                 writes both): nothing from it in the report",
+                p.display()
+            );
+        }
+    }
+    for (i, x) in answers.iter().enumerate() {
+        if let Some(y) = answers[i + 1..].iter().find(|y| {
+            y.variant == x.variant
+                && y.family == x.family
+                && y.budget_bytes == x.budget_bytes
+                && y.block == x.block
+                && y.dtype == x.dtype
+                && y.max_depth != x.max_depth
+        }) {
+            crate::say!(
+                "densebench report: warning: two {} answers of `{}` within {} for {} disagree \
+                 (L = {} and L = {}): the last one given is used",
+                x.dtype,
+                x.variant,
+                crate::progress::human_bytes(Some(x.budget_bytes)),
+                x.block,
+                x.max_depth,
+                y.max_depth
+            );
+        }
     }
     let text = render(&rows, &a.csvs, &a.out, &a.plots, &answers)?;
     out.write_bytes(text.as_bytes())

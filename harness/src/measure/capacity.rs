@@ -20,6 +20,18 @@ use serde::{Deserialize, Serialize};
 /// `max-depth` writes it, `report` reads it.
 pub const BOUND_NOTE: &str = "search bound reached";
 
+/// The columns [`Answer`] gained after its first CSVs, in order, each appended last (so a reader
+/// of the columns before them by position reads them as before): `dtype` with bf16, `block`
+/// with the report's pairing of answers by block.
+pub const ADDED_COLUMNS: [&str; 2] = ["dtype", "block"];
+
+/// Whether `header` is that of a CSV `max-depth --out` wrote: [`Answer`]'s columns, or those of
+/// an earlier one (without the last [`ADDED_COLUMNS`]).
+pub fn is_max_depth_header(header: &[String]) -> bool {
+    let now = crate::results::row::csv_columns::<Answer>();
+    (0..=ADDED_COLUMNS.len()).any(|dropped| header == &now[..now.len() - dropped])
+}
+
 /// One variant's answer: a row of `max-depth --out`'s CSV (and what `report --max-depth` reads).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Answer {
@@ -46,10 +58,42 @@ pub struct Answer {
     /// in a CSV written before it existed).
     #[serde(default)]
     pub dtype: String,
+    /// The block apart from its dtype and depth, and where it was answered ([`block_label`]):
+    /// `bc N=64 C0=24 k=12 bn=4 32x32 on cpu (2 threads)`. After `dtype`, for the same reason
+    /// (empty in a CSV written before it): `report --max-depth` sets an f32 answer beside a bf16
+    /// one only when they are of one block.
+    #[serde(default)]
+    pub block: String,
     /// `max_depth` is the search's bound (`--max-depth`): the block fits at least that deep, how
     /// much deeper is unknown. Not a column: `max-depth` says it in `note`.
     #[serde(skip)]
     pub bound_reached: bool,
+}
+
+/// The [`Answer::block`] of `cfg` answered with `s`: its configuration without dtype and depth,
+/// the device, and on the CPU the thread count (the model's per-thread scratch depends on it).
+pub fn block_label(cfg: &Config, s: &Settings) -> String {
+    let shape = match cfg.family {
+        impls::Family::Bc => format!(
+            "bc N={} C0={} k={} bn={} {}",
+            cfg.batch,
+            cfg.channels,
+            cfg.growth,
+            cfg.bn_size,
+            cfg.size.label()
+        ),
+        impls::Family::Mlp => format!(
+            "mlp N={} C0={} k={} relu={}",
+            cfg.batch,
+            cfg.channels,
+            cfg.growth,
+            if cfg.activation { "on" } else { "off" }
+        ),
+    };
+    match s.device {
+        DeviceSpec::Cpu => format!("{shape} on cpu ({} threads)", s.threads),
+        d => format!("{shape} on {d}"),
+    }
 }
 
 /// Model footprint at `depth` on the device and thread count of `s` (a GPU's tap-stack path has
@@ -157,6 +201,7 @@ impl<'a> Searcher<'a> {
             variant: v.name(),
             family: cfg.family.name().to_string(),
             dtype: cfg.dtype.as_str().to_string(),
+            block: block_label(cfg, s),
             budget_bytes: budget,
             max_depth: 0,
             predicted_total_bytes: None,

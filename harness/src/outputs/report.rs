@@ -295,23 +295,84 @@ fn family_sections(groups: &[Group], out: &mut String) {
 }
 
 /// A `max-depth --out` CSV's answers, for the report's bf16-against-f32 depths: read bounded,
-/// each row naming the file and its line when it is not one.
+/// refused (bad input, exit status 2) when it is not one — a result CSV named as such — and
+/// each row that is not one named by its line and column. A CSV written before the `dtype`
+/// column is f32's (results/README.md); one written before the `block` column gets the block
+/// `<family>, block not recorded (<file>)`, so its answers pair only with each other.
 pub fn read_max_depth(path: &Path) -> Result<Vec<Answer>> {
     let (limit, from) = input::csv_limit()?;
     let bytes = input::read_bounded(path, "max-depth CSV", limit, &from)?;
-    let mut rdr = csv::Reader::from_reader(bytes.as_slice());
-    rdr.deserialize()
-        .enumerate()
-        .map(|(i, r)| {
-            r.with_context(|| {
-                format!(
-                    "{} line {}: not a row of a `max-depth --out` CSV",
-                    path.display(),
-                    i + 2
-                )
-            })
-        })
-        .collect()
+    let body = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
+    let header = crate::results::replace::csv_header(body).unwrap_or_default();
+    if !crate::measure::capacity::is_max_depth_header(&header) {
+        let what = if body.iter().all(u8::is_ascii_whitespace) {
+            "is empty".to_string()
+        } else if crate::results::row::is_result_header(&header) {
+            "is a result CSV (of `run` or `bench-all`): give it as a CSV argument of `report`, \
+             and a CSV of `max-depth --out` to --max-depth"
+                .to_string()
+        } else {
+            format!(
+                "is not a CSV of `max-depth --out`: its header is not `{}`",
+                crate::results::row::csv_columns::<Answer>().join(",")
+            )
+        };
+        return Err(crate::plan::bounds::bad_input(anyhow::anyhow!(
+            "--max-depth {} {what}",
+            path.display()
+        )));
+    }
+    let lag = u64::from(
+        body.split(|&b| b == b'\n')
+            .next()
+            .is_some_and(|l| l.ends_with(b"\r")),
+    );
+    let mut rdr = csv::Reader::from_reader(body);
+    let mut answers = Vec::new();
+    for r in rdr.deserialize::<Answer>() {
+        let mut a = r.map_err(|e| {
+            crate::plan::bounds::bad_input(
+                crate::results::row::csv_error(path, &header, &e, lag)
+                    .context("not a row of a `max-depth --out` CSV"),
+            )
+        })?;
+        if a.dtype.is_empty() {
+            a.dtype = "f32".to_string();
+        }
+        if a.block.is_empty() {
+            a.block = format!(
+                "{}, block not recorded ({})",
+                a.family,
+                path.file_name()
+                    .unwrap_or(path.as_os_str())
+                    .to_string_lossy()
+            );
+        }
+        answers.push(a);
+    }
+    Ok(answers)
+}
+
+/// Whether answer `a` of `answers` has a partner in the other dtype of the bf16-against-f32
+/// depths (f32 and bf16, same variant, family, budget and block): what `report` sets side by
+/// side.
+pub fn max_depth_paired(answers: &[Answer], a: &Answer) -> bool {
+    let other = match a.dtype.as_str() {
+        "f32" => data::BESIDE_F32,
+        d if d == data::BESIDE_F32 => "f32",
+        _ => return false,
+    };
+    answers
+        .iter()
+        .any(|x| same_search(x, a) && x.dtype == other)
+}
+
+/// Whether two max-depth answers are of one search: variant, family, budget and block.
+fn same_search(x: &Answer, a: &Answer) -> bool {
+    x.variant == a.variant
+        && x.family == a.family
+        && x.budget_bytes == a.budget_bytes
+        && x.block == a.block
 }
 
 /// A markdown table's body: its rows' cells.
@@ -456,10 +517,10 @@ fn bf16_section(groups: &[Group], max_depth: &[Answer], out: &mut String) {
              its `method` says `measured`): the deepest block of each variant that fits the \
              budget, in f32 and in bf16.\n"
         );
-        for ((family, budget), rows) in depths {
+        for ((block, budget), rows) in depths {
             let _ = writeln!(
                 out,
-                "`{family}` within {}:\n",
+                "`{block}` within {}:\n",
                 crate::progress::human_bytes(Some(budget))
             );
             out.push_str(&markdown_table(
@@ -472,29 +533,33 @@ fn bf16_section(groups: &[Group], max_depth: &[Answer], out: &mut String) {
     }
 }
 
-/// The max-depth answers in f32 and in bf16 for the same variant, family and budget, as table
-/// rows per (family, budget): variant, f32 depth, bf16 depth, their ratio (`≥` where an answer
+/// The max-depth answers in f32 and in bf16 for the same variant, family, budget and block
+/// ([`Answer::block`]: never an f32 answer beside a bf16 one of another block), as table rows
+/// per (block, budget): variant, f32 depth, bf16 depth, their ratio (`≥` where an answer
 /// reached the search bound: its note says so). The last answer of a (variant, family, dtype,
-/// budget) wins, as the last result row does.
+/// budget, block) wins, as the last result row does (`report` warns of contradicting ones).
 fn max_depth_pairs(answers: &[Answer]) -> Vec<((String, u64), Cells)> {
     let find = |a: &Answer, dtype: &str| {
-        answers.iter().rev().find(|x| {
-            x.variant == a.variant
-                && x.family == a.family
-                && x.budget_bytes == a.budget_bytes
-                && x.dtype == dtype
-        })
+        answers
+            .iter()
+            .rev()
+            .find(|x| same_search(x, a) && x.dtype == dtype)
     };
     let bound = |x: &Answer| x.note.contains(crate::measure::capacity::BOUND_NOTE);
     let mut out: Vec<((String, u64), Cells)> = Vec::new();
-    let mut seen: Vec<(&str, &str, u64)> = Vec::new();
+    let mut seen: Vec<(&str, &str, u64, &str)> = Vec::new();
     let order = data::variant_order(answers.iter().map(|a| a.variant.as_str()));
     for v in &order {
         for a in answers
             .iter()
             .filter(|a| &a.variant == v && a.dtype == "f32")
         {
-            let id = (a.variant.as_str(), a.family.as_str(), a.budget_bytes);
+            let id = (
+                a.variant.as_str(),
+                a.family.as_str(),
+                a.budget_bytes,
+                a.block.as_str(),
+            );
             if seen.contains(&id) {
                 continue;
             }
@@ -515,7 +580,12 @@ fn max_depth_pairs(answers: &[Answer]) -> Vec<((String, u64), Cells)> {
                 let r = b.max_depth as f64 / f.max_depth as f64;
                 format!("{}{r:.2}×", if bound(b) { "≥" } else { "" })
             };
-            let key = (a.family.clone(), a.budget_bytes);
+            let block = if a.block.is_empty() {
+                a.family.clone()
+            } else {
+                a.block.clone()
+            };
+            let key = (block, a.budget_bytes);
             let row = vec![format!("`{}`", a.variant), depth(f), depth(b), r];
             match out.iter_mut().find(|(k, _)| *k == key) {
                 Some((_, rows)) => rows.push(row),

@@ -393,7 +393,7 @@ fn crlf_line_lag(path: &Path) -> u64 {
 
 /// A CSV error in words: the line and the column by name, never "field 24". `lag`:
 /// [`crlf_line_lag`].
-fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
+pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
     let line = e.position().map(|p| p.line() + lag);
     let at = match line {
         Some(l) => format!("{} line {l}", path.display()),
