@@ -855,3 +855,65 @@ fn merge_never_mixes_two_convolutions() {
     let o = densebench(&["merge", path_str(&out), path_str(&tap), path_str(&cpu)]);
     assert!(o.status.success(), "{}", stderr(&o));
 }
+
+/// Defect (session 25): a `cargo build` that replaced the binary while its sweep ran stopped
+/// the sweep at the next row ("starting …/densebench (deleted): No such file or directory").
+/// Now every child runs the image that is running (`/proc/self/exe`): the sweep finishes, on the
+/// binary its first rows were measured with.
+#[test]
+#[cfg(target_os = "linux")]
+fn a_sweep_finishes_when_its_binary_is_replaced_under_it() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exe = dir.path().join("densebench");
+    std::fs::copy(common::bin(), &exe).expect("a copy of the binary");
+    let out = dir.path().join("results.csv");
+    let sweep = write(
+        dir.path(),
+        "s.toml",
+        b"[defaults]\nsteps = 1\nwarmup = 0\n[[group]]\nfamily = 'mlp'\nbatch = 4\n\
+          channels = 3\ngrowth = 2\ndepth = [1, 2, 3, 4, 5, 6, 7, 8]\n\
+          variants = ['cat-store-copy', 'buffer-store-inplace']\n",
+    );
+    let mut sweep_run = Command::new(&exe)
+        .args([
+            "bench-all",
+            "--sweep",
+            path_str(&sweep),
+            "--out",
+            path_str(&out),
+        ])
+        .args(["--cache-dir", path_str(&dir.path().join("cache"))])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the sweep starts");
+    // the first row written: then the binary is replaced (a new file renamed over it, as cargo
+    // does) by one that cannot run
+    let start = Instant::now();
+    let rows = || std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+    while rows() < 2 && start.elapsed() < Duration::from_secs(120) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if rows() < 2 {
+        let _ = sweep_run.kill();
+        let o = sweep_run.wait_with_output().expect("the sweep ends");
+        panic!(
+            "no row within 2 minutes: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let new = write(dir.path(), "densebench.new", b"#!/bin/sh\nexit 99\n");
+    std::fs::rename(&new, &exe).expect("replacing the binary");
+    // jobs were left to run on the replaced binary (else this test tests nothing)
+    let at_rename = rows();
+    let o = sweep_run.wait_with_output().expect("the sweep ends");
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{e}");
+    let written = read_rows(&out).expect("the rows");
+    assert_eq!(written.len(), 16, "{e}");
+    assert!(written.iter().all(|r| r.status == "ok"), "{e}");
+    assert!(
+        at_rename < 17,
+        "all 16 rows were written before the binary was replaced"
+    );
+}

@@ -317,15 +317,32 @@ fn glibc_tunables() -> String {
     }
 }
 
+/// This process's executable as it can be run and read again: `(image, path)`, the image
+/// `/proc/self/exe` on Linux (the very binary that is running, even after a `cargo build`
+/// replaced or deleted the file at its path mid-sweep: every child of a sweep then runs the
+/// binary its first rows were measured with, and the `git_rev` they all record is true), else
+/// the path itself; the path (for the child's `argv[0]` and messages) as
+/// [`std::env::current_exe`] gives it.
+pub fn running_executable() -> Result<(PathBuf, PathBuf)> {
+    let path = std::env::current_exe().context("finding the densebench executable")?;
+    let image = PathBuf::from("/proc/self/exe");
+    if cfg!(target_os = "linux") && image.exists() {
+        Ok((image, path))
+    } else {
+        Ok((path.clone(), path))
+    }
+}
+
 /// Runs this binary with `args` as a child process with `s.threads` compute threads, killing it
 /// after `s.timeout`. Errs when the child cannot be started at all, and with
 /// [`interrupt::Interrupted`] when the parent was told to stop (the child is killed, and how it
 /// ended is not a result).
 pub fn spawn(args: &[String], s: &Settings) -> Result<Outcome> {
-    let exe = std::env::current_exe().context("finding the densebench executable to re-run")?;
+    let (image, exe) = running_executable()?;
     let threads = s.threads.to_string();
-    let mut cmd = Command::new(&exe);
-    cmd.args(args)
+    let mut cmd = Command::new(&image);
+    cmd.arg0(&exe)
+        .args(args)
         // candle's CPU backend and gemm read RAYON_NUM_THREADS (candle_core::utils::
         // get_num_threads); CANDLE_NUM_THREADS sizes its barrier pool (defaults to the former).
         .env("RAYON_NUM_THREADS", &threads)

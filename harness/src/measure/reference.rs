@@ -145,9 +145,9 @@ fn build_id() -> Result<String> {
     if let Some(id) = ID.get() {
         return Ok(id.clone());
     }
-    let exe = std::env::current_exe().context("finding the densebench executable")?;
+    let (image, exe) = crate::measure::child::running_executable()?;
     let bytes =
-        std::fs::read(&exe).with_context(|| format!("reading {} to hash it", exe.display()))?;
+        std::fs::read(&image).with_context(|| format!("reading {} to hash it", exe.display()))?;
     Ok(ID.get_or_init(|| content_hash(&bytes)).clone())
 }
 
