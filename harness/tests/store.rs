@@ -141,6 +141,19 @@ fn crlf_files_are_read_with_true_line_numbers_and_refused_for_appending_by_name(
         "{e}"
     );
     assert_eq!(std::fs::read(&p).expect("still there"), crlf.as_bytes());
+    // a byte-order mark before the header: read, and refused for appending by name (it was
+    // "the same columns in another order", the mark invisible in the quoted line)
+    let bom = [b"\xEF\xBB\xBF".as_slice(), lf.as_bytes()].concat();
+    let p = write(dir.path(), "bom.csv", &bom);
+    assert_eq!(read_rows(&p).expect("readable"), rows.to_vec());
+    let o = quick(dir.path(), &p, &["--resume"]);
+    let e = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{e}");
+    assert!(
+        e.contains("UTF-8 byte-order mark") && !e.contains("another order"),
+        "{e}"
+    );
+    assert_eq!(std::fs::read(&p).expect("still there"), bom);
 }
 
 #[test]

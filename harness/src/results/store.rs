@@ -571,6 +571,23 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
             path.display()
         )));
     }
+    if let Some(rest) = first.strip_prefix(b"\xEF\xBB\xBF") {
+        if rest.strip_suffix(b"\r").unwrap_or(rest) == expected {
+            return Err(bad_input(anyhow!(
+                "{} starts with a UTF-8 byte-order mark (saved by a spreadsheet or an editor on \
+                 Windows?), invisible before its header: refusing to append to it; remove it \
+                 first (`sed -i '1s/^\\xEF\\xBB\\xBF//' {}`{}) or write to a new file; the file \
+                 was not changed",
+                path.display(),
+                path.display(),
+                if rest.ends_with(b"\r") {
+                    ", and its Windows (CRLF) line endings: `sed -i 's/\\r$//'`"
+                } else {
+                    ""
+                }
+            )));
+        }
+    }
     let shown = String::from_utf8_lossy(&first[..first.len().min(80)]).into_owned();
     let got: Vec<String> = csv::ReaderBuilder::new()
         .has_headers(false)
