@@ -830,3 +830,37 @@ variants = ["cat-store-copy", "autograd"]
         2.0 * least
     );
 }
+
+/// `merge` tells a torn input's user to rerun its shard with `--resume` (what repairs a row a
+/// killed shard cut short), and only then: a NaN cell or an empty file is no torn row, and the
+/// hint misled there (session 25).
+#[test]
+fn merge_hints_at_resume_only_for_a_torn_row() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let d = dir.path();
+    let a = csv(d, "a.csv", &[row("x/1", T1, 10), row("y/1", T1, 20)]);
+    let text = std::fs::read_to_string(&a).unwrap();
+    let hint = "running it again with --resume";
+    // the last row cut in the middle of a field
+    let torn = d.join("torn.csv");
+    std::fs::write(&torn, &text[..text.len() - 40]).unwrap();
+    // a NaN in a byte count
+    let nan = d.join("nan.csv");
+    let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
+    let at = lines[0].split(',').position(|c| c == "median_ns").unwrap();
+    let mut cells: Vec<&str> = lines[1].split(',').collect();
+    assert_eq!(cells[at], "10");
+    cells[at] = "NaN";
+    lines[1] = cells.join(",");
+    std::fs::write(&nan, lines.join("\n") + "\n").unwrap();
+    let empty = d.join("empty.csv");
+    std::fs::write(&empty, "").unwrap();
+    for (input, hinted) in [(&torn, true), (&nan, false), (&empty, false)] {
+        let out = d.join("out.csv");
+        let o = densebench(&["merge", s(&out), s(&a), s(input)]);
+        let e = stderr(&o);
+        assert!(!o.status.success(), "{}: {e}", input.display());
+        assert_eq!(e.contains(hint), hinted, "{}: {e}", input.display());
+        assert!(!out.exists());
+    }
+}

@@ -27,7 +27,7 @@ use crate::results::conv_path;
 use crate::results::merge::{merge_rows, Input, Prefer};
 use crate::results::row;
 use crate::results::store::{csv_bytes, same_file, Reserved};
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -171,12 +171,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let mut inputs = Vec::new();
     for p in &a.inputs {
-        let rows = row::read_rows(p).with_context(|| {
-            format!(
-                "merging {} (a shard killed in the middle of a write is repaired by running it \
-                 again with --resume)",
-                p.display()
-            )
+        let rows = row::read_rows(p).map_err(|e| {
+            // the hint only where it helps: a row cut short, as a killed shard leaves it
+            let text = format!("{e:#}");
+            let torn = text.contains("torn") || text.contains("ends before this column");
+            let hint = if torn {
+                " (a shard killed in the middle of a write is repaired by running it again with \
+                 --resume)"
+            } else {
+                ""
+            };
+            e.context(format!("merging {}{hint}", p.display()))
         })?;
         inputs.push(Input {
             name: p.display().to_string(),
