@@ -930,3 +930,49 @@ fn a_sweep_finishes_when_its_binary_is_replaced_under_it() {
         "all 16 rows were written before the binary was replaced"
     );
 }
+
+/// Defect (session 25): `--resume` on a file that holds one key twice (an edited or
+/// concatenated file) counted both rows in its verdict ("holds 5 rows of this run's jobs … ok:
+/// 5" for a 4-job sweep) and said nothing. Now each key counts once, its last row, and a warning
+/// names the key.
+#[test]
+fn resume_counts_a_repeated_key_once_and_says_so() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("results.csv");
+    let sweep = write(
+        dir.path(),
+        "s.toml",
+        b"[defaults]\nsteps = 1\nwarmup = 0\n[[group]]\nfamily = 'mlp'\nbatch = 4\n\
+          channels = 3\ngrowth = 2\ndepth = [1, 2]\n\
+          variants = ['cat-store-copy', 'buffer-store-inplace']\n",
+    );
+    let cache = dir.path().join("cache");
+    let args = [
+        "bench-all",
+        "--sweep",
+        path_str(&sweep),
+        "--out",
+        path_str(&out),
+        "--cache-dir",
+        path_str(&cache),
+    ];
+    let o = densebench(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&out).unwrap();
+    let second = text.lines().nth(1).unwrap().to_string();
+    std::fs::write(&out, format!("{text}{second}\n")).unwrap();
+    let mut resume = args.to_vec();
+    resume.push("--resume");
+    let o = densebench(&resume);
+    let e = stderr(&o);
+    assert!(o.status.success(), "{e}");
+    let key = read_rows(&out).unwrap()[0].key.clone();
+    assert!(
+        e.contains("holds 1 earlier row(s) of keys it also holds later") && e.contains(&key),
+        "{e}"
+    );
+    assert!(
+        e.contains("holds 4 rows of this run's jobs from before (ok: 4)"),
+        "{e}"
+    );
+}

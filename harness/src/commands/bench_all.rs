@@ -36,7 +36,7 @@ use crate::results::row::{join_counts, Row};
 use crate::results::store::{Output, RowFilter};
 use crate::results::{conv_path, runner};
 use anyhow::{anyhow, Result};
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Instant;
@@ -248,10 +248,42 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let done: HashSet<String> = held.iter().map(|r| r.key.clone()).collect();
     // The rows of this run's jobs that `--resume` keeps: part of this run's result, so the
     // verdict (exit status, summary) counts them as it counts the rows written now.
+    // A key the file holds more than once (an edited or concatenated file) counts once: its
+    // last row, as report, plots and compare read it, said here.
+    let mut last: HashMap<&str, usize> = HashMap::new();
+    for (i, r) in held.iter().enumerate() {
+        if mine.contains(r.key.as_str()) {
+            last.insert(r.key.as_str(), i);
+        }
+    }
     let kept: Vec<&Row> = held
         .iter()
-        .filter(|r| mine.contains(r.key.as_str()))
+        .enumerate()
+        .filter(|(i, r)| last.get(r.key.as_str()) == Some(i))
+        .map(|(_, r)| r)
         .collect();
+    let repeated = held
+        .iter()
+        .filter(|r| mine.contains(r.key.as_str()))
+        .count()
+        - kept.len();
+    if repeated > 0 {
+        let mut keys: Vec<&str> = held
+            .iter()
+            .enumerate()
+            .filter(|(i, r)| last.get(r.key.as_str()).is_some_and(|l| l != i))
+            .map(|(_, r)| r.key.as_str())
+            .collect();
+        keys.dedup();
+        crate::say!(
+            "densebench bench-all: warning: {} holds {repeated} earlier row(s) of keys it also \
+             holds later ({}{}): each key counts once, its last row (as report, plots and \
+             compare read it)",
+            out_path.display(),
+            keys.iter().take(3).copied().collect::<Vec<_>>().join(", "),
+            if keys.len() > 3 { ", …" } else { "" }
+        );
+    }
     let foreign = done.iter().filter(|k| !mine.contains(k.as_str())).count();
     if foreign > 0 {
         crate::say!(
