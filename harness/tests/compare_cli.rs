@@ -468,3 +468,47 @@ fn compare_warns_that_time_regressions_on_few_steps_are_noise() {
         }
     }
 }
+
+/// A peak_bytes regression on a CPU row under 1 MiB measured at more than one thread carries a
+/// warning that such peaks vary with the threads that took part (a tiny bc row at 2 threads
+/// peaked at 136,340 or 156,360 bytes run to run, session 25); at one thread, or at MB scale, no
+/// warning.
+#[test]
+fn compare_warns_that_small_multi_thread_peaks_vary() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let rows: Vec<Row> = reference("mlp")[..2].to_vec();
+    let with = |peak: u64, bigger: f64, threads: usize| -> Vec<Row> {
+        rows.iter()
+            .map(|r| {
+                let mut r = r.clone();
+                r.threads = threads;
+                r.peak_bytes = Some((peak as f64 * bigger) as u64);
+                r
+            })
+            .collect()
+    };
+    let warning = "peak_bytes regression(s) are on CPU rows under 1 MiB measured at more than one";
+    for (peak, threads, warned) in [
+        (136_340, 2, true),
+        (136_340, 1, false),
+        (50 << 20, 2, false),
+    ] {
+        let base = write(dir.path(), "base.csv", &with(peak, 1.0, threads));
+        let new = write(dir.path(), "new.csv", &with(peak, 1.147, threads));
+        let o = compare(
+            &base,
+            &new,
+            &["--metric", "peak_bytes", "--max-regression", "1"],
+        );
+        let log = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{peak} B at {threads}:\n{log}");
+        assert_eq!(
+            log.contains(warning),
+            warned,
+            "{peak} B at {threads}:\n{log}"
+        );
+        if warned {
+            assert!(log.contains(&format!("2 {warning}")), "{log}");
+        }
+    }
+}

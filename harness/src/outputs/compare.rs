@@ -19,6 +19,13 @@ use std::path::Path;
 /// times at a geometric mean of ×1.00.
 pub const STEADY_STEPS: usize = 5;
 
+/// Under this peak (bytes, either side) a CPU row at more than one thread has a peak that
+/// varies between runs of one binary by the per-thread scratch of the threads that happened to
+/// take part in a parallel region (measured: a bc N=2, 8×8, L=2 `cat-store-copy` row at 2
+/// threads peaked at 136,340 or 156,360 bytes, +14.7%; at 1 thread 117,076 every time; at
+/// MB-scale peaks every thread always takes part and the peaks repeat to the byte).
+pub const SMALL_PEAK_BYTES: f64 = (1u64 << 20) as f64;
+
 /// Exit status when a regression beyond the threshold was found.
 pub const EXIT_REGRESSION: u8 = 1;
 
@@ -458,6 +465,7 @@ pub fn compare_rows(
     let limit = threshold_pct.map(|p| p / 100.0);
     // Time regressions, and the fewer side's step count of those on rows of few timed steps.
     let (mut time_regressions, mut few_steps) = (0usize, Vec::<usize>::new());
+    let mut small_peaks = 0usize;
     let new_has_peers = new.iter().any(Row::is_peer);
     for (k, b) in &bi {
         let Some(n) = ni.get(k) else {
@@ -539,6 +547,14 @@ pub fn compare_rows(
                     few_steps.push(b.steps.min(n.steps));
                 }
             }
+            if verdict == Verdict::Regression
+                && m == Metric::PeakBytes
+                && b.device == "cpu"
+                && b.threads.max(n.threads) > 1
+                && matches!((bv, nv), (Some(x), Some(y)) if x.max(y) < SMALL_PEAK_BYTES)
+            {
+                small_peaks += 1;
+            }
             c.lines.push(Line {
                 key: k.clone(),
                 config: k.label(b),
@@ -548,6 +564,14 @@ pub fn compare_rows(
                 verdict,
             });
         }
+    }
+    if small_peaks > 0 {
+        c.warnings.push(format!(
+            "{small_peaks} peak_bytes regression(s) are on CPU rows under 1 MiB measured at more \
+             than one thread: such a peak varies between runs of one binary by the per-thread \
+             scratch of the threads that took part (tens of KB; docs/measuring.md, \"Comparing \
+             runs\"); measure them at --threads 1, or gate on larger configurations"
+        ));
     }
     if !few_steps.is_empty() {
         let (lo, hi) = (
