@@ -976,3 +976,47 @@ fn resume_counts_a_repeated_key_once_and_says_so() {
         "{e}"
     );
 }
+
+/// `report`, `plots` and `compare` on a result CSV a sweep is still writing say so (they show
+/// the rows written so far), where they said nothing (session 25); without a live writer, no
+/// warning.
+#[test]
+fn readers_say_when_their_input_is_being_written() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let out = dir.path().join("results.csv");
+    let cache = dir.path().join("cache");
+    let mut sweep = Command::new(common::bin())
+        .args(["bench-all", "--quick", "--out", path_str(&out)])
+        .args(["--cache-dir", path_str(&cache)])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("the sweep starts");
+    let lock = dir.path().join(".results.csv.lock");
+    let start = Instant::now();
+    let rows = || std::fs::read_to_string(&out).map_or(0, |t| t.lines().count());
+    while (!lock.exists() || rows() < 2) && start.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let md = dir.path().join("REPORT.md");
+    let figs = dir.path().join("figs");
+    let outs = [
+        densebench(&["report", path_str(&out), "--out", path_str(&md)]),
+        densebench(&["plots", path_str(&out), "--out", path_str(&figs)]),
+        densebench(&["compare", path_str(&out), path_str(&out)]),
+    ];
+    let running = sweep.try_wait().expect("the sweep's status").is_none();
+    let _ = sweep.kill();
+    let _ = sweep.wait();
+    assert!(
+        running,
+        "the sweep ended before the readers ran: nothing was tested"
+    );
+    let warning = format!("is being written by densebench pid {}", sweep.id());
+    for o in &outs {
+        assert!(stderr(o).contains(&warning), "{}", stderr(o));
+    }
+    // the sweep stopped: its lock is gone, and no reader warns
+    let o = densebench(&["report", path_str(&out), "--out", path_str(&md)]);
+    assert!(!stderr(&o).contains("is being written"), "{}", stderr(&o));
+}

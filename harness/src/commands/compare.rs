@@ -87,6 +87,7 @@ const PERCENTAGE: &str = "expected a percentage: a finite number ≥ 0 such as 1
                           10% worse than BASE; 0 flags any worsening)";
 
 fn read(path: &Path, side: &str) -> Result<Vec<Row>> {
+    crate::results::store::warn_if_being_written(path);
     read_rows(path).with_context(|| format!("reading {side} {}", path.display()))
 }
 

@@ -498,6 +498,7 @@ pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
                 p.display()
             )));
         }
+        warn_if_being_written(p);
         rows.extend(row::read_rows(p)?);
     }
     let (rows, repeated) = row::last_of_each_key(rows);
@@ -505,6 +506,38 @@ pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
         crate::say!("warning: {w}");
     }
     Ok(rows)
+}
+
+/// The pid of the densebench that is writing the result CSV `path` right now (a sweep in
+/// progress): its writer lock's file exists and names a live process. Read without taking the
+/// lock (a reader must never make a starting writer fail); a lock left by a dead writer, or none,
+/// is `None`.
+pub fn being_written_by(path: &Path) -> Option<i32> {
+    let lock = sibling(path, ".lock").ok()?;
+    let file = OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(&lock)
+        .ok()?;
+    if !file.metadata().ok()?.is_file() {
+        return None;
+    }
+    let mut holder = String::new();
+    let _ = file.take(64).read_to_string(&mut holder);
+    let pid = holder.trim().parse::<i32>().ok()?;
+    (pid > 0 && pid != std::process::id() as i32 && interrupt::process_exists(pid)).then_some(pid)
+}
+
+/// Says on stderr that the result CSV `path` is being written right now ([`being_written_by`]):
+/// what a reader shows of it is the rows written so far.
+pub fn warn_if_being_written(path: &Path) {
+    if let Some(pid) = being_written_by(path) {
+        crate::say!(
+            "warning: {} is being written by densebench pid {pid} right now (a sweep in \
+             progress): read as far as it is written",
+            path.display()
+        );
+    }
 }
 
 /// Whether two paths name the same existing file (through any path or link).
