@@ -165,7 +165,7 @@ fn header_claiming_4_gib_of_data_is_refused_without_reading_it() {
         .unwrap();
     // Structurally sound, but the family's weights are missing: refused from the header.
     let e = load_err(&p, None);
-    assert_names(&e, &p, &["layers.0.weight", "missing"]);
+    assert_names(&e, &p, &["layers.0.weight", "case of neither family"]);
     // A header that claims more data than the file holds, refused with the sizes.
     let short = d.write("short.safetensors", &with_header(&json));
     let e = load_err(&short, None);
@@ -632,4 +632,88 @@ fn a_fifo_is_refused_without_blocking() {
         .expect("loading a FIFO must not block")
         .expect("a FIFO is not a case file");
     assert!(err.contains("not a regular file"), "{err}");
+}
+
+/// Defects found by a hostile user (session 25): a case missing a layer in the middle (its
+/// tensors packed correctly) was blamed on `grad_output`'s shape; a step's result file given as
+/// a case was "missing `input`"; a file of neither family named a tensor
+/// `layers.0.weight or denselayer1.conv1.weight`; a NaN input or an infinite upstream gradient
+/// loaded, and every result was NaN; and the messages gave the block a `seed=0` a case file does
+/// not have.
+#[test]
+fn gaps_results_foreign_files_and_non_finite_values_are_named() {
+    let d = Dir::new();
+    for family in [Family::Bc, Family::Mlp] {
+        let (_, case) = d.valid(family);
+        assert!(case.cfg.depth >= 3, "the tiny block has a middle layer");
+        // layer 2 (of 3) dropped whole
+        let mut gap = case.clone();
+        let prefix = match family {
+            Family::Bc => "denselayer2.",
+            Family::Mlp => "layers.1.",
+        };
+        gap.params.tensors.retain(|k, _| !k.starts_with(prefix));
+        let p = d.dir.path().join(format!("gap-{family}.safetensors"));
+        gap.save(&p).unwrap();
+        let e = load_err(&p, None);
+        let first = match family {
+            Family::Bc => "denselayer2.conv1.weight",
+            Family::Mlp => "layers.1.weight",
+        };
+        assert_names(
+            &e,
+            &p,
+            &[&format!("tensor `{first}` is missing"), "without a gap"],
+        );
+        assert!(!e.contains("grad_output"), "{e}");
+        // a step's results
+        let result = case.step(Variant::NAIVE).unwrap();
+        let p = d.dir.path().join(format!("result-{family}.safetensors"));
+        save_result(&result, &p).unwrap();
+        assert_names(
+            &load_err(&p, None),
+            &p,
+            &["is a step's results", "not a case"],
+        );
+        // non-finite values, in the input and in the upstream gradient
+        for (name, bad) in [("input", f64::NAN), ("grad_output", f64::INFINITY)] {
+            let mut c = case.clone();
+            let t = if name == "input" {
+                &mut c.input
+            } else {
+                &mut c.grad_output
+            };
+            let mut v: Vec<f64> = t.flatten_all().unwrap().to_vec1().unwrap();
+            v[1] = bad;
+            *t = candle_core::Tensor::from_vec(v, t.shape(), &Device::Cpu).unwrap();
+            let p = d.dir.path().join(format!("{name}-{family}.safetensors"));
+            c.save(&p).unwrap();
+            let e = load_err(&p, None);
+            assert_names(
+                &e,
+                &p,
+                &[
+                    &format!("tensor `{name}`"),
+                    "1 value(s) are NaN or infinite",
+                    "flat index 1",
+                ],
+            );
+        }
+    }
+    // neither family's first weight
+    let p = d.write(
+        "foreign.safetensors",
+        &safetensors(&[t("input", "F64", &[2, 2], vec![0; 32])]),
+    );
+    let e = load_err(&p, None);
+    assert_names(&e, &p, &["case of neither family", "`layers.0.weight`"]);
+    assert!(!e.contains(" or denselayer"), "{e}");
+    // no seed in a case's block description
+    let (_, case) = d.valid(Family::Bc);
+    let mut missing = case.clone();
+    missing.params.tensors.remove("denselayer3.conv2.weight");
+    let p = d.dir.path().join("missing-seed.safetensors");
+    missing.save(&p).unwrap();
+    let e = load_err(&p, None);
+    assert!(!e.contains("seed="), "{e}");
 }

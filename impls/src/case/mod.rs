@@ -169,6 +169,17 @@ fn dim(h: &Header, name: &str, axis: usize, rank: usize) -> Result<usize> {
 /// Infers a case file's config from its declared tensors (see the module docs) and validates
 /// it; nothing is read but the header.
 fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
+    if !h.entries.contains_key("input")
+        && h.entries.contains_key("output")
+        && h.entries.contains_key("grad.input")
+    {
+        return Err(Error::BadFile {
+            what: "the file".to_string(),
+            reason: "it is a step's results (`output`, `grad.input`, `grad.…`), not a case: give \
+                     `--case` a file `densebench case` wrote"
+                .to_string(),
+        });
+    }
     let input = entry(h, "input", "")?;
     let dtype = match input.dtype {
         "F32" => DType::F32,
@@ -187,17 +198,43 @@ fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
     } else if h.entries.contains_key(&params::conv_name(0, 1)) {
         Family::Bc
     } else {
-        return Err(Error::MissingTensor {
-            name: format!("{} or {}", params::mlp_weight(0), params::conv_name(0, 1)),
-            context: " (needed to tell the family: mlp or bc)".to_string(),
+        return Err(Error::BadFile {
+            what: "the file".to_string(),
+            reason: format!(
+                "it has neither `{}` (an mlp block's first Linear) nor `{}` (a bc block's first \
+                 Conv1×1), so it is a case of neither family",
+                params::mlp_weight(0),
+                params::conv_name(0, 1)
+            ),
         });
     };
+    let first_of = |i: usize| match family {
+        Family::Mlp => params::mlp_weight(i),
+        Family::Bc => params::conv_name(i, 1),
+    };
     let depth = (0..)
-        .take_while(|&i| match family {
-            Family::Mlp => h.entries.contains_key(&params::mlp_weight(i)),
-            Family::Bc => h.entries.contains_key(&params::conv_name(i, 1)),
-        })
+        .take_while(|&i| h.entries.contains_key(&first_of(i)))
         .count();
+    // A later layer's first weight without this one's: a layer missing in the middle, said as
+    // such (else the block reads as `depth` layers deep and a later check blames a shape).
+    let last = h
+        .entries
+        .keys()
+        .filter_map(|n| layer_of(family, n).filter(|&i| *n == first_of(i)))
+        .max();
+    if let Some(last) = last {
+        if last >= depth {
+            return Err(Error::MissingTensor {
+                name: first_of(depth),
+                context: format!(
+                    " (layer {} of the file's {}: its layers must run from the first without a \
+                     gap)",
+                    depth + 1,
+                    last + 1
+                ),
+            });
+        }
+    }
     let rank = if family == Family::Mlp { 2 } else { 4 };
     let batch = dim(h, "input", 0, rank)?;
     let channels = dim(h, "input", 1, rank)?;
@@ -238,6 +275,23 @@ fn infer_config(h: &Header, activation: Option<bool>) -> Result<Config> {
     };
     cfg.validate()?;
     Ok(cfg)
+}
+
+/// The layer (from 0) a parameter name of `family` belongs to: `layers.{i}.…` (mlp) or
+/// `denselayer{i+1}.…` (bc); `None` for any other name.
+fn layer_of(family: Family, name: &str) -> Option<usize> {
+    let (index, _) = match family {
+        Family::Mlp => name.strip_prefix("layers.")?.split_once('.')?,
+        Family::Bc => name.strip_prefix("denselayer")?.split_once('.')?,
+    };
+    if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) || index.len() > 9 {
+        return None;
+    }
+    let i: usize = index.parse().ok()?;
+    match family {
+        Family::Mlp => Some(i),
+        Family::Bc => i.checked_sub(1),
+    }
 }
 
 /// The [`ACTIVATION_KEY`] value of an activation.
@@ -308,7 +362,7 @@ fn missing(name: &str, shape: &[usize], dtype: DType, cfg: &Config) -> Error {
         context: format!(
             " (expected shape {shape:?}, dtype {} for {})",
             dtype.as_str(),
-            cfg.describe()
+            cfg.describe_block()
         ),
     }
 }
@@ -353,6 +407,7 @@ fn read_expected(
     cfg: &Config,
     expected: &[Expected],
     max_bytes: Option<u64>,
+    finite: bool,
 ) -> Result<HashMap<String, Tensor>> {
     let mut data_bytes = 0u128;
     for (name, shape, dtype) in expected {
@@ -388,7 +443,7 @@ fn read_expected(
                 let shown: String = name.chars().take(80).collect();
                 return Err(Error::BadFile {
                     what: format!("tensor `{shown}`"),
-                    reason: format!("not a tensor of {} (unknown name)", cfg.describe()),
+                    reason: format!("not a tensor of {} (unknown name)", cfg.describe_block()),
                 });
             }
             if e.dtype != "I64" || e.shape.iter().product::<usize>() != 1 {
@@ -411,7 +466,7 @@ fn read_expected(
                 what: format!(
                     "loading {} ({data_bytes} bytes of tensors, {header_bytes} for the header, \
                      {} of overhead)",
-                    cfg.describe(),
+                    cfg.describe_block(),
                     header::LOAD_OVERHEAD_BYTES
                 ),
                 needed,
@@ -424,19 +479,56 @@ fn read_expected(
     let mut out = HashMap::new();
     for (name, shape, dtype) in expected {
         let e = entry(h, name, "")?;
+        let check = |ok: &mut dyn Iterator<Item = bool>| {
+            if finite {
+                check_finite(name, ok)
+            } else {
+                Ok(())
+            }
+        };
         let t = match dtype {
             DType::F64 => {
-                Tensor::from_vec(header::read_f64(file, h, e)?, shape.as_slice(), &device)
+                let v = header::read_f64(file, h, e)?;
+                check(&mut v.iter().map(|x| x.is_finite()))?;
+                Tensor::from_vec(v, shape.as_slice(), &device)
             }
             DType::BF16 => {
-                Tensor::from_vec(header::read_bf16(file, h, e)?, shape.as_slice(), &device)
+                let v = header::read_bf16(file, h, e)?;
+                check(&mut v.iter().map(|x| x.is_finite()))?;
+                Tensor::from_vec(v, shape.as_slice(), &device)
             }
-            _ => Tensor::from_vec(header::read_f32(file, h, e)?, shape.as_slice(), &device),
+            _ => {
+                let v = header::read_f32(file, h, e)?;
+                check(&mut v.iter().map(|x| x.is_finite()))?;
+                Tensor::from_vec(v, shape.as_slice(), &device)
+            }
         }
         .ctx(name)?;
         out.insert(name.clone(), t);
     }
     Ok(out)
+}
+
+/// Errs when a case's tensor `name` holds a NaN or an infinity (`ok`: each value's finiteness,
+/// in order): every result of a step on it would be NaN, and a benchmark row of it no result.
+fn check_finite(name: &str, ok: &mut dyn Iterator<Item = bool>) -> Result<()> {
+    let (mut bad, mut first) = (0usize, None);
+    for (i, fine) in ok.enumerate() {
+        if !fine {
+            bad += 1;
+            first.get_or_insert(i);
+        }
+    }
+    match first {
+        None => Ok(()),
+        Some(i) => Err(Error::BadFile {
+            what: format!("tensor `{name}`"),
+            reason: format!(
+                "{bad} value(s) are NaN or infinite (the first at flat index {i}): a case's \
+                 inputs, upstream gradient and parameters must be finite"
+            ),
+        }),
+    }
 }
 
 /// Moves every tensor of `map` to `device` (a no-op on the CPU).
@@ -588,7 +680,7 @@ impl Case {
                     .into_iter()
                     .map(|s| (s.name, s.shape, param)),
             );
-            let read = read_expected(&mut file, &h, &cfg, &expected, max_bytes)?;
+            let read = read_expected(&mut file, &h, &cfg, &expected, max_bytes, true)?;
             // The header and the list are no longer needed: free them before the tensors are
             // sorted into parameters.
             drop((h, expected));
@@ -666,7 +758,7 @@ pub fn load_result_with_limit(
                 .iter()
                 .map(|s| (result_name(s), s.shape.clone(), param)),
         );
-        let read = read_expected(&mut file, &h, cfg, &expected, max_bytes)?;
+        let read = read_expected(&mut file, &h, cfg, &expected, max_bytes, false)?;
         drop((h, expected));
         let mut map = to_device(read, device)?;
         let mut take = |name: &str| {

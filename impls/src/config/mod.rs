@@ -547,6 +547,16 @@ impl Config {
         }
     }
 
+    /// [`Config::describe`] without the seed: the block of a case file, whose values are the
+    /// file's own, drawn from no seed of densebench's.
+    pub fn describe_block(&self) -> String {
+        let d = self.describe();
+        match d.rsplit_once(" seed=") {
+            Some((block, _)) => block.to_string(),
+            None => d,
+        }
+    }
+
     /// A one-line description, e.g. `bc N=64 C0=24 k=12 L=16 bn=4 32x32 f32 seed=0`.
     pub fn describe(&self) -> String {
         match self.family {
