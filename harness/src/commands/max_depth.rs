@@ -117,9 +117,9 @@ fn block(a: &Args, dtype: &str) -> Result<Config> {
 }
 
 /// Whether a file is a CSV `max-depth --out` wrote: its header is [`Answer`]'s columns (or
-/// those of an earlier one, [`capacity::is_max_depth_header`]).
+/// those of an earlier one, [`crate::results::replace::is_max_depth_header`]).
 fn is_max_depth_csv(start: &[u8], _len: u64) -> bool {
-    csv_header(start).is_some_and(|h| capacity::is_max_depth_header(&h))
+    csv_header(start).is_some_and(|h| crate::results::replace::is_max_depth_header(&h))
 }
 
 /// A variant's depth over naive's, and how far it can be trusted: the search stops at

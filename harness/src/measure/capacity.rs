@@ -22,15 +22,8 @@ pub const BOUND_NOTE: &str = "search bound reached";
 
 /// The columns [`Answer`] gained after its first CSVs, in order, each appended last (so a reader
 /// of the columns before them by position reads them as before): `dtype` with bf16, `block`
-/// with the report's pairing of answers by block.
+/// with the report's pairing of answers by block (`results::replace::is_max_depth_header`).
 pub const ADDED_COLUMNS: [&str; 2] = ["dtype", "block"];
-
-/// Whether `header` is that of a CSV `max-depth --out` wrote: [`Answer`]'s columns, or those of
-/// an earlier one (without the last [`ADDED_COLUMNS`]).
-pub fn is_max_depth_header(header: &[String]) -> bool {
-    let now = crate::results::row::csv_columns::<Answer>();
-    (0..=ADDED_COLUMNS.len()).any(|dropped| header == &now[..now.len() - dropped])
-}
 
 /// One variant's answer: a row of `max-depth --out`'s CSV (and what `report --max-depth` reads).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]

@@ -254,6 +254,17 @@ impl std::fmt::Display for Listed {
     }
 }
 
+/// A ratio NEW/BASE to 3 decimals, or to as many more (up to 9) as it takes not to read `1.000`
+/// beside a regression or an improvement (`--max-regression 0` flags any change: a 17.8 → 17.8
+/// "1.000 REGRESSION" told the reader nothing).
+fn ratio_text(r: f64, verdict: Verdict) -> String {
+    let changed = matches!(verdict, Verdict::Regression | Verdict::Improvement);
+    (3..=9)
+        .map(|d| format!("{r:.d$}"))
+        .find(|t| !changed || t.trim_end_matches('0') != "1.")
+        .unwrap_or_else(|| format!("{r:e}"))
+}
+
 /// What fails a comparison besides a broken row: the `--max-regression` threshold (none: no
 /// metric fails) and whether rows of BASE may be missing from NEW (`--allow-missing`).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -776,7 +787,7 @@ pub fn render_human(
                     human(l.base, div),
                     human(l.new, div),
                     l.ratio()
-                        .map(|r| format!("{r:.3}"))
+                        .map(|r| ratio_text(r, l.verdict))
                         .unwrap_or_else(|| "-".to_string()),
                     flag(l.verdict).to_string(),
                 ]
@@ -955,4 +966,21 @@ pub fn write_csv(c: &Comparison, out: impl Write) -> Result<()> {
     }
     w.flush()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ratio_text, Verdict};
+
+    /// A flagged change never reads as `1.000`; an unflagged ratio keeps its 3 decimals.
+    #[test]
+    fn a_flagged_ratio_shows_its_change() {
+        assert_eq!(ratio_text(1.0004, Verdict::Regression), "1.0004");
+        assert_eq!(ratio_text(0.99996, Verdict::Improvement), "0.99996");
+        assert_eq!(ratio_text(1.0004, Verdict::Same), "1.000");
+        assert_eq!(ratio_text(1.25, Verdict::Regression), "1.250");
+        assert_eq!(ratio_text(0.9996, Verdict::Improvement), "0.9996");
+        // beyond 9 decimals: the exponent form, still not `1.000`
+        assert_ne!(ratio_text(1.0 + 1e-12, Verdict::Regression), "1.000");
+    }
 }

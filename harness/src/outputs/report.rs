@@ -304,7 +304,7 @@ pub fn read_max_depth(path: &Path) -> Result<Vec<Answer>> {
     let bytes = input::read_bounded(path, "max-depth CSV", limit, &from)?;
     let body = bytes.strip_prefix(b"\xEF\xBB\xBF").unwrap_or(&bytes);
     let header = crate::results::replace::csv_header(body).unwrap_or_default();
-    if !crate::measure::capacity::is_max_depth_header(&header) {
+    if !crate::results::replace::is_max_depth_header(&header) {
         let what = if body.iter().all(u8::is_ascii_whitespace) {
             "is empty".to_string()
         } else if crate::results::row::is_result_header(&header) {
@@ -624,10 +624,11 @@ fn gradient_section(groups: &[Group], out: &mut String) {
         )
     } else {
         format!(
-            "{} of {} ok rows were checked against {refs}; {} are outside tolerance{}.",
+            "{} of {} ok rows were checked against {refs}; {} {} outside tolerance{}.",
             checked.len(),
             ok.len(),
             failed.len(),
+            if failed.len() == 1 { "is" } else { "are" },
             if checked.len() < ok.len() {
                 format!("; {} carry no check", ok.len() - checked.len())
             } else {

@@ -383,9 +383,14 @@ pub fn parse_bytes(s: &str) -> Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (digits, suffix) = t.split_at(split);
-    let n: u64 = digits
-        .parse()
-        .with_context(|| format!("`{s}` is not a byte count (e.g. 1500000, 512M, 2GiB)"))?;
+    let n: u64 = digits.parse().map_err(|_| {
+        let why = if digits.is_empty() {
+            "a count starts with its digits"
+        } else {
+            "its number is beyond 2^64"
+        };
+        anyhow!("`{s}` is not a byte count ({why}; e.g. 1500000, 512M, 2GiB)")
+    })?;
     let mult: u64 = match suffix.trim() {
         "" | "B" => 1,
         "K" | "KB" => 1_000,

@@ -4,6 +4,7 @@
 //! results (results/README.md). `bench-all` and `merge` write result CSVs and have their own
 //! rules (`--resume` / `--force`, merging into OUT).
 
+use crate::measure::capacity::{Answer, ADDED_COLUMNS};
 use crate::plan::bounds::bad_input;
 use crate::results::row::{header_schema, is_result_header};
 use crate::results::store::refuse_non_regular_output;
@@ -63,6 +64,13 @@ pub fn refuse_foreign(out: &Path, flag: &str, kind: &Kind, force: bool) -> Resul
         out.display(),
         kind.name
     )))
+}
+
+/// Whether `header` is that of a CSV `max-depth --out` wrote: [`Answer`]'s columns, or those of
+/// an earlier one (without the last of [`ADDED_COLUMNS`]).
+pub fn is_max_depth_header(header: &[String]) -> bool {
+    let now = crate::results::row::csv_columns::<Answer>();
+    (0..=ADDED_COLUMNS.len()).any(|dropped| header == &now[..now.len() - dropped])
 }
 
 /// The columns of a CSV file's first line, from its first bytes (a UTF-8 byte-order mark and a
