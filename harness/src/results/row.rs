@@ -391,8 +391,8 @@ fn crlf_line_lag(path: &Path) -> u64 {
     }
 }
 
-/// A CSV error in words: the line and the column by name, never "field 24". `lag`:
-/// [`crlf_line_lag`].
+/// A CSV error in words: the line and the column by name, never "field 24". `lag`: how many
+/// lines `csv` counts too low (1 for a CRLF file, 0 otherwise; `crlf_line_lag`).
 pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
     let line = e.position().map(|p| p.line() + lag);
     let at = match line {
