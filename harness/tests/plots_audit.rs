@@ -196,7 +196,7 @@ fn time_vs_depth_states_the_real_step_counts() {
     let fig = out.join("time-vs-depth-mlp-N8-C4-k2-relu.svg");
     let sub = subtitle(&fig);
     assert!(
-        sub.ends_with("forward + backward, 1–3 timed steps (1 at L=32, 64)"),
+        sub.ends_with("forward + backward, 1–3 timed steps (1 for 6 rows, at L=32, 64)"),
         "{sub}"
     );
     let all = texts(&fig);

@@ -188,7 +188,8 @@ where
         &f.legend,
         &entries,
         &[
-            "one point per config and depth;".to_string(),
+            "one point per row (config, depth,".to_string(),
+            " device, threads);".to_string(),
             "worst over output, input grad,".to_string(),
             "parameter grads, running stats".to_string(),
             format!("0 (bitwise equal) drawn at {floor:.0e}"),

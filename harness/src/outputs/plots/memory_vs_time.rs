@@ -158,6 +158,11 @@ where
         let label = data::marked(label, &[r]);
         entries.push(Entry::variant(&r.variant, label, false));
     }
+    let line_heads: Vec<&str> = data::peer_lines(peer_rows.iter().map(|r| r.variant.as_str()))
+        .into_iter()
+        .filter(|l| l.len() > 1)
+        .map(|l| peer_rows[l[0]].variant.as_str())
+        .collect();
     for p in &peer_rows {
         let extra = match (naive, p.peak_bytes, p.median_ns) {
             (Some(n), Some(pp), Some(pt)) if incomparable(n, p).is_none() => {
@@ -172,7 +177,10 @@ where
             }
             _ => String::new(),
         };
-        entries.push(Entry::peer(&p.variant, &extra, &peer_rows));
+        let mut e = Entry::peer(&p.variant, &extra, &peer_rows);
+        // the line is drawn in its naive block's colour: only that entry shows it
+        e.line = line_heads.contains(&p.variant.as_str());
+        entries.push(e);
     }
     let mut notes = vec![
         format!("ratios: peak / time vs {NAIVE}"),
@@ -190,6 +198,10 @@ where
         notes.push("  and not on the front".to_string());
     }
     notes.extend(peer_notes(&peer_rows, "diamonds, dashed"));
+    if !line_heads.is_empty() {
+        notes.push("(dashed: its naive block to its".to_string());
+        notes.push(" memory-saving one, per layout)".to_string());
+    }
     if !peer_rows.is_empty() {
         notes.push("(PyTorch is not on the front)".to_string());
     }
@@ -320,14 +332,20 @@ impl Scatter<'_> {
             }
             stair.push(pts[i]);
         }
-        chart.draw_series(DashedLineSeries::new(stair, 8, 5, BLACK.stroke_width(1)))?;
+        chart.draw_series(DashedLineSeries::new(
+            stair.clone(),
+            8,
+            5,
+            BLACK.stroke_width(1),
+        ))?;
         for (i, r) in self.rows.iter().enumerate() {
             markers(chart, &pts[i..=i], shape_of(&r.variant), rgb(&r.variant), 7)?;
         }
         // PyTorch's own trade-offs: in each of its configurations (eager or compiled,
         // contiguous or channels_last), its naive block to its memory-saving one; never a line
         // from one configuration to another.
-        for line in data::peer_lines(self.peers.iter().map(|r| r.variant.as_str())) {
+        let peer_lines = data::peer_lines(self.peers.iter().map(|r| r.variant.as_str()));
+        for line in &peer_lines {
             if line.len() > 1 {
                 chart.draw_series(DashedLineSeries::new(
                     line.iter().map(|&i| self.peer_pts[i]).collect::<Vec<_>>(),
@@ -352,6 +370,18 @@ impl Scatter<'_> {
             .chain(self.peer_pts)
             .map(|p| marker_box(chart.backend_coord(p)))
             .collect();
+        let (xr, yr) = chart.plotting_area().get_pixel_range();
+        let plot: LabelBox = (xr.start, yr.start, xr.end, yr.end);
+        // the drawn lines, which no label should be written over: the front's staircase and
+        // the peer's lines
+        let px = |p: &(f64, f64)| chart.backend_coord(p);
+        let mut lines: Vec<Segment> = stair.windows(2).map(|w| (px(&w[0]), px(&w[1]))).collect();
+        for line in &peer_lines {
+            lines.extend(
+                line.windows(2)
+                    .map(|w| (px(&self.peer_pts[w[0]]), px(&self.peer_pts[w[1]]))),
+            );
+        }
         let peer_anchors: Vec<(i32, i32)> = self
             .peer_pts
             .iter()
@@ -367,7 +397,8 @@ impl Scatter<'_> {
             .iter()
             .map(|p| (self.xfrac)(p.0) > 0.66)
             .collect();
-        let peer_places = place_labels(&peer_anchors, &peer_sizes, &peer_left, &taken);
+        let peer_places =
+            place_labels(&peer_anchors, &peer_sizes, &peer_left, &taken, &lines, plot);
         for (k, (p, &pt)) in self.peers.iter().zip(self.peer_pts).enumerate() {
             markers(chart, &[pt], shape_of(&p.variant), rgb(&p.variant), 8)?;
             let (offset, to_left) = peer_places[k];
@@ -395,7 +426,7 @@ impl Scatter<'_> {
             .iter()
             .map(|&i| (self.xfrac)(pts[i].0) > 0.66)
             .collect();
-        let places = place_labels(&anchors, &sizes, &left, &taken);
+        let places = place_labels(&anchors, &sizes, &left, &taken, &lines, plot);
         for (&i, &(offset, to_left)) in front.iter().zip(&places) {
             let hpos = if to_left { HPos::Right } else { HPos::Left };
             let p = pts[i];

@@ -528,8 +528,15 @@ pub(super) fn log_ticks(lo: f64, hi: f64) -> Vec<f64> {
     };
     let t = decades(&[1.0, 2.0, 5.0]);
     if t.len() > 12 {
-        decades(&[1.0])
-    } else if t.len() < 3 {
+        return decades(&[1.0]);
+    }
+    if t.len() >= 5 {
+        return t;
+    }
+    // about one decade: 1-2-5 leaves too few ticks to read values off (an axis 500–14,000 ms
+    // had 1000, 2000, 5000, 10000, with most points left of the first)
+    let t = decades(&[1.0, 2.0, 3.0, 5.0, 7.0]);
+    if t.len() < 3 {
         decades(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0])
     } else {
         t
@@ -606,13 +613,17 @@ pub(super) type LabelBox = (i32, i32, i32, i32);
 /// (pixels) and its label's size (width, height), an offset from the point and whether the
 /// text extends to the left (anchored at its right end, `HPos::Right`). Greedy, in order: each label takes the first of its candidate places —
 /// the preferred side (`left[i]`: to the left, for points in the right part of the axis), 16 px
-/// above, then below, then further out, then the other side — whose box meets no box already
-/// taken (`taken`: other labels, e.g. the peer's); where none is free, the first candidate.
+/// above, then below, then further out, then the other side — whose box lies inside `area` (the
+/// plot's pixels), meets no box already taken (`taken`: other labels, e.g. the peer's, and the
+/// markers) and is crossed by none of `lines`; failing that, the first inside and clear of
+/// boxes; where none is, the first candidate.
 pub(super) fn place_labels(
     points: &[(i32, i32)],
     sizes: &[(i32, i32)],
     left: &[bool],
     taken: &[LabelBox],
+    lines: &[Segment],
+    area: LabelBox,
 ) -> Vec<((i32, i32), bool)> {
     const GAP: i32 = 16;
     let mut boxes: Vec<LabelBox> = taken.to_vec();
@@ -635,13 +646,22 @@ pub(super) fn place_labels(
             } else {
                 (px + GAP, px + GAP + w)
             };
-            (x0, py + dy - h / 2, x1, py + dy + h / 2)
+            // 2 px of air above and below: text estimated to the pixel still touched
+            (x0, py + dy - h / 2 - 2, x1, py + dy + h / 2 + 2)
         };
         let meets = |a: LabelBox, b: LabelBox| a.0 < b.2 && b.0 < a.2 && a.1 < b.3 && b.1 < a.3;
+        let inside = |b: LabelBox| b.0 >= area.0 && b.1 >= area.1 && b.2 <= area.2 && b.3 <= area.3;
+        let clear = |c: (bool, i32)| {
+            let b = box_of(c);
+            inside(b) && boxes.iter().all(|&o| !meets(b, o))
+        };
+        // inside the plot, clear of labels, markers and lines; else of labels and markers;
+        // else the first
         let chosen = candidates
             .iter()
             .copied()
-            .find(|&c| boxes.iter().all(|&b| !meets(box_of(c), b)))
+            .find(|&c| clear(c) && lines.iter().all(|&l| !crosses(l, box_of(c))))
+            .or_else(|| candidates.iter().copied().find(|&c| clear(c)))
             .unwrap_or(candidates[0]);
         boxes.push(box_of(chosen));
         let (to_left, dy) = chosen;
@@ -650,10 +670,48 @@ pub(super) fn place_labels(
     out
 }
 
+/// A straight line drawn between two points (pixels), which a label should not be written over.
+pub(super) type Segment = ((i32, i32), (i32, i32));
+
+/// Whether segment `l` passes through box `b` (Liang–Barsky clipping against the box).
+pub(super) fn crosses(((x0, y0), (x1, y1)): Segment, b: LabelBox) -> bool {
+    let (x0, y0, dx, dy) = (
+        f64::from(x0),
+        f64::from(y0),
+        f64::from(x1 - x0),
+        f64::from(y1 - y0),
+    );
+    let (mut t0, mut t1) = (0.0f64, 1.0f64);
+    for (p, q) in [
+        (-dx, x0 - f64::from(b.0)),
+        (dx, f64::from(b.2) - x0),
+        (-dy, y0 - f64::from(b.1)),
+        (dy, f64::from(b.3) - y0),
+    ] {
+        if p == 0.0 {
+            if q < 0.0 {
+                return false;
+            }
+        } else {
+            let t = q / p;
+            if p < 0.0 {
+                t0 = t0.max(t);
+            } else {
+                t1 = t1.min(t);
+            }
+            if t0 > t1 {
+                return false;
+            }
+        }
+    }
+    true
+}
+
 /// The box a marker drawn at `point` (pixels) covers, ring included (markers are 7–8 px, a
-/// front's ring 12 px in radius), for [`place_labels`] to keep labels off it.
+/// front's ring 12 px in radius) and a margin, for [`place_labels`] to keep labels off it.
 pub(super) fn marker_box((x, y): (i32, i32)) -> LabelBox {
-    const R: i32 = 10;
+    // beyond the ring by a little: a label touching another point's marker reads as its label
+    const R: i32 = 13;
     (x - R, y - R, x + R, y + R)
 }
 
@@ -675,7 +733,7 @@ pub(super) fn label_box(
 
 #[cfg(test)]
 mod tests {
-    use super::{devices_of, label_box, log_ticks, place_labels, shown_footer, tick};
+    use super::{crosses, devices_of, label_box, log_ticks, place_labels, shown_footer, tick};
 
     /// Two front points 20 px apart (the audit's overlapping `cat-recompute-inplace` and
     /// `buffer-recompute-inplace`): their labels get boxes that do not meet; a label keeps its
@@ -685,7 +743,7 @@ mod tests {
         let points = [(100, 100), (110, 120), (112, 118)];
         let sizes = [(150, 14), (170, 14), (160, 14)];
         let peer = label_box((300, 300), (16, 0), false, (120, 14));
-        let placed = place_labels(&points, &sizes, &[false, false, false], &[peer]);
+        let placed = place_labels(&points, &sizes, &[false, false, false], &[peer], &[], AREA);
         // the first takes the first candidate: right of its point, 16 px above
         assert_eq!(placed[0], ((16, -16), false));
         let boxes: Vec<_> = placed
@@ -700,8 +758,46 @@ mod tests {
             }
         }
         // the right-third side is honoured where free
-        let placed = place_labels(&[(500, 100)], &[(100, 14)], &[true], &[]);
+        let placed = place_labels(&[(500, 100)], &[(100, 14)], &[true], &[], &[], AREA);
         assert_eq!(placed[0], ((-16, -16), true));
+        // a line through the first place (a front's staircase, right of the point and 16 px up)
+        // moves the label to the next free one
+        let stair = ((90, 84), (400, 84));
+        let placed = place_labels(&[(100, 100)], &[(100, 14)], &[false], &[], &[stair], AREA);
+        assert_eq!(placed[0], ((16, 16), false));
+        let b = label_box((100, 100), placed[0].0, false, (100, 14));
+        assert!(!crosses(stair, b));
+    }
+
+    /// The plot area of the tests: large enough for every first choice.
+    const AREA: (i32, i32, i32, i32) = (0, 0, 1000, 1000);
+
+    /// A label never leaves the plot area where a place inside is free: a point near the top
+    /// whose upper places are outside gets a lower one.
+    #[test]
+    fn labels_stay_inside_the_plot() {
+        let placed = place_labels(
+            &[(100, 20)],
+            &[(100, 14)],
+            &[false],
+            &[],
+            &[],
+            (0, 10, 500, 500),
+        );
+        let b = label_box((100, 20), placed[0].0, false, (100, 14));
+        assert!(b.1 >= 10, "{b:?}");
+    }
+
+    /// Segments through, beside, into and along a box.
+    #[test]
+    fn crosses_tells_segments_through_a_box() {
+        let b = (10, 10, 20, 20);
+        assert!(crosses(((0, 15), (30, 15)), b), "straight through");
+        assert!(crosses(((0, 0), (30, 30)), b), "diagonal through");
+        assert!(crosses(((15, 15), (40, 40)), b), "from inside");
+        assert!(!crosses(((0, 0), (30, 5)), b), "beside");
+        assert!(!crosses(((0, 25), (5, 40)), b), "apart");
+        assert!(!crosses(((21, 0), (21, 30)), b), "along the edge, outside");
     }
     use crate::results::row::Row;
 
@@ -770,5 +866,11 @@ mod tests {
             log_ticks(1.0, 100.0),
             [1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0]
         );
+        // about a decade: 1-2-3-5-7 (the CPU memory-vs-time axis 501–14,000 ms had four ticks)
+        assert_eq!(
+            log_ticks(501.0, 14_000.0),
+            [700.0, 1000.0, 2000.0, 3000.0, 5000.0, 7000.0, 10_000.0]
+        );
+        assert_eq!(log_ticks(1.3, 5.9), [2.0, 3.0, 5.0]);
     }
 }

@@ -174,8 +174,9 @@ fn depth_list(depths: &BTreeSet<usize>) -> String {
 const MAX_DEPTHS: usize = 4;
 
 /// The timed steps of the drawn rows, for the subtitle: `3 timed steps` when every row has the
-/// same count, else the range and where the counts other than the commonest are:
-/// `1–3 timed steps (3 at L=8, 16)`.
+/// same count, else the range and how many rows have the counts other than the commonest, and
+/// where: `1–3 timed steps (3 for 2 rows, at L=8, 16)` (not "3 at L=16", which read as every
+/// row there).
 fn steps_text(rows: &[&Row]) -> String {
     // per step count: its rows and their depths (0 = not recorded)
     let mut by_steps: BTreeMap<usize, (usize, BTreeSet<usize>)> = BTreeMap::new();
@@ -201,7 +202,7 @@ fn steps_text(rows: &[&Row]) -> String {
     let others: Vec<String> = by_steps
         .iter()
         .filter(|(s, _)| **s != common)
-        .map(|(s, (_, depths))| format!("{s} at {}", depth_list(depths)))
+        .map(|(s, (n, depths))| format!("{s} for {n} row{}, at {}", plural(*n), depth_list(depths)))
         .collect();
     format!("{lo}–{hi} timed steps ({})", others.join("; "))
 }
@@ -315,7 +316,10 @@ mod tests {
         assert_eq!(steps_text(&one.iter().collect::<Vec<_>>()), "1 timed step");
         let mixed = [row(8, 3), row(16, 3), row(32, 1), row(48, 1), row(48, 1)];
         let mixed: Vec<&Row> = mixed.iter().collect();
-        assert_eq!(steps_text(&mixed), "1–3 timed steps (3 at L=8, 16)");
+        assert_eq!(
+            steps_text(&mixed),
+            "1–3 timed steps (3 for 2 rows, at L=8, 16)"
+        );
         assert_eq!(
             whisker_notes(&mixed),
             [
@@ -326,7 +330,7 @@ mod tests {
         let many: Vec<Row> = (1..=6).map(|d| row(d, 1)).chain([row(9, 2)]).collect();
         assert_eq!(
             steps_text(&many.iter().collect::<Vec<_>>()),
-            "1–2 timed steps (2 at L=9)"
+            "1–2 timed steps (2 for 1 row, at L=9)"
         );
         let spread: Vec<Row> = (1..=6).map(|d| row(d, 2)).chain([row(9, 2)]).collect();
         assert_eq!(

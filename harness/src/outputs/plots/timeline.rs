@@ -158,6 +158,16 @@ where
         "falls inside a layer, above the".to_string(),
         "boundary values drawn here".to_string(),
     ];
+    let forward_only: Vec<&str> = series[..n_own]
+        .iter()
+        .filter(|(_, p)| !p.iter().any(|(l, _)| l.starts_with('b')))
+        .map(|(r, _)| r.variant.as_str())
+        .collect();
+    if !forward_only.is_empty() {
+        notes.push(format!("{}: forward only (its", forward_only.join(", ")));
+        notes.push(" backward is one autograd call,".to_string());
+        notes.push(" no layer boundaries)".to_string());
+    }
     notes.extend(peer_notes(&peer_rows, "dashed with diamonds"));
     if !peer_rows.is_empty() {
         notes.push("(forward only: its hooks are on".to_string());
