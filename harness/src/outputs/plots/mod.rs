@@ -401,13 +401,46 @@ fn render(fig: &Figure, groups: &[Group], out: &Path) -> Result<Vec<PathBuf>> {
             .with_context(|| format!("writing {}", svg.display()))
     })?;
     let png = out.join(format!("{}.png", fig.stem));
+    let bytes = std::fs::read(&svg).with_context(|| format!("reading {}", svg.display()))?;
+    let encoded = rasterise(&bytes).with_context(|| format!("rasterising {}", svg.display()))?;
     write_atomic(&png, |tmp| {
-        let root = BitMapBackend::new(tmp, style::SIZE).into_drawing_area();
-        draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", png.display()))?;
-        root.present()
-            .with_context(|| format!("writing {}", png.display()))
+        std::fs::write(tmp, &encoded).with_context(|| format!("writing {}", png.display()))
     })?;
     Ok(vec![svg, png])
+}
+
+/// The PNG of an SVG figure, at the figure's size: the SVG rasterised by resvg with the embedded
+/// font as its sans-serif, so the PNG's text is shaped as the SVG's is (one drawing, two
+/// encodings, never two drawings that could differ).
+fn rasterise(svg: &[u8]) -> Result<Vec<u8>> {
+    pixmap_of(svg)?
+        .encode_png()
+        .map_err(|e| anyhow::anyhow!("encoding the PNG: {e}"))
+}
+
+/// The pixels of an SVG figure ([`rasterise`]), on white.
+fn pixmap_of(svg: &[u8]) -> Result<resvg::tiny_skia::Pixmap> {
+    use resvg::{tiny_skia, usvg};
+    static FONTS: std::sync::OnceLock<std::sync::Arc<usvg::fontdb::Database>> =
+        std::sync::OnceLock::new();
+    let fonts = FONTS.get_or_init(|| {
+        let mut db = usvg::fontdb::Database::new();
+        db.load_font_data(FONT_TTF.to_vec());
+        db.set_sans_serif_family("DejaVu Sans");
+        std::sync::Arc::new(db)
+    });
+    let opt = usvg::Options {
+        font_family: "DejaVu Sans".to_string(),
+        fontdb: fonts.clone(),
+        ..usvg::Options::default()
+    };
+    let tree = usvg::Tree::from_data(svg, &opt).map_err(|e| anyhow::anyhow!("{e}"))?;
+    let size = tree.size().to_int_size();
+    let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height())
+        .ok_or_else(|| anyhow::anyhow!("a {}×{} image", size.width(), size.height()))?;
+    pixmap.fill(tiny_skia::Color::WHITE);
+    resvg::render(&tree, tiny_skia::Transform::default(), &mut pixmap.as_mut());
+    Ok(pixmap)
 }
 
 /// Renders every planned figure of `rows` into `out` (in parallel); returns the files written,
@@ -427,6 +460,31 @@ pub fn render_all(rows: &[Row], out: &Path) -> Result<Vec<PathBuf>> {
 
 #[cfg(test)]
 mod tests {
+    /// The PNG is the SVG's drawing, its text drawn with the embedded font: a word in
+    /// `sans-serif` (the family every figure's SVG names) darkens pixels where it stands and
+    /// nowhere else, at the SVG's size. Without a font for the family, text would silently
+    /// vanish from every PNG.
+    #[test]
+    fn pngs_draw_the_svgs_text_with_the_embedded_font() {
+        let svg = br##"<svg xmlns="http://www.w3.org/2000/svg" width="200" height="60"><rect width="200" height="60" fill="#FFFFFF"/><text x="10" y="40" font-family="sans-serif" font-size="24" fill="#000000">densebench</text></svg>"##;
+        let p = super::pixmap_of(svg).expect("rasterised");
+        assert_eq!((p.width(), p.height()), (200, 60));
+        let dark = |x0: u32, x1: u32| {
+            (x0..x1)
+                .flat_map(|x| (0..60).map(move |y| (x, y)))
+                .filter(|&(x, y)| p.pixel(x, y).is_some_and(|c| c.red() < 128))
+                .count()
+        };
+        assert!(
+            dark(10, 130) > 200,
+            "the word is drawn: {} dark pixels",
+            dark(10, 130)
+        );
+        assert_eq!(dark(160, 200), 0, "nothing right of it");
+        let png = super::rasterise(svg).expect("encoded");
+        assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+    }
+
     use super::{data, footer_listed, footer_of, plan, Figure, Kind, Target};
     use crate::results::row::Row;
 
