@@ -394,19 +394,35 @@ where
 /// Writes one figure as SVG and PNG; returns both paths.
 fn render(fig: &Figure, groups: &[Group], out: &Path) -> Result<Vec<PathBuf>> {
     let svg = out.join(format!("{}.svg", fig.stem));
-    write_atomic(&svg, |tmp| {
-        let root = SVGBackend::new(tmp, style::SIZE).into_drawing_area();
+    let mut text = String::new();
+    {
+        let root = SVGBackend::with_string(&mut text, style::SIZE).into_drawing_area();
         draw_figure(&root, fig, groups).with_context(|| format!("drawing {}", svg.display()))?;
         root.present()
-            .with_context(|| format!("writing {}", svg.display()))
+            .with_context(|| format!("drawing {}", svg.display()))?;
+    }
+    let text = preserve_spaces(&text);
+    write_atomic(&svg, |tmp| {
+        std::fs::write(tmp, &text).with_context(|| format!("writing {}", svg.display()))
     })?;
     let png = out.join(format!("{}.png", fig.stem));
-    let bytes = std::fs::read(&svg).with_context(|| format!("reading {}", svg.display()))?;
-    let encoded = rasterise(&bytes).with_context(|| format!("rasterising {}", svg.display()))?;
+    let encoded =
+        rasterise(text.as_bytes()).with_context(|| format!("rasterising {}", svg.display()))?;
     write_atomic(&png, |tmp| {
         std::fs::write(tmp, &encoded).with_context(|| format!("writing {}", png.display()))
     })?;
     Ok(vec![svg, png])
+}
+
+/// `svg` with `xml:space="preserve"` on its root: the figures' texts carry meaningful spaces
+/// (`forward ` and ` backward` either side of a line, indented legend notes, two spaces before
+/// a ratio), which SVG renderers, browsers and resvg alike, otherwise strip and collapse
+/// ("forwardbackward").
+fn preserve_spaces(svg: &str) -> String {
+    match svg.find("<svg ") {
+        Some(i) => format!("{}<svg xml:space=\"preserve\" {}", &svg[..i], &svg[i + 5..]),
+        None => svg.to_string(),
+    }
 }
 
 /// The PNG of an SVG figure, at the figure's size: the SVG rasterised by resvg with the embedded
@@ -483,6 +499,23 @@ mod tests {
         assert_eq!(dark(160, 200), 0, "nothing right of it");
         let png = super::rasterise(svg).expect("encoded");
         assert_eq!(&png[..8], b"\x89PNG\r\n\x1a\n");
+        // a text's own spaces are kept ("forward " | " backward" either side of a line): the
+        // space before "b" leaves a gap left of where "b" alone would start
+        let word = |t: &str| {
+            let svg = format!(
+                r##"<svg width="200" height="60" xmlns="http://www.w3.org/2000/svg"><text x="10" y="40" font-family="sans-serif" font-size="24">{t}</text></svg>"##
+            );
+            let p = super::pixmap_of(super::preserve_spaces(&svg).as_bytes()).expect("drawn");
+            (0..200)
+                .find(|&x| (0..60).any(|y| p.pixel(x, y).is_some_and(|c| c.red() < 128)))
+                .unwrap_or(200)
+        };
+        assert!(
+            word(" b") > word("b") + 4,
+            "{} vs {}",
+            word(" b"),
+            word("b")
+        );
     }
 
     use super::{data, footer_listed, footer_of, plan, Figure, Kind, Target};
