@@ -642,7 +642,8 @@ pub fn variant_rgb(variant: &str) -> (u8, u8, u8) {
         "pytorch-compiled-naive" => (90, 90, 130),
         "pytorch-compiled-memory-efficient" | "pytorch-compiled-checkpoint" => (196, 156, 148),
         "pytorch-channels-last-naive" => (0, 90, 90),
-        "pytorch-channels-last-memory-efficient" => (120, 70, 10),
+        // a hue of its own: the brown of `memory_efficient` beside it read as the same series
+        "pytorch-channels-last-memory-efficient" => (150, 30, 90),
         "pytorch-compiled-channels-last-naive" => (90, 150, 150),
         "pytorch-compiled-channels-last-memory-efficient" => (205, 150, 90),
         "autograd" => (100, 100, 100),
