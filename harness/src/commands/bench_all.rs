@@ -262,19 +262,17 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .filter(|(i, r)| last.get(r.key.as_str()) == Some(i))
         .map(|(_, r)| r)
         .collect();
-    let repeated = held
+    // the earlier rows of repeated keys, and those keys, each named once
+    let earlier: Vec<&str> = held
         .iter()
-        .filter(|r| mine.contains(r.key.as_str()))
-        .count()
-        - kept.len();
+        .enumerate()
+        .filter(|(i, r)| last.get(r.key.as_str()).is_some_and(|l| l != i))
+        .map(|(_, r)| r.key.as_str())
+        .collect();
+    let repeated = earlier.len();
     if repeated > 0 {
-        let mut keys: Vec<&str> = held
-            .iter()
-            .enumerate()
-            .filter(|(i, r)| last.get(r.key.as_str()).is_some_and(|l| l != i))
-            .map(|(_, r)| r.key.as_str())
-            .collect();
-        keys.dedup();
+        let mut seen = HashSet::new();
+        let keys: Vec<&str> = earlier.into_iter().filter(|k| seen.insert(*k)).collect();
         crate::say!(
             "densebench bench-all: warning: {} holds {repeated} earlier row(s) of keys it also \
              holds later ({}{}): each key counts once, its last row (as report, plots and \

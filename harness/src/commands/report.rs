@@ -2,7 +2,7 @@
 //! read as one set ([`crate::outputs::report::render`]).
 
 use crate::outputs::plots::shown;
-use crate::outputs::report::{is_report, max_depth_paired, read_max_depth, render};
+use crate::outputs::report::{is_report, max_depth_paired, read_max_depth, render, same_search};
 use crate::plan::bounds::bad_input;
 use crate::results::replace::{refuse_foreign, Kind};
 use crate::results::store::{read_rows_all, refuse_input_as_output, Reserved};
@@ -111,14 +111,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
     }
     for (i, x) in answers.iter().enumerate() {
-        if let Some(y) = answers[i + 1..].iter().find(|y| {
-            y.variant == x.variant
-                && y.family == x.family
-                && y.budget_bytes == x.budget_bytes
-                && y.block == x.block
-                && y.dtype == x.dtype
-                && y.max_depth != x.max_depth
-        }) {
+        if let Some(y) = answers[i + 1..]
+            .iter()
+            .find(|y| same_search(x, y) && y.dtype == x.dtype && y.max_depth != x.max_depth)
+        {
             crate::say!(
                 "densebench report: warning: two {} answers of `{}` within {} for {} disagree \
                  (L = {} and L = {}): the last one given is used",

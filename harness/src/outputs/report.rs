@@ -368,7 +368,7 @@ pub fn max_depth_paired(answers: &[Answer], a: &Answer) -> bool {
 }
 
 /// Whether two max-depth answers are of one search: variant, family, budget and block.
-fn same_search(x: &Answer, a: &Answer) -> bool {
+pub fn same_search(x: &Answer, a: &Answer) -> bool {
     x.variant == a.variant
         && x.family == a.family
         && x.budget_bytes == a.budget_bytes

@@ -62,6 +62,13 @@ fn lock_after_dead_writer(file: &File, holder: &str) -> bool {
     false
 }
 
+/// What a lock file says of its holder: the pid its writer wrote (trimmed; empty when unreadable).
+fn lock_holder(file: &mut File) -> String {
+    let mut holder = String::new();
+    let _ = file.take(64).read_to_string(&mut holder);
+    holder.trim().to_string()
+}
+
 /// `path` with its file name replaced by `.NAME` + `suffix` (hidden, in the same folder, so a
 /// rename stays on one filesystem).
 fn sibling(path: &Path, suffix: &str) -> Result<PathBuf> {
@@ -124,9 +131,7 @@ impl WriterLock {
                 }
             }
             // Whoever wrote the file last: the holder, or a writer that died holding it.
-            let mut holder = String::new();
-            let _ = (&mut file).take(64).read_to_string(&mut holder);
-            let holder = holder.trim().to_string();
+            let holder = lock_holder(&mut file);
             match file.try_lock() {
                 Ok(()) => {}
                 Err(TryLockError::WouldBlock) => {
@@ -514,7 +519,7 @@ pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
 /// is `None`.
 pub fn being_written_by(path: &Path) -> Option<i32> {
     let lock = sibling(path, ".lock").ok()?;
-    let file = OpenOptions::new()
+    let mut file = OpenOptions::new()
         .read(true)
         .custom_flags(libc::O_NONBLOCK)
         .open(&lock)
@@ -522,9 +527,7 @@ pub fn being_written_by(path: &Path) -> Option<i32> {
     if !file.metadata().ok()?.is_file() {
         return None;
     }
-    let mut holder = String::new();
-    let _ = file.take(64).read_to_string(&mut holder);
-    let pid = holder.trim().parse::<i32>().ok()?;
+    let pid = lock_holder(&mut file).parse::<i32>().ok()?;
     (pid > 0 && pid != std::process::id() as i32 && interrupt::process_exists(pid)).then_some(pid)
 }
 

@@ -479,27 +479,26 @@ fn read_expected(
     let mut out = HashMap::new();
     for (name, shape, dtype) in expected {
         let e = entry(h, name, "")?;
-        let check = |ok: &mut dyn Iterator<Item = bool>| {
-            if finite {
-                check_finite(name, ok)
-            } else {
-                Ok(())
-            }
-        };
         let t = match dtype {
             DType::F64 => {
                 let v = header::read_f64(file, h, e)?;
-                check(&mut v.iter().map(|x| x.is_finite()))?;
+                if finite {
+                    check_finite(name, v.iter().map(|x| x.is_finite()))?;
+                }
                 Tensor::from_vec(v, shape.as_slice(), &device)
             }
             DType::BF16 => {
                 let v = header::read_bf16(file, h, e)?;
-                check(&mut v.iter().map(|x| x.is_finite()))?;
+                if finite {
+                    check_finite(name, v.iter().map(|x| x.is_finite()))?;
+                }
                 Tensor::from_vec(v, shape.as_slice(), &device)
             }
             _ => {
                 let v = header::read_f32(file, h, e)?;
-                check(&mut v.iter().map(|x| x.is_finite()))?;
+                if finite {
+                    check_finite(name, v.iter().map(|x| x.is_finite()))?;
+                }
                 Tensor::from_vec(v, shape.as_slice(), &device)
             }
         }
@@ -511,7 +510,7 @@ fn read_expected(
 
 /// Errs when a case's tensor `name` holds a NaN or an infinity (`ok`: each value's finiteness,
 /// in order): every result of a step on it would be NaN, and a benchmark row of it no result.
-fn check_finite(name: &str, ok: &mut dyn Iterator<Item = bool>) -> Result<()> {
+fn check_finite(name: &str, ok: impl Iterator<Item = bool>) -> Result<()> {
     let (mut bad, mut first) = (0usize, None);
     for (i, fine) in ok.enumerate() {
         if !fine {

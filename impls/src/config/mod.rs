@@ -550,37 +550,31 @@ impl Config {
     /// [`Config::describe`] without the seed: the block of a case file, whose values are the
     /// file's own, drawn from no seed of densebench's.
     pub fn describe_block(&self) -> String {
-        let d = self.describe();
-        match d.rsplit_once(" seed=") {
-            Some((block, _)) => block.to_string(),
-            None => d,
-        }
-    }
-
-    /// A one-line description, e.g. `bc N=64 C0=24 k=12 L=16 bn=4 32x32 f32 seed=0`.
-    pub fn describe(&self) -> String {
         match self.family {
             Family::Mlp => format!(
-                "mlp N={} C0={} k={} L={} relu={} {} seed={}",
+                "mlp N={} C0={} k={} L={} relu={} {}",
                 self.batch,
                 self.channels,
                 self.growth,
                 self.depth,
                 if self.activation { "on" } else { "off" },
-                self.dtype.as_str(),
-                self.seed
+                self.dtype.as_str()
             ),
             Family::Bc => format!(
-                "bc N={} C0={} k={} L={} bn={} {} {} seed={}",
+                "bc N={} C0={} k={} L={} bn={} {} {}",
                 self.batch,
                 self.channels,
                 self.growth,
                 self.depth,
                 self.bn_size,
                 self.size.label(),
-                self.dtype.as_str(),
-                self.seed
+                self.dtype.as_str()
             ),
         }
+    }
+
+    /// A one-line description, e.g. `bc N=64 C0=24 k=12 L=16 bn=4 32x32 f32 seed=0`.
+    pub fn describe(&self) -> String {
+        format!("{} seed={}", self.describe_block(), self.seed)
     }
 }

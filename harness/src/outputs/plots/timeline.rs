@@ -122,6 +122,7 @@ where
             ),
         ])?;
     }
+    let peer_rows: Vec<&Row> = series[n_own..].iter().map(|(r, _)| *r).collect();
     let mut entries = Vec::new();
     for (k, (r, p)) in series.iter().enumerate() {
         let c = rgb(&r.variant);
@@ -148,11 +149,9 @@ where
             ));
         } else {
             peer_series(&mut chart, &r.variant, &pts, 4)?;
-            let drawn: Vec<&Row> = series[n_own..].iter().map(|(r, _)| *r).collect();
-            entries.push(Entry::peer(&r.variant, &peak, &drawn));
+            entries.push(Entry::peer(&r.variant, &peak, &peer_rows));
         }
     }
-    let peer_rows: Vec<&Row> = series[n_own..].iter().map(|(r, _)| *r).collect();
     let mut notes = vec![
         "peak: the step's allocator peak, which".to_string(),
         "falls inside a layer, above the".to_string(),
