@@ -316,6 +316,6 @@ fn every_peer_row_of_the_committed_references_passes_the_derived_tolerance() {
         }
     }
     // 64 peer rows on the CPU (24 of them bf16, under autocast; 28 in channels_last), 12 on
-    // the H100, 18 on the H200
-    assert_eq!(checked, 94);
+    // the H100, 15 on the H200 (eager and compiled, contiguous and channels_last, both maths)
+    assert_eq!(checked, 91);
 }
