@@ -394,6 +394,12 @@ pub struct Measurement {
     /// parent's request-size prediction. `None` elsewhere.
     #[serde(default)]
     pub predicted_peak_bytes: Option<u64>,
+    /// Beside it, the model's peak at request sizes with the same kernels (cuDNN's workspaces
+    /// as this device plans them), so the parent can tell what the device's kernels add to its
+    /// own prediction (made with workspaces of 0 bytes) from what the pool's rounding adds.
+    /// `None` where `predicted_peak_bytes` is.
+    #[serde(default)]
+    pub predicted_request_bytes: Option<u64>,
     /// What the row's `note` says of the kernels the step ran on a GPU (`kernel_notes`): cuDNN's
     /// convolution, the tap stack's chunks, the split fronts. Empty on the CPU.
     #[serde(default)]
@@ -702,6 +708,8 @@ pub fn measure(
             None
         }
     };
+    let predicted_request_bytes = predicted_peak_bytes
+        .and_then(|_| impls::model::predict_peak_bytes_with(variant, cfg, path));
     // Before the graph's steps: the column is the measured steps' process.
     let peak_rss_bytes = device::peak_rss_bytes();
     let graph_result: Option<std::result::Result<Stats, String>> = match (
@@ -743,6 +751,7 @@ pub fn measure(
         errors,
         warning,
         predicted_peak_bytes,
+        predicted_request_bytes,
         notes,
         tf32_max_rel_err,
         cuda_graph,

@@ -469,11 +469,29 @@ fn fill(row: &mut Row, stdout: &str) -> Result<Option<String>> {
     }
     if let Some(p) = m.predicted_peak_bytes {
         // The child measured the pool's charge per allocation size (GPU): its prediction
-        // replaces the request-size one.
-        if let Some(exact) = row.predicted_peak_bytes.filter(|&e| e > 0 && e != p) {
+        // replaces the parent's. Two things can part them, each said by itself: the kernels'
+        // workspaces as the device plans them (cuDNN's; the parent predicts them at 0 bytes)
+        // and the pool's rounding of each request.
+        let parent = row.predicted_peak_bytes.filter(|&e| e > 0);
+        let percent = |new: u64, old: u64| (new as f64 / old as f64 - 1.0) * 100.0;
+        let request = m.predicted_request_bytes.filter(|&r| r > 0);
+        if let (Some(old), Some(r)) = (parent, request) {
+            if r != old {
+                add_note(
+                    row,
+                    format!(
+                        "predicted with the workspaces the device planned ({:+.1}% over the \
+                         prediction without the device)",
+                        percent(r, old)
+                    ),
+                );
+            }
+        }
+        // An older child reports no request-size prediction: its difference is all rounding.
+        if let Some(exact) = request.or(parent).filter(|&e| e != p) {
             let rounding = format!(
                 "predicted with the memory pool's rounding ({:+.1}% over request sizes)",
-                (p as f64 / exact as f64 - 1.0) * 100.0
+                percent(p, exact)
             );
             add_note(row, rounding);
         }
@@ -571,6 +589,7 @@ mod tests {
             errors: None,
             warning: None,
             predicted_peak_bytes: predicted,
+            predicted_request_bytes: None,
             notes: Vec::new(),
             tf32_max_rel_err: None,
             cuda_graph: None,
@@ -631,6 +650,40 @@ mod tests {
             row.note,
             "tolerance from the peer; predicted with the memory pool's rounding \
              (+25.0% over request sizes)"
+        );
+        // cuDNN's workspaces, which the parent predicted at 0 bytes, are named as such, apart
+        // from the rounding (here none: the pool charged each request exactly).
+        let with_request = |request: u64, pool: u64| {
+            let mut json: serde_json::Value =
+                serde_json::from_str(&measurement(Some(pool))).unwrap();
+            json["predicted_request_bytes"] = serde_json::json!(request);
+            let mut row = Row {
+                predicted_peak_bytes: Some(800),
+                ..Row::default()
+            };
+            fill(&mut row, &json.to_string()).unwrap();
+            row
+        };
+        let row = with_request(1000, 1000);
+        assert_eq!(row.predicted_peak_bytes, Some(1000));
+        assert_eq!(
+            row.note,
+            "predicted with the workspaces the device planned (+25.0% over the prediction \
+             without the device)"
+        );
+        // Both: the rounding is over the device's request sizes, not the parent's.
+        let row = with_request(1000, 1100);
+        assert_eq!(
+            row.note,
+            "predicted with the workspaces the device planned (+25.0% over the prediction \
+             without the device); predicted with the memory pool's rounding (+10.0% over \
+             request sizes)"
+        );
+        // Rounding alone (the tap stack: the parent's request sizes are the device's).
+        let row = with_request(800, 1000);
+        assert_eq!(
+            row.note,
+            "predicted with the memory pool's rounding (+25.0% over request sizes)"
         );
         // A child that measured no pool (CPU) leaves the parent's prediction and note alone.
         let mut row = Row {
