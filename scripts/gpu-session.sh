@@ -21,7 +21,8 @@
 #   sweep   harness/sweeps/gpu.toml with the PyTorch peer rows (when PyTorch is importable),
 #           resumable: $OUT/reference-gpu.csv. A sweep longer than one command's time limit is
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
-#           when the CSV is given back in .gpu/reference-gpu.csv on the next call.
+#           when the CSV is given back in .gpu/reference-gpu.csv on the next call; without that
+#           file, from the committed results/reference-*.csv of this GPU (its rows name it).
 #   report  plots (one tarball, $OUT/plots.tar.gz) and the Markdown report ($OUT/REPORT-gpu.md)
 #   fidelity  issue 36's fidelity check on cuda:0 (scripts/peer_fidelity.py): every job of
 #           versus-pytorch.toml and gpu.toml, densebench's and PyTorch's (eager and compiled),
@@ -263,15 +264,27 @@ side_by_side() {
 
 # $OUT/reference-gpu.csv, the sweep's file: .gpu/reference-gpu.csv resumed (copied once per
 # call) when its rows are of this GPU and of this result schema, else set aside under another
-# name and none (the sweep starts a new one). Used by `warm` (what is measured already) and `sweep`.
+# name and none (the sweep starts a new one). Without a .gpu/reference-gpu.csv, the committed
+# reference of this GPU (results/reference-*.csv whose rows name it, of this result schema:
+# results/reference-h200.csv on an H200) is resumed instead, so a call that was not handed the
+# file does not measure its rows again. Used by `warm` (what is measured already) and `sweep`.
 resume_reference() {
-    local csv="$OUT/reference-gpu.csv" gpu_name
+    local csv="$OUT/reference-gpu.csv" gpu_name src=.gpu/reference-gpu.csv f
     [ ! -f "$csv" ] || return 0
-    [ -f .gpu/reference-gpu.csv ] || return 0
-    cp .gpu/reference-gpu.csv "$csv" && chmod u+w "$csv"
+    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+    if [ ! -f "$src" ]; then
+        src=""
+        [ -n "$gpu_name" ] || return 0
+        for f in results/reference-*.csv; do
+            [ -f "$f" ] && head -n 1 "$f" | grep -q ',execution,compile_ns$' \
+                && grep -qF "$gpu_name" "$f" && { src=$f; break; }
+        done
+        [ -n "$src" ] || return 0
+        echo "gpu-session: no .gpu/reference-gpu.csv: resuming the committed $src ($(( $(wc -l < "$src") - 1 )) rows of this $gpu_name)" >&2
+    fi
+    cp "$src" "$csv" && chmod u+w "$csv"
     # Resumed rows must be of this GPU: a call on another kind (an H200 for an H100) would mix
     # two devices' rows under one key.
-    gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
     if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
         # kept (it comes back as reference-gpu-other.csv), and this call's sweep starts a file
         # of its own GPU instead of running nothing
