@@ -173,9 +173,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
     for p in &a.inputs {
         let rows = row::read_rows(p).map_err(|e| {
             // the hint only where it helps: a row cut short, as a killed shard leaves it
-            let text = format!("{e:#}");
-            let torn = text.contains("torn") || text.contains("ends before this column");
-            let hint = if torn {
+            let hint = if crate::plan::bounds::carries::<row::TornRow>(&e) {
                 " (a shard killed in the middle of a write is repaired by running it again with \
                  --resume)"
             } else {

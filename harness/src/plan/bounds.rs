@@ -79,6 +79,18 @@ pub fn is_bad_input(e: &anyhow::Error) -> bool {
     e.downcast_ref::<BadInput>().is_some()
 }
 
+/// Whether `e` carries an error of type `T`, as itself or context, or inside a bad-input mark
+/// (which keeps the error it marks whole, not as a source): how a caller asks what kind of
+/// failure a reader reported without matching its words.
+pub fn carries<T>(e: &anyhow::Error) -> bool
+where
+    T: fmt::Display + fmt::Debug + Send + Sync + 'static,
+{
+    e.downcast_ref::<T>().is_some()
+        || e.downcast_ref::<BadInput>()
+            .is_some_and(|b| b.0.downcast_ref::<T>().is_some())
+}
+
 /// `.bad_input()` on a result: its error marked as bad input.
 pub trait ResultExt<T> {
     fn bad_input(self) -> Result<T>;
@@ -217,6 +229,27 @@ pub mod flags {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn carries_finds_a_typed_error_through_context_and_the_bad_input_mark() {
+        #[derive(Debug)]
+        struct Marked;
+        impl fmt::Display for Marked {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("marked")
+            }
+        }
+        impl std::error::Error for Marked {}
+        let plain = anyhow::Error::new(Marked);
+        assert!(carries::<Marked>(&plain));
+        let wrapped = bad_input(anyhow::Error::new(Marked).context("reading x"));
+        assert!(is_bad_input(&wrapped) && carries::<Marked>(&wrapped));
+        assert_eq!(format!("{wrapped:#}"), "reading x: marked");
+        // the same words without the type are not it
+        assert!(!carries::<Marked>(&bad_input(anyhow::anyhow!(
+            "reading x: marked"
+        ))));
+    }
 
     #[test]
     fn bounds_name_the_limit() {

@@ -391,6 +391,21 @@ fn crlf_line_lag(path: &Path) -> u64 {
     }
 }
 
+/// A row with fewer (or more) fields than the header: what a process killed in the middle of
+/// writing a row leaves. A read error of this type (`plan::bounds::carries` finds it through
+/// context and the bad-input mark) is one that `--resume` repairs; its text is the error's
+/// words.
+#[derive(Debug)]
+pub struct TornRow(pub String);
+
+impl std::fmt::Display for TornRow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for TornRow {}
+
 /// A CSV error in words: the line and the column by name, never "field 24". `lag`: how many
 /// lines `csv` counts too low (1 for a CRLF file, 0 otherwise; `crlf_line_lag`).
 pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
@@ -410,7 +425,9 @@ pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> a
                 csv::DeserializeErrorKind::ParseFloat(e) => format!("expected a number ({e})"),
                 csv::DeserializeErrorKind::ParseBool(_) => "expected true or false".to_string(),
                 csv::DeserializeErrorKind::UnexpectedEndOfRow => {
-                    "the row ends before this column".to_string()
+                    return anyhow::Error::new(TornRow(format!(
+                        "{at}{column}: the row ends before this column"
+                    )));
                 }
                 other => other.to_string(),
             };
@@ -418,10 +435,10 @@ pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> a
         }
         csv::ErrorKind::UnequalLengths {
             expected_len, len, ..
-        } => anyhow!(
+        } => anyhow::Error::new(TornRow(format!(
             "{at}: the row has {len} fields, the header has {expected_len} (a torn or edited \
              line?)"
-        ),
+        ))),
         csv::ErrorKind::Utf8 { .. } => anyhow!("{at}: not UTF-8 text"),
         _ => anyhow!("{at}: {e}"),
     }
