@@ -268,6 +268,9 @@ side_by_side() {
 # reference of this GPU (results/reference-*.csv whose rows name it, of this result schema:
 # results/reference-h200.csv on an H200) is resumed instead, so a call that was not handed the
 # file does not measure its rows again. Used by `warm` (what is measured already) and `sweep`.
+# Whether result CSV $1 is of this binary's result schema (its header ends in issue 36's columns).
+current_schema() { head -n 1 "$1" | grep -q ',execution,compile_ns$'; }
+
 resume_reference() {
     local csv="$OUT/reference-gpu.csv" gpu_name src=.gpu/reference-gpu.csv f
     [ ! -f "$csv" ] || return 0
@@ -276,8 +279,7 @@ resume_reference() {
         src=""
         [ -n "$gpu_name" ] || return 0
         for f in results/reference-*.csv; do
-            [ -f "$f" ] && head -n 1 "$f" | grep -q ',execution,compile_ns$' \
-                && grep -qF "$gpu_name" "$f" && { src=$f; break; }
+            [ -f "$f" ] && current_schema "$f" && grep -qF "$gpu_name" "$f" && { src=$f; break; }
         done
         [ -n "$src" ] || return 0
         echo "gpu-session: no .gpu/reference-gpu.csv: resuming the committed $src ($(( $(wc -l < "$src") - 1 )) rows of this $gpu_name)" >&2
@@ -295,7 +297,7 @@ resume_reference() {
     # A resumed file of an older result schema (a reference before the timed-step fix of issue
     # 36: its peer rows were timed with hooks inside the step) is kept aside, not resumed: its
     # rows are not this binary's to append to.
-    if ! head -n 1 "$csv" | grep -q ',execution,compile_ns$'; then
+    if ! current_schema "$csv"; then
         mv "$csv" "$OUT/reference-gpu-old-schema.csv"
         echo "gpu-session: .gpu/reference-gpu.csv is of an older result schema: kept as reference-gpu-old-schema.csv; this sweep starts a new reference-gpu.csv" >&2
     fi

@@ -46,7 +46,7 @@ class Resume(unittest.TestCase):
             os.chmod(smi, 0o755)
         with open(SCRIPT) as f:
             text = f.read()
-        start = text.index("resume_reference() {")
+        start = text.index("current_schema() {")
         function = text[start:text.index("\n}\n", start) + 3]
         env = dict(os.environ, OUT=self.out,
                    PATH=os.path.join(self.root, "bin") + ":/usr/bin:/bin")

@@ -699,17 +699,18 @@ pub fn measure(
         _ => None,
     };
     let mut warning = meter.warning().map(str::to_string);
-    let predicted_peak_bytes = match pool_prediction(variant, cfg, &meter, &device, path) {
-        Ok(p) => p,
-        Err(e) => {
-            let w =
-                format!("the pool's rounding was not measured, predicted at request sizes: {e:#}");
-            warning = Some(warning.map_or(w.clone(), |old| format!("{old}; {w}")));
-            None
-        }
-    };
-    let predicted_request_bytes = predicted_peak_bytes
-        .and_then(|_| impls::model::predict_peak_bytes_with(variant, cfg, path));
+    let (predicted_peak_bytes, predicted_request_bytes) =
+        match pool_prediction(variant, cfg, &meter, &device, path) {
+            Ok(Some((charged, request))) => (Some(charged), request),
+            Ok(None) => (None, None),
+            Err(e) => {
+                let w = format!(
+                    "the pool's rounding was not measured, predicted at request sizes: {e:#}"
+                );
+                warning = Some(warning.map_or(w.clone(), |old| format!("{old}; {w}")));
+                (None, None)
+            }
+        };
     // Before the graph's steps: the column is the measured steps' process.
     let peak_rss_bytes = device::peak_rss_bytes();
     let graph_result: Option<std::result::Result<Stats, String>> = match (
@@ -894,15 +895,16 @@ fn kernel_notes(variant: Variant, cfg: &Config, device: &Device, path: Kernels) 
 /// The memory model of `variant` on the GPU's kernels `path` ([`impls::model::kernels_for`])
 /// with each allocation charged what the device's pool charges for its size, measured once per
 /// size the model allocates ([`MemoryMeter::pool_charges`]): the pool's rounding modelled
-/// allocation by allocation. `None` off pools (the CPU counts request sizes exactly) and for
-/// `autograd`.
+/// allocation by allocation; beside it the same model on the same kernels at request sizes
+/// (`Measurement::predicted_request_bytes`). `None` off pools (the CPU counts request sizes
+/// exactly) and for `autograd`.
 fn pool_prediction(
     variant: Variant,
     cfg: &Config,
     meter: &MemoryMeter,
     device: &Device,
     path: Kernels,
-) -> Result<Option<u64>> {
+) -> Result<Option<(u64, Option<u64>)>> {
     use impls::model::{allocation_sizes, predict_peak_bytes_charged};
     let Some(sizes) = allocation_sizes(variant, cfg, path) else {
         return Ok(None);
@@ -914,7 +916,8 @@ fn pool_prediction(
         anyhow::bail!(why);
     }
     let charge = |bytes: u64| charges.get(&bytes).copied().unwrap_or(bytes);
-    Ok(predict_peak_bytes_charged(variant, cfg, path, &charge))
+    Ok(predict_peak_bytes_charged(variant, cfg, path, &charge)
+        .map(|p| (p, impls::model::predict_peak_bytes_with(variant, cfg, path))))
 }
 
 /// The dtype references are computed in. f64 because a reference must be far more accurate than
