@@ -270,6 +270,9 @@ side_by_side() {
 # file does not measure its rows again. Used by `warm` (what is measured already) and `sweep`.
 # Whether result CSV $1 is of this binary's result schema (its header ends in issue 36's columns).
 current_schema() { head -n 1 "$1" | grep -q ',execution,compile_ns$'; }
+# Whether result CSV $2 holds a row of GPU $1: a `device_desc` field that is the name and then
+# " (sm_…" — the whole name, so that "NVIDIA H200" is not taken for "NVIDIA H200 NVL".
+names_gpu() { grep -qF -e ",\"$1 (sm_" -e ",$1 (sm_" "$2"; }
 
 resume_reference() {
     local csv="$OUT/reference-gpu.csv" gpu_name src=.gpu/reference-gpu.csv f
@@ -279,7 +282,7 @@ resume_reference() {
         src=""
         [ -n "$gpu_name" ] || return 0
         for f in results/reference-*.csv; do
-            [ -f "$f" ] && current_schema "$f" && grep -qF "$gpu_name" "$f" && { src=$f; break; }
+            [ -f "$f" ] && current_schema "$f" && names_gpu "$gpu_name" "$f" && { src=$f; break; }
         done
         [ -n "$src" ] || return 0
         echo "gpu-session: no .gpu/reference-gpu.csv: resuming the committed $src ($(( $(wc -l < "$src") - 1 )) rows of this $gpu_name)" >&2
@@ -287,7 +290,7 @@ resume_reference() {
     cp "$src" "$csv" && chmod u+w "$csv"
     # Resumed rows must be of this GPU: a call on another kind (an H200 for an H100) would mix
     # two devices' rows under one key.
-    if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! grep -qF "$gpu_name" "$csv"; then
+    if [ "$(wc -l < "$csv")" -gt 1 ] && [ -n "$gpu_name" ] && ! names_gpu "$gpu_name" "$csv"; then
         # kept (it comes back as reference-gpu-other.csv), and this call's sweep starts a file
         # of its own GPU instead of running nothing
         mv "$csv" "$OUT/reference-gpu-other.csv"

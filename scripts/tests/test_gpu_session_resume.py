@@ -95,5 +95,19 @@ class Resume(unittest.TestCase):
         self.assertIn("another GPU", said)
 
 
+    def test_a_gpu_whose_name_holds_another_gpus_name_is_another_gpu(self):
+        # "NVIDIA H200" is a prefix of "NVIDIA H200 NVL": neither GPU resumes the other's rows
+        self.write("results/reference-h200nvl.csv", HEADER + rows("NVIDIA H200 NVL", 2))
+        self.run_resume("NVIDIA H200")
+        self.assertIsNone(self.resumed())
+        self.write("results/reference-h200.csv", HEADER + rows("NVIDIA H200", 3))
+        self.run_resume("NVIDIA H200")
+        self.assertEqual(self.resumed(), HEADER + rows("NVIDIA H200", 3))
+        os.remove(os.path.join(self.out, "reference-gpu.csv"))
+        self.write(".gpu/reference-gpu.csv", HEADER + rows("NVIDIA H200 NVL", 2))
+        said = self.run_resume("NVIDIA H200")
+        self.assertIsNone(self.resumed())
+        self.assertIn("another GPU", said)
+
 if __name__ == "__main__":
     unittest.main()
