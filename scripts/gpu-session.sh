@@ -23,6 +23,8 @@
 #           stopped cleanly after DENSEBENCH_SWEEP_SECS (default 480) and goes on with --resume
 #           when the CSV is given back in .gpu/reference-gpu.csv on the next call; without that
 #           file, from the committed results/reference-*.csv of this GPU (its rows name it).
+#           Its whole log in $OUT/sweep.txt: each row's line says where its process's time went
+#           ([process 12.3 s: import …, setup …, warm-up …; check …] for a PyTorch row).
 #   report  plots (one tarball, $OUT/plots.tar.gz) and the Markdown report ($OUT/REPORT-gpu.md)
 #   fidelity  issue 36's fidelity check on cuda:0 (scripts/peer_fidelity.py): every job of
 #           versus-pytorch.toml and gpu.toml, densebench's and PyTorch's (eager and compiled),
@@ -404,7 +406,7 @@ CONFIGS
         [ "$secs" -le "$most" ] || secs=$most
         [ "$secs" -ge 30 ] || secs=30
         timeout -s TERM -k 30 "$secs" "$db" bench-all --sweep harness/sweeps/gpu.toml \
-            "${peer[@]}" --resume --out "$csv" 2>&1 | tail -n 40
+            "${peer[@]}" --resume --out "$csv" 2>&1 | tee "$OUT/sweep.txt" | tail -n 40
         code=${PIPESTATUS[0]}
         if [ "$code" -eq 124 ]; then
             echo "gpu-session: sweep stopped after $secs s; copy $csv back into .gpu/ and run the sweep stage again to go on"

@@ -43,6 +43,9 @@ import sys
 import tempfile
 import time
 
+# When this process started its script: the phases of `phases_ns` are counted from here.
+STARTED_NS = time.perf_counter_ns()
+
 PEER_DIR = os.path.dirname(os.path.abspath(__file__))
 VENV_DIR = os.path.join(PEER_DIR, ".venv-peer")
 VENV_PYTHON = os.path.join(VENV_DIR, "bin", "python")
@@ -975,12 +978,29 @@ class Stepper:
         }
 
 
+class Phases:
+    """Where the process's time went, outside the timed steps: `(name, ns)` in order, each
+    from the end of the one before (the first from the script's start). The harness shows
+    them beside the row (a row's process costs seconds; its steps, milliseconds)."""
+
+    def __init__(self):
+        self.last = STARTED_NS
+        self.done: list[list] = []
+
+    def mark(self, name: str) -> None:
+        now = time.perf_counter_ns()
+        self.done.append([name, now - self.last])
+        self.last = now
+
+
 def run(a: argparse.Namespace) -> dict:
+    phases = Phases()
     try:
         import torch
         import torchvision
     except ImportError as e:
         raise PeerError(f"{NO_TORCH_LINE} ({e})", EXIT_NO_TORCH) from None
+    phases.mark("import")
 
     torch.set_num_threads(a.threads)
     # bf16 is mixed precision: the block (parameters, BN buffers) stays f32, the features are
@@ -1043,6 +1063,7 @@ def run(a: argparse.Namespace) -> dict:
         else None
     )
     stepper = Stepper(torch, block, fn, x, g, meter, device, a.family, compiled, autocast)
+    phases.mark("setup")
     # Warm-up settles the allocator, oneDNN/MKL scratch, cuDNN/cuBLAS handles and workspaces;
     # a compiled variant's first steps also compile (and under reduce-overhead record graphs).
     warmup = max(a.warmup, COMPILED_MIN_WARMUP) if compiled else a.warmup
@@ -1063,7 +1084,9 @@ def run(a: argparse.Namespace) -> dict:
             ) from None
         warmup_ns += time.perf_counter_ns() - t0
         del r
+    phases.mark("warm-up")
     probe = stepper.probe_step()
+    phases.mark("probe")
     records = []
     last = None
     for _ in range(a.steps):
@@ -1075,6 +1098,7 @@ def run(a: argparse.Namespace) -> dict:
     # private pool of the caching allocator): the allocator's peak over a replay is ~0. The
     # pool is counted whole, plus what the step allocates outside it.
     graph_pool = graph_pool_bytes(torch, device) if stepper.graphs else None
+    phases.mark("steps")
 
     # The last measured step's results: the state was restored before it, so its running
     # stats are those after exactly one step from the case's.
@@ -1086,6 +1110,7 @@ def run(a: argparse.Namespace) -> dict:
     for name, (b, snap) in stepper.after_forward.items():
         result[name] = snap if a.running_stats == "after-forward" else b
     write_safetensors(torch, result, a.out)
+    phases.mark("result")
 
     # How often each BN module updated its running stats in the last step (bc). torchvision's
     # memory_efficient recomputes norm1 inside torch.utils.checkpoint during backward, which
@@ -1180,6 +1205,7 @@ def run(a: argparse.Namespace) -> dict:
         "bn_updates_per_step": max(updates) if updates else 0,
         "warning": warning,
         "cudnn_benchmark": bool(torch.backends.cudnn.benchmark) if device.type == "cuda" else None,
+        "phases_ns": phases.done,
         "out": a.out,
     }
 
@@ -1263,4 +1289,11 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    # Out at once, as `fail` does: the JSON line is flushed and the RESULT file written and
+    # renamed, and the interpreter's teardown (PyTorch's atexit handlers, CUDA contexts,
+    # inductor's compile workers) is no part of a measurement: it took 0.7-1.0 s of a 3-6 s
+    # CPU row (2026-11-30).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

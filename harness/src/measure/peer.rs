@@ -327,6 +327,10 @@ pub struct PeerMeasurement {
     /// or `after_step`.
     #[serde(default)]
     pub running_snapshot: String,
+    /// Where the peer's process spent its time outside the timed steps, `(phase, ns)` in order
+    /// (`import`, `setup`, `warm-up`, `probe`, `steps`, `result`); empty from older peers.
+    #[serde(default)]
+    pub phases_ns: Vec<(String, u64)>,
 }
 
 impl PeerMeasurement {

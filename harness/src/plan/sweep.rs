@@ -907,31 +907,39 @@ mod tests {
         assert!(seen >= 3, "only {seen} sweep files in {}", dir.display());
     }
 
-    /// gpu.toml's bf16 group: every hand-written variant of the BC-100 block (autograd has no
-    /// bf16) at its three depths, in bf16 and IEEE math only, eager and graph, on the GPU,
-    /// after every f32 row (a sweep cut short has its f32 rows first).
+    /// gpu.toml's bf16 groups: every hand-written variant of the BC-100 block (autograd has no
+    /// bf16) at its three depths, in bf16 and IEEE math only, eager and graph, on the GPU; L=16
+    /// right after the shallow f32 blocks (after the f32 BC-100 L=16 rows issue 39 compares it
+    /// with, before the mlp), L=32 and 48 after every f32 row.
     #[test]
-    fn gpu_sweep_has_its_bf16_group_after_the_f32_rows() {
+    fn gpu_sweep_has_its_bf16_rows_after_the_f32_rows_they_are_compared_with() {
         let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sweeps/gpu.toml");
         let text = std::fs::read_to_string(&path).expect("harness/sweeps/gpu.toml");
         let jobs = parse(&text, "gpu.toml", Some(1 << 30))
             .map_err(|e| format!("{e:#}"))
             .expect("gpu.toml parses");
-        let bf16: Vec<_> = jobs
-            .iter()
-            .filter(|j| j.cfg.dtype == candle_core::DType::BF16)
-            .collect();
+        let is_bf16 = |j: &&Job| j.cfg.dtype == candle_core::DType::BF16;
+        let bf16: Vec<_> = jobs.iter().filter(is_bf16).collect();
         // 8 hand-written bc variants at L = 16, 32, 48, eager and graph
         assert_eq!(bf16.len(), 8 * 3 * 2);
         assert!(bf16.iter().all(|j| j.settings.math == Math::Ieee
             && j.variant.name() != "autograd"
             && j.cfg.family == impls::Family::Bc
             && j.settings.device != DeviceSpec::Cpu));
-        let first = jobs
+        let position = |f: &dyn Fn(&Job) -> bool| jobs.iter().position(f).expect("a row");
+        let last = |f: &dyn Fn(&Job) -> bool| jobs.iter().rposition(f).expect("a row");
+        let shallow_bf16 = |j: &Job| is_bf16(&j) && j.cfg.depth == 16;
+        let f32_l16 =
+            |j: &Job| !is_bf16(&j) && j.cfg.family == impls::Family::Bc && j.cfg.depth == 16;
+        // L=16 in one run of 16 rows, after the f32 rows of its block, before the first mlp
+        let first = position(&shallow_bf16);
+        assert_eq!(last(&shallow_bf16), first + 15);
+        assert!(last(&f32_l16) < first);
+        assert!(first < position(&|j: &Job| j.cfg.family == impls::Family::Mlp));
+        // L=32 and 48: the last rows of the sweep
+        assert!(jobs[jobs.len() - 32..]
             .iter()
-            .position(|j| j.cfg.dtype == candle_core::DType::BF16)
-            .expect("a bf16 row");
-        assert_eq!(first, jobs.len() - bf16.len(), "bf16 rows come last");
+            .all(|j| is_bf16(&j) && j.cfg.depth > 16));
     }
 
     #[test]

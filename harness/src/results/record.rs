@@ -12,7 +12,7 @@ use crate::measure::peer;
 use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
 use crate::plan::job::{git_rev, job_key, Math, Peer, PeerVariant, Settings, Target, VERSION};
-use crate::results::row::{Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION, TF32_OWN_ERROR};
+use crate::results::row::{Aside, Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION, TF32_OWN_ERROR};
 use anyhow::{bail, Result};
 use impls::{Config, Variant};
 
@@ -157,7 +157,9 @@ fn measure_densebench_row(
             add_note(&mut row, crate::measure::device::AMX_NOTE.to_string());
         }
     }
+    let started = std::time::Instant::now();
     let outcome = child::spawn(&args, s)?;
+    row.aside = Aside(Some(process_aside(started.elapsed(), &[])));
     row.status = outcome.status().to_string();
     row.error = match &outcome {
         Outcome::Ok(stdout) => {
@@ -248,17 +250,23 @@ fn measure_peer_row(
         row.key.replace('/', "_"),
         std::process::id()
     ));
+    let started = std::time::Instant::now();
     let outcome = peer::run(variant, cfg, s, &case, &out);
+    let process = started.elapsed();
     let result = outcome.and_then(|outcome| {
         row.status = outcome.status().to_string();
         row.error = match &outcome {
             Outcome::Ok(stdout) => {
                 // What the peer printed and wrote is its own: garbage or a malformed RESULT is
                 // this row's `error`, naming the peer and the file, and the sweep goes on.
-                let judged = fill_peer(&mut row, stdout).and_then(|()| match &reference {
+                let checking = std::time::Instant::now();
+                let judged = fill_peer(&mut row, stdout, process).and_then(|()| match &reference {
                     Ok(r) => judge_peer(&mut row, variant, cfg, s, refs, r, &out),
                     Err(_) => Ok(()),
                 });
+                if let Aside(Some(a)) = &mut row.aside {
+                    a.push_str(&format!("; check {}", seconds(checking.elapsed())));
+                }
                 match judged {
                     Ok(()) => checked_message(&mut row, reference.as_ref().map(|_| ())),
                     Err(e) if crate::measure::interrupt::interrupted(&e).is_some() => {
@@ -284,9 +292,36 @@ fn measure_peer_row(
     Ok(finish(row))
 }
 
-/// Copies the peer's JSON line into the row.
-fn fill_peer(row: &mut Row, stdout: &str) -> Result<()> {
+/// `d` in seconds for a progress line: `12.3 s`, `0.42 s`.
+fn seconds(d: std::time::Duration) -> String {
+    let s = d.as_secs_f64();
+    if s >= 10.0 {
+        format!("{s:.1} s")
+    } else {
+        format!("{s:.2} s")
+    }
+}
+
+/// Where a peer's `process` (its child's whole run, start to exit) spent its time, from the
+/// phases its JSON line reports: `process 12.3 s: import 3.10 s, setup 0.96 s, …` (the
+/// process alone from a peer that reports none).
+fn process_aside(process: std::time::Duration, phases: &[(String, u64)]) -> String {
+    let mut s = format!("process {}", seconds(process));
+    let named: Vec<String> = phases
+        .iter()
+        .map(|(name, ns)| format!("{name} {}", seconds(std::time::Duration::from_nanos(*ns))))
+        .collect();
+    if !named.is_empty() {
+        s.push_str(&format!(": {}", named.join(", ")));
+    }
+    s
+}
+
+/// Copies the peer's JSON line into the row; `process` is how long its child ran (for the
+/// row's progress line, with the phases the peer reports).
+fn fill_peer(row: &mut Row, stdout: &str, process: std::time::Duration) -> Result<()> {
     let m = peer::parse(stdout)?;
+    row.aside = Aside(Some(process_aside(process, &m.phases_ns)));
     let execution = m.execution.as_deref().unwrap_or(EAGER);
     if execution != row.execution {
         bail!(
@@ -596,6 +631,67 @@ mod tests {
             graph: None,
         })
         .unwrap()
+    }
+
+    #[test]
+    fn a_peer_rows_progress_line_says_where_its_process_spent_its_time_and_the_csv_does_not() {
+        let line = |phases: &str| {
+            format!(
+                r#"{{"framework":"pytorch","framework_version":"torch 2.15.0","device_desc":"cpu (1 threads)","threads":1,"math":"ieee","peak_bytes":10,"baseline_bytes":5,"saved_bytes":3,"peak_rss_bytes":null,"median_ns":9,"min_ns":8,"max_ns":10,"fwd_median_ns":4,"fwd_min_ns":4,"fwd_max_ns":4,"bwd_median_ns":5,"bwd_min_ns":5,"bwd_max_ns":5{phases}}}"#
+            )
+        };
+        let mut row = Row {
+            key: "pytorch-naive/k".into(),
+            status: "ok".into(),
+            execution: EAGER.into(),
+            ..Row::default()
+        };
+        let phases = r#","phases_ns":[["import",2470000000],["setup",6000000],["warm-up",31000000],["probe",8000000],["steps",41000000],["result",3000000]]"#;
+        fill_peer(
+            &mut row,
+            &line(phases),
+            std::time::Duration::from_millis(12_345),
+        )
+        .unwrap();
+        let summary = row.summary("");
+        assert!(
+            summary.ends_with(
+                "[process 12.3 s: import 2.47 s, setup 0.01 s, warm-up 0.03 s, probe 0.01 s, \
+                 steps 0.04 s, result 0.00 s]"
+            ),
+            "{summary}"
+        );
+        // not a column: the row written and read back is the same row, without it
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("r.csv");
+        let mut w = csv::Writer::from_path(&path).unwrap();
+        w.serialize(&row).unwrap();
+        w.flush().unwrap();
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert!(
+            !text.contains("import") && !text.contains("aside"),
+            "{text}"
+        );
+        let back: Row = csv::Reader::from_path(&path)
+            .unwrap()
+            .deserialize()
+            .next()
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, row);
+        assert!(!back.summary("").contains("process"));
+        // an older peer that reports no phases: the process alone
+        let mut older = Row {
+            execution: EAGER.into(),
+            ..Row::default()
+        };
+        fill_peer(
+            &mut older,
+            &line(""),
+            std::time::Duration::from_millis(2_500),
+        )
+        .unwrap();
+        assert!(older.summary("").ends_with("[process 2.50 s]"));
     }
 
     #[test]

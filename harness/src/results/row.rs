@@ -147,6 +147,21 @@ pub struct Row {
     /// (ns; outside the timed step). Empty for eager rows.
     #[serde(default)]
     pub compile_ns: Option<u64>,
+    /// What the row's progress line says beyond its columns (where a peer's process spent its
+    /// seconds); not a column, not read back, no part of a row's equality.
+    #[serde(skip)]
+    pub aside: Aside,
+}
+
+/// A progress-only remark on a row ([`Row::aside`]): any two are equal, so that a row read back
+/// from its CSV equals the row that was written.
+#[derive(Debug, Clone, Default)]
+pub struct Aside(pub Option<String>);
+
+impl PartialEq for Aside {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 impl Row {
@@ -170,6 +185,9 @@ impl Row {
         }
         if !row.error.is_empty() {
             s.push_str(&format!(" — {}", row.error));
+        }
+        if let Aside(Some(a)) = &row.aside {
+            s.push_str(&format!("  [{a}]"));
         }
         s
     }
