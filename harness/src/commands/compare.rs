@@ -1,7 +1,8 @@
 //! `densebench compare BASE.csv NEW.csv`: matches rows by variant and every config field (not
-//! timestamp, git revision or device), prints NEW/BASE per metric as text, markdown or CSV,
-//! flags regressions beyond `--max-regression`, lists rows present on one side only, and warns
-//! when the two files come from different devices.
+//! timestamp or git revision; math mode, execution and device only where a side holds rows of
+//! several: [`crate::outputs::compare::Split`]), prints NEW/BASE per metric as text, markdown
+//! or CSV, flags regressions beyond `--max-regression`, lists rows present on one side only,
+//! and warns when the two files come from different devices.
 //!
 //! Exit status: 0 no regression beyond the threshold (or no threshold given); 1 a metric worse
 //! than BASE by more than PCT%, a metric NaN or infinite on either side (with or without a
@@ -91,6 +92,33 @@ fn read(path: &Path, side: &str) -> Result<Vec<Row>> {
     read_rows(path).with_context(|| format!("reading {side} {}", path.display()))
 }
 
+/// A write to stdout whose reader went away (`compare … | head`) is no failure of the
+/// comparison: the rest of the output goes nowhere, and the exit status is still the verdict's
+/// (an error here exited 1, which reads as "a regression").
+trait FilterBrokenPipe {
+    fn filter_broken_pipe(self) -> Result<()>;
+}
+
+impl FilterBrokenPipe for Result<()> {
+    fn filter_broken_pipe(self) -> Result<()> {
+        let broken = |e: &anyhow::Error| {
+            e.chain().any(|c| {
+                let io = c.downcast_ref::<std::io::Error>().or_else(|| {
+                    match c.downcast_ref::<csv::Error>().map(csv::Error::kind) {
+                        Some(csv::ErrorKind::Io(io)) => Some(io),
+                        _ => None,
+                    }
+                });
+                io.is_some_and(|io| io.kind() == std::io::ErrorKind::BrokenPipe)
+            })
+        };
+        match self {
+            Err(e) if broken(&e) => Ok(()),
+            other => other,
+        }
+    }
+}
+
 /// `densebench compare`.
 pub fn run(a: Args) -> Result<ExitCode> {
     let (base, new) = match (read(&a.base, "BASE"), read(&a.new, "NEW")) {
@@ -105,8 +133,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let metrics = if a.metrics.is_empty() {
         vec![Metric::PeakBytes, Metric::MedianNs]
     } else {
-        let mut m = a.metrics.clone();
-        m.dedup();
+        // Each once, in the order first given: a metric named twice (not only twice in a row)
+        // was compared twice, its regressions counted twice.
+        let mut m: Vec<Metric> = Vec::new();
+        for &x in &a.metrics {
+            if !m.contains(&x) {
+                m.push(x);
+            }
+        }
         m
     };
     let c = compare_rows(&base, &new, &metrics, a.max_regression);
@@ -124,7 +158,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             for w in &c.warnings {
                 crate::say!("warning: {w}");
             }
-            write_csv(&c, std::io::stdout().lock()).context("writing CSV to stdout")?;
+            let written = write_csv(&c, std::io::stdout().lock());
+            if let Err(e) = written.filter_broken_pipe() {
+                return Err(e.context("writing CSV to stdout"));
+            }
             crate::say!("{}", summary(&c, gate));
         }
         Format::Text | Format::Markdown => {
@@ -136,10 +173,13 @@ pub fn run(a: Args) -> Result<ExitCode> {
                 &metrics,
                 a.format == Format::Markdown,
             );
-            std::io::stdout()
+            let written = std::io::stdout()
                 .lock()
                 .write_all(text.as_bytes())
-                .context("writing the comparison to stdout")?;
+                .map_err(anyhow::Error::from);
+            if let Err(e) = written.filter_broken_pipe() {
+                return Err(e.context("writing the comparison to stdout"));
+            }
         }
     }
     // The verdict printed above (`summary`) and the exit status come from the same failures.

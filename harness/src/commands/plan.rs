@@ -36,7 +36,15 @@ pub struct Args {
     #[arg(long)]
     pub quick: bool,
     /// Number of shards (as `bench-all --shard I/N`): 1 to 10000, and at most the sweep's jobs.
-    #[arg(long, default_value_t = 1, value_name = "N", value_parser = bounds::flags::shards)]
+    #[arg(
+        long,
+        default_value_t = 1,
+        value_name = "N",
+        value_parser = bounds::flags::shards,
+        // `--shards -1` reaches the parser, which says what a shard count is (not "unexpected
+        // argument '-1'")
+        allow_negative_numbers = true
+    )]
     pub shards: usize,
     /// The `--devices` list of `bench-all` (rows are keyed by the first device).
     #[arg(long, value_delimiter = ',', value_name = "DEV,...")]

@@ -1,6 +1,7 @@
-//! Comparing two result sets: rows matched by variant and every config field (not timestamp,
-//! git revision or device), NEW/BASE per metric, regressions beyond a threshold, rows present
-//! on one side only, device, thread, math and PyTorch-version warnings; rendered as text,
+//! Comparing two result sets: rows matched by variant and every config field (not timestamp or
+//! git revision; math mode, execution and device only where a side holds rows of several:
+//! [`Split`]), NEW/BASE per metric, regressions beyond a threshold, rows present on one side
+//! only, device, thread, math, execution and PyTorch-version warnings; rendered as text,
 //! markdown or CSV. PyTorch peer rows are matched like any other: their variant names
 //! (`pytorch-naive`, …) never collide with densebench's, and nothing here parses a variant.
 
@@ -137,11 +138,45 @@ pub struct MatchKey {
     /// modes: when BASE ran in one mode only and NEW in another (compared, with a warning).
     /// Where a file holds rows of both modes, each mode is its own row: never collapsed.
     pub math: String,
+    /// The row's execution (`eager`, `graph`, `compiled`), or empty where each side ran one
+    /// only ([`Split`]): as for `math`, a file holding eager and CUDA-graph rows of one variant
+    /// (`results/reference-h200.csv`) keeps each its own row.
+    pub execution: String,
+    /// The row's device (`cpu`, `cuda:0`), or empty where each side ran on one only: a file
+    /// merged from a CPU and a GPU run keeps each device's row.
+    pub device: String,
+}
+
+/// Which fields beyond the config pair rows in one comparison: each where BASE or NEW holds
+/// rows of more than one value of it (rows of one variant and config would otherwise collapse
+/// into one, the last compared against whatever NEW's last is); where each side holds one value,
+/// rows pair across (a tf32 run against an ieee one, an H200 against an H100), with a warning
+/// where the values differ.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Split {
+    pub math: bool,
+    pub execution: bool,
+    pub device: bool,
+}
+
+impl Split {
+    /// The fields rows are paired by beyond the config, in words (empty: none).
+    fn fields(self) -> Vec<&'static str> {
+        [
+            (self.math, "math mode"),
+            (self.execution, "execution"),
+            (self.device, "device"),
+        ]
+        .into_iter()
+        .filter_map(|(on, name)| on.then_some(name))
+        .collect()
+    }
 }
 
 impl MatchKey {
-    /// The key of a row; `by_math` keeps its math mode in the key.
-    pub fn of(r: &Row, by_math: bool) -> Self {
+    /// The key of a row, with the fields `split` pairs by.
+    pub fn of(r: &Row, split: Split) -> Self {
+        let keep = |on: bool, v: &str| if on { v.to_string() } else { String::new() };
         Self {
             family: r.family.clone(),
             batch: r.batch,
@@ -154,21 +189,27 @@ impl MatchKey {
             seed: r.seed,
             depth: r.depth,
             variant: r.variant.clone(),
-            math: if by_math {
-                r.math.clone()
-            } else {
-                String::new()
-            },
+            math: keep(split.math, &r.math),
+            execution: keep(split.execution, r.execution()),
+            device: keep(split.device, &r.device),
         }
     }
 
-    /// The config label of a row, with its math mode where the key carries a non-ieee one.
+    /// The config label of a row, with its math mode where the key carries a non-ieee one, its
+    /// execution where the key carries a non-eager one and its device where the key carries one.
     fn label(&self, r: &Row) -> String {
-        if self.math.is_empty() || self.math == "ieee" {
-            r.config_label()
-        } else {
-            format!("{} {}", r.config_label(), self.math)
+        let mut label = r.config_label();
+        for (v, default) in [
+            (&self.math, "ieee"),
+            (&self.execution, "eager"),
+            (&self.device, ""),
+        ] {
+            if !v.is_empty() && v != default {
+                label.push(' ');
+                label.push_str(v);
+            }
         }
+        label
     }
 }
 
@@ -290,6 +331,8 @@ pub struct Comparison {
     pub fixed: Vec<Listed>,
     pub warnings: Vec<String>,
     pub matched: usize,
+    /// The fields beyond the config rows were paired by.
+    pub split: Split,
 }
 
 impl Comparison {
@@ -390,16 +433,20 @@ fn health(r: &Row) -> Option<String> {
     }
 }
 
-/// Keyed rows of one file; duplicates (same key twice) keep the last and are counted.
-fn index(rows: &[Row], by_math: bool) -> (BTreeMap<MatchKey, &Row>, usize) {
+/// Keyed rows of one file; duplicates (same key twice) keep the last and are counted, and of
+/// those the ones whose rows were measured on different machines (`device_desc` differs).
+fn index(rows: &[Row], split: Split) -> (BTreeMap<MatchKey, &Row>, usize, usize) {
     let mut map = BTreeMap::new();
-    let mut dup = 0;
+    let (mut dup, mut machines) = (0, 0);
     for r in rows {
-        if map.insert(MatchKey::of(r, by_math), r).is_some() {
+        if let Some(old) = map.insert(MatchKey::of(r, split), r) {
             dup += 1;
+            if old.device_desc.trim() != r.device_desc.trim() {
+                machines += 1;
+            }
         }
     }
-    (map, dup)
+    (map, dup, machines)
 }
 
 fn distinct<'a>(rows: &'a [Row], f: impl Fn(&'a Row) -> String) -> BTreeSet<String> {
@@ -434,9 +481,34 @@ pub fn compare_rows(
     }
     let math = |r: &Row| r.math.clone();
     let (bm, nm) = (distinct(base, math), distinct(new, math));
-    // Rows pair across math modes only when each side ran in one mode (a tf32 run against an
-    // ieee one, with a warning); where a side holds both modes, rows pair within their mode.
-    let by_math = !(bm.len() == 1 && nm.len() == 1);
+    let execution = |r: &Row| r.execution().to_string();
+    let (be, ne) = (distinct(base, execution), distinct(new, execution));
+    let device = |r: &Row| r.device.clone();
+    let (bdev, ndev) = (distinct(base, device), distinct(new, device));
+    // Rows pair across math modes (executions, devices) only when each side ran in one (a tf32
+    // run against an ieee one, with a warning); where a side holds several, rows pair within
+    // theirs: else an eager and a CUDA-graph row of one variant, or a CPU and a GPU one, would
+    // collapse into one and be compared with whichever of NEW's came last.
+    let several = |b: &BTreeSet<String>, n: &BTreeSet<String>| b.len() > 1 || n.len() > 1;
+    let split = Split {
+        math: several(&bm, &nm),
+        execution: several(&be, &ne),
+        device: several(&bdev, &ndev),
+    };
+    c.split = split;
+    let by_math = split.math;
+    if !base.is_empty() && !new.is_empty() && be != ne {
+        c.warnings.push(format!(
+            "executions differ: BASE {} vs NEW {}; {}",
+            be.iter().cloned().collect::<Vec<_>>().join("/"),
+            ne.iter().cloned().collect::<Vec<_>>().join("/"),
+            if split.execution {
+                "rows are paired within their execution"
+            } else {
+                "times of different executions are not comparable"
+            }
+        ));
+    }
     if !base.is_empty() && !new.is_empty() && bm != nm {
         c.warnings.push(format!(
             "math modes differ: BASE {} vs NEW {}; {}",
@@ -449,12 +521,20 @@ pub fn compare_rows(
             }
         ));
     }
-    let (bi, bdup) = index(base, by_math);
-    let (ni, ndup) = index(new, by_math);
-    for (side, n) in [("BASE", bdup), ("NEW", ndup)] {
+    let (bi, bdup, bmach) = index(base, split);
+    let (ni, ndup, nmach) = index(new, split);
+    for (side, n, machines) in [("BASE", bdup, bmach), ("NEW", ndup, nmach)] {
         if n > 0 {
             c.warnings.push(format!(
-                "{side} has {n} duplicate row(s) for the same variant and config; the last of each is compared"
+                "{side} has {n} duplicate row(s) for the same variant and config; the last of each is compared{}",
+                if machines > 0 {
+                    format!(
+                        " ({machines} of them measured on another machine than the row they \
+                         replace: `device_desc` differs; compare one machine's rows at a time)"
+                    )
+                } else {
+                    String::new()
+                }
             ));
         }
     }
@@ -623,7 +703,7 @@ pub fn compare_rows(
             k.dtype.clone(),
             k.seed,
             k.depth,
-            k.math.clone(),
+            (k.math.clone(), k.execution.clone(), k.device.clone()),
         )
     };
     c.lines.sort_by(|a, b| {
@@ -672,7 +752,13 @@ pub(crate) fn text_table(headers: &[&str], rows: &[Vec<String>], left: &[usize])
 
 /// GitHub-flavoured markdown table: the columns listed in `left` left-aligned, the rest right.
 pub(crate) fn markdown_table(headers: &[&str], rows: &[Vec<String>], left: &[usize]) -> String {
-    let esc = |s: &str| s.replace('|', "\\|");
+    // a cell is one line: a line break (a device description or note edited in a spreadsheet)
+    // would end the table row there, its other cells spilling out of the table
+    let esc = |s: &str| {
+        s.replace('|', "\\|")
+            .replace("\r\n", " ")
+            .replace(['\n', '\r'], " ")
+    };
     let mut out = format!(
         "| {} |\n|{}|\n",
         headers
@@ -902,10 +988,18 @@ pub fn nothing_matched(c: &Comparison, base: &Path, new: &Path) -> Option<String
     };
     let base_rows: Vec<&Listed> = c.only_base.iter().chain(&c.peers_not_run).collect();
     let new_rows: Vec<&Listed> = c.only_new.iter().collect();
+    let within = match c.split.fields().as_slice() {
+        [] => String::new(),
+        [one] => format!(", and by {one} (a side holds rows of several)"),
+        [more @ .., last] => format!(
+            ", and by {} and {last} (a side holds rows of several)",
+            more.join(", ")
+        ),
+    };
     Some(format!(
         "no row of NEW matches a row of BASE: {}; {}. Rows pair by variant and every config \
-         field (family, N, C0, k, bn, size, activation, dtype, seed, depth): compare two result \
-         CSVs of the same sweep (the same configurations and variants)",
+         field (family, N, C0, k, bn, size, activation, dtype, seed, depth){within}: compare two \
+         result CSVs of the same sweep (the same configurations and variants)",
         holds("BASE", base, &base_rows),
         holds("NEW", new, &new_rows)
     ))

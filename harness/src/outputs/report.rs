@@ -322,17 +322,17 @@ pub fn read_max_depth(path: &Path) -> Result<Vec<Answer>> {
             path.display()
         )));
     }
-    let lag = u64::from(
-        body.split(|&b| b == b'\n')
-            .next()
-            .is_some_and(|l| l.ends_with(b"\r")),
-    );
     let mut rdr = csv::Reader::from_reader(body);
     let mut answers = Vec::new();
     for r in rdr.deserialize::<Answer>() {
         let mut a = r.map_err(|e| {
+            // counted in the file (CRLF, LF or both), and past the BOM stripped above
+            let bom = (bytes.len() - body.len()) as u64;
+            let line = e
+                .position()
+                .map(|p| crate::results::row::line_in(&bytes, p.byte() + bom));
             crate::plan::bounds::bad_input(
-                crate::results::row::csv_error(path, &header, &e, lag)
+                crate::results::row::csv_error_at(path, &header, &e, line)
                     .context("not a row of a `max-depth --out` CSV"),
             )
         })?;

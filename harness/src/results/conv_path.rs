@@ -99,6 +99,41 @@ pub fn mixed<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Vec<(&'static str, 
     }
 }
 
+/// One convolution of [`mixed_on_one_machine`]: which, how many rows, the index of the first.
+pub type Convolution = (&'static str, usize, usize);
+
+/// The first machine (`device` and `device_desc`) whose GPU bc rows in `rows` were measured
+/// with more than one convolution ([`mixed`] per machine: rows of one key from two machines are
+/// two measurements, from one machine a repeat): its description and `(which, rows, index of
+/// the first in rows)` of each convolution, in order of first appearance. `None` when every
+/// machine's rows are of one convolution (or none).
+pub fn mixed_on_one_machine(rows: &[Row]) -> Option<(String, Vec<Convolution>)> {
+    type Seen = ((String, String), Vec<Convolution>);
+    let mut machines: Vec<Seen> = Vec::new();
+    for (i, r) in rows.iter().enumerate() {
+        let Some(m) = measured_with(r) else { continue };
+        let (f, machine) = (
+            family(m),
+            (r.device.clone(), r.device_desc.trim().to_string()),
+        );
+        let convs = match machines.iter_mut().find(|(k, _)| *k == machine) {
+            Some((_, convs)) => convs,
+            None => {
+                machines.push((machine, Vec::new()));
+                &mut machines.last_mut()?.1
+            }
+        };
+        match convs.iter_mut().find(|(g, _, _)| *g == f) {
+            Some((_, n, _)) => *n += 1,
+            None => convs.push((f, 1, i)),
+        }
+    }
+    machines
+        .into_iter()
+        .find(|(_, convs)| convs.len() > 1)
+        .map(|((device, desc), convs)| (format!("{device} ({desc})"), convs))
+}
+
 /// An `ok` densebench bc row of `variant` on `device` with `note` (the tests' row, here and in
 /// `commands::bench_all`).
 #[cfg(test)]

@@ -13,7 +13,7 @@ use crate::measure::reference::{Cache, Reference};
 use crate::measure::step as measure;
 use crate::plan::job::{git_rev, job_key, Math, Peer, PeerVariant, Settings, Target, VERSION};
 use crate::results::row::{Aside, Row, DENSEBENCH, EAGER, PYTORCH, SCHEMA_VERSION, TF32_OWN_ERROR};
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use impls::{Config, Variant};
 
 /// The row of `variant` (densebench's or a peer's) on `cfg` with every identity column filled
@@ -321,6 +321,8 @@ fn process_aside(process: std::time::Duration, phases: &[(String, u64)]) -> Stri
 /// row's progress line, with the phases the peer reports).
 fn fill_peer(row: &mut Row, stdout: &str, process: std::time::Duration) -> Result<()> {
     let m = peer::parse(stdout)?;
+    // Every reader of the file (`--resume` included) refuses a row whose timeline does not read.
+    crate::results::row::timeline_points(&m.timeline).context("the peer's timeline")?;
     row.aside = Aside(Some(process_aside(process, &m.phases_ns)));
     let execution = m.execution.as_deref().unwrap_or(EAGER);
     if execution != row.execution {

@@ -255,21 +255,7 @@ impl Row {
 
     /// The timeline as (label, bytes) pairs in recorded order.
     pub fn timeline_points(&self) -> Result<Vec<(String, i64)>> {
-        if self.timeline.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.timeline
-            .split(';')
-            .map(|item| {
-                let (label, bytes) = item
-                    .split_once('=')
-                    .with_context(|| format!("timeline item `{item}` is not label=bytes"))?;
-                let bytes = bytes
-                    .parse::<i64>()
-                    .with_context(|| format!("timeline item `{item}`: bytes is not an integer"))?;
-                Ok((label.to_string(), bytes))
-            })
-            .collect()
+        timeline_points(&self.timeline)
     }
 
     /// The block configuration the row measured (its family, sizes, dtype and seed columns).
@@ -314,6 +300,26 @@ impl Row {
             )
         }
     }
+}
+
+/// A `timeline` cell as (label, bytes) pairs in recorded order ([`Row::timeline_points`]); an
+/// error names the item that does not read. Every reader of a result CSV checks it.
+pub fn timeline_points(timeline: &str) -> Result<Vec<(String, i64)>> {
+    if timeline.is_empty() {
+        return Ok(Vec::new());
+    }
+    timeline
+        .split(';')
+        .map(|item| {
+            let (label, bytes) = item
+                .split_once('=')
+                .with_context(|| format!("timeline item `{item}` is not label=bytes"))?;
+            let bytes = bytes
+                .parse::<i64>()
+                .with_context(|| format!("timeline item `{item}`: bytes is not an integer"))?;
+            Ok((label.to_string(), bytes))
+        })
+        .collect()
 }
 
 /// The key a row's own fields give: `variant/family/N/C0/k/L/bn/size/act/dtype/seed/device`
@@ -424,10 +430,79 @@ impl std::fmt::Display for TornRow {
 
 impl std::error::Error for TornRow {}
 
+/// The line of `bytes` (1 for the first) on which the record the csv crate places at byte
+/// `byte` starts. The csv crate takes a record's position where the record before it stopped:
+/// after a CRLF line's `\r`, before its `\n`, and before any blank lines, so its own line count
+/// is one low after a CRLF line, whatever the lines before it end with. Here the line breaks
+/// before the record's first byte are counted: `\n`, `\r\n` and a lone `\r` each once.
+pub fn line_in(bytes: &[u8], byte: u64) -> u64 {
+    let at = usize::try_from(byte).unwrap_or(usize::MAX).min(bytes.len());
+    let start = at
+        + bytes[at..]
+            .iter()
+            .take_while(|&&b| b == b'\r' || b == b'\n')
+            .count();
+    let before = &bytes[..start];
+    let breaks = before.iter().filter(|&&b| b == b'\n').count()
+        + before
+            .iter()
+            .enumerate()
+            .filter(|&(i, &b)| b == b'\r' && before.get(i + 1) != Some(&b'\n'))
+            .count();
+    1 + breaks as u64
+}
+
+/// [`line_in`] of the file `path` (read again: an error's place only); `None` when it cannot
+/// be read.
+fn line_in_file(path: &Path, byte: u64) -> Option<u64> {
+    let mut bytes = Vec::new();
+    // as it was opened to be read: a regular file only, without blocking
+    let (f, _) = crate::plan::input::open_regular(path, "result CSV").ok()?;
+    // past the position: the line breaks between it and the record's first byte
+    std::io::Read::read_to_end(
+        &mut std::io::Read::take(f, byte.saturating_add(1 << 16)),
+        &mut bytes,
+    )
+    .ok()?;
+    Some(line_in(&bytes, byte))
+}
+
+/// The line of a record of the result CSV `path` at `pos`, for messages: [`line_in_file`], or
+/// the csv crate's count corrected by `lag` ([`crlf_line_lag`]) where the file cannot be read
+/// again. Counted only when shown.
+struct LineAt<'a> {
+    path: &'a Path,
+    pos: Option<csv::Position>,
+    lag: u64,
+}
+
+impl LineAt<'_> {
+    fn get(&self) -> Option<u64> {
+        let p = self.pos.as_ref()?;
+        Some(line_in_file(self.path, p.byte()).unwrap_or(p.line() + self.lag))
+    }
+}
+
+impl std::fmt::Display for LineAt<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.get().unwrap_or(0))
+    }
+}
+
 /// A CSV error in words: the line and the column by name, never "field 24". `lag`: how many
 /// lines `csv` counts too low (1 for a CRLF file, 0 otherwise; `crlf_line_lag`).
 pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> anyhow::Error {
-    let line = e.position().map(|p| p.line() + lag);
+    csv_error_at(path, headers, e, e.position().map(|p| p.line() + lag))
+}
+
+/// [`csv_error`] with the error's line given (`None`: no line known), e.g. counted exactly by
+/// [`line_in`].
+pub fn csv_error_at(
+    path: &Path,
+    headers: &[String],
+    e: &csv::Error,
+    line: Option<u64>,
+) -> anyhow::Error {
     let at = match line {
         Some(l) => format!("{} line {l}", path.display()),
         None => path.display().to_string(),
@@ -462,6 +537,25 @@ pub fn csv_error(path: &Path, headers: &[String], e: &csv::Error, lag: u64) -> a
     }
 }
 
+/// What is wrong with a `size` cell that does not read, where the error does not name its
+/// column: `Spatial`'s own parser fails without the csv crate knowing which column it read
+/// (`line 5: size -5 is negative`). `None` for any other error.
+fn unplaced_size_error(
+    headers: &[String],
+    record: &csv::StringRecord,
+    e: &csv::Error,
+) -> Option<String> {
+    let csv::ErrorKind::Deserialize { err, .. } = e.kind() else {
+        return None;
+    };
+    let bad_size = headers
+        .iter()
+        .position(|h| h == "size")
+        .and_then(|i| record.get(i))
+        .is_some_and(|cell| cell.parse::<Spatial>().is_err());
+    (err.field().is_none() && bad_size).then(|| err.kind().to_string())
+}
+
 /// The header of a schema-2 file: every column but those schema 3 added.
 pub fn schema_2_columns() -> Vec<String> {
     Row::columns()
@@ -490,6 +584,35 @@ pub fn header_schema(headers: &[String]) -> Option<u32> {
     } else {
         None
     }
+}
+
+/// A header's extra column `c` as an error lists it: its name, or what would read as nothing in
+/// a list: an unnamed column (a comma at the end of every line, as a spreadsheet may leave) or
+/// one with spaces around its name.
+pub fn extra_column(headers: &[String], c: &str) -> String {
+    match headers.iter().position(|h| h == c) {
+        Some(i) if c.trim().is_empty() => format!(
+            "an unnamed column {} (a comma at the end of every line?)",
+            i + 1
+        ),
+        _ if c.trim() != c => format!("`{c}` (spaces around the name)"),
+        _ => c.to_string(),
+    }
+}
+
+/// The first named column a header names twice, in words (`` the column `x` twice (columns 3
+/// and 9) ``); `None` when none is (unnamed columns are [`extra_column`]'s).
+pub fn repeated_column(headers: &[String]) -> Option<String> {
+    let (i, c) = headers
+        .iter()
+        .enumerate()
+        .find(|(i, c)| !c.trim().is_empty() && headers[..*i].contains(c))?;
+    let first = headers.iter().position(|h| h == c).unwrap_or(i);
+    Some(format!(
+        "the column `{c}` twice (columns {} and {})",
+        first + 1,
+        i + 1
+    ))
 }
 
 /// Whether `headers` is the header of a densebench result CSV: of a schema this densebench reads
@@ -539,6 +662,18 @@ fn tf32_own_error(note: &str) -> Option<f64> {
 /// Errors are (column, why), for the caller to place at the file's line.
 fn judge(row: &mut Row) -> std::result::Result<(), (&'static str, String)> {
     let cap = tolerance_cap(&row.dtype).map_err(|e| ("dtype", e))?;
+    // An error is a magnitude (max |a − b|, or that over max |ref|): a negative one is no
+    // measurement, and would pass any tolerance.
+    if let Some((column, v)) = row
+        .error_columns()
+        .into_iter()
+        .find_map(|(c, v)| Some((c, v?)).filter(|(_, v)| *v < 0.0))
+    {
+        return Err((
+            column,
+            format!("{v:e} is negative: an error is a magnitude, 0 or more (an edited row?)"),
+        ));
+    }
     if let Some(t) = row.tolerance {
         if !(t.is_finite() && (0.0..=cap).contains(&t)) {
             return Err((
@@ -684,12 +819,25 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
                 .join(",")
         );
     }
+    // A column named twice: every row would be refused for it ("line 2: duplicate field"),
+    // though it is the header that is wrong.
+    if let Some(twice) = repeated_column(&headers) {
+        bail!(
+            "{}: its header names {twice}: not a densebench result CSV as written (an edited \
+             header?)",
+            path.display()
+        );
+    }
     if file_schema == SCHEMA_VERSION && (!missing.is_empty() || !extra.is_empty()) {
         bail!(
-            "{}: not a densebench schema-{SCHEMA_VERSION} (or schema-1) result CSV: missing columns [{}], extra columns [{}]",
+            "{}: not a densebench result CSV of schema {SCHEMA_VERSION}, 2 or 1: missing columns [{}], extra columns [{}]",
             path.display(),
             missing.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", "),
-            extra.iter().map(|s| s.as_str()).collect::<Vec<_>>().join(", ")
+            extra
+                .iter()
+                .map(|c| extra_column(&headers, c))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
     }
     let mut rows = Vec::new();
@@ -698,12 +846,26 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         match rdr.read_record(&mut record) {
             Ok(false) => break,
             Ok(true) => {}
-            Err(e) => return Err(csv_error(path, &headers, &e, lag)),
+            Err(e) => {
+                let line = LineAt {
+                    path,
+                    pos: e.position().cloned(),
+                    lag,
+                };
+                return Err(csv_error_at(path, &headers, &e, line.get()));
+            }
         }
-        let line = record.position().map_or(0, |p| p.line() + lag);
+        let line = LineAt {
+            path,
+            pos: record.position().cloned(),
+            lag,
+        };
         let mut row: Row = record
             .deserialize(Some(&csv::StringRecord::from(headers.clone())))
-            .map_err(|e| csv_error(path, &headers, &e, lag))?;
+            .map_err(|e| match unplaced_size_error(&headers, &record, &e) {
+                Some(what) => anyhow!("{} line {line}, column `size`: {what}", path.display()),
+                None => csv_error_at(path, &headers, &e, line.get()),
+            })?;
         if row.schema != file_schema {
             bail!(
                 "{} line {line}, column `schema`: {} is not the schema of this file's header \
@@ -744,6 +906,14 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         }
         judge(&mut row).map_err(|(column, why)| {
             anyhow!("{} line {line}, column `{column}`: {why}", path.display())
+        })?;
+        // Checked here, where the file and line are known: `plots` draws it much later.
+        row.timeline_points().map_err(|e| {
+            anyhow!(
+                "{} line {line}, column `timeline`: {e:#} (expected `label=bytes;…`, e.g. \
+                 `f0=1024;b0=0`; an edited row?)",
+                path.display()
+            )
         })?;
         rows.push(row);
     }

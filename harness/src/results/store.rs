@@ -496,6 +496,8 @@ pub fn refuse_input_as_output(output: &Path, flag: &str, inputs: &[&Path]) -> Re
 /// ([`row::last_of_each_key`]).
 pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
     let mut rows = Vec::new();
+    // the file of each row, for messages
+    let mut file_of = Vec::new();
     for (i, p) in paths.iter().enumerate() {
         if paths[..i].iter().any(|q| q == p || same_file(q, p)) {
             return Err(bad_input(anyhow!(
@@ -504,7 +506,29 @@ pub fn read_rows_all(paths: &[std::path::PathBuf]) -> Result<Vec<Row>> {
             )));
         }
         warn_if_being_written(p);
-        rows.extend(row::read_rows(p)?);
+        let read = row::read_rows(p)?;
+        file_of.extend(std::iter::repeat_n(p, read.len()));
+        rows.extend(read);
+    }
+    // A row's key does not name its 3×3 convolution: rows of two would be taken for repeats of
+    // one measurement below, and the last kept, one convolution's rows mixed into the other's.
+    if let Some((machine, convs)) = crate::results::conv_path::mixed_on_one_machine(&rows) {
+        return Err(bad_input(anyhow!(
+            "the GPU rows of {machine} were measured with {} 3×3 convolutions ({}): a row's key \
+             does not name its convolution (DENSEBENCH_CONV; its `note` does), so one would be \
+             taken for a repeat of the other; give one convolution's files at a time (`compare` \
+             sets two side by side)",
+            convs.len(),
+            convs
+                .iter()
+                .map(|&(which, n, first)| format!(
+                    "{which}: {n} rows, the first {} in {}",
+                    rows[first].key,
+                    file_of[first].display()
+                ))
+                .collect::<Vec<_>>()
+                .join("; ")
+        )));
     }
     let (rows, repeated) = row::last_of_each_key(rows);
     if let Some(w) = row::repeated_keys_warning(&repeated) {
@@ -656,13 +680,19 @@ fn check_header(path: &Path, file: &mut File) -> Result<()> {
             path.display()
         )));
     }
-    let columns = if missing.is_empty() && extra.is_empty() {
+    let columns = if let Some(twice) = row::repeated_column(&got) {
+        format!("it names {twice}")
+    } else if missing.is_empty() && extra.is_empty() {
         "the same columns in another order".to_string()
     } else {
         format!(
             "missing columns [{}], extra columns [{}]",
             missing.join(", "),
-            extra.join(", ")
+            extra
+                .iter()
+                .map(|c| row::extra_column(&got, c))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     };
     Err(bad_input(anyhow!(
