@@ -91,6 +91,8 @@ where
         &footer,
     )?;
     let order = data::variant_order(checked.iter().map(|r| r.variant.as_str()));
+    // CPU and GPU rows on one figure: the GPU's points hollow, each side's worst in the legend
+    let mixed = mixes_cpu_and_gpu(&checked);
     let n = order.len().max(1);
     let names = order.clone();
     let label_of = move |v: &f64| {
@@ -147,11 +149,11 @@ where
         let row_y = (n - 1 - yi) as f64;
         let step = (0.6 / vr.len().max(1) as f64).min(0.08);
         let spread = |i: usize| row_y + (i as f64 - (vr.len() as f64 - 1.0) / 2.0) * step;
-        let good: Vec<(f64, f64)> = vr
+        let good: Vec<(f64, f64, bool)> = vr
             .iter()
             .enumerate()
             .filter(|(_, r)| r.grad_ok != Some(false))
-            .map(|(i, r)| (x_of(r), spread(i)))
+            .map(|(i, r)| (x_of(r), spread(i), on_gpu(r)))
             .collect();
         let fail: Vec<(f64, f64)> = vr
             .iter()
@@ -159,18 +161,20 @@ where
             .filter(|(_, r)| r.grad_ok == Some(false))
             .map(|(i, r)| (x_of(r), spread(i)))
             .collect();
-        markers(&mut chart, &good, shape_of(v), rgb(v), 5)?;
+        device_markers(&mut chart, &good, shape_of(v), rgb(v), 5, mixed)?;
         markers(&mut chart, &fail, Shape::Cross, RED, 6)?;
-        let worst = vr.iter().filter_map(|r| r.max_rel_err).fold(0.0, f64::max);
-        let label = if vr
-            .iter()
-            .any(|r| r.max_rel_err.is_some_and(|e| !e.is_finite()))
-        {
-            format!("{v}  NaN or inf")
-        } else if worst == 0.0 {
-            format!("{v}  0 (bitwise equal)")
+        let label = if mixed {
+            let side = |gpu: bool, name: &str| {
+                let of: Vec<&&Row> = vr.iter().copied().filter(|r| on_gpu(r) == gpu).collect();
+                (!of.is_empty()).then(|| format!("{name} {}", worst_of(&of)))
+            };
+            let sides: Vec<String> = [side(false, "CPU"), side(true, "GPU")]
+                .into_iter()
+                .flatten()
+                .collect();
+            format!("{v}  {}", sides.join(", "))
         } else {
-            format!("{v}  ≤ {worst:.1e}")
+            format!("{v}  {}", worst_of(&vr))
         };
         entries.push(Entry::variant(v, label, false));
     }
@@ -184,15 +188,34 @@ where
             bf16: false,
         });
     }
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            "one point per row (config, depth,".to_string(),
-            " device, threads);".to_string(),
-            "worst over output, input grad,".to_string(),
-            "parameter grads, running stats".to_string(),
-            format!("0 (bitwise equal) drawn at {floor:.0e}"),
-        ],
-    )
+    let mut notes = vec![
+        "one point per row (config, depth,".to_string(),
+        " device, threads);".to_string(),
+        "worst over output, input grad,".to_string(),
+        "parameter grads, running stats".to_string(),
+        format!("0 (bitwise equal) drawn at {floor:.0e}"),
+    ];
+    if mixed {
+        notes.push(DEVICE_FILL_NOTE.to_string());
+    }
+    legend(&f.legend, &entries, &notes)
+}
+
+/// The worst error of `rows` for the legend: `≤ 4.8e-2`, `0 (bitwise equal)`, or `NaN or inf`.
+fn worst_of(rows: &[&&Row]) -> String {
+    if rows
+        .iter()
+        .any(|r| r.max_rel_err.is_some_and(|e| !e.is_finite()))
+    {
+        return "NaN or inf".to_string();
+    }
+    let worst = rows
+        .iter()
+        .filter_map(|r| r.max_rel_err)
+        .fold(0.0, f64::max);
+    if worst == 0.0 {
+        "0 (bitwise equal)".to_string()
+    } else {
+        format!("≤ {worst:.1e}")
+    }
 }

@@ -103,39 +103,65 @@ where
         ))?;
     }
     let order = data::variant_order(rows.iter().map(|r| r.variant.as_str()));
+    // CPU and GPU rows on one figure: the GPU's points hollow, each side's range in the legend
+    let mixed = mixes_cpu_and_gpu(&rows);
     let mut entries = Vec::new();
     for v in &order {
         let vr: Vec<&&Row> = rows.iter().filter(|r| &r.variant == v).collect();
-        let pts: Vec<(f64, f64)> = vr
+        let pts: Vec<(f64, f64, bool)> = vr
             .iter()
             .map(|r| {
                 (
                     mib(r.predicted_peak_bytes.unwrap_or(0)),
                     mib(r.peak_bytes.unwrap_or(0)),
+                    on_gpu(r),
                 )
             })
             .collect();
-        markers(&mut chart, &pts, shape_of(v), rgb(v), 5)?;
-        let ratios: Vec<f64> = pts.iter().map(|p| p.1 / p.0).collect();
-        let rlo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
-        let rhi = ratios.iter().copied().fold(0.0, f64::max);
-        let label = if (rhi - rlo).abs() < 0.005 {
-            format!("{v}  {rlo:.2}")
+        device_markers(&mut chart, &pts, shape_of(v), rgb(v), 5, mixed)?;
+        let label = if mixed {
+            let side = |gpu: bool, name: &str| {
+                let of: Vec<(f64, f64)> = pts
+                    .iter()
+                    .filter(|p| p.2 == gpu)
+                    .map(|p| (p.0, p.1))
+                    .collect();
+                (!of.is_empty()).then(|| format!("{name} {}", ratio_range(&of)))
+            };
+            let sides: Vec<String> = [side(false, "CPU"), side(true, "GPU")]
+                .into_iter()
+                .flatten()
+                .collect();
+            format!("{v}  {}", sides.join(", "))
         } else {
-            format!("{v}  {rlo:.2}–{rhi:.2}")
+            let all: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
+            format!("{v}  {}", ratio_range(&all))
         };
         entries.push(Entry::variant(v, label, false));
     }
-    legend(
-        &f.legend,
-        &entries,
-        &[
-            "numbers: measured / predicted".to_string(),
-            "solid: y = x; dashed: ±5%".to_string(),
-            "one point per row (config, depth,".to_string(),
-            " device, threads)".to_string(),
-        ],
-    )
+    let mut notes = vec![
+        "numbers: measured / predicted".to_string(),
+        "solid: y = x; dashed: ±5%".to_string(),
+        "one point per row (config, depth,".to_string(),
+        " device, threads)".to_string(),
+    ];
+    if mixed {
+        notes.push(DEVICE_FILL_NOTE.to_string());
+    }
+    legend(&f.legend, &entries, &notes)
+}
+
+/// The range of measured / predicted over `(predicted, measured)` points, two decimals: `1.00`,
+/// or `0.98–1.03`.
+fn ratio_range(pts: &[(f64, f64)]) -> String {
+    let ratios: Vec<f64> = pts.iter().map(|p| p.1 / p.0).collect();
+    let rlo = ratios.iter().copied().fold(f64::INFINITY, f64::min);
+    let rhi = ratios.iter().copied().fold(0.0, f64::max);
+    if (rhi - rlo).abs() < 0.005 {
+        format!("{rlo:.2}")
+    } else {
+        format!("{rlo:.2}–{rhi:.2}")
+    }
 }
 
 /// The ±5% guide `y = k·x` cut to the square `[lo, hi]²` (both axes log): its ends on the
@@ -149,7 +175,80 @@ fn band_line(lo: f64, hi: f64, k: f64) -> [(f64, f64); 2] {
 
 #[cfg(test)]
 mod tests {
-    use super::band_line;
+    use super::{band_line, ratio_range};
+
+    /// CPU and GPU rows on one family figure are told apart: the GPU's points hollow (a white
+    /// marker inside the coloured one), each side's range or worst error in the legend, and a
+    /// note saying which is which; one device alone draws as before.
+    #[test]
+    fn family_figures_tell_cpu_rows_from_gpu_rows() {
+        use crate::results::row::Row;
+        use plotters::prelude::*;
+        let row = |device: &str, measured: u64, err: f64| Row {
+            variant: "cat-store-copy".into(),
+            family: "bc".into(),
+            dtype: "f32".into(),
+            math: "ieee".into(),
+            status: "ok".into(),
+            device: device.into(),
+            peak_bytes: Some(measured),
+            predicted_peak_bytes: Some(100 << 20),
+            max_rel_err: Some(err),
+            grad_ok: Some(true),
+            reference: "autograd/f64".into(),
+            ..Row::default()
+        };
+        super::super::register_font().expect("the embedded font");
+        let (cpu, gpu) = (row("cpu", 98 << 20, 3e-2), row("cuda:0", 100 << 20, 5e-2));
+        let fam = super::super::FamilyKey {
+            family: "bc".into(),
+            dtype: "f32".into(),
+            math: "ieee".into(),
+            execution: "eager".into(),
+        };
+        let draw = |rows: &[&Row]| {
+            let mut svgs = Vec::new();
+            for grad in [false, true] {
+                let mut svg = String::new();
+                {
+                    let root = SVGBackend::with_string(&mut svg, (1280, 800)).into_drawing_area();
+                    if grad {
+                        super::super::grad_error::grad_error(&root, &fam, rows).unwrap();
+                    } else {
+                        super::measured_vs_predicted(&root, &fam, rows).unwrap();
+                    }
+                    root.present().unwrap();
+                }
+                svgs.push(svg);
+            }
+            svgs
+        };
+        let mixed = draw(&[&cpu, &gpu]);
+        assert!(
+            mixed[0].contains("cat-store-copy  CPU 0.98, GPU 1.00"),
+            "{}",
+            mixed[0]
+        );
+        assert!(mixed[1].contains("cat-store-copy  CPU ≤ 3.0e-2, GPU ≤ 5.0e-2"));
+        let white = |svg: &str| svg.matches("fill=\"#FFFFFF\"").count();
+        for (one, both) in draw(&[&cpu]).iter().zip(&mixed) {
+            assert!(both.contains(super::super::style::DEVICE_FILL_NOTE));
+            assert!(!one.contains(super::super::style::DEVICE_FILL_NOTE));
+            // the GPU point's white inside
+            assert!(
+                white(both) > white(one),
+                "{} vs {}",
+                white(both),
+                white(one)
+            );
+        }
+    }
+
+    #[test]
+    fn ratio_ranges_read_as_the_legend_says() {
+        assert_eq!(ratio_range(&[(100.0, 100.0), (10.0, 10.001)]), "1.00");
+        assert_eq!(ratio_range(&[(100.0, 98.0), (10.0, 10.3)]), "0.98–1.03");
+    }
 
     /// Both ends of each guide lie inside the square and on `y = k·x`: parallel to `y = x` on log
     /// axes, never pinned to a corner.

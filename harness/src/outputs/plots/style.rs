@@ -398,6 +398,51 @@ fn diamond(size: i32, color: RGBColor) -> Polygon<(i32, i32)> {
 pub(super) type Chart<'a, DB, X, Y> = ChartContext<'a, DB, Cartesian2d<X, Y>>;
 
 /// Markers of one shape at data positions.
+/// Whether a row ran on a GPU (`cuda:N`): on a figure that draws CPU and GPU rows together, its
+/// marker is hollow ([`device_markers`]).
+pub(super) fn on_gpu(r: &Row) -> bool {
+    r.device.starts_with("cuda")
+}
+
+/// Whether `rows` hold both CPU and GPU rows: a figure of them tells the two apart by marker
+/// fill ([`device_markers`]) and says so in its legend ([`DEVICE_FILL_NOTE`]).
+pub(super) fn mixes_cpu_and_gpu(rows: &[&Row]) -> bool {
+    rows.iter().any(|r| on_gpu(r)) && rows.iter().any(|r| !on_gpu(r))
+}
+
+/// The legend's note of a figure whose points are filled on the CPU and hollow on a GPU.
+pub(super) const DEVICE_FILL_NOTE: &str = "filled: CPU rows; hollow: GPU rows";
+
+/// [`markers`] of points `(x, y, on a GPU)`: where `mixed` (the figure draws CPU and GPU rows),
+/// the GPU's hollow (the variant's colour round a white inside), the CPU's filled; otherwise
+/// all filled.
+pub(super) fn device_markers<DB, X, Y>(
+    chart: &mut Chart<'_, DB, X, Y>,
+    pts: &[(f64, f64, bool)],
+    shape: Shape,
+    color: RGBColor,
+    size: i32,
+    mixed: bool,
+) -> Result<()>
+where
+    DB: DrawingBackend,
+    DB::ErrorType: 'static,
+    X: Ranged<ValueType = f64>,
+    Y: Ranged<ValueType = f64>,
+{
+    let all: Vec<(f64, f64)> = pts.iter().map(|&(x, y, _)| (x, y)).collect();
+    markers(chart, &all, shape, color, size)?;
+    if mixed {
+        let gpu: Vec<(f64, f64)> = pts
+            .iter()
+            .filter(|p| p.2)
+            .map(|&(x, y, _)| (x, y))
+            .collect();
+        markers(chart, &gpu, shape, WHITE, hollow_inner(shape, size))?;
+    }
+    Ok(())
+}
+
 pub(super) fn markers<DB, X, Y>(
     chart: &mut Chart<'_, DB, X, Y>,
     pts: &[(f64, f64)],
