@@ -127,6 +127,7 @@ fn jobs(a: &Args) -> Result<(Vec<Job>, String)> {
         mem_limit: a.mem_limit,
         peer: a.peer,
         math: a.math,
+        device: a.devices.first().copied(),
     };
     let mut jobs = parse_with(&text, &source, over)?;
     if let Some(&first) = a.devices.first() {

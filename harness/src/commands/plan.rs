@@ -68,6 +68,7 @@ pub fn render(a: &Args) -> Result<String> {
         mem_limit: None,
         peer: a.peer,
         math: a.math,
+        device: a.devices.first().copied(),
     };
     let mut jobs = sweep::parse_with(&text, &source, over).bad_input()?;
     if let Some(&first) = a.devices.first() {

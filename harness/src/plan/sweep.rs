@@ -475,6 +475,10 @@ pub struct Overrides {
     pub peer: Option<Peer>,
     /// `--math`: every group's math mode, whatever the file says.
     pub math: Option<Math>,
+    /// The first device of `--devices`: every group's device, whatever the file says, before
+    /// anything is validated against it (`--math tf32` with `--devices cuda:0` on a CPU sweep
+    /// is a GPU sweep in TF32, not a CPU sweep refused).
+    pub device: Option<DeviceSpec>,
 }
 
 /// Parses a sweep file's text and expands it into jobs, validating everything. `source` names
@@ -487,6 +491,7 @@ pub fn parse(text: &str, source: &str, mem_override: Option<u64>) -> Result<Vec<
             mem_limit: mem_override,
             peer: None,
             math: None,
+            device: None,
         },
     )
 }
@@ -504,8 +509,7 @@ pub fn parse_with(text: &str, source: &str, over: Overrides) -> Result<Vec<Job>>
     let mut seen = HashSet::new();
     for (gi, g) in file.groups.iter().enumerate() {
         let label = format!("sweep file {source}, {}", group_label(gi, g));
-        let group_jobs =
-            expand(g, d, mem_override, over.peer, over.math).with_context(|| label.clone())?;
+        let group_jobs = expand(g, d, mem_override, over).with_context(|| label.clone())?;
         for j in group_jobs {
             // A key listed twice is measured once.
             if seen.insert(j.key.clone()) {
@@ -593,13 +597,8 @@ fn check_family_fields(family: Family, g: &Entry) -> Result<()> {
     Ok(())
 }
 
-fn expand(
-    g: &Entry,
-    d: &Entry,
-    mem_override: Option<u64>,
-    peer_override: Option<Peer>,
-    math_override: Option<Math>,
-) -> Result<Vec<Job>> {
+fn expand(g: &Entry, d: &Entry, mem_override: Option<u64>, over: Overrides) -> Result<Vec<Job>> {
+    let (peer_override, math_override) = (over.peer, over.math);
     let family_name = merged!(g, d, family).context("`family` is missing (`mlp` or `bc`)")?;
     let family =
         Family::parse(&family_name.value).map_err(|e| anyhow!("{}: {e}", family_name.at))?;
@@ -624,9 +623,10 @@ fn expand(
                 .map_err(|e| anyhow!("{}: {e}, or `none`", s.at))?,
         ),
     };
-    let device: DeviceSpec = match merged!(g, d, device) {
-        None => DeviceSpec::Cpu,
-        Some(s) => s.value.parse().with_context(|| s.at.clone())?,
+    let device: DeviceSpec = match (over.device, merged!(g, d, device)) {
+        (Some(device), _) => device,
+        (None, None) => DeviceSpec::Cpu,
+        (None, Some(s)) => s.value.parse().with_context(|| s.at.clone())?,
     };
     let (maths, math_at) = match (math_override, merged!(g, d, math)) {
         (Some(m), _) => (vec![m], "--math".to_string()),
@@ -841,7 +841,11 @@ pub fn sweep_keys(
     shards: Option<usize>,
 ) -> Result<SweepKeys> {
     let (text, source) = load_sweep(sweep_file, quick).bad_input()?;
-    let mut jobs = parse(&text, &source, None).bad_input()?;
+    let over = Overrides {
+        device: devices.first().copied(),
+        ..Overrides::default()
+    };
+    let mut jobs = parse_with(&text, &source, over).bad_input()?;
     if let Some(&first) = devices.first() {
         jobs = retarget(jobs, first);
     }
@@ -1008,9 +1012,22 @@ mod tests {
             mem_limit: Some(1 << 30),
             peer: None,
             math: Some(Math::Ieee),
+            device: None,
         };
         let jobs = parse_with(&gpu, "t.toml", over).expect("parses");
         assert_eq!(jobs[0].settings.math, Math::Ieee);
+        // --devices cuda:0 moves a CPU sweep to the GPU before its math is checked: --math
+        // tf32 is then a TF32 GPU sweep, not a CPU one refused
+        let on_gpu = Overrides {
+            math: Some(Math::Tf32),
+            device: Some(DeviceSpec::Cuda(0)),
+            ..Overrides::default()
+        };
+        let jobs = parse_with(group, "t.toml", on_gpu).map_err(|e| format!("{e:#}"));
+        assert_eq!(
+            jobs.map(|j| j[0].key.clone()),
+            Ok("cat-store-copy/mlp/2/3/2/1/1/1/on/f32/0/cuda:0/tf32".to_string())
+        );
         // Refused: tf32 on the CPU, in f64, and an unknown mode, naming the line.
         let cpu = format!("{group}math = \"tf32\"\n");
         assert!(
