@@ -60,6 +60,13 @@
 #           ($OUT/conv-deep.csv and .txt); then on
 #           BC-100 L=16 cuDNN as planned against every pass on packed copies
 #           (DENSEBENCH_CUDNN_STAGING=packed): $OUT/conv-staging.csv and .txt (not a default stage)
+#   recompute  the four recomputing variants (cat-/buffer-recompute-copy/-inplace) on the direct
+#           kernels, in cuDNN and on the tap stack, side by side, BC-100 L=16 and the
+#           torchvision-style block at L=6, `--math tf32 --execution graph`
+#           (DENSEBENCH_CONV_ARGS to change): what a 3×3 convolution that follows the variant
+#           (the tap stack for storing variants, another for recomputing ones) would be decided
+#           on; `conv` timed only buffer-recompute-inplace of them. $OUT/recompute.csv and .txt
+#           (not a default stage; some 24 rows, three to four minutes)
 #   flips   the forum mlp at L = 64 stepped on the GPU, its ReLU decisions that differ from
 #           exact arithmetic counted (scripts/relu_flips.py): $OUT/flips.txt (not a default stage)
 #   sanitize  compute-sanitizer's memcheck, racecheck, synccheck and initcheck on the kernel
@@ -88,7 +95,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
-known=(info tests tf32 warm sweep report fidelity bf16 front chunks conv placement flips sanitize profile)
+known=(info tests tf32 warm sweep report fidelity bf16 front chunks conv recompute placement flips sanitize profile)
 case "${1:-}" in
     -h|--help)
         sed -n '2,/^# Exit status/p' "$0" | sed 's/^# \{0,1\}//'
@@ -527,6 +534,17 @@ CONFIGS
 bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
 CONFIGS
         SIDE_ENV=()
+        ;;
+    recompute)
+        # the recomputing variants on each convolution (direct first: the candidate default
+        # for them), the storing ones' default (the tap stack) last
+        # shellcheck disable=SC2086  # the extra flags are words
+        side_by_side recompute DENSEBENCH_CONV direct,cudnn,tap-stack \
+            "cat-recompute-copy cat-recompute-inplace buffer-recompute-copy buffer-recompute-inplace" \
+            "3×3 (convolution in cuDNN|convolution in densebench's direct|tap stack)[^;]*" ${DENSEBENCH_CONV_ARGS:---math tf32 --execution graph} <<'CONFIGS'
+bc100-16 --family bc --batch 64 --channels 24 --growth 12 --size 32 --depth 16
+torchvision-6 --family bc --batch 32 --channels 64 --growth 32 --size 56 --depth 6
+CONFIGS
         ;;
     flips)
         work=/tmp/densebench-flips
