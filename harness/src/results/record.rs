@@ -334,8 +334,17 @@ fn fill_peer(row: &mut Row, stdout: &str, process: std::time::Duration) -> Resul
             row.execution
         );
     }
+    // the key says the math asked for: a peer that ran another would put its time under it
+    if m.math != row.math {
+        bail!(
+            "the peer says its step ran in `{}` math, but `{}` asked for `{}`: the peer script \
+             and this densebench disagree (rebuild or update both)",
+            m.math,
+            row.key,
+            row.math
+        );
+    }
     row.framework_version = m.framework_version.clone();
-    row.math = m.math.clone();
     row.device_desc = m.device_desc.clone();
     row.compile_ns = m.compile_ns;
     if let Some(w) = m.warmup {
@@ -646,6 +655,7 @@ mod tests {
             key: "pytorch-naive/k".into(),
             status: "ok".into(),
             execution: EAGER.into(),
+            math: "ieee".into(),
             ..Row::default()
         };
         let phases = r#","phases_ns":[["import",2470000000],["setup",6000000],["warm-up",31000000],["probe",8000000],["steps",41000000],["result",3000000]]"#;
@@ -682,9 +692,19 @@ mod tests {
             .unwrap();
         assert_eq!(back, row);
         assert!(!back.summary("").contains("process"));
+        // a peer whose math is not the row's: an error, not a row filed under another key
+        let mut tf32 = Row {
+            key: "pytorch-naive/k".into(),
+            execution: EAGER.into(),
+            math: "tf32".into(),
+            ..Row::default()
+        };
+        let e = fill_peer(&mut tf32, &line(phases), std::time::Duration::ZERO).unwrap_err();
+        assert!(format!("{e:#}").contains("`ieee` math"), "{e:#}");
         // an older peer that reports no phases: the process alone
         let mut older = Row {
             execution: EAGER.into(),
+            math: "ieee".into(),
             ..Row::default()
         };
         fill_peer(
