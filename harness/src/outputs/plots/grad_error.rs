@@ -163,19 +163,7 @@ where
             .collect();
         device_markers(&mut chart, &good, shape_of(v), rgb(v), 5, mixed)?;
         markers(&mut chart, &fail, Shape::Cross, RED, 6)?;
-        let label = if mixed {
-            let side = |gpu: bool, name: &str| {
-                let of: Vec<&&Row> = vr.iter().copied().filter(|r| on_gpu(r) == gpu).collect();
-                (!of.is_empty()).then(|| format!("{name} {}", worst_of(&of)))
-            };
-            let sides: Vec<String> = [side(false, "CPU"), side(true, "GPU")]
-                .into_iter()
-                .flatten()
-                .collect();
-            format!("{v}  {}", sides.join(", "))
-        } else {
-            format!("{v}  {}", worst_of(&vr))
-        };
+        let label = device_label(v, &vr, |r| on_gpu(r), mixed, worst_of);
         entries.push(Entry::variant(v, label, false));
     }
     if bad > 0 {
@@ -202,7 +190,7 @@ where
 }
 
 /// The worst error of `rows` for the legend: `≤ 4.8e-2`, `0 (bitwise equal)`, or `NaN or inf`.
-fn worst_of(rows: &[&&Row]) -> String {
+fn worst_of(rows: &[&&&Row]) -> String {
     if rows
         .iter()
         .any(|r| r.max_rel_err.is_some_and(|e| !e.is_finite()))

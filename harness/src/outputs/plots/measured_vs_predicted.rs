@@ -119,24 +119,13 @@ where
             })
             .collect();
         device_markers(&mut chart, &pts, shape_of(v), rgb(v), 5, mixed)?;
-        let label = if mixed {
-            let side = |gpu: bool, name: &str| {
-                let of: Vec<(f64, f64)> = pts
-                    .iter()
-                    .filter(|p| p.2 == gpu)
-                    .map(|p| (p.0, p.1))
-                    .collect();
-                (!of.is_empty()).then(|| format!("{name} {}", ratio_range(&of)))
-            };
-            let sides: Vec<String> = [side(false, "CPU"), side(true, "GPU")]
-                .into_iter()
-                .flatten()
-                .collect();
-            format!("{v}  {}", sides.join(", "))
-        } else {
-            let all: Vec<(f64, f64)> = pts.iter().map(|p| (p.0, p.1)).collect();
-            format!("{v}  {}", ratio_range(&all))
-        };
+        let label = device_label(
+            v,
+            &pts,
+            |p| p.2,
+            mixed,
+            |of| ratio_range(&of.iter().map(|p| (p.0, p.1)).collect::<Vec<_>>()),
+        );
         entries.push(Entry::variant(v, label, false));
     }
     let mut notes = vec![

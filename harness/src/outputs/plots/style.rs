@@ -413,6 +413,29 @@ pub(super) fn mixes_cpu_and_gpu(rows: &[&Row]) -> bool {
 /// The legend's note of a figure whose points are filled on the CPU and hollow on a GPU.
 pub(super) const DEVICE_FILL_NOTE: &str = "filled: CPU rows; hollow: GPU rows";
 
+/// A variant's legend label with `summary` of its `items` (a range, a worst error): `v  S`, or
+/// where the figure mixes CPU and GPU rows (`mixed`) each side's, `v  CPU S1, GPU S2` (a side
+/// without items left out).
+pub(super) fn device_label<T>(
+    v: &str,
+    items: &[T],
+    gpu: impl Fn(&T) -> bool,
+    mixed: bool,
+    summary: impl Fn(&[&T]) -> String,
+) -> String {
+    if !mixed {
+        return format!("{v}  {}", summary(&items.iter().collect::<Vec<_>>()));
+    }
+    let sides: Vec<String> = [(false, "CPU"), (true, "GPU")]
+        .into_iter()
+        .filter_map(|(side, name)| {
+            let of: Vec<&T> = items.iter().filter(|t| gpu(t) == side).collect();
+            (!of.is_empty()).then(|| format!("{name} {}", summary(&of)))
+        })
+        .collect();
+    format!("{v}  {}", sides.join(", "))
+}
+
 /// [`markers`] of points `(x, y, on a GPU)`: where `mixed` (the figure draws CPU and GPU rows),
 /// the GPU's hollow (the variant's colour round a white inside), the CPU's filled; otherwise
 /// all filled.
