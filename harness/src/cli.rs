@@ -69,10 +69,35 @@ fn join_compute_pool() {
         .build_global();
 }
 
+/// The command line, or the process ends with clap's message: status 2 for a usage mistake
+/// (0 for `--help` and `--version`), but 1 for `merge`'s, whose status 2 means "merged, keys of
+/// the sweep missing" and 1 "nothing written" (`merge --help`).
+fn parse() -> Cli {
+    Cli::try_parse().unwrap_or_else(|e| {
+        let merge = std::env::args_os().nth(1).is_some_and(|a| a == "merge");
+        if merge && e.use_stderr() {
+            let _ = e.print();
+            std::process::exit(1);
+        }
+        e.exit()
+    })
+}
+
+/// The tuning variables a step reads (`DENSEBENCH_TAP_CHUNK_COLUMNS`, `DENSEBENCH_WHOLE_FRONT`,
+/// `DENSEBENCH_FRONT_SLACK`), each read as the step reads it. A malformed one fails every step
+/// that reads it (an `error` row per job), and the memory model, which takes a malformed
+/// `DENSEBENCH_WHOLE_FRONT` for unset, would answer `max-depth --no-confirm` for the split front.
+fn check_tuning_variables() -> anyhow::Result<()> {
+    impls::layer::tap_chunk_override()?;
+    impls::layer::whole_front_override()?;
+    impls::model::schedule::front_pieces_slack()?;
+    Ok(())
+}
+
 /// Parses the command line and runs it; errors are printed with their whole cause chain.
 pub fn main() -> ExitCode {
     interrupt::ignore_file_size_signal();
-    let cli = Cli::parse();
+    let cli = parse();
     let measures = matches!(
         cli.command,
         None | Some(
@@ -81,9 +106,7 @@ pub fn main() -> ExitCode {
     );
     // A malformed tuning variable is bad input, refused before any child starts.
     let environment = match measures {
-        true => impls::layer::tap_chunk_override()
-            .map(|_| ())
-            .map_err(bounds::bad_input),
+        true => check_tuning_variables().map_err(bounds::bad_input),
         false => Ok(()),
     };
     if matches!(cli.command, Some(Command::Child(_) | Command::Step(_))) {

@@ -33,7 +33,7 @@ use crate::plan::job::{Math, Peer};
 use crate::plan::shard::{self, ShardSpec};
 use crate::plan::sweep::{load_sweep, parse_with, retarget, Job, Overrides};
 use crate::results::row::{join_counts, Row};
-use crate::results::store::{Output, RowFilter};
+use crate::results::store::{refuse_input_as_output, Output, RowFilter};
 use crate::results::{conv_path, runner};
 use anyhow::{anyhow, Result};
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -232,6 +232,11 @@ pub fn run(a: Args) -> Result<ExitCode> {
         .out
         .clone()
         .unwrap_or_else(|| default_out(a.quick, a.shard));
+    // `--force` (which the refusal of an existing --out suggests) would replace the sweep file
+    // with the rows measured from it.
+    if let Some(sweep) = &a.sweep {
+        refuse_input_as_output(&out_path, "--out", &[sweep])?;
+    }
     let note = |m: &str| crate::say!("{m}");
     let cache_dir = reference::default_dir(a.cache_dir.as_deref())?;
     // Before the output is touched: a cache that cannot be written is refused at once.
@@ -241,11 +246,14 @@ pub fn run(a: Args) -> Result<ExitCode> {
     let failed_here =
         |key: &str, status: &str| mine.contains(key) && child::FAILED_STATUSES.contains(&status);
     let rerun: Option<&RowFilter> = a.rerun_failed.then_some(&failed_here);
-    let (out, held) = Output::open(&out_path, a.resume, a.force, rerun, &note)?;
-    refuse_other_convolution(
-        &out_path,
-        held.iter().filter(|r| mine.contains(r.key.as_str())),
-    )?;
+    // Before `--rerun-failed` removes a row: a refusal leaves the file as it was.
+    let check = |held: &[Row]| {
+        refuse_other_convolution(
+            &out_path,
+            held.iter().filter(|r| mine.contains(r.key.as_str())),
+        )
+    };
+    let (out, held) = Output::open(&out_path, a.resume, a.force, rerun, &check, &note)?;
     let done: HashSet<String> = held.iter().map(|r| r.key.clone()).collect();
     // The rows of this run's jobs that `--resume` keeps: part of this run's result, so the
     // verdict (exit status, summary) counts them as it counts the rows written now.

@@ -26,7 +26,7 @@ use crate::plan::sweep::sweep_keys;
 use crate::results::conv_path;
 use crate::results::merge::{merge_rows, Input, Prefer};
 use crate::results::row;
-use crate::results::store::{csv_bytes, same_file, Reserved};
+use crate::results::store::{csv_bytes, refuse_input_as_output, same_file, Reserved};
 use anyhow::{bail, Result};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -147,6 +147,10 @@ pub fn run(a: Args) -> Result<ExitCode> {
             "--shards and --devices describe a sweep: give it with --sweep FILE, --quick or \
              --default-sweep"
         );
+    }
+    // The sweep is an input too: `--force` would replace it with the merged rows.
+    if let Some(sweep) = &a.sweep {
+        refuse_input_as_output(&a.out, "OUT", &[sweep])?;
     }
     // OUT's lock before any input is read: a second merge (or report) on OUT fails at once, and
     // OUT is replaced only if it is still what it is now.

@@ -5,7 +5,7 @@
 
 use crate::measure::device::{DeviceOps, DeviceSpec};
 use crate::measure::estimates;
-use crate::plan::bounds::ResultExt;
+use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, Math, OnOff};
 use crate::plan::target::Execution;
 use crate::results::replace::{is_safetensors, refuse_foreign, Kind};
@@ -48,11 +48,11 @@ pub struct Args {
     /// one JSON line of their times (`median_ns`, `min_ns`, `max_ns`, `step_ns`): each step
     /// timed alone, the device synchronised before the clock stops, nothing else in the loop.
     /// The fidelity check (scripts/peer_fidelity.py) sets it against `run`'s row of the same
-    /// step. The last step's results are written to --out.
-    #[arg(long, value_name = "N")]
+    /// step. The last step's results are written to --out. 1 to 10000, as `run --steps`.
+    #[arg(long, value_name = "N", value_parser = bounds::flags::steps)]
     pub bare_loop: Option<usize>,
-    /// Unmeasured steps before --bare-loop's.
-    #[arg(long, default_value_t = 1, requires = "bare_loop")]
+    /// Unmeasured steps before --bare-loop's (at most 10000, as `run --warmup`).
+    #[arg(long, default_value_t = 1, requires = "bare_loop", value_parser = bounds::flags::warmup)]
     pub warmup: usize,
     /// f32 math of matmuls and convolutions, as `run --math`: `ieee`, or `tf32` (a GPU device
     /// and f32 only).
@@ -126,9 +126,6 @@ pub fn run(a: Args) -> Result<ExitCode> {
     };
     let (result, bare) = match a.bare_loop {
         None => (step()?, None),
-        Some(0) => {
-            return Err(anyhow!("--bare-loop must be at least 1 step")).bad_input();
-        }
         Some(n) if a.execution == Execution::Graph => {
             for _ in 0..a.warmup {
                 drop(step()?);

@@ -857,11 +857,15 @@ impl Output {
     /// `rerun` (with `resume`): rows for which it says true, given their key and status, are
     /// removed from the file first (rewritten atomically, every other byte kept), so their keys
     /// run again.
+    ///
+    /// `check` (with `resume`) is given every row the file holds before any is removed; its
+    /// error is returned with the file unchanged (but for a torn last line cut off).
     pub fn open(
         path: &Path,
         resume: bool,
         force: bool,
         rerun: Option<&RowFilter>,
+        check: &dyn Fn(&[Row]) -> Result<()>,
         note: &dyn Fn(&str),
     ) -> Result<(Output, Vec<Row>)> {
         if path.is_dir() {
@@ -884,9 +888,11 @@ impl Output {
                 .with_context(|| format!("cannot open the output file {}", path.display()))?;
             check_header(path, &mut f)?;
             repair_last_line(path, &mut f, note)?;
+            // Read and checked as a whole before any row is removed (`rerun`): a file that does
+            // not read, or that `check` refuses, is left as it is.
+            done = row::read_rows(path)?;
+            check(&done)?;
             if let Some(rerun) = rerun {
-                // Checked as a whole first: a file that does not read is refused, not rewritten.
-                row::read_rows(path)?;
                 if drop_rows_where(path, rerun, note)? {
                     // the rename replaced the file this handle has open
                     f = OpenOptions::new()
@@ -896,9 +902,9 @@ impl Output {
                         .with_context(|| {
                             format!("cannot open the output file {}", path.display())
                         })?;
+                    done = row::read_rows(path)?;
                 }
             }
-            done = row::read_rows(path)?;
             f.seek(SeekFrom::End(0))
                 .with_context(|| format!("cannot append to {}", path.display()))?;
             f
