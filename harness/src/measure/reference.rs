@@ -249,7 +249,7 @@ impl Cache {
         budget: &mut Option<Option<(u64, String)>>,
     ) -> Candidate {
         let path = self.path(cfg, s, variant);
-        if path.is_file() {
+        if cached(&path) {
             return Candidate::Cached(path);
         }
         let budget = budget.get_or_insert_with(|| reference_budget(s));
@@ -285,12 +285,13 @@ impl Cache {
         None
     }
 
-    /// The case file of `cfg` (written now if it is not cached): exactly the parameters, BN
+    /// The case file of `cfg` (written now if it is not cached, or its cached file does not
+    /// read): exactly the parameters, BN
     /// state, input and upstream gradient densebench's child builds from the seed.
     pub fn case(&self, cfg: &Config, s: &Settings) -> Result<PathBuf> {
         let key = config_key(cfg, s.device).replace('/', "_");
         let path = self.dir.join(format!("{key}.case.safetensors"));
-        if path.is_file() {
+        if cached(&path) {
             return Ok(path);
         }
         let case = impls::Case::random(cfg, &candle_core::Device::Cpu)
@@ -657,6 +658,35 @@ fn remove_stale_temporaries(dir: &Path) {
     }
 }
 
+/// Whether `path` is a cached file to use: it exists and its safetensors header reads, within
+/// the file (every tensor's data inside it). A file that does not — cut short by a full disk
+/// or a copy, or not safetensors — is said once and computed again over (each cache file is
+/// written by a rename, so densebench itself never leaves one half-written); a row would
+/// otherwise be an `error` on every run until someone deleted it by hand.
+fn cached(path: &Path) -> bool {
+    if !path.is_file() {
+        return false;
+    }
+    let reads = std::fs::File::open(path)
+        .map_err(|e| e.to_string())
+        .and_then(|mut f| {
+            let len = f.metadata().map_err(|e| e.to_string())?.len();
+            impls::case::header::read_header(&mut f, len, None)
+                .map(|_| ())
+                .map_err(|e| e.to_string())
+        });
+    match reads {
+        Ok(()) => true,
+        Err(why) => {
+            crate::say!(
+                "densebench: the cached file {} does not read ({why}): computing it again",
+                path.display()
+            );
+            false
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -722,11 +752,16 @@ mod tests {
         s.mem_limit = Some(naive);
         assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
         // a later candidate cached does not stop `get` computing an earlier one that fits…
+        // (a cached file is one whose safetensors header reads: an empty one here)
+        let empty: &[u8] = b"\x08\0\0\0\0\0\0\0{}      ";
         let [.., frugal] = candidates(&cfg);
-        std::fs::write(cache.path(&cfg, &s, frugal), b"x").expect("write");
+        std::fs::write(cache.path(&cfg, &s, frugal), empty).expect("write");
+        assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
+        // …one that does not read is no cached file…
+        std::fs::write(cache.path(&cfg, &s, Variant::NAIVE), b"x").expect("write");
         assert_eq!(cache.to_compute(&cfg, &s), Some(Variant::NAIVE));
         // …the first one that fits, cached: nothing to compute
-        std::fs::write(cache.path(&cfg, &s, Variant::NAIVE), b"x").expect("write");
+        std::fs::write(cache.path(&cfg, &s, Variant::NAIVE), empty).expect("write");
         assert_eq!(cache.to_compute(&cfg, &s), None);
     }
 
