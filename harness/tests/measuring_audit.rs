@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bin, densebench, path_str, stderr, TINY_MLP};
+use common::{bin, densebench, path_str, stderr, TINY_MLP, TINY_RUN};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -213,21 +213,6 @@ fn malformed_front_variables_are_refused_before_any_work() {
         "--variants",
         "buffer-recompute-inplace",
     ];
-    let run = [
-        "run",
-        "--family",
-        "mlp",
-        "--depth",
-        "2",
-        "--batch",
-        "2",
-        "--growth",
-        "2",
-        "--channels",
-        "2",
-        "--variant",
-        "cat-store-copy",
-    ];
     let sweep = dir.path().join("sweep.toml");
     std::fs::write(&sweep, TINY_SWEEP).expect("sweep");
     let out = dir.path().join("out.csv");
@@ -247,7 +232,7 @@ fn malformed_front_variables_are_refused_before_any_work() {
         ("DENSEBENCH_FRONT_SLACK", "abc"),
         ("DENSEBENCH_FRONT_SLACK", "-1"),
     ] {
-        for args in [&depth[..], &run[..], &bench[..]] {
+        for args in [&depth[..], TINY_RUN, &bench[..]] {
             let o = with_env(name, value, args);
             let err = stderr(&o);
             let at = format!("{name}={value} {}", args[0]);
@@ -273,7 +258,7 @@ fn malformed_front_variables_are_refused_before_any_work() {
         "{whole:?} {split:?}"
     );
     assert_ne!(whole, split, "DENSEBENCH_WHOLE_FRONT=1 changed nothing");
-    let o = with_env("DENSEBENCH_FRONT_SLACK", "0.05", &run);
+    let o = with_env("DENSEBENCH_FRONT_SLACK", "0.05", TINY_RUN);
     assert!(o.status.success(), "{}", stderr(&o));
     // `max-depth` on the small mlp block reads neither (no bc front): still refused, as the
     // tap-stack variable is, so that a typo never waits for the first bc job.
