@@ -373,6 +373,9 @@ fn compare_csv_writes_no_ratio_for_a_missing_measurement() {
     let base = reference("mlp");
     let mut new = base.clone();
     new[1].median_ns = Some(0);
+    new[1].min_ns = Some(0);
+    // the rate is flops / median_ns, none for a 0 ns median: a stale one is refused
+    new[1].gflops_per_s = None;
     let o = compare(
         &write(dir.path(), "base.csv", &base),
         &write(dir.path(), "new.csv", &new),
@@ -430,6 +433,8 @@ fn compare_warns_that_time_regressions_on_few_steps_are_noise() {
                 for t in [&mut r.median_ns, &mut r.min_ns, &mut r.max_ns] {
                     *t = t.map(|t| (t as f64 * slower) as u64);
                 }
+                // the rate is flops / median_ns: a reader refuses one that is not
+                r.gflops_per_s = r.flops.zip(r.median_ns).map(|(f, ns)| f as f64 / ns as f64);
                 r.peak_bytes = r.peak_bytes.map(|b| (b as f64 * bigger) as u64);
                 r
             })

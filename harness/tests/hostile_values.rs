@@ -165,10 +165,11 @@ fn the_verdict_is_recomputed_from_the_errors() {
 }
 
 /// `compare --metric gflops_per_s` said "no regression" for a NaN in NEW and "improvement" for
-/// an infinite one: a value that is no number is a regression (exit 1), with or without a
-/// threshold, and a line says which side, metric and row.
+/// an infinite one. The rate is flops / median_ns, which is never NaN or infinite: such a cell
+/// is an edited row, refused on reading (exit 2) with its file, line and column, on either
+/// side, with or without a threshold.
 #[test]
-fn a_nan_or_infinite_metric_is_a_regression() {
+fn a_nan_or_infinite_rate_is_refused_on_reading() {
     let dir = tempfile::tempdir().expect("tempdir");
     let base = csv(dir.path(), "base.csv", &[row("buffer-store-copy", 2)]);
     for (side, v) in [
@@ -197,12 +198,16 @@ fn a_nan_or_infinite_metric_is_a_regression() {
                 args.extend(["--max-regression", t]);
             }
             let (code, log) = run(&args);
-            assert_eq!(code, Some(1), "{side} {v}, {threshold:?}:\n{log}");
+            assert_eq!(code, Some(2), "{side} {v}, {threshold:?}:\n{log}");
             assert!(
-                log.contains(&format!("{side} gflops_per_s of mlp"))
-                    && log.contains(&format!("is {v}: not a measurement"))
-                    && log.contains("FAIL: 1 metric value(s) NaN or infinite")
-                    && !log.lines().any(|l| l.ends_with(" better")),
+                log.contains(&format!(
+                    "{} line 2, column `gflops_per_s`: {v} is not its flops / median_ns",
+                    odd.display()
+                )) && log.contains(if side == "NEW" {
+                    "reading NEW"
+                } else {
+                    "reading BASE"
+                }) && !log.lines().any(|l| l.ends_with(" better")),
                 "{side} {v}, {threshold:?}:\n{log}"
             );
         }

@@ -132,10 +132,18 @@ fn synthetic(depths: &[usize]) -> Vec<Row> {
     rows
 }
 
+/// Writes `rows`, each with its rate derived from its (edited) flops and median as densebench's
+/// writer derives it: a reader refuses a `gflops_per_s` that is not flops / median_ns.
 fn write_csv(path: &Path, rows: &[Row]) {
     let mut w = csv::Writer::from_path(path).unwrap();
     for r in rows {
-        w.serialize(r).unwrap();
+        let mut r = r.clone();
+        r.gflops_per_s = r
+            .flops
+            .zip(r.median_ns)
+            .filter(|&(_, ns)| ns > 0)
+            .map(|(f, ns)| f as f64 / ns as f64);
+        w.serialize(&r).unwrap();
     }
     w.flush().unwrap();
 }
@@ -507,6 +515,7 @@ fn compare_fails_rows_whose_gradients_went_wrong() {
         let i = pick(&mut new, "buffer-store-copy");
         edit(&mut new[i]);
         new[i].median_ns = new[i].median_ns.map(|t| t / 2);
+        new[i].min_ns = new[i].min_ns.map(|t| t / 2);
         let new_csv = dir.path().join("new.csv");
         write_csv(&new_csv, &new);
         for threshold in [None, Some("10")] {
@@ -550,6 +559,7 @@ fn compare_fails_rows_whose_gradients_went_wrong() {
     let mut zero = base.clone();
     let i = pick(&mut zero, "cat-store-copy");
     zero[i].median_ns = Some(0);
+    zero[i].min_ns = Some(0);
     let zero_csv = dir.path().join("zero.csv");
     write_csv(&zero_csv, &zero);
     let o = densebench(
@@ -652,6 +662,7 @@ fn report_takes_a_zero_time_for_no_measurement() {
     let mut rows = synthetic(&[4, 8]);
     for r in rows.iter_mut().filter(|r| r.variant == "buffer-store-copy") {
         r.median_ns = Some(0);
+        r.min_ns = Some(0);
     }
     let (dir, csv) = setup(&rows);
     let out = dir.path().join("REPORT.md");
@@ -954,6 +965,7 @@ fn compare_keeps_math_modes_of_one_file_apart() {
     let mut new = ieee.clone();
     new.extend(tf32.iter().cloned().map(|mut r| {
         r.median_ns = r.median_ns.map(|t| t * 2);
+        r.max_ns = r.max_ns.map(|t| t * 2);
         r
     }));
     let new_csv = dir.path().join("new.csv");

@@ -95,10 +95,18 @@ fn densebench_rows(fx: &[Row]) -> Vec<Row> {
     ]
 }
 
+/// Writes `rows`, each with its rate derived from its (edited) flops and median as densebench's
+/// writer derives it: a reader refuses a `gflops_per_s` that is not flops / median_ns.
 fn write_csv(path: &Path, rows: &[Row]) {
     let mut w = csv::Writer::from_path(path).unwrap();
     for r in rows {
-        w.serialize(r).unwrap();
+        let mut r = r.clone();
+        r.gflops_per_s = r
+            .flops
+            .zip(r.median_ns)
+            .filter(|&(_, ns)| ns > 0)
+            .map(|(f, ns)| f as f64 / ns as f64);
+        w.serialize(&r).unwrap();
     }
     w.flush().unwrap();
 }

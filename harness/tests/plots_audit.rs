@@ -537,6 +537,7 @@ fn rows_out_of_tolerance_are_marked_and_never_best() {
     let frugal = with(row("buffer-store-copy", 2), |r| {
         r.peak_bytes = Some(5000);
         r.median_ns = Some(1_500_000);
+        r.min_ns = Some(1_400_000);
     });
     // L = 1 all within tolerance (a depth-wise figure needs two depths)
     let mut rows = vec![row("cat-store-copy", 2), frugal, wrong];

@@ -10,6 +10,8 @@
 //! - `report` and `plots` refuse rows of two 3×3 convolutions of one machine (their keys are
 //!   the same: one was taken for a repeat of the other and dropped);
 //! - a metric named twice is compared once;
+//! - timings out of order (a median below its minimum), a rate that is not flops / median_ns
+//!   and a status no run writes are refused with their place;
 //! - a peer's timeline that does not read makes its row an error row, so that the file it is
 //!   written to still reads.
 
@@ -222,6 +224,55 @@ fn a_negative_gradient_error_is_refused() {
         let o = densebench(&["compare", path_str(&src), path_str(&bad)]);
         assert_refused(&o, &bad, 5, column, "is negative");
     }
+}
+
+/// Timings and rates that no measurement gives are refused where the file is read, with their
+/// place: before, a median below its minimum or above its maximum, a rate that is not flops /
+/// median_ns, a negative machine rate and a status no run writes were all read as they stood.
+#[test]
+fn timings_and_rates_that_no_measurement_gives_are_refused() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let src = committed("reference-cpu.csv");
+    // (edited cell, its value, the column refused, what the refusal says)
+    let cases = [
+        (
+            "fwd_min_ns",
+            "999999999999",
+            "fwd_median_ns",
+            "is below its fwd_min_ns",
+        ),
+        (
+            "bwd_max_ns",
+            "1",
+            "bwd_median_ns",
+            "is above its bwd_max_ns",
+        ),
+        (
+            "gflops_per_s",
+            "123.4",
+            "gflops_per_s",
+            "is not its flops / median_ns",
+        ),
+        (
+            "machine_gflops",
+            "-5",
+            "machine_gflops",
+            "is not a machine's rate",
+        ),
+        ("status", "passed", "status", "is not a status a run writes"),
+    ];
+    for (i, (cell, value, column, what)) in cases.into_iter().enumerate() {
+        let bad = with_cell(dir.path(), &format!("bad{i}.csv"), &src, 3, cell, value);
+        let o = densebench(&["compare", path_str(&src), path_str(&bad)]);
+        assert_refused(&o, &bad, 5, column, what);
+        let out = dir.path().join(format!("r{i}.md"));
+        let o = densebench(&["report", path_str(&bad), "--out", path_str(&out)]);
+        assert_refused(&o, &bad, 5, column, what);
+        assert!(!out.exists(), "a report of a refused file");
+    }
+    // The committed file itself reads: every check above is of the edit.
+    let o = densebench(&["compare", path_str(&src), path_str(&src)]);
+    assert_eq!(o.status.code(), Some(0), "{}", text(&o));
 }
 
 /// A timeline that does not read is refused where the file is read, with its place; before,

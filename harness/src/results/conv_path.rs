@@ -80,27 +80,37 @@ fn family(measured: &'static str) -> &'static str {
     }
 }
 
-/// The convolutions the GPU bc rows of `rows` were measured with, when more than one: `(which,
-/// rows, first key)` each, in order of first appearance; empty for rows of one (or none).
-pub fn mixed<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Vec<(&'static str, usize, &'a str)> {
-    let mut seen: Vec<(&'static str, usize, &'a str)> = Vec::new();
-    for r in rows {
+/// One convolution of [`mixed_on_one_machine`]: which, how many rows, the index of the first.
+pub type Convolution = (&'static str, usize, usize);
+
+/// The convolutions (each [`family`]) the GPU bc rows of `rows` (index, row) were measured
+/// with: `(which, rows, index of the first)`, in order of first appearance.
+fn tally<'a>(rows: impl IntoIterator<Item = (usize, &'a Row)>) -> Vec<Convolution> {
+    let mut seen: Vec<Convolution> = Vec::new();
+    for (i, r) in rows {
         let Some(m) = measured_with(r) else { continue };
         let f = family(m);
         match seen.iter_mut().find(|(g, _, _)| *g == f) {
             Some((_, n, _)) => *n += 1,
-            None => seen.push((f, 1, r.key.as_str())),
+            None => seen.push((f, 1, i)),
         }
     }
-    if seen.len() > 1 {
-        seen
-    } else {
-        Vec::new()
-    }
+    seen
 }
 
-/// One convolution of [`mixed_on_one_machine`]: which, how many rows, the index of the first.
-pub type Convolution = (&'static str, usize, usize);
+/// The convolutions the GPU bc rows of `rows` were measured with, when more than one: `(which,
+/// rows, first key)` each, in order of first appearance; empty for rows of one (or none).
+pub fn mixed<'a>(rows: impl IntoIterator<Item = &'a Row>) -> Vec<(&'static str, usize, &'a str)> {
+    let rows: Vec<&'a Row> = rows.into_iter().collect();
+    let convs = tally(rows.iter().copied().enumerate());
+    if convs.len() < 2 {
+        return Vec::new();
+    }
+    convs
+        .into_iter()
+        .map(|(f, n, i)| (f, n, rows[i].key.as_str()))
+        .collect()
+}
 
 /// The first machine (`device` and `device_desc`) whose GPU bc rows in `rows` were measured
 /// with more than one convolution ([`mixed`] per machine: rows of one key from two machines are
@@ -108,30 +118,22 @@ pub type Convolution = (&'static str, usize, usize);
 /// the first in rows)` of each convolution, in order of first appearance. `None` when every
 /// machine's rows are of one convolution (or none).
 pub fn mixed_on_one_machine(rows: &[Row]) -> Option<(String, Vec<Convolution>)> {
-    type Seen = ((String, String), Vec<Convolution>);
-    let mut machines: Vec<Seen> = Vec::new();
+    type Machine<'a> = ((&'a str, &'a str), Vec<(usize, &'a Row)>);
+    let mut machines: Vec<Machine> = Vec::new();
     for (i, r) in rows.iter().enumerate() {
-        let Some(m) = measured_with(r) else { continue };
-        let (f, machine) = (
-            family(m),
-            (r.device.clone(), r.device_desc.trim().to_string()),
-        );
-        let convs = match machines.iter_mut().find(|(k, _)| *k == machine) {
-            Some((_, convs)) => convs,
-            None => {
-                machines.push((machine, Vec::new()));
-                &mut machines.last_mut()?.1
-            }
-        };
-        match convs.iter_mut().find(|(g, _, _)| *g == f) {
-            Some((_, n, _)) => *n += 1,
-            None => convs.push((f, 1, i)),
+        if measured_with(r).is_none() {
+            continue;
+        }
+        let machine = (r.device.as_str(), r.device_desc.trim());
+        match machines.iter_mut().find(|(k, _)| *k == machine) {
+            Some((_, of)) => of.push((i, r)),
+            None => machines.push((machine, vec![(i, r)])),
         }
     }
-    machines
-        .into_iter()
-        .find(|(_, convs)| convs.len() > 1)
-        .map(|((device, desc), convs)| (format!("{device} ({desc})"), convs))
+    machines.into_iter().find_map(|((device, desc), of)| {
+        let convs = tally(of);
+        (convs.len() > 1).then(|| (format!("{device} ({desc})"), convs))
+    })
 }
 
 /// An `ok` densebench bc row of `variant` on `device` with `note` (the tests' row, here and in
@@ -263,6 +265,35 @@ mod tests {
                 ("densebench's direct kernels", 2, tc.key.as_str()),
                 ("the tap stack", 1, tap.key.as_str()),
             ]
+        );
+    }
+
+    /// Rows of two convolutions on two machines are not mixed (each machine measured one);
+    /// on one machine they are, with the index of each convolution's first row in the file.
+    #[test]
+    fn a_machine_of_two_convolutions_is_found_with_its_first_rows() {
+        let on = |desc: &str, note: &str| {
+            let mut r = row("cat-store-copy", "cuda:0", note);
+            r.device_desc = desc.to_string();
+            r
+        };
+        let cudnn = "3×3 convolution in cuDNN (…)";
+        let tap = "3×3 tap stack in 1 chunk";
+        let rows = [
+            on("NVIDIA H100", cudnn),
+            row("cat-store-copy", "cpu", ""),
+            on("NVIDIA H200", tap),
+            on("NVIDIA H100", cudnn),
+        ];
+        assert_eq!(mixed_on_one_machine(&rows), None);
+        let mut rows = rows.to_vec();
+        rows.push(on("NVIDIA H200 ", cudnn));
+        assert_eq!(
+            mixed_on_one_machine(&rows),
+            Some((
+                "cuda:0 (NVIDIA H200)".to_string(),
+                vec![("the tap stack", 1, 2), ("cuDNN", 1, 4)]
+            ))
         );
     }
 }

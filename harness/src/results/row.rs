@@ -893,6 +893,9 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
             );
         }
         check_execution(&row).map_err(|e| anyhow!("{} line {line}, {e}", path.display()))?;
+        check_measures(&row).map_err(|(column, why)| {
+            anyhow!("{} line {line}, column `{column}`: {why}", path.display())
+        })?;
         // An empty cell is an eager step (as the key without a suffix says).
         row.execution = row.execution().to_string();
         let own = key_of_fields(&row);
@@ -918,6 +921,116 @@ fn read_rows_unmarked(path: &Path) -> Result<Vec<Row>> {
         rows.push(row);
     }
     Ok(rows)
+}
+
+/// Relative slack of `gflops_per_s` against `flops / median_ns`: the writer stores the quotient
+/// exactly (shortest round-trip), so only a rounded or edited cell differs, and 1e-6 lets a
+/// cell rounded to 7 significant digits through.
+const GFLOPS_SLACK: f64 = 1e-6;
+
+/// A row's status and timings against what a measurement can be (errors are (column, why)):
+///
+/// - `status` is one a run writes (`ok`, `oom`, `timeout`, `error`, `killed`, `crashed`): a
+///   reader that met `passed` would count it as neither a result nor a failure;
+/// - every `min`, `median`, `max` triple (forward, backward, whole step) is ordered
+///   min ≤ median ≤ max (a time of 0 ns, or none, on an `ok` row is read as no measurement:
+///   `compare` calls it missing, `report` shows "–");
+/// - `gflops_per_s` is `flops / median_ns` (its definition), so a cell without both, or that
+///   disagrees with them, is an edited row;
+/// - `machine_gflops` is a finite rate above 0.
+fn check_measures(row: &Row) -> std::result::Result<(), (&'static str, String)> {
+    use crate::measure::child::{FAILED_STATUSES, RESULT_STATUSES};
+    let status = row.status.as_str();
+    if !RESULT_STATUSES.contains(&status) && !FAILED_STATUSES.contains(&status) {
+        return Err((
+            "status",
+            format!(
+                "`{status}` is not a status a run writes ({})",
+                RESULT_STATUSES
+                    .iter()
+                    .chain(FAILED_STATUSES.iter())
+                    .map(|s| format!("`{s}`"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ));
+    }
+    let triples: [(&'static str, [Option<u64>; 3]); 3] = [
+        (
+            "fwd_median_ns",
+            [row.fwd_min_ns, row.fwd_median_ns, row.fwd_max_ns],
+        ),
+        (
+            "bwd_median_ns",
+            [row.bwd_min_ns, row.bwd_median_ns, row.bwd_max_ns],
+        ),
+        ("median_ns", [row.min_ns, row.median_ns, row.max_ns]),
+    ];
+    for (column, [min, median, max]) in triples {
+        let prefix = column.trim_end_matches("median_ns");
+        if let (Some(lo), Some(m)) = (min, median) {
+            if lo > m {
+                return Err((
+                    column,
+                    format!("{m} is below its {prefix}min_ns {lo}: a median is at least the minimum (an edited row?)"),
+                ));
+            }
+        }
+        if let (Some(m), Some(hi)) = (median, max) {
+            if m > hi {
+                return Err((
+                    column,
+                    format!("{m} is above its {prefix}max_ns {hi}: a median is at most the maximum (an edited row?)"),
+                ));
+            }
+        }
+        if let (Some(lo), Some(hi)) = (min, max) {
+            if lo > hi {
+                return Err((
+                    column,
+                    format!(
+                        "its {prefix}min_ns {lo} is above its {prefix}max_ns {hi} (an edited row?)"
+                    ),
+                ));
+            }
+        }
+    }
+    if let Some(g) = row.gflops_per_s {
+        match (row.flops, row.median_ns) {
+            (Some(f), Some(ns)) if ns > 0 => {
+                let own = f as f64 / ns as f64;
+                if !(g.is_finite()
+                    && (g - own).abs() <= GFLOPS_SLACK * own.abs().max(f64::MIN_POSITIVE))
+                {
+                    return Err((
+                        "gflops_per_s",
+                        format!(
+                            "{g} is not its flops / median_ns ({f} / {ns} = {own}): the rate is \
+                             derived from them (an edited row?)"
+                        ),
+                    ));
+                }
+            }
+            _ => {
+                return Err((
+                    "gflops_per_s",
+                    format!(
+                        "{g}, but flops and median_ns do not give a rate (the rate is flops / \
+                         median_ns; an edited row?)"
+                    ),
+                ))
+            }
+        }
+    }
+    if let Some(g) = row.machine_gflops {
+        if !(g.is_finite() && g > 0.0) {
+            return Err((
+                "machine_gflops",
+                format!("{g} is not a machine's rate: a finite GFLOP/s above 0 (an edited row?)"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A row's `execution` against what its framework can run: densebench's steps are `eager` or
