@@ -424,6 +424,25 @@ fn killed_sweep_resumes_to_exactly_one_row_per_configuration() {
     let again = densebench(&resume_args);
     assert!(again.status.success());
     assert_eq!(read_rows(&out).map(|r| r.len()).ok(), Some(8));
+    assert!(
+        !stderr(&again).contains("another CPU"),
+        "{}",
+        stderr(&again)
+    );
+    // A kept row of another CPU (its key names no machine) is kept, and said.
+    let text = std::fs::read_to_string(&out).expect("read");
+    let desc = &rows[0].device_desc;
+    let other = text.replacen(desc.as_str(), "Some Other CPU (2 threads)", 1);
+    assert_ne!(other, text, "the description {desc} is in the file");
+    std::fs::write(&out, other).expect("write");
+    let again = densebench(&resume_args);
+    assert!(again.status.success(), "{}", stderr(&again));
+    assert!(
+        stderr(&again)
+            .contains("1 of the rows --resume keeps were measured on another CPU (Some Other CPU;"),
+        "{}",
+        stderr(&again)
+    );
 }
 
 #[test]

@@ -214,6 +214,43 @@ fn refuse_other_convolution<'a>(out: &Path, held: impl IntoIterator<Item = &'a R
     Ok(())
 }
 
+/// The CPU model of a CPU row's `device_desc`: without the thread count (` (2 threads)`) and
+/// any warning the child added (` [warning: …]`).
+fn cpu_of(desc: &str) -> &str {
+    let desc = desc.split(" [warning:").next().unwrap_or(desc).trim_end();
+    match desc.rfind(" (") {
+        Some(i) if desc.ends_with(" threads)") || desc.ends_with(" thread)") => &desc[..i],
+        _ => desc,
+    }
+}
+
+/// The warning for CPU rows that `--resume` keeps (`kept`, this run's jobs) measured on another
+/// CPU model than `here` ([`crate::measure::device::cpu_model`]): a key does not name the
+/// machine, so those rows count as done and the file ends with rows of two machines, whose
+/// times are no comparison. `None` when every kept CPU row is of this CPU.
+fn other_cpu_warning(kept: &[&Row], here: &str) -> Option<String> {
+    let mut others: Vec<&str> = Vec::new();
+    let mut n = 0;
+    for r in kept.iter().filter(|r| r.device == "cpu") {
+        let cpu = cpu_of(&r.device_desc);
+        if cpu != here {
+            n += 1;
+            if !others.contains(&cpu) {
+                others.push(cpu);
+            }
+        }
+    }
+    (n > 0).then(|| {
+        format!(
+            "{n} of the rows --resume keeps were measured on another CPU ({}; this one is {here}): \
+             they count as done and are not measured again, so the file will hold rows of two \
+             machines, whose times are no comparison (report and plots keep machines apart). \
+             To measure every row here, write to another --out",
+            others.join("; ")
+        )
+    })
+}
+
 /// `densebench bench-all` (and `densebench` with no subcommand). Exit status 1 when any row of
 /// this run's jobs in the output (written now, or kept by `--resume`) has gradients out of
 /// tolerance or failed (`error`, `killed`, `crashed`); rows that ran out of memory or time are
@@ -298,6 +335,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
              they are kept as they are (another shard's file, or another sweep?)",
             out_path.display()
         );
+    }
+    if let Some(w) = other_cpu_warning(&kept, &crate::measure::device::cpu_model()) {
+        crate::say!("densebench bench-all: warning: {}: {w}", out_path.display());
     }
     let todo: Vec<&Job> = jobs.iter().filter(|j| !done.contains(&j.key)).collect();
     crate::say!(
@@ -468,6 +508,31 @@ mod tests {
         ] {
             assert!(e.contains(part), "{part:?} missing from: {e}");
         }
+    }
+
+    /// A kept CPU row of another CPU model is warned about (its thread count and warning not
+    /// part of the model); rows of this CPU, and GPU rows, are not.
+    #[test]
+    fn kept_rows_of_another_cpu_are_warned_about() {
+        let row = |device: &str, desc: &str| Row {
+            device: device.to_string(),
+            device_desc: desc.to_string(),
+            ..Row::default()
+        };
+        let here = "Intel(R) Xeon(R) Processor, AVX-512";
+        let mine = row("cpu", "Intel(R) Xeon(R) Processor, AVX-512 (2 threads)");
+        let mine_warned = row(
+            "cpu",
+            "Intel(R) Xeon(R) Processor, AVX-512 (1 threads) [warning: busy]",
+        );
+        let gpu = row("cuda:0", "NVIDIA H200 (sm_90)");
+        assert_eq!(other_cpu_warning(&[&mine, &mine_warned, &gpu], here), None);
+        let epyc = row("cpu", "AMD EPYC, AVX-512 (2 threads)");
+        let w = other_cpu_warning(&[&mine, &epyc, &epyc], here).expect("a warning");
+        assert!(
+            w.starts_with("2 of the rows --resume keeps were measured on another CPU (AMD EPYC, AVX-512; this one is Intel"),
+            "{w}"
+        );
     }
 
     /// The continue command an interrupted run prints: the main job (no subcommand, no --out)
