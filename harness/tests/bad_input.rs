@@ -139,23 +139,7 @@ fn step_and_criterion_import_refuse_to_replace_a_result_csv() {
     let results = std::fs::read(&reference).expect("the reference CSV");
     let victim = d.join("v.csv");
     std::fs::write(&victim, &results).expect("v.csv");
-    let case = d.join("case.safetensors");
-    let o = densebench(&[
-        "case",
-        "--family",
-        "mlp",
-        "--depth",
-        "2",
-        "--batch",
-        "2",
-        "--growth",
-        "2",
-        "--channels",
-        "2",
-        "--out",
-        path_str(&case),
-    ]);
-    assert!(o.status.success(), "{}", stderr(&o));
+    let case = common::tiny_case(d);
     let step = |out: &std::path::Path, force: bool| {
         let mut a = vec![
             "step",
@@ -389,21 +373,8 @@ fn outputs_refuse_to_replace_a_result_csv_or_a_file_of_another_kind() {
         a.into_iter().map(str::to_string).collect::<Vec<_>>()
     };
     let case = |out: &str, extra: &[&str]| {
-        let mut a = vec![
-            "case",
-            "--family",
-            "mlp",
-            "--depth",
-            "2",
-            "--batch",
-            "2",
-            "--growth",
-            "2",
-            "--channels",
-            "2",
-            "--out",
-            out,
-        ];
+        let mut a = common::TINY_CASE.to_vec();
+        a.extend(["--out", out]);
         a.extend_from_slice(extra);
         a.into_iter().map(str::to_string).collect::<Vec<_>>()
     };
@@ -496,24 +467,9 @@ fn usage_mistakes_of_case_exit_2_and_of_merge_1() {
     let d = dir.path();
     let folder = d.join("folder");
     std::fs::create_dir(&folder).expect("folder");
-    refused(
-        &[
-            "case",
-            "--family",
-            "mlp",
-            "--depth",
-            "2",
-            "--batch",
-            "2",
-            "--growth",
-            "2",
-            "--channels",
-            "2",
-            "--out",
-            path_str(&folder),
-        ],
-        &["--out", path_str(&folder), "is a folder"],
-    );
+    let mut case = common::TINY_CASE.to_vec();
+    case.extend(["--out", path_str(&folder)]);
+    refused(&case, &["--out", path_str(&folder), "is a folder"]);
     assert!(std::fs::read_dir(&folder).expect("folder").next().is_none());
     let input =
         std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../results/reference-cpu.csv");

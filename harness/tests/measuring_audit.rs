@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{bin, densebench, path_str, stderr, TINY_MLP, TINY_RUN};
+use common::{bin, densebench, path_str, stderr, tiny_case, TINY_MLP, TINY_RUN};
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -22,28 +22,6 @@ fn with_env(name: &str, value: &str, args: &[&str]) -> Output {
         .env(name, value)
         .output()
         .expect("the densebench binary runs")
-}
-
-/// A tiny mlp case file in `dir`.
-fn tiny_case(dir: &Path) -> std::path::PathBuf {
-    let case = dir.join("case.safetensors");
-    let o = densebench(&[
-        "case",
-        "--family",
-        "mlp",
-        "--depth",
-        "2",
-        "--batch",
-        "2",
-        "--growth",
-        "2",
-        "--channels",
-        "2",
-        "--out",
-        path_str(&case),
-    ]);
-    assert!(o.status.success(), "case: {}", stderr(&o));
-    case
 }
 
 /// Defect: `step --bare-loop` had no bound (`run --steps` has 1..=10000): `--bare-loop

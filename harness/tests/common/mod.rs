@@ -57,6 +57,34 @@ pub const TINY_RUN: &[&str] = &[
     "2",
 ];
 
+/// The case file of [`TINY_RUN`]'s configuration (`case` and its flags; `--out` to follow).
+#[allow(dead_code)] // the bad-input and measuring tests' only
+pub const TINY_CASE: &[&str] = &[
+    "case",
+    "--family",
+    "mlp",
+    "--depth",
+    "2",
+    "--batch",
+    "2",
+    "--growth",
+    "2",
+    "--channels",
+    "2",
+];
+
+/// Writes [`TINY_CASE`]'s case file to `dir/case.safetensors` and returns its path; fails the
+/// test when `case` fails.
+#[allow(dead_code)] // the bad-input and measuring tests' only
+pub fn tiny_case(dir: &Path) -> PathBuf {
+    let case = dir.join("case.safetensors");
+    let mut args = TINY_CASE.to_vec();
+    args.extend(["--out", path_str(&case)]);
+    let o = densebench(&args);
+    assert!(o.status.success(), "case: {}", stderr(&o));
+    case
+}
+
 /// The small mlp block of the `max-depth` tests (N=8, C0=4, k=2): searches of a few MiB.
 #[allow(dead_code)] // the max-depth, bad-input and GPU tests' only
 pub const TINY_MLP: &[&str] = &[
