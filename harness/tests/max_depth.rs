@@ -402,3 +402,45 @@ fn report_pairs_max_depth_answers_only_of_one_block() {
         stderr(&o)
     );
 }
+
+/// A run near the budget can land on either side of it from one process to the next (a bc
+/// N=16 8×8 bf16 block at 16 MiB measured L=64 too big, then fitting): the confirmation measures
+/// each depth once, so a depth found too big on the way down is the answer's "one deeper" and
+/// the answer cannot contradict its own note ("L=64 does not fit" and "L=64 fits").
+#[test]
+fn confirmation_measures_each_depth_once() {
+    use densebench::measure::capacity::{confirm_model_depth, Probe};
+    // The model says 64; a flaky measurement says 64 is too big first, fits when asked again.
+    let mut asked = Vec::new();
+    let c = confirm_model_depth(64, 1024, |l| {
+        asked.push(l);
+        let again = asked.iter().filter(|&&a| a == l).count() > 1;
+        Ok(match l {
+            ..=63 => Probe::Fits(100 + l as u64),
+            64 if again => Probe::Fits(164),
+            _ => Probe::TooBig(Some(200 + l as u64)),
+        })
+    })
+    .unwrap();
+    assert_eq!(asked, [64, 63], "each depth measured once");
+    assert_eq!(c.depth, 63);
+    assert_eq!(c.measured_total_bytes, Some(163));
+    assert_eq!(c.measured_next_total_bytes, Some(264));
+    assert_eq!(c.notes, ["model said L=64 fits, measured it does not"]);
+
+    // Walking up still measures each deeper depth once, and stops at the first that does not fit.
+    let mut asked = Vec::new();
+    let c = confirm_model_depth(10, 1024, |l| {
+        asked.push(l);
+        Ok(if l <= 12 {
+            Probe::Fits(l as u64)
+        } else {
+            Probe::TooBig(None)
+        })
+    })
+    .unwrap();
+    assert_eq!(asked, [10, 11, 12, 13]);
+    assert_eq!((c.depth, c.measured_total_bytes), (12, Some(12)));
+    assert_eq!(c.measured_next_total_bytes, None);
+    assert_eq!(c.notes.len(), 2);
+}

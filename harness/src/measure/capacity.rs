@@ -108,9 +108,71 @@ pub fn has_model(v: Variant, cfg: &Config, s: &Settings) -> bool {
 }
 
 /// A measured run's verdict.
-enum Probe {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Probe {
+    /// Within the budget: the measured total (static tensors + peak).
     Fits(u64),
+    /// Beyond it: the measured total, or none when the run ran out of memory at the limit.
     TooBig(Option<u64>),
+}
+
+/// The model's answer checked by measured runs ([`confirm_model_depth`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Confirmed {
+    /// Deepest depth measured to fit (0: not even one layer).
+    pub depth: usize,
+    /// Measured total at `depth`.
+    pub measured_total_bytes: Option<u64>,
+    /// Measured total one layer deeper (none when it ran out of memory, or was not run).
+    pub measured_next_total_bytes: Option<u64>,
+    /// Where the measurements moved the model's answer, one note per depth measured.
+    pub notes: Vec<String>,
+}
+
+/// Checks the model's answer `depth` by measured runs: walks down while a run does not fit, then
+/// up while the next one does (up to `max`). Each depth is measured once: a run near the budget
+/// can land on either side of it from one process to the next, and a depth found too big on the
+/// way down is the answer's "one deeper", not measured again (which could contradict it).
+pub fn confirm_model_depth(
+    mut depth: usize,
+    max: usize,
+    mut measure: impl FnMut(usize) -> Result<Probe>,
+) -> Result<Confirmed> {
+    let mut c = Confirmed::default();
+    let mut next_known = false;
+    while depth > 0 {
+        match measure(depth)? {
+            Probe::Fits(t) => {
+                c.measured_total_bytes = Some(t);
+                break;
+            }
+            Probe::TooBig(t) => {
+                c.notes
+                    .push(format!("model said L={depth} fits, measured it does not"));
+                c.measured_next_total_bytes = t;
+                next_known = true;
+                depth -= 1;
+            }
+        }
+    }
+    while !next_known && depth < max {
+        match measure(depth + 1)? {
+            Probe::TooBig(t) => {
+                c.measured_next_total_bytes = t;
+                break;
+            }
+            Probe::Fits(t) => {
+                c.notes.push(format!(
+                    "model said L={} does not fit, measured it does",
+                    depth + 1
+                ));
+                depth += 1;
+                c.measured_total_bytes = Some(t);
+            }
+        }
+    }
+    c.depth = depth;
+    Ok(c)
 }
 
 /// Searches the deepest block that fits a budget, counting the measured runs it made.
@@ -212,40 +274,11 @@ impl<'a> Searcher<'a> {
             ans.method = "model".to_string();
             if confirm {
                 ans.method = "model+measured".to_string();
-                // Walk down while the answer does not fit, up while the next one does.
-                let mut notes = Vec::new();
-                loop {
-                    if depth == 0 {
-                        break;
-                    }
-                    match self.measure(v, cfg, depth)? {
-                        Probe::Fits(t) => {
-                            ans.measured_total_bytes = Some(t);
-                            break;
-                        }
-                        Probe::TooBig(_) => {
-                            notes.push(format!("model said L={depth} fits, measured it does not"));
-                            depth -= 1;
-                        }
-                    }
-                }
-                while depth < max {
-                    match self.measure(v, cfg, depth + 1)? {
-                        Probe::TooBig(t) => {
-                            ans.measured_next_total_bytes = t;
-                            break;
-                        }
-                        Probe::Fits(t) => {
-                            notes.push(format!(
-                                "model said L={} does not fit, measured it does",
-                                depth + 1
-                            ));
-                            depth += 1;
-                            ans.measured_total_bytes = Some(t);
-                        }
-                    }
-                }
-                ans.note = notes.join("; ");
+                let c = confirm_model_depth(depth, max, |l| self.measure(v, cfg, l))?;
+                depth = c.depth;
+                ans.measured_total_bytes = c.measured_total_bytes;
+                ans.measured_next_total_bytes = c.measured_next_total_bytes;
+                ans.note = c.notes.join("; ");
             }
             ans.max_depth = depth;
             ans.predicted_total_bytes = model_total(v, cfg, depth.max(1), s).filter(|_| depth > 0);
