@@ -1,5 +1,5 @@
 //! Host-side work of one training step on the GPU's op path, counted on the CPU while it runs the
-//! path of other devices (`maths::with_tap_stack_on_cpu`: tap stack, candle matmuls into new
+//! path of other devices (`layer::with_tap_stack_on_cpu`: tap stack, candle matmuls into new
 //! tensors), f32:
 //!
 //! - `tensors/step`: allocations with the alignment of an f32 `Vec` (4), i.e. the f32 tensor

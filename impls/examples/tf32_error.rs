@@ -1,6 +1,6 @@
 //! The gradient error of `--math tf32` rows, derived on the CPU: each variant's f32 step on the
-//! GPU's path (`maths::with_tap_stack_on_cpu`), then the same step with every matrix product's
-//! operands rounded to TF32 (`maths::with_tf32_emulation_on_cpu`, both roundings), each against
+//! GPU's path (`layer::with_tap_stack_on_cpu`), then the same step with every matrix product's
+//! operands rounded to TF32 (`layer::with_tf32_emulation_on_cpu`, both roundings), each against
 //! the f64 reference of the case (norm-wise relative error, `impls::check::compare`, as the harness
 //! judges rows). What the tf32 tolerance (`harness::measure::step::TF32_REL_BOUND`) is derived
 //! from; docs/gpu.md ("Math mode") has the table.

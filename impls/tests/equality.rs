@@ -67,9 +67,9 @@ fn configs() -> Vec<Config> {
             (2, 3, 2, 3, 2, (5, 3)),
             (1, 2, 3, 2, 2, (1, 4)),
             // wide and large enough for the CPU's split front: ReLU1's output made in three
-            // column chunks (M = 8464, `maths::front_chunks`), remade in three column groups
-            // for dW1 (`maths::dw_groups`) and its backward in three channel blocks (C_i =
-            // 170, 172, `maths::grad_blocks`)
+            // column chunks (M = 8464, `layer::front_chunks`), remade in three column groups
+            // for dW1 (`layer::dw_groups`) and its backward in three channel blocks (C_i =
+            // 170, 172, `layer::grad_blocks`)
             (1, 170, 2, 2, 2, (92, 92)),
         ] {
             out.push(Config {

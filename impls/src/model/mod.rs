@@ -42,7 +42,7 @@ pub fn declare_saved(variant: Variant, cfg: &Config) -> Option<Vec<SavedTensor>>
         if !pieces {
             out.push(own_or_view(format!("layer{i}.x"), vec![c, m]));
         }
-        // BN's per-channel table (mean; invstd; scale; shift), see `maths::BnStats`
+        // BN's per-channel table (mean; invstd; scale; shift), see `layer::BnStats`
         let stats = |out: &mut Vec<SavedTensor>, which: &str, ch: usize| {
             out.push(SavedTensor::table(
                 format!("layer{i}.{which}.stats"),
@@ -103,19 +103,19 @@ pub const MODEL_MIN_PEAK_BYTES: u64 = 1 << 20;
 ///   Σ_i (2·C_i + 2·B)·M; `cat-recompute`: the pieces C_L·M) plus the block output;
 /// - the largest forward transient of bc layer i is BN1's output and ReLU's copy
 ///   (`copy`: 2·C_i·M, `inplace`: C_i·M; CPU, `recompute`: a column chunk of them,
-///   C_i·M_f with M_f ≤ `maths::FRONT_CHUNK_COLUMNS`, see `maths::bn_relu_conv1_chunked`),
+///   C_i·M_f with M_f ≤ `layer::FRONT_CHUNK_COLUMNS`, see `layer::bn_relu_conv1_chunked`),
 ///   then Conv1×1/BN2/ReLU2 (B·M each), and Conv3×3's scratch (CPU: one tile per thread;
 ///   other devices: the tap products of one chunk of whole images, 9k·M_c with
-///   M_c = `maths::tap_chunk_images`·H·W, see `maths::TAP_CHUNK_COLUMNS`);
+///   M_c = `layer::tap_chunk_images`·H·W, see `layer::TAP_CHUNK_COLUMNS`);
 /// - backward adds the upstream gradient C_L·M (the gradient buffer for `buffer-*`), and for
 ///   layer i: the recomputed front (`recompute`: z and s, r freed once Conv1×1 has read it, in
 ///   forward too), Conv3×3's scratch (CPU: tiles and the weight gradient's partial sums; other
 ///   devices: the shifted gradients of one chunk, 9k·M_c), then BN2's backward, then the
 ///   front's:
-///   - CPU (`maths::split_front`): dW1 a column group of `maths::FRONT_CHUNK_COLUMNS` at a
+///   - CPU (`layer::split_front`): dW1 a column group of `layer::FRONT_CHUNK_COLUMNS` at a
 ///     time (`recompute`: the group's r remade, C_i·4096, twice with `copy`; `store`: columns
 ///     of the saved r, freed after), then `dr`, ReLU1's and BN1's backward a block of
-///     `maths::GRAD_BLOCK_ROWS` rows at a time (n·M, twice with `copy`);
+///     `layer::GRAD_BLOCK_ROWS` rows at a time (n·M, twice with `copy`);
 ///   - other devices: r again (`recompute` where [`schedule::Schedule::defer_r`]: one BN1 apply more,
 ///     C_i·M not live through the convolution's backward) for dW1, then `dr` and `da` of
 ///     C_i·M each (`inplace` ReLU saves one; ReLU1's backward masks from the layer input and

@@ -114,7 +114,7 @@ impl<'a> Trace<'a> {
     /// tables (`forward` false).
     ///
     /// `split` (the CPU's kernels): a front that does not keep r makes it a column chunk at a
-    /// time (`maths::bn_relu_conv1_chunked`), each multiplied into z and freed.
+    /// time (`layer::bn_relu_conv1_chunked`), each multiplied into z and freed.
     #[allow(clippy::too_many_arguments)]
     fn bc_front(
         &mut self,

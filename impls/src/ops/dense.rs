@@ -1032,7 +1032,7 @@ pub fn product_f32(a: &Tensor, b: &Tensor) -> Result<Tensor> {
 /// is written by its chunk's product (a zeroed `[m, n]` cost a memset pass per call). Bitwise
 /// those columns of [`product`]`(a, b)` where every chunk is wider than 64 columns (see
 /// `MIN_PANEL`); a bc layer's BN1 → ReLU → Conv1×1 on the CPU
-/// (`maths::bn_relu_conv1_chunked`).
+/// (`layer::bn_relu_conv1_chunked`).
 pub fn product_of_column_chunks(
     a: &Tensor,
     n: usize,

@@ -673,7 +673,7 @@ fn cat_rows_cpu(pieces: &[&Tensor]) -> Option<Result<Tensor>> {
         [_, c] => *c,
         _ => return None,
     };
-    // (`cpu_kernels`, not `is_cpu`: a CPU taking the GPU's path, `maths::with_tap_stack_on_cpu`,
+    // (`cpu_kernels`, not `is_cpu`: a CPU taking the GPU's path, `layer::with_tap_stack_on_cpu`,
     // takes the GPU's branches here too, so the memory model's check of that path sees them)
     let eligible = pieces.iter().all(|p| {
         crate::ops::cpu::shared::cpu_kernels(p.device())
