@@ -9,7 +9,7 @@ use crate::commands::{
 };
 use crate::measure::interrupt;
 use crate::plan::bounds;
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Parser, Subcommand};
 use std::process::ExitCode;
 
 /// densebench: dense-block memory strategies, measured on identical inputs and weights.
@@ -73,14 +73,32 @@ fn join_compute_pool() {
 /// (0 for `--help` and `--version`), but 1 for `merge`'s, whose status 2 means "merged, keys of
 /// the sweep missing" and 1 "nothing written" (`merge --help`).
 fn parse() -> Cli {
-    Cli::try_parse().unwrap_or_else(|e| {
-        let merge = std::env::args_os().nth(1).is_some_and(|a| a == "merge");
-        if merge && e.use_stderr() {
-            let _ = e.print();
-            std::process::exit(1);
+    let matches = negatives_reach_parsers(Cli::command()).try_get_matches();
+    matches
+        .and_then(|m| Cli::from_arg_matches(&m))
+        .unwrap_or_else(|e| {
+            let merge = std::env::args_os().nth(1).is_some_and(|a| a == "merge");
+            if merge && e.use_stderr() {
+                let _ = e.print();
+                std::process::exit(1);
+            }
+            e.exit()
+        })
+}
+
+/// `cmd` with every option that takes a value, in every subcommand, taking a negative number
+/// as its value: `--batch -1` then reaches the flag's own parser, which says what the flag
+/// takes (`invalid value '-1' for '--batch'`), where clap said only "unexpected argument '-1'
+/// found", naming no flag. No densebench flag is a number (a `-1` is never a flag).
+fn negatives_reach_parsers(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() {
+            a.allow_negative_numbers(true)
+        } else {
+            a
         }
-        e.exit()
     })
+    .mut_subcommands(negatives_reach_parsers)
 }
 
 /// The tuning variables a step reads (`DENSEBENCH_TAP_CHUNK_COLUMNS`, `DENSEBENCH_WHOLE_FRONT`,

@@ -1273,3 +1273,76 @@ proptest! {
         }
     }
 }
+
+/// A negative number given to a flag that takes a value reaches the flag's own parser, in every
+/// command, which names the flag (`invalid value '-1' for '--batch <BATCH>'`); before, clap said
+/// "unexpected argument '-1' found", naming no flag, everywhere but `max-depth`, `compare
+/// --max-regression` and `plan --shards`.
+#[test]
+fn a_negative_number_names_its_flag_in_every_command() {
+    let tiny = [
+        ("--family", "mlp"),
+        ("--batch", "2"),
+        ("--growth", "2"),
+        ("--channels", "2"),
+    ];
+    let cases: [(&[&str], &str); 6] = [
+        (
+            &[
+                "run",
+                "--variant",
+                "cat-store-copy",
+                "--depth",
+                "2",
+                "--batch",
+                "-1",
+            ],
+            "--batch",
+        ),
+        (
+            &["case", "--out", "x.safetensors", "--depth", "-2"],
+            "--depth",
+        ),
+        (&["bench-all", "--quick", "--retries", "-1"], "--retries"),
+        (
+            &[
+                "step",
+                "--case",
+                "c",
+                "--variant",
+                "autograd",
+                "--warmup",
+                "-3",
+            ],
+            "--warmup",
+        ),
+        (
+            &[
+                "run",
+                "--variant",
+                "cat-store-copy",
+                "--depth",
+                "2",
+                "--seed",
+                "-7",
+            ],
+            "--seed",
+        ),
+        (
+            &["max-depth", "--budget", "1GiB", "--threads", "-4"],
+            "--threads",
+        ),
+    ];
+    for (args, flag) in cases {
+        let mut a = args.to_vec();
+        // the block's flags where the command takes them
+        if matches!(a[0], "run" | "case" | "max-depth") {
+            for (f, v) in tiny.iter().filter(|(f, _)| !args.contains(f)) {
+                a.extend([*f, *v]);
+            }
+        }
+        let value = a[a.iter().position(|x| *x == flag).expect("the flag") + 1];
+        let err = refused(&a, &[&format!("invalid value '{value}' for '{flag}")]);
+        assert!(!err.contains("unexpected argument"), "{a:?}: {err}");
+    }
+}

@@ -9,7 +9,7 @@ use crate::measure::interrupt;
 use crate::plan::bounds::{self, ResultExt};
 use crate::plan::job::{self, normalize, OnOff, Settings};
 use crate::results::replace::{csv_header, refuse_foreign, Kind};
-use crate::results::store::write_bytes_atomic;
+use crate::results::store::Reserved;
 use anyhow::{anyhow, bail, Context, Result};
 use impls::{Config, Family, Spatial, Variant};
 use std::io::Write;
@@ -49,9 +49,9 @@ pub struct Args {
     /// ReLU after each Linear (mlp).
     #[arg(long, value_enum, default_value_t = OnOff::On)]
     pub activation: OnOff,
-    /// f32, f64 or bf16 (mixed precision: bf16 features, f32 parameters and statistics; CPU
-    /// only), or several, comma-separated (`f32,bf16`): one table per dtype, every answer in
-    /// one CSV (its `dtype` column says which).
+    /// f32, f64 or bf16 (mixed precision: bf16 features, f32 parameters and statistics; on the
+    /// CPU and on CUDA), or several, comma-separated (`f32,bf16`): one table per dtype, every
+    /// answer in one CSV (its `dtype` column says which).
     #[arg(long, value_delimiter = ',', default_value = "f32")]
     pub dtype: Vec<String>,
     /// Deepest block considered. A variant that fits this deep is shown as `≥N` (the search
@@ -226,6 +226,9 @@ pub fn run(a: Args) -> Result<ExitCode> {
     if !a.no_confirm {
         device.check_available().bad_input()?;
     }
+    // Reserved before the search (its folder made, its writer lock taken): an --out that cannot
+    // be written fails now, not after every measured run, and a second writer fails at once.
+    let reserved = a.out.as_deref().map(Reserved::new).transpose()?;
     let settings = Settings {
         device,
         math: crate::plan::job::Math::Ieee,
@@ -268,7 +271,8 @@ pub fn run(a: Args) -> Result<ExitCode> {
     }
     let mut s = Searcher::new(&settings, a.budget);
     let mut all = Vec::new();
-    let mut out = std::io::stdout().lock();
+    // A closed stdout (`max-depth … | head`) must not end the search, nor lose the --out CSV.
+    let mut out = Lenient(Some(std::io::stdout().lock()));
     for (i, (cfg, variants)) in searches.iter().enumerate() {
         if variants.is_empty() {
             continue;
@@ -278,7 +282,7 @@ pub fn run(a: Args) -> Result<ExitCode> {
         }
         all.extend(search(&a, &settings, &mut s, cfg, variants, &mut out)?);
     }
-    if let Some(path) = &a.out {
+    if let (Some(path), Some(reserved)) = (&a.out, &reserved) {
         let mut w = csv::Writer::from_writer(Vec::new());
         for x in &all {
             w.serialize(x)
@@ -287,10 +291,44 @@ pub fn run(a: Args) -> Result<ExitCode> {
         let bytes = w
             .into_inner()
             .map_err(|e| anyhow!("serialising {}: {e}", path.display()))?;
-        write_bytes_atomic(path, &bytes)?;
+        reserved.write_bytes(&bytes)?;
         writeln!(out, "wrote {}", path.display())?;
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Standard output that stops writing at its first error (a reader that went away, `| head`)
+/// instead of failing: the table is a view of the answers, the CSV is the record.
+struct Lenient<W: Write>(Option<W>);
+
+impl<W: Write> Write for Lenient<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if let Some(w) = &mut self.0 {
+            if w.write_all(buf).is_err() {
+                self.0 = None;
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        if let Some(w) = &mut self.0 {
+            if w.flush().is_err() {
+                self.0 = None;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// A budget for people: [`crate::progress::human_bytes`], in bytes below 1 KiB (where that
+/// would say `0.0 KiB`).
+fn budget_label(b: u64) -> String {
+    if b < 1024 {
+        format!("{b} B")
+    } else {
+        crate::progress::human_bytes(Some(b))
+    }
 }
 
 /// One dtype's search: every variant's answer, printed as a table (`s` counts the measured runs
@@ -328,7 +366,7 @@ fn search(
             ..Default::default()
         }
         .config_label(),
-        crate::progress::human_bytes(Some(a.budget)),
+        budget_label(a.budget),
         settings.device,
         s.runs - runs_before
     )?;
@@ -417,7 +455,7 @@ fn search(
         crate::say!(
             "densebench max-depth: nothing fits: even one layer of every variant needs more than \
              {} (a larger --budget, or a smaller --batch or map?)",
-            crate::progress::human_bytes(Some(a.budget))
+            budget_label(a.budget)
         );
     }
     Ok(answers)

@@ -210,6 +210,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
 fn read_benchmark(root: &Path, run_dir: &Path) -> Result<CriterionRow> {
     let estimates_path = run_dir.join(ESTIMATES_FILE);
     let est: Estimates = read_json(&estimates_path)?;
+    check_estimates(&est, &estimates_path)?;
     let parts: Vec<String> = run_dir
         .parent()
         .and_then(|p| p.strip_prefix(root).ok())
@@ -247,7 +248,33 @@ fn read_benchmark(root: &Path, run_dir: &Path) -> Result<CriterionRow> {
                 s.times.len()
             );
         }
-        // Criterion stores iteration counts as floats; they are whole numbers.
+        // Criterion stores iteration counts as floats; they are whole numbers, at least 1.
+        if let Some((i, n)) = s
+            .iters
+            .iter()
+            .enumerate()
+            .find(|(_, n)| !(n.is_finite() && **n >= 1.0 && n.fract() == 0.0))
+        {
+            bail!(
+                "{}: iteration count {n} of sample {}: expected a whole number of at least 1 (a \
+                 damaged file? rerun `cargo bench`)",
+                sample_path.display(),
+                i + 1
+            );
+        }
+        if let Some((i, t)) = s
+            .times
+            .iter()
+            .enumerate()
+            .find(|(_, t)| !(t.is_finite() && **t >= 0.0))
+        {
+            bail!(
+                "{}: time {t} of sample {}: expected a duration of at least 0 ns (a damaged \
+                 file? rerun `cargo bench`)",
+                sample_path.display(),
+                i + 1
+            );
+        }
         (
             Some(s.times.len()),
             Some(s.iters.iter().sum::<f64>().round() as u64),
@@ -286,6 +313,50 @@ fn read_benchmark(root: &Path, run_dir: &Path) -> Result<CriterionRow> {
         estimates_file: estimates_path.display().to_string(),
         group,
     })
+}
+
+/// Refuses estimates no benchmark can have: a time that is negative (or not finite), a
+/// confidence interval whose lower bound is above its upper one.
+fn check_estimates(est: &Estimates, path: &Path) -> Result<()> {
+    let stats = [
+        ("median", Some(&est.median)),
+        ("mean", est.mean.as_ref()),
+        ("std_dev", est.std_dev.as_ref()),
+    ];
+    for (name, e) in stats {
+        let Some(e) = e else { continue };
+        let ci = e.confidence_interval.as_ref();
+        let values = [
+            ("point_estimate", Some(e.point_estimate)),
+            (
+                "confidence_interval.lower_bound",
+                ci.and_then(|c| c.lower_bound),
+            ),
+            (
+                "confidence_interval.upper_bound",
+                ci.and_then(|c| c.upper_bound),
+            ),
+        ];
+        for (field, v) in values {
+            if let Some(v) = v.filter(|v| !(v.is_finite() && *v >= 0.0)) {
+                bail!(
+                    "{}: `{name}.{field}` is {v} ns: a time is at least 0 (a damaged file? rerun \
+                     `cargo bench`)",
+                    path.display()
+                );
+            }
+        }
+        if let Some((lo, hi)) = ci.and_then(|c| c.lower_bound.zip(c.upper_bound)) {
+            if lo > hi {
+                bail!(
+                    "{}: `{name}`'s confidence interval runs from {lo} down to {hi} ns: its lower \
+                     bound must not exceed its upper one (a damaged file? rerun `cargo bench`)",
+                    path.display()
+                );
+            }
+        }
+    }
+    Ok(())
 }
 
 fn modified_utc(path: &Path) -> Result<String> {
