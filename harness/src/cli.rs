@@ -78,12 +78,46 @@ fn parse() -> Cli {
         .and_then(|m| Cli::from_arg_matches(&m))
         .unwrap_or_else(|e| {
             let merge = std::env::args_os().nth(1).is_some_and(|a| a == "merge");
+            let status = if merge { 1 } else { 2 };
+            if let Some(text) = integer_error_in_words(&e) {
+                eprint!("{text}");
+                std::process::exit(status);
+            }
             if merge && e.use_stderr() {
                 let _ = e.print();
                 std::process::exit(1);
             }
             e.exit()
         })
+}
+
+/// What Rust's integer parser says of a count flag's value, and what its user reads instead.
+const INTEGER_ERRORS: [(&str, &str); 3] = [
+    (
+        "invalid digit found in string",
+        "not a whole number (0, 1, 2, …)",
+    ),
+    (
+        "number too large to fit in target type",
+        "too large for this flag",
+    ),
+    (
+        "cannot parse integer from empty string",
+        "empty: a whole number is expected",
+    ),
+];
+
+/// `e`'s message with the integer parser's words replaced ([`INTEGER_ERRORS`]): `--batch -1`
+/// said "invalid digit found in string"; `None` for any other error.
+fn integer_error_in_words(e: &clap::Error) -> Option<String> {
+    if e.kind() != clap::error::ErrorKind::ValueValidation {
+        return None;
+    }
+    let text = e.to_string();
+    INTEGER_ERRORS
+        .iter()
+        .find(|(raw, _)| text.contains(raw))
+        .map(|(raw, words)| text.replace(raw, words))
 }
 
 /// `cmd` with every option that takes a value, in every subcommand, taking a negative number

@@ -1275,9 +1275,10 @@ proptest! {
 }
 
 /// A negative number given to a flag that takes a value reaches the flag's own parser, in every
-/// command, which names the flag (`invalid value '-1' for '--batch <BATCH>'`); before, clap said
-/// "unexpected argument '-1' found", naming no flag, everywhere but `max-depth`, `compare
-/// --max-regression` and `plan --shards`.
+/// command, which names the flag (`invalid value '-1' for '--batch <BATCH>': not a whole
+/// number`); before, clap said "unexpected argument '-1' found", naming no flag, everywhere but
+/// `max-depth`, `compare --max-regression` and `plan --shards` (and a count's own parser said
+/// "invalid digit found in string").
 #[test]
 fn a_negative_number_names_its_flag_in_every_command() {
     let tiny = [
@@ -1344,5 +1345,13 @@ fn a_negative_number_names_its_flag_in_every_command() {
         let value = a[a.iter().position(|x| *x == flag).expect("the flag") + 1];
         let err = refused(&a, &[&format!("invalid value '{value}' for '{flag}")]);
         assert!(!err.contains("unexpected argument"), "{a:?}: {err}");
+        // Rust's integer parser's words are not a user's
+        assert!(!err.contains("invalid digit"), "{a:?}: {err}");
+        if matches!(flag, "--batch" | "--depth" | "--seed") {
+            assert!(
+                err.contains("': not a whole number (0, 1, 2, …)"),
+                "{a:?}: {err}"
+            );
+        }
     }
 }
