@@ -107,13 +107,7 @@ where
         }
         names.get(idx as usize).cloned().unwrap_or_default()
     };
-    let x_label = move |v: &f64| {
-        if *v <= floor * 1.001 {
-            "0".to_string()
-        } else {
-            format!("{v:.0e}")
-        }
-    };
+    let x_label = move |v: &f64| err_tick(*v, floor);
     let mut chart = ChartBuilder::on(&f.plot)
         .margin(20)
         .x_label_area_size(55)
@@ -189,6 +183,18 @@ where
     legend(&f.legend, &entries, &notes)
 }
 
+/// A tick label of the error axis: `0` at the floor (bitwise equal), `2e-3`, `5e-1`, and from
+/// 1 on a plain number (`1`, `2`, not `1e0`, `2e0`).
+fn err_tick(v: f64, floor: f64) -> String {
+    if v <= floor * 1.001 {
+        "0".to_string()
+    } else if v >= 1.0 {
+        tick(&v)
+    } else {
+        format!("{v:.0e}")
+    }
+}
+
 /// The worst error of `rows` for the legend: `≤ 4.8e-2`, `0 (bitwise equal)`, or `NaN or inf`.
 fn worst_of(rows: &[&&&Row]) -> String {
     if rows
@@ -205,5 +211,22 @@ fn worst_of(rows: &[&&&Row]) -> String {
         "0 (bitwise equal)".to_string()
     } else {
         format!("≤ {worst:.1e}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::err_tick;
+
+    /// Defect: errors of 1 and above were labelled `1e0`, `2e0` on the bf16 figure's axis
+    /// (`grad-error-bc-bf16`); now `1`, `2`, beside `5e-1` and the floor's `0`.
+    #[test]
+    fn error_ticks_read_as_numbers() {
+        assert_eq!(err_tick(1e-2, 1e-2), "0");
+        assert_eq!(err_tick(2e-2, 1e-2), "2e-2");
+        assert_eq!(err_tick(0.5, 1e-2), "5e-1");
+        assert_eq!(err_tick(1.0, 1e-2), "1");
+        assert_eq!(err_tick(2.0, 1e-2), "2");
+        assert_eq!(err_tick(10.0, 1e-2), "10");
     }
 }

@@ -223,13 +223,7 @@ where
                     BLACK.mix(0.45).stroke_width(1),
                 ))?;
             }
-            // at the right of its end, or, where the panel's top cut it, below-left of it (clear
-            // of the panel's caption)
-            let (offset, pos) = if x1 < dmax {
-                ((-6, 6), Pos::new(HPos::Right, VPos::Top))
-            } else {
-                ((6, 0), Pos::new(HPos::Left, VPos::Center))
-            };
+            let (offset, pos) = guide_label_at(x1 < dmax);
             log.draw_series(std::iter::once(
                 EmptyElement::at(end)
                     + Text::new(label, offset, font(LABEL_PT).color(&GREY).pos(pos)),
@@ -366,3 +360,53 @@ pub(super) fn peer_points(
 
 /// Segments of a guide line on log axes (every other one drawn).
 const GUIDE_DASHES: usize = 31;
+
+/// Where a slope guide's label is written, from the guide's end (pixels), and its anchor: right
+/// of the end, centred on it; or, where the panel's top cut the guide (`cut`), right of the end
+/// and just below the top. The guide rises to its end from the lower left, so either place is
+/// clear of it (below-left of a cut end, the guide ran through the label's `²`).
+fn guide_label_at(cut: bool) -> ((i32, i32), Pos) {
+    if cut {
+        ((6, 2), Pos::new(HPos::Left, VPos::Top))
+    } else {
+        ((6, 0), Pos::new(HPos::Left, VPos::Center))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::guide_label_at;
+    use crate::outputs::plots::style::crosses;
+    use plotters::style::text_anchor::{HPos, VPos};
+
+    /// Defect: the `∝ L²` label of a guide cut by the log panel's top was written below-left of
+    /// the guide's end, where the guide itself runs: the dashes crossed the label. Now no guide
+    /// rising to its end, at any steepness, passes through its label's box.
+    #[test]
+    fn guide_labels_stay_off_their_guides() {
+        let end = (500, 100);
+        let (w, h) = (36, 15);
+        for cut in [true, false] {
+            let ((dx, dy), pos) = guide_label_at(cut);
+            let (x, y) = (end.0 + dx, end.1 + dy);
+            let (x0, x1) = match pos.h_pos {
+                HPos::Left => (x, x + w),
+                HPos::Right => (x - w, x),
+                HPos::Center => (x - w / 2, x + w / 2),
+            };
+            let (y0, y1) = match pos.v_pos {
+                VPos::Top => (y, y + h),
+                VPos::Bottom => (y - h, y),
+                VPos::Center => (y - h / 2, y + h / 2),
+            };
+            // pixel slopes of a slope-1 or slope-2 guide on panels of any aspect
+            for slope in [0.3, 0.5, 1.0, 1.5, 2.0, 3.0, 5.0, 10.0] {
+                let start = (end.0 - 300, end.1 + (300.0 * slope) as i32);
+                assert!(
+                    !crosses((start, end), (x0, y0, x1, y1)),
+                    "cut {cut}, slope {slope}: the guide crosses its label"
+                );
+            }
+        }
+    }
+}

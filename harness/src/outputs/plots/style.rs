@@ -279,7 +279,8 @@ where
 
 /// The font size of a legend label: [`LEGEND_PT`], or smaller (down to [`LEGEND_MIN_PT`]) where
 /// the label would run past the panel's right edge (a long peer name such as `PyTorch
-/// compiled-memory-efficient CL bf16  p = 1.02`).
+/// compiled-memory-efficient CL bf16  p = 1.02`). [`legend`] draws every label of a legend at
+/// the smallest of its labels' sizes.
 fn legend_pt<DB: DrawingBackend>(area: &DrawingArea<DB, Shift>, label: &str) -> Result<f64>
 where
     DB::ErrorType: 'static,
@@ -309,6 +310,11 @@ where
 {
     let mid = Pos::new(HPos::Left, VPos::Center);
     let row_h = legend_row_h(entries.len(), notes.len(), area.dim_in_pixel().1);
+    // one size for every label: a legend whose long labels alone were shrunk read as two lists
+    let mut pt = LEGEND_PT;
+    for e in entries {
+        pt = pt.min(legend_pt(area, &e.label)?);
+    }
     let mut y = 30;
     for e in entries {
         if e.line && e.bf16 && !e.dashed {
@@ -340,7 +346,6 @@ where
                 pixel_marker(area, (24, y), shape, WHITE, hollow_inner(shape, 5))?;
             }
         }
-        let pt = legend_pt(area, &e.label)?;
         area.draw_text(&e.label, &font(pt).pos(mid), (50, y))?;
         y += row_h;
     }
@@ -835,6 +840,41 @@ mod tests {
         assert_eq!(placed[0], ((16, 16), false));
         let b = label_box((100, 100), placed[0].0, false, (100, 14));
         assert!(!crosses(stair, b));
+    }
+
+    /// Defect: a legend drew only its labels too long for the panel smaller (`grad-error-bc`:
+    /// four of nine entries at 10.4 px among 12.1 px ones), which read as two lists. Now every
+    /// label of a legend has one size, the smallest any of them needs.
+    #[test]
+    fn legend_labels_share_one_size() {
+        use super::{legend, Entry, LEGEND_W};
+        use plotters::prelude::*;
+        super::super::register_font().expect("the embedded font");
+        let mut svg = String::new();
+        {
+            let root = SVGBackend::with_string(&mut svg, (LEGEND_W, 400)).into_drawing_area();
+            let entries: Vec<Entry> = [
+                "cat-store-copy  CPU ≤ 8.4e-2",
+                "buffer-recompute-inplace  CPU ≤ 8.4e-2, GPU ≤ 4.8e-2",
+            ]
+            .iter()
+            .map(|l| Entry::variant("cat-store-copy", l.to_string(), false))
+            .collect();
+            legend(&root, &entries, &[]).unwrap();
+            root.present().unwrap();
+        }
+        let sizes: Vec<&str> = svg
+            .split("<text")
+            .skip(1)
+            .filter_map(|t| t.split("font-size=\"").nth(1)?.split('"').next())
+            .collect();
+        assert_eq!(sizes.len(), 2, "{svg}");
+        assert_eq!(sizes[0], sizes[1], "{svg}");
+        // the long label was shrunk to fit: the short one with it
+        assert!(
+            sizes[0].parse::<f64>().unwrap() < 15.0 / 1.24 - 0.1,
+            "{svg}"
+        );
     }
 
     /// The plot area of the tests: large enough for every first choice.
