@@ -484,38 +484,52 @@ def test_result_file_takes_channels_last_size_one_tensors(c: Ctx):
     assert torch.equal(back, w), "the bytes were not written in row-major order"
 
 
-def test_timed_steps_carry_no_synchronisation_or_hook(c: Ctx):
-    # The timed step holds the step alone (issue 36): the meter is synchronised once before the
-    # clock starts and once before it stops, never inside; the probe step alone synchronises at
-    # each layer boundary, and leaves no hook behind. (The peer's first version synchronised at
-    # every layer of every timed step: this counts it.)
+class NullMeter:
+    """A memory meter that measures nothing (the timing tests' own meter counts what they need)."""
+
+    def sync(self):
+        pass
+
+    def mark(self):
+        return None
+
+    def current(self):
+        return 0
+
+    def peak(self):
+        return 0
+
+    def reset_peak(self):
+        pass
+
+
+def tiny_naive_bc(c: Ctx, name: str, depth: int):
+    """torch, the case's tensors and config, and PyTorch's naive bc block of a tiny case
+    (N=2, C0=3, k=2, bn 2, 3x3) in training mode, its state loaded from the case."""
     import torch
 
-    case = c.case("bc-sync.st", "bc", batch=2, channels=3, growth=2, depth=4, bn_size=2,
+    case = c.case(name, "bc", batch=2, channels=3, growth=2, depth=depth, bn_size=2,
                   height=3, width=3, dtype="f32")
     tensors = pytorch_peer.read_safetensors(torch, case)
     cfg = pytorch_peer.read_config(tensors, "bc", case)
     block = pytorch_peer.build_block(torch, "bc", "pytorch-naive", cfg, True)
     pytorch_peer.load_state(torch, block, tensors, case)
     block.train()
+    return torch, tensors, cfg, block
 
-    class CountingMeter:
+
+def test_timed_steps_carry_no_synchronisation_or_hook(c: Ctx):
+    # The timed step holds the step alone (issue 36): the meter is synchronised once before the
+    # clock starts and once before it stops, never inside; the probe step alone synchronises at
+    # each layer boundary, and leaves no hook behind. (The peer's first version synchronised at
+    # every layer of every timed step: this counts it.)
+    torch, tensors, cfg, block = tiny_naive_bc(c, "bc-sync.st", depth=4)
+
+    class CountingMeter(NullMeter):
         syncs = 0
 
         def sync(self):
             self.syncs += 1
-
-        def mark(self):
-            return None
-
-        def current(self):
-            return 0
-
-        def peak(self):
-            return 0
-
-        def reset_peak(self):
-            pass
 
     meter = CountingMeter()
     x = tensors["input"].requires_grad_(True)
@@ -542,31 +556,7 @@ def test_timed_steps_carry_no_garbage_collection(c: Ctx):
     import gc
     import weakref
 
-    import torch
-
-    case = c.case("bc-gc.st", "bc", batch=2, channels=3, growth=2, depth=2, bn_size=2,
-                  height=3, width=3, dtype="f32")
-    tensors = pytorch_peer.read_safetensors(torch, case)
-    cfg = pytorch_peer.read_config(tensors, "bc", case)
-    block = pytorch_peer.build_block(torch, "bc", "pytorch-naive", cfg, True)
-    pytorch_peer.load_state(torch, block, tensors, case)
-    block.train()
-
-    class Meter:
-        def sync(self):
-            pass
-
-        def mark(self):
-            return None
-
-        def current(self):
-            return 0
-
-        def peak(self):
-            return 0
-
-        def reset_peak(self):
-            pass
+    torch, tensors, _, block = tiny_naive_bc(c, "bc-gc.st", depth=2)
 
     class Cycle:
         pass
@@ -594,7 +584,7 @@ def test_timed_steps_carry_no_garbage_collection(c: Ctx):
             in_step[0] = False
 
     x = tensors["input"].requires_grad_(True)
-    st = pytorch_peer.Stepper(torch, block, step, x, tensors["grad_output"], Meter(),
+    st = pytorch_peer.Stepper(torch, block, step, x, tensors["grad_output"], NullMeter(),
                               torch.device("cpu"), "bc", False)
     was_enabled = gc.isenabled()
     gc.enable()
