@@ -214,11 +214,20 @@ impl Drop for WriterLock {
     }
 }
 
-/// Creates the folder of `path` if it has one and it is missing.
+/// Creates the folder of `path` if it has one and it is missing. Where a file stands in the
+/// way (`--out notes.txt/r.csv`), the error names it: the system says only "Not a directory".
 fn create_parent(path: &Path) -> Result<()> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
-        std::fs::create_dir_all(parent)
-            .with_context(|| format!("creating the output folder {}", parent.display()))?;
+        std::fs::create_dir_all(parent).map_err(|e| {
+            let what = format!("creating the output folder {}", parent.display());
+            match parent.ancestors().find(|a| a.exists() && !a.is_dir()) {
+                Some(file) => anyhow!(
+                    "{what}: {} is a file, not a folder (another path for the output?)",
+                    file.display()
+                ),
+                None => anyhow::Error::new(e).context(what),
+            }
+        })?;
     }
     Ok(())
 }
