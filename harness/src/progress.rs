@@ -48,13 +48,16 @@ pub struct Progress {
     done_cost: f64,
 }
 
-/// Bytes for people: KiB, MiB or GiB with one or two decimals, `-` when unknown.
+/// Bytes for people: B below 1 KiB, else KiB, MiB or GiB with one or two decimals, `-` when
+/// unknown.
 pub fn human_bytes(b: Option<u64>) -> String {
     match b {
         None => "-".to_string(),
         Some(b) if b >= 1 << 30 => format!("{:.2} GiB", b as f64 / (1u64 << 30) as f64),
         Some(b) if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / (1u64 << 20) as f64),
-        Some(b) => format!("{:.1} KiB", b as f64 / 1024.0),
+        Some(b) if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
+        // below 1 KiB in bytes: `0.0 KiB` read as nothing (a `max-depth --budget 1`)
+        Some(b) => format!("{b} B"),
     }
 }
 

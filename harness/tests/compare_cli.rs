@@ -434,7 +434,7 @@ fn compare_warns_that_time_regressions_on_few_steps_are_noise() {
                     *t = t.map(|t| (t as f64 * slower) as u64);
                 }
                 // the rate is flops / median_ns: a reader refuses one that is not
-                r.gflops_per_s = r.flops.zip(r.median_ns).map(|(f, ns)| f as f64 / ns as f64);
+                r.gflops_per_s = densebench::measure::estimates::gflops_per_s(r.flops, r.median_ns);
                 r.peak_bytes = r.peak_bytes.map(|b| (b as f64 * bigger) as u64);
                 r
             })

@@ -101,11 +101,7 @@ fn write_csv(path: &Path, rows: &[Row]) {
     let mut w = csv::Writer::from_path(path).unwrap();
     for r in rows {
         let mut r = r.clone();
-        r.gflops_per_s = r
-            .flops
-            .zip(r.median_ns)
-            .filter(|&(_, ns)| ns > 0)
-            .map(|(f, ns)| f as f64 / ns as f64);
+        r.gflops_per_s = densebench::measure::estimates::gflops_per_s(r.flops, r.median_ns);
         w.serialize(&r).unwrap();
     }
     w.flush().unwrap();

@@ -214,16 +214,6 @@ fn refuse_other_convolution<'a>(out: &Path, held: impl IntoIterator<Item = &'a R
     Ok(())
 }
 
-/// The CPU model of a CPU row's `device_desc`: without the thread count (` (2 threads)`) and
-/// any warning the child added (` [warning: …]`).
-fn cpu_of(desc: &str) -> &str {
-    let desc = desc.split(" [warning:").next().unwrap_or(desc).trim_end();
-    match desc.rfind(" (") {
-        Some(i) if desc.ends_with(" threads)") || desc.ends_with(" thread)") => &desc[..i],
-        _ => desc,
-    }
-}
-
 /// The warning for CPU rows that `--resume` keeps (`kept`, this run's jobs) measured on another
 /// CPU model than `here` ([`crate::measure::device::cpu_model`]): a key does not name the
 /// machine, so those rows count as done and the file ends with rows of two machines, whose
@@ -232,7 +222,9 @@ fn other_cpu_warning(kept: &[&Row], here: &str) -> Option<String> {
     let mut others: Vec<&str> = Vec::new();
     let mut n = 0;
     for r in kept.iter().filter(|r| r.device == "cpu") {
-        let cpu = cpu_of(&r.device_desc);
+        // the model: without any warning the child added (` [warning: …]`) and the thread count
+        let desc = r.device_desc.split(" [warning:").next().unwrap_or_default();
+        let cpu = crate::outputs::plots::data::bare_desc(desc);
         if cpu != here {
             n += 1;
             if !others.contains(&cpu) {

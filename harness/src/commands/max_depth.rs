@@ -321,16 +321,6 @@ impl<W: Write> Write for Lenient<W> {
     }
 }
 
-/// A budget for people: [`crate::progress::human_bytes`], in bytes below 1 KiB (where that
-/// would say `0.0 KiB`).
-fn budget_label(b: u64) -> String {
-    if b < 1024 {
-        format!("{b} B")
-    } else {
-        crate::progress::human_bytes(Some(b))
-    }
-}
-
 /// One dtype's search: every variant's answer, printed as a table (`s` counts the measured runs
 /// of every dtype so far), each with its ratio to naive and notes as the CSV has them.
 fn search(
@@ -366,7 +356,7 @@ fn search(
             ..Default::default()
         }
         .config_label(),
-        budget_label(a.budget),
+        crate::progress::human_bytes(Some(a.budget)),
         settings.device,
         s.runs - runs_before
     )?;
@@ -455,7 +445,7 @@ fn search(
         crate::say!(
             "densebench max-depth: nothing fits: even one layer of every variant needs more than \
              {} (a larger --budget, or a smaller --batch or map?)",
-            budget_label(a.budget)
+            crate::progress::human_bytes(Some(a.budget))
         );
     }
     Ok(answers)

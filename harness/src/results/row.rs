@@ -996,30 +996,26 @@ fn check_measures(row: &Row) -> std::result::Result<(), (&'static str, String)> 
         }
     }
     if let Some(g) = row.gflops_per_s {
-        match (row.flops, row.median_ns) {
-            (Some(f), Some(ns)) if ns > 0 => {
-                let own = f as f64 / ns as f64;
-                if !(g.is_finite()
-                    && (g - own).abs() <= GFLOPS_SLACK * own.abs().max(f64::MIN_POSITIVE))
-                {
-                    return Err((
-                        "gflops_per_s",
-                        format!(
-                            "{g} is not its flops / median_ns ({f} / {ns} = {own}): the rate is \
-                             derived from them (an edited row?)"
-                        ),
-                    ));
-                }
-            }
-            _ => {
-                return Err((
-                    "gflops_per_s",
-                    format!(
-                        "{g}, but flops and median_ns do not give a rate (the rate is flops / \
-                         median_ns; an edited row?)"
-                    ),
-                ))
-            }
+        // the writer's own derivation (`record`), so that reader and writer cannot disagree
+        let Some(own) = crate::measure::estimates::gflops_per_s(row.flops, row.median_ns) else {
+            return Err((
+                "gflops_per_s",
+                format!(
+                    "{g}, but flops and median_ns do not give a rate (the rate is flops / \
+                     median_ns; an edited row?)"
+                ),
+            ));
+        };
+        if !(g.is_finite() && (g - own).abs() <= GFLOPS_SLACK * own.abs().max(f64::MIN_POSITIVE)) {
+            return Err((
+                "gflops_per_s",
+                format!(
+                    "{g} is not its flops / median_ns ({} / {} = {own}): the rate is derived \
+                     from them (an edited row?)",
+                    row.flops.unwrap_or_default(),
+                    row.median_ns.unwrap_or_default()
+                ),
+            ));
         }
     }
     if let Some(g) = row.machine_gflops {
